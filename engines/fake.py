@@ -1,0 +1,48 @@
+"""A table-driven fake model for fast loop tests: next-token logits from the last two tokens.
+
+logits(row) = table[prev_token] + mix * table2[token], deterministic and cheap, with the same
+forward/commit contract (and rollback semantics) as a real engine. Its "KV cache" stores the token
+of every committed row, so a test can check that only accepted rows were ever committed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.engines.base import pick_width
+
+
+class FakeModel:
+    def __init__(self, table: np.ndarray, max_len: int = 512, widths=tuple(range(1, 10)) + (16,),
+                 mix: float = 0.5, seed_table2: int = 1) -> None:
+        self.vocab_size = table.shape[0]
+        self.table = table.astype(np.float32)  # [V, V]: logits of the next token given the token
+        rng = np.random.default_rng(seed_table2)
+        self.table2 = (rng.standard_normal(table.shape) * mix).astype(np.float32)
+        self.max_len = max_len
+        self.widths = tuple(sorted(widths))
+        self.kv = np.full(max_len, -1, np.int64)  # committed token per row
+        self._new = np.zeros(max(self.widths), np.int64)
+        self._logits = np.zeros((max(self.widths), self.vocab_size), np.float32)
+        self.n_calls = 0
+
+    def width_for(self, n_tokens: int) -> int:
+        return pick_width(self.widths, n_tokens)
+
+    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+        n = len(token_ids)
+        assert past_len + n <= self.max_len, "context overflow"
+        self.n_calls += 1
+        for i, tok in enumerate(token_ids):
+            prev = token_ids[i - 1] if i > 0 else (self.kv[past_len - 1] if past_len > 0 else 0)
+            assert prev >= 0, "attended to a row that was never committed"
+            self._logits[i] = self.table[tok] + self.table2[prev]
+        self._new[:n] = token_ids
+        return self._logits[:n]
+
+    def commit(self, past_len: int, n_rows: int) -> None:
+        self.kv[past_len:past_len + n_rows] = self._new[:n_rows]
+
+
+def random_table(vocab: int, seed: int = 0, sharpness: float = 3.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((vocab, vocab)) * sharpness).astype(np.float32)

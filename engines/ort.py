@@ -1,0 +1,153 @@
+"""ONNX Runtime backend: one model's phase graphs, one copy of its weights, one KV buffer.
+
+- Weights: the model's weights file is memory-mapped once and handed to every session as shared
+  initializers (SessionOptions.add_initializer), so N phase graphs hold ONE copy. Prepacking is
+  off: prepacked copies would be per session (Python has no shared prepacked-weights container).
+- KV: `kv[L, 2, max_len, Hkv*D]` allocated at load. A call binds `kv[l, j, :S]` (contiguous: the
+  cache is sequence-major) for the context bucket S >= past_len, so attention reads S rows, not
+  max_len. Outputs are bound to preallocated buffers; nothing is allocated per token.
+- IOBinding objects are built once per (width, bucket) and reused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from edgespec.engines.base import EngineError, pick_width
+from edgespec.engines.manifest import Manifest, ModelSpec
+
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+_WEIGHTS_CACHE: dict[str, np.memmap] = {}
+
+
+def _physical_cores() -> int:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        return os.cpu_count() or 1
+
+
+def _map_weights(path: Path) -> np.memmap:
+    key = str(path.resolve())
+    if key not in _WEIGHTS_CACHE:  # one mapping per file per process, whichever model asks
+        _WEIGHTS_CACHE[key] = np.memmap(path, dtype=np.uint8, mode="r")
+    return _WEIGHTS_CACHE[key]
+
+
+class OrtModel:
+    """A target or draft model of an engine folder, run through ONNX Runtime."""
+
+    def __init__(self, manifest: Manifest, spec: ModelSpec, provider: str = "cpu",
+                 threads: int | None = None, prepack: bool = False) -> None:
+        if provider not in PROVIDERS:
+            raise EngineError(f"provider {provider!r} unknown; choose one of {', '.join(PROVIDERS)}")
+        missing = [p for p in PROVIDERS[provider][:1] if p not in ort.get_available_providers()]
+        if missing:
+            raise EngineError(f"provider {provider!r} needs {missing[0]}, which this onnxruntime build "
+                              f"lacks (has {ort.get_available_providers()}). Hint: pip install onnxruntime-gpu")
+        self.manifest, self.spec, self.provider = manifest, spec, provider
+        self.max_len = manifest.max_len
+        self.bucket = manifest.kv_bucket
+        self.vocab_size = spec.vocab_size
+        self.widths = tuple(spec.widths())
+        self.n_layers = spec.n_layers
+        dtype = np.dtype(spec.kv_dtype)
+        self.kv = np.zeros((spec.n_layers, 2, self.max_len, spec.kv_width), dtype)  # [L, 2, S_max, Hkv*D]
+        self._ids = {w: np.zeros((1, w), np.int64) for w in self.widths}
+        self._pos = {w: np.zeros((1, w), np.int64) for w in self.widths}
+        self._past = np.zeros(1, np.int64)
+        # position of every slot, clipped so padding rows past max_len stay inside the rope table
+        self._slot_pos = np.minimum(np.arange(self.max_len + max(self.widths)), self.max_len - 1)
+        self._logits = {w: np.zeros((1, w, spec.vocab_size), np.float32) for w in self.widths}
+        self._new_kv = {w: np.zeros((spec.n_layers, 2, w, spec.kv_width), dtype) for w in self.widths}
+        self._hidden = {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths}
+        self._sessions: dict[int, ort.InferenceSession] = {}
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._last_width = 0
+        blob = _map_weights(manifest.path(spec.weights_file))
+        self._initializers = {}
+        for name, w in spec.weights.items():
+            arr = blob[w.offset: w.offset + w.nbytes].view(np.dtype(w.dtype)).reshape(w.shape)
+            self._initializers[name] = ort.OrtValue.ortvalue_from_numpy(arr)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.intra_op_num_threads = threads or _physical_cores()
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        if not prepack:
+            so.add_session_config_entry("session.disable_prepacking", "1")
+        for name, value in self._initializers.items():
+            so.add_initializer(name, value)
+        self._session_options = so
+
+    # ---- sessions --------------------------------------------------------------------------------
+    def session(self, width: int) -> ort.InferenceSession:
+        if width not in self._sessions:
+            path = self.manifest.path(self.spec.graph_for(width).file)
+            try:
+                self._sessions[width] = ort.InferenceSession(str(path), self._session_options,
+                                                             providers=PROVIDERS[self.provider])
+            except Exception as e:  # ORT raises its own exception types; re-raise with context
+                raise EngineError(f"could not load {path}: {e}. Hint: re-export the folder with this "
+                                  "edgespec/onnxruntime") from e
+        return self._sessions[width]
+
+    def load_widths(self, widths) -> None:
+        """Create the sessions for these widths now (so the first call does not pay for it)."""
+        for w in widths:
+            if w in self.widths:
+                self.session(w)
+
+    def width_for(self, n_tokens: int) -> int:
+        return pick_width(self.widths, n_tokens)
+
+    def _binding(self, width: int, n_slots: int) -> ort.IOBinding:
+        key = (width, n_slots)
+        if key not in self._bindings:
+            b = self.session(width).io_binding()
+            for name, arr in (("input_ids", self._ids[width]), ("positions", self._pos[width]),
+                              ("past_len", self._past)):
+                b.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
+            for layer in range(self.n_layers):
+                for j, kind in enumerate(("key", "value")):
+                    view = self.kv[layer, j, :n_slots]
+                    b.bind_input(f"past_{kind}_{layer}", "cpu", 0, view.dtype, view.shape, view.ctypes.data)
+            for name, arr in (("logits", self._logits[width]), ("new_kv", self._new_kv[width]),
+                              ("hidden", self._hidden[width])):
+                b.bind_output(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
+            self._bindings[key] = b
+        return self._bindings[key]
+
+    # ---- the two calls of the protocol ------------------------------------------------------------
+    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+        n = len(token_ids)
+        width = pick_width(self.widths, n)
+        assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
+        ids, pos = self._ids[width], self._pos[width]
+        ids[0, :n] = token_ids
+        ids[0, n:] = token_ids[n - 1]  # padding rows: computed, never committed or read
+        pos[0, :] = self._slot_pos[past_len:past_len + width]
+        self._past[0] = past_len
+        n_slots = max(self.bucket, -(-past_len // self.bucket) * self.bucket)  # ceil to the bucket
+        self.session(width).run_with_iobinding(self._binding(width, n_slots))
+        self._last_width = width
+        return self._logits[width][0, :n]
+
+    def commit(self, past_len: int, n_rows: int) -> None:
+        self.kv[:, :, past_len:past_len + n_rows] = self._new_kv[self._last_width][:, :, :n_rows]
+
+    def last_hidden(self, n: int) -> np.ndarray:
+        """Final-norm hidden states [n, H] of the last forward (for drafters that need them)."""
+        return self._hidden[self._last_width][0, :n]

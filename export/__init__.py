@@ -1,0 +1,1 @@
+"""Offline export: HF / GGUF models -> static-shape ONNX graphs + manifest.json (imports torch)."""

@@ -1,0 +1,319 @@
+"""`edgespec export`: target (+ draft) -> engine folder of static-shape ONNX graphs + manifest.json.
+
+The folder is built under a temporary name next to the destination and renamed at the very end,
+so an interrupted or failed export never leaves a folder that loads.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec import __version__
+from edgespec.engines import manifest as mf
+from edgespec.export import sources
+from edgespec.export.arch import ArchSpec, arch_from_config
+from edgespec.export.graph import GraphOptions, LlamaGraphWriter
+from edgespec.export.weights import write_weights
+
+PRECISIONS = ("fp32", "fp16", "int4")
+# max |ORT - PyTorch| logits allowed per precision (PyTorch runs the weights the graph really uses)
+TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3}
+
+
+class ExportError(ValueError):
+    """Bad export arguments or a failed export step (the message says which and what to do)."""
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    target: str | None = None  # model source: HF folder, .gguf, hub id; None = default SmolLM2
+    draft: str | None = None  # None, another model source, "self:N" (first N layers) or "self:int4"
+    out: str | None = None  # engine folder; None = engines/<target name>
+    max_len: int = 2048  # KV slots (prompt + output)
+    k: int = 8  # largest num_speculative_tokens: verify graphs for widths 2..k+1 are exported
+    precision: str = "fp32"  # target weights: fp32 | fp16 | int4 (MatMulNBits)
+    prefill_chunk: int = 64  # prompt tokens per prefill call (width of the prefill graph)
+    kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
+    int4_accuracy_level: int = 0  # MatMulNBits accuracy_level; 0 keeps fp32 activations (parity-safe)
+    force: bool = False  # replace an existing folder
+    validate: bool = True  # compare every graph with PyTorch after export
+    progress: bool = True  # show a progress bar
+
+    def check(self) -> None:
+        if self.k < 1:
+            raise ExportError(f"--k must be >= 1 (got {self.k})")
+        if self.precision not in PRECISIONS:
+            raise ExportError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.prefill_chunk < 1 or self.kv_bucket < 1:
+            raise ExportError("--prefill-chunk and --kv-bucket must be >= 1")
+        if self.max_len < self.prefill_chunk:
+            raise ExportError(f"--max-len {self.max_len} is smaller than the prefill chunk "
+                              f"{self.prefill_chunk}; raise --max-len or lower --prefill-chunk")
+        if self.max_len % self.kv_bucket:
+            raise ExportError(f"--max-len {self.max_len} must be a multiple of --kv-bucket {self.kv_bucket}")
+        if self.max_len < self.k + 2:
+            raise ExportError(f"--max-len {self.max_len} leaves no room for k={self.k}")
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="export", unit="step", file=sys.stderr)
+
+    def step(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(what)
+            self.bar.update(1)
+        
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _hf_weights(model) -> dict[str, np.ndarray]:
+    return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+
+
+def _phase(width: int, chunk: int) -> str:
+    return "prefill" if width == chunk else ("decode" if width == 1 else "verify")
+
+
+def _write_model(writer: LlamaGraphWriter, folder: Path, prefix: str, widths: list[int], chunk: int,
+                 weights_file: str, index: dict, kind: str, progress: _Progress) -> dict:
+    """Write the phase graphs of one model; return its manifest entry."""
+    import onnx
+
+    offsets = {name: e["offset"] for name, e in index.items()}
+    graphs, used = [], set()
+    kv_dtype = writer.dtype.name
+    for w in widths:
+        model = writer.build(w, weights_file, offsets)
+        fname = f"{prefix}_t{w}.onnx"
+        onnx.save(model, folder / fname)
+        used.update(i.name for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL)
+        graphs.append({
+            "phase": _phase(w, chunk), "width": w, "file": fname,
+            "inputs": [{"name": "input_ids", "shape": [1, w], "dtype": "int64"},
+                       {"name": "positions", "shape": [1, w], "dtype": "int64"},
+                       {"name": "past_len", "shape": [1], "dtype": "int64"}]
+            + [{"name": f"past_{kind_}_{i}", "shape": ["S", writer.arch.n_kv_heads * writer.arch.head_dim],
+                "dtype": kv_dtype} for i in range(writer.n_layers) for kind_ in ("key", "value")],
+            "outputs": [{"name": "logits", "shape": [1, w, writer.arch.vocab_size], "dtype": "float32"},
+                        {"name": "new_kv", "shape": [writer.n_layers, 2, w,
+                                                     writer.arch.n_kv_heads * writer.arch.head_dim],
+                         "dtype": kv_dtype},
+                        {"name": "hidden", "shape": [1, w, writer.arch.hidden_size], "dtype": kv_dtype}]})
+        progress.step(f"graph {fname}")
+    arch = writer.arch.to_manifest() | {"n_layers": writer.n_layers}
+    return {"kind": kind, "precision": writer.opts.precision, "architecture": arch, "kv_dtype": kv_dtype,
+            "weights": {"file": weights_file, "tensors": {k: v for k, v in index.items() if k in used}},
+            "graphs": graphs}
+
+
+def _reference_model(model, writer: LlamaGraphWriter):
+    """The PyTorch model computing with exactly the weights the graphs use (int4: dequantized)."""
+    import torch
+
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        params = dict(ref.named_parameters())
+        for name, arr in writer.reference.items():
+            if name in params:
+                params[name].copy_(torch.from_numpy(arr))
+        if writer.n_layers < ref.config.num_hidden_layers:
+            ref.model.layers = ref.model.layers[: writer.n_layers]
+            ref.config.num_hidden_layers = writer.n_layers
+    return ref.eval()
+
+
+def _validate(folder: Path, role: str, ref_model, tokens: np.ndarray, tol: float) -> dict[str, float]:
+    """ORT (through the runtime's engine) vs PyTorch logits, per graph, on one token sequence.
+
+    The sequence is fed as the runtime would: one prefill chunk, then every other width in turn,
+    so each graph runs at a nonzero past_len over a bucketed cache.
+    """
+    import torch
+
+    from edgespec.engines.ort import OrtModel
+
+    man = mf.load_manifest(folder)
+    spec = man.target if role == "target" else man.draft
+    engine = OrtModel(man, spec)
+    with torch.no_grad():
+        ref = ref_model(torch.from_numpy(tokens[None])).logits[0].float().numpy()  # [N, V]
+    order = [man.prefill_chunk] + [w for w in spec.widths() if w != man.prefill_chunk]
+    diffs, past = {}, 0
+    for w in order:
+        if past + w > len(tokens):
+            break
+        got = engine.forward(tokens[past:past + w], past)
+        diffs[spec.graph_for(w).file] = float(np.abs(got - ref[past:past + w]).max())
+        engine.commit(past, w)
+        past += w
+    worst = max(diffs, key=diffs.get)
+    if diffs[worst] > tol:
+        raise ExportError(f"{role} graph {worst}: max |ORT - PyTorch| logits = {diffs[worst]:.3g} > "
+                          f"tolerance {tol:g} (all: {diffs}). The export is not trustworthy; "
+                          "please report it with the model config.")
+    return diffs
+
+
+def _validation_tokens(tok, n: int, vocab: int) -> np.ndarray:
+    text = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"
+            "        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+            "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens cheaply "
+            "and verifies them in one pass of the target model. ") * 8
+    ids = [i for i in tok(text)["input_ids"] if i < vocab]
+    if len(ids) < n:  # tiny test vocabularies: fill with a deterministic pattern
+        ids = list(np.random.default_rng(0).integers(0, vocab, n))
+    return np.array(ids[:n], np.int64)
+
+
+def _check_same_tokenizer(tok_t, tok_d, vocab_t: int, vocab_d: int) -> None:
+    if vocab_t != vocab_d:
+        raise ExportError(f"draft vocab size {vocab_d} != target vocab size {vocab_t}: a draft must share "
+                          "the target's tokenizer. Hint: pick a draft from the same model family.")
+    vt, vd = tok_t.get_vocab(), tok_d.get_vocab()
+    if vt != vd:
+        n_diff = sum(1 for k, v in vt.items() if vd.get(k) != v)
+        raise ExportError(f"draft tokenizer differs from the target's in {n_diff} of {len(vt)} entries; "
+                          "a draft must share the target's tokenizer.")
+
+
+def _eos_ids(model, tok) -> list[int]:
+    ids = set()
+    for src in (getattr(model, "generation_config", None), model.config, tok):
+        e = getattr(src, "eos_token_id", None)
+        ids.update([e] if isinstance(e, int) else (e or []))
+    return sorted(i for i in ids if i is not None)
+
+
+def export(cfg: ExportConfig) -> Path:
+    """Run the whole export; returns the finished folder."""
+    cfg.check()
+    t0 = time.perf_counter()
+    src = sources.resolve(cfg.target)
+    out = Path(cfg.out) if cfg.out else Path("engines") / src.name
+    if out.exists() and not cfg.force:
+        raise ExportError(f"{out} already exists; pass --force to replace it (or choose another --out)")
+    widths_t = sorted(set(range(1, cfg.k + 2)) | {cfg.prefill_chunk})
+    widths_d = sorted({1, cfg.prefill_chunk})
+    has_draft = cfg.draft is not None
+    n_steps = 3 + len(widths_t) + (len(widths_d) + 2 if has_draft else 0) + 2
+    progress = _Progress(n_steps, cfg.progress)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        model, tok = sources.load(src)
+        progress.step(f"loaded {src.name}")
+        max_pos = getattr(model.config, "max_position_embeddings", None)
+        if max_pos and cfg.max_len > max_pos:
+            raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
+        arch = arch_from_config(model.config, cfg.max_len)
+        opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level)
+        hf_w = _hf_weights(model)
+        writer = LlamaGraphWriter(arch, hf_w, opts)
+        index_t = write_weights(writer.store.arrays, tmp / "target.weights")
+        progress.step("wrote target.weights")
+        models = {"target": _write_model(writer, tmp, "target", widths_t, cfg.prefill_chunk,
+                                         "target.weights", index_t, "target", progress)}
+        tok_dir = tmp / ".tok"
+        tok.save_pretrained(tok_dir)
+        shutil.copy(tok_dir / "tokenizer.json", tmp / "tokenizer.json")
+        chat = getattr(tok, "chat_template", None)
+        if chat:
+            (tmp / "chat_template.jinja").write_text(chat)
+        shutil.rmtree(tok_dir)
+        progress.step("tokenizer")
+
+        draft_writer = draft_model = None
+        if has_draft:
+            draft_writer, draft_model, draft_kind = _draft_writer(cfg, arch, hf_w, model, tok, opts)
+            if draft_writer.opts.precision == cfg.precision and draft_model is model:
+                weights_d, index_d = "target.weights", index_t  # self:N shares the target's weights
+            else:
+                weights_d = "draft.weights"
+                index_d = write_weights(draft_writer.store.arrays, tmp / weights_d)
+            progress.step("draft weights")
+            models["draft"] = _write_model(draft_writer, tmp, "draft", widths_d, cfg.prefill_chunk,
+                                           weights_d, index_d, draft_kind, progress)
+        manifest = {
+            "format": mf.FORMAT, "version": mf.VERSION, "edgespec_version": __version__,
+            "name": out.name, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "source": {"kind": src.kind, "path": src.path, "sha256": sources.sha256_of(src.path)
+                       if src.kind != "hub" else None, "draft": cfg.draft},
+            "max_len": cfg.max_len, "kv_bucket": cfg.kv_bucket, "prefill_chunk": cfg.prefill_chunk,
+            "num_speculative_tokens": cfg.k,
+            "tokenizer": {"file": "tokenizer.json", "chat_template_file": "chat_template.jinja" if chat else None,
+                          "eos_token_ids": _eos_ids(model, tok), "bos_token_id": tok.bos_token_id},
+            "models": models,
+            "drafters": ["none", "ngram"] + (["draft"] if has_draft else []),
+            "defaults": {"drafter": "ngram", "k": min(cfg.k, 6)},
+        }
+        (tmp / mf.MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if cfg.validate:
+            n_val = cfg.prefill_chunk + sum(w for w in widths_t if w != cfg.prefill_chunk)
+            tokens = _validation_tokens(tok, n_val, arch.vocab_size)
+            report = {"target": _validate(tmp, "target", _reference_model(model, writer), tokens,
+                                          TOLERANCE[cfg.precision])}
+            progress.step("validated target")
+            if has_draft:
+                report["draft"] = _validate(tmp, "draft", _reference_model(draft_model, draft_writer), tokens,
+                                            TOLERANCE[draft_writer.opts.precision])
+            for role, diffs in report.items():
+                manifest["models"][role]["validation"] = diffs
+            (tmp / mf.MANIFEST).write_text(json.dumps(manifest, indent=1))
+        progress.step("validated")
+        progress.close()
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)  # the only step that makes the folder loadable
+    except BaseException:
+        progress.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    print(f"edgespec: exported {out} ({size:.0f} MiB) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    for role, spec in manifest["models"].items():
+        if spec.get("validation"):
+            worst = max(spec["validation"].values())
+            print(f"  {role}: max |ORT - PyTorch| logits over {len(spec['validation'])} graphs = {worst:.2e}",
+                  file=sys.stderr)
+    return out
+
+
+def _draft_writer(cfg: ExportConfig, arch: ArchSpec, hf_w, model, tok, opts: GraphOptions):
+    """The draft's graph writer and its PyTorch reference, for each --draft form."""
+    spec = cfg.draft
+    if spec.startswith("self:"):
+        what = spec.split(":", 1)[1]
+        if what in PRECISIONS:
+            return LlamaGraphWriter(arch, hf_w, GraphOptions(what)), model, spec
+        try:
+            n = int(what)
+        except ValueError:
+            raise ExportError(f"--draft {spec!r}: use self:N (first N layers) or self:int4") from None
+        if not 1 <= n < arch.n_layers:
+            raise ExportError(f"--draft self:{n}: N must be in 1..{arch.n_layers - 1} (the target has "
+                              f"{arch.n_layers} layers)")
+        return LlamaGraphWriter(arch, hf_w, opts, n_layers=n), model, spec
+    dsrc = sources.resolve(spec)
+    dmodel, dtok = sources.load(dsrc)
+    darch = arch_from_config(dmodel.config, cfg.max_len)
+    _check_same_tokenizer(tok, dtok, arch.vocab_size, darch.vocab_size)
+    return LlamaGraphWriter(darch, _hf_weights(dmodel), opts), dmodel, "model"

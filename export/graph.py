@@ -1,0 +1,336 @@
+"""Static-shape ONNX graphs for Llama-family decoders, written op by op with onnx.helper.
+
+Why by hand and not torch.onnx: the graph is small and regular, and writing it directly gives
+exact control over the ops each phase runs (the kernel path decides decode/verify parity), one
+shared weights file, and standard ops only (TensorRT takes it). PyTorch stays the reference:
+the exporter checks every graph against the Hugging Face model.
+
+The "delta" form of DESIGN.md, one graph per phase width T:
+  inputs   input_ids [1, T] int64, positions [1, T] int64, past_len [1] int64,
+           past_key_<l>, past_value_<l> [S, Hkv*D] for every layer l (S = a context bucket)
+  outputs  logits [1, T, V] float32, new_kv [L, 2, T, Hkv*D], hidden [1, T, H]
+The KV buffer is sequence-major ([S, Hkv*D] per layer) so that the first S rows of the runtime's
+[S_max, Hkv*D] buffer are one contiguous slice: attention cost follows the context bucket S, not
+max_len, with no copy. Attention over that layout avoids transposing the cache by folding the
+heads into one 2-D Gemm (see `_attention`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edgespec.export.arch import ArchSpec
+from edgespec.export.quant import quantize_int4
+
+OPSET = 17
+NEG_INF = -1e9  # additive mask value; finite so a fully masked row can never produce NaN
+
+_NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+               np.dtype(np.int64): TensorProto.INT64, np.dtype(np.uint8): TensorProto.UINT8}
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    precision: str  # "fp32" | "fp16" | "int4": weights (int4: MatMulNBits, fp32 activations)
+    int4_block_size: int = 32  # weights per quantization block along the input dimension
+    int4_accuracy_level: int = 0  # MatMulNBits accuracy_level (0 = fp32 activations, parity-safe)
+
+
+class WeightStore:
+    """Named numpy arrays shared by all graphs of one model (written once as external data)."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def add(self, name: str, arr: np.ndarray) -> str:
+        if name not in self.arrays:
+            self.arrays[name] = np.ascontiguousarray(arr)
+        return name
+
+
+class _Builder:
+    def __init__(self, store: WeightStore, dtype: np.dtype) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.consts: list[onnx.TensorProto] = []
+        self.store = store
+        self.used_weights: set[str] = set()
+        self.dtype = dtype
+        self._n = 0
+
+    def op(self, op_type: str, inputs: list[str], name: str, n_out: int = 1, domain: str = "", **attrs):
+        self._n += 1
+        outs = [f"{name}_out{i}" if n_out > 1 else f"{name}_out" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain or None,
+                                           **attrs))
+        return outs if n_out > 1 else outs[0]
+
+    def const(self, name: str, arr: np.ndarray) -> str:
+        self.consts.append(helper.make_tensor(name, _NP_TO_ONNX[arr.dtype], arr.shape,
+                                              arr.flatten().tolist()))
+        return name
+
+    def weight(self, name: str) -> str:
+        self.used_weights.add(name)
+        return name
+
+
+class LlamaGraphWriter:
+    """Builds phase graphs for one model whose weights come as HF-named numpy arrays [out, in]."""
+
+    def __init__(self, arch: ArchSpec, hf_weights: dict[str, np.ndarray], opts: GraphOptions,
+                 n_layers: int | None = None) -> None:
+        self.arch = arch
+        self.opts = opts
+        self.n_layers = n_layers or arch.n_layers  # fewer layers: a self-speculative draft
+        self.dtype = np.dtype(np.float16 if opts.precision == "fp16" else np.float32)
+        self.store = WeightStore()
+        # Reference weights: what the exported graphs compute with (int4: dequantized), so the
+        # exporter can validate ONNX vs PyTorch at tight tolerance.
+        self.reference: dict[str, np.ndarray] = {}
+        self._prepare(hf_weights)
+
+    # ---- weights -------------------------------------------------------------------------------
+    def _prepare(self, w: dict[str, np.ndarray]) -> None:
+        a = self.arch
+        f = self.dtype
+        self.store.add("embed", w["model.embed_tokens.weight"].astype(f))  # [V, H]
+        self.store.add("final_norm", w["model.norm.weight"].astype(f))
+        lm_head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+        self._linear("lm_head", lm_head, "lm_head.weight", tied=a.tie_word_embeddings)
+        for i in range(self.n_layers):
+            p = f"model.layers.{i}."
+            self.store.add(f"l{i}.ln1", w[p + "input_layernorm.weight"].astype(f))
+            self.store.add(f"l{i}.ln2", w[p + "post_attention_layernorm.weight"].astype(f))
+            qkv = np.concatenate([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], axis=0)
+            self._linear(f"l{i}.qkv", qkv, [p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+            if a.qkv_bias:
+                b = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+                self.store.add(f"l{i}.qkv_b", b.astype(f))
+            if a.qk_norm:
+                self.store.add(f"l{i}.q_norm", w[p + "self_attn.q_norm.weight"].astype(f))
+                self.store.add(f"l{i}.k_norm", w[p + "self_attn.k_norm.weight"].astype(f))
+            self._linear(f"l{i}.o", w[p + "self_attn.o_proj.weight"], p + "self_attn.o_proj.weight")
+            gate_up = np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+            self._linear(f"l{i}.gate_up", gate_up, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+            self._linear(f"l{i}.down", w[p + "mlp.down_proj.weight"], p + "mlp.down_proj.weight")
+        cos, sin = self.arch.rope_tables()
+        self.store.add("rope_cos", cos.astype(f))  # [max_pos, D]
+        self.store.add("rope_sin", sin.astype(f))
+
+    def _linear(self, name: str, w_out_in: np.ndarray, hf_names, tied: bool = False) -> None:
+        """Store one linear layer; record the weights the graph really uses as the reference."""
+        hf_names = [hf_names] if isinstance(hf_names, str) else hf_names
+        if self.opts.precision == "int4":
+            packed, scales, deq = quantize_int4(w_out_in, self.opts.int4_block_size)
+            self.store.add(name + ".q4", packed)
+            self.store.add(name + ".scales", scales)
+            used = deq
+        elif tied:
+            used = w_out_in.astype(self.dtype)  # Gemm(transB=1) on the embedding table itself
+        else:
+            self.store.add(name, np.ascontiguousarray(w_out_in.T).astype(self.dtype))  # [in, out]
+            used = w_out_in.astype(self.dtype)
+        rows = 0
+        for n in hf_names:
+            k = self._ref_rows(n)
+            self.reference[n] = used[rows: rows + k].astype(np.float32)
+            rows += k
+
+    def _ref_rows(self, hf_name: str) -> int:
+        a = self.arch
+        if "q_proj" in hf_name:
+            return a.n_heads * a.head_dim
+        if "k_proj" in hf_name or "v_proj" in hf_name:
+            return a.n_kv_heads * a.head_dim
+        if "gate_proj" in hf_name or "up_proj" in hf_name:
+            return a.intermediate_size
+        if "lm_head" in hf_name:
+            return a.vocab_size
+        return a.hidden_size
+
+    # ---- ops ------------------------------------------------------------------------------------
+    def _matmul(self, b: _Builder, x: str, name: str, n_in: int, n_out: int) -> str:
+        if self.opts.precision == "int4":
+            return b.op("MatMulNBits", [x, b.weight(name + ".q4"), b.weight(name + ".scales")],
+                        name + "/MatMulNBits", domain="com.microsoft", K=n_in, N=n_out, bits=4,
+                        block_size=self.opts.int4_block_size,
+                        accuracy_level=self.opts.int4_accuracy_level)
+        if name == "lm_head" and self.arch.tie_word_embeddings:
+            return b.op("Gemm", [x, b.weight("embed")], "lm_head/Gemm", transB=1)
+        return b.op("MatMul", [x, b.weight(name)], name + "/MatMul")
+
+    def _rms_norm(self, b: _Builder, x: str, weight: str, name: str, eps_name: str) -> str:
+        # y = x / sqrt(mean(x^2) + eps) * w  (the pattern ORT fuses into SimplifiedLayerNormalization)
+        sq = b.op("Pow", [x, "two"], name + "/Pow")
+        mean = b.op("ReduceMean", [sq], name + "/ReduceMean", axes=[-1], keepdims=1)
+        var = b.op("Add", [mean, eps_name], name + "/Add")
+        std = b.op("Sqrt", [var], name + "/Sqrt")
+        normed = b.op("Div", [x, std], name + "/Div")
+        return b.op("Mul", [normed, b.weight(weight)], name + "/Mul")
+
+    def _rope(self, b: _Builder, x: str, cos: str, sin: str, name: str) -> str:
+        # HF rotate_half convention: x*cos + [-x2, x1]*sin, x: [T, heads, D], cos/sin: [T, 1, D]
+        x1, x2 = b.op("Split", [x, "rope_split"], name + "/Split", n_out=2, axis=-1)
+        neg = b.op("Neg", [x2], name + "/Neg")
+        rot = b.op("Concat", [neg, x1], name + "/Concat", axis=-1)
+        return b.op("Add", [b.op("Mul", [x, cos], name + "/MulCos"),
+                            b.op("Mul", [rot, sin], name + "/MulSin")], name + "/Add")
+
+    def _attention(self, b: _Builder, i: int, x: str, cos: str, sin: str, mask: str, split: str, T: int):
+        """GQA attention over past rows [S, Hkv*D] + the T new rows; returns (out, new_k, new_v).
+
+        Heads are folded into single 2-D Gemms so the sequence-major cache is read as is:
+          Qbd [Hq*T, Hkv*D]: query (h, t) placed in the columns of its kv head g(h), zeros elsewhere
+          scores = Qbd . K^T * scale          -> [Hq*T, S + T]   (Gemm transB=1, alpha=scale)
+          ctx    = softmax(scores + mask) . V -> [Hq*T, Hkv*D], keep only the g(h) block per row
+        The zero blocks cost Hkv-fold attention FLOPs, negligible at T <= 64 next to reading the
+        cache once, and they keep every row's arithmetic independent of T.
+        """
+        a = self.arch
+        n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
+        p = f"/layers.{i}/attn"
+        qkv = self._matmul(b, x, f"l{i}.qkv", a.hidden_size, (n_q + 2 * n_kv) * d)
+        if a.qkv_bias:
+            qkv = b.op("Add", [qkv, b.weight(f"l{i}.qkv_b")], p + "/qkv_bias")
+        q, k, v = b.op("Split", [qkv, b.const(f"qkv_split_{i}", np.array([n_q * d, n_kv * d, n_kv * d],
+                                                                          np.int64))],
+                       p + "/Split", n_out=3, axis=-1)
+        q = b.op("Reshape", [q, "shape_q"], p + "/q_heads")  # [T, Hq, D]
+        k = b.op("Reshape", [k, "shape_kv"], p + "/k_heads")  # [T, Hkv, D]
+        if a.qk_norm:
+            q = self._rms_norm(b, q, f"l{i}.q_norm", p + "/q_norm", "eps")
+            k = self._rms_norm(b, k, f"l{i}.k_norm", p + "/k_norm", "eps")
+        q = self._rope(b, q, cos, sin, p + "/q_rope")
+        k = self._rope(b, k, cos, sin, p + "/k_rope")
+        new_k = b.op("Reshape", [k, "shape_rows"], p + "/new_k")  # [T, Hkv*D]
+        new_v = v  # [T, Hkv*D]
+        # Block-diagonal queries: [Hq, T, 1, D] * head_mask[Hq, 1, Hkv, 1] -> [Hq*T, Hkv*D]
+        qt = b.op("Transpose", [q], p + "/q_T", perm=[1, 0, 2])
+        qt = b.op("Unsqueeze", [qt, "axis2"], p + "/q_unsq")
+        qbd = b.op("Reshape", [b.op("Mul", [qt, "head_mask"], p + "/q_blocks"), "shape_qbd"], p + "/qbd")
+        scale = 1.0 / float(np.sqrt(d))
+        s_past = b.op("Gemm", [qbd, f"past_key_{i}"], p + "/scores_past", transB=1, alpha=scale)
+        s_new = b.op("Gemm", [qbd, new_k], p + "/scores_new", transB=1, alpha=scale)
+        scores = b.op("Add", [b.op("Concat", [s_past, s_new], p + "/scores", axis=-1), mask], p + "/masked")
+        probs = b.op("Softmax", [scores], p + "/Softmax", axis=-1)
+        p_past, p_new = b.op("Split", [probs, split], p + "/split_probs", n_out=2, axis=-1)
+        ctx = b.op("Add", [b.op("Gemm", [p_past, f"past_value_{i}"], p + "/ctx_past"),
+                           b.op("Gemm", [p_new, new_v], p + "/ctx_new")], p + "/ctx")
+        # keep each query head's own kv block: [Hq, T, Hkv, D] * head_mask, summed over Hkv
+        ctx = b.op("Reshape", [ctx, "shape_ctx4"], p + "/ctx4")
+        ctx = b.op("ReduceSum", [b.op("Mul", [ctx, "head_mask"], p + "/ctx_blocks"), "axis2"],
+                   p + "/ctx_sum", keepdims=0)  # [Hq, T, D]
+        ctx = b.op("Reshape", [b.op("Transpose", [ctx], p + "/ctx_T", perm=[1, 0, 2]), "shape_hidden_q"],
+                   p + "/ctx_flat")  # [T, Hq*D]
+        out = self._matmul(b, ctx, f"l{i}.o", n_q * d, a.hidden_size)
+        return out, new_k, new_v
+
+    # ---- graph ---------------------------------------------------------------------------------
+    def build(self, T: int, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
+        """One phase graph of width T; initializers point into the shared weights file."""
+        a = self.arch
+        b = _Builder(self.store, self.dtype)
+        f = self.dtype
+        L, n_q, n_kv, d = self.n_layers, a.n_heads, a.n_kv_heads, a.head_dim
+        kv_w = n_kv * d
+        # constants
+        b.const("two", np.array(2.0, f))
+        b.const("eps", np.array(a.rms_norm_eps, f))
+        b.const("axis0", np.array([0], np.int64))
+        b.const("axis2", np.array([2], np.int64))
+        b.const("rope_split", np.array([d // 2, d // 2], np.int64))
+        b.const("shape_q", np.array([T, n_q, d], np.int64))
+        b.const("shape_kv", np.array([T, n_kv, d], np.int64))
+        b.const("shape_rows", np.array([T, kv_w], np.int64))
+        b.const("shape_qbd", np.array([n_q * T, kv_w], np.int64))
+        b.const("shape_ctx4", np.array([n_q, T, n_kv, d], np.int64))
+        b.const("shape_hidden_q", np.array([T, n_q * d], np.int64))
+        head_mask = np.zeros((n_q, 1, n_kv, 1), f)
+        for h in range(n_q):
+            head_mask[h, 0, h // (n_q // n_kv), 0] = 1
+        b.const("head_mask", head_mask)
+        causal = np.where(np.tril(np.ones((T, T), bool)), 0.0, NEG_INF).astype(f)  # [T, T]
+        b.const("causal_rows", np.tile(causal, (n_q, 1)))  # [Hq*T, T], row = h*T + t
+        b.const("split_past_new_T", np.array([T], np.int64))
+
+        ids = b.op("Reshape", ["input_ids", b.const("shape_T", np.array([T], np.int64))], "/ids_flat")
+        pos = b.op("Reshape", ["positions", "shape_T"], "/pos_flat")
+        x = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
+        cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/rope/cos"), "axis1c"],
+                   "/rope/cos_unsq")  # [T, 1, D]
+        sin = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_sin"), pos], "/rope/sin"), "axis1c"],
+                   "/rope/sin_unsq")
+        b.const("axis1c", np.array([1], np.int64))
+        # past mask [1, S]: slot j visible iff j < past_len; concat the causal block for new rows
+        s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/mask/shape"), "axis0"], "/mask/S")
+        slots = b.op("Range", [b.const("zero_i", np.array(0, np.int64)),
+                               b.op("Squeeze", [s_len], "/mask/S_scalar"),
+                               b.const("one_i", np.array(1, np.int64))], "/mask/slots")
+        visible = b.op("Less", [slots, "past_len"], "/mask/visible")
+        past_bias = b.op("Where", [visible, b.const("zero_f", np.array(0.0, f)),
+                                   b.const("ninf_f", np.array(NEG_INF, f))], "/mask/past_bias")
+        past_bias = b.op("Expand", [b.op("Unsqueeze", [past_bias, "axis0"], "/mask/unsq"),
+                                    b.const("shape_rows_q", np.array([n_q * T, 1], np.int64))],
+                         "/mask/expand")
+        mask = b.op("Concat", [past_bias, "causal_rows"], "/mask/full", axis=-1)  # [Hq*T, S+T]
+        split = b.op("Concat", [s_len, "split_past_new_T"], "/mask/split_sizes", axis=0)  # [S, T]
+
+        new_rows = []
+        for i in range(L):
+            p = f"/layers.{i}"
+            h = self._rms_norm(b, x, f"l{i}.ln1", p + "/ln1", "eps")
+            attn, new_k, new_v = self._attention(b, i, h, cos, sin, mask, split, T)
+            x = b.op("Add", [x, attn], p + "/res1")
+            h = self._rms_norm(b, x, f"l{i}.ln2", p + "/ln2", "eps")
+            gu = self._matmul(b, h, f"l{i}.gate_up", a.hidden_size, 2 * a.intermediate_size)
+            g, u = b.op("Split", [gu, b.const(f"gu_split_{i}", np.array([a.intermediate_size] * 2,
+                                                                          np.int64))],
+                        p + "/mlp/Split", n_out=2, axis=-1)
+            act = b.op("Mul", [b.op("Mul", [g, b.op("Sigmoid", [g], p + "/mlp/Sigmoid")], p + "/mlp/SiLU"), u],
+                       p + "/mlp/GLU")
+            x = b.op("Add", [x, self._matmul(b, act, f"l{i}.down", a.intermediate_size, a.hidden_size)],
+                     p + "/res2")
+            new_rows += [b.op("Unsqueeze", [new_k, "axis0"], p + "/k_row"),
+                         b.op("Unsqueeze", [new_v, "axis0"], p + "/v_row")]
+        hidden = self._rms_norm(b, x, "final_norm", "/final_norm", "eps")  # [T, H]
+        logits = self._matmul(b, hidden, "lm_head", a.hidden_size, a.vocab_size)  # [T, V]
+        if f != np.float32:
+            logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
+        kv = b.op("Concat", new_rows, "/new_kv/Concat", axis=0)  # [2L, T, Hkv*D]
+        b.nodes.append(helper.make_node("Reshape", [kv, b.const("shape_new_kv", np.array(
+            [L, 2, T, kv_w], np.int64))], ["new_kv"], name="/new_kv/Reshape"))
+        b.nodes.append(helper.make_node("Reshape", [logits, b.const("shape_logits", np.array(
+            [1, T, a.vocab_size], np.int64))], ["logits"], name="/logits/Reshape"))
+        b.nodes.append(helper.make_node("Reshape", [hidden, b.const("shape_hidden", np.array(
+            [1, T, a.hidden_size], np.int64))], ["hidden"], name="/hidden/Reshape"))
+
+        kv_type = _NP_TO_ONNX[f]
+        inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, T]),
+                  helper.make_tensor_value_info("positions", TensorProto.INT64, [1, T]),
+                  helper.make_tensor_value_info("past_len", TensorProto.INT64, [1])]
+        for i in range(L):
+            inputs += [helper.make_tensor_value_info(f"past_key_{i}", kv_type, ["S", kv_w]),
+                       helper.make_tensor_value_info(f"past_value_{i}", kv_type, ["S", kv_w])]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, a.vocab_size]),
+                   helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
+                   helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size])]
+        inits = []
+        for name in sorted(b.used_weights):
+            arr = self.store.arrays[name]
+            t = TensorProto(name=name, data_type=_NP_TO_ONNX[arr.dtype], dims=arr.shape)
+            t.data_location = TensorProto.EXTERNAL
+            for key, val in (("location", weights_location), ("offset", str(offsets[name])),
+                             ("length", str(arr.nbytes))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, val
+            inits.append(t)
+        graph = helper.make_graph(b.nodes, f"edgespec_T{T}", inputs, outputs, initializer=b.consts + inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                        helper.make_opsetid("com.microsoft", 1)],
+                                  producer_name="edgespec")
+        model.ir_version = 8
+        return model

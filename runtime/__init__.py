@@ -1,0 +1,1 @@
+"""Lean runtime: drafters, verification, the speculative loop, stats (numpy only, never torch)."""
