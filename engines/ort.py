@@ -1,8 +1,9 @@
 """ONNX Runtime backend: one model's phase graphs, one copy of its weights, one KV buffer.
 
-- Weights: the model's weights file is memory-mapped once and handed to every session as shared
-  initializers (SessionOptions.add_initializer), so N phase graphs hold ONE copy. Prepacking is
-  off: prepacked copies would be per session (Python has no shared prepacked-weights container).
+- Weights: the model's weights file is memory-mapped once and handed to the session as
+  initializers (SessionOptions.add_initializer); one graph per model serves every phase width, so
+  there is one session, and the kernels' prepacked weights exist once (Python has no shared
+  prepacked-weights container, so one session per phase would hold one packed copy each).
 - KV: `kv[L, 2, max_len, Hkv*D]` allocated at load. A call binds `kv[l, j, :S]` (contiguous: the
   cache is sequence-major) for the context bucket S >= past_len, so attention reads S rows, not
   max_len. Outputs are bound to preallocated buffers; nothing is allocated per token.
@@ -16,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-
 from edgespec.engines.base import EngineError, pick_width
 from edgespec.engines.manifest import Manifest, ModelSpec
 
@@ -49,7 +49,7 @@ class OrtModel:
     """A target or draft model of an engine folder, run through ONNX Runtime."""
 
     def __init__(self, manifest: Manifest, spec: ModelSpec, provider: str = "cpu",
-                 threads: int | None = None, prepack: bool = False) -> None:
+                 threads: int | None = None, prepack: bool = True) -> None:
         if provider not in PROVIDERS:
             raise EngineError(f"provider {provider!r} unknown; choose one of {', '.join(PROVIDERS)}")
         missing = [p for p in PROVIDERS[provider][:1] if p not in ort.get_available_providers()]
@@ -72,9 +72,10 @@ class OrtModel:
         self._logits = {w: np.zeros((1, w, spec.vocab_size), np.float32) for w in self.widths}
         self._new_kv = {w: np.zeros((spec.n_layers, 2, w, spec.kv_width), dtype) for w in self.widths}
         self._hidden = {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths}
-        self._sessions: dict[int, ort.InferenceSession] = {}
+        self._session: ort.InferenceSession | None = None
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._last_width = 0
+        self.n_calls = 0  # forward calls so far (stats)
         blob = _map_weights(manifest.path(spec.weights_file))
         self._initializers = {}
         for name, w in spec.weights.items():
@@ -93,22 +94,23 @@ class OrtModel:
         self._session_options = so
 
     # ---- sessions --------------------------------------------------------------------------------
-    def session(self, width: int) -> ort.InferenceSession:
-        if width not in self._sessions:
-            path = self.manifest.path(self.spec.graph_for(width).file)
+    def session(self, width: int | None = None) -> ort.InferenceSession:
+        """The model's one session (every phase width runs through it)."""
+        if self._session is None:
+            path = self.manifest.path(self.spec.graph_for(1).file)
             try:
-                self._sessions[width] = ort.InferenceSession(str(path), self._session_options,
-                                                             providers=PROVIDERS[self.provider])
+                self._session = ort.InferenceSession(str(path), self._session_options,
+                                                     providers=PROVIDERS[self.provider])
             except Exception as e:  # ORT raises its own exception types; re-raise with context
                 raise EngineError(f"could not load {path}: {e}. Hint: re-export the folder with this "
                                   "edgespec/onnxruntime") from e
-        return self._sessions[width]
+        return self._session
 
     def load_widths(self, widths) -> None:
-        """Create the sessions for these widths now (so the first call does not pay for it)."""
+        """Load the session and run each width once, so a first real call pays for nothing."""
         for w in widths:
             if w in self.widths:
-                self.session(w)
+                self.forward(np.zeros(w, np.int64), 0)
 
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
@@ -143,6 +145,7 @@ class OrtModel:
         n_slots = max(self.bucket, -(-past_len // self.bucket) * self.bucket)  # ceil to the bucket
         self.session(width).run_with_iobinding(self._binding(width, n_slots))
         self._last_width = width
+        self.n_calls += 1
         return self._logits[width][0, :n]
 
     def commit(self, past_len: int, n_rows: int) -> None:

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from edgespec import __version__
 from edgespec.engines import manifest as mf
 from edgespec.export import sources
 from edgespec.export.arch import ArchSpec, arch_from_config
 from edgespec.export.graph import GraphOptions, LlamaGraphWriter
 from edgespec.export.weights import write_weights
+
+from edgespec import __version__
 
 PRECISIONS = ("fp32", "fp16", "int4")
 # max |ORT - PyTorch| logits allowed per precision (PyTorch runs the weights the graph really uses)
@@ -77,7 +77,7 @@ class _Progress:
         if self.bar is not None:
             self.bar.set_description(what)
             self.bar.update(1)
-        
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -99,11 +99,12 @@ def _write_model(writer: LlamaGraphWriter, folder: Path, prefix: str, widths: li
     offsets = {name: e["offset"] for name, e in index.items()}
     graphs, used = [], set()
     kv_dtype = writer.dtype.name
-    for w in widths:
-        model = writer.build(w, weights_file, offsets)
-        fname = f"{prefix}_t{w}.onnx"
-        onnx.save(model, folder / fname)
-        used.update(i.name for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL)
+    model = writer.build(weights_file, offsets)
+    fname = f"{prefix}.onnx"
+    onnx.save(model, folder / fname)
+    used.update(i.name for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL)
+    progress.step(f"graph {fname}")
+    for w in widths:  # the phases: static widths the one graph is fed at
         graphs.append({
             "phase": _phase(w, chunk), "width": w, "file": fname,
             "inputs": [{"name": "input_ids", "shape": [1, w], "dtype": "int64"},
@@ -116,7 +117,6 @@ def _write_model(writer: LlamaGraphWriter, folder: Path, prefix: str, widths: li
                                                      writer.arch.n_kv_heads * writer.arch.head_dim],
                          "dtype": kv_dtype},
                         {"name": "hidden", "shape": [1, w, writer.arch.hidden_size], "dtype": kv_dtype}]})
-        progress.step(f"graph {fname}")
     arch = writer.arch.to_manifest() | {"n_layers": writer.n_layers}
     return {"kind": kind, "precision": writer.opts.precision, "architecture": arch, "kv_dtype": kv_dtype,
             "weights": {"file": weights_file, "tensors": {k: v for k, v in index.items() if k in used}},
@@ -129,9 +129,11 @@ def _reference_model(model, writer: LlamaGraphWriter):
 
     ref = copy.deepcopy(model)
     with torch.no_grad():
-        params = dict(ref.named_parameters())
+        params = dict(ref.named_parameters(remove_duplicate=False))
         for name, arr in writer.reference.items():
-            if name in params:
+            if name == "lm_head.weight":  # untie: the graph's embedding Gather stays unquantized
+                ref.lm_head.weight = torch.nn.Parameter(torch.from_numpy(arr.copy()))
+            elif name in params:
                 params[name].copy_(torch.from_numpy(arr))
         if writer.n_layers < ref.config.num_hidden_layers:
             ref.model.layers = ref.model.layers[: writer.n_layers]
@@ -146,7 +148,6 @@ def _validate(folder: Path, role: str, ref_model, tokens: np.ndarray, tol: float
     so each graph runs at a nonzero past_len over a bucketed cache.
     """
     import torch
-
     from edgespec.engines.ort import OrtModel
 
     man = mf.load_manifest(folder)
@@ -160,12 +161,12 @@ def _validate(folder: Path, role: str, ref_model, tokens: np.ndarray, tol: float
         if past + w > len(tokens):
             break
         got = engine.forward(tokens[past:past + w], past)
-        diffs[spec.graph_for(w).file] = float(np.abs(got - ref[past:past + w]).max())
+        diffs[f"{spec.graph_for(w).phase}_t{w}"] = float(np.abs(got - ref[past:past + w]).max())
         engine.commit(past, w)
         past += w
     worst = max(diffs, key=diffs.get)
     if diffs[worst] > tol:
-        raise ExportError(f"{role} graph {worst}: max |ORT - PyTorch| logits = {diffs[worst]:.3g} > "
+        raise ExportError(f"{role} graph at {worst}: max |ORT - PyTorch| logits = {diffs[worst]:.3g} > "
                           f"tolerance {tol:g} (all: {diffs}). The export is not trustworthy; "
                           "please report it with the model config.")
     return diffs
@@ -212,7 +213,7 @@ def export(cfg: ExportConfig) -> Path:
     widths_t = sorted(set(range(1, cfg.k + 2)) | {cfg.prefill_chunk})
     widths_d = sorted({1, cfg.prefill_chunk})
     has_draft = cfg.draft is not None
-    n_steps = 3 + len(widths_t) + (len(widths_d) + 2 if has_draft else 0) + 2
+    n_steps = 6 + (3 if has_draft else 0)
     progress = _Progress(n_steps, cfg.progress)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -292,7 +293,7 @@ def export(cfg: ExportConfig) -> Path:
     for role, spec in manifest["models"].items():
         if spec.get("validation"):
             worst = max(spec["validation"].values())
-            print(f"  {role}: max |ORT - PyTorch| logits over {len(spec['validation'])} graphs = {worst:.2e}",
+            print(f"  {role}: max |ORT - PyTorch| logits over {len(spec['validation'])} phase widths = {worst:.2e}",
                   file=sys.stderr)
     return out
 

@@ -5,7 +5,10 @@ exact control over the ops each phase runs (the kernel path decides decode/verif
 shared weights file, and standard ops only (TensorRT takes it). PyTorch stays the reference:
 the exporter checks every graph against the Hugging Face model.
 
-The "delta" form of DESIGN.md, one graph per phase width T:
+The "delta" form of DESIGN.md. One graph per model serves every phase: its token axis T is
+symbolic, and the manifest lists the phase widths (prefill chunk P, decode 1, verify 2..k+1) the
+runtime feeds it - each a static shape (a TensorRT optimization profile with min = opt = max).
+One graph means one ORT session per model, so weights are prepacked once and held once:
   inputs   input_ids [1, T] int64, positions [1, T] int64, past_len [1] int64,
            past_key_<l>, past_value_<l> [S, Hkv*D] for every layer l (S = a context bucket)
   outputs  logits [1, T, V] float32, new_kv [L, 2, T, Hkv*D], hidden [1, T, H]
@@ -21,10 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
-
 from edgespec.export.arch import ArchSpec
 from edgespec.export.quant import quantize_int4
+from onnx import TensorProto, helper
 
 OPSET = 17
 NEG_INF = -1e9  # additive mask value; finite so a fully masked row can never produce NaN
@@ -180,7 +182,7 @@ class LlamaGraphWriter:
         return b.op("Add", [b.op("Mul", [x, cos], name + "/MulCos"),
                             b.op("Mul", [rot, sin], name + "/MulSin")], name + "/Add")
 
-    def _attention(self, b: _Builder, i: int, x: str, cos: str, sin: str, mask: str, split: str, T: int):
+    def _attention(self, b: _Builder, i: int, x: str, cos: str, sin: str, mask: str, split: str):
         """GQA attention over past rows [S, Hkv*D] + the T new rows; returns (out, new_k, new_v).
 
         Heads are folded into single 2-D Gemms so the sequence-major cache is read as is:
@@ -230,8 +232,8 @@ class LlamaGraphWriter:
         return out, new_k, new_v
 
     # ---- graph ---------------------------------------------------------------------------------
-    def build(self, T: int, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
-        """One phase graph of width T; initializers point into the shared weights file."""
+    def build(self, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
+        """The model graph (T symbolic); initializers point into the shared weights file."""
         a = self.arch
         b = _Builder(self.store, self.dtype)
         f = self.dtype
@@ -243,21 +245,31 @@ class LlamaGraphWriter:
         b.const("axis0", np.array([0], np.int64))
         b.const("axis2", np.array([2], np.int64))
         b.const("rope_split", np.array([d // 2, d // 2], np.int64))
-        b.const("shape_q", np.array([T, n_q, d], np.int64))
-        b.const("shape_kv", np.array([T, n_kv, d], np.int64))
-        b.const("shape_rows", np.array([T, kv_w], np.int64))
-        b.const("shape_qbd", np.array([n_q * T, kv_w], np.int64))
-        b.const("shape_ctx4", np.array([n_q, T, n_kv, d], np.int64))
-        b.const("shape_hidden_q", np.array([T, n_q * d], np.int64))
+        b.const("shape_q", np.array([-1, n_q, d], np.int64))
+        b.const("shape_kv", np.array([-1, n_kv, d], np.int64))
+        b.const("shape_rows", np.array([-1, kv_w], np.int64))
+        b.const("shape_qbd", np.array([-1, kv_w], np.int64))
+        b.const("shape_ctx4", np.array([n_q, -1, n_kv, d], np.int64))
+        b.const("shape_hidden_q", np.array([-1, n_q * d], np.int64))
         head_mask = np.zeros((n_q, 1, n_kv, 1), f)
         for h in range(n_q):
             head_mask[h, 0, h // (n_q // n_kv), 0] = 1
         b.const("head_mask", head_mask)
-        causal = np.where(np.tril(np.ones((T, T), bool)), 0.0, NEG_INF).astype(f)  # [T, T]
-        b.const("causal_rows", np.tile(causal, (n_q, 1)))  # [Hq*T, T], row = h*T + t
-        b.const("split_past_new_T", np.array([T], np.int64))
+        b.const("axis1", np.array([1], np.int64))
+        b.const("zero_i", np.array(0, np.int64))
+        b.const("one_i", np.array(1, np.int64))
+        # T from the input; the causal block over new rows: key t' visible to query t iff t' <= t
+        t_len = b.op("Gather", [b.op("Shape", ["input_ids"], "/T/shape"), "axis1"], "/T/T")  # [1]
+        t_idx = b.op("Range", ["zero_i", b.op("Squeeze", [t_len], "/T/scalar"), "one_i"], "/T/range")
+        later = b.op("Greater", [b.op("Unsqueeze", [t_idx, "axis0"], "/T/row"),
+                                 b.op("Unsqueeze", [t_idx, "axis1"], "/T/col")], "/T/later")  # [T, T]
+        causal = b.op("Where", [later, b.const("ninf_f", np.array(NEG_INF, f)),
+                                b.const("zero_f", np.array(0.0, f))], "/T/causal")
+        causal_rows = b.op("Tile", [causal, b.const("tile_heads", np.array([n_q, 1], np.int64))],
+                           "/T/causal_rows")  # [Hq*T, T], row = h*T + t
+        n_rows = b.op("Mul", [t_len, b.const("n_q", np.array([n_q], np.int64))], "/T/n_rows")
 
-        ids = b.op("Reshape", ["input_ids", b.const("shape_T", np.array([T], np.int64))], "/ids_flat")
+        ids = b.op("Reshape", ["input_ids", b.const("shape_T", np.array([-1], np.int64))], "/ids_flat")
         pos = b.op("Reshape", ["positions", "shape_T"], "/pos_flat")
         x = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
         cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/rope/cos"), "axis1c"],
@@ -267,23 +279,20 @@ class LlamaGraphWriter:
         b.const("axis1c", np.array([1], np.int64))
         # past mask [1, S]: slot j visible iff j < past_len; concat the causal block for new rows
         s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/mask/shape"), "axis0"], "/mask/S")
-        slots = b.op("Range", [b.const("zero_i", np.array(0, np.int64)),
-                               b.op("Squeeze", [s_len], "/mask/S_scalar"),
-                               b.const("one_i", np.array(1, np.int64))], "/mask/slots")
+        slots = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/mask/S_scalar"), "one_i"], "/mask/slots")
         visible = b.op("Less", [slots, "past_len"], "/mask/visible")
-        past_bias = b.op("Where", [visible, b.const("zero_f", np.array(0.0, f)),
-                                   b.const("ninf_f", np.array(NEG_INF, f))], "/mask/past_bias")
+        past_bias = b.op("Where", [visible, "zero_f", "ninf_f"], "/mask/past_bias")
         past_bias = b.op("Expand", [b.op("Unsqueeze", [past_bias, "axis0"], "/mask/unsq"),
-                                    b.const("shape_rows_q", np.array([n_q * T, 1], np.int64))],
-                         "/mask/expand")
-        mask = b.op("Concat", [past_bias, "causal_rows"], "/mask/full", axis=-1)  # [Hq*T, S+T]
-        split = b.op("Concat", [s_len, "split_past_new_T"], "/mask/split_sizes", axis=0)  # [S, T]
+                                    b.op("Concat", [n_rows, "axis1"], "/mask/rows_shape", axis=0)],
+                         "/mask/expand")  # [Hq*T, S]
+        mask = b.op("Concat", [past_bias, causal_rows], "/mask/full", axis=-1)  # [Hq*T, S+T]
+        split = b.op("Concat", [s_len, t_len], "/mask/split_sizes", axis=0)  # [S, T]
 
         new_rows = []
         for i in range(L):
             p = f"/layers.{i}"
             h = self._rms_norm(b, x, f"l{i}.ln1", p + "/ln1", "eps")
-            attn, new_k, new_v = self._attention(b, i, h, cos, sin, mask, split, T)
+            attn, new_k, new_v = self._attention(b, i, h, cos, sin, mask, split)
             x = b.op("Add", [x, attn], p + "/res1")
             h = self._rms_norm(b, x, f"l{i}.ln2", p + "/ln2", "eps")
             gu = self._matmul(b, h, f"l{i}.gate_up", a.hidden_size, 2 * a.intermediate_size)
@@ -302,13 +311,14 @@ class LlamaGraphWriter:
             logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
         kv = b.op("Concat", new_rows, "/new_kv/Concat", axis=0)  # [2L, T, Hkv*D]
         b.nodes.append(helper.make_node("Reshape", [kv, b.const("shape_new_kv", np.array(
-            [L, 2, T, kv_w], np.int64))], ["new_kv"], name="/new_kv/Reshape"))
+            [L, 2, -1, kv_w], np.int64))], ["new_kv"], name="/new_kv/Reshape"))
         b.nodes.append(helper.make_node("Reshape", [logits, b.const("shape_logits", np.array(
-            [1, T, a.vocab_size], np.int64))], ["logits"], name="/logits/Reshape"))
+            [1, -1, a.vocab_size], np.int64))], ["logits"], name="/logits/Reshape"))
         b.nodes.append(helper.make_node("Reshape", [hidden, b.const("shape_hidden", np.array(
-            [1, T, a.hidden_size], np.int64))], ["hidden"], name="/hidden/Reshape"))
+            [1, -1, a.hidden_size], np.int64))], ["hidden"], name="/hidden/Reshape"))
 
         kv_type = _NP_TO_ONNX[f]
+        T = "T"
         inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, T]),
                   helper.make_tensor_value_info("positions", TensorProto.INT64, [1, T]),
                   helper.make_tensor_value_info("past_len", TensorProto.INT64, [1])]
@@ -328,7 +338,7 @@ class LlamaGraphWriter:
                 entry = t.external_data.add()
                 entry.key, entry.value = key, val
             inits.append(t)
-        graph = helper.make_graph(b.nodes, f"edgespec_T{T}", inputs, outputs, initializer=b.consts + inits)
+        graph = helper.make_graph(b.nodes, "edgespec_decoder", inputs, outputs, initializer=b.consts + inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                         helper.make_opsetid("com.microsoft", 1)],
                                   producer_name="edgespec")

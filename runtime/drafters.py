@@ -1,0 +1,138 @@
+"""Drafters: cheap proposers of the next tokens, behind one interface.
+
+  start(seq)             after the prompt is prefilled (a draft model prefills its own KV here)
+  propose(seq, k)        write up to k tokens into seq.draft_slots(k); return (m, q [m, V] or None)
+  accepted(seq, n_old, n_acc)  after the target kept n_acc of them (roll back own state)
+
+q is the drafter's distribution for each proposed token (needed for lossless sampling); None
+means the drafter is deterministic (q is one-hot on its token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from edgespec.runtime.state import SeqState
+from edgespec.runtime.verify import SamplingConfig, probs, sample
+
+
+class NoDrafter:
+    """Plain decoding: nothing proposed, every step is one T=1 target call (the baseline)."""
+
+    name = "none"
+
+    def start(self, seq: SeqState) -> None:
+        pass
+
+    def propose(self, seq: SeqState, k: int):
+        return 0, None
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    min_n: int = 1  # shortest suffix that may match
+    max_n: int = 3  # longest suffix tried first
+
+
+class NgramDrafter:
+    """Prompt lookup: find the most recent earlier occurrence of the sequence's last n tokens
+    (longest n first) in prompt + output, and propose the tokens that followed it."""
+
+    name = "ngram"
+
+    def __init__(self, cfg: NgramConfig = NgramConfig()) -> None:
+        if not 1 <= cfg.min_n <= cfg.max_n:
+            raise ValueError(f"ngram sizes need 1 <= min_n <= max_n (got {cfg.min_n}, {cfg.max_n})")
+        self.cfg = cfg
+
+    def start(self, seq: SeqState) -> None:
+        pass
+
+    def propose(self, seq: SeqState, k: int):
+        toks, n = seq.tokens, seq.n
+        for size in range(min(self.cfg.max_n, n - 1), self.cfg.min_n - 1, -1):
+            # candidate starts j with j + size <= n - 1, so at least one token follows the match
+            windows = np.lib.stride_tricks.sliding_window_view(toks[:n - 1], size)  # [n-size, size]
+            hits = np.flatnonzero((windows == toks[n - size:n]).all(axis=1))
+            if len(hits):
+                start = hits[-1] + size
+                m = min(k, n - start)
+                seq.draft_slots(m)[:] = toks[start:start + m]
+                return m, None
+        return 0, None
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A separate draft model with its own static KV, run token by token (T=1)."""
+
+    name = "draft"
+
+    def __init__(self, engine, sampling: SamplingConfig | None = None) -> None:
+        self.engine = engine
+        self.sampling = sampling or SamplingConfig()
+        self.rng = np.random.default_rng(self.sampling.seed)
+        self.dft_past = 0  # rows in the draft KV; they match seq.tokens[:dft_past]
+        self._q = np.zeros((64, engine.vocab_size), np.float64)
+
+    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
+        self.sampling, self.rng = sampling, rng
+
+    def start(self, seq: SeqState) -> None:
+        self.dft_past = _prefill(self.engine, seq.tokens[:seq.n - 1], 0)
+
+    def _step(self, token_ids: np.ndarray) -> np.ndarray:
+        logits = self.engine.forward(token_ids, self.dft_past)
+        self.engine.commit(self.dft_past, len(token_ids))
+        self.dft_past += len(token_ids)
+        return logits[-1]
+
+    def propose(self, seq: SeqState, k: int):
+        k = min(k, self.engine.max_len - self.dft_past - 2)
+        if k <= 0:
+            return 0, None
+        for i in range(self.dft_past, seq.n):  # catch up: the pending token (+ last bonus token)
+            logits = self._step(seq.tokens[i:i + 1])
+        slots = seq.draft_slots(k)
+        for i in range(k):
+            if self.sampling.greedy:
+                slots[i] = logits.argmax()
+            else:
+                self._q[i] = probs(logits, self.sampling)
+                slots[i] = sample(self._q[i], self.rng)
+            if i + 1 < k:
+                logits = self._step(slots[i:i + 1])
+        return k, (None if self.sampling.greedy else self._q[:k])
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        # rows hold [pending, d_1..d_{k-1}] from slot n_old - 1; d_1..d_{n_acc} survive
+        self.dft_past = min(self.dft_past, n_old + n_acc)
+
+
+def _prefill(engine, tokens: np.ndarray, past: int) -> int:
+    """Run tokens through an engine in chunks of its widest graph; return the new past length."""
+    widest = max(engine.widths)
+    for i in range(0, len(tokens), widest):
+        chunk = tokens[i:i + widest]
+        engine.forward(chunk, past)
+        engine.commit(past, len(chunk))
+        past += len(chunk)
+    return past
+
+
+def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig()):
+    if name == "none":
+        return NoDrafter()
+    if name in ("ngram", "prompt_lookup"):
+        return NgramDrafter(ngram)
+    if name == "draft":
+        if draft_engine is None:
+            raise ValueError("drafter 'draft' needs an engine folder exported with --draft")
+        return ModelDrafter(draft_engine)
+    raise ValueError(f"unknown drafter {name!r}; choose none, ngram or draft")

@@ -1,0 +1,188 @@
+"""The Python API and the speculative loop.
+
+    g = Generator.load("engines/smollm2-135m-instruct", drafter="ngram", k=4)
+    for text in g.stream("def fib(n):", max_new_tokens=128):
+        print(text, end="")
+    print(g.last_stats.line())
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from edgespec.engines.manifest import Manifest, load_manifest
+from edgespec.runtime.drafters import ModelDrafter, NgramConfig, _prefill, make_drafter
+from edgespec.runtime.state import SeqState
+from edgespec.runtime.stats import GenerationStats
+from edgespec.runtime.text import StreamDecoder, TextCodec
+from edgespec.runtime.verify import SamplingConfig, accept_greedy, accept_sampled, probs, sample
+
+
+class PromptTooLongError(ValueError):
+    """The prompt does not fit the engine's context."""
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    drafter: str = "ngram"  # none | ngram | draft
+    k: int = 4  # num_speculative_tokens per step (<= the folder's num_speculative_tokens)
+    provider: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider)
+    threads: int | None = None  # intra-op threads (None: physical cores)
+    ngram: NgramConfig = NgramConfig()  # prompt-lookup sizes
+
+
+class Generator:
+    def __init__(self, manifest: Manifest, target, cfg: GeneratorConfig, draft_engine=None,
+                 codec: TextCodec | None = None) -> None:
+        self.manifest = manifest
+        self.target = target
+        self.draft_engine = draft_engine
+        self.codec = codec
+        self.cfg = cfg
+        self.last_stats = GenerationStats()
+        self.set_drafter(cfg.drafter, cfg.k)
+        n_slots = target.max_len + max(target.widths)
+        self._tokens = np.zeros(n_slots, np.int64)  # the sequence buffer, reused by every call
+
+    @classmethod
+    def load(cls, folder: str | Path, drafter: str | None = None, k: int | None = None,
+             provider: str = "cpu", threads: int | None = None, ngram: NgramConfig = NgramConfig()):
+        from edgespec.engines.ort import OrtModel
+
+        manifest = load_manifest(folder)
+        drafter = drafter or manifest.defaults.get("drafter", "ngram")
+        k = k if k is not None else manifest.defaults.get("k", 4)
+        cfg = GeneratorConfig(drafter, k, provider, threads, ngram)
+        target = OrtModel(manifest, manifest.target, provider, threads)
+        draft = OrtModel(manifest, manifest.draft, provider, threads) if manifest.draft else None
+        g = cls(manifest, target, cfg, draft, TextCodec(manifest))
+        target.load_widths([1, manifest.prefill_chunk] + list(range(2, g.k + 2)))
+        if draft is not None and drafter == "draft":
+            draft.load_widths([1, manifest.prefill_chunk])
+        return g
+
+    def set_drafter(self, name: str, k: int | None = None) -> None:
+        """Switch drafter / k between calls (the engines stay loaded)."""
+        k = self.cfg.k if k is None else k
+        k_max = 0  # verify widths 2..k_max+1 must all exist (a draft may come up short)
+        while k_max + 2 in self.target.widths:
+            k_max += 1
+        if name != "none" and not 1 <= k <= k_max:
+            raise ValueError(f"k={k} outside 1..{k_max}: this folder has verify graphs up to "
+                             f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
+        self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram)
+        self.k = 0 if name == "none" else k
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def generate_ids(self, prompt_ids: np.ndarray, max_new_tokens: int = 256,
+                     sampling: SamplingConfig = SamplingConfig()) -> Iterator[np.ndarray]:
+        """Yield the new tokens of each step (a view; copy to keep). Stats land in last_stats."""
+        sampling.check()
+        tgt, drafter, n_prompt = self.target, self.drafter, len(prompt_ids)
+        if n_prompt == 0:
+            raise ValueError("empty prompt")
+        if n_prompt + 1 > tgt.max_len:
+            raise PromptTooLongError(f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
+                                     f"(max_len); shorten it or re-export with --max-len > {n_prompt}")
+        rng = np.random.default_rng(sampling.seed)
+        if isinstance(drafter, ModelDrafter):
+            drafter.configure(sampling, rng)
+        st = self.last_stats = GenerationStats(drafter=drafter.name, k=self.k, n_prompt=n_prompt)
+        eos = np.array(self.manifest.eos_token_ids if self.manifest else [], np.int64)
+        dft_calls0 = getattr(self.draft_engine, "n_calls", 0)
+        t_start = time.perf_counter()
+        try:
+            yield from self._loop(prompt_ids, max_new_tokens, sampling, rng, st, eos)
+        finally:
+            st.n_draft_calls = getattr(self.draft_engine, "n_calls", 0) - dft_calls0
+            st.total_s = time.perf_counter() - t_start
+            st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
+
+    def _loop(self, prompt_ids, max_new_tokens, sampling, rng, st, eos) -> Iterator[np.ndarray]:
+        """prefill, then draft -> verify -> accept -> commit until EOS / max_new_tokens / context."""
+        tgt, drafter, n_prompt = self.target, self.drafter, len(prompt_ids)
+        t_start = time.perf_counter()
+
+        # prefill: the whole prompt into the target KV, first token from the last logits
+        seq = SeqState(tokens=self._tokens, n=n_prompt, n_prompt=n_prompt, tgt_past=0)
+        seq.tokens[:n_prompt] = prompt_ids
+        seq.tgt_past = _prefill(tgt, seq.tokens[:n_prompt - 1], 0)
+        logits = tgt.forward(seq.tokens[n_prompt - 1:n_prompt], seq.tgt_past)
+        tgt.commit(seq.tgt_past, 1)
+        seq.tgt_past += 1
+        first = int(logits[-1].argmax()) if sampling.greedy else sample(probs(logits[-1], sampling), rng)
+        seq.tokens[seq.n] = first
+        seq.n += 1
+        drafter.start(seq)
+        st.prefill_s = st.ttft_s = time.perf_counter() - t_start
+        st.n_output = 1
+        yield seq.tokens[seq.n - 1:seq.n]
+        done = first in eos or max_new_tokens <= 1
+        t_prev = time.perf_counter()
+        while not done:
+            k = min(self.k, tgt.max_len - seq.n - 1)  # room for the verify rows
+            if k < 0 or seq.n >= tgt.max_len:
+                st.finish_reason = "length"
+                break
+            t0 = time.perf_counter()
+            m, dft_q = drafter.propose(seq, k) if k > 0 else (0, None)  # draft
+            t1 = time.perf_counter()
+            tgt_logits = tgt.forward(seq.verify_window(m), seq.tgt_past)  # verify: [m+1, V]
+            t2 = time.perf_counter()
+            draft = seq.draft_slots(m)
+            if sampling.greedy:  # accept
+                n_acc, nxt = accept_greedy(draft, tgt_logits)
+            else:
+                n_acc, nxt = accept_sampled(draft, dft_q, tgt_logits, sampling, rng)
+            tgt.commit(seq.tgt_past, n_acc + 1)  # commit: rows of [pending, d_1..d_n_acc]
+            n_old = seq.n
+            seq.tokens[n_old + n_acc] = nxt
+            seq.n += n_acc + 1
+            seq.tgt_past += n_acc + 1
+            drafter.accepted(seq, n_old, n_acc)
+            new = seq.tokens[n_old:seq.n]
+            # stop conditions: EOS inside the new tokens, max_new_tokens
+            hit = np.flatnonzero(np.isin(new, eos)) if len(eos) else ()
+            n_emit = int(hit[0]) + 1 if len(hit) else len(new)
+            n_emit = min(n_emit, max_new_tokens - st.n_output)
+            done = len(hit) > 0 or st.n_output + n_emit >= max_new_tokens
+            t3 = time.perf_counter()
+            st.draft_s += t1 - t0
+            st.verify_s += t2 - t1
+            st.record_step(m, n_acc, n_emit, t3 - t_prev)
+            t_prev = t3
+            st.n_output += n_emit
+            yield new[:n_emit]
+
+    # ---- text API -----------------------------------------------------------------------------------
+    def stream(self, prompt, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None) -> Iterator[str]:
+        """Stream text for a raw prompt (str) or chat messages (list of {role, content})."""
+        ids = self.codec.encode(prompt)
+        decoder = StreamDecoder(self.codec)
+        sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        text = ""
+        gen = self.generate_ids(ids, max_new_tokens, sampling)
+        for new in gen:
+            eos = set(self.manifest.eos_token_ids)
+            piece = decoder.push([t for t in new if int(t) not in eos])
+            if not piece:
+                continue
+            if stop:
+                text += piece
+                cut = min((text.find(s) for s in stop if s in text), default=-1)
+                if cut >= 0:
+                    emitted = len(text) - len(piece)
+                    if cut > emitted:
+                        yield text[emitted:cut]
+                    gen.close()
+                    self.last_stats.finish_reason = "stop"
+                    return
+            yield piece
+
+    def generate(self, prompt, **kwargs) -> str:
+        return "".join(self.stream(prompt, **kwargs))

@@ -1,0 +1,77 @@
+"""Tokenizer, chat template and incremental detokenization (tokenizers + jinja2, no transformers)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import jinja2
+import numpy as np
+from edgespec.engines.manifest import Manifest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+
+class TemplateError(ValueError):
+    """Chat messages that the model's chat template cannot render."""
+
+
+def _raise(msg: str):
+    raise TemplateError(msg)
+
+
+class TextCodec:
+    def __init__(self, manifest: Manifest) -> None:
+        self.tokenizer = Tokenizer.from_file(str(manifest.path(manifest.tokenizer_file)))
+        self.eos_token_ids = manifest.eos_token_ids
+        self.bos_token_id = manifest.bos_token_id
+        self._template = None
+        if manifest.chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._template = env.from_string(manifest.chat_template)
+
+    def encode(self, prompt) -> np.ndarray:
+        """Raw text (no template, the tokenizer's own special tokens) or chat messages (template)."""
+        if isinstance(prompt, str):
+            return np.array(self.tokenizer.encode(prompt).ids, np.int64)
+        return np.array(self.tokenizer.encode(self.render_chat(prompt), add_special_tokens=False).ids, np.int64)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        if self._template is None:
+            raise TemplateError("this engine folder has no chat template; pass raw text instead of messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
+                                                     for m in messages):
+            raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=True,
+                                         bos_token=self._token(self.bos_token_id), eos_token=self._token(
+                                             self.eos_token_ids[0] if self.eos_token_ids else None))
+        except jinja2.TemplateError as e:
+            raise TemplateError(f"chat template failed: {e}") from e
+
+    def _token(self, i):
+        return self.tokenizer.id_to_token(i) if i is not None else ""
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=True)
+
+
+class StreamDecoder:
+    """Incremental detokenization: emits only complete characters (vLLM-style prefix offsets)."""
+
+    def __init__(self, codec: TextCodec) -> None:
+        self.codec = codec
+        self.ids: list[int] = []
+        self.prefix = 0  # start of the window decoded for context
+        self.read = 0  # ids already turned into emitted text
+
+    def push(self, new_ids) -> str:
+        self.ids.extend(int(i) for i in new_ids)
+        prefix_text = self.codec.decode(self.ids[self.prefix:self.read])
+        full = self.codec.decode(self.ids[self.prefix:])
+        if len(full) > len(prefix_text) and not full.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return full[len(prefix_text):]
+        return ""
