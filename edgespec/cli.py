@@ -132,7 +132,7 @@ def _cmd_demo(a) -> int:
             print("edgespec demo needs the export extra to build the engine: pip install 'edgespec[export]'",
                   file=sys.stderr)
             return 2
-        export(ExportConfig(out=a.engine, draft="self:8"))
+        export(ExportConfig(out=a.engine))
     g = Generator.load(a.engine, drafter="none")
     print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)
     g.set_drafter("none")

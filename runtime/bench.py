@@ -119,7 +119,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     results = {c: {"stats": [], "prompts": []} for c in configs}
     print(f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
           f"temperature {cfg.temperature}", file=sys.stderr)
-    for i, (p, ids) in enumerate(zip(prompts, encoded)):
+    for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
         for d, k in configs:
             g.set_drafter(d, k or None)
             t0 = time.perf_counter()
@@ -132,7 +132,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     base_ids = [r["output_ids"] for r in results[("none", 0)]["prompts"]]
     runs = []
     for (d, k), r in results.items():
-        same = sum(a["output_ids"] == b for a, b in zip(r["prompts"], base_ids))
+        same = sum(a["output_ids"] == b for a, b in zip(r["prompts"], base_ids, strict=True))
         runs.append({"drafter": d, "k": k, "totals": _totals(r["stats"]) | {"identical_to_none": same,
                                                                             "n_prompts": len(base_ids)},
                      "prompts": r["prompts"]})
