@@ -40,6 +40,8 @@ def _add_runtime_args(p, drafter_default=None) -> None:
     p.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt"],
                    help="ONNX Runtime execution provider (default cpu)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
+    p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
+    p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
 
 
 def _add_generate(sub) -> None:
@@ -91,9 +93,11 @@ def _cmd_export(a) -> int:
 
 
 def _cmd_generate(a) -> int:
+    from edgespec.runtime.drafters import NgramConfig
     from edgespec.runtime.generator import Generator
 
-    g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads)
+    g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max))
     prompt = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
     for piece in g.stream(prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                           top_p=a.top_p, seed=a.seed, stop=a.stop):
@@ -112,7 +116,7 @@ def _cmd_bench(a) -> int:
     cfg = BenchConfig(engine=a.engine, prompts=a.prompts, drafters=tuple(a.drafter.split(",")),
                       ks=tuple(int(x) for x in a.k.split(",")), max_new_tokens=a.max_new_tokens,
                       temperature=a.temperature, seed=a.seed, limit=a.limit, provider=a.provider,
-                      threads=a.threads)
+                      threads=a.threads, ngram_min=a.ngram_min, ngram_max=a.ngram_max)
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
@@ -133,7 +137,10 @@ def _cmd_demo(a) -> int:
                   file=sys.stderr)
             return 2
         export(ExportConfig(out=a.engine))
-    g = Generator.load(a.engine, drafter="none")
+    from edgespec.runtime.drafters import NgramConfig
+
+    g = Generator.load(a.engine, drafter="none", k=a.k, provider=a.provider, threads=a.threads,
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max))
     print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)
     g.set_drafter("none")
     plain = "".join(g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens))

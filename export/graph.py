@@ -29,7 +29,7 @@ from edgespec.export.quant import quantize_int4
 from onnx import TensorProto, helper
 
 OPSET = 17
-NEG_INF = -1e9  # additive mask value; finite so a fully masked row can never produce NaN
+NEG_INF = {"float32": -1e9, "float16": -3e4}  # additive mask: finite, so no row can turn NaN
 
 _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
                np.dtype(np.int64): TensorProto.INT64, np.dtype(np.uint8): TensorProto.UINT8}
@@ -263,7 +263,7 @@ class LlamaGraphWriter:
         t_idx = b.op("Range", ["zero_i", b.op("Squeeze", [t_len], "/T/scalar"), "one_i"], "/T/range")
         later = b.op("Greater", [b.op("Unsqueeze", [t_idx, "axis0"], "/T/row"),
                                  b.op("Unsqueeze", [t_idx, "axis1"], "/T/col")], "/T/later")  # [T, T]
-        causal = b.op("Where", [later, b.const("ninf_f", np.array(NEG_INF, f)),
+        causal = b.op("Where", [later, b.const("ninf_f", np.array(NEG_INF[f.name], f)),
                                 b.const("zero_f", np.array(0.0, f))], "/T/causal")
         causal_rows = b.op("Tile", [causal, b.const("tile_heads", np.array([n_q, 1], np.int64))],
                            "/T/causal_rows")  # [Hq*T, T], row = h*T + t

@@ -33,6 +33,8 @@ class BenchConfig:
     limit: int = 20  # prompts taken from the file / HumanEval
     provider: str = "cpu"  # ORT execution provider
     threads: int | None = None  # intra-op threads
+    ngram_min: int = 1  # prompt lookup: shortest suffix matched
+    ngram_max: int = 3  # prompt lookup: longest suffix, tried first
 
 
 def load_prompts(path: str | None, limit: int) -> list[dict]:
@@ -100,6 +102,7 @@ def _totals(stats: list[GenerationStats]) -> dict:
 
 
 def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
+    from edgespec.runtime.drafters import NgramConfig
     from edgespec.runtime.generator import Generator
 
     prompts = load_prompts(cfg.prompts, cfg.limit)
@@ -107,7 +110,8 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         raise ValueError("no prompts to run")
     drafters = ["none"] + [d for d in cfg.drafters if d != "none"]
     configs = [("none", 0)] + [(d, k) for d in drafters[1:] for k in cfg.ks]
-    g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads)
+    g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads,
+                       ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max))
     if "draft" in drafters and g.draft_engine is not None:
         g.draft_engine.load_widths([1, g.manifest.prefill_chunk])
     sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
@@ -139,6 +143,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     report = {"config": {"engine": cfg.engine, "prompts": cfg.prompts or f"HumanEval[:{cfg.limit}]",
                          "drafters": drafters, "k": list(cfg.ks), "max_new_tokens": cfg.max_new_tokens,
                          "temperature": cfg.temperature, "seed": cfg.seed,
+                         "ngram": [cfg.ngram_min, cfg.ngram_max],
                          "precision": g.manifest.target.precision},
               "machine": machine_info(cfg.provider), "runs": runs}
     print(format_table(report), file=out)

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from edgespec.runtime.bench import load_prompts
 from edgespec.runtime.generator import Generator
 

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from edgespec.engines.fake import FakeModel, random_table
 from edgespec.runtime import verify
 from edgespec.runtime.generator import Generator, GeneratorConfig
