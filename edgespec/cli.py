@@ -60,6 +60,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--json", help="also write the stats as JSON to this file")
+    p.add_argument("--show-acceptance", action="store_true",
+                   help="colour each token by how it came: accepted draft (green, darker = later position), "
+                   "target correction (red), bonus token after a fully accepted draft (blue), plain (default)")
 
 
 def _add_bench(sub) -> None:
@@ -76,6 +79,56 @@ def _add_bench(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=20, help="prompts to run (default 20)")
     p.add_argument("--json", help="write the full report (config, machine, runs) to this file")
+    p.add_argument("--html", help="write a self-contained HTML report (tables + plots) to this file")
+
+
+def _add_apps(sub) -> None:
+    c = sub.add_parser("chat", help="multi-turn terminal chat (streaming, stats footer, slash commands)",
+                       description="Chat through the model's chat template. Earlier turns stay in the KV "
+                       "cache, so each turn prefills only its new text. /help lists the commands.")
+    _add_runtime_args(c)
+    c.add_argument("--drafter", help="none | ngram | draft (default: the folder's default)")
+    c.add_argument("--k", type=int, help="num_speculative_tokens")
+    c.add_argument("--temperature", type=float, default=0.0)
+    c.add_argument("--max-new-tokens", type=int, default=512)
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)",
+                       description="Serve the engine over an OpenAI-compatible API, one request at a time "
+                       "in arrival order, with /v1/models, /health and Prometheus /metrics. Needs the "
+                       "`serve` extra (starlette, uvicorn).")
+    _add_runtime_args(s)
+    s.add_argument("--drafter", help="default drafter (requests may override with a `speculative` field)")
+    s.add_argument("--k", type=int, help="default num_speculative_tokens")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--queue-size", type=int, default=8, help="waiting requests before 503 (default 8)")
+    s.add_argument("--model-name", default="", help="id reported to clients (default: the folder name)")
+
+
+def _cmd_chat(a) -> int:
+    from edgespec.runtime.chat import ChatSettings, chat_loop
+    from edgespec.runtime.drafters import NgramConfig
+    from edgespec.runtime.generator import Generator
+
+    g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max))
+    chat_loop(g, ChatSettings(a.temperature, a.max_new_tokens))
+    return 0
+
+
+def _cmd_serve(a) -> int:
+    try:
+        from edgespec.runtime.server import ServeConfig, serve
+    except ImportError as e:
+        print(f"edgespec serve needs the serve extra ({e.name} missing): pip install 'edgespec[serve]'",
+              file=sys.stderr)
+        return 2
+    from edgespec.runtime.drafters import NgramConfig
+    from edgespec.runtime.generator import Generator
+
+    g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max))
+    serve(g, ServeConfig(host=a.host, port=a.port, queue_size=a.queue_size, model_name=a.model_name))
+    return 0
 
 
 def _cmd_export(a) -> int:
@@ -99,6 +152,12 @@ def _cmd_generate(a) -> int:
     g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
                        ngram=NgramConfig(a.ngram_min, a.ngram_max))
     prompt = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
+    if a.show_acceptance:
+        from edgespec.runtime.text import show_acceptance
+
+        show_acceptance(g, prompt, a.max_new_tokens, a.temperature, a.seed, sys.stdout)
+        print(g.last_stats.line(), file=sys.stderr)
+        return 0
     for piece in g.stream(prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                           top_p=a.top_p, seed=a.seed, stop=a.stop):
         sys.stdout.write(piece)
@@ -121,6 +180,11 @@ def _cmd_bench(a) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
         print(f"wrote {a.json}", file=sys.stderr)
+    if a.html:
+        from edgespec.runtime.report import write_html
+
+        write_html(report, a.html)
+        print(f"wrote {a.html}", file=sys.stderr)
     return 0
 
 
@@ -168,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_export(sub)
     _add_generate(sub)
     _add_bench(sub)
+    _add_apps(sub)
     d = sub.add_parser("demo", help="export the default model if needed, run one prompt plain and speculative",
                        description="The quick start: fetches and exports SmolLM2-135M-Instruct if not cached, "
                        "then runs one chat prompt plain and with speculation, side by side.")
@@ -181,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
 
     errors: tuple = (ManifestError, EngineError, ValueError, FileNotFoundError)
     try:
-        return {"export": _cmd_export, "generate": _cmd_generate, "bench": _cmd_bench, "demo": _cmd_demo}[a.cmd](a)
+        cmds = {"export": _cmd_export, "generate": _cmd_generate, "bench": _cmd_bench, "demo": _cmd_demo,
+                "chat": _cmd_chat, "serve": _cmd_serve}
+        return cmds[a.cmd](a)
     except errors as e:
         print(f"edgespec {a.cmd}: error: {e}", file=sys.stderr)
         return 2

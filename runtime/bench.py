@@ -20,6 +20,8 @@ import numpy as np
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.verify import SamplingConfig
 
+ITL_EDGES_MS = [0, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000, 1e9]
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -96,6 +98,7 @@ def _totals(stats: list[GenerationStats]) -> dict:
             "acceptance_rate": sum(s.n_accepted for s in stats) / drafted if drafted else 0.0,
             "itl_ms": pct, "ttft_ms": float(np.mean([s.ttft_s for s in stats]) * 1e3),
             "acceptance_by_position": [float(by_pos[i] / den[i]) for i in range(n_pos)],
+            "itl_ms_histogram": {"edges": ITL_EDGES_MS, "counts": np.histogram(itl, ITL_EDGES_MS)[0].tolist()},
             "time_split_s": {k: sum(s.to_dict()["time_split_s"][k] for s in stats)
                              for k in ("prefill", "draft", "verify", "host")},
             "target_calls": calls}

@@ -1,6 +1,7 @@
 """Drafters: cheap proposers of the next tokens, behind one interface.
 
-  start(seq)             after the prompt is prefilled (a draft model prefills its own KV here)
+  start(seq, n_cached)   after the prompt is prefilled (a draft model prefills its own KV here;
+                         its rows for the first n_cached tokens are still valid from the last call)
   propose(seq, k)        write up to k tokens into seq.draft_slots(k); return (m, q [m, V] or None)
   accepted(seq, n_old, n_acc)  after the target kept n_acc of them (roll back own state)
 
@@ -22,7 +23,7 @@ class NoDrafter:
 
     name = "none"
 
-    def start(self, seq: SeqState) -> None:
+    def start(self, seq: SeqState, n_cached: int = 0) -> None:
         pass
 
     def propose(self, seq: SeqState, k: int):
@@ -49,7 +50,7 @@ class NgramDrafter:
             raise ValueError(f"ngram sizes need 1 <= min_n <= max_n (got {cfg.min_n}, {cfg.max_n})")
         self.cfg = cfg
 
-    def start(self, seq: SeqState) -> None:
+    def start(self, seq: SeqState, n_cached: int = 0) -> None:
         pass
 
     def propose(self, seq: SeqState, k: int):
@@ -59,7 +60,7 @@ class NgramDrafter:
             windows = np.lib.stride_tricks.sliding_window_view(toks[:n - 1], size)  # [n-size, size]
             hits = np.flatnonzero((windows == toks[n - size:n]).all(axis=1))
             if len(hits):
-                start = hits[-1] + size
+                start = int(hits[-1]) + size
                 m = min(k, n - start)
                 seq.draft_slots(m)[:] = toks[start:start + m]
                 return m, None
@@ -84,8 +85,9 @@ class ModelDrafter:
     def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
         self.sampling, self.rng = sampling, rng
 
-    def start(self, seq: SeqState) -> None:
-        self.dft_past = _prefill(self.engine, seq.tokens[:seq.n - 1], 0)
+    def start(self, seq: SeqState, n_cached: int = 0) -> None:
+        past = min(self.dft_past, n_cached)
+        self.dft_past, _ = _prefill(self.engine, seq.tokens[past:seq.n - 1], past)
 
     def _step(self, token_ids: np.ndarray) -> np.ndarray:
         logits = self.engine.forward(token_ids, self.dft_past)
@@ -115,15 +117,17 @@ class ModelDrafter:
         self.dft_past = min(self.dft_past, n_old + n_acc)
 
 
-def _prefill(engine, tokens: np.ndarray, past: int) -> int:
-    """Run tokens through an engine in chunks of its widest graph; return the new past length."""
+def _prefill(engine, tokens: np.ndarray, past: int) -> tuple[int, np.ndarray]:
+    """Run tokens through an engine in chunks (the widest graph, then the narrowest width that
+    holds the remainder); return (new past length, logits [V] of the last token)."""
     widest = max(engine.widths)
+    logits = None
     for i in range(0, len(tokens), widest):
         chunk = tokens[i:i + widest]
-        engine.forward(chunk, past)
+        logits = engine.forward(chunk, past)
         engine.commit(past, len(chunk))
         past += len(chunk)
-    return past
+    return past, (logits[-1] if logits is not None else None)
 
 
 def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig()):

@@ -33,6 +33,7 @@ class GeneratorConfig:
     provider: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider)
     threads: int | None = None  # intra-op threads (None: physical cores)
     ngram: NgramConfig = NgramConfig()  # prompt-lookup sizes
+    reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
 
 
 class Generator:
@@ -47,6 +48,8 @@ class Generator:
         self.set_drafter(cfg.drafter, cfg.k)
         n_slots = target.max_len + max(target.widths)
         self._tokens = np.zeros(n_slots, np.int64)  # the sequence buffer, reused by every call
+        self.last_step = (0, 0)  # (drafted, accepted) of the step whose tokens were last yielded
+        self._tgt_valid = 0  # target KV rows that hold self._tokens[:_tgt_valid] (prefix reuse)
 
     @classmethod
     def load(cls, folder: str | Path, drafter: str | None = None, k: int | None = None,
@@ -95,9 +98,11 @@ class Generator:
         eos = np.array(self.manifest.eos_token_ids if self.manifest else [], np.int64)
         dft_calls0 = getattr(self.draft_engine, "n_calls", 0)
         t_start = time.perf_counter()
+        self._seq = None
         try:
             yield from self._loop(prompt_ids, max_new_tokens, sampling, rng, st, eos)
         finally:
+            self._tgt_valid = self._seq.tgt_past if self._seq is not None else 0
             st.n_draft_calls = getattr(self.draft_engine, "n_calls", 0) - dft_calls0
             st.total_s = time.perf_counter() - t_start
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
@@ -107,19 +112,26 @@ class Generator:
         tgt, drafter, n_prompt = self.target, self.drafter, len(prompt_ids)
         t_start = time.perf_counter()
 
-        # prefill: the whole prompt into the target KV, first token from the last logits
+        # prefill: the prompt into the target KV, first token from the last logits. Rows kept
+        # from the previous call are reused for the common prefix (a chat's earlier turns).
+        n_cached = 0
+        if self.cfg.reuse_kv:
+            old = self._tokens[:min(self._tgt_valid, n_prompt - 1)]
+            diff = np.flatnonzero(old != prompt_ids[:len(old)])
+            n_cached = int(diff[0]) if len(diff) else len(old)
+        self._tgt_valid = n_cached
         seq = SeqState(tokens=self._tokens, n=n_prompt, n_prompt=n_prompt, tgt_past=0)
+        self._seq = seq
         seq.tokens[:n_prompt] = prompt_ids
-        seq.tgt_past = _prefill(tgt, seq.tokens[:n_prompt - 1], 0)
-        logits = tgt.forward(seq.tokens[n_prompt - 1:n_prompt], seq.tgt_past)
-        tgt.commit(seq.tgt_past, 1)
-        seq.tgt_past += 1
-        first = int(logits[-1].argmax()) if sampling.greedy else sample(probs(logits[-1], sampling), rng)
+        seq.tgt_past, last = _prefill(tgt, seq.tokens[n_cached:n_prompt], n_cached)
+        first = int(last.argmax()) if sampling.greedy else sample(probs(last, sampling), rng)
         seq.tokens[seq.n] = first
         seq.n += 1
-        drafter.start(seq)
+        drafter.start(seq, n_cached)
+        st.n_prompt_cached = n_cached
         st.prefill_s = st.ttft_s = time.perf_counter() - t_start
         st.n_output = 1
+        self.last_step = (0, 0)  # (drafted, accepted) behind the tokens just yielded
         yield seq.tokens[seq.n - 1:seq.n]
         done = first in eos or max_new_tokens <= 1
         t_prev = time.perf_counter()
@@ -156,6 +168,7 @@ class Generator:
             st.record_step(m, n_acc, n_emit, t3 - t_prev)
             t_prev = t3
             st.n_output += n_emit
+            self.last_step = (m, n_acc)
             yield new[:n_emit]
 
     # ---- text API -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ class GenerationStats:
     drafter: str = "none"
     k: int = 0
     n_prompt: int = 0  # prompt tokens
+    n_prompt_cached: int = 0  # prompt tokens whose KV rows were reused from the previous call
     n_output: int = 0  # generated tokens (emitted)
     ttft_s: float = 0.0  # call start -> first token
     total_s: float = 0.0  # call start -> last token
@@ -66,10 +67,11 @@ class GenerationStats:
     def to_dict(self) -> dict:
         host = max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s)
         return {
-            "drafter": self.drafter, "k": self.k, "prompt_tokens": self.n_prompt, "tokens": self.n_output,
+            "drafter": self.drafter, "k": self.k, "prompt_tokens": self.n_prompt,
+            "prompt_tokens_cached": self.n_prompt_cached, "tokens": self.n_output,
             "seconds": self.total_s, "tokens_per_s": self.tokens_per_s, "ttft_ms": self.ttft_s * 1e3,
             "itl_ms": self.itl_ms(), "target_calls": self.n_target_calls, "draft_calls": self.n_draft_calls,
-            "drafted": self.n_drafted, "accepted": self.n_accepted,
+            "drafted": int(self.n_drafted), "accepted": int(self.n_accepted),
             "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
             "acceptance_by_position": self.acceptance_by_position(),
             "time_split_s": {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,

@@ -75,3 +75,34 @@ class StreamDecoder:
             self.prefix, self.read = self.read, len(self.ids)
             return full[len(prefix_text):]
         return ""
+
+
+# ANSI colours by provenance: accepted draft tokens by position (greens), correction, bonus
+_POS = ["\033[38;5;46m", "\033[38;5;40m", "\033[38;5;34m", "\033[38;5;28m", "\033[38;5;22m"]
+CORRECTION, BONUS, RESET = "\033[38;5;196m", "\033[38;5;33m", "\033[0m"
+
+
+def provenance(m: int, n_acc: int, n_tokens: int) -> list[str]:
+    """How each token of one step came: 'draft{i}', 'correction', 'bonus' or 'plain'."""
+    kinds = [f"draft{i}" for i in range(min(n_acc, n_tokens))]
+    if n_tokens > n_acc:
+        kinds.append("plain" if m == 0 else ("bonus" if n_acc == m else "correction"))
+    return kinds
+
+
+def show_acceptance(g, prompt, max_new_tokens: int, temperature: float, seed, out) -> None:
+    from edgespec.runtime.verify import SamplingConfig
+
+    ids = g.codec.encode(prompt)
+    decoder = StreamDecoder(g.codec)
+    eos = set(g.manifest.eos_token_ids)
+    for new in g.generate_ids(ids, max_new_tokens, SamplingConfig(temperature, seed=seed)):
+        m, n_acc = g.last_step
+        for tok, kind in zip(new, provenance(m, n_acc, len(new)), strict=True):
+            piece = decoder.push([] if int(tok) in eos else [tok])
+            colour = (_POS[min(int(kind[5:]), len(_POS) - 1)] if kind.startswith("draft")
+                      else {"correction": CORRECTION, "bonus": BONUS}.get(kind, ""))
+            out.write(f"{colour}{piece}{RESET if colour else ''}")
+        out.flush()
+    out.write(f"\n{_POS[0]}accepted draft{RESET} (darker = later position)  {CORRECTION}target correction"
+              f"{RESET}  {BONUS}bonus{RESET}  plain = no draft\n")

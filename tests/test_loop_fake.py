@@ -104,3 +104,19 @@ def test_seeded_sampling_is_reproducible():
     b = run(g, PROMPT, 40, sampling=SamplingConfig(temperature=0.8, seed=7))
     c = run(g, PROMPT, 40, sampling=SamplingConfig(temperature=0.8, seed=8))
     assert a.tolist() == b.tolist() and a.tolist() != c.tolist()
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "draft"])
+def test_kv_reuse_across_calls_gives_the_same_output(drafter):
+    turn1 = run(make(drafter, 4), PROMPT, 30)
+    g = make(drafter, 4)
+    assert run(g, PROMPT, 30).tolist() == turn1.tolist()
+    follow_up = PROMPT + turn1.tolist() + [7, 7, 3]  # a second turn: the first one plus new text
+    reused = run(g, follow_up, 40)
+    assert g.last_stats.n_prompt_cached >= len(PROMPT) + len(turn1) - 2
+    fresh = make(drafter, 4)
+    assert run(fresh, follow_up, 40).tolist() == reused.tolist()
+    assert fresh.last_stats.n_prompt_cached == 0
+    other = run(g, [9, 9, 9] + PROMPT, 20)  # a different prompt: nothing reusable
+    assert g.last_stats.n_prompt_cached == 0
+    assert other.tolist() == run(make(drafter, 4), [9, 9, 9] + PROMPT, 20).tolist()
