@@ -80,6 +80,12 @@ class Generator:
         self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram)
         self.k = 0 if name == "none" else k
 
+    def forget(self) -> None:
+        """Drop the KV prefix kept from the last call (the next prompt is prefilled in full)."""
+        self._tgt_valid = 0
+        if hasattr(self.drafter, "dft_past"):
+            self.drafter.dft_past = 0
+
     # ---- the loop ----------------------------------------------------------------------------------
     def generate_ids(self, prompt_ids: np.ndarray, max_new_tokens: int = 256,
                      sampling: SamplingConfig = SamplingConfig()) -> Iterator[np.ndarray]:

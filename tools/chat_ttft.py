@@ -22,7 +22,7 @@ TURNS = [
 
 def run(g: Generator, reuse: bool, max_new_tokens: int) -> list[dict]:
     g.cfg = dataclasses.replace(g.cfg, reuse_kv=reuse)
-    g._tgt_valid = 0  # start each conversation cold
+    g.forget()  # start each conversation cold
     messages, rows = [], []
     for text in TURNS:
         messages.append({"role": "user", "content": text})
