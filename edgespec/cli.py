@@ -42,6 +42,9 @@ def _add_runtime_args(p, drafter_default=None) -> None:
     p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
+                   help="choose k per step (up to --k) from measured verify costs and running acceptance; "
+                   "k=0 when speculation does not pay (default: the folder's default)")
 
 
 def _add_generate(sub) -> None:
@@ -73,13 +76,17 @@ def _add_bench(sub) -> None:
     _add_runtime_args(p)
     p.add_argument("--prompts", help='JSONL: {"id", "prompt"} (raw) or {"id", "messages"} (chat) per line')
     p.add_argument("--drafter", default="none,ngram", help="comma-separated drafters (default none,ngram)")
-    p.add_argument("--k", default="4", help="k, or comma-separated k values (default 4)")
+    p.add_argument("--k", help="k, or comma-separated k values (default 4; with --sweep-k, the largest k)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=20, help="prompts to run (default 20)")
     p.add_argument("--json", help="write the full report (config, machine, runs) to this file")
     p.add_argument("--html", help="write a self-contained HTML report (tables + plots) to this file")
+    p.add_argument("--sweep-k", action="store_true",
+                   help="run every k from 1 to the largest --k (default: the folder's maximum) and plot "
+                   "tok/s and mean accepted length against k (--plot)")
+    p.add_argument("--plot", default="sweep_k.png", help="PNG written by --sweep-k (default sweep_k.png)")
 
 
 def _add_apps(sub) -> None:
@@ -110,7 +117,7 @@ def _cmd_chat(a) -> int:
     from edgespec.runtime.generator import Generator
 
     g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max))
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive)
     chat_loop(g, ChatSettings(a.temperature, a.max_new_tokens))
     return 0
 
@@ -126,7 +133,7 @@ def _cmd_serve(a) -> int:
     from edgespec.runtime.generator import Generator
 
     g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max))
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive)
     serve(g, ServeConfig(host=a.host, port=a.port, queue_size=a.queue_size, model_name=a.model_name))
     return 0
 
@@ -150,7 +157,7 @@ def _cmd_generate(a) -> int:
     from edgespec.runtime.generator import Generator
 
     g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max))
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive)
     prompt = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
     if a.show_acceptance:
         from edgespec.runtime.text import show_acceptance
@@ -172,14 +179,25 @@ def _cmd_generate(a) -> int:
 def _cmd_bench(a) -> int:
     from edgespec.runtime.bench import BenchConfig, run_bench
 
-    cfg = BenchConfig(engine=a.engine, prompts=a.prompts, drafters=tuple(a.drafter.split(",")),
-                      ks=tuple(int(x) for x in a.k.split(",")), max_new_tokens=a.max_new_tokens,
-                      temperature=a.temperature, seed=a.seed, limit=a.limit, provider=a.provider,
-                      threads=a.threads, ngram_min=a.ngram_min, ngram_max=a.ngram_max)
+    ks = tuple(int(x) for x in (a.k or "4").split(","))
+    if a.sweep_k:
+        from edgespec.engines.manifest import load_manifest
+
+        top = max(ks) if a.k else load_manifest(a.engine).num_speculative_tokens
+        ks = tuple(range(1, top + 1))
+    cfg = BenchConfig(engine=a.engine, prompts=a.prompts, drafters=tuple(a.drafter.split(",")), ks=ks,
+                      max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed, limit=a.limit,
+                      provider=a.provider, threads=a.threads, ngram_min=a.ngram_min, ngram_max=a.ngram_max,
+                      adaptive=bool(a.adaptive))
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
         print(f"wrote {a.json}", file=sys.stderr)
+    if a.sweep_k:
+        from edgespec.runtime.report import sweep_plot
+
+        sweep_plot(report, a.plot)
+        print(f"wrote {a.plot}", file=sys.stderr)
     if a.html:
         from edgespec.runtime.report import write_html
 
@@ -204,7 +222,7 @@ def _cmd_demo(a) -> int:
     from edgespec.runtime.drafters import NgramConfig
 
     g = Generator.load(a.engine, drafter="none", k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max))
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive)
     print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)
     g.set_drafter("none")
     plain = "".join(g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens))

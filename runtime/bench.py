@@ -6,6 +6,7 @@ Configurations are interleaved prompt by prompt (prompt 1 under every configurat
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import importlib.util
 import json
@@ -37,6 +38,7 @@ class BenchConfig:
     threads: int | None = None  # intra-op threads
     ngram_min: int = 1  # prompt lookup: shortest suffix matched
     ngram_max: int = 3  # prompt lookup: longest suffix, tried first
+    adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks)
 
 
 def load_prompts(path: str | None, limit: int) -> list[dict]:
@@ -112,42 +114,48 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     if not prompts:
         raise ValueError("no prompts to run")
     drafters = ["none"] + [d for d in cfg.drafters if d != "none"]
-    configs = [("none", 0)] + [(d, k) for d in drafters[1:] for k in cfg.ks]
+    configs = [("none", 0, False)] + [(d, k, False) for d in drafters[1:] for k in cfg.ks]
+    if cfg.adaptive:
+        configs += [(d, max(cfg.ks), True) for d in drafters[1:]]
     g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads,
                        ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max))
     if "draft" in drafters and g.draft_engine is not None:
         g.draft_engine.load_widths([1, g.manifest.prefill_chunk])
     sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
     encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
-    for d, k in configs:  # warm-up: first calls of each path, not timed
+    def use(d, k, adaptive):
+        g.cfg = dataclasses.replace(g.cfg, adaptive=adaptive)
         g.set_drafter(d, k or None)
+
+    for d, k, ad in configs:  # warm-up: first calls of each path, not timed
+        use(d, k, ad)
         for _ in g.generate_ids(encoded[0], 8, sampling):
             pass
     results = {c: {"stats": [], "prompts": []} for c in configs}
     print(f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
           f"temperature {cfg.temperature}", file=sys.stderr)
     for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
-        for d, k in configs:
-            g.set_drafter(d, k or None)
+        for d, k, ad in configs:
+            use(d, k, ad)
             g.forget()  # every configuration prefills the prompt cold: TTFTs stay comparable
             t0 = time.perf_counter()
             out_ids = [int(t) for chunk in g.generate_ids(ids, cfg.max_new_tokens, sampling) for t in chunk]
             dt = time.perf_counter() - t0
-            results[(d, k)]["stats"].append(g.last_stats)
-            results[(d, k)]["prompts"].append({"id": p["id"], "output_ids": out_ids, "tokens": len(out_ids),
+            results[(d, k, ad)]["stats"].append(g.last_stats)
+            results[(d, k, ad)]["prompts"].append({"id": p["id"], "output_ids": out_ids, "tokens": len(out_ids),
                                                "seconds": dt})
         print(f"  [{i + 1}/{len(prompts)}] {p['id']}", file=sys.stderr)
-    base_ids = [r["output_ids"] for r in results[("none", 0)]["prompts"]]
+    base_ids = [r["output_ids"] for r in results[("none", 0, False)]["prompts"]]
     runs = []
-    for (d, k), r in results.items():
+    for (d, k, ad), r in results.items():
         same = sum(a["output_ids"] == b for a, b in zip(r["prompts"], base_ids, strict=True))
-        runs.append({"drafter": d, "k": k, "totals": _totals(r["stats"]) | {"identical_to_none": same,
+        runs.append({"drafter": d, "k": k, "adaptive": ad, "totals": _totals(r["stats"]) | {"identical_to_none": same,
                                                                             "n_prompts": len(base_ids)},
                      "prompts": r["prompts"]})
     report = {"config": {"engine": cfg.engine, "prompts": cfg.prompts or f"HumanEval[:{cfg.limit}]",
                          "drafters": drafters, "k": list(cfg.ks), "max_new_tokens": cfg.max_new_tokens,
                          "temperature": cfg.temperature, "seed": cfg.seed,
-                         "ngram": [cfg.ngram_min, cfg.ngram_max],
+                         "ngram": [cfg.ngram_min, cfg.ngram_max], "adaptive": cfg.adaptive,
                          "precision": g.manifest.target.precision},
               "machine": machine_info(cfg.provider), "runs": runs}
     print(format_table(report), file=out)
@@ -162,7 +170,8 @@ def format_table(report: dict) -> str:
             "|---|---|---|---|---|---|---|---|" + ("---|" if greedy else "")]
     for r in report["runs"]:
         t = r["totals"]
-        row = (f"| {r['drafter']} | {r['k']} | {t['tokens_per_s']:.1f} | {t['tokens_per_s'] / base:.2f}x | "
+        k = f"<={r['k']} adaptive" if r.get("adaptive") else r["k"]
+        row = (f"| {r['drafter']} | {k} | {t['tokens_per_s']:.1f} | {t['tokens_per_s'] / base:.2f}x | "
                f"{t['mean_accepted_length']:.2f} | {t['acceptance_rate']:.2f} | {t['itl_ms']['p50']:.1f} / "
                f"{t['itl_ms']['p99']:.1f} | {t['ttft_ms']:.0f} |")
         if greedy:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from edgespec.engines.manifest import Manifest, load_manifest
+from edgespec.runtime.adaptive import AdaptiveK
 from edgespec.runtime.drafters import ModelDrafter, NgramConfig, _prefill, make_drafter
 from edgespec.runtime.state import SeqState
 from edgespec.runtime.stats import GenerationStats
@@ -34,6 +35,7 @@ class GeneratorConfig:
     threads: int | None = None  # intra-op threads (None: physical cores)
     ngram: NgramConfig = NgramConfig()  # prompt-lookup sizes
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
+    adaptive: bool = False  # choose k per step from measured costs and acceptance (k = the maximum)
 
 
 class Generator:
@@ -53,13 +55,15 @@ class Generator:
 
     @classmethod
     def load(cls, folder: str | Path, drafter: str | None = None, k: int | None = None,
-             provider: str = "cpu", threads: int | None = None, ngram: NgramConfig = NgramConfig()):
+             provider: str = "cpu", threads: int | None = None, ngram: NgramConfig = NgramConfig(),
+             adaptive: bool | None = None):
         from edgespec.engines.ort import OrtModel
 
         manifest = load_manifest(folder)
         drafter = drafter or manifest.defaults.get("drafter", "ngram")
         k = k if k is not None else manifest.defaults.get("k", 4)
-        cfg = GeneratorConfig(drafter, k, provider, threads, ngram)
+        adaptive = manifest.defaults.get("adaptive", False) if adaptive is None else adaptive
+        cfg = GeneratorConfig(drafter, k, provider, threads, ngram, adaptive=adaptive)
         target = OrtModel(manifest, manifest.target, provider, threads)
         draft = OrtModel(manifest, manifest.draft, provider, threads) if manifest.draft else None
         g = cls(manifest, target, cfg, draft, TextCodec(manifest))
@@ -79,6 +83,24 @@ class Generator:
                              f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
         self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram)
         self.k = 0 if name == "none" else k
+        self.adaptive = None
+        if self.cfg.adaptive and self.k > 0:
+            self.adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
+
+    def verify_costs(self, widths, repeats: int = 3) -> dict[int, float]:
+        """Median seconds of one target call per width (measured once, then cached)."""
+        cache = self.__dict__.setdefault("_verify_costs", {})
+        probe = np.zeros(max(self.target.widths), np.int64)
+        for w in widths:
+            if w not in cache:
+                times = []
+                for _ in range(repeats + 1):  # the first run warms up
+                    t0 = time.perf_counter()
+                    self.target.forward(probe[:w], 0)
+                    times.append(time.perf_counter() - t0)
+                cache[w] = float(np.median(times[1:]))
+        self._tgt_valid = 0  # the probes wrote nothing, but do not trust a prefix across them
+        return {w: cache[w] for w in widths}
 
     def forget(self) -> None:
         """Drop the KV prefix kept from the last call (the next prompt is prefilled in full)."""
@@ -100,7 +122,8 @@ class Generator:
         rng = np.random.default_rng(sampling.seed)
         if isinstance(drafter, ModelDrafter):
             drafter.configure(sampling, rng)
-        st = self.last_stats = GenerationStats(drafter=drafter.name, k=self.k, n_prompt=n_prompt)
+        st = self.last_stats = GenerationStats(drafter=drafter.name, k=self.k, n_prompt=n_prompt,
+                                                   adaptive=self.adaptive is not None)
         eos = np.array(self.manifest.eos_token_ids if self.manifest else [], np.int64)
         dft_calls0 = getattr(self.draft_engine, "n_calls", 0)
         t_start = time.perf_counter()
@@ -142,7 +165,8 @@ class Generator:
         done = first in eos or max_new_tokens <= 1
         t_prev = time.perf_counter()
         while not done:
-            k = min(self.k, tgt.max_len - seq.n - 1)  # room for the verify rows
+            k = self.adaptive.choose() if self.adaptive else self.k
+            k = min(k, tgt.max_len - seq.n - 1)  # room for the verify rows
             if k < 0 or seq.n >= tgt.max_len:
                 st.finish_reason = "length"
                 break
@@ -172,6 +196,8 @@ class Generator:
             st.draft_s += t1 - t0
             st.verify_s += t2 - t1
             st.record_step(m, n_acc, n_emit, t3 - t_prev)
+            if self.adaptive:
+                self.adaptive.observe(k, m, n_acc, t2 - t1, t1 - t0)
             t_prev = t3
             st.n_output += n_emit
             self.last_step = (m, n_acc)

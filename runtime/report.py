@@ -16,7 +16,9 @@ def _png(fig) -> str:
 
 
 def _label(r: dict) -> str:
-    return r["drafter"] if r["drafter"] == "none" else f"{r['drafter']} k={r['k']}"
+    if r["drafter"] == "none":
+        return "none"
+    return f"{r['drafter']} k<={r['k']} adaptive" if r.get("adaptive") else f"{r['drafter']} k={r['k']}"
 
 
 def plots(report: dict) -> dict[str, str]:
@@ -101,3 +103,34 @@ length counts the target's own correction/bonus token; 1.0 means no gain.</p>
 """
     with open(path, "w") as f:
         f.write(doc)
+
+
+def sweep_plot(report: dict, path: str) -> None:
+    """tok/s and mean accepted length against k, one line per drafter, `none` as a reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in report["runs"] if not r.get("adaptive")]
+    base = next(r for r in runs if r["drafter"] == "none")["totals"]["tokens_per_s"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for d in dict.fromkeys(r["drafter"] for r in runs if r["drafter"] != "none"):
+        pts = sorted((r["k"], r["totals"]) for r in runs if r["drafter"] == d)
+        ks = [k for k, _ in pts]
+        ax1.plot(ks, [t["tokens_per_s"] for _, t in pts], marker="o", label=d)
+        ax2.plot(ks, [t["mean_accepted_length"] for _, t in pts], marker="o", label=d)
+    ax1.axhline(base, color="#888", linestyle="--", label="none")
+    ax1.set_xlabel("k (num_speculative_tokens)")
+    ax1.set_ylabel("tokens / s")
+    ax1.set_title("Throughput vs k")
+    ax2.set_xlabel("k (num_speculative_tokens)")
+    ax2.set_ylabel("tokens per target call")
+    ax2.set_title("Mean accepted length (incl. bonus) vs k")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{report['config']['engine']} - {report['config']['prompts']} - {report['machine']['cpu']}",
+                 fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)

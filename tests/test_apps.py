@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from edgespec.runtime.chat import ChatSettings, chat_loop
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.text import provenance

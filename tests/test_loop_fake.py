@@ -120,3 +120,33 @@ def test_kv_reuse_across_calls_gives_the_same_output(drafter):
     other = run(g, [9, 9, 9] + PROMPT, 20)  # a different prompt: nothing reusable
     assert g.last_stats.n_prompt_cached == 0
     assert other.tolist() == run(make(drafter, 4), [9, 9, 9] + PROMPT, 20).tolist()
+
+
+def test_adaptive_k_keeps_greedy_identity():
+    import dataclasses
+
+    ref = run(make("none", 0), PROMPT, 150)
+    for drafter in ("ngram", "draft"):
+        g = make(drafter, 6)
+        g.cfg = dataclasses.replace(g.cfg, adaptive=True)
+        g.set_drafter(drafter, 6)
+        assert g.adaptive is not None
+        assert run(g, PROMPT, 150).tolist() == ref.tolist()
+        assert g.last_stats.adaptive
+
+
+def test_adaptive_policy_follows_costs_and_acceptance():
+    from edgespec.runtime.adaptive import AdaptiveK
+
+    cheap = AdaptiveK(8, {w: 0.020 + 0.001 * w for w in range(1, 10)})  # wide verify nearly free
+    expensive = AdaptiveK(8, {1: 0.009} | {w: 0.021 + 0.003 * w for w in range(2, 10)})  # int4-like
+    for pol in (cheap, expensive):
+        for _ in range(50):  # drafts of 4, 3 accepted: a ~ 0.75
+            pol.observe(4, 4, 3, pol.verify_s[5] if not np.isnan(pol.verify_s[5]) else 0.03, 0.0)
+    assert cheap.choose() >= 3
+    assert expensive.choose() in (0, 8)  # 8 only as the periodic probe
+    assert sum(expensive.choose() == 0 for _ in range(15)) >= 14
+    low = AdaptiveK(8, {w: 0.020 + 0.001 * w for w in range(1, 10)})
+    for _ in range(60):
+        low.observe(4, 4, 0, 0.024, 0.0)  # nothing accepted
+    assert low.choose() == 0
