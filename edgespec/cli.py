@@ -111,6 +111,27 @@ def _add_apps(sub) -> None:
     s.add_argument("--model-name", default="", help="id reported to clients (default: the folder name)")
 
 
+def _add_tune(sub) -> None:
+    t = sub.add_parser("tune", help="find the fastest lossless drafter/k for your prompts and make it the default",
+                       description="Profiles the workload (prefill vs decode share), runs every drafter the folder "
+                       "supports at several k (fixed and adaptive) on your prompts, and records the fastest "
+                       "setting whose greedy output is identical to plain decoding as the folder's default "
+                       "(used by generate, chat, serve and demo). Plain decoding wins when nothing pays.")
+    _add_runtime_args(t)
+    t.add_argument("--prompts", help="your prompts, JSONL as for bench (default: HumanEval)")
+    t.add_argument("--limit", type=int, default=8, help="prompts used (default 8)")
+    t.add_argument("--max-new-tokens", type=int, default=128)
+    t.add_argument("--dry-run", action="store_true", help="report only; do not change the manifest")
+
+
+def _cmd_tune(a) -> int:
+    from edgespec.runtime.tune import TuneConfig, tune
+
+    tune(TuneConfig(engine=a.engine, prompts=a.prompts, limit=a.limit, max_new_tokens=a.max_new_tokens,
+                    write=not a.dry_run))
+    return 0
+
+
 def _cmd_chat(a) -> int:
     from edgespec.runtime.chat import ChatSettings, chat_loop
     from edgespec.runtime.drafters import NgramConfig
@@ -158,6 +179,10 @@ def _cmd_generate(a) -> int:
 
     g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
                        ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive)
+    if a.drafter is None:
+        from edgespec.runtime.tune import describe_default
+
+        print(f"edgespec: {describe_default(g.manifest)}", file=sys.stderr)
     prompt = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
     if a.show_acceptance:
         from edgespec.runtime.text import show_acceptance
@@ -227,8 +252,15 @@ def _cmd_demo(a) -> int:
     g.set_drafter("none")
     plain = "".join(g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens))
     plain_stats = g.last_stats
-    g.set_drafter(a.drafter, a.k)
-    print(f"--- speculative ({a.drafter}, k={a.k}) ---", file=sys.stderr)
+    from edgespec.runtime.tune import describe_default
+
+    drafter = a.drafter or g.manifest.defaults.get("drafter", "ngram")
+    if drafter == "none":
+        drafter = "ngram"  # the demo shows speculation; `tune` found it does not pay: say so below
+    k = a.k or g.manifest.defaults.get("k", 4)
+    g.set_drafter(drafter, k)
+    print(f"folder default: {describe_default(g.manifest)}", file=sys.stderr)
+    print(f"--- speculative ({drafter}, k={k}{' adaptive' if g.adaptive else ''}) ---", file=sys.stderr)
     spec = ""
     for piece in g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens):
         spec += piece
@@ -251,12 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     _add_generate(sub)
     _add_bench(sub)
     _add_apps(sub)
+    _add_tune(sub)
     d = sub.add_parser("demo", help="export the default model if needed, run one prompt plain and speculative",
                        description="The quick start: fetches and exports SmolLM2-135M-Instruct if not cached, "
                        "then runs one chat prompt plain and with speculation, side by side.")
     _add_runtime_args(d)
-    d.add_argument("--drafter", default="ngram")
-    d.add_argument("--k", type=int, default=4)
+    d.add_argument("--drafter", help="default: the folder's default (ngram when it is none)")
+    d.add_argument("--k", type=int, help="default: the folder's default")
     d.add_argument("--max-new-tokens", type=int, default=200)
     a = parser.parse_args(argv)
     from edgespec.engines.base import EngineError
@@ -265,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     errors: tuple = (ManifestError, EngineError, ValueError, FileNotFoundError)
     try:
         cmds = {"export": _cmd_export, "generate": _cmd_generate, "bench": _cmd_bench, "demo": _cmd_demo,
-                "chat": _cmd_chat, "serve": _cmd_serve}
+                "chat": _cmd_chat, "serve": _cmd_serve, "tune": _cmd_tune}
         return cmds[a.cmd](a)
     except errors as e:
         print(f"edgespec {a.cmd}: error: {e}", file=sys.stderr)

@@ -131,3 +131,23 @@ def test_cli_generate_and_bench(tiny_engine, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(tmp_path / "none"),
                           "--prompt", "x"], capture_output=True, text=True)
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_tune_records_the_fastest_lossless_setting(tiny_engine, tmp_path):
+    import shutil
+
+    folder = tmp_path / "eng"
+    shutil.copytree(tiny_engine, folder)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": PROMPT[i:]}) + "\n" for i in range(3)))
+    res = subprocess.run([sys.executable, "-m", "edgespec.cli", "tune", "--engine", str(folder), "--prompts",
+                          str(prompts), "--limit", "3", "--max-new-tokens", "24"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "workload:" in res.stdout and "decision:" in res.stdout
+    m = load_manifest(folder)
+    assert m.defaults["drafter"] in ("none", "ngram", "draft") and "table" in m.defaults["tuned"]
+    g = Generator.load(folder)
+    assert g.drafter.name == m.defaults["drafter"]
+    gen = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(folder), "--prompt", "hi",
+                          "--max-new-tokens", "4"], capture_output=True, text=True)
+    assert "tuned" in gen.stderr
