@@ -120,6 +120,7 @@ def _write_model(writer: LlamaGraphWriter, folder: Path, prefix: str, widths: li
                         {"name": "hidden", "shape": [1, w, writer.arch.hidden_size], "dtype": kv_dtype}]})
     arch = writer.arch.to_manifest() | {"n_layers": writer.n_layers}
     return {"kind": kind, "precision": writer.opts.precision, "architecture": arch, "kv_dtype": kv_dtype,
+            "window": "S >= past_len + T",  # the past_key/past_value window covers the new rows
             "weights": {"file": weights_file, "tensors": {k: v for k, v in index.items() if k in used}},
             "graphs": graphs}
 

@@ -10,7 +10,8 @@ symbolic, and the manifest lists the phase widths (prefill chunk P, decode 1, ve
 runtime feeds it - each a static shape (a TensorRT optimization profile with min = opt = max).
 One graph means one ORT session per model, so weights are prepacked once and held once:
   inputs   input_ids [1, T] int64, positions [1, T] int64, past_len [1] int64,
-           past_key_<l>, past_value_<l> [S, Hkv*D] for every layer l (S = a context bucket)
+           past_key_<l>, past_value_<l> [S, Hkv*D] for every layer l: the first S slots of the
+           cache, S a context bucket >= past_len + T (rows from past_len on are not read)
   outputs  logits [1, T, V] float32, new_kv [L, 2, T, Hkv*D], hidden [1, T, H]
 The KV buffer is sequence-major ([S, Hkv*D] per layer) so that the first S rows of the runtime's
 [S_max, Hkv*D] buffer are one contiguous slice: attention cost follows the context bucket S, not
@@ -182,15 +183,20 @@ class LlamaGraphWriter:
         return b.op("Add", [b.op("Mul", [x, cos], name + "/MulCos"),
                             b.op("Mul", [rot, sin], name + "/MulSin")], name + "/Add")
 
-    def _attention(self, b: _Builder, i: int, x: str, cos: str, sin: str, mask: str, split: str):
-        """GQA attention over past rows [S, Hkv*D] + the T new rows; returns (out, new_k, new_v).
+    def _attention(self, b: _Builder, i: int, x: str, cos: str, sin: str, mask: str, slots: dict):
+        """GQA attention over the cache window [S, Hkv*D] with the T new rows in place; returns
+        (out, new_k, new_v).
 
+        The new rows are placed at their absolute slots past_len..past_len+T-1 of a copy of the
+        window (K_full, V_full), so every key sits at the same place of every reduction whatever
+        T is: a token's numbers are bitwise the same in a decode, verify or prefill call (the
+        batch-invariance that keeps greedy speculative output identical to plain decoding).
         Heads are folded into single 2-D Gemms so the sequence-major cache is read as is:
           Qbd [Hq*T, Hkv*D]: query (h, t) placed in the columns of its kv head g(h), zeros elsewhere
-          scores = Qbd . K^T * scale          -> [Hq*T, S + T]   (Gemm transB=1, alpha=scale)
-          ctx    = softmax(scores + mask) . V -> [Hq*T, Hkv*D], keep only the g(h) block per row
-        The zero blocks cost Hkv-fold attention FLOPs, negligible at T <= 64 next to reading the
-        cache once, and they keep every row's arithmetic independent of T.
+          scores = Qbd . K_full^T * scale          -> [Hq*T, S]   (Gemm transB=1, alpha=scale)
+          ctx    = softmax(scores + mask) . V_full -> [Hq*T, Hkv*D], keep the g(h) block per row
+        The zero blocks cost Hkv-fold attention FLOPs, negligible at small T next to reading the
+        cache once.
         """
         a = self.arch
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
@@ -210,18 +216,19 @@ class LlamaGraphWriter:
         k = self._rope(b, k, cos, sin, p + "/k_rope")
         new_k = b.op("Reshape", [k, "shape_rows"], p + "/new_k")  # [T, Hkv*D]
         new_v = v  # [T, Hkv*D]
+        # K_full[j] = new_k[j - past_len] for the T new slots, past_key[j] elsewhere: [S, Hkv*D]
+        k_full = b.op("Where", [slots["is_new"], b.op("Gather", [new_k, slots["row"]], p + "/k_place", axis=0),
+                                f"past_key_{i}"], p + "/k_full")
+        v_full = b.op("Where", [slots["is_new"], b.op("Gather", [new_v, slots["row"]], p + "/v_place", axis=0),
+                                f"past_value_{i}"], p + "/v_full")
         # Block-diagonal queries: [Hq, T, 1, D] * head_mask[Hq, 1, Hkv, 1] -> [Hq*T, Hkv*D]
         qt = b.op("Transpose", [q], p + "/q_T", perm=[1, 0, 2])
         qt = b.op("Unsqueeze", [qt, "axis2"], p + "/q_unsq")
         qbd = b.op("Reshape", [b.op("Mul", [qt, "head_mask"], p + "/q_blocks"), "shape_qbd"], p + "/qbd")
         scale = 1.0 / float(np.sqrt(d))
-        s_past = b.op("Gemm", [qbd, f"past_key_{i}"], p + "/scores_past", transB=1, alpha=scale)
-        s_new = b.op("Gemm", [qbd, new_k], p + "/scores_new", transB=1, alpha=scale)
-        scores = b.op("Add", [b.op("Concat", [s_past, s_new], p + "/scores", axis=-1), mask], p + "/masked")
-        probs = b.op("Softmax", [scores], p + "/Softmax", axis=-1)
-        p_past, p_new = b.op("Split", [probs, split], p + "/split_probs", n_out=2, axis=-1)
-        ctx = b.op("Add", [b.op("Gemm", [p_past, f"past_value_{i}"], p + "/ctx_past"),
-                           b.op("Gemm", [p_new, new_v], p + "/ctx_new")], p + "/ctx")
+        scores = b.op("Gemm", [qbd, k_full], p + "/scores", transB=1, alpha=scale)  # [Hq*T, S]
+        probs = b.op("Softmax", [b.op("Add", [scores, mask], p + "/masked")], p + "/Softmax", axis=-1)
+        ctx = b.op("Gemm", [probs, v_full], p + "/ctx")  # [Hq*T, Hkv*D]
         # keep each query head's own kv block: [Hq, T, Hkv, D] * head_mask, summed over Hkv
         ctx = b.op("Reshape", [ctx, "shape_ctx4"], p + "/ctx4")
         ctx = b.op("ReduceSum", [b.op("Mul", [ctx, "head_mask"], p + "/ctx_blocks"), "axis2"],
@@ -233,7 +240,10 @@ class LlamaGraphWriter:
 
     # ---- graph ---------------------------------------------------------------------------------
     def build(self, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
-        """The model graph (T symbolic); initializers point into the shared weights file."""
+        """The model graph (T symbolic); initializers point into the shared weights file.
+
+        The cache window fed as past_key/past_value must cover the new rows: S >= past_len + T.
+        """
         a = self.arch
         b = _Builder(self.store, self.dtype)
         f = self.dtype
@@ -258,41 +268,40 @@ class LlamaGraphWriter:
         b.const("axis1", np.array([1], np.int64))
         b.const("zero_i", np.array(0, np.int64))
         b.const("one_i", np.array(1, np.int64))
-        # T from the input; the causal block over new rows: key t' visible to query t iff t' <= t
+        # T from the input; slot j of the window [S] is visible to new row t iff j <= past_len + t
         t_len = b.op("Gather", [b.op("Shape", ["input_ids"], "/T/shape"), "axis1"], "/T/T")  # [1]
         t_idx = b.op("Range", ["zero_i", b.op("Squeeze", [t_len], "/T/scalar"), "one_i"], "/T/range")
-        later = b.op("Greater", [b.op("Unsqueeze", [t_idx, "axis0"], "/T/row"),
-                                 b.op("Unsqueeze", [t_idx, "axis1"], "/T/col")], "/T/later")  # [T, T]
-        causal = b.op("Where", [later, b.const("ninf_f", np.array(NEG_INF[f.name], f)),
-                                b.const("zero_f", np.array(0.0, f))], "/T/causal")
-        causal_rows = b.op("Tile", [causal, b.const("tile_heads", np.array([n_q, 1], np.int64))],
-                           "/T/causal_rows")  # [Hq*T, T], row = h*T + t
-        n_rows = b.op("Mul", [t_len, b.const("n_q", np.array([n_q], np.int64))], "/T/n_rows")
+        s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/mask/shape"), "axis0"], "/mask/S")
+        j_idx = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/mask/S_scalar"), "one_i"], "/mask/slots")
+        last_visible = b.op("Add", [b.op("Unsqueeze", [t_idx, "axis1"], "/mask/t_col"), "past_len"],
+                            "/mask/last")  # [T, 1]
+        hidden_slot = b.op("Greater", [b.op("Unsqueeze", [j_idx, "axis0"], "/mask/j_row"), last_visible],
+                           "/mask/hidden")  # [T, S]
+        bias = b.op("Where", [hidden_slot, b.const("ninf_f", np.array(NEG_INF[f.name], f)),
+                              b.const("zero_f", np.array(0.0, f))], "/mask/bias")
+        mask = b.op("Tile", [bias, b.const("tile_heads", np.array([n_q, 1], np.int64))],
+                    "/mask/rows")  # [Hq*T, S], row = h*T + t
+        # the new rows' slots: row index j - past_len, valid for past_len <= j < past_len + T
+        rel = b.op("Sub", [j_idx, "past_len"], "/slots/rel")  # [S]
+        is_new = b.op("And", [b.op("GreaterOrEqual", [rel, "zero_i"], "/slots/ge"),
+                              b.op("Less", [rel, t_len], "/slots/lt")], "/slots/is_new")
+        row = b.op("Clip", [rel, "zero_i", b.op("Squeeze", [b.op("Sub", [t_len, b.const(
+            "one_1", np.array([1], np.int64))], "/slots/t_minus_1"), "axis0"], "/slots/t_max")], "/slots/row")
+        slots = {"is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"), "row": row}
 
         ids = b.op("Reshape", ["input_ids", b.const("shape_T", np.array([-1], np.int64))], "/ids_flat")
         pos = b.op("Reshape", ["positions", "shape_T"], "/pos_flat")
         x = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
-        cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/rope/cos"), "axis1c"],
+        cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/rope/cos"), "axis1"],
                    "/rope/cos_unsq")  # [T, 1, D]
-        sin = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_sin"), pos], "/rope/sin"), "axis1c"],
+        sin = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_sin"), pos], "/rope/sin"), "axis1"],
                    "/rope/sin_unsq")
-        b.const("axis1c", np.array([1], np.int64))
-        # past mask [1, S]: slot j visible iff j < past_len; concat the causal block for new rows
-        s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/mask/shape"), "axis0"], "/mask/S")
-        slots = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/mask/S_scalar"), "one_i"], "/mask/slots")
-        visible = b.op("Less", [slots, "past_len"], "/mask/visible")
-        past_bias = b.op("Where", [visible, "zero_f", "ninf_f"], "/mask/past_bias")
-        past_bias = b.op("Expand", [b.op("Unsqueeze", [past_bias, "axis0"], "/mask/unsq"),
-                                    b.op("Concat", [n_rows, "axis1"], "/mask/rows_shape", axis=0)],
-                         "/mask/expand")  # [Hq*T, S]
-        mask = b.op("Concat", [past_bias, causal_rows], "/mask/full", axis=-1)  # [Hq*T, S+T]
-        split = b.op("Concat", [s_len, t_len], "/mask/split_sizes", axis=0)  # [S, T]
 
         new_rows = []
         for i in range(L):
             p = f"/layers.{i}"
             h = self._rms_norm(b, x, f"l{i}.ln1", p + "/ln1", "eps")
-            attn, new_k, new_v = self._attention(b, i, h, cos, sin, mask, split)
+            attn, new_k, new_v = self._attention(b, i, h, cos, sin, mask, slots)
             x = b.op("Add", [x, attn], p + "/res1")
             h = self._rms_norm(b, x, f"l{i}.ln2", p + "/ln2", "eps")
             gu = self._matmul(b, h, f"l{i}.gate_up", a.hidden_size, 2 * a.intermediate_size)
