@@ -24,13 +24,14 @@ def _add_export(sub) -> None:
     p.add_argument("--max-len", type=int, default=2048, help="context slots: prompt + output (default 2048)")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=8,
                    help="largest num_speculative_tokens; verify widths 2..k+1 are exported (default 8)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int4"],
-                   help="target weights (int4 = ORT MatMulNBits, fp32 activations). Default fp32")
+    p.add_argument("--precision", default="int4", choices=["fp32", "fp16", "int4"],
+                   help="target weights (int4 = ORT MatMulNBits, blocks of 32). Default int4")
     p.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens per prefill call (default 64)")
     p.add_argument("--kv-bucket", type=int, default=64,
                    help="attention reads the cache in multiples of this many slots (default 64)")
-    p.add_argument("--int4-accuracy-level", type=int, default=0, choices=[0, 1, 2, 3, 4],
-                   help="MatMulNBits accuracy_level; 4 = int8 activations: faster, breaks greedy parity")
+    p.add_argument("--int4-accuracy-level", type=int, default=4, choices=[0, 1, 2, 3, 4],
+                   help="MatMulNBits accuracy_level: 4 = int8 activations (default, fastest on CPU), 0 = fp32 "
+                   "activations. Both keep greedy parity: every phase width computes a row bitwise alike")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
 

@@ -31,6 +31,12 @@ TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3}
 INT8_ACTIVATION_TOLERANCE = 3.0  # int4 with accuracy_level >= 2 quantizes activations too
 
 
+def _tolerance(opts: GraphOptions) -> float:
+    if opts.precision == "int4" and opts.int4_accuracy_level >= 2:
+        return INT8_ACTIVATION_TOLERANCE  # activations quantized to int8: lossy against PyTorch by design
+    return TOLERANCE[opts.precision]
+
+
 class ExportError(ValueError):
     """Bad export arguments or a failed export step (the message says which and what to do)."""
 
@@ -42,10 +48,10 @@ class ExportConfig:
     out: str | None = None  # engine folder; None = engines/<target name>
     max_len: int = 2048  # KV slots (prompt + output)
     k: int = 8  # largest num_speculative_tokens: verify graphs for widths 2..k+1 are exported
-    precision: str = "fp32"  # target weights: fp32 | fp16 | int4 (MatMulNBits)
+    precision: str = "int4"  # target weights: int4 (MatMulNBits, the CPU default) | fp32 | fp16
     prefill_chunk: int = 64  # prompt tokens per prefill call (width of the prefill graph)
     kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
-    int4_accuracy_level: int = 0  # MatMulNBits accuracy_level; 0 keeps fp32 activations (parity-safe)
+    int4_accuracy_level: int = 4  # MatMulNBits accuracy_level: 4 = int8 activations (fast), 0 = fp32
     force: bool = False  # replace an existing folder
     validate: bool = True  # compare every graph with PyTorch after export
     progress: bool = True  # show a progress bar
@@ -60,6 +66,9 @@ class ExportConfig:
         if self.max_len < self.prefill_chunk:
             raise ExportError(f"--max-len {self.max_len} is smaller than the prefill chunk "
                               f"{self.prefill_chunk}; raise --max-len or lower --prefill-chunk")
+        if self.kv_bucket % 16:
+            raise ExportError(f"--kv-bucket {self.kv_bucket} must be a multiple of 16 (attention reductions "
+                              "then keep one SIMD layout across phase widths: bitwise parity)")
         if self.max_len % self.kv_bucket:
             raise ExportError(f"--max-len {self.max_len} must be a multiple of --kv-bucket {self.kv_bucket}")
         if self.max_len < self.k + 2:
@@ -272,14 +281,12 @@ def export(cfg: ExportConfig) -> Path:
         if cfg.validate:
             n_val = cfg.prefill_chunk + sum(w for w in widths_t if w != cfg.prefill_chunk)
             tokens = _validation_tokens(tok, n_val, arch.vocab_size)
-            tol = TOLERANCE[cfg.precision]
-            if cfg.precision == "int4" and cfg.int4_accuracy_level >= 2:
-                tol = INT8_ACTIVATION_TOLERANCE  # activations quantized to int8: lossy by design
-            report = {"target": _validate(tmp, "target", _reference_model(model, writer), tokens, tol)}
+            report = {"target": _validate(tmp, "target", _reference_model(model, writer), tokens,
+                                          _tolerance(writer.opts))}
             progress.step("validated target")
             if has_draft:
                 report["draft"] = _validate(tmp, "draft", _reference_model(draft_model, draft_writer), tokens,
-                                            TOLERANCE[draft_writer.opts.precision])
+                                            _tolerance(draft_writer.opts))
             for role, diffs in report.items():
                 manifest["models"][role]["validation"] = diffs
             (tmp / mf.MANIFEST).write_text(json.dumps(manifest, indent=1))
@@ -308,7 +315,8 @@ def _draft_writer(cfg: ExportConfig, arch: ArchSpec, hf_w, model, tok, opts: Gra
     if spec.startswith("self:"):
         what = spec.split(":", 1)[1]
         if what in PRECISIONS:
-            return LlamaGraphWriter(arch, hf_w, GraphOptions(what)), model, spec
+            return LlamaGraphWriter(arch, hf_w, GraphOptions(what, int4_accuracy_level=opts.int4_accuracy_level)), \
+                model, spec
         try:
             n = int(what)
         except ValueError:

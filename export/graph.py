@@ -40,7 +40,7 @@ _NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): Te
 class GraphOptions:
     precision: str  # "fp32" | "fp16" | "int4": weights (int4: MatMulNBits, fp32 activations)
     int4_block_size: int = 32  # weights per quantization block along the input dimension
-    int4_accuracy_level: int = 0  # MatMulNBits accuracy_level (0 = fp32 activations, parity-safe)
+    int4_accuracy_level: int = 4  # MatMulNBits accuracy_level (4 = int8 activations, 0 = fp32)
 
 
 class WeightStore:

@@ -18,9 +18,12 @@ def _ids(g, prompt, n):
 
 
 def test_export_validated_against_pytorch(gen):
+    # int4 with int8 activations (the default) is lossy against fp32 PyTorch by design; fp32 is tight
+    tol = {"fp32": 2e-3, "int4": 3.0}
     for role in ("target", "draft"):
+        spec = gen.manifest.target if role == "target" else gen.manifest.draft
         diffs = gen.manifest.raw["models"][role]["validation"]
-        assert max(diffs.values()) < 2e-3, diffs
+        assert max(diffs.values()) < tol[spec.precision], diffs
 
 
 def test_greedy_speculative_identical_on_humaneval_prompts(gen):
@@ -35,7 +38,7 @@ def test_greedy_speculative_identical_on_humaneval_prompts(gen):
 
 
 def test_decode_and_verify_rows_agree_numerically(gen):
-    """Row i of a width-(k+1) verify call vs the same token decoded alone (the parity trap)."""
+    """Row i of a width-8 verify call vs the same token decoded alone: bitwise equal (the parity trap)."""
     tgt = gen.target
     ids = gen.codec.encode(load_prompts(None, 1)[0]["prompt"])[:40]
     tgt.forward(ids[:32], 0)
@@ -44,8 +47,7 @@ def test_decode_and_verify_rows_agree_numerically(gen):
     for i in range(8):
         one = tgt.forward(ids[32 + i:33 + i], 32 + i)
         tgt.commit(32 + i, 1)
-        assert np.abs(one[0] - wide[i]).max() < 1e-3
-        assert one[0].argmax() == wide[i].argmax()
+        assert np.array_equal(one[0], wide[i]), f"row {i}: max diff {np.abs(one[0] - wide[i]).max()}"
 
 
 def test_chat_prompt_streams_text(gen):

@@ -14,6 +14,7 @@ from edgespec.export.sources import SourceError  # noqa: E402
 
 
 def _export(src, out, **kw):
+    kw.setdefault("precision", "fp32")
     return export(ExportConfig(target=str(src), out=str(out), max_len=128, k=3, prefill_chunk=16, kv_bucket=32,
                                progress=False, **kw))
 
@@ -40,7 +41,8 @@ def test_llama3_rope_scaling_and_untied_head(tmp_path):
 
 @pytest.mark.parametrize("draft", ["self:1", "self:int4"])
 def test_int4_target_and_drafts(draft, tiny_models, tmp_path):
-    m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", precision="int4", draft=draft))
+    m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", precision="int4", draft=draft,
+                              int4_accuracy_level=0))
     assert m.target.precision == "int4" and m.draft is not None and m.draft.kind == draft
     assert "l0.qkv.q4" in m.target.weights
     for role in ("target", "draft"):  # int4 is checked against PyTorch running the dequantized weights
@@ -82,10 +84,11 @@ def test_manifest_records_the_contract(tiny_engine):
     ({"max_len": 8, "prefill_chunk": 16}, "smaller than the prefill chunk"),
     ({"precision": "int3"}, "--precision"),
     ({"max_len": 100}, "multiple of --kv-bucket"),
+    ({"kv_bucket": 24, "max_len": 120}, "multiple of 16"),
 ])
 def test_bad_arguments_are_refused_clearly(kw, match, tiny_models, tmp_path):
     args = dict(target=str(tiny_models["llama"]), out=str(tmp_path / "x"), max_len=128, k=3, prefill_chunk=16,
-                kv_bucket=32, progress=False) | kw
+                kv_bucket=32, progress=False, precision="fp32") | kw
     with pytest.raises(ExportError, match=match):
         export(ExportConfig(**args))
     assert not (tmp_path / "x").exists()
@@ -154,3 +157,24 @@ def test_separate_draft_model(tiny_models, tmp_path):
     other = make_tiny("llama", tmp_path / "d", seed=3, num_hidden_layers=1)
     m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", draft=str(other)))
     assert m.draft.kind == "model" and m.draft.weights_file == "draft.weights" and m.draft.n_layers == 1
+
+
+@pytest.mark.parametrize("precision, level", [("fp32", 0), ("int4", 4)])
+def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, tiny_models, tmp_path):
+    """Batch invariance: a token's logits are the same bits in a prefill, verify or decode call."""
+    from edgespec.engines.ort import OrtModel
+
+    m = load_manifest(_export(tiny_models["qwen2"], tmp_path / "e", precision=precision, int4_accuracy_level=level))
+    e = OrtModel(m, m.target)
+    toks = np.random.default_rng(1).integers(0, 256, 60)
+    e.forward(toks[:16], 0)
+    e.commit(0, 16)
+    rows = {16: e.forward(toks[16:32], 16).copy()}  # prefill width
+    for w in (4, 3, 2):
+        rows[w] = e.forward(toks[16:16 + w], 16).copy()
+    for i in range(4):
+        one = e.forward(toks[16 + i:17 + i], 16 + i)
+        e.commit(16 + i, 1)
+        for w, r in rows.items():
+            if i < w:
+                assert np.array_equal(one[0], r[i]), (precision, w, i, np.abs(one[0] - r[i]).max())
