@@ -38,8 +38,11 @@ def _add_export(sub) -> None:
 
 def _add_runtime_args(p, drafter_default=None) -> None:
     p.add_argument("--engine", default=DEFAULT_ENGINE, help=f"engine folder (default {DEFAULT_ENGINE})")
-    p.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt"],
-                   help="ONNX Runtime execution provider (default cpu)")
+    p.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt", "trt"],
+                   help="cpu | cuda | tensorrt (ONNX Runtime execution providers) | trt (native TensorRT "
+                   "engines from `edgespec build-trt`). Default cpu")
+    p.add_argument("--draft-provider", choices=["cpu", "cuda", "tensorrt", "trt"],
+                   help="run the draft model elsewhere than the target (e.g. cpu beside a cuda target)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
@@ -125,6 +128,27 @@ def _add_tune(sub) -> None:
     t.add_argument("--dry-run", action="store_true", help="report only; do not change the manifest")
 
 
+def _add_build_trt(sub) -> None:
+    t = sub.add_parser("build-trt", help="build TensorRT engines for an engine folder (needs tensorrt + a GPU)",
+                       description="One TensorRT engine per model, one optimization profile per phase width, "
+                       "timing cache kept in the folder; recorded in the manifest with the TensorRT version and "
+                       "GPU. Export with --precision fp16 first (TensorRT cannot parse int4 MatMulNBits).")
+    t.add_argument("--engine", default=DEFAULT_ENGINE)
+    t.add_argument("--workspace-gib", type=float, default=4.0)
+
+
+def _cmd_build_trt(a) -> int:
+    from edgespec.export.trt_build import TrtBuildError, build_trt
+
+    try:
+        info = build_trt(a.engine, a.workspace_gib)
+    except TrtBuildError as e:
+        print(f"edgespec build-trt: error: {e}", file=sys.stderr)
+        return 2
+    print(f"built {info['file']} (TensorRT {info['tensorrt_version']}, {info['gpu']})", file=sys.stderr)
+    return 0
+
+
 def _cmd_tune(a) -> int:
     from edgespec.runtime.tune import TuneConfig, tune
 
@@ -139,7 +163,8 @@ def _cmd_chat(a) -> int:
     from edgespec.runtime.generator import Generator
 
     g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive)
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
+                       draft_provider=a.draft_provider)
     chat_loop(g, ChatSettings(a.temperature, a.max_new_tokens))
     return 0
 
@@ -155,7 +180,8 @@ def _cmd_serve(a) -> int:
     from edgespec.runtime.generator import Generator
 
     g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive)
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
+                       draft_provider=a.draft_provider)
     serve(g, ServeConfig(host=a.host, port=a.port, queue_size=a.queue_size, model_name=a.model_name))
     return 0
 
@@ -179,7 +205,8 @@ def _cmd_generate(a) -> int:
     from edgespec.runtime.generator import Generator
 
     g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive)
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
+                       draft_provider=a.draft_provider)
     if a.drafter is None:
         from edgespec.runtime.tune import describe_default
 
@@ -214,7 +241,7 @@ def _cmd_bench(a) -> int:
     cfg = BenchConfig(engine=a.engine, prompts=a.prompts, drafters=tuple(a.drafter.split(",")), ks=ks,
                       max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed, limit=a.limit,
                       provider=a.provider, threads=a.threads, ngram_min=a.ngram_min, ngram_max=a.ngram_max,
-                      adaptive=bool(a.adaptive))
+                      adaptive=bool(a.adaptive), draft_provider=a.draft_provider)
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
@@ -248,7 +275,8 @@ def _cmd_demo(a) -> int:
     from edgespec.runtime.drafters import NgramConfig
 
     g = Generator.load(a.engine, drafter="none", k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive)
+                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
+                       draft_provider=a.draft_provider)
     print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)
     g.set_drafter("none")
     plain = "".join(g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens))
@@ -285,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_bench(sub)
     _add_apps(sub)
     _add_tune(sub)
+    _add_build_trt(sub)
     d = sub.add_parser("demo", help="export the default model if needed, run one prompt plain and speculative",
                        description="The quick start: fetches and exports SmolLM2-135M-Instruct if not cached, "
                        "then runs one chat prompt plain and with speculation, side by side.")
@@ -299,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     errors: tuple = (ManifestError, EngineError, ValueError, FileNotFoundError)
     try:
         cmds = {"export": _cmd_export, "generate": _cmd_generate, "bench": _cmd_bench, "demo": _cmd_demo,
-                "chat": _cmd_chat, "serve": _cmd_serve, "tune": _cmd_tune}
+                "chat": _cmd_chat, "serve": _cmd_serve, "tune": _cmd_tune,
+                "build-trt": _cmd_build_trt}
         return cmds[a.cmd](a)
     except errors as e:
         print(f"edgespec {a.cmd}: error: {e}", file=sys.stderr)

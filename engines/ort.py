@@ -70,6 +70,17 @@ class OrtModel:
         self._logits = {w: np.zeros((1, w, spec.vocab_size), np.float32) for w in self.widths}
         self._new_kv = {w: np.zeros((spec.n_layers, 2, w, spec.kv_width), dtype) for w in self.widths}
         self._hidden = {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths}
+        # On a GPU provider the cache and the K/V outputs live on the device (cuda-python buffers):
+        # no host round trip of the cache; only ids in and logits out cross the bus.
+        self.device = None
+        if provider != "cpu":
+            from edgespec.engines.device import CudaOps
+
+            self.device = CudaOps()
+            self.kv = None
+            self._row_bytes = spec.kv_width * dtype.itemsize
+            self._kv_dev = self.device.alloc(spec.n_layers * 2 * self.max_len * self._row_bytes)
+            self._new_kv_dev = {w: self.device.alloc(spec.n_layers * 2 * w * self._row_bytes) for w in self.widths}
         self._session: ort.InferenceSession | None = None
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._last_width = 0
@@ -126,12 +137,21 @@ class OrtModel:
             for name, arr in (("input_ids", self._ids[width]), ("positions", self._pos[width]),
                               ("past_len", self._past)):
                 b.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
+            kv_dtype = np.dtype(self.spec.kv_dtype)
             for layer in range(self.n_layers):
                 for j, kind in enumerate(("key", "value")):
-                    view = self.kv[layer, j, :n_slots]
-                    b.bind_input(f"past_{kind}_{layer}", "cpu", 0, view.dtype, view.shape, view.ctypes.data)
-            for name, arr in (("logits", self._logits[width]), ("new_kv", self._new_kv[width]),
-                              ("hidden", self._hidden[width])):
+                    if self.device is None:
+                        view = self.kv[layer, j, :n_slots]
+                        b.bind_input(f"past_{kind}_{layer}", "cpu", 0, kv_dtype, view.shape, view.ctypes.data)
+                    else:
+                        ptr = self._kv_dev.ptr + (layer * 2 + j) * self.max_len * self._row_bytes
+                        b.bind_input(f"past_{kind}_{layer}", "cuda", 0, kv_dtype, (n_slots, self.spec.kv_width), ptr)
+            outputs = [("logits", self._logits[width]), ("hidden", self._hidden[width])]
+            if self.device is None:
+                outputs.append(("new_kv", self._new_kv[width]))
+            else:
+                b.bind_output("new_kv", "cuda", 0, kv_dtype, self._new_kv[width].shape, self._new_kv_dev[width].ptr)
+            for name, arr in outputs:
                 b.bind_output(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             self._bindings[key] = b
         return self._bindings[key]
@@ -154,7 +174,15 @@ class OrtModel:
         return self._logits[width][0, :n]
 
     def commit(self, past_len: int, n_rows: int) -> None:
-        self.kv[:, :, past_len:past_len + n_rows] = self._new_kv[self._last_width][:, :, :n_rows]
+        w = self._last_width
+        if self.device is None:
+            self.kv[:, :, past_len:past_len + n_rows] = self._new_kv[w][:, :, :n_rows]
+            return
+        # one strided device copy: 2L row blocks of n_rows rows, into [L, 2, max_len, W] at past_len
+        rb = self._row_bytes
+        self.device.copy2d(self._kv_dev.ptr + past_len * rb, self.max_len * rb, self._new_kv_dev[w].ptr, w * rb,
+                           n_rows * rb, 2 * self.n_layers)
+        self.device.sync()
 
     def last_hidden(self, n: int) -> np.ndarray:
         """Final-norm hidden states [n, H] of the last forward (for drafters that need them)."""

@@ -34,7 +34,8 @@ class BenchConfig:
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0  # sampling seed
     limit: int = 20  # prompts taken from the file / HumanEval
-    provider: str = "cpu"  # ORT execution provider
+    provider: str = "cpu"  # cpu | cuda | tensorrt (ORT execution providers) | trt (native TensorRT)
+    draft_provider: str | None = None  # where the draft model runs (default: with the target)
     threads: int | None = None  # intra-op threads
     ngram_min: int = 1  # prompt lookup: shortest suffix matched
     ngram_max: int = 3  # prompt lookup: longest suffix, tried first
@@ -118,7 +119,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     if cfg.adaptive:
         configs += [(d, max(cfg.ks), True) for d in drafters[1:]]
     g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads,
-                       ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max))
+                       ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max), draft_provider=cfg.draft_provider)
     if "draft" in drafters and g.draft_engine is not None:
         g.draft_engine.load_widths([1, g.manifest.prefill_chunk])
     sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
@@ -132,6 +133,11 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         for _ in g.generate_ids(encoded[0], 8, sampling):
             pass
     results = {c: {"stats": [], "prompts": []} for c in configs}
+    from edgespec.runtime.gpu_monitor import maybe_sampler
+
+    sampler = maybe_sampler(cfg.provider)
+    if sampler is not None:
+        sampler.__enter__()
     print(f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
           f"temperature {cfg.temperature}", file=sys.stderr)
     for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
@@ -145,6 +151,10 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
             results[(d, k, ad)]["prompts"].append({"id": p["id"], "output_ids": out_ids, "tokens": len(out_ids),
                                                "seconds": dt})
         print(f"  [{i + 1}/{len(prompts)}] {p['id']}", file=sys.stderr)
+    gpu = {}
+    if sampler is not None:
+        sampler.__exit__()
+        gpu = sampler.summary()
     base_ids = [r["output_ids"] for r in results[("none", 0, False)]["prompts"]]
     runs = []
     for (d, k, ad), r in results.items():
@@ -157,7 +167,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
                          "temperature": cfg.temperature, "seed": cfg.seed,
                          "ngram": [cfg.ngram_min, cfg.ngram_max], "adaptive": cfg.adaptive,
                          "precision": g.manifest.target.precision},
-              "machine": machine_info(cfg.provider), "runs": runs}
+              "machine": machine_info(cfg.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
     print(format_table(report), file=out)
     return report
 

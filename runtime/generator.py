@@ -38,6 +38,17 @@ class GeneratorConfig:
     adaptive: bool = False  # choose k per step from measured costs and acceptance (k = the maximum)
 
 
+def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
+    """cpu / cuda / tensorrt: ONNX Runtime with that execution provider; trt: native TensorRT."""
+    if provider == "trt":
+        from edgespec.engines.trt import TrtModel
+
+        return TrtModel(manifest, spec)
+    from edgespec.engines.ort import OrtModel
+
+    return OrtModel(manifest, spec, provider, threads)
+
+
 class Generator:
     def __init__(self, manifest: Manifest, target, cfg: GeneratorConfig, draft_engine=None,
                  codec: TextCodec | None = None) -> None:
@@ -56,16 +67,16 @@ class Generator:
     @classmethod
     def load(cls, folder: str | Path, drafter: str | None = None, k: int | None = None,
              provider: str = "cpu", threads: int | None = None, ngram: NgramConfig = NgramConfig(),
-             adaptive: bool | None = None):
-        from edgespec.engines.ort import OrtModel
-
+             adaptive: bool | None = None, draft_provider: str | None = None):
         manifest = load_manifest(folder)
         drafter = drafter or manifest.defaults.get("drafter", "ngram")
         k = k if k is not None else manifest.defaults.get("k", 4)
         adaptive = manifest.defaults.get("adaptive", False) if adaptive is None else adaptive
         cfg = GeneratorConfig(drafter, k, provider, threads, ngram, adaptive=adaptive)
-        target = OrtModel(manifest, manifest.target, provider, threads)
-        draft = OrtModel(manifest, manifest.draft, provider, threads) if manifest.draft else None
+        target = make_engine(manifest, manifest.target, provider, threads)
+        draft = None
+        if manifest.draft:  # the draft may run elsewhere (draft_provider: e.g. CPU beside a GPU target)
+            draft = make_engine(manifest, manifest.draft, draft_provider or provider, threads)
         g = cls(manifest, target, cfg, draft, TextCodec(manifest))
         target.load_widths([1, manifest.prefill_chunk] + list(range(2, g.k + 2)))
         if draft is not None and drafter == "draft":

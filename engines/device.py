@@ -1,0 +1,103 @@
+"""Device memory for GPU backends, behind a few calls the backends need.
+
+CudaOps uses NVIDIA's `cuda-python` (cuda.bindings.runtime): the official, thin binding of the
+CUDA runtime API — no framework, no kernels of its own, pip-installable, which is all a backend
+that only allocates, copies and launches TensorRT needs (cupy would bring a whole array library,
+torch is banned from the runtime). HostOps implements the same calls on host memory so the GPU
+backends' logic (addresses, shapes, the strided KV commit) runs and is tested on any machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+
+class DeviceBuffer:
+    """A block of device memory: a base pointer plus its size (and a host mirror for HostOps)."""
+
+    def __init__(self, ptr: int, nbytes: int, host: np.ndarray | None = None) -> None:
+        self.ptr, self.nbytes, self.host = ptr, nbytes, host
+
+
+class HostOps:
+    """Device calls on host memory (tests and CPU fallback); pointers are real host addresses."""
+
+    name = "host"
+
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        arr = np.zeros(nbytes, np.uint8)
+        return DeviceBuffer(arr.ctypes.data, nbytes, arr)
+
+    def h2d(self, dst_ptr: int, src: np.ndarray, stream=None) -> None:
+        ctypes.memmove(dst_ptr, src.ctypes.data, src.nbytes)
+
+    def d2h(self, dst: np.ndarray, src_ptr: int, stream=None) -> None:
+        ctypes.memmove(dst.ctypes.data, src_ptr, dst.nbytes)
+
+    def copy2d(self, dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, width: int, height: int,
+               stream=None) -> None:
+        for r in range(height):
+            ctypes.memmove(dst_ptr + r * dst_pitch, src_ptr + r * src_pitch, width)
+
+    def stream(self):
+        return None
+
+    def sync(self, stream=None) -> None:
+        pass
+
+    def device_name(self) -> str:
+        return "host"
+
+
+class CudaOps:
+    """The same calls through the CUDA runtime (cuda-python)."""
+
+    name = "cuda"
+
+    def __init__(self, device: int = 0) -> None:
+        try:
+            from cuda.bindings import runtime as cudart
+        except ImportError:  # older cuda-python layout
+            from cuda import cudart  # type: ignore[no-redef]
+        self.rt = cudart
+        self._check(cudart.cudaSetDevice(device))
+        self.device = device
+
+    def _check(self, res):
+        err = res[0] if isinstance(res, tuple) else res
+        if int(err) != 0:
+            raise RuntimeError(f"CUDA error {err}")
+        return res[1] if isinstance(res, tuple) and len(res) == 2 else res
+
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        ptr = self._check(self.rt.cudaMalloc(nbytes))
+        self._check(self.rt.cudaMemset(ptr, 0, nbytes))
+        return DeviceBuffer(int(ptr), nbytes)
+
+    def h2d(self, dst_ptr: int, src: np.ndarray, stream=None) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self._check(self.rt.cudaMemcpyAsync(dst_ptr, src.ctypes.data, src.nbytes, kind, stream or 0))
+
+    def d2h(self, dst: np.ndarray, src_ptr: int, stream=None) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self._check(self.rt.cudaMemcpyAsync(dst.ctypes.data, src_ptr, dst.nbytes, kind, stream or 0))
+        self.sync(stream)
+
+    def copy2d(self, dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, width: int, height: int,
+               stream=None) -> None:
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        self._check(self.rt.cudaMemcpy2DAsync(dst_ptr, dst_pitch, src_ptr, src_pitch, width, height, kind,
+                                              stream or 0))
+
+    def stream(self):
+        return self._check(self.rt.cudaStreamCreate())
+
+    def sync(self, stream=None) -> None:
+        self._check(self.rt.cudaStreamSynchronize(stream or 0))
+
+    def device_name(self) -> str:
+        props = self._check(self.rt.cudaGetDeviceProperties(self.device))
+        name = props.name
+        return (name.decode() if isinstance(name, bytes) else str(name)).strip("\x00")

@@ -1,0 +1,135 @@
+"""Native TensorRT backend (TensorRT 10/11 Python API), same protocol as OrtModel.
+
+Written to the documented API and tested here with a fake engine that runs the same ONNX graph
+through ONNX Runtime on host memory (tests/test_trt_fake.py); it has NOT run on a GPU yet.
+
+- One engine per model (`edgespec build-trt`), one optimization profile per phase width T
+  (min = opt = max on T; the cache window S ranges over [kv_bucket, max_len]); one execution
+  context per profile, all sharing the engine's weights.
+- Device buffers allocated once: the KV cache kv[L, 2, max_len, Hkv*D], and per width the ids,
+  positions, logits, new_kv and hidden outputs. Tensor addresses are set once per context: the
+  window past_key_l is always the first S rows of layer l's block, so only its shape changes with
+  the bucket (set again only when the bucket changes).
+- A call: copy ids/positions/past_len up (a few bytes), execute_async_v3 on one stream, copy the
+  n logits rows down. Commit: ONE strided device copy (cudaMemcpy2DAsync) writes the accepted
+  rows of all 2L layer blocks at past_len.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from edgespec.engines.base import EngineError, pick_width
+from edgespec.engines.device import CudaOps
+from edgespec.engines.manifest import Manifest, ModelSpec
+
+_NP = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
+
+
+def load_trt_engine(manifest: Manifest, spec: ModelSpec, device_name: str):
+    """Deserialize the model's engine after checking it was built for this TensorRT and GPU."""
+    info = manifest.raw["models"][spec.role].get("tensorrt")
+    if not info:
+        raise EngineError(f"{manifest.folder}: no TensorRT engine for the {spec.role} model. "
+                          f"Hint: edgespec build-trt --engine {manifest.folder}")
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        raise EngineError("the tensorrt backend needs the `tensorrt` Python package (NVIDIA's index)") from e
+    if info["tensorrt_version"] != trt.__version__ or info["gpu"] != device_name:
+        raise EngineError(f"{info['file']} was built with TensorRT {info['tensorrt_version']} for "
+                          f"{info['gpu']}; this is TensorRT {trt.__version__} on {device_name}. TensorRT engines "
+                          f"are tied to both: rebuild with `edgespec build-trt --engine {manifest.folder}`")
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    engine = runtime.deserialize_cuda_engine(manifest.path(info["file"]).read_bytes())
+    if engine is None:
+        raise EngineError(f"TensorRT could not deserialize {info['file']}; rebuild it")
+    return engine, {int(w): int(i) for w, i in info["profiles"].items()}
+
+
+class TrtModel:
+    """A target or draft model run by TensorRT with device-resident buffers."""
+
+    def __init__(self, manifest: Manifest, spec: ModelSpec, ops=None, engine=None, profiles=None) -> None:
+        self.ops = ops or CudaOps()
+        if engine is None:
+            engine, profiles = load_trt_engine(manifest, spec, self.ops.device_name())
+        self.manifest, self.spec, self.engine = manifest, spec, engine
+        self.max_len, self.bucket = manifest.max_len, manifest.kv_bucket
+        self.vocab_size, self.n_layers = spec.vocab_size, spec.n_layers
+        self.widths = tuple(sorted(profiles))
+        self.n_calls = 0
+        dt = np.dtype(spec.kv_dtype)
+        self.kv_row_bytes = spec.kv_width * dt.itemsize
+        self.stream = self.ops.stream()
+        self.kv = self.ops.alloc(spec.n_layers * 2 * self.max_len * self.kv_row_bytes)  # [L, 2, max_len, W]
+        self._host_in = {w: np.zeros(2 * w + 1, np.int64) for w in self.widths}  # ids | positions | past_len
+        self._logits = {w: np.zeros((w, spec.vocab_size), np.float32) for w in self.widths}
+        self._slot_pos = np.minimum(np.arange(self.max_len + max(self.widths)), self.max_len - 1)
+        self._bufs, self._ctx, self._ctx_slots = {}, {}, {}
+        for w in self.widths:
+            self._bufs[w] = {
+                "in": self.ops.alloc(self._host_in[w].nbytes),
+                "logits": self.ops.alloc(w * spec.vocab_size * 4),
+                "new_kv": self.ops.alloc(spec.n_layers * 2 * w * self.kv_row_bytes),
+                "hidden": self.ops.alloc(w * spec.hidden_size * dt.itemsize),
+            }
+            ctx = engine.create_execution_context()
+            ctx.set_optimization_profile_async(profiles[w], self.stream)
+            b = self._bufs[w]
+            ctx.set_tensor_address("input_ids", b["in"].ptr)
+            ctx.set_tensor_address("positions", b["in"].ptr + 8 * w)
+            ctx.set_tensor_address("past_len", b["in"].ptr + 16 * w)
+            for name in ("logits", "new_kv", "hidden"):
+                ctx.set_tensor_address(name, b[name].ptr)
+            for layer in range(spec.n_layers):
+                for j, kind in enumerate(("key", "value")):
+                    ctx.set_tensor_address(f"past_{kind}_{layer}", self._block_ptr(layer, j))
+            ctx.set_input_shape("input_ids", (1, w))
+            ctx.set_input_shape("positions", (1, w))
+            ctx.set_input_shape("past_len", (1,))
+            self._ctx[w] = ctx
+            self._ctx_slots[w] = 0
+        self._last_width = 0
+
+    def _block_ptr(self, layer: int, j: int, row: int = 0) -> int:
+        return self.kv.ptr + ((layer * 2 + j) * self.max_len + row) * self.kv_row_bytes
+
+    def width_for(self, n_tokens: int) -> int:
+        return pick_width(self.widths, n_tokens)
+
+    def load_widths(self, widths) -> None:
+        for w in widths:
+            if w in self.widths:
+                self.forward(np.zeros(w, np.int64), 0)
+
+    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+        n = len(token_ids)
+        w = pick_width(self.widths, n)
+        assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
+        host = self._host_in[w]
+        host[:n] = token_ids
+        host[n:w] = token_ids[n - 1]
+        host[w:2 * w] = self._slot_pos[past_len:past_len + w]
+        host[2 * w] = past_len
+        ctx = self._ctx[w]
+        n_slots = min(self.max_len, -(-(past_len + w) // self.bucket) * self.bucket)
+        if self._ctx_slots[w] != n_slots:  # the bucket changed: new window shape, same addresses
+            for layer in range(self.n_layers):
+                for kind in ("key", "value"):
+                    ctx.set_input_shape(f"past_{kind}_{layer}", (n_slots, self.spec.kv_width))
+            self._ctx_slots[w] = n_slots
+        self.ops.h2d(self._bufs[w]["in"].ptr, host, self.stream)
+        if not ctx.execute_async_v3(self.stream):
+            raise EngineError(f"TensorRT execute_async_v3 failed (width {w}, past_len {past_len})")
+        out = self._logits[w][:n]
+        self.ops.d2h(out, self._bufs[w]["logits"].ptr, self.stream)  # only the n real rows
+        self._last_width = w
+        self.n_calls += 1
+        return out
+
+    def commit(self, past_len: int, n_rows: int) -> None:
+        # new_kv [L, 2, T, W] -> kv [L, 2, max_len, W] at rows past_len..: 2L rows of n_rows*W each
+        w = self._last_width
+        self.ops.copy2d(dst_ptr=self._block_ptr(0, 0, past_len), dst_pitch=self.max_len * self.kv_row_bytes,
+                        src_ptr=self._bufs[w]["new_kv"].ptr, src_pitch=w * self.kv_row_bytes,
+                        width=n_rows * self.kv_row_bytes, height=2 * self.n_layers, stream=self.stream)

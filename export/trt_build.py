@@ -1,0 +1,83 @@
+"""`edgespec build-trt`: TensorRT engines from an engine folder's ONNX graphs (needs `tensorrt`).
+
+One engine per model; one optimization profile per phase width (min = opt = max on T, the cache
+window S over [kv_bucket, max_len]); precision is whatever the ONNX carries (strongly typed
+network: export with --precision fp16 for GPUs; int4 MatMulNBits is an ORT contrib op that
+TensorRT's parser does not take). The timing cache is kept in the folder, so a rebuild is fast.
+The engine files are recorded in the manifest with the TensorRT version and the GPU they were
+built for; the runtime refuses an engine built for another pair.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from edgespec.engines.manifest import MANIFEST, load_manifest
+
+
+class TrtBuildError(RuntimeError):
+    pass
+
+
+def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        raise TrtBuildError("building TensorRT engines needs the `tensorrt` package (from NVIDIA's index; "
+                            "PyPI's tensorrt-cu* wheels are stubs that download it at install time)") from e
+    from edgespec.engines.device import CudaOps
+
+    folder = Path(folder)
+    man = load_manifest(folder)
+    gpu = CudaOps().device_name()
+    logger = trt.Logger(trt.Logger.WARNING)
+    cache_path = folder / "trt_timing.cache"
+    raw = json.loads((folder / MANIFEST).read_text())
+    for role, spec in (("target", man.target), ("draft", man.draft)):
+        if spec is None:
+            continue
+        if spec.precision == "int4":
+            raise TrtBuildError(f"the {role} model is int4 (ORT MatMulNBits), which TensorRT cannot parse; "
+                                "export with --precision fp16 for TensorRT")
+        builder = trt.Builder(logger)
+        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        parser = trt.OnnxParser(network, logger)
+        onnx_path = folder / spec.graph_for(1).file
+        if not parser.parse_from_file(str(onnx_path)):
+            errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            raise TrtBuildError(f"TensorRT could not parse {onnx_path.name}: {errs}")
+        config = builder.create_builder_config()
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * 2**30))
+        cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
+        config.set_timing_cache(cache, ignore_mismatch=False)
+        profiles = {}
+        s_min, s_max = man.kv_bucket, man.max_len
+        s_opt = min(s_max, max(s_min, 4 * man.kv_bucket))
+        for w in spec.widths():
+            p = builder.create_optimization_profile()
+            for name in ("input_ids", "positions"):
+                p.set_shape(name, (1, w), (1, w), (1, w))
+            p.set_shape("past_len", (1,), (1,), (1,))
+            for layer in range(spec.n_layers):
+                for kind in ("key", "value"):
+                    p.set_shape(f"past_{kind}_{layer}", (s_min, spec.kv_width), (s_opt, spec.kv_width),
+                                (s_max, spec.kv_width))
+            profiles[str(w)] = config.add_optimization_profile(p)
+        print(f"edgespec: building the {role} TensorRT engine ({len(profiles)} profiles) ...", file=sys.stderr)
+        blob = builder.build_serialized_network(network, config)
+        if blob is None:
+            raise TrtBuildError(f"TensorRT failed to build the {role} engine (see the log above)")
+        fname = f"{role}.engine"
+        tmp = folder / (fname + ".partial")
+        tmp.write_bytes(bytes(blob))
+        os.replace(tmp, folder / fname)
+        cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+        raw["models"][role]["tensorrt"] = {"file": fname, "tensorrt_version": trt.__version__, "gpu": gpu,
+                                           "profiles": profiles}
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(raw, indent=1))
+    os.replace(tmp, folder / MANIFEST)
+    return raw["models"]["target"]["tensorrt"]

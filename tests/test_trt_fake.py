@@ -1,0 +1,64 @@
+"""The native TensorRT backend's logic (buffers, addresses, window shapes, strided commit) on a
+fake engine that runs the same ONNX graph through ONNX Runtime on host memory."""
+
+import numpy as np
+import pytest
+from edgespec.engines.base import EngineError
+from edgespec.engines.device import HostOps
+from edgespec.engines.manifest import load_manifest
+from edgespec.engines.trt import TrtModel, load_trt_engine
+from edgespec.runtime.generator import Generator, GeneratorConfig
+from edgespec.runtime.text import TextCodec
+from fake_trt import FakeTrtEngine
+
+PROMPT = "hello hello world, hello world again and again; hello"
+
+
+@pytest.fixture(scope="module")
+def trt_target(tiny_engine):
+    m = load_manifest(tiny_engine)
+    eng = FakeTrtEngine(str(tiny_engine / m.target.graph_for(1).file), m.target)
+    return m, TrtModel(m, m.target, ops=HostOps(), engine=eng, profiles=eng.profiles)
+
+
+def test_trt_backend_logits_match_ort(trt_target, tiny_engine):
+    from edgespec.engines.ort import OrtModel
+
+    m, trt = trt_target
+    ref = OrtModel(m, m.target)
+    toks = np.arange(40, 90)
+    for past, w in ((0, 16), (16, 9), (25, 1), (26, 5)):
+        a = trt.forward(toks[past:past + w], past).copy()
+        b = ref.forward(toks[past:past + w], past)
+        assert np.array_equal(a, b), (past, w)
+        trt.commit(past, w)
+        ref.commit(past, w)
+    kv_host = trt.kv.host.view(np.float32).reshape(ref.kv.shape)
+    assert np.array_equal(kv_host[:, :, :31], ref.kv[:, :, :31])  # the strided commit wrote every layer
+
+
+def test_trt_backend_greedy_speculation_identical(trt_target, tiny_engine):
+    m, trt = trt_target
+    codec = TextCodec(m)
+    g = Generator(m, trt, GeneratorConfig(drafter="none"), codec=codec)
+    ref = [int(t) for c in g.generate_ids(codec.encode(PROMPT), 60) for t in c]
+    for k in (1, 4, 8):
+        g.set_drafter("ngram", k)
+        assert [int(t) for c in g.generate_ids(codec.encode(PROMPT), 60) for t in c] == ref
+
+
+def test_engine_built_elsewhere_is_refused(tiny_engine, monkeypatch):
+    import json
+    import sys
+    import types
+
+    m = load_manifest(tiny_engine)
+    with pytest.raises(EngineError, match="build-trt"):
+        load_trt_engine(m, m.target, "GPU X")
+    raw = json.loads((tiny_engine / "manifest.json").read_text())
+    raw["models"]["target"]["tensorrt"] = {"file": "target.engine", "tensorrt_version": "10.0.0", "gpu": "GPU A",
+                                           "profiles": {"1": 0}}
+    object.__setattr__(m, "raw", raw)
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.9.0"))
+    with pytest.raises(EngineError, match=r"built with TensorRT 10\.0\.0 for GPU A; this is TensorRT 10\.9\.0"):
+        load_trt_engine(m, m.target, "GPU B")
