@@ -187,13 +187,13 @@ class LlamaGraphWriter:
         """GQA attention over the cache window [S, Hkv*D] with the T new rows in place; returns
         (out, new_k, new_v).
 
-        The new rows are placed at their absolute slots past_len..past_len+T-1 of a copy of the
-        window (K_full, V_full), so every key sits at the same place of every reduction whatever
-        T is: a token's numbers are bitwise the same in a decode, verify or prefill call (the
+        The new rows are placed at their absolute slots past_len..past_len+T-1 (score columns
+        for K, a copy of the value window for V), so every key sits at the same place of every
+        reduction whatever T is: a token's numbers are bitwise the same in a decode, verify or prefill call (the
         batch-invariance that keeps greedy speculative output identical to plain decoding).
         Heads are folded into single 2-D Gemms so the sequence-major cache is read as is:
           Qbd [Hq*T, Hkv*D]: query (h, t) placed in the columns of its kv head g(h), zeros elsewhere
-          scores = Qbd . K_full^T * scale          -> [Hq*T, S]   (Gemm transB=1, alpha=scale)
+          scores = Qbd . K^T * scale, new columns placed -> [Hq*T, S]   (Gemm transB=1, alpha)
           ctx    = softmax(scores + mask) . V_full -> [Hq*T, Hkv*D], keep the g(h) block per row
         The zero blocks cost Hkv-fold attention FLOPs, negligible at small T next to reading the
         cache once.
@@ -216,17 +216,20 @@ class LlamaGraphWriter:
         k = self._rope(b, k, cos, sin, p + "/k_rope")
         new_k = b.op("Reshape", [k, "shape_rows"], p + "/new_k")  # [T, Hkv*D]
         new_v = v  # [T, Hkv*D]
-        # K_full[j] = new_k[j - past_len] for the T new slots, past_key[j] elsewhere: [S, Hkv*D]
-        k_full = b.op("Where", [slots["is_new"], b.op("Gather", [new_k, slots["row"]], p + "/k_place", axis=0),
-                                f"past_key_{i}"], p + "/k_full")
-        v_full = b.op("Where", [slots["is_new"], b.op("Gather", [new_v, slots["row"]], p + "/v_place", axis=0),
+        # V_full[j] = new_v[j - past_len] for the T new slots, past_value[j] elsewhere: [S, Hkv*D]
+        v_full = b.op("Where", [slots["is_new"], b.op("Pad", [new_v, slots["pad_rows"]], p + "/v_place"),
                                 f"past_value_{i}"], p + "/v_full")
         # Block-diagonal queries: [Hq, T, 1, D] * head_mask[Hq, 1, Hkv, 1] -> [Hq*T, Hkv*D]
         qt = b.op("Transpose", [q], p + "/q_T", perm=[1, 0, 2])
         qt = b.op("Unsqueeze", [qt, "axis2"], p + "/q_unsq")
         qbd = b.op("Reshape", [b.op("Mul", [qt, "head_mask"], p + "/q_blocks"), "shape_qbd"], p + "/qbd")
         scale = 1.0 / float(np.sqrt(d))
-        scores = b.op("Gemm", [qbd, k_full], p + "/scores", transB=1, alpha=scale)  # [Hq*T, S]
+        # scores over the window, the new keys' columns placed at their slots (each dot product is
+        # the same bits whichever Gemm computes it, so K needs no placed copy; V does, below)
+        s_past = b.op("Gemm", [qbd, f"past_key_{i}"], p + "/scores_past", transB=1, alpha=scale)  # [Hq*T, S]
+        s_new = b.op("Gemm", [qbd, new_k], p + "/scores_new", transB=1, alpha=scale)  # [Hq*T, T]
+        scores = b.op("Where", [slots["is_new_row"], b.op("Pad", [s_new, slots["pad_cols"]], p + "/s_place"),
+                                s_past], p + "/scores")
         probs = b.op("Softmax", [b.op("Add", [scores, mask], p + "/masked")], p + "/Softmax", axis=-1)
         ctx = b.op("Gemm", [probs, v_full], p + "/ctx")  # [Hq*T, Hkv*D]
         # keep each query head's own kv block: [Hq, T, Hkv, D] * head_mask, summed over Hkv
@@ -285,9 +288,14 @@ class LlamaGraphWriter:
         rel = b.op("Sub", [j_idx, "past_len"], "/slots/rel")  # [S]
         is_new = b.op("And", [b.op("GreaterOrEqual", [rel, "zero_i"], "/slots/ge"),
                               b.op("Less", [rel, t_len], "/slots/lt")], "/slots/is_new")
-        row = b.op("Clip", [rel, "zero_i", b.op("Squeeze", [b.op("Sub", [t_len, b.const(
-            "one_1", np.array([1], np.int64))], "/slots/t_minus_1"), "axis0"], "/slots/t_max")], "/slots/row")
-        slots = {"is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"), "row": row}
+        # the T new rows padded out to the window: past_len before, S - past_len - T after
+        after = b.op("Sub", [b.op("Sub", [s_len, "past_len"], "/slots/rest"), t_len], "/slots/after")  # [1]
+        zero1 = b.const("zero_1", np.array([0], np.int64))
+        pad_rows = b.op("Concat", ["past_len", zero1, after, zero1], "/slots/pad_rows", axis=0)  # for [T, W]
+        pad_cols = b.op("Concat", [zero1, "past_len", zero1, after], "/slots/pad_cols", axis=0)  # for [Hq*T, T]
+        slots = {"is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"),  # [S, 1]
+                 "is_new_row": b.op("Unsqueeze", [is_new, "axis0"], "/slots/is_new_row"),  # [1, S]
+                 "pad_rows": pad_rows, "pad_cols": pad_cols}
 
         ids = b.op("Reshape", ["input_ids", b.const("shape_T", np.array([-1], np.int64))], "/ids_flat")
         pos = b.op("Reshape", ["positions", "shape_T"], "/pos_flat")
