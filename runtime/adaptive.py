@@ -8,6 +8,9 @@ most expected tokens per second, where verify(T) is the measured time of a width
 token. k = 0 (plain decoding) is always a candidate, so speculation that does not pay on this
 machine and this text is switched off by itself; it comes back when acceptance rises, because
 every `probe_every` steps one step drafts k_max to keep the estimate of a alive.
+
+Greedy decoding only: the output is the same whatever k each step uses. Sampled generation keeps
+a fixed k, so that a seed reproduces its output whatever the machine's timing.
 """
 
 from __future__ import annotations

@@ -99,8 +99,12 @@ class ModelDrafter:
         k = min(k, self.engine.max_len - self.dft_past - 2)
         if k <= 0:
             return 0, None
-        for i in range(self.dft_past, seq.n):  # catch up: the pending token (+ last bonus token)
-            logits = self._step(seq.tokens[i:i + 1])
+        behind = seq.tokens[self.dft_past:seq.n]  # the pending token (+ the last bonus token) ...
+        if len(behind) > 2:  # ... or many, after steps that drafted nothing: one chunked call
+            self.dft_past, logits = _prefill(self.engine, behind, self.dft_past)
+        else:
+            for i in range(len(behind)):
+                logits = self._step(behind[i:i + 1])
         slots = seq.draft_slots(k)
         for i in range(k):
             if self.sampling.greedy:

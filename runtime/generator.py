@@ -134,7 +134,7 @@ class Generator:
         if isinstance(drafter, ModelDrafter):
             drafter.configure(sampling, rng)
         st = self.last_stats = GenerationStats(drafter=drafter.name, k=self.k, n_prompt=n_prompt,
-                                                   adaptive=self.adaptive is not None)
+                                                   adaptive=self.adaptive is not None and sampling.greedy)
         eos = np.array(self.manifest.eos_token_ids if self.manifest else [], np.int64)
         dft_calls0 = getattr(self.draft_engine, "n_calls", 0)
         t_start = time.perf_counter()
@@ -150,6 +150,9 @@ class Generator:
     def _loop(self, prompt_ids, max_new_tokens, sampling, rng, st, eos) -> Iterator[np.ndarray]:
         """prefill, then draft -> verify -> accept -> commit until EOS / max_new_tokens / context."""
         tgt, drafter, n_prompt = self.target, self.drafter, len(prompt_ids)
+        # adaptive k follows measured times; under sampling that would make the RNG draws, and so
+        # a seeded output, depend on timing: sampled runs keep the fixed k
+        adaptive = self.adaptive if sampling.greedy else None
         t_start = time.perf_counter()
 
         # prefill: the prompt into the target KV, first token from the last logits. Rows kept
@@ -176,7 +179,7 @@ class Generator:
         done = first in eos or max_new_tokens <= 1
         t_prev = time.perf_counter()
         while not done:
-            k = self.adaptive.choose() if self.adaptive else self.k
+            k = adaptive.choose() if adaptive else self.k
             k = min(k, tgt.max_len - seq.n - 1)  # room for the verify rows
             if k < 0 or seq.n >= tgt.max_len:
                 st.finish_reason = "length"
@@ -207,8 +210,8 @@ class Generator:
             st.draft_s += t1 - t0
             st.verify_s += t2 - t1
             st.record_step(m, n_acc, n_emit, t3 - t_prev)
-            if self.adaptive:
-                self.adaptive.observe(k, m, n_acc, t2 - t1, t1 - t0)
+            if adaptive:
+                adaptive.observe(k, m, n_acc, t2 - t1, t1 - t0)
             t_prev = t3
             st.n_output += n_emit
             self.last_step = (m, n_acc)
