@@ -47,6 +47,8 @@ class HostOps:
     def sync(self, stream=None) -> None:
         pass
 
+    supports_graphs = False
+
     def device_name(self) -> str:
         return "host"
 
@@ -96,6 +98,21 @@ class CudaOps:
 
     def sync(self, stream=None) -> None:
         self._check(self.rt.cudaStreamSynchronize(stream or 0))
+
+    supports_graphs = True
+
+    def capture(self, stream, launch) -> object:
+        """Record what `launch()` enqueues on `stream` into an instantiated CUDA graph."""
+        mode = self.rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        self._check(self.rt.cudaStreamBeginCapture(stream, mode))
+        try:
+            launch()
+        finally:
+            graph = self._check(self.rt.cudaStreamEndCapture(stream))
+        return self._check(self.rt.cudaGraphInstantiate(graph, 0))
+
+    def replay(self, graph_exec, stream) -> None:
+        self._check(self.rt.cudaGraphLaunch(graph_exec, stream))
 
     def device_name(self) -> str:
         props = self._check(self.rt.cudaGetDeviceProperties(self.device))

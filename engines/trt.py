@@ -10,9 +10,10 @@ through ONNX Runtime on host memory (tests/test_trt_fake.py); it has NOT run on 
   positions, logits, new_kv and hidden outputs. Tensor addresses are set once per context: the
   window past_key_l is always the first S rows of layer l's block, so only its shape changes with
   the bucket (set again only when the bucket changes).
-- A call: copy ids/positions/past_len up (a few bytes), execute_async_v3 on one stream, copy the
-  n logits rows down. Commit: ONE strided device copy (cudaMemcpy2DAsync) writes the accepted
-  rows of all 2L layer blocks at past_len.
+- A call: copy ids/positions/past_len up (a few bytes), execute_async_v3 on one stream (replayed
+  from a CUDA graph captured once per (width, window) pair), copy the n logits rows down.
+- Commit: ONE strided device copy (cudaMemcpy2DAsync) writes the accepted rows of all 2L layer
+  blocks at past_len.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class TrtModel:
             self._ctx[w] = ctx
             self._ctx_slots[w] = 0
         self._last_width = 0
+        self.cuda_graphs = getattr(self.ops, "supports_graphs", False)
+        self._graphs: dict[tuple[int, int], object] = {}
 
     def _block_ptr(self, layer: int, j: int, row: int = 0) -> int:
         return self.kv.ptr + ((layer * 2 + j) * self.max_len + row) * self.kv_row_bytes
@@ -119,13 +122,29 @@ class TrtModel:
                     ctx.set_input_shape(f"past_{kind}_{layer}", (n_slots, self.spec.kv_width))
             self._ctx_slots[w] = n_slots
         self.ops.h2d(self._bufs[w]["in"].ptr, host, self.stream)
-        if not ctx.execute_async_v3(self.stream):
-            raise EngineError(f"TensorRT execute_async_v3 failed (width {w}, past_len {past_len})")
+        self._execute(w, n_slots)
         out = self._logits[w][:n]
         self.ops.d2h(out, self._bufs[w]["logits"].ptr, self.stream)  # only the n real rows
         self._last_width = w
         self.n_calls += 1
         return out
+
+    def _execute(self, w: int, n_slots: int) -> None:
+        """Run the width-w context; on a GPU, replay a CUDA graph captured per (width, window):
+        addresses never change, and the shapes are fixed within one (width, window) pair."""
+        ctx = self._ctx[w]
+        key = (w, n_slots)
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self.ops.replay(graph, self.stream)
+            return
+        if not ctx.execute_async_v3(self.stream):
+            raise EngineError(f"TensorRT execute_async_v3 failed (width {w}, window {n_slots})")
+        if self.cuda_graphs and key not in self._graphs:
+            try:  # capture after one plain run (TensorRT may allocate on its first call)
+                self._graphs[key] = self.ops.capture(self.stream, lambda: ctx.execute_async_v3(self.stream))
+            except Exception:  # a graph that cannot be captured just runs uncaptured
+                self._graphs[key] = None
 
     def commit(self, past_len: int, n_rows: int) -> None:
         # new_kv [L, 2, T, W] -> kv [L, 2, max_len, W] at rows past_len..: 2L rows of n_rows*W each
