@@ -46,7 +46,7 @@ def plots(report: dict) -> dict[str, str]:
         if acc:
             ax.plot(range(1, len(acc) + 1), acc, marker="o", label=_label(r))
     ax.set_xlabel("draft position")
-    ax.set_ylabel("P(accepted | reached)")
+    ax.set_ylabel("accepted / drafted")
     ax.set_ylim(0, 1)
     ax.set_title("Acceptance by draft position")
     if len(runs) > 1:
