@@ -117,10 +117,12 @@ def ortgenai_systems(folder: str | None) -> tuple[list[System], str]:
     model = og.Model(folder)
     tok = og.Tokenizer(model)
 
-    def run(prompt, n):
+    def run(prompt, n, speculative=None):
         ids = tok.encode(prompt)
         params = og.GeneratorParams(model)
         params.set_search_options(do_sample=False, max_length=len(ids) + n)
+        if speculative:
+            params.set_speculative_options(**speculative)
         gen = og.Generator(model, params)
         gen.append_tokens(ids)
         out = []
@@ -129,7 +131,12 @@ def ortgenai_systems(folder: str | None) -> tuple[list[System], str]:
             out.append(int(gen.get_next_tokens()[0]))
         return out
 
-    return [System("onnxruntime-genai plain", run, f"builder output {folder}")], ""
+    systems = [System("onnxruntime-genai plain", run, "its builder's int4 model")]
+    if hasattr(og.GeneratorParams, "set_speculative_options"):  # 0.18+: n-gram speculation
+        spec = {"ngram_size": 3, "max_draft_tokens": 8, "ngram_chained_lookup": True}
+        systems.append(System("onnxruntime-genai ngram", lambda p, n: run(p, n, spec),
+                              "ngram_size 3, chained lookup, k<=8 adaptive"))
+    return systems, ""
 
 
 def measure(systems: list[System], prompts: list[dict], n_new: int) -> None:
@@ -162,16 +169,28 @@ def summarize(systems: list[System]) -> list[dict]:
     return rows
 
 
+def mark_identity(rows: list[dict]) -> None:
+    """For each speculative system, on how many prompts its output equals the same system's plain."""
+    plain = {r["system"].rsplit(" ", 1)[0]: r for r in rows if r["system"].endswith((" plain", " none"))}
+    for r in rows:
+        base = plain.get(r["system"].split(" ")[0] if r["system"].startswith("edgespec") else
+                         r["system"].rsplit(" ", 1)[0])
+        if base is None or base is r:
+            continue
+        same = sum(a["output_ids"] == b["output_ids"] for a, b in zip(r["prompts"], base["prompts"], strict=True))
+        r["identical_to_plain"] = f"{same}/{len(r['prompts'])}"
+
+
 def table(rows: list[dict]) -> str:
     ref_llama = next((r["tokens_per_s"] for r in rows if r["system"] == "llama.cpp plain"), None)
     ref_none = next((r["tokens_per_s"] for r in rows if r["system"] == "edgespec none"), None)
-    out = ["| system | tok/s | ITL p50 / p99 ms | TTFT ms | vs llama.cpp plain | vs edgespec none | note |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| system | tok/s | ITL p50 / p99 ms | TTFT ms | vs llama.cpp plain | vs edgespec none | "
+           "output = its plain | note |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a = f"{r['tokens_per_s'] / ref_llama:.2f}x" if ref_llama else "-"
         b = f"{r['tokens_per_s'] / ref_none:.2f}x" if ref_none else "-"
         out.append(f"| {r['system']} | {r['tokens_per_s']:.1f} | {r['itl_ms']['p50']:.1f} / {r['itl_ms']['p99']:.1f} "
-                   f"| {r['ttft_ms']:.0f} | {a} | {b} | {r['note']} |")
+                   f"| {r['ttft_ms']:.0f} | {a} | {b} | {r.get('identical_to_plain', '-')} | {r['note']} |")
     return "\n".join(out)
 
 
@@ -226,6 +245,7 @@ def main() -> None:
     print(f"{len(systems)} systems x {len(prompts)} prompts, {a.max_new_tokens} new tokens, greedy", flush=True)
     measure(systems, prompts, a.max_new_tokens)
     rows = summarize(systems)
+    mark_identity(rows)
     print(table(rows))
     for k, v in skipped.items():
         print(f"skipped {k}: {v}")
