@@ -221,28 +221,36 @@ class Generator:
     def stream(self, prompt, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None) -> Iterator[str]:
         """Stream text for a raw prompt (str) or chat messages (list of {role, content})."""
-        ids = self.codec.encode(prompt)
-        decoder = StreamDecoder(self.codec)
         sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        return self.stream_text(self.codec.encode(prompt), max_new_tokens, sampling, stop)
+
+    def stream_text(self, ids: np.ndarray, max_new_tokens: int, sampling: SamplingConfig,
+                    stop: list[str] | None = None) -> Iterator[str]:
+        """Text pieces of generate_ids: whole characters only, cut before the first stop string
+        (held back while a stop string could still be straddling two pieces)."""
+        decoder = StreamDecoder(self.codec)
         eos = set(self.manifest.eos_token_ids) if self.manifest else set()
-        hold = max((len(x) for x in stop), default=1) - 1 if stop else 0  # a stop string may straddle pieces
+        stop = stop or []
+        hold = max((len(x) for x in stop), default=1) - 1
         text, emitted = "", 0
         gen = self.generate_ids(ids, max_new_tokens, sampling)
-        for new in gen:
-            text += decoder.push([t for t in new if int(t) not in eos])
-            cut = min((i for i in (text.find(x) for x in stop or ()) if i >= 0), default=-1)
-            if cut >= 0:
-                if cut > emitted:
-                    yield text[emitted:cut]
-                gen.close()
-                self.last_stats.finish_reason = "stop"
-                return
-            safe = len(text) - hold
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
-        if len(text) > emitted:
-            yield text[emitted:]
+        try:
+            for new in gen:
+                text += decoder.push([t for t in new if int(t) not in eos])
+                cut = min((i for i in (text.find(x) for x in stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    if cut > emitted:
+                        yield text[emitted:cut]
+                    gen.close()
+                    self.last_stats.finish_reason = "stop"
+                    return
+                if len(text) - hold > emitted:
+                    yield text[emitted:len(text) - hold]
+                    emitted = len(text) - hold
+            if len(text) > emitted:
+                yield text[emitted:]
+        finally:
+            gen.close()
 
     def generate(self, prompt, **kwargs) -> str:
         return "".join(self.stream(prompt, **kwargs))

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from edgespec.runtime.generator import Generator
-from edgespec.runtime.text import StreamDecoder, TemplateError
+from edgespec.runtime.text import TemplateError
 from edgespec.runtime.verify import SamplingConfig
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -149,39 +149,22 @@ class Worker(threading.Thread):
             self.metrics.add("edgespec:request_cancelled_total")
             return
         g.set_drafter(job.speculative.get("drafter", self.default[0]), job.speculative.get("k", self.default[1]))
-        decoder = StreamDecoder(g.codec)
-        eos = set(g.manifest.eos_token_ids)
-        text, emitted, finish = "", 0, None
-        hold = max((len(s) for s in job.stop), default=1) - 1
-        gen = g.generate_ids(job.ids, job.max_tokens, job.sampling)
+        pieces = g.stream_text(job.ids, job.max_tokens, job.sampling, job.stop)
         try:
-            for new in gen:
-                if job.cancel.is_set():
+            for piece in pieces:
+                if job.cancel.is_set():  # the client went away: stop at this step
                     self.metrics.add("edgespec:request_cancelled_total")
                     return
-                text += decoder.push([t for t in new if int(t) not in eos])
-                cut = min((i for i in (text.find(s) for s in job.stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    if cut > emitted:
-                        job.loop.call_soon_threadsafe(job.out.put_nowait, text[emitted:cut])
-                    finish = "stop"
-                    break
-                safe = len(text) - hold
-                if safe > emitted:
-                    job.loop.call_soon_threadsafe(job.out.put_nowait, text[emitted:safe])
-                    emitted = safe
-            else:
-                if len(text) > emitted:
-                    job.loop.call_soon_threadsafe(job.out.put_nowait, text[emitted:])
+                job.loop.call_soon_threadsafe(job.out.put_nowait, piece)
         finally:
-            gen.close()
+            pieces.close()
             g.set_drafter(*self.default)
         st = g.last_stats
         self.metrics.record(st)
         self.metrics.add("edgespec:request_success_total")
         usage = {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_output,
                  "total_tokens": st.n_prompt + st.n_output}
-        job.loop.call_soon_threadsafe(job.out.put_nowait, {"finish_reason": finish or st.finish_reason,
+        job.loop.call_soon_threadsafe(job.out.put_nowait, {"finish_reason": st.finish_reason,
                                                            "usage": usage, "stats": st.to_dict()})
 
 
