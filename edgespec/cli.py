@@ -32,6 +32,9 @@ def _add_export(sub) -> None:
     p.add_argument("--int4-accuracy-level", type=int, default=4, choices=[0, 1, 2, 3, 4],
                    help="MatMulNBits accuracy_level: 4 = int8 activations (default, fastest on CPU), 0 = fp32 "
                    "activations. Both keep greedy parity: every phase width computes a row bitwise alike")
+    p.add_argument("--int4-lm-head", action="store_true",
+                   help="quantize the LM head to int4 too (default: fp32, tied to the embedding): faster, but "
+                   "SmolLM2-135M then loops on simple prompts")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
 
@@ -195,7 +198,8 @@ def _cmd_export(a) -> int:
         return 2
     cfg = ExportConfig(target=a.target, draft=a.draft, out=a.out, max_len=a.max_len, k=a.k,
                        precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
-                       int4_accuracy_level=a.int4_accuracy_level, force=a.force, validate=not a.no_validate)
+                       int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head, force=a.force,
+                       validate=not a.no_validate)
     export(cfg)
     return 0
 

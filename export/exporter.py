@@ -52,6 +52,7 @@ class ExportConfig:
     prefill_chunk: int = 64  # prompt tokens per prefill call (width of the prefill graph)
     kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level: 4 = int8 activations (fast), 0 = fp32
+    int4_lm_head: bool = False  # int4 LM head too: ~20% faster decode, visibly worse text on small models
     force: bool = False  # replace an existing folder
     validate: bool = True  # compare every graph with PyTorch after export
     progress: bool = True  # show a progress bar
@@ -237,7 +238,8 @@ def export(cfg: ExportConfig) -> Path:
         if max_pos and cfg.max_len > max_pos:
             raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
         arch = arch_from_config(model.config, cfg.max_len)
-        opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level)
+        opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level,
+                            int4_lm_head=cfg.int4_lm_head)
         hf_w = _hf_weights(model)
         writer = LlamaGraphWriter(arch, hf_w, opts)
         index_t = write_weights(writer.store.arrays, tmp / "target.weights")

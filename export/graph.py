@@ -41,6 +41,7 @@ class GraphOptions:
     precision: str  # "fp32" | "fp16" | "int4": weights (int4: MatMulNBits, fp32 activations)
     int4_block_size: int = 32  # weights per quantization block along the input dimension
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level (4 = int8 activations, 0 = fp32)
+    int4_lm_head: bool = False  # quantize the LM head too (smaller, faster, worse text)
 
 
 class WeightStore:
@@ -127,10 +128,11 @@ class LlamaGraphWriter:
     def _linear(self, name: str, w_out_in: np.ndarray, hf_names, tied: bool = False) -> None:
         """Store one linear layer; record the weights the graph really uses as the reference."""
         hf_names = [hf_names] if isinstance(hf_names, str) else hf_names
-        if self.opts.precision == "int4":
-            packed, scales, deq = quantize_int4(w_out_in, self.opts.int4_block_size)
+        if self._quantized(name):
+            packed, scales, zero_points, deq = quantize_int4(w_out_in, self.opts.int4_block_size)
             self.store.add(name + ".q4", packed)
             self.store.add(name + ".scales", scales)
+            self.store.add(name + ".zp", zero_points)
             used = deq
         elif tied:
             used = w_out_in.astype(self.dtype)  # Gemm(transB=1) on the embedding table itself
@@ -142,6 +144,11 @@ class LlamaGraphWriter:
             k = self._ref_rows(n)
             self.reference[n] = used[rows: rows + k].astype(np.float32)
             rows += k
+
+    def _quantized(self, name: str) -> bool:
+        """int4 for every linear layer, except the LM head unless int4_lm_head (it decides every
+        token, and on SmolLM2-135M an int4 LM head made greedy output loop)."""
+        return self.opts.precision == "int4" and (name != "lm_head" or self.opts.int4_lm_head)
 
     def _ref_rows(self, hf_name: str) -> int:
         a = self.arch
@@ -157,8 +164,9 @@ class LlamaGraphWriter:
 
     # ---- ops ------------------------------------------------------------------------------------
     def _matmul(self, b: _Builder, x: str, name: str, n_in: int, n_out: int) -> str:
-        if self.opts.precision == "int4":
-            return b.op("MatMulNBits", [x, b.weight(name + ".q4"), b.weight(name + ".scales")],
+        if self._quantized(name):
+            return b.op("MatMulNBits", [x, b.weight(name + ".q4"), b.weight(name + ".scales"),
+                                        b.weight(name + ".zp")],
                         name + "/MatMulNBits", domain="com.microsoft", K=n_in, N=n_out, bits=4,
                         block_size=self.opts.int4_block_size,
                         accuracy_level=self.opts.int4_accuracy_level)
