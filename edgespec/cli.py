@@ -162,12 +162,8 @@ def _cmd_tune(a) -> int:
 
 def _cmd_chat(a) -> int:
     from edgespec.runtime.chat import ChatSettings, chat_loop
-    from edgespec.runtime.drafters import NgramConfig
-    from edgespec.runtime.generator import Generator
 
-    g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
-                       draft_provider=a.draft_provider)
+    g = _load(a)
     chat_loop(g, ChatSettings(a.temperature, a.max_new_tokens))
     return 0
 
@@ -179,14 +175,20 @@ def _cmd_serve(a) -> int:
         print(f"edgespec serve needs the serve extra ({e.name} missing): pip install 'edgespec[serve]'",
               file=sys.stderr)
         return 2
+
+    g = _load(a)
+    serve(g, ServeConfig(host=a.host, port=a.port, queue_size=a.queue_size, model_name=a.model_name))
+    return 0
+
+
+def _load(a, drafter: str | None = None):
+    """The Generator the runtime flags of `a` describe (folder defaults where a flag is unset)."""
     from edgespec.runtime.drafters import NgramConfig
     from edgespec.runtime.generator import Generator
 
-    g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
-                       draft_provider=a.draft_provider)
-    serve(g, ServeConfig(host=a.host, port=a.port, queue_size=a.queue_size, model_name=a.model_name))
-    return 0
+    return Generator.load(a.engine, drafter=drafter or getattr(a, "drafter", None), k=a.k, provider=a.provider,
+                          threads=a.threads, ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
+                          draft_provider=a.draft_provider)
 
 
 def _cmd_export(a) -> int:
@@ -205,12 +207,8 @@ def _cmd_export(a) -> int:
 
 
 def _cmd_generate(a) -> int:
-    from edgespec.runtime.drafters import NgramConfig
-    from edgespec.runtime.generator import Generator
 
-    g = Generator.load(a.engine, drafter=a.drafter, k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
-                       draft_provider=a.draft_provider)
+    g = _load(a)
     if a.drafter is None:
         from edgespec.runtime.tune import describe_default
 
@@ -264,7 +262,6 @@ def _cmd_bench(a) -> int:
 
 
 def _cmd_demo(a) -> int:
-    from edgespec.runtime.generator import Generator
 
     if not (Path(a.engine) / "manifest.json").exists():
         print(f"edgespec demo: no engine at {a.engine}; exporting the default model first (about a minute)",
@@ -276,11 +273,8 @@ def _cmd_demo(a) -> int:
                   file=sys.stderr)
             return 2
         export(ExportConfig(out=a.engine))
-    from edgespec.runtime.drafters import NgramConfig
 
-    g = Generator.load(a.engine, drafter="none", k=a.k, provider=a.provider, threads=a.threads,
-                       ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
-                       draft_provider=a.draft_provider)
+    g = _load(a, drafter="none")
     print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)
     g.set_drafter("none")
     plain = "".join(g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens))

@@ -41,3 +41,21 @@ def pick_width(widths: tuple[int, ...], n_tokens: int) -> int:
         if w >= n_tokens:
             return w
     raise EngineError(f"{n_tokens} tokens in one call but the widest graph is {widths[-1]}")
+
+
+def window_slots(past_len: int, width: int, bucket: int, max_len: int) -> int:
+    """Cache window S fed to a call: the bucket multiple that holds the new rows too (<= max_len)."""
+    return min(max_len, -(-(past_len + width) // bucket) * bucket)
+
+
+def prefill(engine, tokens: np.ndarray, past: int) -> tuple[int, np.ndarray | None]:
+    """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
+    commit them; return (new past length, logits [V] of the last token, None if no tokens)."""
+    widest = max(engine.widths)
+    logits = None
+    for i in range(0, len(tokens), widest):
+        chunk = tokens[i:i + widest]
+        logits = engine.forward(chunk, past)
+        engine.commit(past, len(chunk))
+        past += len(chunk)
+    return past, (logits[-1] if logits is not None else None)

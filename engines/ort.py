@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from edgespec.engines.base import EngineError, pick_width
+from edgespec.engines.base import EngineError, pick_width, window_slots
 from edgespec.engines.manifest import Manifest, ModelSpec
 
 PROVIDERS = {
@@ -166,7 +166,7 @@ class OrtModel:
         pos[0, :] = self._slot_pos[past_len:past_len + width]
         self._past[0] = past_len
         # the window must hold the new rows too (the graph places them at their slots)
-        n_slots = min(self.max_len, -(-(past_len + width) // self.bucket) * self.bucket)
+        n_slots = window_slots(past_len, width, self.bucket, self.max_len)
         self.session(width).run_with_iobinding(self._binding(width, n_slots))
         self._last_width = width
         self.n_calls += 1

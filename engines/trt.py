@@ -19,7 +19,7 @@ through ONNX Runtime on host memory (tests/test_trt_fake.py); it has NOT run on 
 from __future__ import annotations
 
 import numpy as np
-from edgespec.engines.base import EngineError, pick_width
+from edgespec.engines.base import EngineError, pick_width, window_slots
 from edgespec.engines.device import CudaOps
 from edgespec.engines.manifest import Manifest, ModelSpec
 
@@ -115,7 +115,7 @@ class TrtModel:
         host[w:2 * w] = self._slot_pos[past_len:past_len + w]
         host[2 * w] = past_len
         ctx = self._ctx[w]
-        n_slots = min(self.max_len, -(-(past_len + w) // self.bucket) * self.bucket)
+        n_slots = window_slots(past_len, w, self.bucket, self.max_len)
         if self._ctx_slots[w] != n_slots:  # the bucket changed: new window shape, same addresses
             for layer in range(self.n_layers):
                 for kind in ("key", "value"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from edgespec.engines.base import prefill
 from edgespec.runtime.state import SeqState
 from edgespec.runtime.verify import SamplingConfig, probs, sample
 
@@ -87,7 +88,7 @@ class ModelDrafter:
 
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         past = min(self.dft_past, n_cached)
-        self.dft_past, _ = _prefill(self.engine, seq.tokens[past:seq.n - 1], past)
+        self.dft_past, _ = prefill(self.engine, seq.tokens[past:seq.n - 1], past)
 
     def _step(self, token_ids: np.ndarray) -> np.ndarray:
         logits = self.engine.forward(token_ids, self.dft_past)
@@ -101,7 +102,7 @@ class ModelDrafter:
             return 0, None
         behind = seq.tokens[self.dft_past:seq.n]  # the pending token (+ the last bonus token) ...
         if len(behind) > 2:  # ... or many, after steps that drafted nothing: one chunked call
-            self.dft_past, logits = _prefill(self.engine, behind, self.dft_past)
+            self.dft_past, logits = prefill(self.engine, behind, self.dft_past)
         else:
             for i in range(len(behind)):
                 logits = self._step(behind[i:i + 1])
@@ -119,19 +120,6 @@ class ModelDrafter:
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         # rows hold [pending, d_1..d_{k-1}] from slot n_old - 1; d_1..d_{n_acc} survive
         self.dft_past = min(self.dft_past, n_old + n_acc)
-
-
-def _prefill(engine, tokens: np.ndarray, past: int) -> tuple[int, np.ndarray]:
-    """Run tokens through an engine in chunks (the widest graph, then the narrowest width that
-    holds the remainder); return (new past length, logits [V] of the last token)."""
-    widest = max(engine.widths)
-    logits = None
-    for i in range(0, len(tokens), widest):
-        chunk = tokens[i:i + widest]
-        logits = engine.forward(chunk, past)
-        engine.commit(past, len(chunk))
-        past += len(chunk)
-    return past, (logits[-1] if logits is not None else None)
 
 
 def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig()):

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from edgespec.engines.base import prefill
 from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import AdaptiveK
-from edgespec.runtime.drafters import ModelDrafter, NgramConfig, _prefill, make_drafter
+from edgespec.runtime.drafters import ModelDrafter, NgramConfig, make_drafter
 from edgespec.runtime.state import SeqState
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import StreamDecoder, TextCodec
@@ -166,7 +167,7 @@ class Generator:
         seq = SeqState(tokens=self._tokens, n=n_prompt, n_prompt=n_prompt, tgt_past=0)
         self._seq = seq
         seq.tokens[:n_prompt] = prompt_ids
-        seq.tgt_past, last = _prefill(tgt, seq.tokens[n_cached:n_prompt], n_cached)
+        seq.tgt_past, last = prefill(tgt, seq.tokens[n_cached:n_prompt], n_cached)
         first = int(last.argmax()) if sampling.greedy else sample(probs(last, sampling), rng)
         seq.tokens[seq.n] = first
         seq.n += 1
