@@ -20,6 +20,10 @@ def _add_export(sub) -> None:
     p.add_argument("--target", help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--draft", help="draft: another model with the same tokenizer, self:N (the target's first "
                    "N layers + its norm and LM head), or self:int4 (the target quantized to int4)")
+    p.add_argument("--eagle", default="auto",
+                   help="EAGLE head folder (HF layout, from `edgespec train-eagle` or a published EAGLE-1 head) "
+                   "to include; 'auto' (default): the head shipped with edgespec when the target is the default "
+                   "model; 'none': no head")
     p.add_argument("--out", help=f"output folder (default: engines/<model name>, e.g. {DEFAULT_ENGINE})")
     p.add_argument("--max-len", type=int, default=2048, help="context slots: prompt + output (default 2048)")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=8,
@@ -61,7 +65,7 @@ def _add_generate(sub) -> None:
     _add_runtime_args(p)
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message via the chat template")
-    p.add_argument("--drafter", help="none | ngram | draft (default: the folder's default)")
+    p.add_argument("--drafter", help="none | ngram | draft | eagle | hybrid (default: the folder's default)")
     p.add_argument("--k", type=int, help="num_speculative_tokens per step (default: the folder's default)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -101,7 +105,7 @@ def _add_apps(sub) -> None:
                        description="Chat through the model's chat template. Earlier turns stay in the KV "
                        "cache, so each turn prefills only its new text. /help lists the commands.")
     _add_runtime_args(c)
-    c.add_argument("--drafter", help="none | ngram | draft (default: the folder's default)")
+    c.add_argument("--drafter", help="none | ngram | draft | eagle | hybrid (default: the folder's default)")
     c.add_argument("--k", type=int, help="num_speculative_tokens")
     c.add_argument("--temperature", type=float, default=0.0)
     c.add_argument("--max-new-tokens", type=int, default=512)
@@ -181,6 +185,48 @@ def _cmd_serve(a) -> int:
     return 0
 
 
+def _add_train_eagle(sub) -> None:
+    p = sub.add_parser("train-eagle", help="train an EAGLE head for a target by self-distillation (CPU or GPU)",
+                       description="Step 1 (skipped when --data already holds shards): the target answers a "
+                       "built-in prompt set (chat, programming requests, stdlib code completion; no benchmark "
+                       "data) in batches, keeping its hidden states. Step 2: train the head on those answers "
+                       "(feature regression + the target's own next token, two unrolled draft steps). "
+                       "Resumable: run again with the same --out to continue. Writes config.json + "
+                       "model.safetensors (EAGLE checkpoint layout) for `edgespec export --eagle`.")
+    p.add_argument("--target", help="HF folder, .gguf or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="head folder to write (and resume from)")
+    p.add_argument("--data", help="self-distillation data folder (default: <out>/data)")
+    p.add_argument("--prompts", type=int, default=2000, help="prompts the target answers when making data "
+                   "(default 2000, ~45%% chat, 25%% programming chat, 30%% code completion)")
+    p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default 192)")
+    p.add_argument("--gen-batch", type=int, default=48, help="prompts generated together (default 48)")
+    p.add_argument("--minutes", type=float, default=35.0, help="training time budget of this run (default 35)")
+    p.add_argument("--epochs", type=float, default=5.0, help="passes over the data in total (default 5)")
+    p.add_argument("--draft-vocab", type=int, default=8192,
+                   help="most frequent answer tokens the head may propose; 0 = full vocabulary (default 8192)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+
+
+def _cmd_train_eagle(a) -> int:
+    try:
+        from edgespec.export.eagle import TrainConfig, train
+        from edgespec.export.eagle_data import DataConfig, generate_data
+    except ImportError as e:
+        print(f"edgespec train-eagle needs the export extra ({e.name} missing). "
+              "Hint: pip install 'edgespec[export]'", file=sys.stderr)
+        return 2
+    data = Path(a.data) if a.data else Path(a.out) / "data"
+    if not any(data.glob("shard-*.npz")) or not (data / "done").exists():
+        n = a.prompts
+        generate_data(DataConfig(out=str(data), target=a.target, n_general=n * 45 // 100, n_code_chat=n // 4,
+                                 n_completion=n - n * 45 // 100 - n // 4, max_new_tokens=a.max_new_tokens,
+                                 batch=a.gen_batch, threads=a.threads))
+    train(TrainConfig(data=str(data), out=a.out, target=a.target, draft_vocab=a.draft_vocab, minutes=a.minutes,
+                      epochs=a.epochs, lr=a.lr, threads=a.threads))
+    return 0
+
+
 def _load(a, drafter: str | None = None):
     """The Generator the runtime flags of `a` describe (folder defaults where a flag is unset)."""
     from edgespec.runtime.drafters import NgramConfig
@@ -198,7 +244,7 @@ def _cmd_export(a) -> int:
         print(f"edgespec export needs the export extra ({e.name} missing). "
               "Hint: pip install 'edgespec[export]'", file=sys.stderr)
         return 2
-    cfg = ExportConfig(target=a.target, draft=a.draft, out=a.out, max_len=a.max_len, k=a.k,
+    cfg = ExportConfig(target=a.target, draft=a.draft, eagle=a.eagle, out=a.out, max_len=a.max_len, k=a.k,
                        precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
                        int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head, force=a.force,
                        validate=not a.no_validate)
@@ -312,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_apps(sub)
     _add_tune(sub)
     _add_build_trt(sub)
+    _add_train_eagle(sub)
     d = sub.add_parser("demo", help="export the default model if needed, run one prompt plain and speculative",
                        description="The quick start: fetches and exports SmolLM2-135M-Instruct if not cached, "
                        "then runs one chat prompt plain and with speculation, side by side.")
@@ -327,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cmds = {"export": _cmd_export, "generate": _cmd_generate, "bench": _cmd_bench, "demo": _cmd_demo,
                 "chat": _cmd_chat, "serve": _cmd_serve, "tune": _cmd_tune,
-                "build-trt": _cmd_build_trt}
+                "build-trt": _cmd_build_trt, "train-eagle": _cmd_train_eagle}
         return cmds[a.cmd](a)
     except errors as e:
         print(f"edgespec {a.cmd}: error: {e}", file=sys.stderr)

@@ -48,14 +48,22 @@ def window_slots(past_len: int, width: int, bucket: int, max_len: int) -> int:
     return min(max_len, -(-(past_len + width) // bucket) * bucket)
 
 
-def prefill(engine, tokens: np.ndarray, past: int) -> tuple[int, np.ndarray | None]:
+def prefill(engine, tokens: np.ndarray, past: int, hidden_out: np.ndarray | None = None,
+            features: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
     """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
-    commit them; return (new past length, logits [V] of the last token, None if no tokens)."""
+    commit them; return (new past length, logits [V] of the last token, None if no tokens).
+    hidden_out [max_len, H]: receives the hidden states of the new positions (for EAGLE);
+    features [len(tokens), H]: an EAGLE head's feature rows for these tokens."""
     widest = max(engine.widths)
     logits = None
     for i in range(0, len(tokens), widest):
         chunk = tokens[i:i + widest]
-        logits = engine.forward(chunk, past)
+        if features is None:
+            logits = engine.forward(chunk, past)
+        else:
+            logits = engine.forward(chunk, past, features=features[i:i + widest])
         engine.commit(past, len(chunk))
+        if hidden_out is not None:
+            hidden_out[past:past + len(chunk)] = engine.last_hidden(len(chunk))
         past += len(chunk)
     return past, (logits[-1] if logits is not None else None)

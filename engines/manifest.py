@@ -41,6 +41,7 @@ class WeightSpec:
     shape: tuple[int, ...]  # array shape
     offset: int  # byte offset in the weights file
     nbytes: int  # byte length
+    file: str | None = None  # another model's weights file (an EAGLE head reads the target's embedding)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class ModelSpec:
     weights: dict[str, WeightSpec]  # initializer index into weights_file
     graphs: tuple[GraphSpec, ...]  # one per phase width
     validation: dict = field(default_factory=dict)  # graph file -> max |ORT - PyTorch| at export
+    d2t: WeightSpec | None = None  # EAGLE head: draft-vocabulary id -> target id (int64 [Vd])
+    head: dict = field(default_factory=dict)  # EAGLE head: where it came from, how it was trained
 
     @property
     def kv_width(self) -> int:
@@ -88,6 +91,7 @@ class Manifest:
     bos_token_id: int | None  # beginning-of-sequence id
     target: ModelSpec  # the model whose output is reproduced
     draft: ModelSpec | None  # separate draft model, when exported
+    eagle: ModelSpec | None  # EAGLE head, when exported
     source: dict  # where the target came from (kind, path, sha256)
     defaults: dict  # drafter / k chosen at export or by `edgespec tune`
     raw: dict  # the whole JSON, for tools
@@ -100,17 +104,21 @@ def _tensor(d: dict) -> TensorSpec:
     return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"])
 
 
+def _weight(v: dict) -> WeightSpec:
+    return WeightSpec(v["dtype"], tuple(v["shape"]), v["offset"], v["nbytes"], v.get("file"))
+
+
 def _model(d: dict, role: str) -> ModelSpec:
     a = d["architecture"]
     return ModelSpec(
         role=role, kind=d["kind"], precision=d["precision"], n_layers=a["n_layers"],
         n_kv_heads=a["n_kv_heads"], head_dim=a["head_dim"], hidden_size=a["hidden_size"],
         vocab_size=a["vocab_size"], kv_dtype=d["kv_dtype"], weights_file=d["weights"]["file"],
-        weights={k: WeightSpec(v["dtype"], tuple(v["shape"]), v["offset"], v["nbytes"])
-                 for k, v in d["weights"]["tensors"].items()},
+        weights={k: _weight(v) for k, v in d["weights"]["tensors"].items()},
         graphs=tuple(GraphSpec(g["phase"], g["width"], g["file"], tuple(map(_tensor, g["inputs"])),
                                tuple(map(_tensor, g["outputs"]))) for g in d["graphs"]),
-        validation=d.get("validation", {}))
+        validation=d.get("validation", {}), d2t=_weight(d["d2t"]) if "d2t" in d else None,
+        head=d.get("head", {}))
 
 
 def load_manifest(folder: str | Path) -> Manifest:
@@ -134,24 +142,32 @@ def load_manifest(folder: str | Path) -> Manifest:
     try:
         target = _model(d["models"]["target"], "target")
         draft = _model(d["models"]["draft"], "draft") if "draft" in d["models"] else None
+        eagle = _model(d["models"]["eagle"], "eagle") if "eagle" in d["models"] else None
         tok = d["tokenizer"]
         chat = (folder / tok["chat_template_file"]).read_text() if tok.get("chat_template_file") else None
         m = Manifest(
             folder=folder, name=d["name"], max_len=d["max_len"], kv_bucket=d["kv_bucket"],
             prefill_chunk=d["prefill_chunk"], num_speculative_tokens=d["num_speculative_tokens"],
             tokenizer_file=tok["file"], chat_template=chat, eos_token_ids=tuple(tok["eos_token_ids"]),
-            bos_token_id=tok.get("bos_token_id"), target=target, draft=draft, source=d.get("source", {}),
+            bos_token_id=tok.get("bos_token_id"), target=target, draft=draft, eagle=eagle, source=d.get("source", {}),
             defaults=d.get("defaults", {}), raw=d)
     except (KeyError, TypeError) as e:
         raise ManifestError(f"{mf} lacks or mistypes field {e}; re-run `edgespec export`") from e
-    for spec in filter(None, (m.target, m.draft)):
-        for rel in [spec.weights_file] + [g.file for g in spec.graphs]:
+    for spec in filter(None, (m.target, m.draft, m.eagle)):
+        for rel in [spec.weights_file] + [g.file for g in spec.graphs] + sorted(
+                {w.file for w in spec.weights.values() if w.file}):
             if not (folder / rel).exists():
                 raise ManifestError(f"{folder}: {spec.role} file {rel} listed in the manifest is missing")
         if 1 not in spec.widths():
             raise ManifestError(f"{folder}: {spec.role} model has no decode graph (width 1)")
     if draft is not None and draft.vocab_size != target.vocab_size:
         raise ManifestError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}")
+    if eagle is not None:
+        if eagle.d2t is None or eagle.d2t.shape != (eagle.vocab_size,):
+            raise ManifestError(f"{folder}: EAGLE head without a d2t map of {eagle.vocab_size} entries; re-export")
+        if eagle.hidden_size != target.hidden_size:
+            raise ManifestError(f"{folder}: EAGLE head hidden size {eagle.hidden_size} != target's "
+                                f"{target.hidden_size}; re-export with a head trained for this target")
     if not (folder / m.tokenizer_file).exists():
         raise ManifestError(f"{folder}: tokenizer file {m.tokenizer_file} is missing")
     return m

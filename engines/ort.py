@@ -70,6 +70,9 @@ class OrtModel:
         self._logits = {w: np.zeros((1, w, spec.vocab_size), np.float32) for w in self.widths}
         self._new_kv = {w: np.zeros((spec.n_layers, 2, w, spec.kv_width), dtype) for w in self.widths}
         self._hidden = {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths}
+        # an EAGLE head also takes features [1, T, H] (the target's hidden states or its own)
+        takes_features = any(t.name == "features" for t in spec.graphs[0].inputs)
+        self._features = {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths} if takes_features else None
         # On a GPU provider the cache and the K/V outputs live on the device (cuda-python buffers):
         # no host round trip of the cache; only ids in and logits out cross the bus.
         self.device = None
@@ -85,9 +88,9 @@ class OrtModel:
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._last_width = 0
         self.n_calls = 0  # forward calls so far (stats)
-        blob = _map_weights(manifest.path(spec.weights_file))
         self._initializers = {}
         for name, w in spec.weights.items():
+            blob = _map_weights(manifest.path(w.file or spec.weights_file))
             arr = blob[w.offset: w.offset + w.nbytes].view(np.dtype(w.dtype)).reshape(w.shape)
             self._initializers[name] = ort.OrtValue.ortvalue_from_numpy(arr)
         so = ort.SessionOptions()
@@ -98,7 +101,7 @@ class OrtModel:
         so.log_severity_level = 3
         if not prepack:
             so.add_session_config_entry("session.disable_prepacking", "1")
-        if spec.role == "draft":
+        if spec.role != "target":
             # The draft alternates with the target; a spinning draft pool steals the cores the
             # target needs next (measured: draft k=4 0.53x -> 0.83x of plain with this off).
             # The target keeps spinning: plain decoding is ~12% faster with it.
@@ -134,7 +137,8 @@ class OrtModel:
         if key not in self._bindings:
             b = self.session(width).io_binding()
             for name, arr in (("input_ids", self._ids[width]), ("positions", self._pos[width]),
-                              ("past_len", self._past)):
+                              ("past_len", self._past)) + ((("features", self._features[width]),)
+                                                            if self._features is not None else ()):
                 b.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             kv_dtype = np.dtype(self.spec.kv_dtype)
             for layer in range(self.n_layers):
@@ -156,7 +160,8 @@ class OrtModel:
         return self._bindings[key]
 
     # ---- the two calls of the protocol ------------------------------------------------------------
-    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None) -> np.ndarray:
+        """features [n, H]: an EAGLE head's feature input (rows past n repeat the last one)."""
         n = len(token_ids)
         width = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
@@ -164,6 +169,10 @@ class OrtModel:
         ids[0, :n] = token_ids
         ids[0, n:] = token_ids[n - 1]  # padding rows: computed, never committed or read
         pos[0, :] = self._slot_pos[past_len:past_len + width]
+        if features is not None:
+            feats = self._features[width]
+            feats[0, :n] = features
+            feats[0, n:] = features[n - 1]
         self._past[0] = past_len
         # the window must hold the new rows too (the graph places them at their slots)
         n_slots = window_slots(past_len, width, self.bucket, self.max_len)

@@ -29,6 +29,7 @@ PRECISIONS = ("fp32", "fp16", "int4")
 # max |ORT - PyTorch| logits allowed per precision (PyTorch runs the weights the graph really uses)
 TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3}
 INT8_ACTIVATION_TOLERANCE = 3.0  # int4 with accuracy_level >= 2 quantizes activations too
+SHIPPED_HEADS = Path(__file__).parent / "heads"  # trained EAGLE heads shipped for default models
 
 
 def _tolerance(opts: GraphOptions) -> float:
@@ -45,6 +46,8 @@ class ExportError(ValueError):
 class ExportConfig:
     target: str | None = None  # model source: HF folder, .gguf, hub id; None = default SmolLM2
     draft: str | None = None  # None, another model source, "self:N" (first N layers) or "self:int4"
+    eagle: str | None = "auto"  # EAGLE head folder; "auto": the shipped head when the target is the
+    #                             default model, else none; None / "none": no head
     out: str | None = None  # engine folder; None = engines/<target name>
     max_len: int = 2048  # KV slots (prompt + output)
     k: int = 8  # largest num_speculative_tokens: verify graphs for widths 2..k+1 are exported
@@ -225,7 +228,8 @@ def export(cfg: ExportConfig) -> Path:
     widths_t = sorted(set(range(1, cfg.k + 2)) | {cfg.prefill_chunk})
     widths_d = sorted({1, cfg.prefill_chunk})
     has_draft = cfg.draft is not None
-    n_steps = 6 + (3 if has_draft else 0)
+    head_dir = _eagle_dir(cfg, src)
+    n_steps = 6 + (3 if has_draft else 0) + (2 if head_dir else 0)
     progress = _Progress(n_steps, cfg.progress)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -266,6 +270,12 @@ def export(cfg: ExportConfig) -> Path:
             progress.step("draft weights")
             models["draft"] = _write_model(draft_writer, tmp, "draft", widths_d, cfg.prefill_chunk,
                                            weights_d, index_d, draft_kind, progress)
+        eagle_writer = None
+        if head_dir is not None:
+            eagle_writer, models["eagle"] = _write_eagle(head_dir, tmp, arch, writer, index_t, opts,
+                                                         sorted(set(range(1, cfg.k + 2)) | {cfg.prefill_chunk}),
+                                                         cfg.prefill_chunk)
+            progress.step("EAGLE head")
         manifest = {
             "format": mf.FORMAT, "version": mf.VERSION, "edgespec_version": __version__,
             "name": out.name, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -276,7 +286,8 @@ def export(cfg: ExportConfig) -> Path:
             "tokenizer": {"file": "tokenizer.json", "chat_template_file": "chat_template.jinja" if chat else None,
                           "eos_token_ids": _eos_ids(model, tok), "bos_token_id": tok.bos_token_id},
             "models": models,
-            "drafters": ["none", "ngram"] + (["draft"] if has_draft else []),
+            "drafters": ["none", "ngram"] + (["draft"] if has_draft else [])
+            + (["eagle", "hybrid"] if head_dir else []),
             # measured on this CPU (README): adaptive prompt lookup beat every fixed k
             "defaults": {"drafter": "ngram", "k": cfg.k, "adaptive": True},
         }
@@ -287,6 +298,9 @@ def export(cfg: ExportConfig) -> Path:
             report = {"target": _validate(tmp, "target", _reference_model(model, writer), tokens,
                                           _tolerance(writer.opts))}
             progress.step("validated target")
+            if eagle_writer is not None:
+                report["eagle"] = _validate_eagle(tmp, eagle_writer, _reference_model(model, writer), tokens)
+                progress.step("validated EAGLE head")
             if has_draft:
                 report["draft"] = _validate(tmp, "draft", _reference_model(draft_model, draft_writer), tokens,
                                             _tolerance(draft_writer.opts))
@@ -310,6 +324,108 @@ def export(cfg: ExportConfig) -> Path:
             print(f"  {role}: max |ORT - PyTorch| logits over {len(spec['validation'])} phase widths = {worst:.2e}",
                   file=sys.stderr)
     return out
+
+
+def _eagle_dir(cfg: ExportConfig, src) -> Path | None:
+    """The EAGLE head folder this export includes, if any."""
+    if cfg.eagle in (None, "none", ""):
+        return None
+    if cfg.eagle == "auto":
+        shipped = SHIPPED_HEADS / src.name
+        return shipped if src.kind == "default" and (shipped / "config.json").exists() else None
+    path = Path(cfg.eagle)
+    if not path.is_dir():
+        raise ExportError(f"--eagle {cfg.eagle}: not a folder. Hint: train one with `edgespec train-eagle "
+                          f"--out {cfg.eagle}` or pass --eagle none")
+    return path
+
+
+def _write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, index_t: dict,
+                 opts: GraphOptions, widths: list[int], chunk: int):
+    """eagle.weights + eagle.onnx (the head reads the target's embedding in place); manifest entry."""
+    import onnx
+    from edgespec.export.eagle import HeadFormatError, read_head
+    from edgespec.export.eagle_graph import EagleGraphWriter
+
+    try:
+        hc, arrays = read_head(head_dir, arch.hidden_size, arch.vocab_size)
+    except HeadFormatError as e:
+        raise ExportError(str(e)) from e
+    ew = EagleGraphWriter(arch, hc, arrays, writer.reference["lm_head.weight"], opts)
+    index_e = write_weights(ew.store.arrays | {"d2t": ew.d2t}, folder / "eagle.weights")
+    embed = writer.store.arrays["embed"]
+    model = ew.build("eagle.weights", {k: v["offset"] for k, v in index_e.items()},
+                     embed=("target.weights", index_t["embed"]["offset"], embed))
+    onnx.save(model, folder / "eagle.onnx")
+    kv_dtype = ew.dtype.name
+    kv_w = ew.arch.n_kv_heads * ew.arch.head_dim
+    used = {i.name for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL}
+    tensors = {k: v for k, v in index_e.items() if k in used} | {"embed": index_t["embed"] | {"file": "target.weights"}}
+    graphs = [{"phase": _phase(w, chunk), "width": w, "file": "eagle.onnx",
+               "inputs": [{"name": "input_ids", "shape": [1, w], "dtype": "int64"},
+                          {"name": "positions", "shape": [1, w], "dtype": "int64"},
+                          {"name": "past_len", "shape": [1], "dtype": "int64"},
+                          {"name": "features", "shape": [1, w, arch.hidden_size], "dtype": kv_dtype},
+                          {"name": "past_key_0", "shape": ["S", kv_w], "dtype": kv_dtype},
+                          {"name": "past_value_0", "shape": ["S", kv_w], "dtype": kv_dtype}],
+               "outputs": [{"name": "logits", "shape": [1, w, hc.draft_vocab_size], "dtype": "float32"},
+                           {"name": "new_kv", "shape": [1, 2, w, kv_w], "dtype": kv_dtype},
+                           {"name": "hidden", "shape": [1, w, arch.hidden_size], "dtype": kv_dtype}]}
+              for w in widths]
+    head_meta = json.loads((head_dir / "config.json").read_text()).get("eagle", {})
+    entry = {"kind": "eagle", "precision": ew.opts.precision,
+             "architecture": ew.arch.to_manifest() | {"n_layers": 1, "vocab_size": hc.draft_vocab_size},
+             "kv_dtype": kv_dtype, "window": "S >= past_len + T",
+             "weights": {"file": "eagle.weights", "tensors": tensors},
+             "d2t": index_e["d2t"] | {"file": "eagle.weights"},
+             "head": {"source": str(head_dir), "draft_vocab_size": hc.draft_vocab_size,
+                      "target_vocab_size": arch.vocab_size, "trained": head_meta},
+             "graphs": graphs}
+    return ew, entry
+
+
+def _validate_eagle(folder: Path, ew, ref_target, tokens: np.ndarray) -> dict[str, float]:
+    """ORT head vs the PyTorch head (same dequantized weights) on the target's real features."""
+    import torch
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.eagle import build_head
+
+    man = mf.load_manifest(folder)
+    engine = OrtModel(man, man.eagle)
+    with torch.no_grad():
+        feats = ref_target.model(torch.from_numpy(tokens[None])).last_hidden_state[0].float().numpy()  # [N, H]
+    ref_arrays = dict(ew.reference) | {"fc.bias": ew.store.arrays["fc_b"].astype(np.float32),
+                                                           "d2t": ew.d2t,
+                                                           "layers.0.post_attention_layernorm.weight":
+                                                               ew.store.arrays["l0.ln2"].astype(np.float32)}
+    if ew.head_cfg.input_layernorm:
+        ref_arrays["layers.0.input_layernorm.weight"] = ew.store.arrays["l0.ln1"].astype(np.float32)
+    if ew.head_cfg.final_norm:
+        ref_arrays["norm.weight"] = ew.store.arrays["final_norm"].astype(np.float32)
+    cos, sin = ew.arch.rope_tables()
+    embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
+    head = build_head(ew.head_cfg, ref_arrays, embed, np.zeros_like(embed), cos, sin)
+    head.lm_head = torch.from_numpy(ew.reference["lm_head_d"])  # the rows the graph uses (int4: dequantized)
+    n = len(tokens) - 1
+    with torch.no_grad():
+        pred = head(torch.from_numpy(tokens[1:][None]), torch.from_numpy(feats[:n][None]),
+                    torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool), n_steps=1)[0]
+        ref = head.logits(pred)[0].numpy()  # [n, Vd]
+    order = [man.prefill_chunk] + [w for w in man.eagle.widths() if w != man.prefill_chunk]
+    diffs, past = {}, 0
+    for w in order:
+        if past + w > n:
+            break
+        got = engine.forward(tokens[1 + past:1 + past + w], past, features=feats[past:past + w])
+        diffs[f"{man.eagle.graph_for(w).phase}_t{w}"] = float(np.abs(got - ref[past:past + w]).max())
+        engine.commit(past, w)
+        past += w
+    worst = max(diffs, key=diffs.get)
+    tol = _tolerance(ew.opts)
+    if diffs[worst] > tol:
+        raise ExportError(f"EAGLE head graph at {worst}: max |ORT - PyTorch| logits = {diffs[worst]:.3g} > "
+                          f"tolerance {tol:g} (all: {diffs}). Please report it with the head's config.json.")
+    return diffs
 
 
 def _draft_writer(cfg: ExportConfig, arch: ArchSpec, hf_w, model, tok, opts: GraphOptions):

@@ -250,15 +250,12 @@ class LlamaGraphWriter:
         return out, new_k, new_v
 
     # ---- graph ---------------------------------------------------------------------------------
-    def build(self, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
-        """The model graph (T symbolic); initializers point into the shared weights file.
-
-        The cache window fed as past_key/past_value must cover the new rows: S >= past_len + T.
-        """
+    def _prologue(self, b: _Builder) -> tuple[dict, str, str, str]:
+        """Constants, the [Hq*T, S] causal mask, the new-slot placement and rope rows of the
+        positions; returns (slots, mask, cos, sin)."""
         a = self.arch
-        b = _Builder(self.store, self.dtype)
         f = self.dtype
-        L, n_q, n_kv, d = self.n_layers, a.n_heads, a.n_kv_heads, a.head_dim
+        n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
         kv_w = n_kv * d
         # constants
         b.const("two", np.array(2.0, f))
@@ -305,40 +302,46 @@ class LlamaGraphWriter:
                  "is_new_row": b.op("Unsqueeze", [is_new, "axis0"], "/slots/is_new_row"),  # [1, S]
                  "pad_rows": pad_rows, "pad_cols": pad_cols}
 
-        ids = b.op("Reshape", ["input_ids", b.const("shape_T", np.array([-1], np.int64))], "/ids_flat")
-        pos = b.op("Reshape", ["positions", "shape_T"], "/pos_flat")
-        x = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
+        pos = b.op("Reshape", ["positions", b.const("shape_T", np.array([-1], np.int64))], "/pos_flat")
         cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/rope/cos"), "axis1"],
                    "/rope/cos_unsq")  # [T, 1, D]
         sin = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_sin"), pos], "/rope/sin"), "axis1"],
                    "/rope/sin_unsq")
 
-        new_rows = []
-        for i in range(L):
-            p = f"/layers.{i}"
-            h = self._rms_norm(b, x, f"l{i}.ln1", p + "/ln1", "eps")
-            attn, new_k, new_v = self._attention(b, i, h, cos, sin, mask, slots)
-            x = b.op("Add", [x, attn], p + "/res1")
-            h = self._rms_norm(b, x, f"l{i}.ln2", p + "/ln2", "eps")
-            gu = self._matmul(b, h, f"l{i}.gate_up", a.hidden_size, 2 * a.intermediate_size)
-            g, u = b.op("Split", [gu, b.const(f"gu_split_{i}", np.array([a.intermediate_size] * 2,
-                                                                          np.int64))],
-                        p + "/mlp/Split", n_out=2, axis=-1)
-            act = b.op("Mul", [b.op("Mul", [g, b.op("Sigmoid", [g], p + "/mlp/Sigmoid")], p + "/mlp/SiLU"), u],
-                       p + "/mlp/GLU")
-            x = b.op("Add", [x, self._matmul(b, act, f"l{i}.down", a.intermediate_size, a.hidden_size)],
-                     p + "/res2")
-            new_rows += [b.op("Unsqueeze", [new_k, "axis0"], p + "/k_row"),
-                         b.op("Unsqueeze", [new_v, "axis0"], p + "/v_row")]
-        hidden = self._rms_norm(b, x, "final_norm", "/final_norm", "eps")  # [T, H]
-        logits = self._matmul(b, hidden, "lm_head", a.hidden_size, a.vocab_size)  # [T, V]
+        return slots, mask, cos, sin
+
+    def _layer(self, b: _Builder, i, x: str, cos: str, sin: str, mask: str, slots: dict,
+               ln1: bool = True) -> tuple[str, list[str]]:
+        """One pre-norm decoder layer; returns (x, [k_row, v_row] each [1, T, Hkv*D])."""
+        a = self.arch
+        p = f"/layers.{i}"
+        h = self._rms_norm(b, x, f"l{i}.ln1", p + "/ln1", "eps") if ln1 else x
+        attn, new_k, new_v = self._attention(b, i, h, cos, sin, mask, slots)
+        x = b.op("Add", [x, attn], p + "/res1")
+        h = self._rms_norm(b, x, f"l{i}.ln2", p + "/ln2", "eps")
+        gu = self._matmul(b, h, f"l{i}.gate_up", a.hidden_size, 2 * a.intermediate_size)
+        g, u = b.op("Split", [gu, b.const(f"gu_split_{i}", np.array([a.intermediate_size] * 2, np.int64))],
+                    p + "/mlp/Split", n_out=2, axis=-1)
+        act = b.op("Mul", [b.op("Mul", [g, b.op("Sigmoid", [g], p + "/mlp/Sigmoid")], p + "/mlp/SiLU"), u],
+                   p + "/mlp/GLU")
+        x = b.op("Add", [x, self._matmul(b, act, f"l{i}.down", a.intermediate_size, a.hidden_size)], p + "/res2")
+        return x, [b.op("Unsqueeze", [new_k, "axis0"], p + "/k_row"), b.op("Unsqueeze", [new_v, "axis0"], p + "/v_row")]
+
+    def _finish(self, b: _Builder, n_layers: int, new_rows: list[str], logits: str, hidden: str, n_logits: int,
+                extra_inputs: list, weights_location: str, offsets: dict[str, int],
+                locations: dict[str, tuple[str, int]] | None = None) -> onnx.ModelProto:
+        """Outputs logits [1, T, n_logits], new_kv [L, 2, T, Hkv*D], hidden [1, T, H]; the model.
+        locations: weights kept in another file (name -> (file, offset, array))."""
+        a = self.arch
+        f = self.dtype
+        L, kv_w = n_layers, a.n_kv_heads * a.head_dim
         if f != np.float32:
             logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
         kv = b.op("Concat", new_rows, "/new_kv/Concat", axis=0)  # [2L, T, Hkv*D]
         b.nodes.append(helper.make_node("Reshape", [kv, b.const("shape_new_kv", np.array(
             [L, 2, -1, kv_w], np.int64))], ["new_kv"], name="/new_kv/Reshape"))
         b.nodes.append(helper.make_node("Reshape", [logits, b.const("shape_logits", np.array(
-            [1, -1, a.vocab_size], np.int64))], ["logits"], name="/logits/Reshape"))
+            [1, -1, n_logits], np.int64))], ["logits"], name="/logits/Reshape"))
         b.nodes.append(helper.make_node("Reshape", [hidden, b.const("shape_hidden", np.array(
             [1, -1, a.hidden_size], np.int64))], ["hidden"], name="/hidden/Reshape"))
 
@@ -346,20 +349,23 @@ class LlamaGraphWriter:
         T = "T"
         inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, T]),
                   helper.make_tensor_value_info("positions", TensorProto.INT64, [1, T]),
-                  helper.make_tensor_value_info("past_len", TensorProto.INT64, [1])]
+                  helper.make_tensor_value_info("past_len", TensorProto.INT64, [1])] + extra_inputs
         for i in range(L):
             inputs += [helper.make_tensor_value_info(f"past_key_{i}", kv_type, ["S", kv_w]),
                        helper.make_tensor_value_info(f"past_value_{i}", kv_type, ["S", kv_w])]
-        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, a.vocab_size]),
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, n_logits]),
                    helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
                    helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size])]
         inits = []
+        locations = locations or {}
         for name in sorted(b.used_weights):
-            arr = self.store.arrays[name]
+            if name in locations:  # (file, offset, array of the same dtype and shape)
+                file, offset, arr = locations[name]
+            else:
+                file, offset, arr = weights_location, offsets[name], self.store.arrays[name]
             t = TensorProto(name=name, data_type=_NP_TO_ONNX[arr.dtype], dims=arr.shape)
             t.data_location = TensorProto.EXTERNAL
-            for key, val in (("location", weights_location), ("offset", str(offsets[name])),
-                             ("length", str(arr.nbytes))):
+            for key, val in (("location", file), ("offset", str(offset)), ("length", str(arr.nbytes))):
                 entry = t.external_data.add()
                 entry.key, entry.value = key, val
             inits.append(t)
@@ -369,3 +375,21 @@ class LlamaGraphWriter:
                                   producer_name="edgespec")
         model.ir_version = 8
         return model
+
+    def build(self, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
+        """The model graph (T symbolic); initializers point into the shared weights file.
+
+        The cache window fed as past_key/past_value must cover the new rows: S >= past_len + T.
+        """
+        a = self.arch
+        b = _Builder(self.store, self.dtype)
+        slots, mask, cos, sin = self._prologue(b)
+        ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
+        x = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
+        new_rows = []
+        for i in range(self.n_layers):
+            x, rows = self._layer(b, i, x, cos, sin, mask, slots)
+            new_rows += rows
+        hidden = self._rms_norm(b, x, "final_norm", "/final_norm", "eps")  # [T, H]
+        logits = self._matmul(b, hidden, "lm_head", a.hidden_size, a.vocab_size)  # [T, V]
+        return self._finish(b, self.n_layers, new_rows, logits, hidden, a.vocab_size, [], weights_location, offsets)

@@ -122,7 +122,105 @@ class ModelDrafter:
         self.dft_past = min(self.dft_past, n_old + n_acc)
 
 
-def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig()):
+class EagleDrafter:
+    """EAGLE: a one-layer head drafts from the target's own features (chain).
+
+    Head row j holds the pair (f_j, token_{j+1}), f_j = the target's hidden state at position j
+    (`tgt_features`, kept current by the generator). Its output predicts f_{j+1} and so
+    token_{j+2}. One step: catch up on the pairs the target has verified since the last step (one
+    call, true features; its last row drafts d_1), then k-1 calls that feed the head its own
+    predicted feature: (f^_{n-1}, d_1) -> d_2, ... Those speculative rows sit past `dft_past` and
+    are overwritten by the next catch-up, so rejection needs no rollback work.
+    """
+
+    name = "eagle"
+
+    def __init__(self, head, d2t: np.ndarray, tgt_features: np.ndarray, target_vocab: int,
+                 sampling: SamplingConfig | None = None) -> None:
+        self.head, self.d2t, self.tgt_features = head, d2t, tgt_features
+        self.sampling = sampling or SamplingConfig()
+        self.rng = np.random.default_rng(self.sampling.seed)
+        self.dft_past = 0  # head rows holding true pairs 0..dft_past-1
+        self._feat = np.zeros((1, tgt_features.shape[1]), tgt_features.dtype)  # f^ fed back
+        self._full = np.full(target_vocab, -np.inf, np.float32)  # head logits scattered to the target vocab
+        self._q = np.zeros((64, target_vocab), np.float64)
+
+    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
+        self.sampling, self.rng = sampling, rng
+
+    def start(self, seq: SeqState, n_cached: int = 0) -> None:
+        # pair j needs tokens j, j+1 of the common prefix and f_j: valid for j <= n_cached - 2
+        self.dft_past = min(self.dft_past, max(n_cached - 1, 0))
+
+    def _choose(self, logits: np.ndarray, i: int) -> int:
+        if self.sampling.greedy:
+            return int(self.d2t[logits.argmax()])
+        self._full[self.d2t] = logits
+        self._q[i] = probs(self._full, self.sampling)
+        return sample(self._q[i], self.rng)
+
+    def propose(self, seq: SeqState, k: int):
+        n, toks, head = seq.n, seq.tokens, self.head
+        k = min(k, head.max_len - n)
+        if k <= 0:
+            return 0, None
+        j0 = self.dft_past  # catch up: pairs j0..n-2 (true features), at least the pending one
+        self.dft_past, logits = prefill(head, toks[j0 + 1:n], j0, features=self.tgt_features[j0:n - 1])
+        self._feat[0] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]  # last row of the last chunk
+        slots = seq.draft_slots(k)
+        for i in range(k):
+            slots[i] = self._choose(logits, i)
+            if i + 1 < k:  # speculative row at slot n-1+i: (f^, d_{i+1})
+                logits = head.forward(slots[i:i + 1], n - 1 + i, features=self._feat)[-1]
+                head.commit(n - 1 + i, 1)
+                self._feat[0] = head.last_hidden(1)[0]
+        return k, (None if self.sampling.greedy else self._q[:k])
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        pass  # the speculative rows lie past dft_past = n_old - 1 already
+
+
+class HybridDrafter:
+    """Prompt lookup where the context has a match (it copies long spans for free), the EAGLE head
+    elsewhere (new text). The head still catches up on every verified token, so it is ready."""
+
+    name = "hybrid"
+
+    def __init__(self, ngram: NgramDrafter, eagle: EagleDrafter) -> None:
+        self.ngram, self.eagle = ngram, eagle
+        self.n_ngram = self.n_eagle = 0  # steps drafted by each (stats)
+
+    @property
+    def dft_past(self) -> int:
+        return self.eagle.dft_past
+
+    @dft_past.setter
+    def dft_past(self, value: int) -> None:
+        self.eagle.dft_past = value
+
+    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
+        self.eagle.configure(sampling, rng)
+
+    def start(self, seq: SeqState, n_cached: int = 0) -> None:
+        self.eagle.start(seq, n_cached)
+
+    def propose(self, seq: SeqState, k: int):
+        m, q = self.ngram.propose(seq, k)
+        if m > 0:
+            self.n_ngram += 1
+            return m, q
+        self.n_eagle += 1
+        return self.eagle.propose(seq, k)
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        self.eagle.accepted(seq, n_old, n_acc)
+
+
+DRAFTERS = ("none", "ngram", "draft", "eagle", "hybrid")
+
+
+def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig(), eagle=None):
+    """eagle: (head engine, d2t [Vd], target feature buffer [slots, H], target vocab) or None."""
     if name == "none":
         return NoDrafter()
     if name in ("ngram", "prompt_lookup"):
@@ -131,4 +229,10 @@ def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig(
         if draft_engine is None:
             raise ValueError("drafter 'draft' needs an engine folder exported with --draft")
         return ModelDrafter(draft_engine)
-    raise ValueError(f"unknown drafter {name!r}; choose none, ngram or draft")
+    if name in ("eagle", "hybrid"):
+        if eagle is None:
+            raise ValueError(f"drafter {name!r} needs an engine folder with an EAGLE head (exported with "
+                             "--eagle HEAD_DIR; the default model's export includes one)")
+        e = EagleDrafter(*eagle)
+        return e if name == "eagle" else HybridDrafter(NgramDrafter(ngram), e)
+    raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")

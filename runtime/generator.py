@@ -17,7 +17,7 @@ import numpy as np
 from edgespec.engines.base import prefill
 from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import AdaptiveK
-from edgespec.runtime.drafters import ModelDrafter, NgramConfig, make_drafter
+from edgespec.runtime.drafters import NgramConfig, make_drafter
 from edgespec.runtime.state import SeqState
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import StreamDecoder, TextCodec
@@ -30,13 +30,20 @@ class PromptTooLongError(ValueError):
 
 @dataclass(frozen=True)
 class GeneratorConfig:
-    drafter: str = "ngram"  # none | ngram | draft
+    drafter: str = "ngram"  # none | ngram | draft | eagle | hybrid
     k: int = 4  # num_speculative_tokens per step (<= the folder's num_speculative_tokens)
     provider: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider)
     threads: int | None = None  # intra-op threads (None: physical cores)
     ngram: NgramConfig = NgramConfig()  # prompt-lookup sizes
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
     adaptive: bool = False  # choose k per step from measured costs and acceptance (k = the maximum)
+
+
+def load_d2t(manifest: Manifest) -> np.ndarray:
+    """The EAGLE head's draft id -> target id map [Vd] (int64), read from its weights file."""
+    w = manifest.eagle.d2t
+    raw = np.fromfile(manifest.path(w.file or manifest.eagle.weights_file), np.uint8, w.nbytes, offset=w.offset)
+    return raw.view(np.int64).copy()
 
 
 def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
@@ -52,15 +59,22 @@ def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
 
 class Generator:
     def __init__(self, manifest: Manifest, target, cfg: GeneratorConfig, draft_engine=None,
-                 codec: TextCodec | None = None) -> None:
+                 codec: TextCodec | None = None, eagle_engine=None) -> None:
         self.manifest = manifest
         self.target = target
         self.draft_engine = draft_engine
+        self.eagle_engine = eagle_engine
         self.codec = codec
         self.cfg = cfg
         self.last_stats = GenerationStats()
-        self.set_drafter(cfg.drafter, cfg.k)
         n_slots = target.max_len + max(target.widths)
+        # the target's hidden state at every position (EAGLE drafts from them), kept current
+        # by prefill and after every verify whatever the drafter, so a drafter switch finds them
+        self._tgt_features = None
+        if eagle_engine is not None:
+            self._tgt_features = np.zeros((n_slots, manifest.target.hidden_size), np.float32)
+            self._d2t = load_d2t(manifest)
+        self.set_drafter(cfg.drafter, cfg.k)
         self._tokens = np.zeros(n_slots, np.int64)  # the sequence buffer, reused by every call
         self.last_step = (0, 0)  # (drafted, accepted) of the step whose tokens were last yielded
         self._tgt_valid = 0  # target KV rows that hold self._tokens[:_tgt_valid] (prefix reuse)
@@ -78,10 +92,15 @@ class Generator:
         draft = None
         if manifest.draft:  # the draft may run elsewhere (draft_provider: e.g. CPU beside a GPU target)
             draft = make_engine(manifest, manifest.draft, draft_provider or provider, threads)
-        g = cls(manifest, target, cfg, draft, TextCodec(manifest))
+        eagle = None
+        if manifest.eagle:  # the head alternates with the target: same placement rule as a draft
+            eagle = make_engine(manifest, manifest.eagle, draft_provider or provider, threads)
+        g = cls(manifest, target, cfg, draft, TextCodec(manifest), eagle)
         target.load_widths([1, manifest.prefill_chunk] + list(range(2, g.k + 2)))
         if draft is not None and drafter == "draft":
             draft.load_widths([1, manifest.prefill_chunk])
+        if eagle is not None and drafter in ("eagle", "hybrid"):
+            eagle.load_widths([1, manifest.prefill_chunk] + list(range(2, g.k + 2)))
         return g
 
     def set_drafter(self, name: str, k: int | None = None) -> None:
@@ -93,7 +112,10 @@ class Generator:
         if name != "none" and not 1 <= k <= k_max:
             raise ValueError(f"k={k} outside 1..{k_max}: this folder has verify graphs up to "
                              f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
-        self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram)
+        eagle = None
+        if self.eagle_engine is not None:
+            eagle = (self.eagle_engine, self._d2t, self._tgt_features, self.manifest.target.vocab_size)
+        self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram, eagle)
         self.k = 0 if name == "none" else k
         self.adaptive = None
         if self.cfg.adaptive and self.k > 0:
@@ -132,7 +154,7 @@ class Generator:
             raise PromptTooLongError(f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
                                      f"(max_len); shorten it or re-export with --max-len > {n_prompt}")
         rng = np.random.default_rng(sampling.seed)
-        if isinstance(drafter, ModelDrafter):
+        if hasattr(drafter, "configure"):
             drafter.configure(sampling, rng)
         st = self.last_stats = GenerationStats(drafter=drafter.name, k=self.k, n_prompt=n_prompt,
                                                    adaptive=self.adaptive is not None and sampling.greedy)
@@ -167,7 +189,8 @@ class Generator:
         seq = SeqState(tokens=self._tokens, n=n_prompt, n_prompt=n_prompt, tgt_past=0)
         self._seq = seq
         seq.tokens[:n_prompt] = prompt_ids
-        seq.tgt_past, last = prefill(tgt, seq.tokens[n_cached:n_prompt], n_cached)
+        feats = self._tgt_features
+        seq.tgt_past, last = prefill(tgt, seq.tokens[n_cached:n_prompt], n_cached, hidden_out=feats)
         first = int(last.argmax()) if sampling.greedy else sample(probs(last, sampling), rng)
         seq.tokens[seq.n] = first
         seq.n += 1
@@ -196,6 +219,8 @@ class Generator:
             else:
                 n_acc, nxt = accept_sampled(draft, dft_q, tgt_logits, sampling, rng)
             tgt.commit(seq.tgt_past, n_acc + 1)  # commit: rows of [pending, d_1..d_n_acc]
+            if feats is not None:  # their features too (EAGLE's next catch-up reads them)
+                feats[seq.tgt_past:seq.tgt_past + n_acc + 1] = tgt.last_hidden(n_acc + 1)
             n_old = seq.n
             seq.tokens[n_old + n_acc] = nxt
             seq.n += n_acc + 1

@@ -1,0 +1,129 @@
+"""Self-distillation data for drafter heads: the target's own greedy answers + its features.
+
+The target (with the exact weights the engine runs: int4 dequantized) answers the prompts of
+`eagle_prompts` in batches (left-padded `generate`, greedy); the hidden states it computed along
+the way (post final norm, what the ONNX graphs output as `hidden`) are kept for every position.
+One shard per batch, so an interrupted run resumes at the next batch:
+  shard-00012.npz  tokens [N] int32, features [N, H] float16, starts [B+1] int64 (sequence
+                   boundaries), n_prompt [B] int64 (prompt tokens of each sequence)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    out: str  # folder for shards + prompts.jsonl
+    target: str | None = None  # model source (None: default SmolLM2)
+    n_general: int = 900  # general chat prompts
+    n_code_chat: int = 500  # programming chat prompts
+    n_completion: int = 600  # raw code-completion prompts (stdlib signatures + docstrings)
+    max_new_tokens: int = 192  # answer length cap per prompt
+    batch: int = 48  # prompts generated together
+    max_prompt: int = 384  # longer prompts are skipped
+    threads: int | None = None  # torch threads (None: torch's default)
+    seed: int = 0  # prompt shuffling
+
+
+def reference_model(target: str | None):
+    """(model, tokenizer) computing with the weights the default int4 engine uses."""
+    from edgespec.export import sources
+    from edgespec.export.arch import arch_from_config
+    from edgespec.export.exporter import _hf_weights, _reference_model
+    from edgespec.export.graph import GraphOptions, LlamaGraphWriter
+
+    model, tok = sources.load(sources.resolve(target))
+    writer = LlamaGraphWriter(arch_from_config(model.config, 2048), _hf_weights(model), GraphOptions("int4"))
+    return _reference_model(model, writer), tok
+
+
+def encode(tok, row: dict) -> list[int]:
+    """The ids the runtime's TextCodec makes of a prompt row (raw text or chat messages)."""
+    if "messages" in row:
+        text = tok.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False).input_ids
+    return tok(row["prompt"]).input_ids
+
+
+def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
+    import torch
+    from edgespec.export.eagle_prompts import build_prompts
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = build_prompts(cfg.n_general, cfg.n_code_chat, cfg.n_completion, cfg.seed)
+    with open(out / "prompts.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    model, tok = reference_model(cfg.target)
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    ids = [encode(tok, r) for r in rows]
+    order = sorted((i for i in range(len(ids)) if len(ids[i]) <= cfg.max_prompt), key=lambda i: len(ids[i]))
+    batches = [order[i:i + cfg.batch] for i in range(0, len(order), cfg.batch)]
+    t0, n_tok = time.perf_counter(), 0
+    for b, idx in enumerate(batches):
+        path = out / f"shard-{b:05d}.npz"
+        if path.exists():
+            continue
+        n_p = max(len(ids[i]) for i in idx)
+        inp = torch.full((len(idx), n_p), pad, dtype=torch.long)
+        mask = torch.zeros((len(idx), n_p), dtype=torch.long)
+        for r, i in enumerate(idx):
+            inp[r, n_p - len(ids[i]):] = torch.tensor(ids[i])
+            mask[r, n_p - len(ids[i]):] = 1
+        with torch.inference_mode():
+            g = model.generate(input_ids=inp, attention_mask=mask, max_new_tokens=cfg.max_new_tokens,
+                               do_sample=False, pad_token_id=pad, output_hidden_states=True,
+                               return_dict_in_generate=True)
+        # features: step 0 holds the prompt positions, every later step one new position
+        feats = torch.cat([g.hidden_states[0][-1]] + [h[-1] for h in g.hidden_states[1:]], dim=1)
+        toks, fts, starts, n_prompt = [], [], [0], []
+        for r, i in enumerate(idx):
+            new = g.sequences[r, n_p:].tolist()
+            n_new = next((j + 1 for j, t in enumerate(new) if t in eos), len(new))
+            seq = ids[i] + new[:n_new]
+            f = feats[r, n_p - len(ids[i]):n_p - len(ids[i]) + len(seq)]
+            seq = seq[:f.shape[0]]  # the last generated token has no feature yet
+            toks.append(np.array(seq, np.int32))
+            fts.append(f.float().numpy().astype(np.float16))
+            starts.append(starts[-1] + len(seq))
+            n_prompt.append(len(ids[i]))
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, tokens=np.concatenate(toks), features=np.concatenate(fts),
+                 starts=np.array(starts, np.int64), n_prompt=np.array(n_prompt, np.int64))
+        tmp.rename(path)
+        n_tok += starts[-1]
+        if progress:
+            dt = time.perf_counter() - t0
+            print(f"[data] batch {b + 1}/{len(batches)}: {starts[-1]} tokens, {n_tok / dt:.0f} tok/s overall, "
+                  f"{dt / 60:.1f} min", file=sys.stderr, flush=True)
+    (out / "done").write_text(f"{len(batches)} batches\n")
+    return out
+
+
+def load_shards(folder: str | Path):
+    """(tokens [N] int32, features [N, H] float16, starts [S+1], n_prompt [S]) over all shards."""
+    toks, fts, starts, n_prompt, base = [], [], [0], [], 0
+    for p in sorted(Path(folder).glob("shard-*.npz")):
+        if ".tmp" in p.name:
+            continue
+        z = np.load(p)
+        toks.append(z["tokens"])
+        fts.append(z["features"])
+        starts.extend((z["starts"][1:] + base).tolist())
+        n_prompt.extend(z["n_prompt"].tolist())
+        base += int(z["starts"][-1])
+    if not toks:
+        raise FileNotFoundError(f"no shard-*.npz in {folder}; generate data first (edgespec train-eagle makes it)")
+    return np.concatenate(toks), np.concatenate(fts), np.array(starts, np.int64), np.array(n_prompt, np.int64)

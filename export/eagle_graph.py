@@ -1,0 +1,82 @@
+"""The EAGLE head as a static-shape ONNX graph, built from the same pieces as the decoders.
+
+  inputs   input_ids [1, T] (token_{j+1}), positions [1, T] (j), past_len [1],
+           features [1, T, H] (f_j: the target's hidden state, or the head's own prediction),
+           past_key_0, past_value_0 [S, Hkv*D] (the head's one layer of KV)
+  outputs  logits [1, T, Vd] over the draft vocabulary (map with d2t), new_kv [1, 2, T, Hkv*D],
+           hidden [1, T, H] (the predicted feature f^_{j+1}, fed back for the next draft step)
+The embedding is the target's: the graph reads it from the target's weights file (one mapped
+copy). fc, the layer and the draft-vocabulary LM head rows live in the head's own weights file,
+int4 when the target is int4 (a draft only has to be cheap and usually right).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from edgespec.export.arch import ArchSpec
+from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder
+from onnx import helper
+
+_LAYER = "layers.0."
+
+
+class EagleGraphWriter(LlamaGraphWriter):
+    def __init__(self, target_arch: ArchSpec, head_cfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray,
+                 opts: GraphOptions) -> None:
+        """head_cfg / arrays: from eagle.read_head (float32, d2t absolute); lm_head [V, H]: the
+        target's LM head as its engine computes with it."""
+        self.head_cfg = head_cfg
+        self.d2t = arrays["d2t"]
+        self._lm_rows = lm_head[self.d2t]  # [Vd, H]
+        arch = dataclasses.replace(
+            target_arch, n_layers=1, n_heads=head_cfg.num_attention_heads, n_kv_heads=head_cfg.num_key_value_heads,
+            head_dim=head_cfg.head_dim, intermediate_size=head_cfg.intermediate_size, qkv_bias=False, qk_norm=False)
+        super().__init__(arch, arrays, dataclasses.replace(opts, int4_lm_head=True), n_layers=1)
+
+    def _prepare(self, w: dict[str, np.ndarray]) -> None:
+        f = self.dtype
+        self._linear("fc", w["fc.weight"], "fc.weight")  # [H, 2H]: [embed ; feature] -> H
+        self.store.add("fc_b", w["fc.bias"].astype(f))
+        if self.head_cfg.input_layernorm:
+            self.store.add("l0.ln1", w[_LAYER + "input_layernorm.weight"].astype(f))
+        self.store.add("l0.ln2", w[_LAYER + "post_attention_layernorm.weight"].astype(f))
+        if self.head_cfg.final_norm:
+            self.store.add("final_norm", w["norm.weight"].astype(f))
+        names = [_LAYER + f"self_attn.{n}_proj.weight" for n in "qkv"]
+        self._linear("l0.qkv", np.concatenate([w[n] for n in names]), names)
+        self._linear("l0.o", w[_LAYER + "self_attn.o_proj.weight"], _LAYER + "self_attn.o_proj.weight")
+        names = [_LAYER + "mlp.gate_proj.weight", _LAYER + "mlp.up_proj.weight"]
+        self._linear("l0.gate_up", np.concatenate([w[n] for n in names]), names)
+        self._linear("l0.down", w[_LAYER + "mlp.down_proj.weight"], _LAYER + "mlp.down_proj.weight")
+        self._linear("lm_head_d", self._lm_rows, "lm_head_d")
+        cos, sin = self.arch.rope_tables()
+        self.store.add("rope_cos", cos.astype(f))
+        self.store.add("rope_sin", sin.astype(f))
+
+    def _ref_rows(self, hf_name: str) -> int:
+        if hf_name == "lm_head_d":
+            return len(self.d2t)
+        return super()._ref_rows(hf_name)
+
+    def build(self, weights_location: str, offsets: dict[str, int],
+              embed: tuple[str, int, np.ndarray] | None = None) -> onnx.ModelProto:
+        """embed: (file, offset, array) of the target's embedding table [V, H]."""
+        a = self.arch
+        H = a.hidden_size
+        b = _Builder(self.store, self.dtype)
+        slots, mask, cos, sin = self._prologue(b)
+        ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
+        emb = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
+        feat = b.op("Reshape", ["features", b.const("shape_feat", np.array([-1, H], np.int64))], "/feat_flat")
+        x = self._matmul(b, b.op("Concat", [emb, feat], "/fc/Concat", axis=-1), "fc", 2 * H, H)  # [T, H]
+        x = b.op("Add", [x, b.weight("fc_b")], "/fc/bias")
+        x, rows = self._layer(b, 0, x, cos, sin, mask, slots, ln1=self.head_cfg.input_layernorm)
+        if self.head_cfg.final_norm:
+            x = self._rms_norm(b, x, "final_norm", "/final_norm", "eps")
+        logits = self._matmul(b, x, "lm_head_d", H, len(self.d2t))  # [T, Vd]
+        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
+        return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
+                            locations={"embed": embed} if embed else None)

@@ -1,0 +1,144 @@
+"""EAGLE head: checkpoint layout, export (ORT vs PyTorch), drafters eagle/hybrid lossless."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from edgespec.export.eagle import (  # noqa: E402
+    HeadFormatError,
+    build_head,
+    init_arrays,
+    read_head,
+    save_head,
+)
+
+
+def _tiny_head(model_dir, out, draft_vocab: int | None = None, seed: int = 0, noise: float = 0.0):
+    """A head for a tiny target, saved in the EAGLE layout (random, or a copy of the last layer)."""
+    from edgespec.export.arch import arch_from_config
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    arch = arch_from_config(model.config, 256)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    V = arch.vocab_size
+    d2t = np.arange(V) if draft_vocab is None else np.sort(np.random.default_rng(seed).choice(V, draft_vocab, False))
+    hc, arrays = init_arrays(arch, sd, d2t.astype(np.int64), seed)
+    rng = np.random.default_rng(seed + 1)
+    for k, v in arrays.items():
+        if k != "d2t" and noise:
+            arrays[k] = (v + rng.normal(0, noise, v.shape)).astype(np.float32)
+    cos, sin = arch.rope_tables()
+    embed = sd["model.embed_tokens.weight"]
+    lm = sd.get("lm_head.weight", embed)
+    head = build_head(hc, arrays, embed, lm, cos, sin)
+    save_head(head, out)
+    return out, head, arch
+
+
+def test_checkpoint_layout_round_trip(tiny_models, tmp_path):
+    from safetensors.numpy import load_file
+
+    folder, head, arch = _tiny_head(tiny_models["llama"], tmp_path / "head", draft_vocab=40, noise=0.02)
+    names = set(load_file(str(folder / "model.safetensors")))
+    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight",
+            "layers.0.post_attention_layernorm.weight", "d2t"} <= names
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == 40
+    hc, arrays = read_head(folder, arch.hidden_size, arch.vocab_size)
+    assert np.array_equal(arrays["d2t"], head.d2t.numpy())
+    np.testing.assert_allclose(arrays["fc.weight"], head.fc.weight.detach().numpy(), atol=1e-3)  # fp16
+    with pytest.raises(HeadFormatError, match="hidden size"):
+        read_head(folder, arch.hidden_size * 2, arch.vocab_size)
+    with pytest.raises(HeadFormatError, match="vocab"):
+        read_head(folder, arch.hidden_size, arch.vocab_size + 1)
+
+
+def test_reads_an_eagle1_checkpoint_without_input_norm(tiny_models, tmp_path):
+    """A head as EAGLE-1 publishes them: pytorch_model.bin, no input_layernorm, no d2t, fc with bias."""
+    from edgespec.export.arch import arch_from_config
+    from transformers import AutoConfig
+
+    arch = arch_from_config(AutoConfig.from_pretrained(tiny_models["llama"]), 256)
+    H, I, d = arch.hidden_size, arch.intermediate_size, arch.head_dim
+    g = torch.Generator().manual_seed(0)
+    sd = {"fc.weight": torch.randn(H, 2 * H, generator=g) * 0.05, "fc.bias": torch.zeros(H),
+          "embed_tokens.weight": torch.randn(arch.vocab_size, H, generator=g),
+          "layers.0.self_attn.q_proj.weight": torch.randn(arch.n_heads * d, H, generator=g) * 0.05,
+          "layers.0.self_attn.k_proj.weight": torch.randn(arch.n_kv_heads * d, H, generator=g) * 0.05,
+          "layers.0.self_attn.v_proj.weight": torch.randn(arch.n_kv_heads * d, H, generator=g) * 0.05,
+          "layers.0.self_attn.o_proj.weight": torch.randn(H, arch.n_heads * d, generator=g) * 0.05,
+          "layers.0.mlp.gate_proj.weight": torch.randn(I, H, generator=g) * 0.05,
+          "layers.0.mlp.up_proj.weight": torch.randn(I, H, generator=g) * 0.05,
+          "layers.0.mlp.down_proj.weight": torch.randn(H, I, generator=g) * 0.05,
+          "layers.0.post_attention_layernorm.weight": torch.ones(H)}
+    folder = tmp_path / "eagle1"
+    folder.mkdir()
+    torch.save(sd, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": H, "intermediate_size": I,
+        "num_attention_heads": arch.n_heads, "num_key_value_heads": arch.n_kv_heads, "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-6, "vocab_size": arch.vocab_size, "bias": True}))
+    hc, arrays = read_head(folder, H, arch.vocab_size)
+    assert not hc.input_layernorm and hc.draft_vocab_size == arch.vocab_size
+    assert np.array_equal(arrays["d2t"], np.arange(arch.vocab_size))
+    (folder / "pytorch_model.bin").unlink()
+    from safetensors.torch import save_file
+
+    save_file({"midlayer.fc.weight": sd["fc.weight"]}, str(folder / "model.safetensors"))
+    with pytest.raises(HeadFormatError, match="EAGLE-3"):
+        read_head(folder, H, arch.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def eagle_engine(tiny_models, tmp_path_factory):
+    from edgespec.export.exporter import ExportConfig, export
+
+    root = tmp_path_factory.mktemp("eagle")
+    head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    return export(ExportConfig(target=str(tiny_models["llama"]), eagle=str(head_dir), out=str(root / "engine"),
+                               max_len=256, k=6, prefill_chunk=16, kv_bucket=32, precision="fp32", progress=False))
+
+
+def test_export_lists_and_validates_the_head(eagle_engine):
+    from edgespec.engines.manifest import load_manifest
+
+    m = load_manifest(eagle_engine)
+    assert m.eagle is not None and m.eagle.vocab_size == 48 and m.eagle.n_layers == 1
+    assert "eagle" in m.raw["drafters"] and "hybrid" in m.raw["drafters"]
+    assert m.eagle.weights["embed"].file == "target.weights"  # the target's table, not a copy
+    assert max(m.eagle.validation.values()) < 2e-3  # ORT head vs PyTorch head, fp32
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "hybrid"])
+def test_eagle_greedy_identical_to_plain(eagle_engine, drafter):
+    from edgespec.runtime.generator import Generator
+
+    g = Generator.load(eagle_engine, drafter="none", k=1, adaptive=False)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 60, n) for n in (5, 23, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
+    plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 48)]) for p in prompts]
+    for k in (1, 3, 6):
+        g.set_drafter(drafter, k)
+        for p, ref in zip(prompts, plain, strict=True):
+            out = np.concatenate([x.copy() for x in g.generate_ids(p, 48)])
+            assert np.array_equal(out, ref), (drafter, k, p)
+        assert g.last_stats.n_drafted > 0
+
+
+def test_eagle_features_survive_prefix_reuse_and_drafter_switch(eagle_engine):
+    """Prompt prefix reuse across calls keeps the target features the head drafts from."""
+    from edgespec.runtime.generator import Generator
+
+    g = Generator.load(eagle_engine, drafter="none", k=4, adaptive=False)
+    a = np.arange(3, 40)
+    b = np.concatenate([a, np.arange(40, 50)])
+    ref = np.concatenate([x.copy() for x in g.generate_ids(b, 30)])
+    list(g.generate_ids(a, 10))
+    g.set_drafter("eagle", 4)
+    out = np.concatenate([x.copy() for x in g.generate_ids(b, 30)])
+    assert g.last_stats.n_prompt_cached > 0
+    assert np.array_equal(out, ref)
