@@ -71,6 +71,11 @@ def _add_generate(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 discourages repeating context tokens (same rule for draft and target; default 1 = off)")
+    p.add_argument("--typical-epsilon", type=float, default=0.0,
+                   help="LOSSY typical acceptance (Medusa) with this threshold, e.g. 0.09; sampling only. "
+                   "Default 0: exact rejection sampling (output follows the target's distribution)")
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--json", help="also write the stats as JSON to this file")
@@ -267,7 +272,8 @@ def _cmd_generate(a) -> int:
         print(g.last_stats.line(), file=sys.stderr)
         return 0
     for piece in g.stream(prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
-                          top_p=a.top_p, seed=a.seed, stop=a.stop):
+                          top_p=a.top_p, seed=a.seed, stop=a.stop, repetition_penalty=a.repetition_penalty,
+                          typical_epsilon=a.typical_epsilon):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")

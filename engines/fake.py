@@ -24,6 +24,10 @@ class FakeModel:
         self._new = np.zeros(max(self.widths), np.int64)
         self._logits = np.zeros((max(self.widths), self.vocab_size), np.float32)
         self.n_calls = 0
+        self.hidden_size = self.vocab_size  # "hidden state" of a row = its logits (for a fake EAGLE head)
+
+    def last_hidden(self, n: int) -> np.ndarray:
+        return self._logits[:n]
 
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
@@ -45,3 +49,39 @@ class FakeModel:
 
 def random_table(vocab: int, seed: int = 0, sharpness: float = 3.0) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal((vocab, vocab)) * sharpness).astype(np.float32)
+
+
+class FakeEagleHead:
+    """A fake EAGLE head over a reduced draft vocabulary: its logits mix the fed feature (the
+    target's logits, or its own guess) with a token table; its "predicted feature" is a
+    table row. Enough to exercise the eagle drafter's bookkeeping and its real q."""
+
+    def __init__(self, vocab: int, d2t: np.ndarray, max_len: int = 512, widths=tuple(range(1, 10)) + (16,),
+                 seed: int = 5) -> None:
+        rng = np.random.default_rng(seed)
+        self.d2t = np.asarray(d2t, np.int64)
+        self.vocab_size, self.hidden_size = len(self.d2t), vocab
+        self.max_len, self.widths = max_len, tuple(sorted(widths))
+        self.tok_table = rng.standard_normal((vocab, len(self.d2t))).astype(np.float32)
+        self.feat_table = rng.standard_normal((vocab, vocab)).astype(np.float32) * 2
+        self._logits = np.zeros((max(self.widths), len(self.d2t)), np.float32)
+        self._hidden = np.zeros((max(self.widths), vocab), np.float32)
+        self.n_calls = 0
+
+    def width_for(self, n_tokens: int) -> int:
+        return pick_width(self.widths, n_tokens)
+
+    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None) -> np.ndarray:
+        n = len(token_ids)
+        assert features is not None and len(features) == n and past_len + n <= self.max_len
+        self.n_calls += 1
+        for i, tok in enumerate(token_ids):
+            self._logits[i] = 0.7 * features[i][self.d2t] + self.tok_table[tok]
+            self._hidden[i] = self.feat_table[tok]
+        return self._logits[:n]
+
+    def commit(self, past_len: int, n_rows: int) -> None:
+        pass
+
+    def last_hidden(self, n: int) -> np.ndarray:
+        return self._hidden[:n]

@@ -60,6 +60,12 @@ class OrtModel:
         self.vocab_size = spec.vocab_size
         self.widths = tuple(spec.widths())
         self.n_layers = spec.n_layers
+        self.hidden_size = spec.hidden_size
+        self.d2t = None  # an EAGLE head's draft id -> target id map [Vd]
+        if spec.d2t is not None:
+            w = spec.d2t
+            self.d2t = _map_weights(manifest.path(w.file or spec.weights_file))[w.offset:w.offset + w.nbytes].view(
+                np.int64).copy()
         dtype = np.dtype(spec.kv_dtype)
         self.kv = np.zeros((spec.n_layers, 2, self.max_len, spec.kv_width), dtype)  # [L, 2, S_max, Hkv*D]
         self._ids = {w: np.zeros((1, w), np.int64) for w in self.widths}

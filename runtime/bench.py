@@ -122,6 +122,8 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
                        ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max), draft_provider=cfg.draft_provider)
     if "draft" in drafters and g.draft_engine is not None:
         g.draft_engine.load_widths([1, g.manifest.prefill_chunk])
+    if {"eagle", "hybrid"} & set(drafters) and g.eagle_engine is not None:
+        g.eagle_engine.load_widths([1, g.manifest.prefill_chunk] + list(range(2, max(cfg.ks) + 2)))
     sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
     encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
     def use(d, k, adaptive):

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 from edgespec.engines.base import prefill
 from edgespec.runtime.state import SeqState
-from edgespec.runtime.verify import SamplingConfig, probs, sample
+from edgespec.runtime.verify import SamplingConfig, penalize, probs, sample
+
+
+def _penalized(logits: np.ndarray, seq: SeqState, i: int, sampling: SamplingConfig) -> np.ndarray:
+    """The draft's logits for draft position i under the same repetition penalty as the target."""
+    if sampling.repetition_penalty == 1.0:
+        return logits
+    return penalize(logits[None], seq.tokens, seq.n + i, sampling.repetition_penalty)[0]
 
 
 class NoDrafter:
@@ -108,6 +115,7 @@ class ModelDrafter:
                 logits = self._step(behind[i:i + 1])
         slots = seq.draft_slots(k)
         for i in range(k):
+            logits = _penalized(logits, seq, i, self.sampling)
             if self.sampling.greedy:
                 slots[i] = logits.argmax()
             else:
@@ -152,11 +160,14 @@ class EagleDrafter:
         # pair j needs tokens j, j+1 of the common prefix and f_j: valid for j <= n_cached - 2
         self.dft_past = min(self.dft_past, max(n_cached - 1, 0))
 
-    def _choose(self, logits: np.ndarray, i: int) -> int:
-        if self.sampling.greedy:
+    def _choose(self, logits: np.ndarray, seq: SeqState, i: int) -> int:
+        if self.sampling.greedy and self.sampling.repetition_penalty == 1.0:
             return int(self.d2t[logits.argmax()])
-        self._full[self.d2t] = logits
-        self._q[i] = probs(self._full, self.sampling)
+        self._full[self.d2t] = logits  # draft vocab -> target vocab (other ids stay -inf)
+        full = _penalized(self._full, seq, i, self.sampling)
+        if self.sampling.greedy:
+            return int(full.argmax())
+        self._q[i] = probs(full, self.sampling)
         return sample(self._q[i], self.rng)
 
     def propose(self, seq: SeqState, k: int):
@@ -169,7 +180,7 @@ class EagleDrafter:
         self._feat[0] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]  # last row of the last chunk
         slots = seq.draft_slots(k)
         for i in range(k):
-            slots[i] = self._choose(logits, i)
+            slots[i] = self._choose(logits, seq, i)
             if i + 1 < k:  # speculative row at slot n-1+i: (f^, d_{i+1})
                 logits = head.forward(slots[i:i + 1], n - 1 + i, features=self._feat)[-1]
                 head.commit(n - 1 + i, 1)

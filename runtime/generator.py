@@ -21,7 +21,7 @@ from edgespec.runtime.drafters import NgramConfig, make_drafter
 from edgespec.runtime.state import SeqState
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import StreamDecoder, TextCodec
-from edgespec.runtime.verify import SamplingConfig, accept_greedy, accept_sampled, probs, sample
+from edgespec.runtime.verify import SamplingConfig, accept_greedy, accept_sampled, penalize, probs, sample
 
 
 class PromptTooLongError(ValueError):
@@ -37,13 +37,6 @@ class GeneratorConfig:
     ngram: NgramConfig = NgramConfig()  # prompt-lookup sizes
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
     adaptive: bool = False  # choose k per step from measured costs and acceptance (k = the maximum)
-
-
-def load_d2t(manifest: Manifest) -> np.ndarray:
-    """The EAGLE head's draft id -> target id map [Vd] (int64), read from its weights file."""
-    w = manifest.eagle.d2t
-    raw = np.fromfile(manifest.path(w.file or manifest.eagle.weights_file), np.uint8, w.nbytes, offset=w.offset)
-    return raw.view(np.int64).copy()
 
 
 def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
@@ -72,8 +65,7 @@ class Generator:
         # by prefill and after every verify whatever the drafter, so a drafter switch finds them
         self._tgt_features = None
         if eagle_engine is not None:
-            self._tgt_features = np.zeros((n_slots, manifest.target.hidden_size), np.float32)
-            self._d2t = load_d2t(manifest)
+            self._tgt_features = np.zeros((n_slots, eagle_engine.hidden_size), np.float32)
         self.set_drafter(cfg.drafter, cfg.k)
         self._tokens = np.zeros(n_slots, np.int64)  # the sequence buffer, reused by every call
         self.last_step = (0, 0)  # (drafted, accepted) of the step whose tokens were last yielded
@@ -114,7 +106,7 @@ class Generator:
                              f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
         eagle = None
         if self.eagle_engine is not None:
-            eagle = (self.eagle_engine, self._d2t, self._tgt_features, self.manifest.target.vocab_size)
+            eagle = (self.eagle_engine, self.eagle_engine.d2t, self._tgt_features, self.target.vocab_size)
         self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram, eagle)
         self.k = 0 if name == "none" else k
         self.adaptive = None
@@ -191,6 +183,8 @@ class Generator:
         seq.tokens[:n_prompt] = prompt_ids
         feats = self._tgt_features
         seq.tgt_past, last = prefill(tgt, seq.tokens[n_cached:n_prompt], n_cached, hidden_out=feats)
+        if sampling.repetition_penalty != 1.0:
+            last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]
         first = int(last.argmax()) if sampling.greedy else sample(probs(last, sampling), rng)
         seq.tokens[seq.n] = first
         seq.n += 1
@@ -214,6 +208,8 @@ class Generator:
             tgt_logits = tgt.forward(seq.verify_window(m), seq.tgt_past)  # verify: [m+1, V]
             t2 = time.perf_counter()
             draft = seq.draft_slots(m)
+            if sampling.repetition_penalty != 1.0:  # row i's context: tokens[:n + i]
+                tgt_logits = penalize(tgt_logits, seq.tokens, seq.n, sampling.repetition_penalty)
             if sampling.greedy:  # accept
                 n_acc, nxt = accept_greedy(draft, tgt_logits)
             else:
@@ -245,9 +241,10 @@ class Generator:
 
     # ---- text API -----------------------------------------------------------------------------------
     def stream(self, prompt, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None) -> Iterator[str]:
+               top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
+               repetition_penalty: float = 1.0, typical_epsilon: float = 0.0) -> Iterator[str]:
         """Stream text for a raw prompt (str) or chat messages (list of {role, content})."""
-        sampling = SamplingConfig(temperature, top_k, top_p, seed)
+        sampling = SamplingConfig(temperature, top_k, top_p, seed, repetition_penalty, typical_epsilon)
         return self.stream_text(self.codec.encode(prompt), max_new_tokens, sampling, stop)
 
     def stream_text(self, ids: np.ndarray, max_new_tokens: int, sampling: SamplingConfig,

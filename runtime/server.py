@@ -184,7 +184,8 @@ def _parse_common(body: dict, default_max: int) -> tuple[int, SamplingConfig, li
     max_tokens = num("max_completion_tokens", int, None, 1) or num("max_tokens", int, default_max, 1)
     sampling = SamplingConfig(temperature=num("temperature", float, 1.0, 0.0, 2.0),
                               top_p=num("top_p", float, 1.0, 1e-6, 1.0), top_k=num("top_k", int, 0, 0),
-                              seed=num("seed", int, None))
+                              seed=num("seed", int, None),
+                              repetition_penalty=num("repetition_penalty", float, 1.0, 1e-3, 10.0))
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):

@@ -8,7 +8,12 @@ probability min(1, p_i(x) / q_i(x)); at the first rejection the replacement is d
 norm(max(0, p_i - q_i)), and if all are kept a bonus token is drawn from p_{m}. The accepted
 sequence is then distributed exactly as the target's. Deterministic drafters (n-gram) have a
 one-hot q, which makes the rule "keep x with probability p(x), else sample p with x zeroed".
-p and q go through the same temperature / top-k / top-p processing.
+p and q go through the same processing: repetition penalty (over the row's own context, draft
+tokens before it included), temperature, top-k, top-p.
+
+Typical acceptance (Medusa, Cai et al. 2024) is offered as an explicit LOSSY option: a draft token
+is kept when p(x) >= min(eps, sqrt(eps) * exp(-H(p))), so plausible tokens pass even where
+p(x) / q(x) would reject them; the output no longer follows the target's distribution.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ class SamplingConfig:
     top_k: int = 0  # keep the k most likely tokens (0 = off)
     top_p: float = 1.0  # keep the smallest set with this much probability mass (1 = off)
     seed: int | None = None  # RNG seed: same seed, same output
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the context (CTRL rule:
+    #                                  positive logits divided by it, negative ones multiplied); 1 = off
+    typical_epsilon: float = 0.0  # > 0: LOSSY typical acceptance with this threshold (Medusa uses 0.09)
 
     @property
     def greedy(self) -> bool:
@@ -32,6 +40,24 @@ class SamplingConfig:
     def check(self) -> None:
         if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"bad sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1")
+        if self.repetition_penalty <= 0 or not 0 <= self.typical_epsilon < 1:
+            raise ValueError(f"bad sampling settings {self}: need repetition_penalty > 0 and "
+                             "0 <= typical_epsilon < 1")
+
+
+def penalize(logits: np.ndarray, tokens: np.ndarray, n: int, penalty: float) -> np.ndarray:
+    """Repetition penalty on verify rows: row i [m+1, V] predicts tokens[n + i] and its context is
+    tokens[:n + i] (the pending token and the drafts before it included). Returns a new array."""
+    out = logits.copy()
+    seen = np.zeros(out.shape[-1], bool)
+    seen[tokens[:n]] = True
+    for i in range(len(out)):
+        if i:
+            seen[tokens[n + i - 1]] = True
+        ids = np.flatnonzero(seen)
+        row = out[i, ids]
+        out[i, ids] = np.where(row > 0, row / penalty, row * penalty)
+    return out
 
 
 def probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
@@ -73,6 +99,8 @@ def accept_sampled(draft: np.ndarray, dft_probs: np.ndarray | None, tgt_logits: 
                    cfg: SamplingConfig, rng: np.random.Generator) -> tuple[int, int]:
     """(n accepted, next token) by rejection sampling; dft_probs [m, V] or None (one-hot q)."""
     p = probs(tgt_logits, cfg)  # [m+1, V]
+    if cfg.typical_epsilon > 0:
+        return accept_typical(draft, p, cfg.typical_epsilon, rng)
     for i, x in enumerate(draft):
         q_x = 1.0 if dft_probs is None else dft_probs[i, x]
         if q_x > 0 and rng.random() * q_x < p[i, x]:  # u < p(x)/q(x), without dividing
@@ -86,4 +114,16 @@ def accept_sampled(draft: np.ndarray, dft_probs: np.ndarray | None, tgt_logits: 
         if residual.sum() <= 0.0:  # p == q exactly: any draw from p is right
             residual = p[i]
         return i, sample(residual, rng)
+    return len(draft), sample(p[len(draft)], rng)
+
+
+def accept_typical(draft: np.ndarray, p: np.ndarray, eps: float, rng: np.random.Generator) -> tuple[int, int]:
+    """LOSSY (opt-in): keep x_i while p_i(x_i) >= min(eps, sqrt(eps) * exp(-H(p_i))); the token after
+    the kept ones is drawn from the target's p."""
+    for i, x in enumerate(draft):
+        row = p[i]
+        nz = row[row > 0]
+        entropy = float(-(nz * np.log(nz)).sum())
+        if row[x] < min(eps, np.sqrt(eps) * np.exp(-entropy)):
+            return i, sample(row, rng)
     return len(draft), sample(p[len(draft)], rng)

@@ -1,8 +1,10 @@
 """Lossless sampling: speculative samples follow the target's distribution (chi-square tests)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
-from edgespec.engines.fake import FakeModel, random_table
+from edgespec.engines.fake import FakeEagleHead, FakeModel, random_table
 from edgespec.runtime import verify
 from edgespec.runtime.generator import Generator, GeneratorConfig
 from edgespec.runtime.verify import SamplingConfig, probs
@@ -17,21 +19,28 @@ def _gen(drafter: str) -> Generator:
     table = random_table(V, seed=11, sharpness=1.0)
     target = FakeModel(table, max_len=64)
     draft = FakeModel(table + np.random.default_rng(2).standard_normal(table.shape).astype(np.float32), max_len=64)
-    return Generator(None, target, GeneratorConfig(drafter=drafter, k=3), draft_engine=draft)
+    head = FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64)  # a reduced draft vocabulary: q = 0 elsewhere
+    return Generator(None, target, GeneratorConfig(drafter=drafter, k=3), draft_engine=draft, eagle_engine=head)
 
 
-def _exact_tokens_23(g: Generator) -> np.ndarray:
+def _exact_tokens_23(g: Generator, cfg: SamplingConfig = CFG) -> np.ndarray:
     t = g.target
 
-    def nxt(cur, prev):
-        return probs(t.table[cur] + t.table2[prev], CFG)
+    def nxt(cur, prev, ctx=()):
+        logits = t.table[cur] + t.table2[prev]
+        if cfg.repetition_penalty != 1.0:
+            seen = np.unique(np.concatenate([PROMPT, np.array(ctx, np.int64)]))
+            logits = logits.copy()
+            logits[seen] = np.where(logits[seen] > 0, logits[seen] / cfg.repetition_penalty,
+                                    logits[seen] * cfg.repetition_penalty)
+        return probs(logits, cfg)
 
     p1 = nxt(PROMPT[-1], PROMPT[-2])
     dist = np.zeros((V, V))
     for a in range(V):
-        p2 = nxt(a, PROMPT[-1])
+        p2 = nxt(a, PROMPT[-1], [a])
         for b in range(V):
-            dist[b] += p1[a] * p2[b] * nxt(b, a)
+            dist[b] += p1[a] * p2[b] * nxt(b, a, [a, b])
     return dist  # [token2, token3]
 
 
@@ -48,15 +57,15 @@ def _chi2_pvalue(counts: np.ndarray, expected_p: np.ndarray) -> float:
     return float(chisquare(obs_k, exp_k).pvalue)
 
 
-def _sample_counts(g: Generator) -> np.ndarray:
+def _sample_counts(g: Generator, cfg: SamplingConfig = CFG) -> np.ndarray:
     counts = np.zeros((V, V))
     for s in range(N_SAMPLES):
-        out = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 3, SamplingConfig(1.0, seed=s))])
+        out = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 3, dataclasses.replace(cfg, seed=s))])
         counts[out[1], out[2]] += 1
     return counts
 
 
-@pytest.mark.parametrize("drafter", ["none", "draft", "ngram"])
+@pytest.mark.parametrize("drafter", ["none", "draft", "ngram", "eagle", "hybrid"])
 def test_speculative_sampling_keeps_the_target_distribution(drafter):
     pytest.importorskip("scipy")
     g = _gen(drafter)
@@ -64,6 +73,40 @@ def test_speculative_sampling_keeps_the_target_distribution(drafter):
     assert p > 1e-3, f"{drafter}: chi-square p = {p:.2g}: samples do not follow the target"
     if drafter != "none":
         assert g.last_stats.n_drafted > 0
+
+
+@pytest.mark.parametrize("drafter", ["none", "draft", "eagle"])
+def test_repetition_penalty_sampling_stays_lossless(drafter):
+    """The penalty depends on each row's own context (drafts before it): the exact distribution
+    of tokens 2-3 under it is matched by speculative samples."""
+    pytest.importorskip("scipy")
+    cfg = SamplingConfig(temperature=1.0, repetition_penalty=1.8)
+    g = _gen(drafter)
+    p = _chi2_pvalue(_sample_counts(g, cfg), _exact_tokens_23(g, cfg))
+    assert p > 1e-3, f"{drafter}: chi-square p = {p:.2g} with repetition penalty"
+
+
+def test_repetition_penalty_greedy_identical():
+    g = _gen("draft")
+    cfg = SamplingConfig(repetition_penalty=1.5)
+    outs = {}
+    for d in ("none", "draft", "eagle", "ngram"):
+        g.set_drafter(d, 3)
+        outs[d] = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 30, cfg)])
+    plain = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 30)])
+    assert all(np.array_equal(o, outs["none"]) for o in outs.values())
+    assert not np.array_equal(plain, outs["none"])  # the penalty did change the output
+
+
+def test_typical_acceptance_is_opt_in_and_lossy():
+    """Typical acceptance is off by default; switched on, the chi-square test sees that its samples
+    no longer follow the target (so it must stay an explicit choice)."""
+    pytest.importorskip("scipy")
+    assert SamplingConfig().typical_epsilon == 0.0
+    g = _gen("draft")
+    counts = _sample_counts(g, SamplingConfig(temperature=1.0, typical_epsilon=0.3))
+    p = _chi2_pvalue(counts, _exact_tokens_23(g))
+    assert p < 1e-3, f"typical acceptance looked lossless here (p = {p:.2g}); the test lost its teeth"
 
 
 def test_a_wrong_acceptance_rule_is_caught(monkeypatch):
