@@ -151,14 +151,15 @@ class Generator:
         st = self.last_stats = GenerationStats(drafter=drafter.name, k=self.k, n_prompt=n_prompt,
                                                    adaptive=self.adaptive is not None and sampling.greedy)
         eos = np.array(self.manifest.eos_token_ids if self.manifest else [], np.int64)
-        dft_calls0 = getattr(self.draft_engine, "n_calls", 0)
+        dft_engine = self.eagle_engine if drafter.name in ("eagle", "hybrid") else self.draft_engine
+        dft_calls0 = getattr(dft_engine, "n_calls", 0)
         t_start = time.perf_counter()
         self._seq = None
         try:
             yield from self._loop(prompt_ids, max_new_tokens, sampling, rng, st, eos)
         finally:
             self._tgt_valid = self._seq.tgt_past if self._seq is not None else 0
-            st.n_draft_calls = getattr(self.draft_engine, "n_calls", 0) - dft_calls0
+            st.n_draft_calls = getattr(dft_engine, "n_calls", 0) - dft_calls0
             st.total_s = time.perf_counter() - t_start
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
 
