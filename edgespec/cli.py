@@ -51,6 +51,9 @@ def _add_runtime_args(p, drafter_default=None) -> None:
     p.add_argument("--draft-provider", choices=["cpu", "cuda", "tensorrt", "trt"],
                    help="run the draft model elsewhere than the target (e.g. cpu beside a cuda target)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
+    p.add_argument("--eagle-min-confidence", type=float,
+                   help="eagle/hybrid: stop a draft chain when the head's own probability of its next token is "
+                   "below this (default: the folder's, else edgespec's measured default)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
@@ -239,7 +242,7 @@ def _load(a, drafter: str | None = None):
 
     return Generator.load(a.engine, drafter=drafter or getattr(a, "drafter", None), k=a.k, provider=a.provider,
                           threads=a.threads, ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
-                          draft_provider=a.draft_provider)
+                          draft_provider=a.draft_provider, eagle_min_confidence=a.eagle_min_confidence)
 
 
 def _cmd_export(a) -> int:
@@ -295,7 +298,8 @@ def _cmd_bench(a) -> int:
     cfg = BenchConfig(engine=a.engine, prompts=a.prompts, drafters=tuple(a.drafter.split(",")), ks=ks,
                       max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed, limit=a.limit,
                       provider=a.provider, threads=a.threads, ngram_min=a.ngram_min, ngram_max=a.ngram_max,
-                      adaptive=bool(a.adaptive), draft_provider=a.draft_provider)
+                      adaptive=bool(a.adaptive), draft_provider=a.draft_provider,
+                      eagle_min_confidence=a.eagle_min_confidence)
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))

@@ -278,6 +278,7 @@ class TrainConfig:
     ce_weight: float = 1.0  # token cross-entropy weight next to the feature regression
     n_steps: int = 2  # unrolled drafting steps per row (2 = EAGLE-3's training-time test)
     feature_noise: float = 0.05  # Gaussian noise on input features, in per-dimension standard deviations
+    skip_copies: bool = True  # no loss where the answer repeats an 8-gram of its own context (loops)
     holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
     threads: int | None = None  # torch threads
     seed: int = 0  # data order and init
@@ -343,7 +344,23 @@ def _batches(starts: np.ndarray, seqs: np.ndarray, batch_tokens: int, rng: np.ra
     return groups
 
 
-def _collate(group, tokens, feats, starts, n_prompt, t2d):
+def copied_positions(tokens: np.ndarray, starts: np.ndarray, n: int = 8) -> np.ndarray:
+    """[N] bool: the token ends an n-gram that already occurred earlier in its sequence. Greedy
+    answers of a small model loop a lot; such copies are prompt lookup's job, and training on
+    them teaches the head little and inflates its held-out score."""
+    out = np.zeros(len(tokens), bool)
+    for s in range(len(starts) - 1):
+        a, b = int(starts[s]), int(starts[s + 1])
+        seen: set = set()
+        seq = tokens[a:b].tolist()
+        for i in range(n - 1, len(seq)):
+            key = tuple(seq[i - n + 1:i + 1])
+            out[a + i] = key in seen
+            seen.add(key)
+    return out
+
+
+def _collate(group, tokens, feats, starts, n_prompt, t2d, label_ids=None):
     """Rows j = 0..n-2 of each sequence: input (token_{j+1}, f_j); step-s targets f_{j+s}, token_{j+s+1}."""
     L = max(int(starts[s + 1] - starts[s]) for s in group) - 1
     B = len(group)
@@ -357,7 +374,7 @@ def _collate(group, tokens, feats, starts, n_prompt, t2d):
         tok_in[r, :n - 1] = tokens[a + 1:b]
         f_in[r, :n] = feats[a:b]
         valid[r, :n - 1] = True
-        lab = t2d[tokens[a + 2:b]]  # row j predicts token_{j+2}
+        lab = t2d[(tokens if label_ids is None else label_ids)[a + 2:b]]  # row j predicts token_{j+2}
         lab[: max(0, int(n_prompt[s]) - 2)] = -100  # prompt tokens: context only, no loss
         labels[r, :n - 2] = lab
     pos = np.broadcast_to(np.arange(L), (B, L)).copy()
@@ -410,6 +427,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     answer = np.zeros(len(tokens), bool)
     for s in range(n_seq):
         answer[starts[s] + n_prompt[s]:starts[s + 1]] = True
+    copied = copied_positions(tokens, starts) if cfg.skip_copies else np.zeros(len(tokens), bool)
     arch, embed, lm_head, sd, cos, sin = _target_tensors(cfg.target)
     ckpt_path = out / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
@@ -423,6 +441,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     coverage = float(np.isin(tokens[answer], head.d2t.numpy()).mean())
     t2d = np.full(arch.vocab_size + 1, -100, np.int64)
     t2d[head.d2t.numpy()] = np.arange(hc.draft_vocab_size)
+    # labels: the token id itself, or vocab_size (-> -100) where the target was copying
+    label_ids = np.where(copied, arch.vocab_size, tokens).astype(np.int64)
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
     step, epoch_f = 0, 0.0
     if ckpt is not None:
@@ -433,6 +453,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     inv_std = torch.from_numpy(1.0 / (sample.std(0) + 1e-3))
     n_train_tokens = int(sum(starts[s + 1] - starts[s] for s in train_seqs))
     total_steps = max(1, int(cfg.epochs * n_train_tokens / cfg.batch_tokens * 1.3))  # padding slack
+    print(f"[train] {int((answer & ~copied).sum())} answer tokens carry loss ({int((answer & copied).sum())} "
+          "repeat an earlier 8-gram of their sequence: left to prompt lookup)", file=sys.stderr)
     print(f"[train] {n_seq} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
           f"{n_hold} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of answer tokens; "
           f"resuming at step {step}" if ckpt else f"[train] {n_seq} sequences ({len(tokens)} tokens, "
@@ -450,7 +472,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
             lr = cfg.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total_steps)))
             for g in opt.param_groups:
                 g["lr"] = lr
-            batch = _collate(groups[gi], tokens, feats, starts, n_prompt, t2d)
+            batch = _collate(groups[gi], tokens, feats, starts, n_prompt, t2d, label_ids)
             loss, stats = _step_losses(head, batch, cfg.n_steps, cfg.ce_weight, inv_std, cfg.feature_noise)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -477,7 +499,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
             epoch_f = float(round(epoch_f))
     _save_ckpt(ckpt_path, head, opt, step, epoch_f)
     head.eval()
-    est = estimate(head, hold, tokens, feats, starts, n_prompt, t2d)
+    est = estimate(head, hold, tokens, feats, starts, n_prompt, t2d, label_ids)
     save_head(head, out, {"trained_steps": step, "epochs": round(epoch_f, 3), "train_tokens": n_train_tokens,
                           "data": str(cfg.data), "holdout": est, "draft_vocab_coverage": round(coverage, 4)})
     print(f"[train] held-out top-1 step 1 {est['top1_step1']:.3f}, step 2 {est['top1_step2']:.3f} "
@@ -493,12 +515,12 @@ def _save_ckpt(path: Path, head: EagleHead, opt, step: int, epoch: float) -> Non
 
 
 @torch.no_grad()
-def estimate(head: EagleHead, seqs: np.ndarray, tokens, feats, starts, n_prompt, t2d) -> dict:
+def estimate(head: EagleHead, seqs: np.ndarray, tokens, feats, starts, n_prompt, t2d, label_ids=None) -> dict:
     """Held-out top-1 of step 1 and of step 2 where step 1 was right (the chain's first two
     acceptance rates under greedy drafting, teacher-forced context)."""
     n1 = n1_ok = n2 = n2_ok = 0
     for s in seqs:
-        batch = _collate([s], tokens, feats, starts, n_prompt, t2d)
+        batch = _collate([s], tokens, feats, starts, n_prompt, t2d, label_ids)
         tok_in, f_in, pos, valid, labels = batch
         L = tok_in.shape[1]
         p1, p2 = head(tok_in, f_in[:, :L], pos, valid, 2)

@@ -36,6 +36,7 @@ class BenchConfig:
     limit: int = 20  # prompts taken from the file / HumanEval
     provider: str = "cpu"  # cpu | cuda | tensorrt (ORT execution providers) | trt (native TensorRT)
     draft_provider: str | None = None  # where the draft model runs (default: with the target)
+    eagle_min_confidence: float | None = None  # eagle/hybrid chain cut-off (None: folder / edgespec default)
     threads: int | None = None  # intra-op threads
     ngram_min: int = 1  # prompt lookup: shortest suffix matched
     ngram_max: int = 3  # prompt lookup: longest suffix, tried first
@@ -119,7 +120,8 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     if cfg.adaptive:
         configs += [(d, max(cfg.ks), True) for d in drafters[1:]]
     g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads,
-                       ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max), draft_provider=cfg.draft_provider)
+                       ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max), draft_provider=cfg.draft_provider,
+                       eagle_min_confidence=cfg.eagle_min_confidence)
     if "draft" in drafters and g.draft_engine is not None:
         g.draft_engine.load_widths([1, g.manifest.prefill_chunk])
     if {"eagle", "hybrid"} & set(drafters) and g.eagle_engine is not None:
@@ -168,6 +170,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
                          "drafters": drafters, "k": list(cfg.ks), "max_new_tokens": cfg.max_new_tokens,
                          "temperature": cfg.temperature, "seed": cfg.seed,
                          "ngram": [cfg.ngram_min, cfg.ngram_max], "adaptive": cfg.adaptive,
+                         "eagle_min_confidence": g.cfg.eagle_min_confidence,
                          "precision": g.manifest.target.precision},
               "machine": machine_info(cfg.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
     print(format_table(report), file=out)

@@ -144,8 +144,12 @@ class EagleDrafter:
     name = "eagle"
 
     def __init__(self, head, d2t: np.ndarray, tgt_features: np.ndarray, target_vocab: int,
-                 sampling: SamplingConfig | None = None) -> None:
+                 min_confidence: float = 0.0, sampling: SamplingConfig | None = None) -> None:
         self.head, self.d2t, self.tgt_features = head, d2t, tgt_features
+        # stop the chain once the head's own probability of its token falls below this (EAGLE-2's
+        # observation: draft confidence predicts acceptance); the verify call stays narrow.
+        # Lossless either way: the length depends only on the draft's own numbers.
+        self.min_confidence = min_confidence
         self.sampling = sampling or SamplingConfig()
         self.rng = np.random.default_rng(self.sampling.seed)
         self.dft_past = 0  # head rows holding true pairs 0..dft_past-1
@@ -160,15 +164,20 @@ class EagleDrafter:
         # pair j needs tokens j, j+1 of the common prefix and f_j: valid for j <= n_cached - 2
         self.dft_past = min(self.dft_past, max(n_cached - 1, 0))
 
-    def _choose(self, logits: np.ndarray, seq: SeqState, i: int) -> int:
+    def _choose(self, logits: np.ndarray, seq: SeqState, i: int) -> tuple[int, float]:
+        """(token, the head's probability of it)."""
         if self.sampling.greedy and self.sampling.repetition_penalty == 1.0:
-            return int(self.d2t[logits.argmax()])
+            top = int(logits.argmax())
+            conf = 1.0 / float(np.exp(logits - logits[top]).sum()) if self.min_confidence else 1.0
+            return int(self.d2t[top]), conf
         self._full[self.d2t] = logits  # draft vocab -> target vocab (other ids stay -inf)
         full = _penalized(self._full, seq, i, self.sampling)
         if self.sampling.greedy:
-            return int(full.argmax())
+            top = int(full.argmax())
+            return top, 1.0 / float(np.exp(full - full[top]).sum())
         self._q[i] = probs(full, self.sampling)
-        return sample(self._q[i], self.rng)
+        tok = sample(self._q[i], self.rng)
+        return tok, float(self._q[i, tok])
 
     def propose(self, seq: SeqState, k: int):
         n, toks, head = seq.n, seq.tokens, self.head
@@ -180,12 +189,15 @@ class EagleDrafter:
         self._feat[0] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]  # last row of the last chunk
         slots = seq.draft_slots(k)
         for i in range(k):
-            slots[i] = self._choose(logits, seq, i)
+            slots[i], conf = self._choose(logits, seq, i)
+            if conf < self.min_confidence:
+                k = i  # not confident: propose d_1..d_i only
+                break
             if i + 1 < k:  # speculative row at slot n-1+i: (f^, d_{i+1})
                 logits = head.forward(slots[i:i + 1], n - 1 + i, features=self._feat)[-1]
                 head.commit(n - 1 + i, 1)
                 self._feat[0] = head.last_hidden(1)[0]
-        return k, (None if self.sampling.greedy else self._q[:k])
+        return k, (None if self.sampling.greedy or k == 0 else self._q[:k])
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         pass  # the speculative rows lie past dft_past = n_old - 1 already
@@ -231,7 +243,8 @@ DRAFTERS = ("none", "ngram", "draft", "eagle", "hybrid")
 
 
 def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig(), eagle=None):
-    """eagle: (head engine, d2t [Vd], target feature buffer [slots, H], target vocab) or None."""
+    """eagle: (head engine, d2t [Vd], target feature buffer [slots, H], target vocab,
+    min confidence) or None."""
     if name == "none":
         return NoDrafter()
     if name in ("ngram", "prompt_lookup"):

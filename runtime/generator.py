@@ -23,6 +23,8 @@ from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import StreamDecoder, TextCodec
 from edgespec.runtime.verify import SamplingConfig, accept_greedy, accept_sampled, penalize, probs, sample
 
+EAGLE_MIN_CONFIDENCE = 0.4  # EAGLE chain cut-off: 0.80x -> 1.04x for eagle k=4 on HumanEval (README)
+
 
 class PromptTooLongError(ValueError):
     """The prompt does not fit the engine's context."""
@@ -37,6 +39,7 @@ class GeneratorConfig:
     ngram: NgramConfig = NgramConfig()  # prompt-lookup sizes
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
     adaptive: bool = False  # choose k per step from measured costs and acceptance (k = the maximum)
+    eagle_min_confidence: float = 0.0  # EAGLE: stop drafting when the head's own p(token) is lower
 
 
 def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
@@ -74,12 +77,16 @@ class Generator:
     @classmethod
     def load(cls, folder: str | Path, drafter: str | None = None, k: int | None = None,
              provider: str = "cpu", threads: int | None = None, ngram: NgramConfig = NgramConfig(),
-             adaptive: bool | None = None, draft_provider: str | None = None):
+             adaptive: bool | None = None, draft_provider: str | None = None,
+             eagle_min_confidence: float | None = None):
         manifest = load_manifest(folder)
         drafter = drafter or manifest.defaults.get("drafter", "ngram")
         k = k if k is not None else manifest.defaults.get("k", 4)
         adaptive = manifest.defaults.get("adaptive", False) if adaptive is None else adaptive
-        cfg = GeneratorConfig(drafter, k, provider, threads, ngram, adaptive=adaptive)
+        if eagle_min_confidence is None:
+            eagle_min_confidence = manifest.defaults.get("eagle_min_confidence", EAGLE_MIN_CONFIDENCE)
+        cfg = GeneratorConfig(drafter, k, provider, threads, ngram, adaptive=adaptive,
+                              eagle_min_confidence=eagle_min_confidence)
         target = make_engine(manifest, manifest.target, provider, threads)
         draft = None
         if manifest.draft:  # the draft may run elsewhere (draft_provider: e.g. CPU beside a GPU target)
@@ -106,7 +113,8 @@ class Generator:
                              f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
         eagle = None
         if self.eagle_engine is not None:
-            eagle = (self.eagle_engine, self.eagle_engine.d2t, self._tgt_features, self.target.vocab_size)
+            eagle = (self.eagle_engine, self.eagle_engine.d2t, self._tgt_features, self.target.vocab_size,
+                     self.cfg.eagle_min_confidence)
         self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram, eagle)
         self.k = 0 if name == "none" else k
         self.adaptive = None
