@@ -117,7 +117,7 @@ def test_export_lists_and_validates_the_head(eagle_engine):
 def test_eagle_greedy_identical_to_plain(eagle_engine, drafter):
     from edgespec.runtime.generator import Generator
 
-    g = Generator.load(eagle_engine, drafter="none", k=1, adaptive=False)
+    g = Generator.load(eagle_engine, drafter="none", k=1, adaptive=False, eagle_min_confidence=0.0)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 60, n) for n in (5, 23, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 48)]) for p in prompts]
@@ -133,7 +133,7 @@ def test_eagle_features_survive_prefix_reuse_and_drafter_switch(eagle_engine):
     """Prompt prefix reuse across calls keeps the target features the head drafts from."""
     from edgespec.runtime.generator import Generator
 
-    g = Generator.load(eagle_engine, drafter="none", k=4, adaptive=False)
+    g = Generator.load(eagle_engine, drafter="none", k=4, adaptive=False, eagle_min_confidence=0.0)
     a = np.arange(3, 40)
     b = np.concatenate([a, np.arange(40, 50)])
     ref = np.concatenate([x.copy() for x in g.generate_ids(b, 30)])
@@ -165,7 +165,7 @@ def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
     assert main(["export", "--target", str(tiny_models["llama"]), "--eagle", str(head), "--out", str(out),
                  "--max-len", "256", "--k", "4", "--prefill-chunk", "16", "--kv-bucket", "32",
                  "--precision", "int4"]) == 0
-    g = Generator.load(out, drafter="none", adaptive=False)
+    g = Generator.load(out, drafter="none", adaptive=False, eagle_min_confidence=0.0)
     prompt = np.arange(40, 70)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
     g.set_drafter("eagle", 4)
@@ -184,3 +184,17 @@ def test_training_prompts_hold_no_humaneval_text():
     assert not any(h.strip() in o for h in he for o in ours)
     # stdlib names such as `median` or `encode` also occur in HumanEval; whole signatures must not
     assert not any(sig in o for sig in signatures for o in ours)
+
+
+def test_confidence_cut_off_shortens_chains_and_stays_identical(eagle_engine):
+    from edgespec.runtime.generator import Generator
+
+    prompt = np.arange(3, 30)
+    lengths = {}
+    for conf in (0.0, 0.999):
+        g = Generator.load(eagle_engine, drafter="none", k=6, adaptive=False, eagle_min_confidence=conf)
+        ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
+        g.set_drafter("eagle", 6)
+        assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)]), ref)
+        lengths[conf] = g.last_stats.n_drafted
+    assert lengths[0.999] < lengths[0.0]
