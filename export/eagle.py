@@ -431,12 +431,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     arch, embed, lm_head, sd, cos, sin = _target_tensors(cfg.target)
     ckpt_path = out / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
-    if ckpt is not None:
-        hc, arrays = HeadConfig(**ckpt["head_config"]), {"d2t": ckpt["d2t"]}
-        arrays |= init_arrays(arch, sd, ckpt["d2t"], cfg.seed)[1] | {"d2t": ckpt["d2t"]}
-    else:
-        d2t = draft_vocab(tokens, answer, arch.vocab_size, cfg.draft_vocab)
-        hc, arrays = init_arrays(arch, sd, d2t, cfg.seed)
+    # a resumed run keeps its draft vocabulary; its weights come from the checkpoint below
+    d2t = ckpt["d2t"] if ckpt is not None else draft_vocab(tokens, answer, arch.vocab_size, cfg.draft_vocab)
+    hc, arrays = init_arrays(arch, sd, d2t, cfg.seed)
     head = build_head(hc, arrays, embed, lm_head, cos, sin)
     coverage = float(np.isin(tokens[answer], head.d2t.numpy()).mean())
     t2d = np.full(arch.vocab_size + 1, -100, np.int64)
@@ -456,10 +453,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     print(f"[train] {int((answer & ~copied).sum())} answer tokens carry loss ({int((answer & copied).sum())} "
           "repeat an earlier 8-gram of their sequence: left to prompt lookup)", file=sys.stderr)
     print(f"[train] {n_seq} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
-          f"{n_hold} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of answer tokens; "
-          f"resuming at step {step}" if ckpt else f"[train] {n_seq} sequences ({len(tokens)} tokens, "
-          f"{int(answer.sum())} answer tokens), {n_hold} held out; draft vocab {hc.draft_vocab_size} covers "
-          f"{coverage:.1%} of answer tokens", file=sys.stderr)
+          f"{n_hold} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of answer tokens"
+          + (f"; resuming at step {step}" if ckpt is not None else ""), file=sys.stderr)
     t0, last_save = time.perf_counter(), time.perf_counter()
     head.train()
     done = False
