@@ -60,7 +60,6 @@ class ModelSpec:
     graphs: tuple[GraphSpec, ...]  # one per phase width
     validation: dict = field(default_factory=dict)  # graph file -> max |ORT - PyTorch| at export
     d2t: WeightSpec | None = None  # EAGLE head: draft-vocabulary id -> target id (int64 [Vd])
-    head: dict = field(default_factory=dict)  # EAGLE head: where it came from, how it was trained
 
     @property
     def kv_width(self) -> int:
@@ -117,8 +116,7 @@ def _model(d: dict, role: str) -> ModelSpec:
         weights={k: _weight(v) for k, v in d["weights"]["tensors"].items()},
         graphs=tuple(GraphSpec(g["phase"], g["width"], g["file"], tuple(map(_tensor, g["inputs"])),
                                tuple(map(_tensor, g["outputs"]))) for g in d["graphs"]),
-        validation=d.get("validation", {}), d2t=_weight(d["d2t"]) if "d2t" in d else None,
-        head=d.get("head", {}))
+        validation=d.get("validation", {}), d2t=_weight(d["d2t"]) if "d2t" in d else None)
 
 
 def load_manifest(folder: str | Path) -> Manifest:

@@ -155,6 +155,7 @@ class EagleDrafter:
         self.dft_past = 0  # head rows holding true pairs 0..dft_past-1
         self._feat = np.zeros((1, tgt_features.shape[1]), tgt_features.dtype)  # f^ fed back
         self._full = np.full(target_vocab, -np.inf, np.float32)  # head logits scattered to the target vocab
+        self._exp = np.zeros(len(d2t), np.float32)  # scratch for the confidence softmax (no per-step alloc)
         self._q = np.zeros((64, target_vocab), np.float64)
 
     def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
@@ -168,7 +169,10 @@ class EagleDrafter:
         """(token, the head's probability of it)."""
         if self.sampling.greedy and self.sampling.repetition_penalty == 1.0:
             top = int(logits.argmax())
-            conf = 1.0 / float(np.exp(logits - logits[top]).sum()) if self.min_confidence else 1.0
+            conf = 1.0
+            if self.min_confidence:  # p(top) = 1 / sum(exp(l - l_top))
+                np.exp(np.subtract(logits, logits[top], out=self._exp), out=self._exp)
+                conf = 1.0 / float(self._exp.sum())
             return int(self.d2t[top]), conf
         self._full[self.d2t] = logits  # draft vocab -> target vocab (other ids stay -inf)
         full = _penalized(self._full, seq, i, self.sampling)
@@ -211,7 +215,6 @@ class HybridDrafter:
 
     def __init__(self, ngram: NgramDrafter, eagle: EagleDrafter) -> None:
         self.ngram, self.eagle = ngram, eagle
-        self.n_ngram = self.n_eagle = 0  # steps drafted by each (stats)
 
     @property
     def dft_past(self) -> int:
@@ -229,11 +232,7 @@ class HybridDrafter:
 
     def propose(self, seq: SeqState, k: int):
         m, q = self.ngram.propose(seq, k)
-        if m > 0:
-            self.n_ngram += 1
-            return m, q
-        self.n_eagle += 1
-        return self.eagle.propose(seq, k)
+        return (m, q) if m > 0 else self.eagle.propose(seq, k)
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         self.eagle.accepted(seq, n_old, n_acc)
