@@ -41,6 +41,9 @@ def _add_export(sub) -> None:
                    "SmolLM2-135M then loops on simple prompts")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
+    p.add_argument("--eagle3-features", action="store_true",
+                   help="target graphs also output hidden_aux [1, T, 3H]: the residual stream entering layers "
+                   "2, L/2 and L-3 (EAGLE-3's fused low/mid/high features), for training or serving EAGLE-3 heads")
 
 
 def _add_runtime_args(p, drafter_default=None) -> None:
@@ -56,6 +59,13 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    "below this (default: the folder's, else edgespec's measured default)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
+    p.add_argument("--tree", metavar="NODES[:DEPTH[:BRANCH[:BEAM]]]",
+                   help="draft token trees instead of chains (ngram, eagle, hybrid): at most NODES tokens per "
+                   "verify call incl. the pending one (<= k+1 of the folder), paths up to DEPTH (default 4), "
+                   "BRANCH children per expanded node and BEAM nodes expanded per depth (default 2, 2; "
+                   "eagle: EAGLE-2 style by path probability; ngram: a trie of earlier matches). Greedy "
+                   "output stays identical, sampling lossless. bench: comma-separated specs, run next to the "
+                   "chains. e.g. --tree 9:4:2:2")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="choose k per step (up to --k) from measured verify costs and running acceptance; "
                    "k=0 when speculation does not pay (default: the folder's default)")
@@ -239,10 +249,12 @@ def _load(a, drafter: str | None = None):
     """The Generator the runtime flags of `a` describe (folder defaults where a flag is unset)."""
     from edgespec.runtime.drafters import NgramConfig
     from edgespec.runtime.generator import Generator
+    from edgespec.runtime.tree import TreeConfig
 
     return Generator.load(a.engine, drafter=drafter or getattr(a, "drafter", None), k=a.k, provider=a.provider,
                           threads=a.threads, ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
-                          draft_provider=a.draft_provider, eagle_min_confidence=a.eagle_min_confidence)
+                          draft_provider=a.draft_provider, eagle_min_confidence=a.eagle_min_confidence,
+                          tree=TreeConfig.parse(a.tree) if a.tree else TreeConfig())
 
 
 def _cmd_export(a) -> int:
@@ -255,7 +267,7 @@ def _cmd_export(a) -> int:
     cfg = ExportConfig(target=a.target, draft=a.draft, eagle=a.eagle, out=a.out, max_len=a.max_len, k=a.k,
                        precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
                        int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head, force=a.force,
-                       validate=not a.no_validate)
+                       validate=not a.no_validate, eagle3_features=a.eagle3_features)
     export(cfg)
     return 0
 
@@ -299,7 +311,7 @@ def _cmd_bench(a) -> int:
                       max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed, limit=a.limit,
                       provider=a.provider, threads=a.threads, ngram_min=a.ngram_min, ngram_max=a.ngram_max,
                       adaptive=bool(a.adaptive), draft_provider=a.draft_provider,
-                      eagle_min_confidence=a.eagle_min_confidence)
+                      eagle_min_confidence=a.eagle_min_confidence, trees=tuple(a.tree.split(",")) if a.tree else ())
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))

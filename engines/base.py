@@ -43,6 +43,35 @@ def pick_width(widths: tuple[int, ...], n_tokens: int) -> int:
     raise EngineError(f"{n_tokens} tokens in one call but the widest graph is {widths[-1]}")
 
 
+def fill_tree(tree: np.ndarray, pos: np.ndarray, parents: np.ndarray, n: int, past_len: int) -> None:
+    """Write a token tree into a graph's inputs: tree [w, w] (1 where the column node is the row
+    node or an ancestor of it) and positions pos [w] (past_len + depth). parents[i] < i
+    (topological order), -1 for a root (node 0; a forest may have more). Rows n.. (padding) see
+    only themselves, at depth 0."""
+    w = tree.shape[0]
+    tree[:] = 0
+    pos[:] = past_len
+    for i in range(n):  # ancestors of i = ancestors of its parent + itself (parent < 0: a root)
+        if i and parents[i] >= 0:
+            tree[i, :i] = tree[parents[i], :i]
+            pos[i] = pos[parents[i]] + 1
+        tree[i, i] = 1
+    for i in range(n, w):
+        tree[i, i] = 1
+
+
+TREE_BLOCK = 128  # the context blocks ORT's CPU attention GEMM sums separately (measured, tests/test_tree.py)
+
+
+def tree_chain_prefix(past_len: int, n_nodes: int, block: int = TREE_BLOCK) -> int:
+    """How many leading nodes of a tree verified at past_len must form a chain (node i at depth i)
+    for its rows to equal a chain's bit for bit: up to the first multiple of `block` inside
+    [past_len, past_len + n_nodes). The attention's probability x value GEMM sums each block of
+    slots on its own, so an ancestor must sit in the same block in the tree as in the chain."""
+    b = -past_len % block
+    return b if 1 < b < n_nodes else 1
+
+
 def window_slots(past_len: int, width: int, bucket: int, max_len: int) -> int:
     """Cache window S fed to a call: the bucket multiple that holds the new rows too (<= max_len)."""
     return min(max_len, -(-(past_len + width) // bucket) * bucket)

@@ -32,19 +32,24 @@ class FakeModel:
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
 
-    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
+        """parents: a token tree (row i follows row parents[i]; -1: the committed context)."""
         n = len(token_ids)
         assert past_len + n <= self.max_len, "context overflow"
         self.n_calls += 1
         for i, tok in enumerate(token_ids):
-            prev = token_ids[i - 1] if i > 0 else (self.kv[past_len - 1] if past_len > 0 else 0)
+            par = (i - 1) if parents is None else parents[i]
+            prev = token_ids[par] if par >= 0 else (self.kv[past_len - 1] if past_len > 0 else 0)
             assert prev >= 0, "attended to a row that was never committed"
             self._logits[i] = self.table[tok] + self.table2[prev]
         self._new[:n] = token_ids
         return self._logits[:n]
 
-    def commit(self, past_len: int, n_rows: int) -> None:
-        self.kv[past_len:past_len + n_rows] = self._new[:n_rows]
+    def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
+        if rows is None:
+            self.kv[past_len:past_len + n_rows] = self._new[:n_rows]
+        else:
+            self.kv[past_len:past_len + n_rows] = self._new[rows[:n_rows]]
 
 
 def random_table(vocab: int, seed: int = 0, sharpness: float = 3.0) -> np.ndarray:
@@ -71,7 +76,8 @@ class FakeEagleHead:
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None,
+                parents: np.ndarray | None = None) -> np.ndarray:
         n = len(token_ids)
         assert features is not None and len(features) == n and past_len + n <= self.max_len
         self.n_calls += 1

@@ -65,6 +65,11 @@ class ModelSpec:
     def kv_width(self) -> int:
         return self.n_kv_heads * self.head_dim
 
+    @property
+    def takes_tree(self) -> bool:
+        """The graphs take a token tree (tree_mask input; folders exported before trees lack it)."""
+        return any(t.name == "tree_mask" for t in self.graphs[0].inputs)
+
     def widths(self) -> list[int]:
         return sorted(g.width for g in self.graphs)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from edgespec.engines.base import EngineError, pick_width, window_slots
+from edgespec.engines.base import EngineError, fill_tree, pick_width, window_slots
 from edgespec.engines.manifest import Manifest, ModelSpec
 
 PROVIDERS = {
@@ -76,8 +76,17 @@ class OrtModel:
         self._logits = {w: np.zeros((1, w, spec.vocab_size), np.float32) for w in self.widths}
         self._new_kv = {w: np.zeros((spec.n_layers, 2, w, spec.kv_width), dtype) for w in self.widths}
         self._hidden = {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths}
+        # EAGLE-3 features (exported with --eagle3-features): low/mid/high residual streams [1, T, n*H]
+        aux = next((t for t in spec.graphs[0].outputs if t.name == "hidden_aux"), None)
+        self._hidden_aux = {w: np.zeros((1, w, aux.shape[-1]), dtype) for w in self.widths} if aux else None
         # an EAGLE head also takes features [1, T, H] (the target's hidden states or its own)
         takes_features = any(t.name == "features" for t in spec.graphs[0].inputs)
+        # token trees: tree_mask [T, T] (1: column node is the row node or one of its ancestors);
+        # a chain is lower-triangular, rewritten only after a tree call
+        self.takes_tree = spec.takes_tree
+        self._chain = {w: np.tril(np.ones((w, w), np.int64)) for w in self.widths}
+        self._tree = {w: self._chain[w].copy() for w in self.widths}
+        self._tree_dirty = dict.fromkeys(self.widths, False)
         self._features = {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths} if takes_features else None
         # On a GPU provider the cache and the K/V outputs live on the device (cuda-python buffers):
         # no host round trip of the cache; only ids in and logits out cross the bus.
@@ -142,9 +151,12 @@ class OrtModel:
         key = (width, n_slots)
         if key not in self._bindings:
             b = self.session(width).io_binding()
-            for name, arr in (("input_ids", self._ids[width]), ("positions", self._pos[width]),
-                              ("past_len", self._past)) + ((("features", self._features[width]),)
-                                                            if self._features is not None else ()):
+            inputs = [("input_ids", self._ids[width]), ("positions", self._pos[width]), ("past_len", self._past)]
+            if self._features is not None:
+                inputs.append(("features", self._features[width]))
+            if self.takes_tree:
+                inputs.append(("tree_mask", self._tree[width]))
+            for name, arr in inputs:
                 b.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             kv_dtype = np.dtype(self.spec.kv_dtype)
             for layer in range(self.n_layers):
@@ -156,6 +168,8 @@ class OrtModel:
                         ptr = self._kv_dev.ptr + (layer * 2 + j) * self.max_len * self._row_bytes
                         b.bind_input(f"past_{kind}_{layer}", "cuda", 0, kv_dtype, (n_slots, self.spec.kv_width), ptr)
             outputs = [("logits", self._logits[width]), ("hidden", self._hidden[width])]
+            if self._hidden_aux is not None:
+                outputs.append(("hidden_aux", self._hidden_aux[width]))
             if self.device is None:
                 outputs.append(("new_kv", self._new_kv[width]))
             else:
@@ -166,8 +180,11 @@ class OrtModel:
         return self._bindings[key]
 
     # ---- the two calls of the protocol ------------------------------------------------------------
-    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None) -> np.ndarray:
-        """features [n, H]: an EAGLE head's feature input (rows past n repeat the last one)."""
+    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None,
+                parents: np.ndarray | None = None) -> np.ndarray:
+        """features [n, H]: an EAGLE head's feature input (rows past n repeat the last one).
+        parents [n]: a token tree (parents[0] = -1, parents[i] < i): node i sits at position
+        past_len + depth(i) and sees only its ancestors; None is the chain 0 <- 1 <- ... <- n-1."""
         n = len(token_ids)
         width = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
@@ -175,6 +192,14 @@ class OrtModel:
         ids[0, :n] = token_ids
         ids[0, n:] = token_ids[n - 1]  # padding rows: computed, never committed or read
         pos[0, :] = self._slot_pos[past_len:past_len + width]
+        if parents is not None:
+            if not self.takes_tree:
+                raise EngineError("this engine folder's graphs predate token trees; re-export it")
+            fill_tree(self._tree[width], pos[0], parents, n, past_len)
+            self._tree_dirty[width] = True
+        elif self._tree_dirty[width]:
+            self._tree[width][:] = self._chain[width]
+            self._tree_dirty[width] = False
         if features is not None:
             feats = self._features[width]
             feats[0, :n] = features
@@ -187,8 +212,21 @@ class OrtModel:
         self.n_calls += 1
         return self._logits[width][0, :n]
 
-    def commit(self, past_len: int, n_rows: int) -> None:
+    def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
+        """Write K/V rows of the last forward into the cache at past_len: its first n_rows, or the
+        given rows in order (a tree's accepted path, compacted into consecutive slots)."""
         w = self._last_width
+        if rows is not None:
+            for i, r in enumerate(rows[:n_rows]):
+                if self.device is None:
+                    self.kv[:, :, past_len + i] = self._new_kv[w][:, :, r]
+                else:
+                    rb = self._row_bytes
+                    self.device.copy2d(self._kv_dev.ptr + (past_len + i) * rb, self.max_len * rb,
+                                       self._new_kv_dev[w].ptr + int(r) * rb, w * rb, rb, 2 * self.n_layers)
+            if self.device is not None:
+                self.device.sync()
+            return
         if self.device is None:
             self.kv[:, :, past_len:past_len + n_rows] = self._new_kv[w][:, :, :n_rows]
             return
@@ -197,6 +235,13 @@ class OrtModel:
         self.device.copy2d(self._kv_dev.ptr + past_len * rb, self.max_len * rb, self._new_kv_dev[w].ptr, w * rb,
                            n_rows * rb, 2 * self.n_layers)
         self.device.sync()
+
+    def last_hidden_aux(self, n: int) -> np.ndarray:
+        """EAGLE-3 low/mid/high features [n, 3H] of the last forward (folders exported with
+        --eagle3-features)."""
+        if self._hidden_aux is None:
+            raise EngineError("this folder's target has no hidden_aux output; export it with --eagle3-features")
+        return self._hidden_aux[self._last_width][0, :n]
 
     def last_hidden(self, n: int) -> np.ndarray:
         """Final-norm hidden states [n, H] of the last forward (for drafters that need them)."""

@@ -19,7 +19,7 @@ through ONNX Runtime on host memory (tests/test_trt_fake.py); it has NOT run on 
 from __future__ import annotations
 
 import numpy as np
-from edgespec.engines.base import EngineError, pick_width, window_slots
+from edgespec.engines.base import EngineError, fill_tree, pick_width, window_slots
 from edgespec.engines.device import CudaOps
 from edgespec.engines.manifest import Manifest, ModelSpec
 
@@ -63,7 +63,14 @@ class TrtModel:
         self.kv_row_bytes = spec.kv_width * dt.itemsize
         self.stream = self.ops.stream()
         self.kv = self.ops.alloc(spec.n_layers * 2 * self.max_len * self.kv_row_bytes)  # [L, 2, max_len, W]
-        self._host_in = {w: np.zeros(2 * w + 1, np.int64) for w in self.widths}  # ids | positions | past_len
+        # ids | positions | past_len | tree_mask [w, w] (a chain unless a tree call rewrites it)
+        self.takes_tree = spec.takes_tree
+        n_tree = (lambda w: w * w) if self.takes_tree else (lambda w: 0)
+        self._host_in = {w: np.zeros(2 * w + 1 + n_tree(w), np.int64) for w in self.widths}
+        for w in self.widths:
+            if self.takes_tree:
+                self._host_in[w][2 * w + 1:] = np.tril(np.ones((w, w), np.int64)).ravel()
+        self._tree_dirty = dict.fromkeys(self.widths, False)
         self._logits = {w: np.zeros((w, spec.vocab_size), np.float32) for w in self.widths}
         self._slot_pos = np.minimum(np.arange(self.max_len + max(self.widths)), self.max_len - 1)
         self._bufs, self._ctx, self._ctx_slots = {}, {}, {}
@@ -80,6 +87,9 @@ class TrtModel:
             ctx.set_tensor_address("input_ids", b["in"].ptr)
             ctx.set_tensor_address("positions", b["in"].ptr + 8 * w)
             ctx.set_tensor_address("past_len", b["in"].ptr + 16 * w)
+            if self.takes_tree:
+                ctx.set_tensor_address("tree_mask", b["in"].ptr + 8 * (2 * w + 1))
+                ctx.set_input_shape("tree_mask", (w, w))
             for name in ("logits", "new_kv", "hidden"):
                 ctx.set_tensor_address(name, b[name].ptr)
             for layer in range(spec.n_layers):
@@ -105,7 +115,8 @@ class TrtModel:
             if w in self.widths:
                 self.forward(np.zeros(w, np.int64), 0)
 
-    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
+        """As OrtModel.forward (parents: a token tree, None: a chain)."""
         n = len(token_ids)
         w = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
@@ -114,6 +125,14 @@ class TrtModel:
         host[n:w] = token_ids[n - 1]
         host[w:2 * w] = self._slot_pos[past_len:past_len + w]
         host[2 * w] = past_len
+        if parents is not None:
+            if not self.takes_tree:
+                raise EngineError("this engine folder's graphs predate token trees; re-export it")
+            fill_tree(host[2 * w + 1:].reshape(w, w), host[w:2 * w], parents, n, past_len)
+            self._tree_dirty[w] = True
+        elif self._tree_dirty[w]:
+            host[2 * w + 1:] = np.tril(np.ones((w, w), np.int64)).ravel()
+            self._tree_dirty[w] = False
         ctx = self._ctx[w]
         n_slots = window_slots(past_len, w, self.bucket, self.max_len)
         if self._ctx_slots[w] != n_slots:  # the bucket changed: new window shape, same addresses
@@ -146,9 +165,16 @@ class TrtModel:
             except Exception:  # a graph that cannot be captured just runs uncaptured
                 self._graphs[key] = None
 
-    def commit(self, past_len: int, n_rows: int) -> None:
+    def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
         # new_kv [L, 2, T, W] -> kv [L, 2, max_len, W] at rows past_len..: 2L rows of n_rows*W each
         w = self._last_width
+        if rows is not None:  # a tree's accepted path: one strided copy per row
+            for i, r in enumerate(rows[:n_rows]):
+                self.ops.copy2d(dst_ptr=self._block_ptr(0, 0, past_len + i), dst_pitch=self.max_len * self.kv_row_bytes,
+                                src_ptr=self._bufs[w]["new_kv"].ptr + int(r) * self.kv_row_bytes,
+                                src_pitch=w * self.kv_row_bytes, width=self.kv_row_bytes, height=2 * self.n_layers,
+                                stream=self.stream)
+            return
         self.ops.copy2d(dst_ptr=self._block_ptr(0, 0, past_len), dst_pitch=self.max_len * self.kv_row_bytes,
                         src_ptr=self._bufs[w]["new_kv"].ptr, src_pitch=w * self.kv_row_bytes,
                         width=n_rows * self.kv_row_bytes, height=2 * self.n_layers, stream=self.stream)

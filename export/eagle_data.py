@@ -26,6 +26,8 @@ class DataConfig:
     n_general: int = 900  # general chat prompts
     n_code_chat: int = 500  # programming chat prompts
     n_completion: int = 600  # raw code-completion prompts (stdlib signatures + docstrings)
+    n_everyday: int = 0  # first-person everyday chat prompts
+    n_self_instruct: int = 0  # user questions the target writes itself (then answers)
     max_new_tokens: int = 192  # answer length cap per prompt
     batch: int = 48  # prompts generated together
     max_prompt: int = 384  # longer prompts are skipped
@@ -53,7 +55,62 @@ def encode(tok, row: dict) -> list[int]:
     return tok(row["prompt"]).input_ids
 
 
+SELF_INSTRUCT = (
+    "Write one question that a person might ask a helpful assistant about {t}. Write only the question.",
+    "Write a short request someone could send to an AI assistant about {t}. Only the request, nothing else.",
+    "Imagine a user who needs help with something related to {t}. What would they type? Reply with "
+    "their message only.",
+)
+
+
+def _left_padded(ids: list[list[int]], pad: int):
+    import torch
+
+    n_p = max(len(x) for x in ids)
+    inp = torch.full((len(ids), n_p), pad, dtype=torch.long)
+    mask = torch.zeros((len(ids), n_p), dtype=torch.long)
+    for r, x in enumerate(ids):
+        inp[r, n_p - len(x):] = torch.tensor(x)
+        mask[r, n_p - len(x):] = 1
+    return inp, mask
+
+
+def self_instruct(model, tok, n: int, batch: int, seed: int, progress: bool = True) -> list[dict]:
+    """n chat prompts written by the target itself: asked for a user's question about a topic, it
+    answers with one; the first line of each answer that looks like a request is kept."""
+    import random
+
+    import torch
+    from edgespec.export.eagle_prompts import TOPICS
+
+    rng = random.Random(seed + 1)
+    out: list[dict] = []
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    seen: set[str] = set()
+    for _ in range(8):  # rounds; each asks for the prompts still missing (duplicates are dropped)
+        if len(out) >= n:
+            break
+        asks = [rng.choice(SELF_INSTRUCT).format(t=rng.choice(TOPICS)) for _ in range(n - len(out))]
+        for i in range(0, len(asks), batch):
+            ids = [encode(tok, {"messages": [{"role": "user", "content": a}]}) for a in asks[i:i + batch]]
+            inp, mask = _left_padded(ids, pad)
+            with torch.inference_mode():  # sampled, for variety; the answers to them are greedy
+                g = model.generate(input_ids=inp, attention_mask=mask, max_new_tokens=48, do_sample=True,
+                                   temperature=0.9, top_p=0.95, pad_token_id=pad)
+            for row in g[:, inp.shape[1]:]:
+                text = tok.decode(row, skip_special_tokens=True).strip().strip('"').split("\n")[0].strip()
+                words = len(text.split())
+                if 4 <= words <= 60 and text.lower() not in seen and not text.lower().startswith(("sure", "here")):
+                    seen.add(text.lower())
+                    out.append({"id": f"self-{len(out)}", "messages": [{"role": "user", "content": text}]})
+            if progress:
+                print(f"[data] self-instruct: {len(out)}/{n} prompts", file=sys.stderr, flush=True)
+    return out[:n]
+
+
 def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
+    import random
+
     import torch
     from edgespec.export.eagle_prompts import build_prompts
 
@@ -61,11 +118,18 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = build_prompts(cfg.n_general, cfg.n_code_chat, cfg.n_completion, cfg.seed)
-    with open(out / "prompts.jsonl", "w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
     model, tok = reference_model(cfg.target)
+    prompts_file = out / "prompts.jsonl"
+    if prompts_file.exists():  # a resumed run answers the same prompts (self-instruct ones included)
+        rows = [json.loads(line) for line in prompts_file.read_text().splitlines()]
+    else:
+        rows = build_prompts(cfg.n_general, cfg.n_code_chat, cfg.n_completion, cfg.seed, cfg.n_everyday)
+        if cfg.n_self_instruct:
+            rows += self_instruct(model, tok, cfg.n_self_instruct, cfg.batch, cfg.seed, progress)
+            random.Random(cfg.seed).shuffle(rows)
+        tmp = prompts_file.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.rename(prompts_file)
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
     ids = [encode(tok, r) for r in rows]
@@ -76,12 +140,8 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
         path = out / f"shard-{b:05d}.npz"
         if path.exists():
             continue
-        n_p = max(len(ids[i]) for i in idx)
-        inp = torch.full((len(idx), n_p), pad, dtype=torch.long)
-        mask = torch.zeros((len(idx), n_p), dtype=torch.long)
-        for r, i in enumerate(idx):
-            inp[r, n_p - len(ids[i]):] = torch.tensor(ids[i])
-            mask[r, n_p - len(ids[i]):] = 1
+        inp, mask = _left_padded([ids[i] for i in idx], pad)
+        n_p = inp.shape[1]
         with torch.inference_mode():
             g = model.generate(input_ids=inp, attention_mask=mask, max_new_tokens=cfg.max_new_tokens,
                                do_sample=False, pad_token_id=pad, output_hidden_states=True,
@@ -113,9 +173,11 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
 
 
 def load_shards(folder: str | Path):
-    """(tokens [N] int32, features [N, H] float16, starts [S+1], n_prompt [S]) over all shards."""
+    """(tokens [N] int32, features [N, H] float16, starts [S+1], n_prompt [S]) over all shards of
+    one folder, or of several given as "DIR1,DIR2"."""
     toks, fts, starts, n_prompt, base = [], [], [0], [], 0
-    for p in sorted(Path(folder).glob("shard-*.npz")):
+    shards = [p for f in str(folder).split(",") for p in sorted(Path(f).glob("shard-*.npz"))]
+    for p in shards:
         if ".tmp" in p.name:
             continue
         z = np.load(p)

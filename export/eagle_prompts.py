@@ -6,6 +6,10 @@ Three kinds, so the head sees what the target really writes:
   code chat        chat messages: "write a function that <first docstring line>" and other
                    programming requests built from the same stdlib docstrings and from topic lists
   general chat     chat messages: instruction templates x topics (explain, list, compare, email...)
+  everyday chat    chat messages: first-person requests about daily life (a situation + what the
+                   user wants: advice, a plan, a message to write, an explanation, ideas)
+  self-instruct    chat messages the target itself wrote when asked for a user's question about a
+                   topic (`eagle_data.self_instruct`): phrasing no template of ours has
 No HumanEval, MBPP, MT-Bench or other evaluation set is read; tests check that no HumanEval prompt
 text appears in the set.
 """
@@ -103,6 +107,56 @@ CODE = (
 )
 
 
+EVERYDAY_SITUATIONS = (
+    "I just moved into a small flat with no balcony", "my neighbour plays loud music late at night",
+    "I start a new job as a nurse next week", "my teenage son spends all day on his phone",
+    "I want to run my first 10k race in two months", "our team missed a project deadline",
+    "I keep forgetting to drink water during the day", "my car makes a squeaking noise when I brake",
+    "I have twenty minutes to cook dinner for two", "my grandmother is turning ninety",
+    "I am nervous about a dentist appointment", "my laptop has become very slow",
+    "I want to learn to draw but have never tried", "our kitchen sink smells bad",
+    "I have a presentation to my whole department on Friday", "my cat scratches the sofa",
+    "I am saving for a trip to Portugal", "I cannot fall asleep before two in the morning",
+    "my friend forgot my birthday", "I got a parking ticket I think is unfair",
+    "I want to reduce how much plastic our family uses", "my sourdough never rises properly",
+    "I have a small garden that gets little sun", "I need to buy a second-hand bicycle",
+    "my manager gives feedback only by email", "I want to ask for a raise",
+    "our family is adopting a rescue dog", "I have exams in three weeks and have not started",
+    "my houseplants keep dying", "I am hosting six friends for a board game night",
+    "I moved to a country where I do not speak the language", "my child is afraid of the dark",
+    "I want to start journaling", "my back hurts after working at a desk all day",
+    "I am planning a picnic for a school class", "I want to volunteer on weekends",
+    "my bike tyre keeps going flat", "I received a job offer from two companies",
+    "I am learning to play the piano at forty", "my roommate never washes the dishes",
+    "the heating bill doubled this winter", "I want to write a letter to my younger self",
+    "my phone battery drains before lunch", "I have leftover rice and some vegetables",
+    "I need a gift for a colleague who is retiring", "I want to go camping for the first time",
+    "our town is organising a clean-up day", "I am giving a toast at my sister's wedding",
+    "I feel unmotivated on Monday mornings", "I want to teach my parents to use video calls",
+)
+
+EVERYDAY = (
+    "{s}. What should I do?", "{s}. Can you give me some advice?", "{s}. Any tips?",
+    "{s}. Can you help me make a plan for this?", "{s}. What are my options?",
+    "{s}. Could you write a short message I could send about it?", "{s}. Where do I start?",
+    "{s}. What mistakes should I avoid?", "{s}. Please suggest a few ideas.",
+    "{s}. How do other people usually handle this?", "{s}. Is this normal?",
+    "{s}. Can you explain what might be going on?", "{s}. Make me a simple checklist.",
+    "{s}, and I only have a small budget. What would you suggest?", "{s}. How can I make it fun?",
+    "Hi! {s}. What would you recommend?", "Quick question: {s}. What is the first step?",
+    "{s}. Write a short to-do list for this week.", "{s}. What should I say?",
+    "{s}. Give me the pros and cons of the options I have.",
+)
+
+ASKS = (
+    "How does {t} work?", "Why is {t} important?", "What is {t}, in simple words?",
+    "Can you tell me about {t}?", "What should a beginner know about {t}?",
+    "What is the best way to get started with {t}?", "I'm curious about {t}. Where should I begin?",
+    "Is it true that {t} is hard to understand?", "What are common mistakes people make with {t}?",
+    "How has {t} changed over the last hundred years?",
+)
+
+
 def _stdlib_functions(rng: random.Random, limit: int) -> list[tuple[str, str, str]]:
     """(module, signature line, docstring) of public stdlib functions with docstrings."""
     out = []
@@ -126,10 +180,17 @@ def _stdlib_functions(rng: random.Random, limit: int) -> list[tuple[str, str, st
 
 
 def build_prompts(n_general: int = 900, n_code_chat: int = 500, n_completion: int = 600,
-                  seed: int = 0) -> list[dict]:
+                  seed: int = 0, n_everyday: int = 0) -> list[dict]:
     """A shuffled list of {"id", "prompt"} (raw completion) or {"id", "messages"} (chat)."""
     rng = random.Random(seed)
     rows: list[dict] = []
+    for i in range(n_everyday):
+        if i % 4 == 3:  # a plain question about a topic, asked conversationally
+            text = rng.choice(ASKS).format(t=rng.choice(TOPICS))
+        else:
+            s = rng.choice(EVERYDAY_SITUATIONS)
+            text = rng.choice(EVERYDAY).format(s=s[0].upper() + s[1:])
+        rows.append({"id": f"everyday-{i}", "messages": [{"role": "user", "content": text}]})
     for i in range(n_general):
         t, u = rng.sample(TOPICS, 2)
         rows.append({"id": f"chat-{i}", "messages": [{"role": "user",

@@ -56,6 +56,8 @@ class ExportConfig:
     kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level: 4 = int8 activations (fast), 0 = fp32
     int4_lm_head: bool = False  # int4 LM head too: ~20% faster decode, visibly worse text on small models
+    eagle3_features: bool = False  # target graphs also output hidden_aux: the residual stream entering
+    #                                layers 2, L//2 and L-3, concatenated [1, T, 3H] (EAGLE-3 fusion)
     force: bool = False  # replace an existing folder
     validate: bool = True  # compare every graph with PyTorch after export
     progress: bool = True  # show a progress bar
@@ -97,6 +99,12 @@ class _Progress:
             self.bar.close()
 
 
+def eagle3_layers(n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low / middle / high feature layers (as SGLang and vLLM pick them): the residual
+    stream entering layers 2, n//2 and n-3 (clamped for very shallow models)."""
+    return tuple(sorted({min(2, n_layers - 1), n_layers // 2, max(n_layers - 3, 0)}))
+
+
 def _hf_weights(model) -> dict[str, np.ndarray]:
     return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
@@ -123,15 +131,20 @@ def _write_model(writer: LlamaGraphWriter, folder: Path, prefix: str, widths: li
             "phase": _phase(w, chunk), "width": w, "file": fname,
             "inputs": [{"name": "input_ids", "shape": [1, w], "dtype": "int64"},
                        {"name": "positions", "shape": [1, w], "dtype": "int64"},
-                       {"name": "past_len", "shape": [1], "dtype": "int64"}]
+                       {"name": "past_len", "shape": [1], "dtype": "int64"},
+                       {"name": "tree_mask", "shape": [w, w], "dtype": "int64"}]
             + [{"name": f"past_{kind_}_{i}", "shape": ["S", writer.arch.n_kv_heads * writer.arch.head_dim],
                 "dtype": kv_dtype} for i in range(writer.n_layers) for kind_ in ("key", "value")],
             "outputs": [{"name": "logits", "shape": [1, w, writer.arch.vocab_size], "dtype": "float32"},
                         {"name": "new_kv", "shape": [writer.n_layers, 2, w,
                                                      writer.arch.n_kv_heads * writer.arch.head_dim],
                          "dtype": kv_dtype},
-                        {"name": "hidden", "shape": [1, w, writer.arch.hidden_size], "dtype": kv_dtype}]})
+                        {"name": "hidden", "shape": [1, w, writer.arch.hidden_size], "dtype": kv_dtype}]
+            + ([{"name": "hidden_aux", "shape": [1, w, len(writer.opts.aux_layers) * writer.arch.hidden_size],
+                 "dtype": kv_dtype}] if writer.opts.aux_layers else [])})
     arch = writer.arch.to_manifest() | {"n_layers": writer.n_layers}
+    if writer.opts.aux_layers:
+        arch["aux_layers"] = list(writer.opts.aux_layers)
     return {"kind": kind, "precision": writer.opts.precision, "architecture": arch, "kv_dtype": kv_dtype,
             "window": "S >= past_len + T",  # the past_key/past_value window covers the new rows
             "weights": {"file": weights_file, "tensors": {k: v for k, v in index.items() if k in used}},
@@ -243,7 +256,8 @@ def export(cfg: ExportConfig) -> Path:
             raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
         arch = arch_from_config(model.config, cfg.max_len)
         opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level,
-                            int4_lm_head=cfg.int4_lm_head)
+                            int4_lm_head=cfg.int4_lm_head,
+                            aux_layers=eagle3_layers(arch.n_layers) if cfg.eagle3_features else ())
         hf_w = _hf_weights(model)
         writer = LlamaGraphWriter(arch, hf_w, opts)
         index_t = write_weights(writer.store.arrays, tmp / "target.weights")
@@ -365,6 +379,7 @@ def _write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
                "inputs": [{"name": "input_ids", "shape": [1, w], "dtype": "int64"},
                           {"name": "positions", "shape": [1, w], "dtype": "int64"},
                           {"name": "past_len", "shape": [1], "dtype": "int64"},
+                          {"name": "tree_mask", "shape": [w, w], "dtype": "int64"},
                           {"name": "features", "shape": [1, w, arch.hidden_size], "dtype": kv_dtype},
                           {"name": "past_key_0", "shape": ["S", kv_w], "dtype": kv_dtype},
                           {"name": "past_value_0", "shape": ["S", kv_w], "dtype": kv_dtype}],

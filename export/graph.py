@@ -42,6 +42,8 @@ class GraphOptions:
     int4_block_size: int = 32  # weights per quantization block along the input dimension
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level (4 = int8 activations, 0 = fp32)
     int4_lm_head: bool = False  # quantize the LM head too (smaller, faster, worse text)
+    aux_layers: tuple[int, ...] = ()  # also output hidden_aux [1, T, n*H]: the residual stream entering
+    #                                   these layers, concatenated (EAGLE-3's low/mid/high features)
 
 
 class WeightStore:
@@ -238,7 +240,14 @@ class LlamaGraphWriter:
         s_new = b.op("Gemm", [qbd, new_k], p + "/scores_new", transB=1, alpha=scale)  # [Hq*T, T]
         scores = b.op("Where", [slots["is_new_row"], b.op("Pad", [s_new, slots["pad_cols"]], p + "/s_place"),
                                 s_past], p + "/scores")
+        # token tree: row r's ancestors' scores moved to the columns a chain would have them at
+        # (past_len + depth), so its softmax row is the chain's row bit for bit; exact copies
+        scores = b.op("GatherElements", [scores, slots["to_depth"]], p + "/s_depth", axis=1)
         probs = b.op("Softmax", [b.op("Add", [scores, mask], p + "/masked")], p + "/Softmax", axis=-1)
+        # ... and the probabilities back to the slots the new values sit at (node order), zero for
+        # non-ancestors: the same non-zero terms in the same order (ancestors come first)
+        probs = b.op("Where", [slots["keep"], b.op("GatherElements", [probs, slots["to_node"]], p + "/p_node",
+                                                   axis=1), "zero_f"], p + "/p_keep")
         ctx = b.op("Gemm", [probs, v_full], p + "/ctx")  # [Hq*T, Hkv*D]
         # keep each query head's own kv block: [Hq, T, Hkv, D] * head_mask, summed over Hkv
         ctx = b.op("Reshape", [ctx, "shape_ctx4"], p + "/ctx4")
@@ -276,13 +285,13 @@ class LlamaGraphWriter:
         b.const("axis1", np.array([1], np.int64))
         b.const("zero_i", np.array(0, np.int64))
         b.const("one_i", np.array(1, np.int64))
-        # T from the input; slot j of the window [S] is visible to new row t iff j <= past_len + t
+        # T from the input; slot j of the window [S] is visible to new row t iff j <= positions[t]
+        # (a chain: positions[t] = past_len + t; a tree: past_len + depth(t), columns in depth order)
         t_len = b.op("Gather", [b.op("Shape", ["input_ids"], "/T/shape"), "axis1"], "/T/T")  # [1]
-        t_idx = b.op("Range", ["zero_i", b.op("Squeeze", [t_len], "/T/scalar"), "one_i"], "/T/range")
         s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/mask/shape"), "axis0"], "/mask/S")
         j_idx = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/mask/S_scalar"), "one_i"], "/mask/slots")
-        last_visible = b.op("Add", [b.op("Unsqueeze", [t_idx, "axis1"], "/mask/t_col"), "past_len"],
-                            "/mask/last")  # [T, 1]
+        pos_flat = b.op("Reshape", ["positions", b.const("shape_T", np.array([-1], np.int64))], "/pos_flat")
+        last_visible = b.op("Unsqueeze", [pos_flat, "axis1"], "/mask/last")  # [T, 1]
         hidden_slot = b.op("Greater", [b.op("Unsqueeze", [j_idx, "axis0"], "/mask/j_row"), last_visible],
                            "/mask/hidden")  # [T, S]
         bias = b.op("Where", [hidden_slot, b.const("ninf_f", np.array(NEG_INF[f.name], f)),
@@ -301,14 +310,50 @@ class LlamaGraphWriter:
         slots = {"is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"),  # [S, 1]
                  "is_new_row": b.op("Unsqueeze", [is_new, "axis0"], "/slots/is_new_row"),  # [1, S]
                  "pad_rows": pad_rows, "pad_cols": pad_cols}
-
-        pos = b.op("Reshape", ["positions", b.const("shape_T", np.array([-1], np.int64))], "/pos_flat")
+        slots |= self._tree_gathers(b, pos_flat, j_idx, slots["is_new_row"], pad_cols, n_q)
+        pos = pos_flat
         cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/rope/cos"), "axis1"],
                    "/rope/cos_unsq")  # [T, 1, D]
         sin = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_sin"), pos], "/rope/sin"), "axis1"],
                    "/rope/sin_unsq")
 
         return slots, mask, cos, sin
+
+    def _tree_gathers(self, b: _Builder, pos: str, j_idx: str, is_new_row: str, pad_cols: str, n_q: int) -> dict:
+        """Column maps for a token tree given as `tree_mask` [T, T] (1 where t is r or an ancestor
+        of r; nodes in topological order) and positions (past_len + depth):
+          to_depth [Hq*T, S]: score column of row r at slot past_len + d <- slot past_len + anc(r, d)
+          to_node, keep [Hq*T, S]: probability of slot past_len + t <- column past_len + depth(t) if
+                                   t is an ancestor of r (keep), else 0
+        Outside the T new slots both maps are the identity. A chain (lower-triangular mask,
+        depth = t) maps every column to itself, so chains compute exactly what they did before."""
+        anc = b.op("Cast", ["tree_mask"], "/tree/anc", to=TensorProto.BOOL)  # [T, T]
+        depth = b.op("Sub", [pos, "past_len"], "/tree/depth")  # [T]
+        t_len = b.op("Shape", [depth], "/tree/T")
+        t_idx = b.op("Range", ["zero_i", b.op("Squeeze", [t_len], "/tree/T_scalar"), "one_i"], "/tree/t")
+        # anc_at[r, d] = sum_t [t anc of r][depth(t) == d] * t  (exact small integers in a float matmul)
+        at_depth = b.op("Cast", [b.op("Equal", [b.op("Unsqueeze", [depth, "axis1"], "/tree/d_col"),
+                                                 b.op("Unsqueeze", [t_idx, "axis0"], "/tree/d_row")], "/tree/eq")],
+                        "/tree/onehot", to=TensorProto.FLOAT)  # [t, d]
+        anc_t = b.op("Mul", [b.op("Cast", [anc], "/tree/anc_f", to=TensorProto.FLOAT),
+                             b.op("Cast", [b.op("Unsqueeze", [t_idx, "axis0"], "/tree/t_row")], "/tree/t_f",
+                                  to=TensorProto.FLOAT)], "/tree/anc_t")  # [r, t]
+        anc_at = b.op("Cast", [b.op("MatMul", [anc_t, at_depth], "/tree/anc_at_f")], "/tree/anc_at",
+                      to=TensorProto.INT64)  # [r, d]
+        n_heads = b.const("tile_tree", np.array([n_q, 1], np.int64))
+        j_row = b.op("Unsqueeze", [j_idx, "axis0"], "/tree/j_row")  # [1, S]
+        to_depth = b.op("Where", [is_new_row, b.op("Pad", [b.op("Add", [anc_at, "past_len"], "/tree/anc_slot"),
+                                                           pad_cols], "/tree/anc_place"), j_row], "/tree/to_depth")
+        d_slot = b.op("Add", [b.op("Unsqueeze", [depth, "axis0"], "/tree/depth_row"), "past_len"], "/tree/d_slot")
+        to_node = b.op("Where", [is_new_row, b.op("Pad", [b.op("Expand", [d_slot, b.op("Shape", ["tree_mask"],
+                                                                                        "/tree/TT")], "/tree/d_exp"),
+                                                           pad_cols], "/tree/d_place"), j_row], "/tree/to_node")
+        keep_new = b.op("Pad", [b.op("Cast", [anc], "/tree/anc_i", to=TensorProto.INT64), pad_cols], "/tree/keep_place")
+        keep = b.op("Or", [b.op("Not", [is_new_row], "/tree/old_slot"),
+                           b.op("Cast", [keep_new], "/tree/keep_b", to=TensorProto.BOOL)], "/tree/keep")
+        return {"to_depth": b.op("Tile", [to_depth, n_heads], "/tree/to_depth_h"),
+                "to_node": b.op("Tile", [to_node, n_heads], "/tree/to_node_h"),
+                "keep": b.op("Tile", [keep, n_heads], "/tree/keep_h")}
 
     def _layer(self, b: _Builder, i, x: str, cos: str, sin: str, mask: str, slots: dict,
                ln1: bool = True) -> tuple[str, list[str]]:
@@ -329,7 +374,8 @@ class LlamaGraphWriter:
 
     def _finish(self, b: _Builder, n_layers: int, new_rows: list[str], logits: str, hidden: str, n_logits: int,
                 extra_inputs: list, weights_location: str, offsets: dict[str, int],
-                locations: dict[str, tuple[str, int]] | None = None) -> onnx.ModelProto:
+                locations: dict[str, tuple[str, int]] | None = None, extra_outputs: list | None = None
+                ) -> onnx.ModelProto:
         """Outputs logits [1, T, n_logits], new_kv [L, 2, T, Hkv*D], hidden [1, T, H]; the model.
         locations: weights kept in another file (name -> (file, offset, array))."""
         a = self.arch
@@ -349,13 +395,14 @@ class LlamaGraphWriter:
         T = "T"
         inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, T]),
                   helper.make_tensor_value_info("positions", TensorProto.INT64, [1, T]),
-                  helper.make_tensor_value_info("past_len", TensorProto.INT64, [1])] + extra_inputs
+                  helper.make_tensor_value_info("past_len", TensorProto.INT64, [1]),
+                  helper.make_tensor_value_info("tree_mask", TensorProto.INT64, [T, T])] + extra_inputs
         for i in range(L):
             inputs += [helper.make_tensor_value_info(f"past_key_{i}", kv_type, ["S", kv_w]),
                        helper.make_tensor_value_info(f"past_value_{i}", kv_type, ["S", kv_w])]
         outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, n_logits]),
                    helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
-                   helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size])]
+                   helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size])] + (extra_outputs or [])
         inits = []
         locations = locations or {}
         for name in sorted(b.used_weights):
@@ -386,10 +433,20 @@ class LlamaGraphWriter:
         slots, mask, cos, sin = self._prologue(b)
         ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
         x = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
-        new_rows = []
+        new_rows, aux = [], []
         for i in range(self.n_layers):
+            if i in self.opts.aux_layers:
+                aux.append(x)
             x, rows = self._layer(b, i, x, cos, sin, mask, slots)
             new_rows += rows
         hidden = self._rms_norm(b, x, "final_norm", "/final_norm", "eps")  # [T, H]
         logits = self._matmul(b, hidden, "lm_head", a.hidden_size, a.vocab_size)  # [T, V]
-        return self._finish(b, self.n_layers, new_rows, logits, hidden, a.vocab_size, [], weights_location, offsets)
+        extra_out = []
+        if aux:
+            n_aux = len(aux) * a.hidden_size
+            cat = b.op("Concat", aux, "/hidden_aux/Concat", axis=-1)  # [T, n*H]
+            b.nodes.append(helper.make_node("Reshape", [cat, b.const("shape_aux", np.array([1, -1, n_aux], np.int64))],
+                                            ["hidden_aux"], name="/hidden_aux/Reshape"))
+            extra_out.append(helper.make_tensor_value_info("hidden_aux", _NP_TO_ONNX[self.dtype], [1, "T", n_aux]))
+        return self._finish(b, self.n_layers, new_rows, logits, hidden, a.vocab_size, [], weights_location, offsets,
+                            extra_outputs=extra_out)

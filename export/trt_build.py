@@ -61,6 +61,8 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
             for name in ("input_ids", "positions"):
                 p.set_shape(name, (1, w), (1, w), (1, w))
             p.set_shape("past_len", (1,), (1,), (1,))
+            if spec.takes_tree:
+                p.set_shape("tree_mask", (w, w), (w, w), (w, w))
             for layer in range(spec.n_layers):
                 for kind in ("key", "value"):
                     p.set_shape(f"past_{kind}_{layer}", (s_min, spec.kv_width), (s_opt, spec.kv_width),

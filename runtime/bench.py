@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from edgespec.runtime.stats import GenerationStats
+from edgespec.runtime.tree import TreeConfig
 from edgespec.runtime.verify import SamplingConfig
 
 ITL_EDGES_MS = [0, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000, 1e9]
@@ -41,6 +42,10 @@ class BenchConfig:
     ngram_min: int = 1  # prompt lookup: shortest suffix matched
     ngram_max: int = 3  # prompt lookup: longest suffix, tried first
     adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks)
+    trees: tuple[str, ...] = ()  # token-tree specs NODES:DEPTH:BRANCH:BEAM, run for each tree-capable drafter
+
+
+TREE_DRAFTERS = ("ngram", "eagle", "hybrid")
 
 
 def load_prompts(path: str | None, limit: int) -> list[dict]:
@@ -116,9 +121,11 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     if not prompts:
         raise ValueError("no prompts to run")
     drafters = ["none"] + [d for d in cfg.drafters if d != "none"]
-    configs = [("none", 0, False)] + [(d, k, False) for d in drafters[1:] for k in cfg.ks]
+    configs = [("none", 0, False, "")] + [(d, k, False, "") for d in drafters[1:] for k in cfg.ks]
     if cfg.adaptive:
-        configs += [(d, max(cfg.ks), True) for d in drafters[1:]]
+        configs += [(d, max(cfg.ks), True, "") for d in drafters[1:]]
+    trees = {spec: TreeConfig.parse(spec) for spec in cfg.trees}
+    configs += [(d, max(cfg.ks), False, spec) for d in drafters[1:] if d in TREE_DRAFTERS for spec in trees]
     g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads,
                        ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max), draft_provider=cfg.draft_provider,
                        eagle_min_confidence=cfg.eagle_min_confidence)
@@ -128,12 +135,12 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         g.eagle_engine.load_widths([1, g.manifest.prefill_chunk] + list(range(2, max(cfg.ks) + 2)))
     sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
     encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
-    def use(d, k, adaptive):
-        g.cfg = dataclasses.replace(g.cfg, adaptive=adaptive)
+    def use(d, k, adaptive, tree):
+        g.cfg = dataclasses.replace(g.cfg, adaptive=adaptive, tree=trees[tree] if tree else TreeConfig())
         g.set_drafter(d, k or None)
 
-    for d, k, ad in configs:  # warm-up: first calls of each path, not timed
-        use(d, k, ad)
+    for c in configs:  # warm-up: first calls of each path, not timed
+        use(*c)
         for _ in g.generate_ids(encoded[0], 8, sampling):
             pass
     results = {c: {"stats": [], "prompts": []} for c in configs}
@@ -145,31 +152,32 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     print(f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
           f"temperature {cfg.temperature}", file=sys.stderr)
     for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
-        for d, k, ad in configs:
-            use(d, k, ad)
+        for c in configs:
+            use(*c)
             g.forget()  # every configuration prefills the prompt cold: TTFTs stay comparable
             t0 = time.perf_counter()
             out_ids = [int(t) for chunk in g.generate_ids(ids, cfg.max_new_tokens, sampling) for t in chunk]
             dt = time.perf_counter() - t0
-            results[(d, k, ad)]["stats"].append(g.last_stats)
-            results[(d, k, ad)]["prompts"].append({"id": p["id"], "output_ids": out_ids, "tokens": len(out_ids),
-                                               "seconds": dt})
+            results[c]["stats"].append(g.last_stats)
+            results[c]["prompts"].append({"id": p["id"], "output_ids": out_ids, "tokens": len(out_ids),
+                                          "seconds": dt})
         print(f"  [{i + 1}/{len(prompts)}] {p['id']}", file=sys.stderr)
     gpu = {}
     if sampler is not None:
         sampler.__exit__()
         gpu = sampler.summary()
-    base_ids = [r["output_ids"] for r in results[("none", 0, False)]["prompts"]]
+    base_ids = [r["output_ids"] for r in results[("none", 0, False, "")]["prompts"]]
     runs = []
-    for (d, k, ad), r in results.items():
+    for (d, k, ad, tree), r in results.items():
         same = sum(a["output_ids"] == b for a, b in zip(r["prompts"], base_ids, strict=True))
         runs.append({"drafter": d, "k": k, "adaptive": ad, "totals": _totals(r["stats"]) | {"identical_to_none": same,
                                                                             "n_prompts": len(base_ids)},
-                     "prompts": r["prompts"]})
+                     "prompts": r["prompts"]} | ({"tree": tree} if tree else {}))
     report = {"config": {"engine": cfg.engine, "prompts": cfg.prompts or f"HumanEval[:{cfg.limit}]",
                          "drafters": drafters, "k": list(cfg.ks), "max_new_tokens": cfg.max_new_tokens,
                          "temperature": cfg.temperature, "seed": cfg.seed,
                          "ngram": [cfg.ngram_min, cfg.ngram_max], "adaptive": cfg.adaptive,
+                         "trees": list(cfg.trees),
                          "eagle_min_confidence": g.cfg.eagle_min_confidence,
                          "precision": g.manifest.target.precision},
               "machine": machine_info(cfg.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
@@ -186,6 +194,8 @@ def format_table(report: dict) -> str:
     for r in report["runs"]:
         t = r["totals"]
         k = f"<={r['k']} adaptive" if r.get("adaptive") else r["k"]
+        if r.get("tree"):
+            k = f"tree {r['tree']}"
         row = (f"| {r['drafter']} | {k} | {t['tokens_per_s']:.1f} | {t['tokens_per_s'] / base:.2f}x | "
                f"{t['mean_accepted_length']:.2f} | {t['acceptance_rate']:.2f} | {t['itl_ms']['p50']:.1f} / "
                f"{t['itl_ms']['p99']:.1f} | {t['ttft_ms']:.0f} |")

@@ -74,8 +74,26 @@ class NgramDrafter:
                 return m, None
         return 0, None
 
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        """A trie of the continuations after several earlier occurrences of the suffix (longest
+        suffix first, most recent first), so the chain proposal is its first branch."""
+        toks, n = seq.tokens, seq.n
+        for size in range(min(self.cfg.max_n, n - 1), self.cfg.min_n - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(toks[:n - 1], size)  # [n-size, size]
+            hits = np.flatnonzero((windows == toks[n - size:n]).all(axis=1))
+            for h in hits[::-1][:MAX_TREE_MATCHES]:
+                parent = 0
+                for j in range(int(h) + size, min(int(h) + size + cfg.depth, n)):
+                    parent = tree.add(parent, toks[j])
+                    if parent < 0:
+                        return
+        return
+
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         pass
+
+
+MAX_TREE_MATCHES = 8  # earlier occurrences an n-gram tree merges (per suffix length)
 
 
 class ModelDrafter:
@@ -157,6 +175,11 @@ class EagleDrafter:
         self._full = np.full(target_vocab, -np.inf, np.float32)  # head logits scattered to the target vocab
         self._exp = np.zeros(len(d2t), np.float32)  # scratch for the confidence softmax (no per-step alloc)
         self._q = np.zeros((64, target_vocab), np.float64)
+        n_tree = max(head.widths)  # tree scratch: per node feature, head row, head-call inputs
+        self._tree_feat = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
+        self._tree_in = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
+        self._tree_par = np.zeros(n_tree, np.int64)
+        self._tree_rows = np.zeros(n_tree, np.int64)
 
     def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
         self.sampling, self.rng = sampling, rng
@@ -203,6 +226,53 @@ class EagleDrafter:
                 self._feat[0] = head.last_hidden(1)[0]
         return k, (None if self.sampling.greedy or k == 0 else self._q[:k])
 
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        """EAGLE-2 style dynamic tree: from the root, each depth adds the `beam` best of the top-
+        `branch` children of the last depth's nodes, ranked by path probability (the head's own
+        probabilities multiplied along the path); the head then runs once over all drafted nodes
+        (a forest under the committed context, tree attention) for the next depth's candidates."""
+        n, toks, head = seq.n, seq.tokens, self.head
+        if head.max_len - n < cfg.depth + 1 or tree.limit < 2:
+            return
+        j0 = self.dft_past  # catch up (as the chain does); the last row drafts the root's children
+        self.dft_past, root_row = prefill(head, toks[j0 + 1:n], j0, features=self.tgt_features[j0:n - 1])
+        feat = self._tree_feat
+        feat[0] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]
+        logits = root_row[None]  # [rows, Vd]: the head's logits of the last expanded nodes
+        rows_of = self._tree_rows  # each node's row in `logits`
+        rows_of[0] = 0
+        frontier = [0]
+        for d in range(1, cfg.depth + 1):
+            cands = []
+            for u in frontier:
+                row = logits[rows_of[u]]
+                top = np.argpartition(row, -cfg.branch)[-cfg.branch:]
+                np.exp(np.subtract(row, row.max(), out=self._exp), out=self._exp)
+                z = float(self._exp.sum())
+                cands.extend((tree.score[u] * float(self._exp[t]) / z, u, int(self.d2t[t])) for t in top)
+            cands.sort(reverse=True)
+            frontier = []
+            for score, u, tok in cands[:cfg.beam]:
+                if score < cfg.min_score:
+                    break
+                c = tree.add(u, tok, score)
+                if c < 0:
+                    break
+                frontier.append(c)
+            if not frontier or tree.n >= tree.limit or d == cfg.depth:
+                break
+            # the head over drafted nodes 1..n-1: row i-1 = (f^ of i's parent, token i) at depth(i)
+            m = tree.n - 1
+            for i in range(1, tree.n):
+                self._tree_in[i - 1] = feat[tree.parents[i]]
+                self._tree_par[i - 1] = tree.parents[i] - 1  # depth-1 nodes are the forest's roots
+            logits = head.forward(tree.tokens[1:tree.n], n - 1, features=self._tree_in[:m],
+                                  parents=self._tree_par[:m])
+            hidden = head.last_hidden(m)
+            for c in frontier:
+                feat[c] = hidden[c - 1]
+                rows_of[c] = c - 1
+
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         pass  # the speculative rows lie past dft_past = n_old - 1 already
 
@@ -233,6 +303,11 @@ class HybridDrafter:
     def propose(self, seq: SeqState, k: int):
         m, q = self.ngram.propose(seq, k)
         return (m, q) if m > 0 else self.eagle.propose(seq, k)
+
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        self.ngram.propose_tree(seq, tree, cfg)
+        if tree.n == 1:
+            self.eagle.propose_tree(seq, tree, cfg)
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         self.eagle.accepted(seq, n_old, n_acc)

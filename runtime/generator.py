@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from edgespec.engines.base import prefill
+from edgespec.engines.base import prefill, tree_chain_prefix
 from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import AdaptiveK
 from edgespec.runtime.drafters import NgramConfig, make_drafter
 from edgespec.runtime.state import SeqState
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import StreamDecoder, TextCodec
+from edgespec.runtime.tree import TokenTree, TreeConfig, accept_tree_greedy, accept_tree_sampled
 from edgespec.runtime.verify import SamplingConfig, accept_greedy, accept_sampled, penalize, probs, sample
 
 EAGLE_MIN_CONFIDENCE = 0.4  # EAGLE chain cut-off: 0.80x -> 1.04x for eagle k=4 on HumanEval (README)
@@ -40,6 +41,7 @@ class GeneratorConfig:
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
     adaptive: bool = False  # choose k per step from measured costs and acceptance (k = the maximum)
     eagle_min_confidence: float = 0.0  # EAGLE: stop drafting when the head's own p(token) is lower
+    tree: TreeConfig = TreeConfig()  # token trees (nodes > 0) instead of chains: ngram, eagle, hybrid
 
 
 def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
@@ -78,7 +80,7 @@ class Generator:
     def load(cls, folder: str | Path, drafter: str | None = None, k: int | None = None,
              provider: str = "cpu", threads: int | None = None, ngram: NgramConfig = NgramConfig(),
              adaptive: bool | None = None, draft_provider: str | None = None,
-             eagle_min_confidence: float | None = None):
+             eagle_min_confidence: float | None = None, tree: TreeConfig = TreeConfig()):
         manifest = load_manifest(folder)
         drafter = drafter or manifest.defaults.get("drafter", "ngram")
         k = k if k is not None else manifest.defaults.get("k", 4)
@@ -86,7 +88,7 @@ class Generator:
         if eagle_min_confidence is None:
             eagle_min_confidence = manifest.defaults.get("eagle_min_confidence", EAGLE_MIN_CONFIDENCE)
         cfg = GeneratorConfig(drafter, k, provider, threads, ngram, adaptive=adaptive,
-                              eagle_min_confidence=eagle_min_confidence)
+                              eagle_min_confidence=eagle_min_confidence, tree=tree)
         target = make_engine(manifest, manifest.target, provider, threads)
         draft = None
         if manifest.draft:  # the draft may run elsewhere (draft_provider: e.g. CPU beside a GPU target)
@@ -95,11 +97,11 @@ class Generator:
         if manifest.eagle:  # the head alternates with the target: same placement rule as a draft
             eagle = make_engine(manifest, manifest.eagle, draft_provider or provider, threads)
         g = cls(manifest, target, cfg, draft, TextCodec(manifest), eagle)
-        target.load_widths([1, manifest.prefill_chunk] + list(range(2, g.k + 2)))
+        target.load_widths([1, manifest.prefill_chunk] + list(range(2, max(g.k, tree.nodes - 1) + 2)))
         if draft is not None and drafter == "draft":
             draft.load_widths([1, manifest.prefill_chunk])
         if eagle is not None and drafter in ("eagle", "hybrid"):
-            eagle.load_widths([1, manifest.prefill_chunk] + list(range(2, g.k + 2)))
+            eagle.load_widths([1, manifest.prefill_chunk] + list(range(2, max(g.k, tree.nodes - 1) + 2)))
         return g
 
     def set_drafter(self, name: str, k: int | None = None) -> None:
@@ -117,8 +119,16 @@ class Generator:
                      self.cfg.eagle_min_confidence)
         self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram, eagle)
         self.k = 0 if name == "none" else k
+        self.tree = None  # the step's token tree (preallocated), when trees are on
+        if self.cfg.tree.nodes and name != "none":
+            self.cfg.tree.check(k_max + 1)
+            if not hasattr(self.drafter, "propose_tree"):
+                raise ValueError(f"drafter {name!r} drafts chains only; trees work with ngram, eagle, hybrid")
+            if not getattr(self.target, "takes_tree", True):
+                raise ValueError("this engine folder's graphs predate token trees; re-export it")
+            self.tree = TokenTree(self.cfg.tree.nodes)
         self.adaptive = None
-        if self.cfg.adaptive and self.k > 0:
+        if self.cfg.adaptive and self.k > 0 and self.tree is None:
             self.adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
 
     def verify_costs(self, widths, repeats: int = 3) -> dict[int, float]:
@@ -177,6 +187,8 @@ class Generator:
         # adaptive k follows measured times; under sampling that would make the RNG draws, and so
         # a seeded output, depend on timing: sampled runs keep the fixed k
         adaptive = self.adaptive if sampling.greedy else None
+        tree = self.tree
+        n_nodes = 0
         t_start = time.perf_counter()
 
         # prefill: the prompt into the target KV, first token from the last logits. Rows kept
@@ -212,20 +224,22 @@ class Generator:
                 st.finish_reason = "length"
                 break
             t0 = time.perf_counter()
-            m, dft_q = drafter.propose(seq, k) if k > 0 else (0, None)  # draft
-            t1 = time.perf_counter()
-            tgt_logits = tgt.forward(seq.verify_window(m), seq.tgt_past)  # verify: [m+1, V]
-            t2 = time.perf_counter()
-            draft = seq.draft_slots(m)
-            if sampling.repetition_penalty != 1.0:  # row i's context: tokens[:n + i]
-                tgt_logits = penalize(tgt_logits, seq.tokens, seq.n, sampling.repetition_penalty)
-            if sampling.greedy:  # accept
-                n_acc, nxt = accept_greedy(draft, tgt_logits)
+            rows = None  # K/V rows to commit: the first n_acc+1 (chain) or the tree's accepted path
+            if tree is None:
+                m, dft_q = drafter.propose(seq, k) if k > 0 else (0, None)  # draft
+                t1 = time.perf_counter()
+                tgt_logits = tgt.forward(seq.verify_window(m), seq.tgt_past)  # verify: [m+1, V]
+                t2 = time.perf_counter()
+                n_acc, nxt = self._accept(seq, seq.draft_slots(m), dft_q, tgt_logits, sampling, rng)  # accept
             else:
-                n_acc, nxt = accept_sampled(draft, dft_q, tgt_logits, sampling, rng)
-            tgt.commit(seq.tgt_past, n_acc + 1)  # commit: rows of [pending, d_1..d_n_acc]
+                m, n_nodes, (n_acc, nxt) = self._tree_step(seq, tree, sampling, rng)  # draft, verify, accept
+                t1, t2 = tree.t_drafted, tree.t_verified
+                rows = tree.path
+            tgt.commit(seq.tgt_past, n_acc + 1, rows)  # commit: rows of [pending, d_1..d_n_acc]
             if feats is not None:  # their features too (EAGLE's next catch-up reads them)
-                feats[seq.tgt_past:seq.tgt_past + n_acc + 1] = tgt.last_hidden(n_acc + 1)
+                hidden = tgt.last_hidden(max(n_acc + 1, n_nodes if rows is not None else 0))
+                for i in range(n_acc + 1):
+                    feats[seq.tgt_past + i] = hidden[i if rows is None else rows[i]]
             n_old = seq.n
             seq.tokens[n_old + n_acc] = nxt
             seq.n += n_acc + 1
@@ -240,13 +254,38 @@ class Generator:
             t3 = time.perf_counter()
             st.draft_s += t1 - t0
             st.verify_s += t2 - t1
-            st.record_step(m, n_acc, n_emit, t3 - t_prev)
+            st.record_step(m, n_acc, n_emit, t3 - t_prev, n_nodes - 1 if rows is not None else m)
             if adaptive:
                 adaptive.observe(k, m, n_acc, t2 - t1, t1 - t0)
             t_prev = t3
             st.n_output += n_emit
             self.last_step = (m, n_acc)
             yield new[:n_emit]
+
+    def _accept(self, seq: SeqState, draft, dft_q, tgt_logits, sampling: SamplingConfig, rng):
+        """(n accepted, next token) of a chain."""
+        if sampling.repetition_penalty != 1.0:  # row i's context: tokens[:n + i]
+            tgt_logits = penalize(tgt_logits, seq.tokens, seq.n, sampling.repetition_penalty)
+        if sampling.greedy:
+            return accept_greedy(draft, tgt_logits)
+        return accept_sampled(draft, dft_q, tgt_logits, sampling, rng)
+
+    def _tree_step(self, seq: SeqState, tree: TokenTree, sampling: SamplingConfig, rng):
+        """Draft a tree under the pending token, verify all its nodes in one call, walk it:
+        (depth of the tree, nodes, (n accepted, next token)); the accepted tokens are written
+        into seq.tokens and tree.path holds their nodes."""
+        tree.reset(seq.pending, self.target.max_len - seq.tgt_past)
+        self.drafter.propose_tree(seq, tree, self.cfg.tree)
+        tree.keep_chain_prefix(tree_chain_prefix(seq.tgt_past, tree.n))
+        n = tree.n
+        tree.t_drafted = time.perf_counter()
+        tgt_logits = self.target.forward(tree.tokens[:n], seq.tgt_past, parents=tree.parents[:n])  # [n, V]
+        tree.t_verified = time.perf_counter()
+        if sampling.greedy:
+            n_acc, nxt = accept_tree_greedy(tree, tgt_logits, seq.tokens, seq.n, sampling.repetition_penalty)
+        else:
+            n_acc, nxt = accept_tree_sampled(tree, tgt_logits, sampling, rng, seq.tokens, seq.n)
+        return tree.max_depth, n, (n_acc, nxt)
 
     # ---- text API -----------------------------------------------------------------------------------
     def stream(self, prompt, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,

@@ -18,6 +18,8 @@ def _png(fig) -> str:
 def _label(r: dict) -> str:
     if r["drafter"] == "none":
         return "none"
+    if r.get("tree"):
+        return f"{r['drafter']} tree {r['tree']}"
     return f"{r['drafter']} k<={r['k']} adaptive" if r.get("adaptive") else f"{r['drafter']} k={r['k']}"
 
 
@@ -112,7 +114,7 @@ def sweep_plot(report: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [r for r in report["runs"] if not r.get("adaptive")]
+    runs = [r for r in report["runs"] if not r.get("adaptive") and not r.get("tree")]
     base = next(r for r in runs if r["drafter"] == "none")["totals"]["tokens_per_s"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     for d in dict.fromkeys(r["drafter"] for r in runs if r["drafter"] != "none"):

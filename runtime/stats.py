@@ -32,9 +32,11 @@ class GenerationStats:
     accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(MAX_POSITIONS, np.int64))
     itl_s: list = field(default_factory=list)  # per-token latency: step time / tokens of the step
 
-    def record_step(self, m: int, n_acc: int, n_emitted: int, step_s: float) -> None:
+    def record_step(self, m: int, n_acc: int, n_emitted: int, step_s: float, n_proposed: int | None = None) -> None:
+        """m: draft length (a tree: its depth, so per-position counts are per depth);
+        n_proposed: tokens drafted (a tree: its nodes below the root; default m)."""
         self.n_target_calls += 1
-        self.n_drafted += m
+        self.n_drafted += m if n_proposed is None else n_proposed
         self.n_accepted += n_acc
         self.n_step_tokens += n_acc + 1
         self.drafted_at[:m] += 1

@@ -42,6 +42,8 @@ class FakeContext:
         feed = {"input_ids": _view(self.addr["input_ids"], (1, w), np.int64),
                 "positions": _view(self.addr["positions"], (1, w), np.int64),
                 "past_len": _view(self.addr["past_len"], (1,), np.int64)}
+        if "tree_mask" in self.addr:
+            feed["tree_mask"] = _view(self.addr["tree_mask"], (w, w), np.int64)
         for name in e.kv_inputs:
             feed[name] = _view(self.addr[name], self.shape[name], e.kv_dtype)
         logits, new_kv, hidden = e.session.run(None, feed)

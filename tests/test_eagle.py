@@ -129,6 +129,25 @@ def test_eagle_greedy_identical_to_plain(eagle_engine, drafter):
         assert g.last_stats.n_drafted > 0
 
 
+@pytest.mark.parametrize("drafter", ["eagle", "hybrid", "ngram"])
+def test_tree_greedy_identical_to_plain(eagle_engine, drafter):
+    """Token trees on a real ORT engine (tree attention, compaction), contexts crossing the
+    128-slot block boundary included."""
+    from edgespec.runtime.generator import Generator
+    from edgespec.runtime.tree import TreeConfig
+
+    g = Generator.load(eagle_engine, drafter="none", k=1, adaptive=False, eagle_min_confidence=0.0)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(3, 60, n) for n in (7, 110)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
+    plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 40)]) for p in prompts]
+    for tree in (TreeConfig(nodes=7, depth=3, branch=2, beam=2), TreeConfig(nodes=5, depth=4, branch=3, beam=1)):
+        t = Generator.load(eagle_engine, drafter=drafter, k=6, adaptive=False, eagle_min_confidence=0.0, tree=tree)
+        for p, ref in zip(prompts, plain, strict=True):
+            out = np.concatenate([x.copy() for x in t.generate_ids(p, 40)])
+            assert np.array_equal(out, ref), (drafter, tree, p)
+        assert t.last_stats.n_drafted > 0
+
+
 def test_eagle_features_survive_prefix_reuse_and_drafter_switch(eagle_engine):
     """Prompt prefix reuse across calls keeps the target features the head drafts from."""
     from edgespec.runtime.generator import Generator

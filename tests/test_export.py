@@ -61,12 +61,42 @@ def test_graph_runs_in_a_plain_onnxruntime_session_with_static_shapes(tiny_engin
 
     m = load_manifest(tiny_engine)
     sess = ort.InferenceSession(str(tiny_engine / m.target.graph_for(4).file))
-    feed = {"input_ids": np.array([[5, 6, 7, 8]]), "positions": np.arange(4)[None], "past_len": np.array([0])}
+    feed = {"input_ids": np.array([[5, 6, 7, 8]]), "positions": np.arange(4)[None], "past_len": np.array([0]),
+            "tree_mask": np.tril(np.ones((4, 4), np.int64))}  # a chain
     for i in range(m.target.n_layers):
         feed[f"past_key_{i}"] = feed[f"past_value_{i}"] = np.zeros((32, m.target.kv_width), np.float32)
     logits, new_kv, hidden = sess.run(None, feed)
     assert logits.shape == (1, 4, 256) and new_kv.shape == (2, 2, 4, m.target.kv_width)
     assert hidden.shape == (1, 4, 64) and np.isfinite(logits).all()
+
+
+def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
+    """--eagle3-features: hidden_aux = the residual stream entering layers 2, L/2, L-3, concatenated."""
+    import torch
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.exporter import eagle3_layers
+    from tiny import make_tiny
+    from transformers import AutoModelForCausalLM
+
+    src = make_tiny("llama", tmp_path / "src", num_hidden_layers=6)
+    out = export(ExportConfig(target=str(src), out=str(tmp_path / "e"), max_len=64, k=2, prefill_chunk=8,
+                              kv_bucket=16, precision="fp32", eagle3_features=True, progress=False))
+    m = load_manifest(out)
+    assert eagle3_layers(6) == (2, 3) and m.raw["models"]["target"]["architecture"]["aux_layers"] == [2, 3]
+    assert eagle3_layers(30) == (2, 15, 27)
+    engine = OrtModel(m, m.target)
+    tokens = np.arange(5, 19)
+    feats = np.zeros((14, 2 * 64), np.float32)
+    past = 0
+    for chunk in (tokens[:8], tokens[8:11], tokens[11:]):  # prefill, then verify-width calls
+        engine.forward(chunk, past)
+        engine.commit(past, len(chunk))
+        feats[past:past + len(chunk)] = engine.last_hidden_aux(len(chunk))
+        past += len(chunk)
+    with torch.no_grad():
+        hs = AutoModelForCausalLM.from_pretrained(src)(torch.from_numpy(tokens[None]), output_hidden_states=True)
+    ref = torch.cat([hs.hidden_states[i][0] for i in (2, 3)], dim=-1).numpy()  # [i] = input of layer i
+    assert np.abs(feats - ref).max() < 1e-4
 
 
 def test_manifest_records_the_contract(tiny_engine):

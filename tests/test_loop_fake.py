@@ -49,6 +49,21 @@ def test_greedy_speculative_equals_plain(drafter, k):
     assert 1.0 <= st.mean_accepted_length <= k + 1
 
 
+@pytest.mark.parametrize("nodes,depth,branch,beam", [(9, 4, 2, 2), (5, 2, 3, 2), (9, 8, 1, 1)])
+def test_greedy_tree_equals_plain(nodes, depth, branch, beam):
+    from edgespec.runtime.tree import TreeConfig
+
+    ref = run(make("none", 0), PROMPT, 120)
+    table = random_table(V, seed=0)
+    g = Generator(None, FakeModel(table), GeneratorConfig(drafter="ngram", k=4,
+                                                          tree=TreeConfig(nodes, depth, branch, beam)))
+    out = run(g, PROMPT, 120)
+    assert out.tolist() == ref.tolist()
+    # only accepted rows were committed, compacted in sequence order
+    n = len(PROMPT) + 119
+    assert g.target.kv[:n].tolist() == np.concatenate([PROMPT, out])[:n].tolist()
+
+
 def test_draft_model_that_equals_target_accepts_everything():
     g = make("draft", 4, draft_noise=0.0)
     run(g, PROMPT, 60)

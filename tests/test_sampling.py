@@ -7,6 +7,7 @@ import pytest
 from edgespec.engines.fake import FakeEagleHead, FakeModel, random_table
 from edgespec.runtime import verify
 from edgespec.runtime.generator import Generator, GeneratorConfig
+from edgespec.runtime.tree import TreeConfig
 from edgespec.runtime.verify import SamplingConfig, probs
 
 V = 8  # small vocabulary: exact target distributions of the first tokens are cheap to enumerate
@@ -15,12 +16,16 @@ N_SAMPLES = 3000
 CFG = SamplingConfig(temperature=1.0)
 
 
-def _gen(drafter: str) -> Generator:
+TREE = TreeConfig(nodes=7, depth=3, branch=3, beam=2)
+
+
+def _gen(drafter: str, tree: TreeConfig = TreeConfig()) -> Generator:
     table = random_table(V, seed=11, sharpness=1.0)
     target = FakeModel(table, max_len=64)
     draft = FakeModel(table + np.random.default_rng(2).standard_normal(table.shape).astype(np.float32), max_len=64)
     head = FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64)  # a reduced draft vocabulary: q = 0 elsewhere
-    return Generator(None, target, GeneratorConfig(drafter=drafter, k=3), draft_engine=draft, eagle_engine=head)
+    return Generator(None, target, GeneratorConfig(drafter=drafter, k=3, tree=tree), draft_engine=draft,
+                     eagle_engine=head)
 
 
 def _exact_tokens_23(g: Generator, cfg: SamplingConfig = CFG) -> np.ndarray:
@@ -75,6 +80,44 @@ def test_speculative_sampling_keeps_the_target_distribution(drafter):
         assert g.last_stats.n_drafted > 0
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "eagle", "hybrid"])
+def test_tree_sampling_keeps_the_target_distribution(drafter):
+    """Token trees: children tried in turn, each rejected one zeroed in p; chi-square as above."""
+    pytest.importorskip("scipy")
+    g = _gen(drafter, TREE)
+    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    assert p > 1e-3, f"{drafter} tree: chi-square p = {p:.2g}: samples do not follow the target"
+    assert g.last_stats.n_drafted > g.last_stats.n_target_calls  # more than one candidate per step
+
+
+def test_tree_sampling_with_repetition_penalty_stays_lossless():
+    pytest.importorskip("scipy")
+    cfg = SamplingConfig(temperature=1.0, repetition_penalty=1.8)
+    g = _gen("eagle", TREE)
+    p = _chi2_pvalue(_sample_counts(g, cfg), _exact_tokens_23(g, cfg))
+    assert p > 1e-3, f"eagle tree: chi-square p = {p:.2g} with repetition penalty"
+
+
+def test_a_wrong_tree_rule_is_caught(monkeypatch):
+    """Keep the first child without testing it: the chi-square test must notice."""
+    pytest.importorskip("scipy")
+    from edgespec.runtime import tree as tree_mod
+
+    def first_child(tree, tgt_logits, cfg, rng, tokens, n):
+        c = tree.child(0, int(tree.tokens[1])) if tree.n > 1 else -1
+        if c < 0:
+            return 0, verify.sample(probs(tgt_logits[0], cfg), rng)
+        tree.path[1] = c
+        tokens[n] = tree.tokens[c]
+        return 1, verify.sample(probs(tgt_logits[c], cfg), rng)
+
+    monkeypatch.setattr("edgespec.runtime.generator.accept_tree_sampled", first_child)
+    g = _gen("eagle", TREE)
+    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    assert p < 1e-3, f"a broken tree rule passed the test (p = {p:.2g})"
+    del tree_mod
+
+
 @pytest.mark.parametrize("drafter", ["none", "draft", "eagle"])
 def test_repetition_penalty_sampling_stays_lossless(drafter):
     """The penalty depends on each row's own context (drafts before it): the exact distribution
@@ -94,6 +137,9 @@ def test_repetition_penalty_greedy_identical():
         g.set_drafter(d, 3)
         outs[d] = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 30, cfg)])
     plain = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 30)])
+    for d in ("eagle", "ngram"):
+        t = _gen(d, TREE)
+        outs[d + "-tree"] = np.concatenate([c.copy() for c in t.generate_ids(PROMPT, 30, cfg)])
     assert all(np.array_equal(o, outs["none"]) for o in outs.values())
     assert not np.array_equal(plain, outs["none"])  # the penalty did change the output
 

@@ -1,0 +1,82 @@
+"""Token trees: a tree verify computes, for every root-to-node path, bitwise what a chain would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module", params=["fp32", "int4"])
+def tree_model(request, tmp_path_factory):
+    """A tiny llama whose K/V rows are 192 wide like SmolLM2-135M's (3 kv heads x 64): the
+    attention GEMMs then split the context into blocks the way the real model's do."""
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.exporter import ExportConfig, export
+    from tiny import make_tiny
+
+    root = tmp_path_factory.mktemp("tree")
+    src = make_tiny("llama", root / "src", hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
+                    head_dim=64)
+    out = root / request.param
+    export(ExportConfig(target=str(src), out=str(out), max_len=320, k=4, prefill_chunk=16,
+                        kv_bucket=32, precision=request.param, progress=False))
+    m = load_manifest(out)
+    return OrtModel(m, m.target)
+
+
+def random_tree(rng, path: np.ndarray, n_nodes: int, vocab: int, n_chain: int = 1):
+    """(tokens, parents, path node ids): a tree in topological order that holds `path` as one
+    root-to-leaf branch (root = path[0]), the other nodes random tokens under random parents;
+    its first n_chain nodes are path nodes (a chain)."""
+    tokens, parents, depth = [int(path[0])], [-1], [0]
+    on_path = [0]
+    for t in path[1:n_chain]:
+        parents.append(on_path[-1])
+        tokens.append(int(t))
+        on_path.append(len(tokens) - 1)
+        depth.append(len(on_path) - 1)
+    while len(tokens) < n_nodes:
+        d_next = len(on_path)
+        if d_next < len(path) and rng.random() < 0.4:  # extend the true path
+            parents.append(on_path[-1])
+            tokens.append(int(path[d_next]))
+            on_path.append(len(tokens) - 1)
+        else:
+            p = int(rng.integers(len(tokens)))
+            parents.append(p)
+            tokens.append(int(rng.integers(3, vocab)))
+        depth.append(depth[parents[-1]] + 1)
+    while len(on_path) < len(path):  # finish the path if the random draw did not
+        parents.append(on_path[-1])
+        tokens.append(int(path[len(on_path)]))
+        on_path.append(len(tokens) - 1)
+    return np.array(tokens, np.int64), np.array(parents, np.int64), np.array(on_path, np.int64)
+
+
+@pytest.mark.parametrize("past", [20, 30, 60, 62, 95, 120, 124, 126, 127, 250])
+def test_tree_rows_equal_chain_rows_bitwise(tree_model, past):
+    from edgespec.engines.base import prefill, tree_chain_prefix
+
+    m = tree_model
+    rng = np.random.default_rng(past)
+    seq = rng.integers(3, m.vocab_size, past + 8).astype(np.int64)
+    path = seq[past:past + 5]  # root (the pending token) + 4 tokens
+    prefill(m, seq[:past], 0)
+    ref = []
+    for i, t in enumerate(path):  # the chain, one decode at a time
+        ref.append(m.forward(np.array([t]), past + i)[0].copy())
+        m.commit(past + i, 1)
+    ref_next = m.forward(seq[past + 5:past + 6], past + 5)[0].copy()
+    # across a multiple of 128 slots the attention GEMM sums in separate blocks: the nodes before
+    # the boundary must be a chain there (what the runtime's trees do: engines.base.tree_chain_prefix)
+    n_chain = tree_chain_prefix(past, 14)
+    tokens, parents, on_path = random_tree(rng, path, 14, m.vocab_size, n_chain)
+    logits = m.forward(tokens, past, parents=parents).copy()
+    for d, node in enumerate(on_path):
+        assert np.array_equal(logits[node], ref[d]), f"depth {d} (node {node}) differs from the chain"
+    m.commit(past, len(on_path), rows=on_path)  # compaction: the path's K/V into consecutive slots
+    assert np.array_equal(m.forward(seq[past + 5:past + 6], past + 5)[0], ref_next)
+    # a chain call after the tree sees the chain mask again
+    chain = m.forward(path, past).copy()
+    assert np.array_equal(chain[-1], ref[-1])
