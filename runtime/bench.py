@@ -104,6 +104,8 @@ def _totals(stats: list[GenerationStats]) -> dict:
     n_pos = int(np.count_nonzero(den))
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
             "mean_accepted_length": sum(s.n_step_tokens for s in stats) / calls if calls else 0.0,
+            # tokens per verify call incl. the pending one: the target's cost side (trees: nodes)
+            "mean_verify_width": (drafted + calls) / calls if calls else 0.0,
             "acceptance_rate": sum(s.n_accepted for s in stats) / drafted if drafted else 0.0,
             "itl_ms": pct, "ttft_ms": float(np.mean([s.ttft_s for s in stats]) * 1e3),
             "acceptance_by_position": [float(by_pos[i] / den[i]) for i in range(n_pos)],
@@ -188,16 +190,17 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
 def format_table(report: dict) -> str:
     base = next(r for r in report["runs"] if r["drafter"] == "none")["totals"]["tokens_per_s"]
     greedy = report["config"]["temperature"] == 0
-    rows = ["| drafter | k | tok/s | speedup vs none | mean accepted length (incl. bonus) | acceptance rate "
-            "| ITL p50 / p99 ms | TTFT ms |" + (" identical to none |" if greedy else ""),
-            "|---|---|---|---|---|---|---|---|" + ("---|" if greedy else "")]
+    rows = ["| drafter | k | tok/s | speedup vs none | mean accepted length (incl. bonus) | mean verify width "
+            "| acceptance rate | ITL p50 / p99 ms | TTFT ms |" + (" identical to none |" if greedy else ""),
+            "|---|---|---|---|---|---|---|---|---|" + ("---|" if greedy else "")]
     for r in report["runs"]:
         t = r["totals"]
         k = f"<={r['k']} adaptive" if r.get("adaptive") else r["k"]
         if r.get("tree"):
             k = f"tree {r['tree']}"
         row = (f"| {r['drafter']} | {k} | {t['tokens_per_s']:.1f} | {t['tokens_per_s'] / base:.2f}x | "
-               f"{t['mean_accepted_length']:.2f} | {t['acceptance_rate']:.2f} | {t['itl_ms']['p50']:.1f} / "
+               f"{t['mean_accepted_length']:.2f} | {t.get('mean_verify_width', 0):.2f} | {t['acceptance_rate']:.2f} | "
+               f"{t['itl_ms']['p50']:.1f} / "
                f"{t['itl_ms']['p99']:.1f} | {t['ttft_ms']:.0f} |")
         if greedy:
             row += f" {t['identical_to_none']}/{t['n_prompts']} |"

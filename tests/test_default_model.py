@@ -37,6 +37,22 @@ def test_greedy_speculative_identical_on_humaneval_prompts(gen):
                 assert _ids(gen, p["prompt"], 96) == ref, f"{p['id']}: {drafter} k={k} diverged"
 
 
+def test_greedy_trees_identical_on_humaneval_prompts(default_engine, gen):
+    """Token trees (ngram trie, EAGLE-2 style, hybrid) on the real int4 model: the same text as
+    plain decoding; prompts long enough that some verify calls straddle a 128-slot block."""
+    from edgespec.runtime.tree import TreeConfig
+
+    prompts = load_prompts(None, 4)[1:]
+    gen.set_drafter("none")
+    refs = [_ids(gen, p["prompt"], 96) for p in prompts]
+    for drafter, spec in (("ngram", "9:8:1:1"), ("eagle", "9:4:2:2"), ("hybrid", "7:3:3:2")):
+        t = Generator.load(default_engine, drafter=drafter, k=8, adaptive=False, eagle_min_confidence=0.0,
+                           tree=TreeConfig.parse(spec))
+        for p, ref in zip(prompts, refs, strict=True):
+            assert _ids(t, p["prompt"], 96) == ref, f"{p['id']}: {drafter} tree {spec} diverged"
+        assert t.last_stats.n_drafted > 0
+
+
 def test_shipped_eagle_head_is_in_the_default_export_and_drafts(gen):
     """`edgespec export` with no --eagle includes the head shipped in the repo; it must propose
     tokens the target keeps (a trained head, not noise) on chat text."""

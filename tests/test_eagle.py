@@ -205,6 +205,19 @@ def test_training_prompts_hold_no_humaneval_text():
     assert not any(sig in o for sig in signatures for o in ours)
 
 
+def test_training_prompts_hold_none_of_our_chat_eval_prompts():
+    """tools/prompts/chat_eval.jsonl measures eagle vs ngram on chat: it must stay unseen."""
+    import json
+    from pathlib import Path
+
+    from edgespec.export.eagle_prompts import build_prompts
+
+    rows = (Path(__file__).parent.parent / "tools/prompts/chat_eval.jsonl").read_text().splitlines()
+    evals = {json.loads(r)["messages"][0]["content"].lower().rstrip("?.!") for r in rows}
+    ours = [r.get("prompt") or r["messages"][0]["content"] for r in build_prompts(900, 500, 600, 0, 1000)]
+    assert not any(e in o.lower() for e in evals for o in ours)
+
+
 def test_confidence_cut_off_shortens_chains_and_stays_identical(eagle_engine):
     from edgespec.runtime.generator import Generator
 

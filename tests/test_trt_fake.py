@@ -47,6 +47,32 @@ def test_trt_backend_greedy_speculation_identical(trt_target, tiny_engine):
         assert [int(t) for c in g.generate_ids(codec.encode(PROMPT), 60) for t in c] == ref
 
 
+def test_trt_backend_trees_match_ort_and_stay_identical(trt_target, tiny_engine):
+    """Tree inputs (tree_mask, per-node positions) and the per-row compaction commit."""
+    from edgespec.engines.ort import OrtModel
+    from edgespec.runtime.tree import TreeConfig
+
+    m, trt = trt_target
+    ref = OrtModel(m, m.target)
+    toks = np.arange(40, 70)
+    parents = np.array([-1, 0, 0, 1, 1, 2])
+    for e in (trt, ref):
+        e.forward(toks[:16], 0)
+        e.commit(0, 16)
+    a = trt.forward(toks[16:22], 16, parents=parents).copy()
+    assert np.array_equal(a, ref.forward(toks[16:22], 16, parents=parents))
+    trt.commit(16, 3, rows=np.array([0, 2, 5]))
+    ref.commit(16, 3, rows=np.array([0, 2, 5]))
+    kv_host = trt.kv.host.view(np.float32).reshape(ref.kv.shape)
+    assert np.array_equal(kv_host[:, :, :19], ref.kv[:, :, :19])
+    codec = TextCodec(m)
+    g = Generator(m, trt, GeneratorConfig(drafter="none"), codec=codec)
+    plain = [int(t) for c in g.generate_ids(codec.encode(PROMPT), 60) for t in c]
+    t = Generator(m, trt, GeneratorConfig(drafter="ngram", k=8, tree=TreeConfig(9, 8, 1, 1)), codec=codec)
+    assert [int(x) for c in t.generate_ids(codec.encode(PROMPT), 60) for x in c] == plain
+    assert t.last_stats.n_drafted > 0
+
+
 def test_engine_built_elsewhere_is_refused(tiny_engine, monkeypatch):
     import json
     import sys
