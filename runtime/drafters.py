@@ -227,10 +227,11 @@ class EagleDrafter:
         return k, (None if self.sampling.greedy or k == 0 else self._q[:k])
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
-        """EAGLE-2 style dynamic tree: from the root, each depth adds the `beam` best of the top-
-        `branch` children of the last depth's nodes, ranked by path probability (the head's own
-        probabilities multiplied along the path); the head then runs once over all drafted nodes
-        (a forest under the committed context, tree attention) for the next depth's candidates."""
+        """EAGLE-2 style dynamic tree: each depth adds the top-`branch` children of the last
+        depth's expanded nodes, best path probability first (the head's own probabilities
+        multiplied along the path) while the node budget lasts; the `beam` best of them are
+        expanded next: the head runs once over all drafted nodes (a forest under the committed
+        context, tree attention) for their children."""
         n, toks, head = seq.n, seq.tokens, self.head
         if head.max_len - n < cfg.depth + 1 or tree.limit < 2:
             return
@@ -251,14 +252,15 @@ class EagleDrafter:
                 z = float(self._exp.sum())
                 cands.extend((tree.score[u] * float(self._exp[t]) / z, u, int(self.d2t[t])) for t in top)
             cands.sort(reverse=True)
-            frontier = []
-            for score, u, tok in cands[:cfg.beam]:
+            added = []  # every candidate goes in (best first) while the budget lasts
+            for score, u, tok in cands:
                 if score < cfg.min_score:
                     break
                 c = tree.add(u, tok, score)
                 if c < 0:
                     break
-                frontier.append(c)
+                added.append(c)
+            frontier = added[:cfg.beam]  # the best of them grow the next depth
             if not frontier or tree.n >= tree.limit or d == cfg.depth:
                 break
             # the head over drafted nodes 1..n-1: row i-1 = (f^ of i's parent, token i) at depth(i)

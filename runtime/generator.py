@@ -24,7 +24,7 @@ from edgespec.runtime.text import StreamDecoder, TextCodec
 from edgespec.runtime.tree import TokenTree, TreeConfig, accept_tree_greedy, accept_tree_sampled
 from edgespec.runtime.verify import SamplingConfig, accept_greedy, accept_sampled, penalize, probs, sample
 
-EAGLE_MIN_CONFIDENCE = 0.4  # EAGLE chain cut-off: 0.80x -> 1.04x for eagle k=4 on HumanEval (README)
+EAGLE_MIN_CONFIDENCE = 0.4  # EAGLE chain cut-off: 0.80x -> 1.04x for eagle k=4 on HumanEval (first head, README)
 
 
 class PromptTooLongError(ValueError):

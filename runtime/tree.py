@@ -28,24 +28,26 @@ from edgespec.runtime.verify import SamplingConfig, penalize, probs, sample
 class TreeConfig:
     nodes: int = 0  # tree size incl. the root (0 = chains); the verify call's width
     depth: int = 4  # longest path below the root
-    branch: int = 2  # children tried per expanded node (EAGLE: the head's top-b tokens)
-    beam: int = 2  # nodes expanded per depth (EAGLE-2: the best by path probability)
+    branch: int = 2  # children drafted per expanded node (EAGLE: the head's top-b tokens)
+    beam: int = 2  # nodes of a depth expanded further (EAGLE-2: the best by path probability)
     min_score: float = 0.0  # EAGLE: leave out candidates whose path probability is lower
 
     @classmethod
     def parse(cls, spec: str) -> TreeConfig:
-        """"NODES[:DEPTH[:BRANCH[:BEAM]]]", e.g. "9:4:2:2" (the CLI's --tree)."""
+        """"NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]]", e.g. "9:4:2:2" (the CLI's --tree)."""
+        parts = spec.split(":")
         try:
-            parts = [int(x) for x in spec.split(":")]
+            ints = [int(x) for x in parts[:4]]
+            extra = [float(parts[4])] if len(parts) == 5 else []
         except ValueError:
-            parts = []
-        if not 1 <= len(parts) <= 4:
-            raise ValueError(f"tree spec {spec!r}: expected NODES[:DEPTH[:BRANCH[:BEAM]]] integers, e.g. 9:4:2:2")
-        return cls(*parts)
+            ints = []
+        if not 1 <= len(parts) <= 5 or len(ints) != min(len(parts), 4):
+            raise ValueError(f"tree spec {spec!r}: expected NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]], e.g. 9:4:2:2")
+        return cls(*ints, *extra)
 
     @property
     def label(self) -> str:
-        return f"{self.nodes}:{self.depth}:{self.branch}:{self.beam}"
+        return f"{self.nodes}:{self.depth}:{self.branch}:{self.beam}" + (f":{self.min_score:g}" if self.min_score else "")
 
     def check(self, max_width: int) -> None:
         if self.nodes and not 2 <= self.nodes <= max_width:
