@@ -47,7 +47,8 @@ class TreeConfig:
 
     @property
     def label(self) -> str:
-        return f"{self.nodes}:{self.depth}:{self.branch}:{self.beam}" + (f":{self.min_score:g}" if self.min_score else "")
+        tail = f":{self.min_score:g}" if self.min_score else ""
+        return f"{self.nodes}:{self.depth}:{self.branch}:{self.beam}{tail}"
 
     def check(self, max_width: int) -> None:
         if self.nodes and not 2 <= self.nodes <= max_width:
