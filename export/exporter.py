@@ -7,6 +7,7 @@ so an interrupted or failed export never leaves a folder that loads.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import json
 import os
@@ -56,6 +57,8 @@ class ExportConfig:
     kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level: 4 = int8 activations (fast), 0 = fp32
     int4_lm_head: bool = False  # int4 LM head too: ~20% faster decode, visibly worse text on small models
+    trees: bool = False  # token-tree verify (tree_mask input) in the target and EAGLE head graphs; costs
+    #                      ~9% decode speed on a 2-core CPU, so chains-only folders leave it out
     eagle3_features: bool = False  # target graphs also output hidden_aux: the residual stream entering
     #                                layers 2, L//2 and L-3, concatenated [1, T, 3H] (EAGLE-3 fusion)
     force: bool = False  # replace an existing folder
@@ -131,8 +134,8 @@ def _write_model(writer: LlamaGraphWriter, folder: Path, prefix: str, widths: li
             "phase": _phase(w, chunk), "width": w, "file": fname,
             "inputs": [{"name": "input_ids", "shape": [1, w], "dtype": "int64"},
                        {"name": "positions", "shape": [1, w], "dtype": "int64"},
-                       {"name": "past_len", "shape": [1], "dtype": "int64"},
-                       {"name": "tree_mask", "shape": [w, w], "dtype": "int64"}]
+                       {"name": "past_len", "shape": [1], "dtype": "int64"}]
+            + ([{"name": "tree_mask", "shape": [w, w], "dtype": "int64"}] if writer.opts.trees else [])
             + [{"name": f"past_{kind_}_{i}", "shape": ["S", writer.arch.n_kv_heads * writer.arch.head_dim],
                 "dtype": kv_dtype} for i in range(writer.n_layers) for kind_ in ("key", "value")],
             "outputs": [{"name": "logits", "shape": [1, w, writer.arch.vocab_size], "dtype": "float32"},
@@ -256,7 +259,7 @@ def export(cfg: ExportConfig) -> Path:
             raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
         arch = arch_from_config(model.config, cfg.max_len)
         opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level,
-                            int4_lm_head=cfg.int4_lm_head,
+                            int4_lm_head=cfg.int4_lm_head, trees=cfg.trees,
                             aux_layers=eagle3_layers(arch.n_layers) if cfg.eagle3_features else ())
         hf_w = _hf_weights(model)
         writer = LlamaGraphWriter(arch, hf_w, opts)
@@ -275,7 +278,8 @@ def export(cfg: ExportConfig) -> Path:
 
         draft_writer = draft_model = None
         if has_draft:
-            draft_writer, draft_model, draft_kind = _draft_writer(cfg, arch, hf_w, model, tok, opts)
+            draft_writer, draft_model, draft_kind = _draft_writer(cfg, arch, hf_w, model, tok, dataclasses.replace(
+                opts, trees=False, aux_layers=()))  # a draft model drafts chains
             if draft_writer.opts.precision == cfg.precision and draft_model is model:
                 weights_d, index_d = "target.weights", index_t  # self:N shares the target's weights
             else:
@@ -378,9 +382,9 @@ def _write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
     graphs = [{"phase": _phase(w, chunk), "width": w, "file": "eagle.onnx",
                "inputs": [{"name": "input_ids", "shape": [1, w], "dtype": "int64"},
                           {"name": "positions", "shape": [1, w], "dtype": "int64"},
-                          {"name": "past_len", "shape": [1], "dtype": "int64"},
-                          {"name": "tree_mask", "shape": [w, w], "dtype": "int64"},
-                          {"name": "features", "shape": [1, w, arch.hidden_size], "dtype": kv_dtype},
+                          {"name": "past_len", "shape": [1], "dtype": "int64"}]
+               + ([{"name": "tree_mask", "shape": [w, w], "dtype": "int64"}] if opts.trees else [])
+               + [{"name": "features", "shape": [1, w, arch.hidden_size], "dtype": kv_dtype},
                           {"name": "past_key_0", "shape": ["S", kv_w], "dtype": kv_dtype},
                           {"name": "past_value_0", "shape": ["S", kv_w], "dtype": kv_dtype}],
                "outputs": [{"name": "logits", "shape": [1, w, hc.draft_vocab_size], "dtype": "float32"},

@@ -42,6 +42,8 @@ class GraphOptions:
     int4_block_size: int = 32  # weights per quantization block along the input dimension
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level (4 = int8 activations, 0 = fp32)
     int4_lm_head: bool = False  # quantize the LM head too (smaller, faster, worse text)
+    trees: bool = False  # tree_mask input + tree attention (4 more ops per layer: ~9% slower decode on
+    #                      a 2-core CPU, measured; off, the graph serves chains only)
     aux_layers: tuple[int, ...] = ()  # also output hidden_aux [1, T, n*H]: the residual stream entering
     #                                   these layers, concatenated (EAGLE-3's low/mid/high features)
 
@@ -240,14 +242,14 @@ class LlamaGraphWriter:
         s_new = b.op("Gemm", [qbd, new_k], p + "/scores_new", transB=1, alpha=scale)  # [Hq*T, T]
         scores = b.op("Where", [slots["is_new_row"], b.op("Pad", [s_new, slots["pad_cols"]], p + "/s_place"),
                                 s_past], p + "/scores")
-        # token tree: row r's ancestors' scores moved to the columns a chain would have them at
-        # (past_len + depth), so its softmax row is the chain's row bit for bit; exact copies
-        scores = b.op("GatherElements", [scores, slots["to_depth"]], p + "/s_depth", axis=1)
+        if "to_depth" in slots:  # token trees: row r's ancestors' scores moved to the columns a chain
+            # would have them at (past_len + depth): its softmax row is the chain's bit for bit
+            scores = b.op("GatherElements", [scores, slots["to_depth"]], p + "/s_depth", axis=1)
         probs = b.op("Softmax", [b.op("Add", [scores, mask], p + "/masked")], p + "/Softmax", axis=-1)
-        # ... and the probabilities back to the slots the new values sit at (node order), zero for
-        # non-ancestors: the same non-zero terms in the same order (ancestors come first)
-        probs = b.op("Where", [slots["keep"], b.op("GatherElements", [probs, slots["to_node"]], p + "/p_node",
-                                                   axis=1), "zero_f"], p + "/p_keep")
+        if "to_depth" in slots:  # ... and the probabilities back to the slots the new values sit at
+            # (node order), zero for non-ancestors: the same non-zero terms in the same order
+            probs = b.op("Where", [slots["keep"], b.op("GatherElements", [probs, slots["to_node"]], p + "/p_node",
+                                                       axis=1), "zero_f"], p + "/p_keep")
         ctx = b.op("Gemm", [probs, v_full], p + "/ctx")  # [Hq*T, Hkv*D]
         # keep each query head's own kv block: [Hq, T, Hkv, D] * head_mask, summed over Hkv
         ctx = b.op("Reshape", [ctx, "shape_ctx4"], p + "/ctx4")
@@ -310,7 +312,8 @@ class LlamaGraphWriter:
         slots = {"is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"),  # [S, 1]
                  "is_new_row": b.op("Unsqueeze", [is_new, "axis0"], "/slots/is_new_row"),  # [1, S]
                  "pad_rows": pad_rows, "pad_cols": pad_cols}
-        slots |= self._tree_gathers(b, pos_flat, j_idx, slots["is_new_row"], pad_cols, n_q)
+        if self.opts.trees:
+            slots |= self._tree_gathers(b, pos_flat, j_idx, slots["is_new_row"], pad_cols, n_q)
         pos = pos_flat
         cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/rope/cos"), "axis1"],
                    "/rope/cos_unsq")  # [T, 1, D]
@@ -395,8 +398,9 @@ class LlamaGraphWriter:
         T = "T"
         inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, T]),
                   helper.make_tensor_value_info("positions", TensorProto.INT64, [1, T]),
-                  helper.make_tensor_value_info("past_len", TensorProto.INT64, [1]),
-                  helper.make_tensor_value_info("tree_mask", TensorProto.INT64, [T, T])] + extra_inputs
+                  helper.make_tensor_value_info("past_len", TensorProto.INT64, [1])] + extra_inputs
+        if self.opts.trees:
+            inputs.append(helper.make_tensor_value_info("tree_mask", TensorProto.INT64, [T, T]))
         for i in range(L):
             inputs += [helper.make_tensor_value_info(f"past_key_{i}", kv_type, ["S", kv_w]),
                        helper.make_tensor_value_info(f"past_value_{i}", kv_type, ["S", kv_w])]

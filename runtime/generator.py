@@ -124,8 +124,10 @@ class Generator:
             self.cfg.tree.check(k_max + 1)
             if not hasattr(self.drafter, "propose_tree"):
                 raise ValueError(f"drafter {name!r} drafts chains only; trees work with ngram, eagle, hybrid")
-            if not getattr(self.target, "takes_tree", True):
-                raise ValueError("this engine folder's graphs predate token trees; re-export it")
+            engines = [self.target] + ([self.eagle_engine] if name in ("eagle", "hybrid") else [])
+            if not all(getattr(e, "takes_tree", True) for e in engines):
+                raise ValueError("this engine folder's graphs verify chains only; token trees need a folder "
+                                 "exported with --trees (edgespec export --trees ...)")
             self.tree = TokenTree(self.cfg.tree.nodes)
         self.adaptive = None
         if self.cfg.adaptive and self.k > 0 and self.tree is None:

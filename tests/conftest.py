@@ -24,7 +24,7 @@ def tiny_engine(tiny_models, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("engines") / "tiny-llama"
     return export(ExportConfig(target=str(tiny_models["llama"]), draft="self:1", out=str(out), max_len=256, k=8,
-                               prefill_chunk=16, kv_bucket=32, precision="fp32", progress=False))
+                               prefill_chunk=16, kv_bucket=32, precision="fp32", trees=True, progress=False))
 
 
 @pytest.fixture(scope="session")
@@ -39,4 +39,4 @@ def default_engine(tmp_path_factory):
     if os.environ.get("EDGESPEC_TEST_ENGINE"):
         return Path(os.environ["EDGESPEC_TEST_ENGINE"])
     out = tmp_path_factory.mktemp("engines") / "smollm2"
-    return export(ExportConfig(out=str(out), draft="self:8", max_len=1024, k=8, progress=False))
+    return export(ExportConfig(out=str(out), draft="self:8", max_len=1024, k=8, trees=True, progress=False))

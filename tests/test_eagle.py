@@ -100,7 +100,8 @@ def eagle_engine(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("eagle")
     head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
     return export(ExportConfig(target=str(tiny_models["llama"]), eagle=str(head_dir), out=str(root / "engine"),
-                               max_len=256, k=6, prefill_chunk=16, kv_bucket=32, precision="fp32", progress=False))
+                               max_len=256, k=6, prefill_chunk=16, kv_bucket=32, precision="fp32", trees=True,
+                               progress=False))
 
 
 def test_export_lists_and_validates_the_head(eagle_engine):

@@ -20,7 +20,7 @@ def tree_model(request, tmp_path_factory):
                     head_dim=64)
     out = root / request.param
     export(ExportConfig(target=str(src), out=str(out), max_len=320, k=4, prefill_chunk=16,
-                        kv_bucket=32, precision=request.param, progress=False))
+                        kv_bucket=32, precision=request.param, trees=True, progress=False))
     m = load_manifest(out)
     return OrtModel(m, m.target)
 
@@ -80,3 +80,20 @@ def test_tree_rows_equal_chain_rows_bitwise(tree_model, past):
     # a chain call after the tree sees the chain mask again
     chain = m.forward(path, past).copy()
     assert np.array_equal(chain[-1], ref[-1])
+
+
+def test_chain_only_folders_have_no_tree_ops_and_refuse_trees(tiny_models, tmp_path):
+    """The default export leaves tree attention out (it costs decode speed); asking such a folder
+    for trees says what to do."""
+    import onnx
+    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.runtime.generator import Generator
+    from edgespec.runtime.tree import TreeConfig
+
+    out = export(ExportConfig(target=str(tiny_models["llama"]), out=str(tmp_path / "e"), max_len=64, k=4,
+                              prefill_chunk=8, kv_bucket=16, precision="fp32", progress=False))
+    g = onnx.load(str(out / "target.onnx"), load_external_data=False)
+    assert "tree_mask" not in {i.name for i in g.graph.input}
+    assert not any(n.op_type == "GatherElements" for n in g.graph.node)
+    with pytest.raises(ValueError, match="--trees"):
+        Generator.load(out, drafter="ngram", k=4, tree=TreeConfig(5, 4, 1, 1))
