@@ -169,7 +169,8 @@ class Generator:
         if hasattr(drafter, "configure"):
             drafter.configure(sampling, rng)
         st = self.last_stats = GenerationStats(drafter=drafter.name, k=self.k, n_prompt=n_prompt,
-                                                   adaptive=self.adaptive is not None and sampling.greedy)
+                                                   adaptive=self.adaptive is not None and sampling.greedy,
+                                                   tree=self.cfg.tree.label if self.tree is not None else "")
         eos = np.array(self.manifest.eos_token_ids if self.manifest else [], np.int64)
         dft_engine = self.eagle_engine if drafter.name in ("eagle", "hybrid") else self.draft_engine
         dft_calls0 = getattr(dft_engine, "n_calls", 0)

@@ -14,6 +14,7 @@ class GenerationStats:
     drafter: str = "none"
     k: int = 0  # num_speculative_tokens (the maximum when adaptive)
     adaptive: bool = False  # k chosen per step by runtime/adaptive.py
+    tree: str = ""  # token-tree spec NODES:DEPTH:BRANCH:BEAM when trees were drafted
     n_prompt: int = 0  # prompt tokens
     n_prompt_cached: int = 0  # prompt tokens whose KV rows were reused from the previous call
     n_output: int = 0  # generated tokens (emitted)
@@ -70,7 +71,8 @@ class GenerationStats:
     def to_dict(self) -> dict:
         host = max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s)
         return {
-            "drafter": self.drafter, "k": self.k, "adaptive": self.adaptive, "prompt_tokens": self.n_prompt,
+            "drafter": self.drafter, "k": self.k, "adaptive": self.adaptive, "tree": self.tree,
+            "prompt_tokens": self.n_prompt,
             "prompt_tokens_cached": self.n_prompt_cached, "tokens": self.n_output,
             "seconds": self.total_s, "tokens_per_s": self.tokens_per_s, "ttft_ms": self.ttft_s * 1e3,
             "itl_ms": self.itl_ms(), "target_calls": self.n_target_calls, "draft_calls": self.n_draft_calls,
@@ -87,7 +89,8 @@ class GenerationStats:
         t = d["time_split_s"]
         tot = max(self.total_s, 1e-9)
         ad = " adaptive" if self.adaptive else ""
-        return (f"[{self.drafter} k={self.k}{ad}] {self.n_output} tok in {self.total_s:.2f}s = "
+        shape = f"tree {self.tree}" if self.tree else f"k={self.k}{ad}"
+        return (f"[{self.drafter} {shape}] {self.n_output} tok in {self.total_s:.2f}s = "
                 f"{self.tokens_per_s:.1f} tok/s | TTFT {d['ttft_ms']:.0f} ms | ITL p50 {d['itl_ms']['p50']:.1f} "
                 f"p95 {d['itl_ms']['p95']:.1f} p99 {d['itl_ms']['p99']:.1f} ms | "
                 f"accepted {self.n_accepted}/{self.n_drafted} ({self.acceptance_rate:.0%}) | "
