@@ -101,7 +101,6 @@ def test_tree_sampling_with_repetition_penalty_stays_lossless():
 def test_a_wrong_tree_rule_is_caught(monkeypatch):
     """Keep the first child without testing it: the chi-square test must notice."""
     pytest.importorskip("scipy")
-    from edgespec.runtime import tree as tree_mod
 
     def first_child(tree, tgt_logits, cfg, rng, tokens, n):
         c = tree.child(0, int(tree.tokens[1])) if tree.n > 1 else -1
@@ -115,7 +114,6 @@ def test_a_wrong_tree_rule_is_caught(monkeypatch):
     g = _gen("eagle", TREE)
     p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
     assert p < 1e-3, f"a broken tree rule passed the test (p = {p:.2g})"
-    del tree_mod
 
 
 @pytest.mark.parametrize("drafter", ["none", "draft", "eagle"])
