@@ -194,7 +194,7 @@ class OrtModel:
         pos[0, :] = self._slot_pos[past_len:past_len + width]
         if parents is not None:
             if not self.takes_tree:
-                raise EngineError("this engine folder's graphs predate token trees; re-export it")
+                raise EngineError("this engine folder's graphs verify chains only; export it with --trees")
             fill_tree(self._tree[width], pos[0], parents, n, past_len)
             self._tree_dirty[width] = True
         elif self._tree_dirty[width]:

@@ -67,9 +67,10 @@ class TrtModel:
         self.takes_tree = spec.takes_tree
         n_tree = (lambda w: w * w) if self.takes_tree else (lambda w: 0)
         self._host_in = {w: np.zeros(2 * w + 1 + n_tree(w), np.int64) for w in self.widths}
+        self._chain = {w: np.tril(np.ones((w, w), np.int64)).ravel() for w in self.widths}
         for w in self.widths:
             if self.takes_tree:
-                self._host_in[w][2 * w + 1:] = np.tril(np.ones((w, w), np.int64)).ravel()
+                self._host_in[w][2 * w + 1:] = self._chain[w]
         self._tree_dirty = dict.fromkeys(self.widths, False)
         self._logits = {w: np.zeros((w, spec.vocab_size), np.float32) for w in self.widths}
         self._slot_pos = np.minimum(np.arange(self.max_len + max(self.widths)), self.max_len - 1)
@@ -127,11 +128,11 @@ class TrtModel:
         host[2 * w] = past_len
         if parents is not None:
             if not self.takes_tree:
-                raise EngineError("this engine folder's graphs predate token trees; re-export it")
+                raise EngineError("this engine folder's graphs verify chains only; export it with --trees")
             fill_tree(host[2 * w + 1:].reshape(w, w), host[w:2 * w], parents, n, past_len)
             self._tree_dirty[w] = True
         elif self._tree_dirty[w]:
-            host[2 * w + 1:] = np.tril(np.ones((w, w), np.int64)).ravel()
+            host[2 * w + 1:] = self._chain[w]
             self._tree_dirty[w] = False
         ctx = self._ctx[w]
         n_slots = window_slots(past_len, w, self.bucket, self.max_len)

@@ -61,33 +61,35 @@ class NgramDrafter:
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         pass
 
-    def propose(self, seq: SeqState, k: int):
+    def _matches(self, seq: SeqState):
+        """(suffix size, starts of its earlier occurrences), longest suffix first; each start j has
+        j + size <= n - 1, so at least one token follows the match."""
         toks, n = seq.tokens, seq.n
         for size in range(min(self.cfg.max_n, n - 1), self.cfg.min_n - 1, -1):
-            # candidate starts j with j + size <= n - 1, so at least one token follows the match
             windows = np.lib.stride_tricks.sliding_window_view(toks[:n - 1], size)  # [n-size, size]
             hits = np.flatnonzero((windows == toks[n - size:n]).all(axis=1))
             if len(hits):
-                start = int(hits[-1]) + size
-                m = min(k, n - start)
-                seq.draft_slots(m)[:] = toks[start:start + m]
-                return m, None
+                yield size, hits
+
+    def propose(self, seq: SeqState, k: int):
+        for size, hits in self._matches(seq):  # the most recent occurrence of the longest suffix
+            start = int(hits[-1]) + size
+            m = min(k, seq.n - start)
+            seq.draft_slots(m)[:] = seq.tokens[start:start + m]
+            return m, None
         return 0, None
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         """A trie of the continuations after several earlier occurrences of the suffix (longest
         suffix first, most recent first), so the chain proposal is its first branch."""
         toks, n = seq.tokens, seq.n
-        for size in range(min(self.cfg.max_n, n - 1), self.cfg.min_n - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(toks[:n - 1], size)  # [n-size, size]
-            hits = np.flatnonzero((windows == toks[n - size:n]).all(axis=1))
+        for size, hits in self._matches(seq):
             for h in hits[::-1][:MAX_TREE_MATCHES]:
                 parent = 0
                 for j in range(int(h) + size, min(int(h) + size + cfg.depth, n)):
                     parent = tree.add(parent, toks[j])
                     if parent < 0:
                         return
-        return
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         pass
@@ -206,14 +208,21 @@ class EagleDrafter:
         tok = sample(self._q[i], self.rng)
         return tok, float(self._q[i, tok])
 
+    def _catch_up(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
+        """Run the head over the pairs the target verified since the last step (j0..n-2, true
+        features; at least the pending token's); its last row drafts d_1. Returns those logits
+        [Vd] and writes that row's predicted feature into feat_out [H]."""
+        n, head, j0 = seq.n, self.head, self.dft_past
+        self.dft_past, logits = prefill(head, seq.tokens[j0 + 1:n], j0, features=self.tgt_features[j0:n - 1])
+        feat_out[:] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]  # last row of the last chunk
+        return logits
+
     def propose(self, seq: SeqState, k: int):
-        n, toks, head = seq.n, seq.tokens, self.head
+        n, head = seq.n, self.head
         k = min(k, head.max_len - n)
         if k <= 0:
             return 0, None
-        j0 = self.dft_past  # catch up: pairs j0..n-2 (true features), at least the pending one
-        self.dft_past, logits = prefill(head, toks[j0 + 1:n], j0, features=self.tgt_features[j0:n - 1])
-        self._feat[0] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]  # last row of the last chunk
+        logits = self._catch_up(seq, self._feat[0])
         slots = seq.draft_slots(k)
         for i in range(k):
             slots[i], conf = self._choose(logits, seq, i)
@@ -232,14 +241,11 @@ class EagleDrafter:
         multiplied along the path) while the node budget lasts; the `beam` best of them are
         expanded next: the head runs once over all drafted nodes (a forest under the committed
         context, tree attention) for their children."""
-        n, toks, head = seq.n, seq.tokens, self.head
+        n, head = seq.n, self.head
         if head.max_len - n < cfg.depth + 1 or tree.limit < 2:
             return
-        j0 = self.dft_past  # catch up (as the chain does); the last row drafts the root's children
-        self.dft_past, root_row = prefill(head, toks[j0 + 1:n], j0, features=self.tgt_features[j0:n - 1])
         feat = self._tree_feat
-        feat[0] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]
-        logits = root_row[None]  # [rows, Vd]: the head's logits of the last expanded nodes
+        logits = self._catch_up(seq, feat[0])[None]  # [rows, Vd]: the head's logits of the last expanded nodes
         rows_of = self._tree_rows  # each node's row in `logits`
         rows_of[0] = 0
         frontier = [0]

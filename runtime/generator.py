@@ -239,10 +239,12 @@ class Generator:
                 t1, t2 = tree.t_drafted, tree.t_verified
                 rows = tree.path
             tgt.commit(seq.tgt_past, n_acc + 1, rows)  # commit: rows of [pending, d_1..d_n_acc]
-            if feats is not None:  # their features too (EAGLE's next catch-up reads them)
-                hidden = tgt.last_hidden(max(n_acc + 1, n_nodes if rows is not None else 0))
+            if feats is not None and rows is None:  # their features too (EAGLE's catch-up reads them)
+                feats[seq.tgt_past:seq.tgt_past + n_acc + 1] = tgt.last_hidden(n_acc + 1)
+            elif feats is not None:  # a tree: the accepted path's rows
+                hidden = tgt.last_hidden(n_nodes)
                 for i in range(n_acc + 1):
-                    feats[seq.tgt_past + i] = hidden[i if rows is None else rows[i]]
+                    feats[seq.tgt_past + i] = hidden[rows[i]]
             n_old = seq.n
             seq.tokens[n_old + n_acc] = nxt
             seq.n += n_acc + 1

@@ -61,7 +61,7 @@ class TreeConfig:
 class TokenTree:
     """Preallocated tree buffers, reused every step."""
 
-    def __init__(self, max_nodes: int, hidden_size: int = 0) -> None:
+    def __init__(self, max_nodes: int) -> None:
         self.tokens = np.zeros(max_nodes, np.int64)
         self.parents = np.full(max_nodes, -1, np.int64)
         self.depth = np.zeros(max_nodes, np.int64)
