@@ -24,6 +24,9 @@ def _add_export(sub) -> None:
                    help="EAGLE head folder (HF layout, from `edgespec train-eagle` or a published EAGLE-1 head) "
                    "to include; 'auto' (default): the head shipped with edgespec when the target is the default "
                    "model; 'none': no head")
+    p.add_argument("--medusa", default="auto",
+                   help="Medusa heads folder (from `edgespec train-medusa`) to include; 'auto' (default): the heads "
+                   "shipped with edgespec when the target is the default model; 'none': no heads")
     p.add_argument("--out", help=f"output folder (default: engines/<model name>, e.g. {DEFAULT_ENGINE})")
     p.add_argument("--max-len", type=int, default=2048, help="context slots: prompt + output (default 2048)")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=8,
@@ -60,13 +63,17 @@ def _add_runtime_args(p, drafter_default=None) -> None:
     p.add_argument("--eagle-min-confidence", type=float,
                    help="eagle/hybrid: stop a draft chain when the head's own probability of its next token is "
                    "below this (default: the folder's, else edgespec's measured default)")
+    p.add_argument("--medusa-min-confidence", type=float,
+                   help="medusa: stop a draft chain at the first head whose probability of its token is below this "
+                   "(default: the folder's, else edgespec's measured default)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
     p.add_argument("--tree", metavar="NODES[:DEPTH[:BRANCH[:BEAM]]]",
-                   help="draft token trees instead of chains (ngram, eagle, hybrid): at most NODES tokens per "
+                   help="draft token trees instead of chains (ngram, eagle, hybrid, medusa): at most NODES tokens per "
                    "verify call incl. the pending one (<= k+1 of the folder), paths up to DEPTH (default 4), "
                    "BRANCH children per expanded node and BEAM nodes expanded per depth (default 2, 2; "
-                   "eagle: EAGLE-2 style by path probability; ngram: a trie of earlier matches). Greedy "
+                   "eagle: EAGLE-2 style by path probability; medusa: each head's top tokens by path probability; "
+                   "ngram: a trie of earlier matches). Greedy "
                    "output stays identical, sampling lossless. bench: comma-separated specs, run next to the "
                    "chains. e.g. --tree 9:4:2:2")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
@@ -81,7 +88,7 @@ def _add_generate(sub) -> None:
     _add_runtime_args(p)
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message via the chat template")
-    p.add_argument("--drafter", help="none | ngram | draft | eagle | hybrid (default: the folder's default)")
+    p.add_argument("--drafter", help="none | ngram | draft | eagle | hybrid | medusa (default: the folder's default)")
     p.add_argument("--k", type=int, help="num_speculative_tokens per step (default: the folder's default)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -126,7 +133,7 @@ def _add_apps(sub) -> None:
                        description="Chat through the model's chat template. Earlier turns stay in the KV "
                        "cache, so each turn prefills only its new text. /help lists the commands.")
     _add_runtime_args(c)
-    c.add_argument("--drafter", help="none | ngram | draft | eagle | hybrid (default: the folder's default)")
+    c.add_argument("--drafter", help="none | ngram | draft | eagle | hybrid | medusa (default: the folder's default)")
     c.add_argument("--k", type=int, help="num_speculative_tokens")
     c.add_argument("--temperature", type=float, default=0.0)
     c.add_argument("--max-new-tokens", type=int, default=512)
@@ -231,10 +238,21 @@ def _add_train_eagle(sub) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
 
 
+def _make_data(folder: str, a) -> None:
+    """Self-distillation data (train-eagle's prompt mix) into folder; resumes a partial run."""
+    from edgespec.export.eagle_data import DataConfig, generate_data
+
+    n = a.prompts
+    mix = {"n_general": n * 25 // 100, "n_everyday": n * 28 // 100, "n_self_instruct": n * 17 // 100,
+           "n_code_chat": n * 14 // 100}
+    generate_data(DataConfig(out=folder, target=a.target, n_completion=n - sum(mix.values()),
+                             max_new_tokens=getattr(a, "max_new_tokens", 192), batch=getattr(a, "gen_batch", 48),
+                             threads=a.threads, **mix))
+
+
 def _cmd_train_eagle(a) -> int:
     try:
         from edgespec.export.eagle import TrainConfig, train
-        from edgespec.export.eagle_data import DataConfig, generate_data
     except ImportError as e:
         print(f"edgespec train-eagle needs the export extra ({e.name} missing). "
               "Hint: pip install 'edgespec[export]'", file=sys.stderr)
@@ -246,13 +264,53 @@ def _cmd_train_eagle(a) -> int:
             print(f"--data {data}: {missing} hold no finished data; make each with its own run first", file=sys.stderr)
             return 2
     elif not (Path(data) / "done").exists():
-        n = a.prompts
-        mix = {"n_general": n * 25 // 100, "n_everyday": n * 28 // 100, "n_self_instruct": n * 17 // 100,
-               "n_code_chat": n * 14 // 100}
-        generate_data(DataConfig(out=data, target=a.target, n_completion=n - sum(mix.values()),
-                                 max_new_tokens=a.max_new_tokens, batch=a.gen_batch, threads=a.threads, **mix))
+        _make_data(data, a)
     train(TrainConfig(data=data, out=a.out, target=a.target, draft_vocab=a.draft_vocab, minutes=a.minutes,
                       epochs=a.epochs, lr=a.lr, threads=a.threads))
+    return 0
+
+
+def _add_train_medusa(sub) -> None:
+    p = sub.add_parser("train-medusa", help="train Medusa heads for a target by self-distillation (CPU or GPU)",
+                       description="Trains K Medusa heads (head i: a residual SiLU block on the target's last "
+                       "feature, through the target's own LM head rows of a draft vocabulary, predicting the token "
+                       "i+2 places ahead) on the same self-distillation data as train-eagle: the target's own "
+                       "answers to a built-in prompt set, with its hidden states (made first when --data holds "
+                       "none). Resumable: run again with the same --out to continue. Writes config.json + "
+                       "model.safetensors for `edgespec export --medusa`.")
+    p.add_argument("--target", help="HF folder, .gguf or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="heads folder to write (and resume from)")
+    p.add_argument("--data", help="self-distillation data folder(s) from train-eagle (DIR or DIR1,DIR2; default: "
+                   "<out>/data, made first with train-eagle's prompt mix)")
+    p.add_argument("--heads", type=int, default=4, help="K heads = longest draft chain (default 4)")
+    p.add_argument("--layers", type=int, default=1, help="residual blocks per head (default 1)")
+    p.add_argument("--prompts", type=int, default=3600, help="prompts the target answers when making data "
+                   "(default 3600, train-eagle's mix)")
+    p.add_argument("--minutes", type=float, default=30.0, help="training time budget of this run (default 30)")
+    p.add_argument("--epochs", type=float, default=2.0, help="passes over the data in total (default 2)")
+    p.add_argument("--draft-vocab", type=int, default=8192,
+                   help="most frequent answer tokens the heads may propose; 0 = full vocabulary (default 8192)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+
+
+def _cmd_train_medusa(a) -> int:
+    try:
+        from edgespec.export.medusa import MedusaTrainConfig, train_medusa
+    except ImportError as e:
+        print(f"edgespec train-medusa needs the export extra ({e.name} missing). "
+              "Hint: pip install 'edgespec[export]'", file=sys.stderr)
+        return 2
+    data = a.data or str(Path(a.out) / "data")
+    missing = [d for d in data.split(",") if not (Path(d) / "done").exists()]
+    if missing and "," in data:
+        print(f"--data {data}: {missing} hold no finished data; make each with its own run first", file=sys.stderr)
+        return 2
+    if missing:
+        _make_data(data, a)
+    train_medusa(MedusaTrainConfig(data=data, out=a.out, target=a.target, n_heads=a.heads, n_layers=a.layers,
+                                   draft_vocab=a.draft_vocab, minutes=a.minutes, epochs=a.epochs, lr=a.lr,
+                                   threads=a.threads))
     return 0
 
 
@@ -265,7 +323,8 @@ def _load(a, drafter: str | None = None):
     return Generator.load(a.engine, drafter=drafter or getattr(a, "drafter", None), k=a.k, provider=a.provider,
                           threads=a.threads, ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
                           draft_provider=a.draft_provider, eagle_min_confidence=a.eagle_min_confidence,
-                          tree=TreeConfig.parse(a.tree) if a.tree else TreeConfig())
+                          tree=TreeConfig.parse(a.tree) if a.tree else TreeConfig(),
+                          medusa_min_confidence=a.medusa_min_confidence)
 
 
 def _cmd_export(a) -> int:
@@ -275,7 +334,8 @@ def _cmd_export(a) -> int:
         print(f"edgespec export needs the export extra ({e.name} missing). "
               "Hint: pip install 'edgespec[export]'", file=sys.stderr)
         return 2
-    cfg = ExportConfig(target=a.target, draft=a.draft, eagle=a.eagle, out=a.out, max_len=a.max_len, k=a.k,
+    cfg = ExportConfig(target=a.target, draft=a.draft, eagle=a.eagle, medusa=a.medusa, out=a.out,
+                       max_len=a.max_len, k=a.k,
                        precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
                        int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head, force=a.force,
                        validate=not a.no_validate, eagle3_features=a.eagle3_features, trees=a.trees)
@@ -322,7 +382,8 @@ def _cmd_bench(a) -> int:
                       max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed, limit=a.limit,
                       provider=a.provider, threads=a.threads, ngram_min=a.ngram_min, ngram_max=a.ngram_max,
                       adaptive=bool(a.adaptive), draft_provider=a.draft_provider,
-                      eagle_min_confidence=a.eagle_min_confidence, trees=tuple(a.tree.split(",")) if a.tree else ())
+                      eagle_min_confidence=a.eagle_min_confidence, trees=tuple(a.tree.split(",")) if a.tree else (),
+                      medusa_min_confidence=a.medusa_min_confidence)
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
@@ -392,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_tune(sub)
     _add_build_trt(sub)
     _add_train_eagle(sub)
+    _add_train_medusa(sub)
     d = sub.add_parser("demo", help="export the default model if needed, run one prompt plain and speculative",
                        description="The quick start: fetches and exports SmolLM2-135M-Instruct if not cached, "
                        "then runs one chat prompt plain and with speculation, side by side.")
@@ -407,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cmds = {"export": _cmd_export, "generate": _cmd_generate, "bench": _cmd_bench, "demo": _cmd_demo,
                 "chat": _cmd_chat, "serve": _cmd_serve, "tune": _cmd_tune,
-                "build-trt": _cmd_build_trt, "train-eagle": _cmd_train_eagle}
+                "build-trt": _cmd_build_trt, "train-eagle": _cmd_train_eagle,
+                "train-medusa": _cmd_train_medusa}
         return cmds[a.cmd](a)
     except errors as e:
         print(f"edgespec {a.cmd}: error: {e}", file=sys.stderr)

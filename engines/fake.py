@@ -91,3 +91,25 @@ class FakeEagleHead:
 
     def last_hidden(self, n: int) -> np.ndarray:
         return self._hidden[:n]
+
+
+class FakeMedusaHeads:
+    """Fake Medusa heads over a reduced draft vocabulary: head i's logits mix the fed feature (the
+    target's logits at the last verified position) with a row of its own. Enough to exercise the
+    medusa drafter's bookkeeping and its real q."""
+
+    def __init__(self, vocab: int, d2t: np.ndarray, n_heads: int = 3, seed: int = 6) -> None:
+        rng = np.random.default_rng(seed)
+        self.d2t = np.asarray(d2t, np.int64)
+        self.n_heads, self.hidden_size, self.vocab_size = n_heads, vocab, len(self.d2t)
+        self.bias = rng.standard_normal((n_heads, len(self.d2t))).astype(np.float32)
+        self._logits = np.zeros((n_heads, len(self.d2t)), np.float32)
+        self.n_calls = 0
+
+    def load(self) -> None:
+        pass
+
+    def forward(self, feature: np.ndarray) -> np.ndarray:
+        self.n_calls += 1
+        self._logits[:] = 0.8 * feature[self.d2t] + self.bias
+        return self._logits

@@ -82,6 +82,20 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class HeadsSpec:
+    role: str  # "medusa"
+    precision: str  # "fp32" | "fp16" | "int4"
+    n_heads: int  # K: tokens drafted per call (head i drafts i + 2 places past its feature)
+    hidden_size: int  # feature width (the target's hidden size)
+    vocab_size: int  # draft vocabulary Vd (the logits width; map with d2t)
+    file: str  # ONNX graph: features [1, H] -> logits [K, Vd]
+    weights_file: str  # external data file of the graph
+    weights: dict[str, WeightSpec]  # initializer index into weights_file
+    d2t: WeightSpec  # draft-vocabulary id -> target id (int64 [Vd])
+    validation: dict = field(default_factory=dict)  # max |ORT - PyTorch| at export
+
+
+@dataclass(frozen=True)
 class Manifest:
     folder: Path  # where manifest.json lives
     name: str  # engine name
@@ -96,6 +110,7 @@ class Manifest:
     target: ModelSpec  # the model whose output is reproduced
     draft: ModelSpec | None  # separate draft model, when exported
     eagle: ModelSpec | None  # EAGLE head, when exported
+    medusa: HeadsSpec | None  # Medusa heads, when exported
     source: dict  # where the target came from (kind, path, sha256)
     defaults: dict  # drafter / k chosen at export or by `edgespec tune`
     raw: dict  # the whole JSON, for tools
@@ -124,6 +139,14 @@ def _model(d: dict, role: str) -> ModelSpec:
         validation=d.get("validation", {}), d2t=_weight(d["d2t"]) if "d2t" in d else None)
 
 
+def _heads(d: dict, role: str) -> HeadsSpec:
+    a = d["architecture"]
+    return HeadsSpec(role=role, precision=d["precision"], n_heads=a["n_heads"], hidden_size=a["hidden_size"],
+                     vocab_size=a["vocab_size"], file=d["graph"]["file"], weights_file=d["weights"]["file"],
+                     weights={k: _weight(v) for k, v in d["weights"]["tensors"].items()}, d2t=_weight(d["d2t"]),
+                     validation=d.get("validation", {}))
+
+
 def load_manifest(folder: str | Path) -> Manifest:
     """Read and check an engine folder's manifest; every failure says what to do."""
     folder = Path(folder)
@@ -146,13 +169,15 @@ def load_manifest(folder: str | Path) -> Manifest:
         target = _model(d["models"]["target"], "target")
         draft = _model(d["models"]["draft"], "draft") if "draft" in d["models"] else None
         eagle = _model(d["models"]["eagle"], "eagle") if "eagle" in d["models"] else None
+        medusa = _heads(d["models"]["medusa"], "medusa") if "medusa" in d["models"] else None
         tok = d["tokenizer"]
         chat = (folder / tok["chat_template_file"]).read_text() if tok.get("chat_template_file") else None
         m = Manifest(
             folder=folder, name=d["name"], max_len=d["max_len"], kv_bucket=d["kv_bucket"],
             prefill_chunk=d["prefill_chunk"], num_speculative_tokens=d["num_speculative_tokens"],
             tokenizer_file=tok["file"], chat_template=chat, eos_token_ids=tuple(tok["eos_token_ids"]),
-            bos_token_id=tok.get("bos_token_id"), target=target, draft=draft, eagle=eagle, source=d.get("source", {}),
+            bos_token_id=tok.get("bos_token_id"), target=target, draft=draft, eagle=eagle,
+            medusa=medusa, source=d.get("source", {}),
             defaults=d.get("defaults", {}), raw=d)
     except (KeyError, TypeError) as e:
         raise ManifestError(f"{mf} lacks or mistypes field {e}; re-run `edgespec export`") from e
@@ -171,6 +196,15 @@ def load_manifest(folder: str | Path) -> Manifest:
         if eagle.hidden_size != target.hidden_size:
             raise ManifestError(f"{folder}: EAGLE head hidden size {eagle.hidden_size} != target's "
                                 f"{target.hidden_size}; re-export with a head trained for this target")
+    if medusa is not None:
+        for rel in sorted({medusa.file, medusa.weights_file}):
+            if not (folder / rel).exists():
+                raise ManifestError(f"{folder}: medusa file {rel} listed in the manifest is missing")
+        if medusa.d2t.shape != (medusa.vocab_size,):
+            raise ManifestError(f"{folder}: Medusa heads without a d2t map of {medusa.vocab_size} entries; re-export")
+        if medusa.hidden_size != target.hidden_size:
+            raise ManifestError(f"{folder}: Medusa heads of hidden size {medusa.hidden_size} != target's "
+                                f"{target.hidden_size}; re-export with heads trained for this target")
     if not (folder / m.tokenizer_file).exists():
         raise ManifestError(f"{folder}: tokenizer file {m.tokenizer_file} is missing")
     return m

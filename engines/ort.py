@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from edgespec.engines.base import EngineError, fill_tree, pick_width, window_slots
-from edgespec.engines.manifest import Manifest, ModelSpec
+from edgespec.engines.manifest import HeadsSpec, Manifest, ModelSpec
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -43,17 +43,52 @@ def _map_weights(path: Path) -> np.memmap:
     return _WEIGHTS_CACHE[key]
 
 
+def _check_provider(provider: str) -> None:
+    if provider not in PROVIDERS:
+        raise EngineError(f"provider {provider!r} unknown; choose one of {', '.join(PROVIDERS)}")
+    missing = [p for p in PROVIDERS[provider][:1] if p not in ort.get_available_providers()]
+    if missing:
+        raise EngineError(f"provider {provider!r} needs {missing[0]}, which this onnxruntime build "
+                          f"lacks (has {ort.get_available_providers()}). Hint: pip install onnxruntime-gpu")
+
+
+def _session_options(manifest: Manifest, spec, threads: int | None, prepack: bool = True):
+    """(SessionOptions with the model's mapped weights as initializers, those OrtValues: keep them
+    alive as long as the session)."""
+    initializers = {}
+    for name, w in spec.weights.items():
+        blob = _map_weights(manifest.path(w.file or spec.weights_file))
+        arr = blob[w.offset: w.offset + w.nbytes].view(np.dtype(w.dtype)).reshape(w.shape)
+        initializers[name] = ort.OrtValue.ortvalue_from_numpy(arr)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.intra_op_num_threads = threads or _physical_cores()
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    if not prepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    if spec.role != "target":
+        # A drafter alternates with the target; a spinning draft pool steals the cores the
+        # target needs next (measured: draft k=4 0.53x -> 0.83x of plain with this off).
+        # The target keeps spinning: plain decoding is ~12% faster with it.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for name, value in initializers.items():
+        so.add_initializer(name, value)
+    return so, initializers
+
+
+def _read_d2t(manifest: Manifest, spec) -> np.ndarray:
+    w = spec.d2t
+    return _map_weights(manifest.path(w.file or spec.weights_file))[w.offset:w.offset + w.nbytes].view(np.int64).copy()
+
+
 class OrtModel:
     """A target or draft model of an engine folder, run through ONNX Runtime."""
 
     def __init__(self, manifest: Manifest, spec: ModelSpec, provider: str = "cpu",
                  threads: int | None = None, prepack: bool = True) -> None:
-        if provider not in PROVIDERS:
-            raise EngineError(f"provider {provider!r} unknown; choose one of {', '.join(PROVIDERS)}")
-        missing = [p for p in PROVIDERS[provider][:1] if p not in ort.get_available_providers()]
-        if missing:
-            raise EngineError(f"provider {provider!r} needs {missing[0]}, which this onnxruntime build "
-                              f"lacks (has {ort.get_available_providers()}). Hint: pip install onnxruntime-gpu")
+        _check_provider(provider)
         self.manifest, self.spec, self.provider = manifest, spec, provider
         self.max_len = manifest.max_len
         self.bucket = manifest.kv_bucket
@@ -63,9 +98,7 @@ class OrtModel:
         self.hidden_size = spec.hidden_size
         self.d2t = None  # an EAGLE head's draft id -> target id map [Vd]
         if spec.d2t is not None:
-            w = spec.d2t
-            self.d2t = _map_weights(manifest.path(w.file or spec.weights_file))[w.offset:w.offset + w.nbytes].view(
-                np.int64).copy()
+            self.d2t = _read_d2t(manifest, spec)
         dtype = np.dtype(spec.kv_dtype)
         self.kv = np.zeros((spec.n_layers, 2, self.max_len, spec.kv_width), dtype)  # [L, 2, S_max, Hkv*D]
         self._ids = {w: np.zeros((1, w), np.int64) for w in self.widths}
@@ -103,27 +136,7 @@ class OrtModel:
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._last_width = 0
         self.n_calls = 0  # forward calls so far (stats)
-        self._initializers = {}
-        for name, w in spec.weights.items():
-            blob = _map_weights(manifest.path(w.file or spec.weights_file))
-            arr = blob[w.offset: w.offset + w.nbytes].view(np.dtype(w.dtype)).reshape(w.shape)
-            self._initializers[name] = ort.OrtValue.ortvalue_from_numpy(arr)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.intra_op_num_threads = threads or _physical_cores()
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
-        if not prepack:
-            so.add_session_config_entry("session.disable_prepacking", "1")
-        if spec.role != "target":
-            # The draft alternates with the target; a spinning draft pool steals the cores the
-            # target needs next (measured: draft k=4 0.53x -> 0.83x of plain with this off).
-            # The target keeps spinning: plain decoding is ~12% faster with it.
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        for name, value in self._initializers.items():
-            so.add_initializer(name, value)
-        self._session_options = so
+        self._session_options, self._initializers = _session_options(manifest, spec, threads, prepack)
 
     # ---- sessions --------------------------------------------------------------------------------
     def session(self, width: int | None = None) -> ort.InferenceSession:
@@ -246,3 +259,46 @@ class OrtModel:
     def last_hidden(self, n: int) -> np.ndarray:
         """Final-norm hidden states [n, H] of the last forward (for drafters that need them)."""
         return self._hidden[self._last_width][0, :n]
+
+
+class OrtHeads:
+    """Medusa heads of an engine folder: one call maps the last verified feature [H] to every
+    head's logits [K, Vd] (no KV, no sequence). Inputs and outputs are bound once."""
+
+    def __init__(self, manifest: Manifest, spec: HeadsSpec, provider: str = "cpu", threads: int | None = None) -> None:
+        _check_provider(provider)
+        self.manifest, self.spec, self.provider = manifest, spec, provider
+        self.n_heads, self.hidden_size = spec.n_heads, spec.hidden_size
+        self.d2t = _read_d2t(manifest, spec)
+        dtype = np.dtype(np.float16 if spec.precision == "fp16" else np.float32)
+        self._feat = np.zeros((1, spec.hidden_size), dtype)  # [1, H]
+        self._logits = np.zeros((spec.n_heads, spec.vocab_size), np.float32)  # [K, Vd]
+        self._session_options, self._initializers = _session_options(manifest, spec, threads)
+        self._session: ort.InferenceSession | None = None
+        self._binding: ort.IOBinding | None = None
+        self.n_calls = 0  # calls so far (stats)
+
+    def load(self) -> None:
+        """Create the session and bind its buffers (the first call would otherwise pay for it)."""
+        if self._session is not None:
+            return
+        path = self.manifest.path(self.spec.file)
+        try:
+            self._session = ort.InferenceSession(str(path), self._session_options, providers=PROVIDERS[self.provider])
+        except Exception as e:  # ORT raises its own exception types; re-raise with context
+            raise EngineError(f"could not load {path}: {e}. Hint: re-export the folder with this "
+                              "edgespec/onnxruntime") from e
+        b = self._session.io_binding()
+        b.bind_input("features", "cpu", 0, self._feat.dtype, self._feat.shape, self._feat.ctypes.data)
+        b.bind_output("logits", "cpu", 0, self._logits.dtype, self._logits.shape, self._logits.ctypes.data)
+        self._binding = b
+        self.forward(self._feat[0])
+
+    def forward(self, feature: np.ndarray) -> np.ndarray:
+        """feature [H] -> logits [K, Vd] (a view, valid until the next call)."""
+        if self._session is None:
+            self.load()
+        self._feat[0] = feature
+        self._session.run_with_iobinding(self._binding)
+        self.n_calls += 1
+        return self._logits

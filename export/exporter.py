@@ -49,6 +49,8 @@ class ExportConfig:
     draft: str | None = None  # None, another model source, "self:N" (first N layers) or "self:int4"
     eagle: str | None = "auto"  # EAGLE head folder; "auto": the shipped head when the target is the
     #                             default model, else none; None / "none": no head
+    medusa: str | None = "auto"  # Medusa heads folder; "auto": the shipped heads when the target is the
+    #                              default model, else none; None / "none": no heads
     out: str | None = None  # engine folder; None = engines/<target name>
     max_len: int = 2048  # KV slots (prompt + output)
     k: int = 8  # largest num_speculative_tokens: verify graphs for widths 2..k+1 are exported
@@ -245,7 +247,8 @@ def export(cfg: ExportConfig) -> Path:
     widths_d = sorted({1, cfg.prefill_chunk})
     has_draft = cfg.draft is not None
     head_dir = _eagle_dir(cfg, src)
-    n_steps = 6 + (3 if has_draft else 0) + (2 if head_dir else 0)
+    medusa_dir = _heads_dir(cfg.medusa, src, "-medusa", "medusa")
+    n_steps = 6 + (3 if has_draft else 0) + (2 if head_dir else 0) + (2 if medusa_dir else 0)
     progress = _Progress(n_steps, cfg.progress)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -294,6 +297,10 @@ def export(cfg: ExportConfig) -> Path:
                                                          sorted(set(range(1, cfg.k + 2)) | {cfg.prefill_chunk}),
                                                          cfg.prefill_chunk)
             progress.step("EAGLE head")
+        medusa_writer = None
+        if medusa_dir is not None:
+            medusa_writer, models["medusa"] = _write_medusa(medusa_dir, tmp, arch, writer, opts)
+            progress.step("Medusa heads")
         manifest = {
             "format": mf.FORMAT, "version": mf.VERSION, "edgespec_version": __version__,
             "name": out.name, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -305,7 +312,7 @@ def export(cfg: ExportConfig) -> Path:
                           "eos_token_ids": _eos_ids(model, tok), "bos_token_id": tok.bos_token_id},
             "models": models,
             "drafters": ["none", "ngram"] + (["draft"] if has_draft else [])
-            + (["eagle", "hybrid"] if head_dir else []),
+            + (["eagle", "hybrid"] if head_dir else []) + (["medusa"] if medusa_dir else []),
             # measured on this CPU (README): adaptive prompt lookup beat every fixed k
             "defaults": {"drafter": "ngram", "k": cfg.k, "adaptive": True},
         }
@@ -319,6 +326,9 @@ def export(cfg: ExportConfig) -> Path:
             if eagle_writer is not None:
                 report["eagle"] = _validate_eagle(tmp, eagle_writer, _reference_model(model, writer), tokens)
                 progress.step("validated EAGLE head")
+            if medusa_writer is not None:
+                report["medusa"] = _validate_medusa(tmp, medusa_writer, _reference_model(model, writer), tokens)
+                progress.step("validated Medusa heads")
             if has_draft:
                 report["draft"] = _validate(tmp, "draft", _reference_model(draft_model, draft_writer), tokens,
                                             _tolerance(draft_writer.opts))
@@ -346,16 +356,81 @@ def export(cfg: ExportConfig) -> Path:
 
 def _eagle_dir(cfg: ExportConfig, src) -> Path | None:
     """The EAGLE head folder this export includes, if any."""
-    if cfg.eagle in (None, "none", ""):
+    return _heads_dir(cfg.eagle, src, "", "eagle")
+
+
+def _heads_dir(arg: str | None, src, suffix: str, kind: str) -> Path | None:
+    """The drafting-head folder an --eagle / --medusa argument names: none, the shipped one for the
+    default model (heads/<name><suffix>), or a folder."""
+    if arg in (None, "none", ""):
         return None
-    if cfg.eagle == "auto":
-        shipped = SHIPPED_HEADS / src.name
+    if arg == "auto":
+        shipped = SHIPPED_HEADS / (src.name + suffix)
         return shipped if src.kind == "default" and (shipped / "config.json").exists() else None
-    path = Path(cfg.eagle)
+    path = Path(arg)
     if not path.is_dir():
-        raise ExportError(f"--eagle {cfg.eagle}: not a folder. Hint: train one with `edgespec train-eagle "
-                          f"--out {cfg.eagle}` or pass --eagle none")
+        raise ExportError(f"--{kind} {arg}: not a folder. Hint: train one with `edgespec train-{kind} "
+                          f"--out {arg}` or pass --{kind} none")
     return path
+
+
+def _write_medusa(heads_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, opts: GraphOptions):
+    """medusa.weights + medusa.onnx; manifest entry."""
+    import onnx
+    from edgespec.export.medusa import MedusaFormatError, read_heads
+    from edgespec.export.medusa_graph import MedusaGraphWriter
+
+    try:
+        mc, arrays = read_heads(heads_dir, arch.hidden_size, arch.vocab_size)
+    except MedusaFormatError as e:
+        raise ExportError(str(e)) from e
+    mw = MedusaGraphWriter(arch, mc, arrays, writer.reference["lm_head.weight"], opts)
+    index = write_weights(mw.store.arrays | {"d2t": mw.d2t}, folder / "medusa.weights")
+    model = mw.build("medusa.weights", {k: v["offset"] for k, v in index.items()})
+    onnx.save(model, folder / "medusa.onnx")
+    used = {i.name for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL}
+    meta = json.loads((heads_dir / "config.json").read_text()).get("medusa", {})
+    entry = {"kind": "medusa", "precision": mw.opts.precision,
+             "architecture": {"n_heads": mc.n_heads, "n_layers": mc.n_layers, "hidden_size": mc.hidden_size,
+                              "vocab_size": mc.draft_vocab_size},
+             "graph": {"file": "medusa.onnx",
+                       "inputs": [{"name": "features", "shape": [1, mc.hidden_size], "dtype": mw.dtype.name}],
+                       "outputs": [{"name": "logits", "shape": [mc.n_heads, mc.draft_vocab_size],
+                                    "dtype": "float32"}]},
+             "weights": {"file": "medusa.weights", "tensors": {k: v for k, v in index.items() if k in used}},
+             "d2t": index["d2t"] | {"file": "medusa.weights"},
+             "heads": {"source": str(heads_dir), "target_vocab_size": arch.vocab_size, "trained": meta}}
+    return mw, entry
+
+
+def _validate_medusa(folder: Path, mw, ref_target, tokens: np.ndarray) -> dict[str, float]:
+    """ORT heads vs the PyTorch heads (same dequantized weights) on the target's real features."""
+    import torch
+    from edgespec.engines.ort import OrtHeads
+    from edgespec.export.medusa import build_heads
+
+    man = mf.load_manifest(folder)
+    engine = OrtHeads(man, man.medusa)
+    with torch.no_grad():
+        feats = ref_target.model(torch.from_numpy(tokens[None])).last_hidden_state[0].float().numpy()  # [N, H]
+    K = mw.mc.n_heads
+    arrays = dict(mw.reference) | {"d2t": mw.d2t}
+    b0 = mw.store.arrays["blocks0_b"].astype(np.float32).reshape(K, -1)
+    for i in range(K):
+        arrays[f"{i}.0.linear.bias"] = b0[i]
+        for j in range(1, mw.mc.n_layers):
+            arrays[f"{i}.{j}.linear.bias"] = mw.store.arrays[f"blocks{j}_b"][i, 0].astype(np.float32)
+    heads = build_heads(mw.mc, arrays, np.zeros((mw.mc.vocab_size, mw.mc.hidden_size), np.float32))
+    heads.lm_head = torch.from_numpy(mw.reference["lm_head_d"])  # the rows the graph uses (int4: dequantized)
+    rows = np.linspace(0, len(feats) - 1, 8).astype(int)
+    with torch.no_grad():
+        ref = heads.logits(heads(torch.from_numpy(feats[rows]))).numpy()  # [8, K, Vd]
+    worst = max(float(np.abs(engine.forward(feats[r]) - ref[i]).max()) for i, r in enumerate(rows))
+    tol = _tolerance(mw.opts)
+    if worst > tol:
+        raise ExportError(f"Medusa heads graph: max |ORT - PyTorch| logits = {worst:.3g} > tolerance {tol:g}. "
+                          "Please report it with the heads' config.json.")
+    return {"heads": worst}
 
 
 def _write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, index_t: dict,

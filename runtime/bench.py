@@ -43,9 +43,10 @@ class BenchConfig:
     ngram_max: int = 3  # prompt lookup: longest suffix, tried first
     adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks)
     trees: tuple[str, ...] = ()  # token-tree specs NODES:DEPTH:BRANCH:BEAM, run for each tree-capable drafter
+    medusa_min_confidence: float | None = None  # medusa chain cut-off (None: folder / edgespec default)
 
 
-TREE_DRAFTERS = ("ngram", "eagle", "hybrid")
+TREE_DRAFTERS = ("ngram", "eagle", "hybrid", "medusa")
 
 
 def load_prompts(path: str | None, limit: int) -> list[dict]:
@@ -130,7 +131,10 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     configs += [(d, max(cfg.ks), False, spec) for d in drafters[1:] if d in TREE_DRAFTERS for spec in trees]
     g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads,
                        ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max), draft_provider=cfg.draft_provider,
-                       eagle_min_confidence=cfg.eagle_min_confidence)
+                       eagle_min_confidence=cfg.eagle_min_confidence,
+                       medusa_min_confidence=cfg.medusa_min_confidence)
+    if "medusa" in drafters and g.medusa_heads is not None:
+        g.medusa_heads.load()
     if "draft" in drafters and g.draft_engine is not None:
         g.draft_engine.load_widths([1, g.manifest.prefill_chunk])
     if {"eagle", "hybrid"} & set(drafters) and g.eagle_engine is not None:
@@ -181,6 +185,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
                          "ngram": [cfg.ngram_min, cfg.ngram_max], "adaptive": cfg.adaptive,
                          "trees": list(cfg.trees),
                          "eagle_min_confidence": g.cfg.eagle_min_confidence,
+                         "medusa_min_confidence": g.cfg.medusa_min_confidence,
                          "precision": g.manifest.target.precision},
               "machine": machine_info(cfg.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
     print(format_table(report), file=out)

@@ -150,48 +150,28 @@ class ModelDrafter:
         self.dft_past = min(self.dft_past, n_old + n_acc)
 
 
-class EagleDrafter:
-    """EAGLE: a one-layer head drafts from the target's own features (chain).
+class _HeadDrafter:
+    """What the EAGLE and Medusa drafters share: picking a token from a head's logits over the
+    draft vocabulary (greedy, or sampled with its q), and growing trees from such logits."""
 
-    Head row j holds the pair (f_j, token_{j+1}), f_j = the target's hidden state at position j
-    (`tgt_features`, kept current by the generator). Its output predicts f_{j+1} and so
-    token_{j+2}. One step: catch up on the pairs the target has verified since the last step (one
-    call, true features; its last row drafts d_1), then k-1 calls that feed the head its own
-    predicted feature: (f^_{n-1}, d_1) -> d_2, ... Those speculative rows sit past `dft_past` and
-    are overwritten by the next catch-up, so rejection needs no rollback work.
-    """
-
-    name = "eagle"
-
-    def __init__(self, head, d2t: np.ndarray, tgt_features: np.ndarray, target_vocab: int,
-                 min_confidence: float = 0.0, sampling: SamplingConfig | None = None) -> None:
-        self.head, self.d2t, self.tgt_features = head, d2t, tgt_features
+    def __init__(self, d2t: np.ndarray, target_vocab: int, min_confidence: float,
+                 sampling: SamplingConfig | None, n_rows: int) -> None:
+        self.d2t = d2t
         # stop the chain once the head's own probability of its token falls below this (EAGLE-2's
         # observation: draft confidence predicts acceptance); the verify call stays narrow.
         # Lossless either way: the length depends only on the draft's own numbers.
         self.min_confidence = min_confidence
         self.sampling = sampling or SamplingConfig()
         self.rng = np.random.default_rng(self.sampling.seed)
-        self.dft_past = 0  # head rows holding true pairs 0..dft_past-1
-        self._feat = np.zeros((1, tgt_features.shape[1]), tgt_features.dtype)  # f^ fed back
         self._full = np.full(target_vocab, -np.inf, np.float32)  # head logits scattered to the target vocab
         self._exp = np.zeros(len(d2t), np.float32)  # scratch for the confidence softmax (no per-step alloc)
-        self._q = np.zeros((64, target_vocab), np.float64)
-        n_tree = max(head.widths)  # tree scratch: per node feature, head row, head-call inputs
-        self._tree_feat = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
-        self._tree_in = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
-        self._tree_par = np.zeros(n_tree, np.int64)
-        self._tree_rows = np.zeros(n_tree, np.int64)
+        self._q = np.zeros((n_rows, target_vocab), np.float64)
 
     def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
         self.sampling, self.rng = sampling, rng
 
-    def start(self, seq: SeqState, n_cached: int = 0) -> None:
-        # pair j needs tokens j, j+1 of the common prefix and f_j: valid for j <= n_cached - 2
-        self.dft_past = min(self.dft_past, max(n_cached - 1, 0))
-
     def _choose(self, logits: np.ndarray, seq: SeqState, i: int) -> tuple[int, float]:
-        """(token, the head's probability of it)."""
+        """(token, the head's probability of it) for draft position i."""
         if self.sampling.greedy and self.sampling.repetition_penalty == 1.0:
             top = int(logits.argmax())
             conf = 1.0
@@ -207,6 +187,59 @@ class EagleDrafter:
         self._q[i] = probs(full, self.sampling)
         tok = sample(self._q[i], self.rng)
         return tok, float(self._q[i, tok])
+
+    def _add_children(self, tree, frontier, row_of, cfg) -> list[int]:
+        """One depth of a best-first tree: the top-`branch` children of each frontier node
+        (row_of(u): the head's logits [Vd] for u's children), scored by path probability (the
+        head's own probabilities multiplied along the path), added best first while the node
+        budget lasts and the score stays >= min_score. Returns the added nodes, best first."""
+        cands = []
+        for u in frontier:
+            row = row_of(u)
+            top = np.argpartition(row, -cfg.branch)[-cfg.branch:]
+            np.exp(np.subtract(row, row.max(), out=self._exp), out=self._exp)
+            z = float(self._exp.sum())
+            cands.extend((tree.score[u] * float(self._exp[t]) / z, u, int(self.d2t[t])) for t in top)
+        cands.sort(reverse=True)
+        added = []
+        for score, u, tok in cands:
+            if score < cfg.min_score:
+                break
+            c = tree.add(u, tok, score)
+            if c < 0:
+                break
+            added.append(c)
+        return added
+
+
+class EagleDrafter(_HeadDrafter):
+    """EAGLE: a one-layer head drafts from the target's own features (chain).
+
+    Head row j holds the pair (f_j, token_{j+1}), f_j = the target's hidden state at position j
+    (`tgt_features`, kept current by the generator). Its output predicts f_{j+1} and so
+    token_{j+2}. One step: catch up on the pairs the target has verified since the last step (one
+    call, true features; its last row drafts d_1), then k-1 calls that feed the head its own
+    predicted feature: (f^_{n-1}, d_1) -> d_2, ... Those speculative rows sit past `dft_past` and
+    are overwritten by the next catch-up, so rejection needs no rollback work.
+    """
+
+    name = "eagle"
+
+    def __init__(self, head, d2t: np.ndarray, tgt_features: np.ndarray, target_vocab: int,
+                 min_confidence: float = 0.0, sampling: SamplingConfig | None = None) -> None:
+        super().__init__(d2t, target_vocab, min_confidence, sampling, 64)
+        self.head, self.tgt_features = head, tgt_features
+        self.dft_past = 0  # head rows holding true pairs 0..dft_past-1
+        self._feat = np.zeros((1, tgt_features.shape[1]), tgt_features.dtype)  # f^ fed back
+        n_tree = max(head.widths)  # tree scratch: per node feature, head row, head-call inputs
+        self._tree_feat = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
+        self._tree_in = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
+        self._tree_par = np.zeros(n_tree, np.int64)
+        self._tree_rows = np.zeros(n_tree, np.int64)
+
+    def start(self, seq: SeqState, n_cached: int = 0) -> None:
+        # pair j needs tokens j, j+1 of the common prefix and f_j: valid for j <= n_cached - 2
+        self.dft_past = min(self.dft_past, max(n_cached - 1, 0))
 
     def _catch_up(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
         """Run the head over the pairs the target verified since the last step (j0..n-2, true
@@ -250,22 +283,7 @@ class EagleDrafter:
         rows_of[0] = 0
         frontier = [0]
         for d in range(1, cfg.depth + 1):
-            cands = []
-            for u in frontier:
-                row = logits[rows_of[u]]
-                top = np.argpartition(row, -cfg.branch)[-cfg.branch:]
-                np.exp(np.subtract(row, row.max(), out=self._exp), out=self._exp)
-                z = float(self._exp.sum())
-                cands.extend((tree.score[u] * float(self._exp[t]) / z, u, int(self.d2t[t])) for t in top)
-            cands.sort(reverse=True)
-            added = []  # every candidate goes in (best first) while the budget lasts
-            for score, u, tok in cands:
-                if score < cfg.min_score:
-                    break
-                c = tree.add(u, tok, score)
-                if c < 0:
-                    break
-                added.append(c)
+            added = self._add_children(tree, frontier, lambda u, lg=logits: lg[rows_of[u]], cfg)
             frontier = added[:cfg.beam]  # the best of them grow the next depth
             if not frontier or tree.n >= tree.limit or d == cfg.depth:
                 break
@@ -283,6 +301,48 @@ class EagleDrafter:
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         pass  # the speculative rows lie past dft_past = n_old - 1 already
+
+
+class MedusaDrafter(_HeadDrafter):
+    """Medusa: K heads on the target's feature of the last verified position (the one whose own
+    next token is the pending bonus token) draft the K tokens after it in one call. Head i does not
+    see the drafts before its own (so its q is its own distribution, still a valid proposal for
+    lossless sampling). Nothing to roll back: the heads keep no state."""
+
+    name = "medusa"
+
+    def __init__(self, heads, d2t: np.ndarray, tgt_features: np.ndarray, target_vocab: int,
+                 min_confidence: float = 0.0, sampling: SamplingConfig | None = None) -> None:
+        super().__init__(d2t, target_vocab, min_confidence, sampling, heads.n_heads)
+        self.heads, self.tgt_features = heads, tgt_features
+
+    def start(self, seq: SeqState, n_cached: int = 0) -> None:
+        pass
+
+    def propose(self, seq: SeqState, k: int):
+        k = min(k, self.heads.n_heads)
+        logits = self.heads.forward(self.tgt_features[seq.n - 2])  # [K, Vd]; f of the last verified token
+        slots = seq.draft_slots(k)
+        for i in range(k):
+            slots[i], conf = self._choose(logits[i], seq, i)
+            if conf < self.min_confidence:
+                k = i  # not confident: propose d_1..d_i only
+                break
+        return k, (None if self.sampling.greedy or k == 0 else self._q[:k])
+
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        """Medusa's tree, chosen per step: depth d takes head d-1's top-`branch` tokens under each of
+        the `beam` best nodes of depth d-1, best path probability first while the node budget
+        lasts (a static tree is the special case where scores never cut it short)."""
+        logits = self.heads.forward(self.tgt_features[seq.n - 2])  # [K, Vd]
+        frontier = [0]
+        for d in range(1, min(cfg.depth, self.heads.n_heads) + 1):
+            frontier = self._add_children(tree, frontier, lambda u, d=d: logits[d - 1], cfg)[:cfg.beam]
+            if not frontier or tree.n >= tree.limit:
+                break
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        pass
 
 
 class HybridDrafter:
@@ -321,11 +381,11 @@ class HybridDrafter:
         self.eagle.accepted(seq, n_old, n_acc)
 
 
-DRAFTERS = ("none", "ngram", "draft", "eagle", "hybrid")
+DRAFTERS = ("none", "ngram", "draft", "eagle", "hybrid", "medusa")
 
 
-def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig(), eagle=None):
-    """eagle: (head engine, d2t [Vd], target feature buffer [slots, H], target vocab,
+def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig(), eagle=None, medusa=None):
+    """eagle / medusa: (head engine, d2t [Vd], target feature buffer [slots, H], target vocab,
     min confidence) or None."""
     if name == "none":
         return NoDrafter()
@@ -341,4 +401,9 @@ def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig(
                              "--eagle HEAD_DIR; the default model's export includes one)")
         e = EagleDrafter(*eagle)
         return e if name == "eagle" else HybridDrafter(NgramDrafter(ngram), e)
+    if name == "medusa":
+        if medusa is None:
+            raise ValueError("drafter 'medusa' needs an engine folder with Medusa heads (exported with "
+                             "--medusa HEADS_DIR; the default model's export includes them)")
+        return MedusaDrafter(*medusa)
     raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")

@@ -25,6 +25,7 @@ from edgespec.runtime.tree import TokenTree, TreeConfig, accept_tree_greedy, acc
 from edgespec.runtime.verify import SamplingConfig, accept_greedy, accept_sampled, penalize, probs, sample
 
 EAGLE_MIN_CONFIDENCE = 0.4  # EAGLE chain cut-off: 0.80x -> 1.04x for eagle k=4 on HumanEval (first head, README)
+MEDUSA_MIN_CONFIDENCE = 0.0  # Medusa chain cut-off (measured in the README)
 
 
 class PromptTooLongError(ValueError):
@@ -33,7 +34,7 @@ class PromptTooLongError(ValueError):
 
 @dataclass(frozen=True)
 class GeneratorConfig:
-    drafter: str = "ngram"  # none | ngram | draft | eagle | hybrid
+    drafter: str = "ngram"  # none | ngram | draft | eagle | hybrid | medusa
     k: int = 4  # num_speculative_tokens per step (<= the folder's num_speculative_tokens)
     provider: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution provider)
     threads: int | None = None  # intra-op threads (None: physical cores)
@@ -41,7 +42,16 @@ class GeneratorConfig:
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
     adaptive: bool = False  # choose k per step from measured costs and acceptance (k = the maximum)
     eagle_min_confidence: float = 0.0  # EAGLE: stop drafting when the head's own p(token) is lower
-    tree: TreeConfig = TreeConfig()  # token trees (nodes > 0) instead of chains: ngram, eagle, hybrid
+    tree: TreeConfig = TreeConfig()  # token trees (nodes > 0) instead of chains: ngram, eagle, hybrid, medusa
+    medusa_min_confidence: float = 0.0  # Medusa: stop the chain at the first head whose p(token) is lower
+
+
+def make_heads(manifest: Manifest, provider: str, threads: int | None):
+    """The folder's Medusa heads through ONNX Runtime (a small graph: on the native TensorRT
+    path it runs on ORT's CPU provider next to the engines)."""
+    from edgespec.engines.ort import OrtHeads
+
+    return OrtHeads(manifest, manifest.medusa, "cpu" if provider == "trt" else provider, threads)
 
 
 def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
@@ -57,20 +67,21 @@ def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
 
 class Generator:
     def __init__(self, manifest: Manifest, target, cfg: GeneratorConfig, draft_engine=None,
-                 codec: TextCodec | None = None, eagle_engine=None) -> None:
+                 codec: TextCodec | None = None, eagle_engine=None, medusa_heads=None) -> None:
         self.manifest = manifest
         self.target = target
         self.draft_engine = draft_engine
         self.eagle_engine = eagle_engine
+        self.medusa_heads = medusa_heads
         self.codec = codec
         self.cfg = cfg
         self.last_stats = GenerationStats()
         n_slots = target.max_len + max(target.widths)
-        # the target's hidden state at every position (EAGLE drafts from them), kept current
-        # by prefill and after every verify whatever the drafter, so a drafter switch finds them
+        # the target's hidden state at every position (EAGLE and Medusa draft from them), kept
+        # current by prefill and after every verify whatever the drafter, so a drafter switch finds them
         self._tgt_features = None
-        if eagle_engine is not None:
-            self._tgt_features = np.zeros((n_slots, eagle_engine.hidden_size), np.float32)
+        if eagle_engine is not None or medusa_heads is not None:
+            self._tgt_features = np.zeros((n_slots, (eagle_engine or medusa_heads).hidden_size), np.float32)
         self.set_drafter(cfg.drafter, cfg.k)
         self._tokens = np.zeros(n_slots, np.int64)  # the sequence buffer, reused by every call
         self.last_step = (0, 0)  # (drafted, accepted) of the step whose tokens were last yielded
@@ -80,15 +91,19 @@ class Generator:
     def load(cls, folder: str | Path, drafter: str | None = None, k: int | None = None,
              provider: str = "cpu", threads: int | None = None, ngram: NgramConfig = NgramConfig(),
              adaptive: bool | None = None, draft_provider: str | None = None,
-             eagle_min_confidence: float | None = None, tree: TreeConfig = TreeConfig()):
+             eagle_min_confidence: float | None = None, tree: TreeConfig = TreeConfig(),
+             medusa_min_confidence: float | None = None):
         manifest = load_manifest(folder)
         drafter = drafter or manifest.defaults.get("drafter", "ngram")
         k = k if k is not None else manifest.defaults.get("k", 4)
         adaptive = manifest.defaults.get("adaptive", False) if adaptive is None else adaptive
         if eagle_min_confidence is None:
             eagle_min_confidence = manifest.defaults.get("eagle_min_confidence", EAGLE_MIN_CONFIDENCE)
+        if medusa_min_confidence is None:
+            medusa_min_confidence = manifest.defaults.get("medusa_min_confidence", MEDUSA_MIN_CONFIDENCE)
         cfg = GeneratorConfig(drafter, k, provider, threads, ngram, adaptive=adaptive,
-                              eagle_min_confidence=eagle_min_confidence, tree=tree)
+                              eagle_min_confidence=eagle_min_confidence, tree=tree,
+                              medusa_min_confidence=medusa_min_confidence)
         target = make_engine(manifest, manifest.target, provider, threads)
         draft = None
         if manifest.draft:  # the draft may run elsewhere (draft_provider: e.g. CPU beside a GPU target)
@@ -96,12 +111,15 @@ class Generator:
         eagle = None
         if manifest.eagle:  # the head alternates with the target: same placement rule as a draft
             eagle = make_engine(manifest, manifest.eagle, draft_provider or provider, threads)
-        g = cls(manifest, target, cfg, draft, TextCodec(manifest), eagle)
+        medusa = make_heads(manifest, draft_provider or provider, threads) if manifest.medusa else None
+        g = cls(manifest, target, cfg, draft, TextCodec(manifest), eagle, medusa)
         target.load_widths([1, manifest.prefill_chunk] + list(range(2, max(g.k, tree.nodes - 1) + 2)))
         if draft is not None and drafter == "draft":
             draft.load_widths([1, manifest.prefill_chunk])
         if eagle is not None and drafter in ("eagle", "hybrid"):
             eagle.load_widths([1, manifest.prefill_chunk] + list(range(2, max(g.k, tree.nodes - 1) + 2)))
+        if medusa is not None and drafter == "medusa":
+            medusa.load()
         return g
 
     def set_drafter(self, name: str, k: int | None = None) -> None:
@@ -117,13 +135,18 @@ class Generator:
         if self.eagle_engine is not None:
             eagle = (self.eagle_engine, self.eagle_engine.d2t, self._tgt_features, self.target.vocab_size,
                      self.cfg.eagle_min_confidence)
-        self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram, eagle)
+        medusa = None
+        if self.medusa_heads is not None:
+            medusa = (self.medusa_heads, self.medusa_heads.d2t, self._tgt_features, self.target.vocab_size,
+                      self.cfg.medusa_min_confidence)
+        self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram, eagle, medusa)
         self.k = 0 if name == "none" else k
         self.tree = None  # the step's token tree (preallocated), when trees are on
         if self.cfg.tree.nodes and name != "none":
             self.cfg.tree.check(k_max + 1)
             if not hasattr(self.drafter, "propose_tree"):
-                raise ValueError(f"drafter {name!r} drafts chains only; trees work with ngram, eagle, hybrid")
+                raise ValueError(f"drafter {name!r} drafts chains only; trees work with ngram, eagle, hybrid, "
+                                 "medusa")
             engines = [self.target] + ([self.eagle_engine] if name in ("eagle", "hybrid") else [])
             if not all(getattr(e, "takes_tree", True) for e in engines):
                 raise ValueError("this engine folder's graphs verify chains only; token trees need a folder "
@@ -172,7 +195,8 @@ class Generator:
                                                    adaptive=self.adaptive is not None and sampling.greedy,
                                                    tree=self.cfg.tree.label if self.tree is not None else "")
         eos = np.array(self.manifest.eos_token_ids if self.manifest else [], np.int64)
-        dft_engine = self.eagle_engine if drafter.name in ("eagle", "hybrid") else self.draft_engine
+        dft_engine = {"eagle": self.eagle_engine, "hybrid": self.eagle_engine,
+                      "medusa": self.medusa_heads}.get(drafter.name, self.draft_engine)
         dft_calls0 = getattr(dft_engine, "n_calls", 0)
         t_start = time.perf_counter()
         self._seq = None

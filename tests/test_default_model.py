@@ -31,7 +31,8 @@ def test_greedy_speculative_identical_on_humaneval_prompts(gen):
     for p in prompts:
         gen.set_drafter("none")
         ref = _ids(gen, p["prompt"], 96)
-        for drafter, ks in (("ngram", (1, 2, 4, 8)), ("draft", (3,)), ("eagle", (2, 5)), ("hybrid", (5,))):
+        for drafter, ks in (("ngram", (1, 2, 4, 8)), ("draft", (3,)), ("eagle", (2, 5)), ("hybrid", (5,)),
+                            ("medusa", (4,))):
             for k in ks:
                 gen.set_drafter(drafter, k)
                 assert _ids(gen, p["prompt"], 96) == ref, f"{p['id']}: {drafter} k={k} diverged"
@@ -45,7 +46,7 @@ def test_greedy_trees_identical_on_humaneval_prompts(default_engine, gen):
     prompts = load_prompts(None, 4)[1:]
     gen.set_drafter("none")
     refs = [_ids(gen, p["prompt"], 96) for p in prompts]
-    for drafter, spec in (("ngram", "9:8:1:1"), ("eagle", "9:4:2:2"), ("hybrid", "7:3:3:2")):
+    for drafter, spec in (("ngram", "9:8:1:1"), ("eagle", "9:4:2:2"), ("hybrid", "7:3:3:2"), ("medusa", "8:4:3:2")):
         t = Generator.load(default_engine, drafter=drafter, k=8, adaptive=False, eagle_min_confidence=0.0,
                            tree=TreeConfig.parse(spec))
         for p, ref in zip(prompts, refs, strict=True):
@@ -67,6 +68,21 @@ def test_shipped_eagle_head_is_in_the_default_export_and_drafts(gen):
         accepted += gen.last_stats.n_accepted
     # the bench measured 0.22 at k=2 over 20 prompts; an untrained head is accepted ~0.4%
     assert accepted / drafted > 0.08, (accepted, drafted)
+
+
+def test_shipped_medusa_heads_are_in_the_default_export_and_draft(gen):
+    """The default export also includes the shipped Medusa heads; their first head's tokens must
+    be kept often (trained heads, not noise)."""
+    m = gen.manifest
+    assert m.medusa is not None and "medusa" in m.raw["drafters"]
+    assert m.raw["models"]["medusa"]["validation"]["heads"] < 3.0
+    gen.set_drafter("medusa", 1)
+    drafted = accepted = 0
+    for p in load_prompts(None, 3):
+        _ids(gen, p["prompt"], 96)
+        drafted += gen.last_stats.n_drafted
+        accepted += gen.last_stats.n_accepted
+    assert accepted / drafted > 0.15, (accepted, drafted)
 
 
 def test_decode_and_verify_rows_agree_numerically(gen):

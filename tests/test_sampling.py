@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from edgespec.engines.fake import FakeEagleHead, FakeModel, random_table
+from edgespec.engines.fake import FakeEagleHead, FakeMedusaHeads, FakeModel, random_table
 from edgespec.runtime import verify
 from edgespec.runtime.generator import Generator, GeneratorConfig
 from edgespec.runtime.tree import TreeConfig
@@ -24,8 +24,9 @@ def _gen(drafter: str, tree: TreeConfig = TreeConfig()) -> Generator:
     target = FakeModel(table, max_len=64)
     draft = FakeModel(table + np.random.default_rng(2).standard_normal(table.shape).astype(np.float32), max_len=64)
     head = FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64)  # a reduced draft vocabulary: q = 0 elsewhere
+    heads = FakeMedusaHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)
     return Generator(None, target, GeneratorConfig(drafter=drafter, k=3, tree=tree), draft_engine=draft,
-                     eagle_engine=head)
+                     eagle_engine=head, medusa_heads=heads)
 
 
 def _exact_tokens_23(g: Generator, cfg: SamplingConfig = CFG) -> np.ndarray:
@@ -70,7 +71,7 @@ def _sample_counts(g: Generator, cfg: SamplingConfig = CFG) -> np.ndarray:
     return counts
 
 
-@pytest.mark.parametrize("drafter", ["none", "draft", "ngram", "eagle", "hybrid"])
+@pytest.mark.parametrize("drafter", ["none", "draft", "ngram", "eagle", "hybrid", "medusa"])
 def test_speculative_sampling_keeps_the_target_distribution(drafter):
     pytest.importorskip("scipy")
     g = _gen(drafter)
@@ -80,7 +81,7 @@ def test_speculative_sampling_keeps_the_target_distribution(drafter):
         assert g.last_stats.n_drafted > 0
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "eagle", "hybrid"])
+@pytest.mark.parametrize("drafter", ["ngram", "eagle", "hybrid", "medusa"])
 def test_tree_sampling_keeps_the_target_distribution(drafter):
     """Token trees: children tried in turn, each rejected one zeroed in p; chi-square as above."""
     pytest.importorskip("scipy")
@@ -116,7 +117,7 @@ def test_a_wrong_tree_rule_is_caught(monkeypatch):
     assert p < 1e-3, f"a broken tree rule passed the test (p = {p:.2g})"
 
 
-@pytest.mark.parametrize("drafter", ["none", "draft", "eagle"])
+@pytest.mark.parametrize("drafter", ["none", "draft", "eagle", "medusa"])
 def test_repetition_penalty_sampling_stays_lossless(drafter):
     """The penalty depends on each row's own context (drafts before it): the exact distribution
     of tokens 2-3 under it is matched by speculative samples."""
@@ -131,11 +132,11 @@ def test_repetition_penalty_greedy_identical():
     g = _gen("draft")
     cfg = SamplingConfig(repetition_penalty=1.5)
     outs = {}
-    for d in ("none", "draft", "eagle", "ngram"):
+    for d in ("none", "draft", "eagle", "ngram", "medusa"):
         g.set_drafter(d, 3)
         outs[d] = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 30, cfg)])
     plain = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 30)])
-    for d in ("eagle", "ngram"):
+    for d in ("eagle", "ngram", "medusa"):
         t = _gen(d, TREE)
         outs[d + "-tree"] = np.concatenate([c.copy() for c in t.generate_ids(PROMPT, 30, cfg)])
     assert all(np.array_equal(o, outs["none"]) for o in outs.values())

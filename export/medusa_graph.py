@@ -1,0 +1,85 @@
+"""Medusa heads as one static-shape ONNX graph (all K heads in one call).
+
+  inputs   features [1, H] (the target's hidden state at the last verified position)
+  outputs  logits [K, Vd] over the draft vocabulary (map with d2t); row i drafts the token i + 2
+           places past the feature's position
+Block 0 of every head reads the same feature, so the K heads' first blocks are one MatMul of
+[H, K*H] (MatMulNBits when int4); later blocks (n_layers > 1) are one batched MatMul over heads.
+The LM head rows of the draft vocabulary are the target's, stored in the heads' own weights file
+(int4 when the target is int4, as for the EAGLE head).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from edgespec.export.arch import ArchSpec
+from edgespec.export.graph import _NP_TO_ONNX, OPSET, GraphOptions, LlamaGraphWriter, _Builder
+from onnx import TensorProto, helper
+
+
+class MedusaGraphWriter(LlamaGraphWriter):
+    def __init__(self, target_arch: ArchSpec, mc, arrays: dict[str, np.ndarray], lm_head: np.ndarray,
+                 opts: GraphOptions) -> None:
+        """mc / arrays: from medusa.read_heads (float32, d2t absolute); lm_head [V, H]: the target's
+        LM head as its engine computes with it."""
+        self.mc = mc
+        self.d2t = arrays["d2t"]
+        self._lm_rows = lm_head[self.d2t]  # [Vd, H]
+        super().__init__(target_arch, arrays, dataclasses.replace(opts, int4_lm_head=True), n_layers=1)
+
+    def _prepare(self, w: dict[str, np.ndarray]) -> None:
+        f, K = self.dtype, self.mc.n_heads
+        names = [f"{i}.0.linear.weight" for i in range(K)]
+        self._linear("blocks0", np.concatenate([w[n] for n in names]), names)  # [K*H, H]
+        self.store.add("blocks0_b", np.concatenate([w[f"{i}.0.linear.bias"] for i in range(K)]).astype(f))
+        for j in range(1, self.mc.n_layers):  # [K, H_in, H_out] and [K, 1, H]
+            self.store.add(f"blocks{j}", np.stack([w[f"{i}.{j}.linear.weight"].T for i in range(K)]).astype(f))
+            self.store.add(f"blocks{j}_b", np.stack([w[f"{i}.{j}.linear.bias"][None] for i in range(K)]).astype(f))
+            for i in range(K):
+                self.reference[f"{i}.{j}.linear.weight"] = w[f"{i}.{j}.linear.weight"].astype(f).astype(np.float32)
+        self._linear("lm_head_d", self._lm_rows, "lm_head_d")
+
+    def _ref_rows(self, hf_name: str) -> int:
+        return len(self.d2t) if hf_name == "lm_head_d" else self.mc.hidden_size
+
+    def build(self, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
+        K, H, Vd = self.mc.n_heads, self.mc.hidden_size, len(self.d2t)
+        b = _Builder(self.store, self.dtype)
+        feat = b.op("Reshape", ["features", b.const("shape_feat", np.array([1, H], np.int64))], "/feat")
+        # block 0 of all heads at once: SiLU(f W^T + b) reshaped [K, H], plus the residual f
+        y = b.op("Add", [self._matmul(b, feat, "blocks0", H, K * H), b.weight("blocks0_b")], "/blocks0/bias")
+        y = b.op("Mul", [y, b.op("Sigmoid", [y], "/blocks0/Sigmoid")], "/blocks0/SiLU")
+        h = b.op("Add", [b.op("Reshape", [y, b.const("shape_heads", np.array([K, H], np.int64))], "/blocks0/heads"),
+                         feat], "/blocks0/res")  # [K, H]
+        for j in range(1, self.mc.n_layers):  # per head: [K, 1, H] x [K, H, H]
+            h3 = b.op("Reshape", [h, b.const(f"shape_k1h_{j}", np.array([K, 1, H], np.int64))], f"/blocks{j}/in")
+            y = b.op("Add", [b.op("MatMul", [h3, b.weight(f"blocks{j}")], f"/blocks{j}/MatMul"),
+                             b.weight(f"blocks{j}_b")], f"/blocks{j}/bias")
+            y = b.op("Mul", [y, b.op("Sigmoid", [y], f"/blocks{j}/Sigmoid")], f"/blocks{j}/SiLU")
+            h = b.op("Reshape", [b.op("Add", [h3, y], f"/blocks{j}/res"), "shape_heads"], f"/blocks{j}/out")
+        logits = self._matmul(b, h, "lm_head_d", H, Vd)  # [K, Vd]
+        if self.dtype != np.float32:
+            logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
+        b.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/logits"))
+        inits = []
+        for name in sorted(b.used_weights):
+            arr = self.store.arrays[name]
+            t = TensorProto(name=name, data_type=_NP_TO_ONNX[arr.dtype], dims=arr.shape)
+            t.data_location = TensorProto.EXTERNAL
+            for key, val in (("location", weights_location), ("offset", str(offsets[name])),
+                             ("length", str(arr.nbytes))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, val
+            inits.append(t)
+        graph = helper.make_graph(
+            b.nodes, "edgespec_medusa",
+            [helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, H])],
+            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [K, Vd])], initializer=b.consts + inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                        helper.make_opsetid("com.microsoft", 1)],
+                                  producer_name="edgespec")
+        model.ir_version = 8
+        return model
