@@ -240,16 +240,15 @@ class LlamaGraphWriter:
         # the same bits whichever Gemm computes it, so K needs no placed copy; V does, below)
         s_past = b.op("Gemm", [qbd, f"past_key_{i}"], p + "/scores_past", transB=1, alpha=scale)  # [Hq*T, S]
         s_new = b.op("Gemm", [qbd, new_k], p + "/scores_new", transB=1, alpha=scale)  # [Hq*T, T]
+        if "anc_cols" in slots:  # token trees: row r's ancestors' scores moved to the columns a chain
+            # would have them at (past_len + depth): its softmax row is the chain's bit for bit
+            s_new = b.op("GatherElements", [s_new, slots["anc_cols"]], p + "/s_depth", axis=1)
         scores = b.op("Where", [slots["is_new_row"], b.op("Pad", [s_new, slots["pad_cols"]], p + "/s_place"),
                                 s_past], p + "/scores")
-        if "to_depth" in slots:  # token trees: row r's ancestors' scores moved to the columns a chain
-            # would have them at (past_len + depth): its softmax row is the chain's bit for bit
-            scores = b.op("GatherElements", [scores, slots["to_depth"]], p + "/s_depth", axis=1)
         probs = b.op("Softmax", [b.op("Add", [scores, mask], p + "/masked")], p + "/Softmax", axis=-1)
-        if "to_depth" in slots:  # ... and the probabilities back to the slots the new values sit at
-            # (node order), zero for non-ancestors: the same non-zero terms in the same order
-            probs = b.op("Where", [slots["keep"], b.op("GatherElements", [probs, slots["to_node"]], p + "/p_node",
-                                                       axis=1), "zero_f"], p + "/p_keep")
+        if "to_node" in slots:  # ... and the probabilities back to the slots the new values sit at
+            # (node order), exact zeros for non-ancestors: the same non-zero terms in the same order
+            probs = b.op("GatherElements", [probs, slots["to_node"]], p + "/p_node", axis=1)
         ctx = b.op("Gemm", [probs, v_full], p + "/ctx")  # [Hq*T, Hkv*D]
         # keep each query head's own kv block: [Hq, T, Hkv, D] * head_mask, summed over Hkv
         ctx = b.op("Reshape", [ctx, "shape_ctx4"], p + "/ctx4")
@@ -325,11 +324,15 @@ class LlamaGraphWriter:
     def _tree_gathers(self, b: _Builder, pos: str, j_idx: str, is_new_row: str, pad_cols: str, n_q: int) -> dict:
         """Column maps for a token tree given as `tree_mask` [T, T] (1 where t is r or an ancestor
         of r; nodes in topological order) and positions (past_len + depth):
-          to_depth [Hq*T, S]: score column of row r at slot past_len + d <- slot past_len + anc(r, d)
-          to_node, keep [Hq*T, S]: probability of slot past_len + t <- column past_len + depth(t) if
-                                   t is an ancestor of r (keep), else 0
-        Outside the T new slots both maps are the identity. A chain (lower-triangular mask,
-        depth = t) maps every column to itself, so chains compute exactly what they did before."""
+          anc_cols [Hq*T, T]: new-score column d of row r <- new column anc(r, d) (its ancestor at
+                              depth d; d > depth(r) lands on masked slots)
+          to_node [Hq*T, S]:  probability of slot past_len + t <- column past_len + depth(t) if t is
+                              an ancestor of r, else column past_len + T - 1, which is masked for r
+                              (an exact 0): a row with a non-ancestor has depth < T - 1, because a
+                              row at depth T - 1 has all T nodes on its path
+        Outside the T new slots to_node is the identity. A chain (lower-triangular mask, depth = t)
+        maps every column to itself, so chains compute exactly what they did before. Only one
+        full-width op per layer (the probabilities' gather); the scores' is T wide."""
         anc = b.op("Cast", ["tree_mask"], "/tree/anc", to=TensorProto.BOOL)  # [T, T]
         depth = b.op("Sub", [pos, "past_len"], "/tree/depth")  # [T]
         t_len = b.op("Shape", [depth], "/tree/T")
@@ -345,18 +348,13 @@ class LlamaGraphWriter:
                       to=TensorProto.INT64)  # [r, d]
         n_heads = b.const("tile_tree", np.array([n_q, 1], np.int64))
         j_row = b.op("Unsqueeze", [j_idx, "axis0"], "/tree/j_row")  # [1, S]
-        to_depth = b.op("Where", [is_new_row, b.op("Pad", [b.op("Add", [anc_at, "past_len"], "/tree/anc_slot"),
-                                                           pad_cols], "/tree/anc_place"), j_row], "/tree/to_depth")
         d_slot = b.op("Add", [b.op("Unsqueeze", [depth, "axis0"], "/tree/depth_row"), "past_len"], "/tree/d_slot")
-        to_node = b.op("Where", [is_new_row, b.op("Pad", [b.op("Expand", [d_slot, b.op("Shape", ["tree_mask"],
-                                                                                        "/tree/TT")], "/tree/d_exp"),
-                                                           pad_cols], "/tree/d_place"), j_row], "/tree/to_node")
-        keep_new = b.op("Pad", [b.op("Cast", [anc], "/tree/anc_i", to=TensorProto.INT64), pad_cols], "/tree/keep_place")
-        keep = b.op("Or", [b.op("Not", [is_new_row], "/tree/old_slot"),
-                           b.op("Cast", [keep_new], "/tree/keep_b", to=TensorProto.BOOL)], "/tree/keep")
-        return {"to_depth": b.op("Tile", [to_depth, n_heads], "/tree/to_depth_h"),
-                "to_node": b.op("Tile", [to_node, n_heads], "/tree/to_node_h"),
-                "keep": b.op("Tile", [keep, n_heads], "/tree/keep_h")}
+        zero_slot = b.op("Sub", [b.op("Add", ["past_len", t_len], "/tree/end"), "one_i"], "/tree/zero_slot")  # [1]
+        node_cols = b.op("Where", [anc, d_slot, zero_slot], "/tree/node_cols")  # [r, t]
+        to_node = b.op("Where", [is_new_row, b.op("Pad", [node_cols, pad_cols], "/tree/d_place"), j_row],
+                       "/tree/to_node")
+        return {"anc_cols": b.op("Tile", [anc_at, n_heads], "/tree/anc_cols_h"),
+                "to_node": b.op("Tile", [to_node, n_heads], "/tree/to_node_h")}
 
     def _layer(self, b: _Builder, i, x: str, cos: str, sin: str, mask: str, slots: dict,
                ln1: bool = True) -> tuple[str, list[str]]:
