@@ -207,7 +207,7 @@ class OrtModel:
         pos[0, :] = self._slot_pos[past_len:past_len + width]
         if parents is not None:
             if not self.takes_tree:
-                raise EngineError("this engine folder's graphs verify chains only; export it with --trees")
+                raise EngineError("this engine folder's graphs verify chains only; re-export it without --no-trees")
             fill_tree(self._tree[width], pos[0], parents, n, past_len)
             self._tree_dirty[width] = True
         elif self._tree_dirty[width]:

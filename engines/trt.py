@@ -128,7 +128,7 @@ class TrtModel:
         host[2 * w] = past_len
         if parents is not None:
             if not self.takes_tree:
-                raise EngineError("this engine folder's graphs verify chains only; export it with --trees")
+                raise EngineError("this engine folder's graphs verify chains only; re-export it without --no-trees")
             fill_tree(host[2 * w + 1:].reshape(w, w), host[w:2 * w], parents, n, past_len)
             self._tree_dirty[w] = True
         elif self._tree_dirty[w]:

@@ -59,8 +59,8 @@ class ExportConfig:
     kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level: 4 = int8 activations (fast), 0 = fp32
     int4_lm_head: bool = False  # int4 LM head too: ~20% faster decode, visibly worse text on small models
-    trees: bool = False  # token-tree verify (tree_mask input) in the target and EAGLE head graphs; costs
-    #                      ~9% decode speed on a 2-core CPU, so chains-only folders leave it out
+    trees: bool = True  # token-tree verify (tree_mask input) in the target and EAGLE head graphs (no
+    #                     measurable decode cost, README); False: chain-only graphs
     eagle3_features: bool = False  # target graphs also output hidden_aux: the residual stream entering
     #                                layers 2, L//2 and L-3, concatenated [1, T, 3H] (EAGLE-3 fusion)
     force: bool = False  # replace an existing folder

@@ -42,8 +42,8 @@ class GraphOptions:
     int4_block_size: int = 32  # weights per quantization block along the input dimension
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level (4 = int8 activations, 0 = fp32)
     int4_lm_head: bool = False  # quantize the LM head too (smaller, faster, worse text)
-    trees: bool = False  # tree_mask input + tree attention (4 more ops per layer: ~9% slower decode on
-    #                      a 2-core CPU, measured; off, the graph serves chains only)
+    trees: bool = False  # tree_mask input + tree attention (2 more ops per layer, one of them T wide);
+    #                      off, the graph serves chains only
     aux_layers: tuple[int, ...] = ()  # also output hidden_aux [1, T, n*H]: the residual stream entering
     #                                   these layers, concatenated (EAGLE-3's low/mid/high features)
 

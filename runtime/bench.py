@@ -135,6 +135,9 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
                        medusa_min_confidence=cfg.medusa_min_confidence)
     if "medusa" in drafters and g.medusa_heads is not None:
         g.medusa_heads.load()
+        # K heads draft at most K tokens: a larger k would run k=K again
+        k_heads = g.medusa_heads.n_heads
+        configs = [c for c in configs if c[0] != "medusa" or c[3] or c[1] <= max(k_heads, min(cfg.ks))]
     if "draft" in drafters and g.draft_engine is not None:
         g.draft_engine.load_widths([1, g.manifest.prefill_chunk])
     if {"eagle", "hybrid"} & set(drafters) and g.eagle_engine is not None:

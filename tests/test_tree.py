@@ -83,17 +83,16 @@ def test_tree_rows_equal_chain_rows_bitwise(tree_model, past):
 
 
 def test_chain_only_folders_have_no_tree_ops_and_refuse_trees(tiny_models, tmp_path):
-    """The default export leaves tree attention out (it costs decode speed); asking such a folder
-    for trees says what to do."""
+    """--no-trees leaves tree attention out; asking such a folder for trees says what to do."""
     import onnx
     from edgespec.export.exporter import ExportConfig, export
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.tree import TreeConfig
 
     out = export(ExportConfig(target=str(tiny_models["llama"]), out=str(tmp_path / "e"), max_len=64, k=4,
-                              prefill_chunk=8, kv_bucket=16, precision="fp32", progress=False))
+                              prefill_chunk=8, kv_bucket=16, precision="fp32", trees=False, progress=False))
     g = onnx.load(str(out / "target.onnx"), load_external_data=False)
     assert "tree_mask" not in {i.name for i in g.graph.input}
     assert not any(n.op_type == "GatherElements" for n in g.graph.node)
-    with pytest.raises(ValueError, match="--trees"):
+    with pytest.raises(ValueError, match="--no-trees"):
         Generator.load(out, drafter="ngram", k=4, tree=TreeConfig(5, 4, 1, 1))
