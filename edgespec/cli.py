@@ -68,14 +68,15 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    "(default: the folder's, else edgespec's measured default)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
-    p.add_argument("--tree", metavar="NODES[:DEPTH[:BRANCH[:BEAM]]]",
+    p.add_argument("--tree", metavar="NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]]",
                    help="draft token trees instead of chains (ngram, eagle, hybrid, medusa): at most NODES tokens per "
                    "verify call incl. the pending one (<= k+1 of the folder), paths up to DEPTH (default 4), "
                    "BRANCH children per expanded node and BEAM nodes expanded per depth (default 2, 2; "
                    "eagle: EAGLE-2 style by path probability; medusa: each head's top tokens by path probability; "
-                   "ngram: a trie of earlier matches). Greedy "
-                   "output stays identical, sampling lossless. bench: comma-separated specs, run next to the "
-                   "chains. e.g. --tree 9:4:2:2")
+                   "ngram: a trie of earlier matches); MIN_SCORE leaves out head candidates whose path "
+                   "probability is lower (default 0). Greedy output stays identical, sampling lossless. bench: "
+                   "comma-separated specs, run next to the chains. e.g. --tree 6:5:1:1:0.4 (with hybrid: beat the best "
+                   "chain on HumanEval here) or 9:4:2:2")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="choose k per step (up to --k) from measured verify costs and running acceptance; "
                    "k=0 when speculation does not pay (default: the folder's default)")

@@ -25,7 +25,7 @@ from edgespec.runtime.tree import TokenTree, TreeConfig, accept_tree_greedy, acc
 from edgespec.runtime.verify import SamplingConfig, accept_greedy, accept_sampled, penalize, probs, sample
 
 EAGLE_MIN_CONFIDENCE = 0.4  # EAGLE chain cut-off: 0.80x -> 1.04x for eagle k=4 on HumanEval (first head, README)
-MEDUSA_MIN_CONFIDENCE = 0.4  # Medusa chain cut-off: k=3 1.12x -> 1.26x of plain on 8 HumanEval prompts (README)
+MEDUSA_MIN_CONFIDENCE = 0.4  # Medusa chain cut-off: k=3 1.12x -> 1.26x of plain, 8 HumanEval prompts (README)
 
 
 class PromptTooLongError(ValueError):

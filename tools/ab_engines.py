@@ -1,0 +1,43 @@
+"""Plain-decoding A/B of two engine folders (e.g. chain-only vs tree graphs), side by side.
+
+    python tools/ab_engines.py engines/a engines/b [--prompts 10] [--rounds 4] [--drafter none]
+
+Both folders are loaded at once; every prompt runs on both, the order alternating ABBA so that
+neither folder always runs first (on a shared 2-core box the second run of a pair is often the
+faster one). Prints decode tok/s (prefill excluded) per folder and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from edgespec.runtime.bench import load_prompts
+from edgespec.runtime.generator import Generator
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--prompts", type=int, default=10, help="first N HumanEval prompts (default 10)")
+    p.add_argument("--rounds", type=int, default=4, help="passes over the prompts (default 4)")
+    p.add_argument("--drafter", default="none", help="drafter for both (default none: plain decoding)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    a = p.parse_args()
+    gens = [(f, Generator.load(f, drafter=a.drafter, adaptive=False)) for f in (a.a, a.b)]
+    ids = [gens[0][1].codec.encode(x["prompt"]) for x in load_prompts(None, a.prompts)]
+    totals = {f: [0, 0.0] for f, _ in gens}
+    for r in range(a.rounds):
+        for i, prompt in enumerate(ids):
+            for f, g in (gens if (i + r) % 2 == 0 else gens[::-1]):
+                n = sum(len(x) for x in g.generate_ids(prompt, a.max_new_tokens))
+                totals[f][0] += n
+                totals[f][1] += g.last_stats.total_s - g.last_stats.prefill_s
+    rates = {f: n / s for f, (n, s) in totals.items()}
+    for f, rate in rates.items():
+        print(f"{f}: {rate:.1f} tok/s decode ({a.drafter})")
+    print(f"b / a = {rates[a.b] / rates[a.a]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
