@@ -147,7 +147,7 @@ def test_train_medusa_recipe_end_to_end(tiny_models, tmp_path):
     assert main(["export", "--target", str(tiny_models["llama"]), "--eagle", "none", "--medusa", str(heads),
                  "--out", str(out), "--max-len", "256", "--k", "4", "--prefill-chunk", "16", "--kv-bucket", "32",
                  "--precision", "int4"]) == 0
-    g = Generator.load(out, drafter="none", adaptive=False)
+    g = Generator.load(out, drafter="none", adaptive=False, medusa_min_confidence=0.0)  # tiny heads: unsure
     prompt = np.arange(40, 70)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
     g.set_drafter("medusa", 3)
