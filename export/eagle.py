@@ -175,7 +175,6 @@ def head_state(head: EagleHead) -> dict[str, np.ndarray]:
 
 def save_head(head: EagleHead, folder: str | Path, extra: dict | None = None) -> Path:
     """config.json (LlamaConfig fields + draft_vocab_size) + model.safetensors in float16."""
-    from safetensors.numpy import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -188,7 +187,15 @@ def save_head(head: EagleHead, folder: str | Path, extra: dict | None = None) ->
               "torch_dtype": "float16",
               "eagle": {"version": 1, "features": "final_norm", "input_layernorm": c.input_layernorm,
                         "final_norm": c.final_norm} | (extra or {})}
-    arrays = {k: (v if v.dtype == np.int64 else v.astype(np.float16)) for k, v in head_state(head).items()}
+    return write_checkpoint(folder, head_state(head), config)
+
+
+def write_checkpoint(folder: Path, arrays: dict[str, np.ndarray], config: dict) -> Path:
+    """config.json + model.safetensors (float weights in fp16, int64 maps as they are); the weights
+    go through a temporary name, so an interrupted save leaves no half file under the real one."""
+    from safetensors.numpy import save_file
+
+    arrays = {k: (v if v.dtype == np.int64 else v.astype(np.float16)) for k, v in arrays.items()}
     tmp = folder / (HEAD_WEIGHTS + ".tmp")
     save_file(arrays, str(tmp))
     tmp.rename(folder / HEAD_WEIGHTS)
@@ -409,8 +416,10 @@ def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std
     return total, stats
 
 
-def train(cfg: TrainConfig, progress: bool = True) -> Path:
-    """Train (or continue training) a head; writes the HF-layout head folder and checkpoint.pt."""
+def training_data(cfg):
+    """What EAGLE and Medusa training share (cfg: threads, seed, out, data, holdout): torch set
+    up, the out folder made, the shards loaded and split by sequence. Returns (out folder, rng,
+    (tokens, features, starts, n_prompt), held-out sequences, training sequences, answer mask [N])."""
     from edgespec.export.eagle_data import load_shards
 
     if cfg.threads:
@@ -427,6 +436,13 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     answer = np.zeros(len(tokens), bool)
     for s in range(n_seq):
         answer[starts[s] + n_prompt[s]:starts[s + 1]] = True
+    return out, rng, (tokens, feats, starts, n_prompt), hold, train_seqs, answer
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> Path:
+    """Train (or continue training) a head; writes the HF-layout head folder and checkpoint.pt."""
+    out, rng, (tokens, feats, starts, n_prompt), hold, train_seqs, answer = training_data(cfg)
+    n_seq, n_hold = len(n_prompt), len(hold)
     copied = copied_positions(tokens, starts) if cfg.skip_copies else np.zeros(len(tokens), bool)
     arch, embed, lm_head, sd, cos, sin = _target_tensors(cfg.target)
     ckpt_path = out / "checkpoint.pt"

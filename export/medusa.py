@@ -99,7 +99,7 @@ def heads_state(heads: MedusaHeads) -> dict[str, np.ndarray]:
 
 def save_heads(heads: MedusaHeads, folder: str | Path, extra: dict | None = None) -> Path:
     """config.json + model.safetensors (float16 weights), written so a crash leaves no half file."""
-    from safetensors.numpy import save_file
+    from edgespec.export.eagle import write_checkpoint
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -107,12 +107,7 @@ def save_heads(heads: MedusaHeads, folder: str | Path, extra: dict | None = None
     config = {"medusa_num_heads": c.n_heads, "medusa_num_layers": c.n_layers, "hidden_size": c.hidden_size,
               "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size, "torch_dtype": "float16",
               "medusa": {"features": "final_norm", "lm_head": "target"} | (extra or {})}
-    arrays = {k: (v if v.dtype == np.int64 else v.astype(np.float16)) for k, v in heads_state(heads).items()}
-    tmp = folder / (HEADS_WEIGHTS + ".tmp")
-    save_file(arrays, str(tmp))
-    tmp.rename(folder / HEADS_WEIGHTS)
-    (folder / HEADS_CONFIG).write_text(json.dumps(config, indent=1))
-    return folder
+    return write_checkpoint(folder, heads_state(heads), config)
 
 
 def read_heads(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[MedusaConfig, dict[str, np.ndarray]]:
@@ -233,23 +228,10 @@ def _losses(heads: MedusaHeads, f: torch.Tensor, lab: torch.Tensor, decay: float
 
 def train_medusa(cfg: MedusaTrainConfig, progress: bool = True) -> Path:
     """Train (or continue training) Medusa heads; writes the heads folder and checkpoint.pt."""
-    from edgespec.export.eagle import _target_tensors, copied_positions, draft_vocab
-    from edgespec.export.eagle_data import load_shards
+    from edgespec.export.eagle import _target_tensors, copied_positions, draft_vocab, training_data
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tokens, feats, starts, n_prompt = load_shards(cfg.data)
-    n_seq = len(n_prompt)
-    rng = np.random.default_rng(cfg.seed)
-    perm = rng.permutation(n_seq)
-    n_hold = max(1, int(n_seq * cfg.holdout))
-    hold, train_seqs = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
-    answer = np.zeros(len(tokens), bool)
-    for s in range(n_seq):
-        answer[starts[s] + n_prompt[s]:starts[s + 1]] = True
+    out, _, (tokens, feats, starts, n_prompt), hold, train_seqs, answer = training_data(cfg)
+    n_seq, n_hold = len(n_prompt), len(hold)
     arch, _, lm_head, _, _, _ = _target_tensors(cfg.target)
     ckpt_path = out / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
