@@ -78,6 +78,14 @@ def _session_options(manifest: Manifest, spec, threads: int | None, prepack: boo
     return so, initializers
 
 
+def _new_session(path: Path, so: ort.SessionOptions, provider: str) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), so, providers=PROVIDERS[provider])
+    except Exception as e:  # ORT raises its own exception types; re-raise with context
+        raise EngineError(f"could not load {path}: {e}. Hint: re-export the folder with this "
+                          "edgespec/onnxruntime") from e
+
+
 def _read_d2t(manifest: Manifest, spec) -> np.ndarray:
     w = spec.d2t
     return _map_weights(manifest.path(w.file or spec.weights_file))[w.offset:w.offset + w.nbytes].view(np.int64).copy()
@@ -142,13 +150,8 @@ class OrtModel:
     def session(self, width: int | None = None) -> ort.InferenceSession:
         """The model's one session (every phase width runs through it)."""
         if self._session is None:
-            path = self.manifest.path(self.spec.graph_for(1).file)
-            try:
-                self._session = ort.InferenceSession(str(path), self._session_options,
-                                                     providers=PROVIDERS[self.provider])
-            except Exception as e:  # ORT raises its own exception types; re-raise with context
-                raise EngineError(f"could not load {path}: {e}. Hint: re-export the folder with this "
-                                  "edgespec/onnxruntime") from e
+            self._session = _new_session(self.manifest.path(self.spec.graph_for(1).file), self._session_options,
+                                         self.provider)
         return self._session
 
     def load_widths(self, widths) -> None:
@@ -282,12 +285,7 @@ class OrtHeads:
         """Create the session and bind its buffers (the first call would otherwise pay for it)."""
         if self._session is not None:
             return
-        path = self.manifest.path(self.spec.file)
-        try:
-            self._session = ort.InferenceSession(str(path), self._session_options, providers=PROVIDERS[self.provider])
-        except Exception as e:  # ORT raises its own exception types; re-raise with context
-            raise EngineError(f"could not load {path}: {e}. Hint: re-export the folder with this "
-                              "edgespec/onnxruntime") from e
+        self._session = _new_session(self.manifest.path(self.spec.file), self._session_options, self.provider)
         b = self._session.io_binding()
         b.bind_input("features", "cpu", 0, self._feat.dtype, self._feat.shape, self._feat.ctypes.data)
         b.bind_output("logits", "cpu", 0, self._logits.dtype, self._logits.shape, self._logits.ctypes.data)

@@ -246,7 +246,7 @@ def export(cfg: ExportConfig) -> Path:
     widths_t = sorted(set(range(1, cfg.k + 2)) | {cfg.prefill_chunk})
     widths_d = sorted({1, cfg.prefill_chunk})
     has_draft = cfg.draft is not None
-    head_dir = _eagle_dir(cfg, src)
+    head_dir = _heads_dir(cfg.eagle, src, "", "eagle")
     medusa_dir = _heads_dir(cfg.medusa, src, "-medusa", "medusa")
     n_steps = 6 + (3 if has_draft else 0) + (2 if head_dir else 0) + (2 if medusa_dir else 0)
     progress = _Progress(n_steps, cfg.progress)
@@ -352,11 +352,6 @@ def export(cfg: ExportConfig) -> Path:
             print(f"  {role}: max |ORT - PyTorch| logits over {len(spec['validation'])} phase widths = {worst:.2e}",
                   file=sys.stderr)
     return out
-
-
-def _eagle_dir(cfg: ExportConfig, src) -> Path | None:
-    """The EAGLE head folder this export includes, if any."""
-    return _heads_dir(cfg.eagle, src, "", "eagle")
 
 
 def _heads_dir(arg: str | None, src, suffix: str, kind: str) -> Path | None:

@@ -131,15 +131,13 @@ class Generator:
         if name != "none" and not 1 <= k <= k_max:
             raise ValueError(f"k={k} outside 1..{k_max}: this folder has verify graphs up to "
                              f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
-        eagle = None
-        if self.eagle_engine is not None:
-            eagle = (self.eagle_engine, self.eagle_engine.d2t, self._tgt_features, self.target.vocab_size,
-                     self.cfg.eagle_min_confidence)
-        medusa = None
-        if self.medusa_heads is not None:
-            medusa = (self.medusa_heads, self.medusa_heads.d2t, self._tgt_features, self.target.vocab_size,
-                      self.cfg.medusa_min_confidence)
-        self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram, eagle, medusa)
+        def head(engine, min_confidence):  # what a drafter from the target's features needs
+            return None if engine is None else (engine, engine.d2t, self._tgt_features, self.target.vocab_size,
+                                                min_confidence)
+
+        self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram,
+                                    head(self.eagle_engine, self.cfg.eagle_min_confidence),
+                                    head(self.medusa_heads, self.cfg.medusa_min_confidence))
         self.k = 0 if name == "none" else k
         self.tree = None  # the step's token tree (preallocated), when trees are on
         if self.cfg.tree.nodes and name != "none":
