@@ -42,6 +42,10 @@ def _add_export(sub) -> None:
     p.add_argument("--int4-lm-head", action="store_true",
                    help="quantize the LM head to int4 too (default: fp32, tied to the embedding): faster, but "
                    "SmolLM2-135M then loops on simple prompts")
+    p.add_argument("--int8-lm-head", action=argparse.BooleanOptionalAction, default=True,
+                   help="int4 precision: the LM head as 8-bit MatMulNBits, blocks of 32 (GGUF's Q8_0, which is what "
+                   "the default model ships: its weights come back unchanged); decode streams a quarter of the "
+                   "fp32 head's bytes. --no-int8-lm-head: fp32 Gemm on the embedding (default: 8-bit)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
     p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=True,
@@ -227,8 +231,8 @@ def _add_train_eagle(sub) -> None:
     p.add_argument("--data", help="self-distillation data folder (default: <out>/data); several folders made "
                    "earlier: DIR1,DIR2 (trained on together, nothing generated)")
     p.add_argument("--prompts", type=int, default=3600, help="prompts the target answers when making data "
-                   "(default 3600: 25%% general chat, 28%% everyday chat, 17%% questions the target writes itself, "
-                   "14%% programming chat, 16%% code completion)")
+                   "(default 3600: 18%% general chat, 20%% everyday chat, 22%% instruction-taxonomy tasks, 10%% "
+                   "questions the target writes itself, 14%% programming chat, 16%% code completion)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default 192)")
     p.add_argument("--gen-batch", type=int, default=48, help="prompts generated together (default 48)")
     p.add_argument("--minutes", type=float, default=35.0, help="training time budget of this run (default 35)")
@@ -237,6 +241,10 @@ def _add_train_eagle(sub) -> None:
                    help="most frequent answer tokens the head may propose; 0 = full vocabulary (default 8192)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--skip-copies", action=argparse.BooleanOptionalAction, default=True,
+                   help="no loss where the answer repeats an 8-gram of its own context (the target's loops, "
+                   "which prompt lookup drafts for free); --no-skip-copies trains on them too, so `eagle` "
+                   "alone learns to continue loops (default: skip)")
 
 
 def _make_data(folder: str, a) -> None:
@@ -244,8 +252,8 @@ def _make_data(folder: str, a) -> None:
     from edgespec.export.eagle_data import DataConfig, generate_data
 
     n = a.prompts
-    mix = {"n_general": n * 25 // 100, "n_everyday": n * 28 // 100, "n_self_instruct": n * 17 // 100,
-           "n_code_chat": n * 14 // 100}
+    mix = {"n_general": n * 18 // 100, "n_everyday": n * 20 // 100, "n_tasks": n * 22 // 100,
+           "n_self_instruct": n * 10 // 100, "n_code_chat": n * 14 // 100}
     generate_data(DataConfig(out=folder, target=a.target, n_completion=n - sum(mix.values()),
                              max_new_tokens=getattr(a, "max_new_tokens", 192), batch=getattr(a, "gen_batch", 48),
                              threads=a.threads, **mix))
@@ -267,7 +275,7 @@ def _cmd_train_eagle(a) -> int:
     elif not (Path(data) / "done").exists():
         _make_data(data, a)
     train(TrainConfig(data=data, out=a.out, target=a.target, draft_vocab=a.draft_vocab, minutes=a.minutes,
-                      epochs=a.epochs, lr=a.lr, threads=a.threads))
+                      epochs=a.epochs, lr=a.lr, threads=a.threads, skip_copies=a.skip_copies))
     return 0
 
 
@@ -338,7 +346,8 @@ def _cmd_export(a) -> int:
     cfg = ExportConfig(target=a.target, draft=a.draft, eagle=a.eagle, medusa=a.medusa, out=a.out,
                        max_len=a.max_len, k=a.k,
                        precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
-                       int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head, force=a.force,
+                       int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head,
+                       int8_lm_head=a.int8_lm_head, force=a.force,
                        validate=not a.no_validate, eagle3_features=a.eagle3_features, trees=a.trees)
     export(cfg)
     return 0

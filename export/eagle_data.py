@@ -28,6 +28,7 @@ class DataConfig:
     n_completion: int = 600  # raw code-completion prompts (stdlib signatures + docstrings)
     n_everyday: int = 0  # first-person everyday chat prompts
     n_self_instruct: int = 0  # user questions the target writes itself (then answers)
+    n_tasks: int = 0  # chat prompts from the instruction taxonomy (eagle_prompts.task_prompts)
     max_new_tokens: int = 192  # answer length cap per prompt
     batch: int = 48  # prompts generated together
     max_prompt: int = 384  # longer prompts are skipped
@@ -123,7 +124,8 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
     if prompts_file.exists():  # a resumed run answers the same prompts (self-instruct ones included)
         rows = [json.loads(line) for line in prompts_file.read_text().splitlines()]
     else:
-        rows = build_prompts(cfg.n_general, cfg.n_code_chat, cfg.n_completion, cfg.seed, cfg.n_everyday)
+        rows = build_prompts(cfg.n_general, cfg.n_code_chat, cfg.n_completion, cfg.seed, cfg.n_everyday,
+                             cfg.n_tasks)
         if cfg.n_self_instruct:
             rows += self_instruct(model, tok, cfg.n_self_instruct, cfg.batch, cfg.seed, progress)
             random.Random(cfg.seed).shuffle(rows)

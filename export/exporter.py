@@ -59,6 +59,7 @@ class ExportConfig:
     kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level: 4 = int8 activations (fast), 0 = fp32
     int4_lm_head: bool = False  # int4 LM head too: ~20% faster decode, visibly worse text on small models
+    int8_lm_head: bool = True  # int4 precision: 8-bit LM head (Q8_0 scheme, int8 activations); False: fp32
     trees: bool = True  # token-tree verify (tree_mask input) in the target and EAGLE head graphs (no
     #                     measurable decode cost, README); False: chain-only graphs
     eagle3_features: bool = False  # target graphs also output hidden_aux: the residual stream entering
@@ -262,7 +263,7 @@ def export(cfg: ExportConfig) -> Path:
             raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
         arch = arch_from_config(model.config, cfg.max_len)
         opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level,
-                            int4_lm_head=cfg.int4_lm_head, trees=cfg.trees,
+                            int4_lm_head=cfg.int4_lm_head, int8_lm_head=cfg.int8_lm_head, trees=cfg.trees,
                             aux_layers=eagle3_layers(arch.n_layers) if cfg.eagle3_features else ())
         hf_w = _hf_weights(model)
         writer = LlamaGraphWriter(arch, hf_w, opts)

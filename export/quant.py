@@ -36,3 +36,23 @@ def quantize_int4(w_out_in: np.ndarray, block_size: int = 32
         zp_codes = np.concatenate([zp_codes, np.zeros((n_out, 1), np.uint8)], axis=1)
     zp_packed = (zp_codes[:, 0::2] | (zp_codes[:, 1::2] << 4)).astype(np.uint8).reshape(-1)
     return packed, scales[..., 0].astype(np.float32), zp_packed, deq
+
+
+def quantize_int8(w_out_in: np.ndarray, block_size: int = 32
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Quantize a linear weight [N=out, K=in] for MatMulNBits with bits=8, symmetric per block:
+    scale = max|w| / 127, q = round(w / scale) in [-127, 127], stored as q + 128 with zero point 128.
+    This is GGUF's Q8_0 (blocks of 32, one scale each), so a Q8_0 tensor comes back unchanged.
+    Returns (codes [N, K/bs, bs] uint8, scales [N, K/bs] float32, zero points [N * K/bs] uint8,
+    dequantized [N, K] float32)."""
+    w = np.asarray(w_out_in, np.float32)
+    n_out, n_in = w.shape
+    if n_in % block_size:
+        raise ValueError(f"int8 needs the input dim ({n_in}) to be a multiple of block_size={block_size}")
+    blocks = w.reshape(n_out, n_in // block_size, block_size)  # [N, nb, bs]
+    scales = np.abs(blocks).max(axis=-1) / 127.0  # [N, nb]
+    scales[scales == 0] = 1.0  # an all-zero block
+    q = np.clip(np.rint(blocks / scales[..., None]), -127, 127)  # [N, nb, bs]
+    deq = (q * scales[..., None]).reshape(n_out, n_in).astype(np.float32)
+    zp = np.full(scales.size, 128, np.uint8)
+    return (q + 128).astype(np.uint8), scales.astype(np.float32), zp, deq

@@ -215,8 +215,24 @@ def test_training_prompts_hold_none_of_our_chat_eval_prompts():
 
     rows = (Path(__file__).parent.parent / "tools/prompts/chat_eval.jsonl").read_text().splitlines()
     evals = {json.loads(r)["messages"][0]["content"].lower().rstrip("?.!") for r in rows}
-    ours = [r.get("prompt") or r["messages"][0]["content"] for r in build_prompts(900, 500, 600, 0, 1000)]
+    ours = [r.get("prompt") or r["messages"][0]["content"] for r in build_prompts(900, 500, 600, 0, 1000, 2000)]
     assert not any(e in o.lower() for e in evals for o in ours)
+    # nor any of the taxonomy's specific subjects (a how-to, a why, a story subject, a goal)
+    from edgespec.export import eagle_prompts as ep
+
+    slots = [x.lower() for x in ep.HOWTO + ep.WHY + ep.SUBJECTS + ep.BRAINSTORM + ep.GOALS]
+    assert not [(x, e) for x in slots for e in evals if x in e]
+
+
+def test_task_prompts_are_many_distinct_and_cover_every_kind():
+    from edgespec.export.eagle_prompts import task_prompts
+
+    rows = task_prompts(1500, seed=3)
+    texts = [r["messages"][0]["content"] for r in rows]
+    assert len(set(texts)) == len(texts) == 1500
+    assert texts == [r["messages"][0]["content"] for r in task_prompts(1500, seed=3)]  # reproducible
+    starts = {t.split()[0] for t in texts}
+    assert {"How", "Write", "Recommend", "Is", "Summarize"} <= starts
 
 
 def test_confidence_cut_off_shortens_chains_and_stays_identical(eagle_engine):

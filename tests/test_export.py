@@ -208,3 +208,23 @@ def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, tiny_m
         for w, r in rows.items():
             if i < w:
                 assert np.array_equal(one[0], r[i]), (precision, w, i, np.abs(one[0] - r[i]).max())
+
+
+def test_int8_lm_head_keeps_q8_0_weights_and_is_the_int4_default(tiny_models, tmp_path):
+    from edgespec.export.quant import quantize_int8
+
+    # a Q8_0 tensor (blocks of 32: fp16 scale d, codes in [-127, 127], the block max at +-127)
+    rng = np.random.default_rng(0)
+    codes = rng.integers(-127, 128, (64, 4, 32))
+    codes[:, :, 0] = 127
+    d = rng.uniform(1e-3, 1e-2, (64, 4, 1)).astype(np.float16).astype(np.float32)
+    w = (codes * d).reshape(64, 128).astype(np.float32)
+    q, scales, zp, deq = quantize_int8(w)
+    assert np.allclose(deq, w, rtol=1e-6, atol=0) and q.dtype == np.uint8 and set(zp) == {128}
+    m = load_manifest(_export(tiny_models["llama"], tmp_path / "a", precision="int4"))
+    assert "lm_head.q8" in m.target.weights
+    assert max(m.raw["models"]["target"]["validation"].values()) < 3.0
+    m = load_manifest(_export(tiny_models["llama"], tmp_path / "b", precision="int4", int8_lm_head=False))
+    assert "lm_head.q8" not in m.target.weights
+    m = load_manifest(_export(tiny_models["llama"], tmp_path / "c", precision="int4", int4_accuracy_level=0))
+    assert "lm_head.q8" not in m.target.weights  # 8-bit weights need int8 activations to be fast
