@@ -285,7 +285,8 @@ class TrainConfig:
     ce_weight: float = 1.0  # token cross-entropy weight next to the feature regression
     n_steps: int = 2  # unrolled drafting steps per row (2 = EAGLE-3's training-time test)
     feature_noise: float = 0.05  # Gaussian noise on input features, in per-dimension standard deviations
-    skip_copies: bool = True  # no loss where the answer repeats an 8-gram of its own context (loops)
+    skip_copies: bool = True  # no loss where the answer repeats an 8-gram of its own context (loops;
+    #                           False: `eagle` alone learns to continue them too)
     holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
     threads: int | None = None  # torch threads
     seed: int = 0  # data order and init
@@ -466,8 +467,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     inv_std = torch.from_numpy(1.0 / (sample.std(0) + 1e-3))
     n_train_tokens = int(sum(starts[s + 1] - starts[s] for s in train_seqs))
     total_steps = max(1, int(cfg.epochs * n_train_tokens / cfg.batch_tokens * 1.3))  # padding slack
-    print(f"[train] {int((answer & ~copied).sum())} answer tokens carry loss ({int((answer & copied).sum())} "
-          "repeat an earlier 8-gram of their sequence: left to prompt lookup)", file=sys.stderr)
+    print(f"[train] {int((answer & ~copied).sum())} answer tokens carry loss "
+          + (f"({int((answer & copied).sum())} repeat an earlier 8-gram of their sequence: left to prompt lookup)"
+             if cfg.skip_copies else "(loops included: --no-skip-copies)"), file=sys.stderr)
     print(f"[train] {n_seq} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
           f"{n_hold} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of answer tokens"
           + (f"; resuming at step {step}" if ckpt is not None else ""), file=sys.stderr)

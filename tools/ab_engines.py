@@ -4,7 +4,8 @@
 
 Both folders are loaded at once; every prompt runs on both, the order alternating ABBA so that
 neither folder always runs first (on a shared 2-core box the second run of a pair is often the
-faster one). Prints decode tok/s (prefill excluded) per folder and the ratio.
+faster one). Prints decode tok/s (prefill excluded) per folder, the ratio, and on how many prompts
+the two folders wrote the same text (differently built graphs may round differently).
 """
 
 from __future__ import annotations
@@ -27,16 +28,21 @@ def main() -> None:
     gens = [(f, Generator.load(f, drafter=a.drafter, adaptive=False)) for f in (a.a, a.b)]
     ids = [gens[0][1].codec.encode(x["prompt"]) for x in load_prompts(None, a.prompts)]
     totals = {f: [0, 0.0] for f, _ in gens}
+    outputs: dict[tuple[str, int], list[int]] = {}
     for r in range(a.rounds):
         for i, prompt in enumerate(ids):
             for f, g in (gens if (i + r) % 2 == 0 else gens[::-1]):
-                n = sum(len(x) for x in g.generate_ids(prompt, a.max_new_tokens))
+                out = [int(t) for x in g.generate_ids(prompt, a.max_new_tokens) for t in x]
+                outputs[f, i] = out
+                n = len(out)
                 totals[f][0] += n
                 totals[f][1] += g.last_stats.total_s - g.last_stats.prefill_s
     rates = {f: n / s for f, (n, s) in totals.items()}
     for f, rate in rates.items():
         print(f"{f}: {rate:.1f} tok/s decode ({a.drafter})")
     print(f"b / a = {rates[a.b] / rates[a.a]:.3f}")
+    same = sum(outputs[a.a, i] == outputs[a.b, i] for i in range(len(ids)))
+    print(f"same output on {same}/{len(ids)} prompts")
 
 
 if __name__ == "__main__":
