@@ -40,7 +40,7 @@ def _add_export(sub) -> None:
                    help="MatMulNBits accuracy_level: 4 = int8 activations (default, fastest on CPU), 0 = fp32 "
                    "activations. Both keep greedy parity: every phase width computes a row bitwise alike")
     p.add_argument("--int4-lm-head", action="store_true",
-                   help="quantize the LM head to int4 too (default: fp32, tied to the embedding): faster, but "
+                   help="quantize the LM head to int4 too (default: 8-bit, see --int8-lm-head): smaller, but "
                    "SmolLM2-135M then loops on simple prompts")
     p.add_argument("--int8-lm-head", action=argparse.BooleanOptionalAction, default=True,
                    help="int4 precision: the LM head as 8-bit MatMulNBits, blocks of 32 (GGUF's Q8_0, which is what "
