@@ -134,17 +134,13 @@ class LlamaGraphWriter:
     def _linear(self, name: str, w_out_in: np.ndarray, hf_names, tied: bool = False) -> None:
         """Store one linear layer; record the weights the graph really uses as the reference."""
         hf_names = [hf_names] if isinstance(hf_names, str) else hf_names
-        if self._int8(name):
-            codes, scales, zero_points, used = quantize_int8(w_out_in, self.opts.int4_block_size)
-            self.store.add(name + ".q8", codes)
+        bits = self._bits(name)
+        if bits:
+            codes, scales, zero_points, used = (quantize_int8 if bits == 8 else quantize_int4)(
+                w_out_in, self.opts.int4_block_size)
+            self.store.add(f"{name}.q{bits}", codes)
             self.store.add(name + ".scales", scales)
             self.store.add(name + ".zp", zero_points)
-        elif self._quantized(name):
-            packed, scales, zero_points, deq = quantize_int4(w_out_in, self.opts.int4_block_size)
-            self.store.add(name + ".q4", packed)
-            self.store.add(name + ".scales", scales)
-            self.store.add(name + ".zp", zero_points)
-            used = deq
         elif tied:
             used = w_out_in.astype(self.dtype)  # Gemm(transB=1) on the embedding table itself
         else:
@@ -156,17 +152,18 @@ class LlamaGraphWriter:
             self.reference[n] = used[rows: rows + k].astype(np.float32)
             rows += k
 
-    def _quantized(self, name: str) -> bool:
-        """int4 for every linear layer, except the LM head unless int4_lm_head (it decides every
-        token, and on SmolLM2-135M an int4 LM head made greedy output loop)."""
-        return self.opts.precision == "int4" and (name != "lm_head" or self.opts.int4_lm_head)
-
-    def _int8(self, name: str) -> bool:
-        """The LM head of an int4 model in 8 bits: decode streams it whole every token (in fp32 it was
-        113 of the default model's 180 MB per step); the default GGUF stores it as Q8_0 anyway."""
-        # only with int8 activations: ORT's 8-bit kernel with fp32 activations was 100x slower here
-        return (name == "lm_head" and self.opts.precision == "int4" and self.opts.int8_lm_head
-                and not self.opts.int4_lm_head and self.opts.int4_accuracy_level == 4)
+    def _bits(self, name: str) -> int:
+        """Weight bits of a linear layer in MatMulNBits, 0 = float. int4 precision: 4 for every
+        layer; the LM head (it decides every token; on SmolLM2-135M an int4 one made greedy output
+        loop) 8 bits — decode streams it whole every token (in fp32 it was 113 of the default
+        model's 180 MB per step) and the default GGUF stores it as Q8_0 anyway — unless
+        int4_lm_head (4) or not int8_lm_head (float). 8 bits only with int8 activations: ORT's
+        8-bit kernel with fp32 activations was 100x slower here."""
+        if self.opts.precision != "int4":
+            return 0
+        if name != "lm_head" or self.opts.int4_lm_head:
+            return 4
+        return 8 if self.opts.int8_lm_head and self.opts.int4_accuracy_level == 4 else 0
 
     def _ref_rows(self, hf_name: str) -> int:
         a = self.arch
@@ -182,16 +179,11 @@ class LlamaGraphWriter:
 
     # ---- ops ------------------------------------------------------------------------------------
     def _matmul(self, b: _Builder, x: str, name: str, n_in: int, n_out: int) -> str:
-        if self._int8(name):
-            return b.op("MatMulNBits", [x, b.weight(name + ".q8"), b.weight(name + ".scales"),
+        bits = self._bits(name)
+        if bits:
+            return b.op("MatMulNBits", [x, b.weight(f"{name}.q{bits}"), b.weight(name + ".scales"),
                                         b.weight(name + ".zp")],
-                        name + "/MatMulNBits", domain="com.microsoft", K=n_in, N=n_out, bits=8,
-                        block_size=self.opts.int4_block_size,
-                        accuracy_level=self.opts.int4_accuracy_level)
-        if self._quantized(name):
-            return b.op("MatMulNBits", [x, b.weight(name + ".q4"), b.weight(name + ".scales"),
-                                        b.weight(name + ".zp")],
-                        name + "/MatMulNBits", domain="com.microsoft", K=n_in, N=n_out, bits=4,
+                        name + "/MatMulNBits", domain="com.microsoft", K=n_in, N=n_out, bits=bits,
                         block_size=self.opts.int4_block_size,
                         accuracy_level=self.opts.int4_accuracy_level)
         if name == "lm_head" and self.arch.tie_word_embeddings:

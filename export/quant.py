@@ -1,8 +1,18 @@
-"""Weight-only int4 quantization in ONNX Runtime's MatMulNBits layout (asymmetric, per block)."""
+"""Weight-only quantization in ONNX Runtime's MatMulNBits layout: int4 (asymmetric, per block) and
+int8 (symmetric, per block: GGUF's Q8_0)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+
+def _blocks(w_out_in: np.ndarray, block_size: int, what: str) -> np.ndarray:
+    """[N, K] -> [N, K/bs, bs] float32 blocks along the input dimension."""
+    w = np.asarray(w_out_in, np.float32)
+    n_out, n_in = w.shape
+    if n_in % block_size:
+        raise ValueError(f"{what} needs the input dim ({n_in}) to be a multiple of block_size={block_size}")
+    return w.reshape(n_out, n_in // block_size, block_size)
 
 
 def quantize_int4(w_out_in: np.ndarray, block_size: int = 32
@@ -17,12 +27,9 @@ def quantize_int4(w_out_in: np.ndarray, block_size: int = 32
     [N, K/bs] float32; zero points [N * ceil((K/bs)/2)] uint8, two per byte, low nibble first;
     dequantized [N, K] float32 = the weights the kernel really multiplies by).
     """
-    w = np.asarray(w_out_in, np.float32)
-    n_out, n_in = w.shape
-    if n_in % block_size:
-        raise ValueError(f"int4 needs the input dim ({n_in}) to be a multiple of block_size={block_size}")
-    nb = n_in // block_size
-    blocks = w.reshape(n_out, nb, block_size)  # [N, nb, bs]
+    blocks = _blocks(w_out_in, block_size, "int4")  # [N, nb, bs]
+    n_out, nb, _ = blocks.shape
+    n_in = nb * block_size
     lo = np.minimum(blocks.min(axis=-1, keepdims=True), 0.0)
     hi = np.maximum(blocks.max(axis=-1, keepdims=True), 0.0)
     scales = (hi - lo) / 15.0
@@ -45,14 +52,10 @@ def quantize_int8(w_out_in: np.ndarray, block_size: int = 32
     This is GGUF's Q8_0 (blocks of 32, one scale each), so a Q8_0 tensor comes back unchanged.
     Returns (codes [N, K/bs, bs] uint8, scales [N, K/bs] float32, zero points [N * K/bs] uint8,
     dequantized [N, K] float32)."""
-    w = np.asarray(w_out_in, np.float32)
-    n_out, n_in = w.shape
-    if n_in % block_size:
-        raise ValueError(f"int8 needs the input dim ({n_in}) to be a multiple of block_size={block_size}")
-    blocks = w.reshape(n_out, n_in // block_size, block_size)  # [N, nb, bs]
+    blocks = _blocks(w_out_in, block_size, "int8")  # [N, nb, bs]
     scales = np.abs(blocks).max(axis=-1) / 127.0  # [N, nb]
     scales[scales == 0] = 1.0  # an all-zero block
     q = np.clip(np.rint(blocks / scales[..., None]), -127, 127)  # [N, nb, bs]
-    deq = (q * scales[..., None]).reshape(n_out, n_in).astype(np.float32)
+    deq = (q * scales[..., None]).reshape(len(blocks), -1).astype(np.float32)
     zp = np.full(scales.size, 128, np.uint8)
     return (q + 128).astype(np.uint8), scales.astype(np.float32), zp, deq
