@@ -24,6 +24,9 @@ def _add_export(sub) -> None:
                    help="EAGLE head folder (HF layout, from `edgespec train-eagle` or a published EAGLE-1 head) "
                    "to include; 'auto' (default): the head shipped with edgespec when the target is the default "
                    "model; 'none': no head")
+    p.add_argument("--eagle-draft-vocab", type=int, metavar="N",
+                   help="keep the EAGLE head's N most frequent draft tokens (a cheaper head call; needs a head "
+                   "from train-eagle, which records that order); default 4096 for such heads, 0 keeps all")
     p.add_argument("--medusa", default="auto",
                    help="Medusa heads folder (from `edgespec train-medusa`) to include; 'auto' (default): the heads "
                    "shipped with edgespec when the target is the default model; 'none': no heads")
@@ -240,6 +243,9 @@ def _add_train_eagle(sub) -> None:
     p.add_argument("--draft-vocab", type=int, default=8192,
                    help="most frequent answer tokens the head may propose; 0 = full vocabulary (default 8192)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--init", metavar="HEAD_DIR", help="fine-tune: start from this head's weights and draft "
+                   "vocabulary (e.g. the shipped one, on your own data; a lower --lr such as 3e-4 suits), with a "
+                   "fresh optimizer and schedule")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--skip-copies", action=argparse.BooleanOptionalAction, default=True,
                    help="no loss where the answer repeats an 8-gram of its own context (the target's loops, "
@@ -275,7 +281,7 @@ def _cmd_train_eagle(a) -> int:
     elif not (Path(data) / "done").exists():
         _make_data(data, a)
     train(TrainConfig(data=data, out=a.out, target=a.target, draft_vocab=a.draft_vocab, minutes=a.minutes,
-                      epochs=a.epochs, lr=a.lr, threads=a.threads, skip_copies=a.skip_copies))
+                      epochs=a.epochs, lr=a.lr, threads=a.threads, skip_copies=a.skip_copies, init=a.init))
     return 0
 
 
@@ -343,7 +349,8 @@ def _cmd_export(a) -> int:
         print(f"edgespec export needs the export extra ({e.name} missing). "
               "Hint: pip install 'edgespec[export]'", file=sys.stderr)
         return 2
-    cfg = ExportConfig(target=a.target, draft=a.draft, eagle=a.eagle, medusa=a.medusa, out=a.out,
+    cfg = ExportConfig(target=a.target, draft=a.draft, eagle=a.eagle, eagle_draft_vocab=a.eagle_draft_vocab,
+                       medusa=a.medusa, out=a.out,
                        max_len=a.max_len, k=a.k,
                        precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
                        int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head,

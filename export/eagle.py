@@ -15,8 +15,11 @@ with num_hidden_layers=1) + `model.safetensors` with parameter names
     layers.0.mlp.{gate,up,down}_proj.weight
 (EAGLE-1's layer 0 has no input_layernorm; a checkpoint that has one is read and used). A
 reduced draft vocabulary is stored as EAGLE-3 does: `d2t` [Vd] int64 with target_id = i + d2t[i],
-`draft_vocab_size` in config.json. The embedding and the LM head rows are the target's (frozen),
-so they are not stored unless the checkpoint brings its own `embed_tokens.weight` / `lm_head.weight`.
+`draft_vocab_size` in config.json. Heads trained here list their draft tokens most frequent first
+(config.json `eagle.d2t_order: "frequency"`), so an export can keep a prefix: a cheaper head call
+(`prune_draft_vocab`, `edgespec export --eagle-draft-vocab`). The embedding and the LM head rows
+are the target's (frozen), so they are not stored unless the checkpoint brings its own
+`embed_tokens.weight` / `lm_head.weight`.
 
 Training (`train`): teacher-forced pairs over the target's own answers (`eagle_data`), plus a
 second "training-time test" step (EAGLE-3) in which each row is fed the head's own predicted
@@ -31,7 +34,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +63,8 @@ class HeadConfig:
     input_layernorm: bool = False  # EAGLE-1 heads have none; True keeps a norm before attention
     final_norm: bool = False  # RMSNorm on the output (EAGLE-3's `norm`): predictions on the scale of
     #                           the target's post-norm features from the first step of training
+    d2t_by_frequency: bool = False  # d2t lists the draft tokens most frequent first (heads trained here),
+    #                                 so any prefix of it is a smaller draft vocabulary (prune_draft_vocab)
 
 
 class EagleHead(nn.Module):
@@ -186,7 +191,8 @@ def save_head(head: EagleHead, folder: str | Path, extra: dict | None = None) ->
               "draft_vocab_size": c.draft_vocab_size, "bias": True, "hidden_act": "silu",
               "torch_dtype": "float16",
               "eagle": {"version": 1, "features": "final_norm", "input_layernorm": c.input_layernorm,
-                        "final_norm": c.final_norm} | (extra or {})}
+                        "final_norm": c.final_norm}
+              | ({"d2t_order": "frequency"} if c.d2t_by_frequency else {}) | (extra or {})}
     return write_checkpoint(folder, head_state(head), config)
 
 
@@ -236,7 +242,8 @@ def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[He
                     num_key_value_heads=int(cfg.get("num_key_value_heads", n_h)),
                     head_dim=int(cfg.get("head_dim") or H // n_h), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
                     vocab_size=vocab_size, draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab_size),
-                    input_layernorm="layers.0.input_layernorm.weight" in w, final_norm="norm.weight" in w)
+                    input_layernorm="layers.0.input_layernorm.weight" in w, final_norm="norm.weight" in w,
+                    d2t_by_frequency="d2t" in w and (cfg.get("eagle") or {}).get("d2t_order") == "frequency")
     out = {k: v.astype(np.float32) for k, v in w.items() if k not in ("d2t", "t2d")}
     if "fc.bias" not in out:
         out["fc.bias"] = np.zeros(H, np.float32)
@@ -250,6 +257,19 @@ def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[He
         raise HeadFormatError(f"{folder}: draft_vocab_size {hc.draft_vocab_size} < vocab but no d2t tensor")
     out["d2t"] = d2t
     return hc, out
+
+
+def prune_draft_vocab(hc: HeadConfig, arrays: dict[str, np.ndarray], n: int) -> tuple[HeadConfig, dict]:
+    """The head over its n most frequent draft tokens (n <= 0 or >= its size: unchanged). Nothing
+    to retrain: the LM-head rows are the target's, so the kept tokens' logits are the same; the
+    head's argmax can no longer land on a dropped (rare) token, and each call streams fewer rows."""
+    if n <= 0 or n >= hc.draft_vocab_size:
+        return hc, arrays
+    if not hc.d2t_by_frequency:
+        raise HeadFormatError(f"cannot cut this head's draft vocabulary from {hc.draft_vocab_size} to {n} tokens: "
+                              "its d2t is not in frequency order (heads from `edgespec train-eagle` record it "
+                              "as eagle.d2t_order in config.json). Hint: --eagle-draft-vocab 0 keeps all of it")
+    return replace(hc, draft_vocab_size=n), arrays | {"d2t": arrays["d2t"][:n]}
 
 
 def build_head(hc: HeadConfig, arrays: dict[str, np.ndarray], embed: np.ndarray, lm_head: np.ndarray,
@@ -278,6 +298,8 @@ class TrainConfig:
     out: str  # head folder (config.json + model.safetensors) and checkpoint.pt
     target: str | None = None  # model source (None: default SmolLM2)
     draft_vocab: int = 8192  # most frequent answer tokens the head may propose (0: full vocab)
+    init: str | None = None  # start from this head folder's weights and draft vocabulary (fine-tuning:
+    #                          a fresh optimizer and schedule); ignored when `out` holds a checkpoint
     minutes: float = 30.0  # wall-clock budget of this run (training resumes from checkpoint.pt)
     epochs: float = 3.0  # passes over the data in total (across runs)
     lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
@@ -327,11 +349,17 @@ def init_arrays(arch, sd: dict, d2t: np.ndarray, seed: int) -> tuple[HeadConfig,
 
 
 def draft_vocab(tokens: np.ndarray, answer: np.ndarray, vocab: int, size: int) -> np.ndarray:
-    """The `size` most frequent tokens of the answers (sorted ids), or the full vocabulary."""
+    """The `size` most frequent tokens of the answers, most frequent first (a prefix is then a
+    smaller draft vocabulary), or the full vocabulary (ids in order)."""
     if size <= 0 or size >= vocab:
         return np.arange(vocab, dtype=np.int64)
-    counts = np.bincount(tokens[answer].astype(np.int64), minlength=vocab)
-    return np.sort(np.argsort(-counts, kind="stable")[:size]).astype(np.int64)
+    return by_frequency(np.arange(vocab, dtype=np.int64), tokens[answer], vocab)[:size]
+
+
+def by_frequency(ids: np.ndarray, seen: np.ndarray, vocab: int) -> np.ndarray:
+    """ids reordered by how often they occur in `seen`, most frequent first (ties: in given order)."""
+    counts = np.bincount(seen.astype(np.int64), minlength=vocab)
+    return ids[np.argsort(-counts[ids], kind="stable")].astype(np.int64)
 
 
 def _batches(starts: np.ndarray, seqs: np.ndarray, batch_tokens: int, rng: np.random.Generator):
@@ -449,8 +477,15 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     ckpt_path = out / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
     # a resumed run keeps its draft vocabulary; its weights come from the checkpoint below
-    d2t = ckpt["d2t"] if ckpt is not None else draft_vocab(tokens, answer, arch.vocab_size, cfg.draft_vocab)
-    hc, arrays = init_arrays(arch, sd, d2t, cfg.seed)
+    if ckpt is None and cfg.init:  # fine-tuning an existing head: its weights and draft vocabulary
+        hc, arrays = read_head(cfg.init, arch.hidden_size, arch.vocab_size)
+    else:
+        d2t = ckpt["d2t"] if ckpt is not None else draft_vocab(tokens, answer, arch.vocab_size, cfg.draft_vocab)
+        hc, arrays = init_arrays(arch, sd, d2t, cfg.seed)
+    if hc.draft_vocab_size < arch.vocab_size:  # most frequent first (also a resumed head's: the weights
+        # do not depend on the order, the LM-head rows are gathered from the target by d2t)
+        arrays["d2t"] = by_frequency(arrays["d2t"], tokens[answer], arch.vocab_size)
+        hc = replace(hc, d2t_by_frequency=True)
     head = build_head(hc, arrays, embed, lm_head, cos, sin)
     coverage = float(np.isin(tokens[answer], head.d2t.numpy()).mean())
     t2d = np.full(arch.vocab_size + 1, -100, np.int64)
@@ -472,7 +507,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
              if cfg.skip_copies else "(loops included: --no-skip-copies)"), file=sys.stderr)
     print(f"[train] {n_seq} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
           f"{n_hold} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of answer tokens"
-          + (f"; resuming at step {step}" if ckpt is not None else ""), file=sys.stderr)
+          + (f"; resuming at step {step}" if ckpt is not None else f"; starting from {cfg.init}" if cfg.init else ""),
+          file=sys.stderr)
     t0, last_save = time.perf_counter(), time.perf_counter()
     head.train()
     done = False
@@ -514,7 +550,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     head.eval()
     est = estimate(head, hold, tokens, feats, starts, n_prompt, t2d, label_ids)
     save_head(head, out, {"trained_steps": step, "epochs": round(epoch_f, 3), "train_tokens": n_train_tokens,
-                          "data": str(cfg.data), "holdout": est, "draft_vocab_coverage": round(coverage, 4)})
+                          "data": str(cfg.data), "holdout": est, "draft_vocab_coverage": round(coverage, 4)}
+              | ({"init": str(cfg.init)} if cfg.init else {}))
     print(f"[train] held-out top-1 step 1 {est['top1_step1']:.3f}, step 2 {est['top1_step2']:.3f} "
           f"(given step 1 right); wrote {out}", file=sys.stderr)
     return out

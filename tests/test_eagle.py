@@ -1,5 +1,6 @@
 """EAGLE head: checkpoint layout, export (ORT vs PyTorch), drafters eagle/hybrid lossless."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,13 +11,16 @@ torch = pytest.importorskip("torch")
 from edgespec.export.eagle import (  # noqa: E402
     HeadFormatError,
     build_head,
+    draft_vocab,
     init_arrays,
+    prune_draft_vocab,
     read_head,
     save_head,
 )
 
 
-def _tiny_head(model_dir, out, draft_vocab: int | None = None, seed: int = 0, noise: float = 0.0):
+def _tiny_head(model_dir, out, draft_vocab: int | None = None, seed: int = 0, noise: float = 0.0,
+               by_frequency: bool = False):
     """A head for a tiny target, saved in the EAGLE layout (random, or a copy of the last layer)."""
     from edgespec.export.arch import arch_from_config
     from transformers import AutoModelForCausalLM
@@ -27,6 +31,9 @@ def _tiny_head(model_dir, out, draft_vocab: int | None = None, seed: int = 0, no
     V = arch.vocab_size
     d2t = np.arange(V) if draft_vocab is None else np.sort(np.random.default_rng(seed).choice(V, draft_vocab, False))
     hc, arrays = init_arrays(arch, sd, d2t.astype(np.int64), seed)
+    if by_frequency:  # as train-eagle writes them: d2t most frequent first (here: an arbitrary order)
+        arrays["d2t"] = np.random.default_rng(seed).permutation(arrays["d2t"])
+        hc = dataclasses.replace(hc, d2t_by_frequency=True)
     rng = np.random.default_rng(seed + 1)
     for k, v in arrays.items():
         if k != "d2t" and noise:
@@ -91,6 +98,50 @@ def test_reads_an_eagle1_checkpoint_without_input_norm(tiny_models, tmp_path):
     save_file({"midlayer.fc.weight": sd["fc.weight"]}, str(folder / "model.safetensors"))
     with pytest.raises(HeadFormatError, match="EAGLE-3"):
         read_head(folder, H, arch.vocab_size)
+
+
+def test_draft_vocab_lists_the_most_frequent_first_and_cuts_to_a_prefix(tiny_models, tmp_path):
+    tokens = np.array([5, 7, 7, 3, 7, 5, 9, 0])
+    answer = np.array([0, 1, 1, 1, 1, 1, 1, 0], bool)  # 7 x3, 5 x1, 3 x1, 9 x1 among answer tokens
+    assert draft_vocab(tokens, answer, 12, 3).tolist() == [7, 3, 5]  # ties keep id order
+    assert draft_vocab(tokens, answer, 12, 0).tolist() == list(range(12))
+    folder, head, arch = _tiny_head(tiny_models["llama"], tmp_path / "freq", draft_vocab=40, by_frequency=True)
+    assert json.loads((folder / "config.json").read_text())["eagle"]["d2t_order"] == "frequency"
+    hc, arrays = read_head(folder, arch.hidden_size, arch.vocab_size)
+    assert hc.d2t_by_frequency
+    cut, cut_arrays = prune_draft_vocab(hc, arrays, 16)
+    assert cut.draft_vocab_size == 16 and np.array_equal(cut_arrays["d2t"], arrays["d2t"][:16])
+    assert prune_draft_vocab(hc, arrays, 0) == (hc, arrays) and prune_draft_vocab(hc, arrays, 40)[0] == hc
+    plain, _, _ = _tiny_head(tiny_models["llama"], tmp_path / "sorted", draft_vocab=40)
+    hc, arrays = read_head(plain, arch.hidden_size, arch.vocab_size)
+    assert not hc.d2t_by_frequency
+    with pytest.raises(HeadFormatError, match="frequency order.*--eagle-draft-vocab 0"):
+        prune_draft_vocab(hc, arrays, 16)
+
+
+def test_export_cuts_the_draft_vocab_and_stays_identical(tiny_models, tmp_path):
+    """--eagle-draft-vocab on a frequency-ordered head: the manifest, the graph and the validation
+    use the prefix; greedy eagle output still equals plain."""
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.export.exporter import ExportConfig, ExportError, export
+    from edgespec.runtime.generator import Generator
+
+    head_dir, _, _ = _tiny_head(tiny_models["llama"], tmp_path / "head", draft_vocab=48, noise=0.01,
+                                by_frequency=True)
+    common = dict(target=str(tiny_models["llama"]), eagle=str(head_dir), max_len=256, k=4, prefill_chunk=16,
+                  kv_bucket=32, precision="fp32", medusa=None, progress=False)
+    out = export(ExportConfig(out=str(tmp_path / "engine"), eagle_draft_vocab=20, **common))
+    m = load_manifest(out)
+    assert m.eagle.vocab_size == 20 and m.raw["models"]["eagle"]["head"]["trained_draft_vocab_size"] == 48
+    _, arrays = read_head(head_dir, m.target.hidden_size, m.target.vocab_size)
+    g = Generator.load(out, drafter="none", adaptive=False, eagle_min_confidence=0.0)
+    assert np.array_equal(g.eagle_engine.d2t, arrays["d2t"][:20])
+    prompt = np.arange(30, 60)
+    ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 30)])
+    g.set_drafter("eagle", 3)
+    assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(prompt, 30)]), ref)
+    with pytest.raises(ExportError, match=">= 0"):
+        export(ExportConfig(out=str(tmp_path / "bad"), eagle_draft_vocab=-1, **common))
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +231,16 @@ def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
     assert main(args + ["--epochs", "2"]) == 0  # resumes: data kept, training continues from the checkpoint
     assert torch.load(head / "checkpoint.pt", weights_only=False)["step"] > step1
     cfg = json.loads((head / "config.json").read_text())
-    assert cfg["draft_vocab_size"] == 64 and "holdout" in cfg["eagle"]
+    assert cfg["draft_vocab_size"] == 64 and "holdout" in cfg["eagle"] and cfg["eagle"]["d2t_order"] == "frequency"
+    tuned = tmp_path / "tuned"  # fine-tuning from it: same draft vocabulary, its own fresh run
+    assert main(args[:3] + ["--out", str(tuned), "--data", str(head / "data"), "--init", str(head),
+                            "--epochs", "1", "--minutes", "0.2", "--lr", "3e-4"]) == 0
+    tuned_cfg = json.loads((tuned / "config.json").read_text())
+    assert tuned_cfg["eagle"]["init"] == str(head) and tuned_cfg["draft_vocab_size"] == 64
+    from safetensors.numpy import load_file
+
+    d2t = [load_file(str(f / "model.safetensors"))["d2t"] + np.arange(64) for f in (head, tuned)]
+    assert sorted(d2t[0]) == sorted(d2t[1])
     out = tmp_path / "engine"
     assert main(["export", "--target", str(tiny_models["llama"]), "--eagle", str(head), "--out", str(out),
                  "--max-len", "256", "--k", "4", "--prefill-chunk", "16", "--kv-bucket", "32",
