@@ -27,6 +27,10 @@ PROVIDERS = {
 }
 
 _WEIGHTS_CACHE: dict[str, np.memmap] = {}
+_SHARED_POOL = 0  # intra-op threads of the process-wide pool every session runs on (0: a pool per session)
+_N_SESSIONS = 0  # sessions made in this process (a pool can only be shared before the first)
+
+
 def _physical_cores() -> int:
     try:
         import psutil
@@ -34,6 +38,30 @@ def _physical_cores() -> int:
         return psutil.cpu_count(logical=False) or os.cpu_count() or 1
     except ImportError:
         return os.cpu_count() or 1
+
+
+def share_thread_pool(threads: int | None = None) -> int:
+    """Run every ONNX Runtime session of this process on one intra-op thread pool; returns its size.
+
+    With a pool per session, a drafter's call (EAGLE head, Medusa heads, draft model) right after
+    the target's must wake its own threads while the target's still spin on the same cores; on the
+    2-core CPU an EAGLE head call took 1.1-1.2 ms after a target call that way and 0.75-0.8 ms on
+    the shared pool (README, "Shared thread pool"). ONNX Runtime makes this process-wide: call it
+    before the first session (the CLI does for generate / bench / chat / serve / demo / tune);
+    afterwards every session of the process, also ones made outside edgespec, must set
+    `SessionOptions.use_per_session_threads = False`."""
+    global _SHARED_POOL
+    n = threads or _physical_cores()
+    if _SHARED_POOL:
+        if n != _SHARED_POOL:
+            raise EngineError(f"this process already shares a pool of {_SHARED_POOL} threads; cannot make it {n}")
+        return n
+    if _N_SESSIONS:
+        raise EngineError(f"share_thread_pool() must run before the first session; {_N_SESSIONS} exist already. "
+                          "Hint: call it right after importing edgespec")
+    ort.set_global_thread_pool_sizes(n, 1)
+    _SHARED_POOL = n
+    return n
 
 
 def _map_weights(path: Path) -> np.memmap:
@@ -63,15 +91,19 @@ def _session_options(manifest: Manifest, spec, threads: int | None, prepack: boo
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.intra_op_num_threads = threads or _physical_cores()
-    so.inter_op_num_threads = 1
+    if _SHARED_POOL:  # every session on the process's one pool (share_thread_pool)
+        so.use_per_session_threads = False
+    else:
+        so.intra_op_num_threads = threads or _physical_cores()
+        so.inter_op_num_threads = 1
     so.log_severity_level = 3
     if not prepack:
         so.add_session_config_entry("session.disable_prepacking", "1")
-    if spec.role != "target":
+    if spec.role != "target" and not _SHARED_POOL:
         # A drafter alternates with the target; a spinning draft pool steals the cores the
         # target needs next (measured: draft k=4 0.53x -> 0.83x of plain with this off).
-        # The target keeps spinning: plain decoding is ~12% faster with it.
+        # The target keeps spinning: plain decoding is ~12% faster with it. (A shared pool
+        # has one set of threads, spinning for whichever session runs next.)
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     for name, value in initializers.items():
         so.add_initializer(name, value)
@@ -79,6 +111,8 @@ def _session_options(manifest: Manifest, spec, threads: int | None, prepack: boo
 
 
 def _new_session(path: Path, so: ort.SessionOptions, provider: str) -> ort.InferenceSession:
+    global _N_SESSIONS
+    _N_SESSIONS += 1
     try:
         return ort.InferenceSession(str(path), so, providers=PROVIDERS[provider])
     except Exception as e:  # ORT raises its own exception types; re-raise with context

@@ -165,6 +165,25 @@ def test_export_lists_and_validates_the_head(eagle_engine):
     assert max(m.eagle.validation.values()) < 2e-3  # ORT head vs PyTorch head, fp32
 
 
+def test_cli_bench_eagle_on_the_shared_thread_pool(eagle_engine, tmp_path):
+    """The CLI's default: the target and the head share one ONNX Runtime pool (a subprocess, as
+    the pool is process-wide); eagle and hybrid chains stay identical to plain decoding."""
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": str(i), "prompt": f"{i} {i + 1} {i + 2} {i} {i + 1}"}) + "\n"
+                               for i in range(3)))
+    out = tmp_path / "b.json"
+    res = subprocess.run([sys.executable, "-m", "edgespec.cli", "bench", "--engine", str(eagle_engine), "--prompts",
+                          str(prompts), "--drafter", "none,eagle,hybrid", "--k", "3", "--max-new-tokens", "16",
+                          "--eagle-min-confidence", "0", "--json", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["totals"]["identical_to_none"] for r in runs] == [3, 3, 3]
+    assert runs[1]["totals"]["mean_verify_width"] > 1  # the head drafted
+
+
 @pytest.mark.parametrize("drafter", ["eagle", "hybrid"])
 def test_eagle_greedy_identical_to_plain(eagle_engine, drafter):
     from edgespec.runtime.generator import Generator

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from edgespec.engines.base import EngineError
 from edgespec.engines.manifest import ManifestError, load_manifest
 from edgespec.runtime.generator import Generator, PromptTooLongError
 from edgespec.runtime.verify import SamplingConfig
@@ -100,6 +101,15 @@ def test_manifest_errors_are_clear(tiny_engine, tmp_path):
         load_manifest(bad)
 
 
+def test_thread_pool_is_shared_only_before_the_first_session(tiny_engine):
+    from edgespec.engines import ort as eo
+
+    m = load_manifest(tiny_engine)
+    eo.OrtModel(m, m.target).session()  # this process has sessions with their own pools now
+    with pytest.raises(EngineError, match="before the first session"):
+        eo.share_thread_pool()
+
+
 def test_runtime_never_imports_torch_or_transformers():
     code = ("import sys, edgespec, edgespec.runtime.generator, edgespec.runtime.bench, edgespec.engines.ort, "
             "edgespec.cli; bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad)")
@@ -125,6 +135,12 @@ def test_cli_generate_and_bench(tiny_engine, tmp_path):
                 "ttft_ms"} <= set(run["totals"])
         assert run["totals"]["identical_to_none"] == 2
         assert {"id", "output_ids", "tokens", "seconds"} <= set(run["prompts"][0])
+    # the CLI runs every session on one shared pool; a pool per session gives the same tokens
+    own = tmp_path / "own.json"
+    res = subprocess.run(cmd[:-1] + [str(own), "--thread-pool", "session"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    ids = [[p["output_ids"] for p in run["prompts"]] for run in json.loads(out.read_text())["runs"]]
+    assert ids == [[p["output_ids"] for p in run["prompts"]] for run in json.loads(own.read_text())["runs"]]
     gen = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(tiny_engine),
                           "--prompt", PROMPT, "--max-new-tokens", "10"], capture_output=True, text=True)
     assert gen.returncode == 0 and "tok/s" in gen.stderr
