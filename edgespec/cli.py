@@ -72,8 +72,9 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    "drafter's call right after the target's finds the threads awake (EAGLE head call 1.1-1.2 -> "
                    "0.75-0.8 ms on 2 cores); session: a pool per session (ONNX Runtime's default)")
     p.add_argument("--eagle-min-confidence", type=float,
-                   help="eagle/hybrid: stop a draft chain when the head's own probability of its next token is "
-                   "below this (default: the folder's, else edgespec's measured default)")
+                   help="eagle/hybrid: stop a draft chain when the head's own probability of the chain so far "
+                   "(the product of its per-token probabilities) is below this (default: the folder's, else "
+                   "edgespec's measured default, 0.25)")
     p.add_argument("--medusa-min-confidence", type=float,
                    help="medusa: stop a draft chain at the first head whose probability of its token is below this "
                    "(default: the folder's, else edgespec's measured default)")

@@ -157,9 +157,10 @@ class _HeadDrafter:
     def __init__(self, d2t: np.ndarray, target_vocab: int, min_confidence: float,
                  sampling: SamplingConfig | None, n_rows: int) -> None:
         self.d2t = d2t
-        # stop the chain once the head's own probability of its token falls below this (EAGLE-2's
-        # observation: draft confidence predicts acceptance); the verify call stays narrow.
-        # Lossless either way: the length depends only on the draft's own numbers.
+        # stop the chain once the head's own probability falls below this (EAGLE-2's observation:
+        # draft confidence predicts acceptance), so the verify call stays narrow: EAGLE's chain
+        # probability (the product along the chain), each Medusa head's own probability. Lossless
+        # either way: the length depends only on the draft's own numbers.
         self.min_confidence = min_confidence
         self.sampling = sampling or SamplingConfig()
         self.rng = np.random.default_rng(self.sampling.seed)
@@ -257,10 +258,12 @@ class EagleDrafter(_HeadDrafter):
             return 0, None
         logits = self._catch_up(seq, self._feat[0])
         slots = seq.draft_slots(k)
+        path = 1.0  # the head's probability of d_1..d_{i+1} all being right, ~ P(d_{i+1} is kept)
         for i in range(k):
             slots[i], conf = self._choose(logits, seq, i)
-            if conf < self.min_confidence:
-                k = i  # not confident: propose d_1..d_i only
+            path *= conf
+            if path < self.min_confidence:
+                k = i  # a row that is probably wasted: propose d_1..d_i only
                 break
             if i + 1 < k:  # speculative row at slot n-1+i: (f^, d_{i+1})
                 logits = head.forward(slots[i:i + 1], n - 1 + i, features=self._feat)[-1]

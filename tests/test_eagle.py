@@ -314,6 +314,30 @@ def test_task_prompts_are_many_distinct_and_cover_every_kind():
     assert {"How", "Write", "Recommend", "Is", "Summarize"} <= starts
 
 
+def test_chain_cut_off_is_on_the_path_probability():
+    """EAGLE stops where the product of the head's confidences drops below the cut-off: with every
+    step 60% sure, 0.6 and 0.36 pass 0.3, 0.216 does not."""
+    from edgespec.runtime.drafters import EagleDrafter
+    from edgespec.runtime.state import SeqState
+
+    class Head:  # every call: draft token 1 (id 7) at p = 0.6, the other three share the rest
+        widths, max_len = (1, 2, 4), 64
+
+        def forward(self, ids, past, features=None, parents=None):
+            return np.tile(np.log(np.array([0.4 / 3, 0.6, 0.4 / 3, 0.4 / 3], np.float32)), (len(ids), 1))
+
+        def commit(self, past, n):
+            pass
+
+        def last_hidden(self, n):
+            return np.zeros((n, 2), np.float32)
+
+    seq = SeqState(tokens=np.zeros(80, np.int64), n=5, n_prompt=4, tgt_past=4)
+    d = EagleDrafter(Head(), np.array([3, 7, 8, 9]), np.zeros((80, 2), np.float32), 16, min_confidence=0.3)
+    m, _ = d.propose(seq, 6)
+    assert m == 2 and seq.draft_slots(2).tolist() == [7, 7]
+
+
 def test_confidence_cut_off_shortens_chains_and_stays_identical(eagle_engine):
     from edgespec.runtime.generator import Generator
 
