@@ -60,6 +60,8 @@ def test_shipped_eagle_head_is_in_the_default_export_and_drafts(gen):
     m = gen.manifest
     assert m.eagle is not None and "eagle" in m.raw["drafters"]
     assert max(m.raw["models"]["eagle"]["validation"].values()) < 3.0
+    # its 8192 draft tokens are listed most frequent first; the export keeps the first 4096
+    assert m.eagle.vocab_size == 4096 and m.raw["models"]["eagle"]["head"]["trained_draft_vocab_size"] == 8192
     gen.set_drafter("eagle", 2)
     drafted = accepted = 0
     for p in load_prompts(None, 3):
