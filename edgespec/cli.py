@@ -69,8 +69,8 @@ def _add_runtime_args(p, drafter_default=None) -> None:
     p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
     p.add_argument("--thread-pool", choices=["shared", "session"], default="shared",
                    help="shared (default): all ONNX Runtime sessions of the process run on one intra-op pool, so a "
-                   "drafter's call right after the target's finds the threads awake (EAGLE head call 1.1-1.2 -> "
-                   "0.75-0.8 ms on 2 cores); session: a pool per session (ONNX Runtime's default)")
+                   "drafter's call right after the target's finds the threads awake (EAGLE head call 0.85-1.06 -> "
+                   "0.69-0.80 ms on 2 cores); session: a pool per session (ONNX Runtime's default)")
     p.add_argument("--eagle-min-confidence", type=float,
                    help="eagle/hybrid: stop a draft chain when the head's own probability of the chain so far "
                    "(the product of its per-token probabilities) is below this (default: the folder's, else "

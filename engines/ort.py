@@ -45,8 +45,9 @@ def share_thread_pool(threads: int | None = None) -> int:
 
     With a pool per session, a drafter's call (EAGLE head, Medusa heads, draft model) right after
     the target's must wake its own threads while the target's still spin on the same cores; on the
-    2-core CPU an EAGLE head call took 1.1-1.2 ms after a target call that way and 0.75-0.8 ms on
-    the shared pool (README, "Shared thread pool"). ONNX Runtime makes this process-wide: call it
+    2-core CPU an EAGLE head call took 0.85-1.06 ms after a target call that way and 0.69-0.80 ms
+    on the shared pool (`tools/head_call_cost.py`; README, "Drafting heads made cheaper"). ONNX
+    Runtime makes this process-wide: call it
     before the first session (the CLI does for generate / bench / chat / serve / demo / tune);
     afterwards every session of the process, also ones made outside edgespec, must set
     `SessionOptions.use_per_session_threads = False`."""

@@ -31,9 +31,9 @@ PRECISIONS = ("fp32", "fp16", "int4")
 TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3}
 INT8_ACTIVATION_TOLERANCE = 3.0  # int4 with accuracy_level >= 2 quantizes activations too
 SHIPPED_HEADS = Path(__file__).parent / "heads"  # trained EAGLE heads shipped for default models
-# draft tokens an exported EAGLE head keeps when its d2t is in frequency order: on the 2-core CPU the
-# head call is memory-bound (its weights are cold after each target call) and the draft-vocabulary
-# LM-head rows were half its bytes; 4096 of 8192 kept 94.7% of answer tokens (README, stop 14)
+# draft tokens an exported EAGLE head keeps when its d2t is in frequency order: the head re-reads its
+# weights after every target call (they leave the cache) and its draft-vocabulary LM-head rows were
+# half of them; 4096 of 8192 cover 94.7% of the training answers (README, stop 14)
 EAGLE_DRAFT_VOCAB = 4096
 
 
