@@ -49,6 +49,11 @@ def _add_export(sub) -> None:
                    help="int4 precision: the LM head as 8-bit MatMulNBits, blocks of 32 (GGUF's Q8_0, which is what "
                    "the default model ships: its weights come back unchanged); decode streams a quarter of the "
                    "fp32 head's bytes. --no-int8-lm-head: fp32 Gemm on the embedding (default: 8-bit)")
+    p.add_argument("--two-row-matmuls", choices=["auto", "on", "off"], default="auto",
+                   help="int4: run a 1-token call's int4 matmuls on 2 rows (a zero row added) so decode rows equal "
+                   "verify rows bitwise. Some CPUs need it (ONNX Runtime 1.32's 1-row int4 kernel on AVX2 sums "
+                   "differently, ~1e-6, enough to flip greedy tokens): auto (default) probes this CPU; costs "
+                   "~5%% of a decode where on")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
     p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=True,
@@ -360,7 +365,8 @@ def _cmd_export(a) -> int:
                        precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
                        int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head,
                        int8_lm_head=a.int8_lm_head, force=a.force,
-                       validate=not a.no_validate, eagle3_features=a.eagle3_features, trees=a.trees)
+                       validate=not a.no_validate, eagle3_features=a.eagle3_features, trees=a.trees,
+                       two_row_matmuls=a.two_row_matmuls)
     export(cfg)
     return 0
 

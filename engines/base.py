@@ -82,15 +82,19 @@ def prefill(engine, tokens: np.ndarray, past: int, hidden_out: np.ndarray | None
     """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
     commit them; return (new past length, logits [V] of the last token, None if no tokens).
     hidden_out [max_len, H]: receives the hidden states of the new positions (for EAGLE);
-    features [len(tokens), H]: an EAGLE head's feature rows for these tokens."""
+    features [len(tokens), H]: an EAGLE head's feature rows for these tokens. An engine with an
+    EAGLE head fused in gets each row's next token for the head (the last row's is the argmax)."""
     widest = max(engine.widths)
     logits = None
+    fused = getattr(engine, "head", None) is not None
     for i in range(0, len(tokens), widest):
         chunk = tokens[i:i + widest]
-        if features is None:
-            logits = engine.forward(chunk, past)
-        else:
+        if features is not None:
             logits = engine.forward(chunk, past, features=features[i:i + widest])
+        elif fused:
+            logits = engine.forward(chunk, past, head_next=tokens[i + 1:i + 1 + widest])
+        else:
+            logits = engine.forward(chunk, past)
         engine.commit(past, len(chunk))
         if hidden_out is not None:
             hidden_out[past:past + len(chunk)] = engine.last_hidden(len(chunk))

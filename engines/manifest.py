@@ -13,6 +13,7 @@ FORMAT = "edgespec.engine"
 VERSION = 1
 MANIFEST = "manifest.json"
 PHASES = ("prefill", "decode", "verify")
+FUSED_PREFIX = "eagle/"  # the EAGLE head's inputs/outputs/weights inside the fused target+head graph
 
 
 class ManifestError(ValueError):
@@ -111,6 +112,7 @@ class Manifest:
     draft: ModelSpec | None  # separate draft model, when exported
     eagle: ModelSpec | None  # EAGLE head, when exported
     medusa: HeadsSpec | None  # Medusa heads, when exported
+    eagle_fused: ModelSpec | None  # the target graph with the EAGLE head appended (FUSED_PREFIX names), when exported
     source: dict  # where the target came from (kind, path, sha256)
     defaults: dict  # drafter / k chosen at export or by `edgespec tune`
     raw: dict  # the whole JSON, for tools
@@ -170,6 +172,7 @@ def load_manifest(folder: str | Path) -> Manifest:
         draft = _model(d["models"]["draft"], "draft") if "draft" in d["models"] else None
         eagle = _model(d["models"]["eagle"], "eagle") if "eagle" in d["models"] else None
         medusa = _heads(d["models"]["medusa"], "medusa") if "medusa" in d["models"] else None
+        fused = _model(d["models"]["eagle_fused"], "eagle_fused") if eagle and "eagle_fused" in d["models"] else None
         tok = d["tokenizer"]
         chat = (folder / tok["chat_template_file"]).read_text() if tok.get("chat_template_file") else None
         m = Manifest(
@@ -177,17 +180,20 @@ def load_manifest(folder: str | Path) -> Manifest:
             prefill_chunk=d["prefill_chunk"], num_speculative_tokens=d["num_speculative_tokens"],
             tokenizer_file=tok["file"], chat_template=chat, eos_token_ids=tuple(tok["eos_token_ids"]),
             bos_token_id=tok.get("bos_token_id"), target=target, draft=draft, eagle=eagle,
-            medusa=medusa, source=d.get("source", {}),
+            medusa=medusa, eagle_fused=fused, source=d.get("source", {}),
             defaults=d.get("defaults", {}), raw=d)
     except (KeyError, TypeError) as e:
         raise ManifestError(f"{mf} lacks or mistypes field {e}; re-run `edgespec export`") from e
-    for spec in filter(None, (m.target, m.draft, m.eagle)):
+    for spec in filter(None, (m.target, m.draft, m.eagle, m.eagle_fused)):
         for rel in [spec.weights_file] + [g.file for g in spec.graphs] + sorted(
                 {w.file for w in spec.weights.values() if w.file}):
             if not (folder / rel).exists():
                 raise ManifestError(f"{folder}: {spec.role} file {rel} listed in the manifest is missing")
         if 1 not in spec.widths():
             raise ManifestError(f"{folder}: {spec.role} model has no decode graph (width 1)")
+    if fused is not None and (fused.widths() != target.widths() or fused.vocab_size != target.vocab_size):
+        raise ManifestError(f"{folder}: the fused target+EAGLE graph has widths {fused.widths()}, the target "
+                            f"{target.widths()}; re-export")
     if draft is not None and draft.vocab_size != target.vocab_size:
         raise ManifestError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}")
     if eagle is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from edgespec.engines.base import EngineError, fill_tree, pick_width, window_slots
-from edgespec.engines.manifest import HeadsSpec, Manifest, ModelSpec
+from edgespec.engines.manifest import FUSED_PREFIX, HeadsSpec, Manifest, ModelSpec
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -127,10 +127,17 @@ def _read_d2t(manifest: Manifest, spec) -> np.ndarray:
 
 
 class OrtModel:
-    """A target or draft model of an engine folder, run through ONNX Runtime."""
+    """A target or draft model of an engine folder, run through ONNX Runtime.
+
+    kv: use this KV buffer [L, 2, max_len, Hkv*D] instead of allocating one (the fused target+EAGLE
+    graph shares the plain target's, so switching between them keeps the cached prefix).
+    head: the EAGLE head engine whose KV the fused graph (spec `eagle_fused`) reads and whose rows
+    `commit` writes next to the target's; `last_head()` gives the head's draft of the last
+    committed row."""
 
     def __init__(self, manifest: Manifest, spec: ModelSpec, provider: str = "cpu",
-                 threads: int | None = None, prepack: bool = True) -> None:
+                 threads: int | None = None, prepack: bool = True, kv: np.ndarray | None = None,
+                 head: OrtModel | None = None) -> None:
         _check_provider(provider)
         self.manifest, self.spec, self.provider = manifest, spec, provider
         self.max_len = manifest.max_len
@@ -143,7 +150,20 @@ class OrtModel:
         if spec.d2t is not None:
             self.d2t = _read_d2t(manifest, spec)
         dtype = np.dtype(spec.kv_dtype)
-        self.kv = np.zeros((spec.n_layers, 2, self.max_len, spec.kv_width), dtype)  # [L, 2, S_max, Hkv*D]
+        shape = (spec.n_layers, 2, self.max_len, spec.kv_width)  # [L, 2, S_max, Hkv*D]
+        if kv is not None and (kv.shape != shape or kv.dtype != dtype):
+            raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {dtype})")
+        self.kv = np.zeros(shape, dtype) if kv is None else kv
+        self.head = head
+        if head is not None:
+            if head.device is not None or provider != "cpu":
+                raise EngineError("the fused target+EAGLE graph runs on the CPU provider only (host KV)")
+            self._head_ids = {w: np.zeros((1, w), np.int64) for w in self.widths}  # given next tokens
+            self._head_given = np.zeros(1, np.int64)  # rows that take them (the rest: the target's argmax)
+            self._head_logits = {w: np.zeros((1, w, head.vocab_size), np.float32) for w in self.widths}
+            self._head_new_kv = {w: np.zeros((1, 2, w, head.spec.kv_width), head.kv.dtype) for w in self.widths}
+            self._head_hidden = {w: np.zeros((1, w, head.hidden_size), head.kv.dtype) for w in self.widths}
+            self.head_row = 0  # the head row of the last committed target row (its draft of the next token)
         self._ids = {w: np.zeros((1, w), np.int64) for w in self.widths}
         self._pos = {w: np.zeros((1, w), np.int64) for w in self.widths}
         self._past = np.zeros(1, np.int64)
@@ -207,6 +227,11 @@ class OrtModel:
                 inputs.append(("features", self._features[width]))
             if self.takes_tree:
                 inputs.append(("tree_mask", self._tree[width]))
+            p = FUSED_PREFIX
+            if self.head is not None:  # the head's part of a fused graph: its inputs, its KV window
+                inputs += [(p + "input_ids", self._head_ids[width]), (p + "n_given", self._head_given),
+                           (p + "past_key_0", self.head.kv[0, 0, :n_slots]),
+                           (p + "past_value_0", self.head.kv[0, 1, :n_slots])]
             for name, arr in inputs:
                 b.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             kv_dtype = np.dtype(self.spec.kv_dtype)
@@ -221,6 +246,9 @@ class OrtModel:
             outputs = [("logits", self._logits[width]), ("hidden", self._hidden[width])]
             if self._hidden_aux is not None:
                 outputs.append(("hidden_aux", self._hidden_aux[width]))
+            if self.head is not None:
+                outputs += [(p + "logits", self._head_logits[width]), (p + "new_kv", self._head_new_kv[width]),
+                            (p + "hidden", self._head_hidden[width])]
             if self.device is None:
                 outputs.append(("new_kv", self._new_kv[width]))
             else:
@@ -232,10 +260,12 @@ class OrtModel:
 
     # ---- the two calls of the protocol ------------------------------------------------------------
     def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None,
-                parents: np.ndarray | None = None) -> np.ndarray:
+                parents: np.ndarray | None = None, head_next: np.ndarray | None = None) -> np.ndarray:
         """features [n, H]: an EAGLE head's feature input (rows past n repeat the last one).
         parents [n]: a token tree (parents[0] = -1, parents[i] < i): node i sits at position
-        past_len + depth(i) and sees only its ancestors; None is the chain 0 <- 1 <- ... <- n-1."""
+        past_len + depth(i) and sees only its ancestors; None is the chain 0 <- 1 <- ... <- n-1.
+        head_next [<= n]: a fused graph's head tokens for the first rows (the tokens that follow
+        them, known in a prefill); the other rows take the target's argmax (verify)."""
         n = len(token_ids)
         width = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
@@ -255,6 +285,11 @@ class OrtModel:
             feats = self._features[width]
             feats[0, :n] = features
             feats[0, n:] = features[n - 1]
+        if self.head is not None:
+            given = 0 if head_next is None else len(head_next)
+            if given:
+                self._head_ids[width][0, :given] = head_next
+            self._head_given[0] = given
         self._past[0] = past_len
         # the window must hold the new rows too (the graph places them at their slots)
         n_slots = window_slots(past_len, width, self.bucket, self.max_len)
@@ -267,6 +302,14 @@ class OrtModel:
         """Write K/V rows of the last forward into the cache at past_len: its first n_rows, or the
         given rows in order (a tree's accepted path, compacted into consecutive slots)."""
         w = self._last_width
+        if self.head is not None:  # the head's rows ride along: its KV is aligned with the target's
+            new = self._head_new_kv[w]
+            if rows is None:
+                self.head.kv[:, :, past_len:past_len + n_rows] = new[:, :, :n_rows]
+            else:
+                for i, r in enumerate(rows[:n_rows]):
+                    self.head.kv[:, :, past_len + i] = new[:, :, r]
+            self.head_row = int(rows[n_rows - 1]) if rows is not None else n_rows - 1
         if rows is not None:
             for i, r in enumerate(rows[:n_rows]):
                 if self.device is None:
@@ -297,6 +340,16 @@ class OrtModel:
     def last_hidden(self, n: int) -> np.ndarray:
         """Final-norm hidden states [n, H] of the last forward (for drafters that need them)."""
         return self._hidden[self._last_width][0, :n]
+
+    def last_head(self) -> tuple[np.ndarray, np.ndarray]:
+        """A fused graph's head output at the last committed row: (logits [Vd] drafting the token
+        after that row's next one, predicted feature [H]); views, valid until the next call."""
+        w, r = self._last_width, self.head_row
+        return self._head_logits[w][0, r], self._head_hidden[w][0, r]
+
+    def last_head_logits(self, n: int) -> np.ndarray:
+        """A fused graph's head logits [n, Vd] of the last forward."""
+        return self._head_logits[self._last_width][0, :n]
 
 
 class OrtHeads:

@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 import onnx
+from edgespec.engines.manifest import FUSED_PREFIX
 from edgespec.export.arch import ArchSpec
 from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder
 from onnx import helper
@@ -34,7 +35,7 @@ class EagleGraphWriter(LlamaGraphWriter):
         arch = dataclasses.replace(
             target_arch, n_layers=1, n_heads=head_cfg.num_attention_heads, n_kv_heads=head_cfg.num_key_value_heads,
             head_dim=head_cfg.head_dim, intermediate_size=head_cfg.intermediate_size, qkv_bias=False, qk_norm=False)
-        super().__init__(arch, arrays, dataclasses.replace(opts, int4_lm_head=True), n_layers=1)
+        super().__init__(arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False), n_layers=1)
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         f = self.dtype
@@ -80,3 +81,63 @@ class EagleGraphWriter(LlamaGraphWriter):
         feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
         return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
                             locations={"embed": embed} if embed else None)
+
+
+def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.ModelProto:
+    """The target graph with the head appended: one call verifies AND catches the head up.
+
+    Head row t is the pair (f_t, token after t) at target row t's own position, so the head shares
+    the target's positions, past_len and tree_mask and its KV stays aligned with the target's:
+      f_t        the target's `hidden` output of row t
+      token      eagle/input_ids[t] for t < eagle/n_given (a prefill chunk: the prompt's next tokens),
+                 else argmax(logits_t). Greedy: for every accepted row and for the first rejected one
+                 (or the bonus row) that IS the next token, so after committing rows 0..n_acc the head
+                 is caught up, and row n_acc's logits draft d_1 of the next step with no head call.
+    The head's names are prefixed with FUSED_PREFIX; its inputs become eagle/input_ids [1, T],
+    eagle/n_given [1] and eagle/past_key_0, eagle/past_value_0 [S, Hkv*D]; its outputs
+    eagle/logits [1, T, Vd], eagle/new_kv [1, 2, T, Hkv*D] and eagle/hidden [1, T, H]. The target's
+    ops are untouched (its outputs must stay bitwise those of the plain graph: the exporter checks)."""
+    p = FUSED_PREFIX
+    shared = {"positions": "positions", "past_len": "past_len", "tree_mask": "tree_mask",
+              "features": "hidden", "input_ids": p + "ids"}
+
+    def rename(name: str) -> str:
+        return shared.get(name, p + name) if name else name
+
+    g = onnx.GraphProto()
+    g.CopyFrom(target.graph)
+    g.name = "edgespec_decoder_eagle"
+    # the head's input token of each row: given (n_given first rows) or the target's argmax
+    T = "T"
+    g.input.extend([helper.make_tensor_value_info(p + "input_ids", onnx.TensorProto.INT64, [1, T]),
+                    helper.make_tensor_value_info(p + "n_given", onnx.TensorProto.INT64, [1])])
+    g.initializer.extend([helper.make_tensor(p + "c0", onnx.TensorProto.INT64, [], [0]),
+                          helper.make_tensor(p + "c1", onnx.TensorProto.INT64, [], [1]),
+                          helper.make_tensor(p + "c_axis1", onnx.TensorProto.INT64, [1], [1])])
+    g.node.extend([
+        helper.make_node("ArgMax", ["logits"], [p + "argmax"], name=p + "ArgMax", axis=-1, keepdims=0),  # [1, T]
+        helper.make_node("Shape", ["input_ids"], [p + "shape"], name=p + "Shape"),
+        helper.make_node("Gather", [p + "shape", p + "c1"], [p + "T"], name=p + "T", axis=0),  # scalar T
+        helper.make_node("Range", [p + "c0", p + "T", p + "c1"], [p + "rows"], name=p + "Range"),  # [T]
+        helper.make_node("Less", [p + "rows", p + "n_given"], [p + "is_given"], name=p + "Less"),
+        helper.make_node("Where", [p + "is_given", p + "input_ids", p + "argmax"], [p + "ids"], name=p + "Where"),
+    ])
+    for node in head.graph.node:
+        n = g.node.add()
+        n.CopyFrom(node)
+        n.name = p + node.name
+        n.input[:] = [rename(x) for x in node.input]
+        n.output[:] = [rename(x) for x in node.output]
+    for init in head.graph.initializer:
+        t = g.initializer.add()
+        t.CopyFrom(init)
+        t.name = rename(init.name)
+    for kind, values in ((g.input, [x for x in head.graph.input if x.name not in shared]),
+                         (g.output, head.graph.output)):
+        for x in values:
+            io = kind.add()
+            io.CopyFrom(x)
+            io.name = rename(x.name)
+    model = helper.make_model(g, opset_imports=list(target.opset_import), producer_name="edgespec")
+    model.ir_version = target.ir_version
+    return model

@@ -21,7 +21,7 @@ import numpy as np
 from edgespec.engines import manifest as mf
 from edgespec.export import sources
 from edgespec.export.arch import ArchSpec, arch_from_config
-from edgespec.export.graph import GraphOptions, LlamaGraphWriter
+from edgespec.export.graph import GraphOptions, LlamaGraphWriter, one_row_int4_differs
 from edgespec.export.weights import write_weights
 
 from edgespec import __version__
@@ -70,6 +70,8 @@ class ExportConfig:
     #                     measurable decode cost, README); False: chain-only graphs
     eagle3_features: bool = False  # target graphs also output hidden_aux: the residual stream entering
     #                                layers 2, L//2 and L-3, concatenated [1, T, 3H] (EAGLE-3 fusion)
+    two_row_matmuls: str = "auto"  # int4: 1-token calls run the int4 matmuls on 2 rows so decode rows equal
+    #                                verify rows bitwise; "auto": when this CPU's ORT needs it (probed), "on", "off"
     force: bool = False  # replace an existing folder
     validate: bool = True  # compare every graph with PyTorch after export
     progress: bool = True  # show a progress bar
@@ -79,6 +81,8 @@ class ExportConfig:
             raise ExportError(f"--k must be >= 1 (got {self.k})")
         if self.eagle_draft_vocab is not None and self.eagle_draft_vocab < 0:
             raise ExportError(f"--eagle-draft-vocab must be >= 0 (got {self.eagle_draft_vocab}; 0 keeps them all)")
+        if self.two_row_matmuls not in ("auto", "on", "off"):
+            raise ExportError(f"--two-row-matmuls {self.two_row_matmuls!r}: choose auto, on or off")
         if self.precision not in PRECISIONS:
             raise ExportError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.prefill_chunk < 1 or self.kv_bucket < 1:
@@ -257,7 +261,7 @@ def export(cfg: ExportConfig) -> Path:
     has_draft = cfg.draft is not None
     head_dir = _heads_dir(cfg.eagle, src, "", "eagle")
     medusa_dir = _heads_dir(cfg.medusa, src, "-medusa", "medusa")
-    n_steps = 6 + (3 if has_draft else 0) + (2 if head_dir else 0) + (2 if medusa_dir else 0)
+    n_steps = 6 + (3 if has_draft else 0) + (3 if head_dir else 0) + (2 if medusa_dir else 0)
     progress = _Progress(n_steps, cfg.progress)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -270,9 +274,12 @@ def export(cfg: ExportConfig) -> Path:
         if max_pos and cfg.max_len > max_pos:
             raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
         arch = arch_from_config(model.config, cfg.max_len)
+        two_rows = cfg.precision == "int4" and (cfg.two_row_matmuls == "on" or cfg.two_row_matmuls == "auto" and
+                                                one_row_int4_differs(accuracy_level=cfg.int4_accuracy_level))
         opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level,
                             int4_lm_head=cfg.int4_lm_head, int8_lm_head=cfg.int8_lm_head, trees=cfg.trees,
-                            aux_layers=eagle3_layers(arch.n_layers) if cfg.eagle3_features else ())
+                            aux_layers=eagle3_layers(arch.n_layers) if cfg.eagle3_features else (),
+                            two_row_matmuls=two_rows)
         hf_w = _hf_weights(model)
         writer = LlamaGraphWriter(arch, hf_w, opts)
         index_t = write_weights(writer.store.arrays, tmp / "target.weights")
@@ -306,6 +313,8 @@ def export(cfg: ExportConfig) -> Path:
                                                          sorted(set(range(1, cfg.k + 2)) | {cfg.prefill_chunk}),
                                                          cfg.prefill_chunk, cfg.eagle_draft_vocab)
             progress.step("EAGLE head")
+            models["eagle_fused"] = _write_eagle_fused(tmp, models["target"], models["eagle"])
+            progress.step("target+EAGLE graph")
         medusa_writer = None
         if medusa_dir is not None:
             medusa_writer, models["medusa"] = _write_medusa(medusa_dir, tmp, arch, writer, opts)
@@ -317,6 +326,7 @@ def export(cfg: ExportConfig) -> Path:
                        if src.kind != "hub" else None, "draft": cfg.draft},
             "max_len": cfg.max_len, "kv_bucket": cfg.kv_bucket, "prefill_chunk": cfg.prefill_chunk,
             "num_speculative_tokens": cfg.k,
+            "two_row_matmuls": two_rows,  # 1-token calls ran the int4 matmuls on 2 rows (decode = verify bitwise)
             "tokenizer": {"file": "tokenizer.json", "chat_template_file": "chat_template.jinja" if chat else None,
                           "eos_token_ids": _eos_ids(model, tok), "bos_token_id": tok.bos_token_id},
             "models": models,
@@ -334,6 +344,10 @@ def export(cfg: ExportConfig) -> Path:
             progress.step("validated target")
             if eagle_writer is not None:
                 report["eagle"] = _validate_eagle(tmp, eagle_writer, _reference_model(model, writer), tokens)
+                report["eagle_fused"] = _validate_fused(tmp, tokens, _tolerance(eagle_writer.opts))
+                if report["eagle_fused"] is None:  # not bitwise the plain target: leave it out
+                    del manifest["models"]["eagle_fused"], report["eagle_fused"]
+                    (tmp / "target_eagle.onnx").unlink()
                 progress.step("validated EAGLE head")
             if medusa_writer is not None:
                 report["medusa"] = _validate_medusa(tmp, medusa_writer, _reference_model(model, writer), tokens)
@@ -358,8 +372,8 @@ def export(cfg: ExportConfig) -> Path:
     for role, spec in manifest["models"].items():
         if spec.get("validation"):
             worst = max(spec["validation"].values())
-            print(f"  {role}: max |ORT - PyTorch| logits over {len(spec['validation'])} phase widths = {worst:.2e}",
-                  file=sys.stderr)
+            what = "head logits vs the head's own graph" if role == "eagle_fused" else "|ORT - PyTorch| logits"
+            print(f"  {role}: max {what} over {len(spec['validation'])} phase widths = {worst:.2e}", file=sys.stderr)
     return out
 
 
@@ -485,6 +499,71 @@ def _write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
                       "target_vocab_size": arch.vocab_size, "trained": head_meta},
              "graphs": graphs}
     return ew, entry
+
+
+def _write_eagle_fused(folder: Path, target: dict, eagle: dict) -> dict:
+    """target_eagle.onnx: the target graph with the head appended (eagle_graph.fuse_with_target),
+    on the same weights files; its manifest entry (the target's, plus the head's inputs, outputs
+    and weights under FUSED_PREFIX)."""
+    import onnx
+    from edgespec.export.eagle_graph import fuse_with_target
+
+    p = mf.FUSED_PREFIX
+    fused = fuse_with_target(onnx.load(folder / "target.onnx", load_external_data=False),
+                             onnx.load(folder / "eagle.onnx", load_external_data=False))
+    onnx.save(fused, folder / "target_eagle.onnx")
+    tensors = target["weights"]["tensors"] | {
+        p + k: {"file": eagle["weights"]["file"]} | v for k, v in eagle["weights"]["tensors"].items()}
+    graphs = []
+    for tg, hg in zip(target["graphs"], eagle["graphs"], strict=True):
+        assert tg["width"] == hg["width"], "the head is exported at the target's widths"
+        w = tg["width"]
+        inputs = tg["inputs"] + [{"name": p + "input_ids", "shape": [1, w], "dtype": "int64"},
+                                 {"name": p + "n_given", "shape": [1], "dtype": "int64"}]
+        inputs += [t | {"name": p + t["name"]} for t in hg["inputs"] if t["name"].startswith("past_")]
+        graphs.append(tg | {"file": "target_eagle.onnx", "inputs": inputs,
+                            "outputs": tg["outputs"] + [t | {"name": p + t["name"]} for t in hg["outputs"]]})
+    return target | {"kind": "target+eagle", "weights": {"file": target["weights"]["file"], "tensors": tensors},
+                     "graphs": graphs}
+
+
+def _validate_fused(folder: Path, tokens: np.ndarray, head_tol: float) -> dict[str, float] | None:
+    """The fused graph against the plain target and the standalone head, call by call at every
+    width: its target logits must be BITWISE the plain graph's (greedy eagle output = plain output
+    rests on it), its head logits close to the head's own graph. None (with a warning) if the
+    target part differs: the folder then runs EAGLE with separate head calls."""
+    from edgespec.engines.ort import OrtModel
+
+    man = mf.load_manifest(folder)
+    plain, head = OrtModel(man, man.target), OrtModel(man, man.eagle)
+    fused = OrtModel(man, man.eagle_fused, head=OrtModel(man, man.eagle))
+    order = [man.prefill_chunk] + [w for w in man.target.widths() if w != man.prefill_chunk]
+    diffs, past = {}, 0
+    for w in order:
+        ids, nxt = tokens[past:past + w], tokens[past + 1:past + w + 1]
+        if len(ids) < w:
+            break
+        n = len(nxt)  # rows whose next token is known (the very last row's is not)
+        want = plain.forward(ids, past).copy()
+        got = fused.forward(ids, past, head_next=nxt)
+        name = f"{man.target.graph_for(w).phase}_t{w}"
+        if not np.array_equal(got, want):
+            print(f"edgespec: warning: the fused target+EAGLE graph's logits at {name} differ from the plain "
+                  f"target's by {np.abs(got - want).max():.3g}; left out (eagle uses separate head calls)",
+                  file=sys.stderr)
+            return None
+        head_want = head.forward(nxt, past, features=plain.last_hidden(n))
+        diffs[f"head_{name}"] = float(np.abs(fused.last_head_logits(n) - head_want).max())
+        if n < w:
+            break
+        for e in (plain, head, fused):
+            e.commit(past, w)
+        past += w
+    worst = max(diffs, key=diffs.get)
+    if diffs[worst] > head_tol:
+        raise ExportError(f"fused target+EAGLE graph at {worst}: head logits differ from the head's own graph "
+                          f"by {diffs[worst]:.3g} > {head_tol:g} (all: {diffs}). Please report it.")
+    return diffs
 
 
 def _validate_eagle(folder: Path, ew, ref_target, tokens: np.ndarray) -> dict[str, float]:

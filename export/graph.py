@@ -48,6 +48,9 @@ class GraphOptions:
     #                      off, the graph serves chains only
     aux_layers: tuple[int, ...] = ()  # also output hidden_aux [1, T, n*H]: the residual stream entering
     #                                   these layers, concatenated (EAGLE-3's low/mid/high features)
+    two_row_matmuls: bool = False  # int4: a 1-token call runs the layers' matmuls on 2 rows (a zero row
+    #                                added), for CPUs whose 1-row int4 kernel sums differently from the
+    #                                n-row one (ORT 1.32 on AVX2): decode rows then equal verify rows bitwise
 
 
 class WeightStore:
@@ -226,6 +229,8 @@ class LlamaGraphWriter:
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
         p = f"/layers.{i}/attn"
         qkv = self._matmul(b, x, f"l{i}.qkv", a.hidden_size, (n_q + 2 * n_kv) * d)
+        if "two_rows" in slots:  # the attention itself runs on the T real rows
+            qkv = b.op("Slice", [qkv, "zero_1", slots["t_len"], "zero_1"], p + "/qkv_rows")
         if a.qkv_bias:
             qkv = b.op("Add", [qkv, b.weight(f"l{i}.qkv_b")], p + "/qkv_bias")
         q, k, v = b.op("Split", [qkv, b.const(f"qkv_split_{i}", np.array([n_q * d, n_kv * d, n_kv * d],
@@ -268,6 +273,8 @@ class LlamaGraphWriter:
                    p + "/ctx_sum", keepdims=0)  # [Hq, T, D]
         ctx = b.op("Reshape", [b.op("Transpose", [ctx], p + "/ctx_T", perm=[1, 0, 2]), "shape_hidden_q"],
                    p + "/ctx_flat")  # [T, Hq*D]
+        if "two_rows" in slots:
+            ctx = b.op("Pad", [ctx, slots["two_rows"]], p + "/ctx_rows")
         out = self._matmul(b, ctx, f"l{i}.o", n_q * d, a.hidden_size)
         return out, new_k, new_v
 
@@ -322,7 +329,12 @@ class LlamaGraphWriter:
         pad_cols = b.op("Concat", [zero1, "past_len", zero1, after], "/slots/pad_cols", axis=0)  # for [Hq*T, T]
         slots = {"is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"),  # [S, 1]
                  "is_new_row": b.op("Unsqueeze", [is_new, "axis0"], "/slots/is_new_row"),  # [1, S]
-                 "pad_rows": pad_rows, "pad_cols": pad_cols}
+                 "pad_rows": pad_rows, "pad_cols": pad_cols, "t_len": t_len}
+        if self.opts.two_row_matmuls and self.opts.precision == "int4":
+            # rows added below a [T, W] activation so that MatMulNBits sees max(T, 2) rows: [0, 0, max(2-T, 0), 0]
+            extra = b.op("Max", [b.op("Sub", [b.const("two_1", np.array([2], np.int64)), t_len], "/two_rows/sub"),
+                                 zero1], "/two_rows/extra")
+            slots["two_rows"] = b.op("Concat", [zero1, zero1, extra, zero1], "/two_rows/pads", axis=0)
         if self.opts.trees:
             slots |= self._tree_gathers(b, pos_flat, j_idx, slots["is_new_row"], pad_cols, n_q)
         pos = pos_flat
@@ -447,12 +459,20 @@ class LlamaGraphWriter:
         slots, mask, cos, sin = self._prologue(b)
         ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
         x = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
+        two_rows = "two_rows" in slots  # the residual stream carries max(T, 2) rows, the extra one zeros
+
+        def real_rows(y: str, name: str) -> str:
+            return b.op("Slice", [y, "zero_1", slots["t_len"], "zero_1"], name) if two_rows else y
+
+        if two_rows:
+            x = b.op("Pad", [x, slots["two_rows"]], "/two_rows/embed")
         new_rows, aux = [], []
         for i in range(self.n_layers):
             if i in self.opts.aux_layers:
-                aux.append(x)
+                aux.append(real_rows(x, f"/hidden_aux/rows{i}"))
             x, rows = self._layer(b, i, x, cos, sin, mask, slots)
             new_rows += rows
+        x = real_rows(x, "/two_rows/out")
         hidden = self._rms_norm(b, x, "final_norm", "/final_norm", "eps")  # [T, H]
         logits = self._matmul(b, hidden, "lm_head", a.hidden_size, a.vocab_size)  # [T, V]
         extra_out = []
@@ -464,3 +484,27 @@ class LlamaGraphWriter:
             extra_out.append(helper.make_tensor_value_info("hidden_aux", _NP_TO_ONNX[self.dtype], [1, "T", n_aux]))
         return self._finish(b, self.n_layers, new_rows, logits, hidden, a.vocab_size, [], weights_location, offsets,
                             extra_outputs=extra_out)
+
+
+def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int = 576, n: int = 256) -> bool:
+    """Does this CPU's ONNX Runtime compute a 1-row int4 MatMulNBits differently from the same row
+    inside a wider call? (ORT 1.32: yes on AVX2-only CPUs, by ~1e-6, which flips greedy tokens
+    after a while; no where AVX-512 kernels run.) Random weights and rows, a few tries."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    codes, scales, zp, _ = quantize_int4(rng.standard_normal((n, k)).astype(np.float32), block_size)
+    node = helper.make_node("MatMulNBits", ["x", "w", "s", "z"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
+                            block_size=block_size, accuracy_level=accuracy_level)
+    inits = [helper.make_tensor(name, _NP_TO_ONNX[a.dtype], a.shape, a.tobytes(), raw=True)
+             for name, a in (("w", codes), ("s", scales), ("z", zp))]
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((8, k)).astype(np.float32)
+    wide = sess.run(None, {"x": x})[0]
+    return any(not np.array_equal(sess.run(None, {"x": x[i:i + 1]})[0][0], wide[i]) for i in range(len(x)))

@@ -222,6 +222,14 @@ class EagleDrafter(_HeadDrafter):
     call, true features; its last row drafts d_1), then k-1 calls that feed the head its own
     predicted feature: (f^_{n-1}, d_1) -> d_2, ... Those speculative rows sit past `dft_past` and
     are overwritten by the next catch-up, so rejection needs no rollback work.
+
+    Fused (`fused`: the target engine, when it runs the target+head graph): the verify call itself
+    computes the head's rows for the pairs it verifies, taking the target's argmax as each row's
+    next token, which under greedy decoding is the token that does follow every accepted row and
+    the bonus row. So when greedy (no repetition penalty) and the head was caught up to the call's
+    past_len, the committed rows catch it up and the bonus row's head logits are d_1: no head
+    call for d_1. Otherwise (sampling; a prefix the head had not caught up to) the catch-up call
+    runs as without fusion, so output never depends on it.
     """
 
     name = "eagle"
@@ -237,10 +245,21 @@ class EagleDrafter(_HeadDrafter):
         self._tree_in = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
         self._tree_par = np.zeros(n_tree, np.int64)
         self._tree_rows = np.zeros(n_tree, np.int64)
+        self.fused = None  # the target engine when it verifies with the target+head graph
+        self._fused_ready = False  # the last target call caught the head up (d_1 is in fused.last_head())
+
+    def _caught_up_by_target(self, seq: SeqState, past_len: int) -> None:
+        """After a target call at past_len whose rows are committed: did its head rows catch us up?"""
+        p = self.sampling
+        self._fused_ready = (self.fused is not None and p.greedy and p.repetition_penalty == 1.0
+                             and self.dft_past == past_len)
+        if self._fused_ready:
+            self.dft_past = seq.n - 1
 
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         # pair j needs tokens j, j+1 of the common prefix and f_j: valid for j <= n_cached - 2
         self.dft_past = min(self.dft_past, max(n_cached - 1, 0))
+        self._caught_up_by_target(seq, n_cached)  # the prefill ran from n_cached
 
     def _catch_up(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
         """Run the head over the pairs the target verified since the last step (j0..n-2, true
@@ -251,12 +270,21 @@ class EagleDrafter(_HeadDrafter):
         feat_out[:] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]  # last row of the last chunk
         return logits
 
+    def _first(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
+        """The head's logits [Vd] for d_1, its predicted feature into feat_out [H]: from the fused
+        verify when that caught the head up, else from a catch-up call."""
+        if not self._fused_ready:
+            return self._catch_up(seq, feat_out)
+        logits, feat = self.fused.last_head()
+        feat_out[:] = feat
+        return logits
+
     def propose(self, seq: SeqState, k: int):
         n, head = seq.n, self.head
         k = min(k, head.max_len - n)
         if k <= 0:
             return 0, None
-        logits = self._catch_up(seq, self._feat[0])
+        logits = self._first(seq, self._feat[0])
         slots = seq.draft_slots(k)
         path = 1.0  # the head's probability of d_1..d_{i+1} all being right, ~ P(d_{i+1} is kept)
         for i in range(k):
@@ -281,7 +309,7 @@ class EagleDrafter(_HeadDrafter):
         if head.max_len - n < cfg.depth + 1 or tree.limit < 2:
             return
         feat = self._tree_feat
-        logits = self._catch_up(seq, feat[0])[None]  # [rows, Vd]: the head's logits of the last expanded nodes
+        logits = self._first(seq, feat[0])[None]  # [rows, Vd]: the head's logits of the last expanded nodes
         rows_of = self._tree_rows  # each node's row in `logits`
         rows_of[0] = 0
         frontier = [0]
@@ -303,7 +331,8 @@ class EagleDrafter(_HeadDrafter):
                 rows_of[c] = c - 1
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
-        pass  # the speculative rows lie past dft_past = n_old - 1 already
+        # the speculative rows lie past dft_past already; a fused verify may have caught us up
+        self._caught_up_by_target(seq, n_old - 1)
 
 
 class MedusaDrafter(_HeadDrafter):

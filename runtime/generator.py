@@ -46,6 +46,8 @@ class GeneratorConfig:
     eagle_min_confidence: float = 0.0  # EAGLE: stop drafting when the head's own p(d_1..d_i) is lower
     tree: TreeConfig = TreeConfig()  # token trees (nodes > 0) instead of chains: ngram, eagle, hybrid, medusa
     medusa_min_confidence: float = 0.0  # Medusa: stop the chain at the first head whose p(token) is lower
+    fuse_head: bool = True  # eagle/hybrid on the CPU: verify with the folder's target+head graph, which
+    #                         catches the head up inside the verify call (greedy: no head call for d_1)
 
 
 def make_heads(manifest: Manifest, provider: str, threads: int | None):
@@ -69,9 +71,12 @@ def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
 
 class Generator:
     def __init__(self, manifest: Manifest, target, cfg: GeneratorConfig, draft_engine=None,
-                 codec: TextCodec | None = None, eagle_engine=None, medusa_heads=None) -> None:
+                 codec: TextCodec | None = None, eagle_engine=None, medusa_heads=None, eagle_fused=None) -> None:
         self.manifest = manifest
-        self.target = target
+        self.target = target  # the engine the loop verifies with: the plain target or the fused one
+        self._tgt_plain = target
+        self._tgt_fused = eagle_fused  # target + EAGLE head in one graph, sharing the target's KV (eagle/hybrid)
+        self._verify_costs: dict[bool, dict[int, float]] = {}  # per engine (fused?): width -> seconds
         self.draft_engine = draft_engine
         self.eagle_engine = eagle_engine
         self.medusa_heads = medusa_heads
@@ -94,7 +99,7 @@ class Generator:
              provider: str = "cpu", threads: int | None = None, ngram: NgramConfig = NgramConfig(),
              adaptive: bool | None = None, draft_provider: str | None = None,
              eagle_min_confidence: float | None = None, tree: TreeConfig = TreeConfig(),
-             medusa_min_confidence: float | None = None):
+             medusa_min_confidence: float | None = None, fuse_head: bool = True):
         manifest = load_manifest(folder)
         drafter = drafter or manifest.defaults.get("drafter", "ngram")
         k = k if k is not None else manifest.defaults.get("k", 4)
@@ -105,7 +110,7 @@ class Generator:
             medusa_min_confidence = manifest.defaults.get("medusa_min_confidence", MEDUSA_MIN_CONFIDENCE)
         cfg = GeneratorConfig(drafter, k, provider, threads, ngram, adaptive=adaptive,
                               eagle_min_confidence=eagle_min_confidence, tree=tree,
-                              medusa_min_confidence=medusa_min_confidence)
+                              medusa_min_confidence=medusa_min_confidence, fuse_head=fuse_head)
         target = make_engine(manifest, manifest.target, provider, threads)
         draft = None
         if manifest.draft:  # the draft may run elsewhere (draft_provider: e.g. CPU beside a GPU target)
@@ -114,8 +119,15 @@ class Generator:
         if manifest.eagle:  # the head alternates with the target: same placement rule as a draft
             eagle = make_engine(manifest, manifest.eagle, draft_provider or provider, threads)
         medusa = make_heads(manifest, draft_provider or provider, threads) if manifest.medusa else None
-        g = cls(manifest, target, cfg, draft, TextCodec(manifest), eagle, medusa)
-        target.load_widths([1, manifest.prefill_chunk] + list(range(2, max(g.k, tree.nodes - 1) + 2)))
+        fused = None
+        on_cpu = provider == (draft_provider or provider) == "cpu"  # the fused graph reads both KVs on the host
+        if eagle is not None and manifest.eagle_fused and fuse_head and on_cpu:
+            from edgespec.engines.ort import OrtModel
+
+            fused = OrtModel(manifest, manifest.eagle_fused, provider, threads, kv=target.kv, head=eagle)
+        g = cls(manifest, target, cfg, draft, TextCodec(manifest), eagle, medusa, fused)
+        # only the engine this drafter verifies with gets a session now (the other on first use)
+        g.target.load_widths([1, manifest.prefill_chunk] + list(range(2, max(g.k, tree.nodes - 1) + 2)))
         if draft is not None and drafter == "draft":
             draft.load_widths([1, manifest.prefill_chunk])
         if eagle is not None and drafter in ("eagle", "hybrid"):
@@ -140,6 +152,10 @@ class Generator:
         self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram,
                                     head(self.eagle_engine, self.cfg.eagle_min_confidence),
                                     head(self.medusa_heads, self.cfg.medusa_min_confidence))
+        fused = self._tgt_fused if name in ("eagle", "hybrid") and self.cfg.fuse_head else None
+        self.target = fused if fused is not None else self._tgt_plain
+        if fused is not None:  # the EAGLE drafter (hybrid wraps one) reads d_1 from the verify call
+            getattr(self.drafter, "eagle", self.drafter).fused = fused
         self.k = 0 if name == "none" else k
         self.tree = None  # the step's token tree (preallocated), when trees are on
         if self.cfg.tree.nodes and name != "none":
@@ -157,8 +173,8 @@ class Generator:
             self.adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
 
     def verify_costs(self, widths, repeats: int = 3) -> dict[int, float]:
-        """Median seconds of one target call per width (measured once, then cached)."""
-        cache = self.__dict__.setdefault("_verify_costs", {})
+        """Median seconds of one call of the verifying engine per width (measured once, then cached)."""
+        cache = self._verify_costs.setdefault(self.target is self._tgt_fused, {})
         probe = np.zeros(max(self.target.widths), np.int64)
         for w in widths:
             if w not in cache:
