@@ -94,6 +94,10 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    "probability is lower (default 0). Greedy output stays identical, sampling lossless. bench: "
                    "comma-separated specs, run next to the chains. e.g. --tree 6:5:1:1:0.4 (with hybrid: beat the best "
                    "chain on HumanEval here) or 9:4:2:2")
+    p.add_argument("--fuse-head", action=argparse.BooleanOptionalAction, default=True,
+                   help="eagle/hybrid on the CPU (default on): verify with the folder's target+EAGLE graph, which "
+                   "runs the head inside the verify call, so under greedy decoding its first draft needs no "
+                   "head call of its own; --no-fuse-head: separate head calls (folders exported before it)")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="choose k per step (up to --k) from measured verify costs and running acceptance; "
                    "k=0 when speculation does not pay (default: the folder's default)")
@@ -349,7 +353,7 @@ def _load(a, drafter: str | None = None):
                           threads=a.threads, ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
                           draft_provider=a.draft_provider, eagle_min_confidence=a.eagle_min_confidence,
                           tree=TreeConfig.parse(a.tree) if a.tree else TreeConfig(),
-                          medusa_min_confidence=a.medusa_min_confidence)
+                          medusa_min_confidence=a.medusa_min_confidence, fuse_head=a.fuse_head)
 
 
 def _cmd_export(a) -> int:
@@ -411,7 +415,7 @@ def _cmd_bench(a) -> int:
                       provider=a.provider, threads=a.threads, ngram_min=a.ngram_min, ngram_max=a.ngram_max,
                       adaptive=bool(a.adaptive), draft_provider=a.draft_provider,
                       eagle_min_confidence=a.eagle_min_confidence, trees=tuple(a.tree.split(",")) if a.tree else (),
-                      medusa_min_confidence=a.medusa_min_confidence)
+                      medusa_min_confidence=a.medusa_min_confidence, fuse_head=a.fuse_head)
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))

@@ -72,6 +72,15 @@ def tree_chain_prefix(past_len: int, n_nodes: int, block: int = TREE_BLOCK) -> i
     return b if 1 < b < n_nodes else 1
 
 
+def decode_rows_match_verify_rows(engine, token: int = 1) -> bool:
+    """Does a 1-token call give the same bits as the same token inside a 2-token call? (Greedy
+    speculative output equals plain output only if it does.) Two calls at position 0, nothing
+    committed."""
+    one = engine.forward(np.array([token], np.int64), 0).copy()
+    two = engine.forward(np.array([token, token], np.int64), 0)
+    return bool(np.array_equal(one[0], two[0]))
+
+
 def window_slots(past_len: int, width: int, bucket: int, max_len: int) -> int:
     """Cache window S fed to a call: the bucket multiple that holds the new rows too (<= max_len)."""
     return min(max_len, -(-(past_len + width) // bucket) * bucket)

@@ -44,6 +44,7 @@ class BenchConfig:
     adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks)
     trees: tuple[str, ...] = ()  # token-tree specs NODES:DEPTH:BRANCH:BEAM, run for each tree-capable drafter
     medusa_min_confidence: float | None = None  # medusa chain cut-off (None: folder / edgespec default)
+    fuse_head: bool = True  # eagle/hybrid verify with the folder's target+EAGLE graph (when it has one)
 
 
 TREE_DRAFTERS = ("ngram", "eagle", "hybrid", "medusa")
@@ -132,7 +133,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads,
                        ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max), draft_provider=cfg.draft_provider,
                        eagle_min_confidence=cfg.eagle_min_confidence,
-                       medusa_min_confidence=cfg.medusa_min_confidence)
+                       medusa_min_confidence=cfg.medusa_min_confidence, fuse_head=cfg.fuse_head)
     if "medusa" in drafters and g.medusa_heads is not None:
         g.medusa_heads.load()
         # K heads draft at most K tokens: a larger k would run k=K again
@@ -189,6 +190,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
                          "trees": list(cfg.trees),
                          "eagle_min_confidence": g.cfg.eagle_min_confidence,
                          "medusa_min_confidence": g.cfg.medusa_min_confidence,
+                         "fused_head": g.fused_target is not None,
                          "precision": g.manifest.target.precision},
               "machine": machine_info(cfg.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
     print(format_table(report), file=out)

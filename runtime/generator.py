@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from edgespec.engines.base import prefill, tree_chain_prefix
+from edgespec.engines.base import decode_rows_match_verify_rows, prefill, tree_chain_prefix
 from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import AdaptiveK
 from edgespec.runtime.drafters import NgramConfig, make_drafter
@@ -74,8 +75,8 @@ class Generator:
                  codec: TextCodec | None = None, eagle_engine=None, medusa_heads=None, eagle_fused=None) -> None:
         self.manifest = manifest
         self.target = target  # the engine the loop verifies with: the plain target or the fused one
-        self._tgt_plain = target
-        self._tgt_fused = eagle_fused  # target + EAGLE head in one graph, sharing the target's KV (eagle/hybrid)
+        self.plain_target = target
+        self.fused_target = eagle_fused  # target + EAGLE head in one graph, sharing the target's KV (eagle/hybrid)
         self._verify_costs: dict[bool, dict[int, float]] = {}  # per engine (fused?): width -> seconds
         self.draft_engine = draft_engine
         self.eagle_engine = eagle_engine
@@ -128,6 +129,12 @@ class Generator:
         g = cls(manifest, target, cfg, draft, TextCodec(manifest), eagle, medusa, fused)
         # only the engine this drafter verifies with gets a session now (the other on first use)
         g.target.load_widths([1, manifest.prefill_chunk] + list(range(2, max(g.k, tree.nodes - 1) + 2)))
+        if manifest.target.precision == "int4" and provider == "cpu" and not manifest.raw.get("two_row_matmuls"):
+            if not decode_rows_match_verify_rows(g.target):  # a folder exported on a CPU that did not need it
+                warnings.warn(f"{folder}: on this CPU a 1-token call computes other bits than the same token in a "
+                              "verify call, so greedy speculative output can drift from plain decoding. Hint: "
+                              "re-export the folder on this machine (`edgespec export --two-row-matmuls auto` "
+                              "pads 1-token calls where the CPU needs it)", RuntimeWarning, stacklevel=2)
         if draft is not None and drafter == "draft":
             draft.load_widths([1, manifest.prefill_chunk])
         if eagle is not None and drafter in ("eagle", "hybrid"):
@@ -152,8 +159,8 @@ class Generator:
         self.drafter = make_drafter(name, self.draft_engine, self.cfg.ngram,
                                     head(self.eagle_engine, self.cfg.eagle_min_confidence),
                                     head(self.medusa_heads, self.cfg.medusa_min_confidence))
-        fused = self._tgt_fused if name in ("eagle", "hybrid") and self.cfg.fuse_head else None
-        self.target = fused if fused is not None else self._tgt_plain
+        fused = self.fused_target if name in ("eagle", "hybrid") and self.cfg.fuse_head else None
+        self.target = fused if fused is not None else self.plain_target
         if fused is not None:  # the EAGLE drafter (hybrid wraps one) reads d_1 from the verify call
             getattr(self.drafter, "eagle", self.drafter).fused = fused
         self.k = 0 if name == "none" else k
@@ -174,7 +181,7 @@ class Generator:
 
     def verify_costs(self, widths, repeats: int = 3) -> dict[int, float]:
         """Median seconds of one call of the verifying engine per width (measured once, then cached)."""
-        cache = self._verify_costs.setdefault(self.target is self._tgt_fused, {})
+        cache = self._verify_costs.setdefault(self.target is self.fused_target, {})
         probe = np.zeros(max(self.target.widths), np.int64)
         for w in widths:
             if w not in cache:

@@ -72,6 +72,27 @@ def test_shipped_eagle_head_is_in_the_default_export_and_drafts(gen):
     assert accepted / drafted > 0.08, (accepted, drafted)
 
 
+def test_fused_target_head_graph_drafts_like_separate_head_calls(default_engine, gen):
+    """The default export carries the fused target+EAGLE graph; eagle verifies with it, writes the
+    same tokens and drafts as well as with separate head calls, with fewer head calls. (Not step
+    for step: the head's int4 rows may differ by ~1e-6 between a 1-row and an n-row call on AVX2,
+    which moves a chain cut-off now and then; tests/test_eagle.py checks step for step in fp32.)"""
+    m = gen.manifest
+    assert m.eagle_fused is not None and max(m.eagle_fused.validation.values()) < 1e-3
+    fused, separate = (Generator.load(default_engine, drafter="eagle", k=3, adaptive=False, fuse_head=f)
+                       for f in (True, False))
+    assert fused.target is fused.fused_target and separate.target is separate.plain_target
+    for p in load_prompts(None, 2):
+        ids = gen.codec.encode(p["prompt"])
+        runs = []
+        for g in (fused, separate):
+            out = [int(t) for x in g.generate_ids(ids, 64) for t in x]
+            runs.append((out, g.last_stats.n_accepted, g.last_stats.n_draft_calls))
+        (out_f, acc_f, calls_f), (out_s, acc_s, calls_s) = runs
+        assert out_f == out_s, p["id"]
+        assert abs(acc_f - acc_s) <= max(2, 0.1 * acc_s) and calls_f < calls_s, runs
+
+
 def test_shipped_medusa_heads_are_in_the_default_export_and_draft(gen):
     """The default export also includes the shipped Medusa heads; their first head's tokens must
     be kept often (trained heads, not noise)."""

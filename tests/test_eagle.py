@@ -245,7 +245,7 @@ def test_fused_head_drafts_what_separate_head_calls_draft(eagle_engine):
                           ("eagle", TreeConfig(nodes=6, depth=3, branch=2, beam=2))):
         gens = [Generator.load(eagle_engine, drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0,
                                fuse_head=f, tree=tree) for f in (True, False)]
-        assert gens[0].target is not gens[0]._tgt_plain and gens[1].target is gens[1]._tgt_plain
+        assert gens[0].target is not gens[0].plain_target and gens[1].target is gens[1].plain_target
         fused, separate = (_run(g, prompts, 40) for g in gens)
         assert fused[:2] == separate[:2], (drafter, tree)
         if drafter == "eagle":  # (hybrid: prompt lookup matches everywhere in these prompts)
