@@ -112,8 +112,7 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
     g.input.extend([helper.make_tensor_value_info(p + "input_ids", onnx.TensorProto.INT64, [1, T]),
                     helper.make_tensor_value_info(p + "n_given", onnx.TensorProto.INT64, [1])])
     g.initializer.extend([helper.make_tensor(p + "c0", onnx.TensorProto.INT64, [], [0]),
-                          helper.make_tensor(p + "c1", onnx.TensorProto.INT64, [], [1]),
-                          helper.make_tensor(p + "c_axis1", onnx.TensorProto.INT64, [1], [1])])
+                          helper.make_tensor(p + "c1", onnx.TensorProto.INT64, [], [1])])
     g.node.extend([
         helper.make_node("ArgMax", ["logits"], [p + "argmax"], name=p + "ArgMax", axis=-1, keepdims=0),  # [1, T]
         helper.make_node("Shape", ["input_ids"], [p + "shape"], name=p + "Shape"),
