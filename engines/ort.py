@@ -121,6 +121,17 @@ def _new_session(path: Path, so: ort.SessionOptions, provider: str) -> ort.Infer
                           "edgespec/onnxruntime") from e
 
 
+def model_session(model_bytes: bytes) -> ort.InferenceSession:
+    """A CPU session for a small in-memory model (export-time probes), on the shared pool if set."""
+    global _N_SESSIONS
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if _SHARED_POOL:
+        so.use_per_session_threads = False
+    _N_SESSIONS += 1
+    return ort.InferenceSession(model_bytes, so, providers=PROVIDERS["cpu"])
+
+
 def _read_d2t(manifest: Manifest, spec) -> np.ndarray:
     w = spec.d2t
     return _map_weights(manifest.path(w.file or spec.weights_file))[w.offset:w.offset + w.nbytes].view(np.int64).copy()

@@ -490,7 +490,7 @@ def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int =
     """Does this CPU's ONNX Runtime compute a 1-row int4 MatMulNBits differently from the same row
     inside a wider call? (ORT 1.32: yes on AVX2-only CPUs, by ~1e-6, which flips greedy tokens
     after a while; no where AVX-512 kernels run.) Random weights and rows, a few tries."""
-    import onnxruntime as ort
+    from edgespec.engines.ort import model_session
 
     rng = np.random.default_rng(0)
     codes, scales, zp, _ = quantize_int4(rng.standard_normal((n, k)).astype(np.float32), block_size)
@@ -502,9 +502,7 @@ def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int =
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid("com.microsoft", 1)])
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = model_session(model.SerializeToString())
     x = rng.standard_normal((8, k)).astype(np.float32)
     wide = sess.run(None, {"x": x})[0]
     return any(not np.array_equal(sess.run(None, {"x": x[i:i + 1]})[0][0], wide[i]) for i in range(len(x)))

@@ -236,3 +236,19 @@ def test_int8_lm_head_keeps_q8_0_weights_and_is_the_int4_default(tiny_models, tm
     assert "lm_head.q8" not in m.target.weights
     m = load_manifest(_export(tiny_models["llama"], tmp_path / "c", precision="int4", int4_accuracy_level=0))
     assert "lm_head.q8" not in m.target.weights  # 8-bit weights need int8 activations to be fast
+
+
+def test_int4_export_after_the_thread_pool_is_shared(tiny_models, tmp_path):
+    """`edgespec demo` shares the ONNX Runtime pool, then exports in the same process: every
+    session the export makes (the CPU probe of `--two-row-matmuls auto`, the validations) must
+    run on that pool (a subprocess: the pool is process-wide)."""
+    import subprocess
+    import sys
+
+    code = ("from edgespec.engines.ort import share_thread_pool; share_thread_pool(); "
+            "from edgespec.export.exporter import ExportConfig, export; "
+            f"export(ExportConfig(target={str(tiny_models['llama'])!r}, out={str(tmp_path / 'e')!r}, max_len=128, "
+            "k=2, prefill_chunk=16, kv_bucket=32, precision='int4', progress=False))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert load_manifest(tmp_path / "e").target.precision == "int4"
