@@ -488,8 +488,9 @@ class LlamaGraphWriter:
 
 def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int = 576, n: int = 256) -> bool:
     """Does this CPU's ONNX Runtime compute a 1-row int4 MatMulNBits differently from the same row
-    inside a wider call? (ORT 1.32: yes on AVX2-only CPUs, by ~1e-6, which flips greedy tokens
-    after a while; no where AVX-512 kernels run.) Random weights and rows, a few tries."""
+    inside a wider call? (ORT 1.32 on the AVX2-only EPYC of stop 15: yes, by ~1e-6, which flips
+    greedy tokens after a while; on the CPUs of earlier stops: no, their parity test passed.)
+    Random weights and rows, a few tries."""
     from edgespec.engines.ort import model_session
 
     rng = np.random.default_rng(0)
