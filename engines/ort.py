@@ -121,6 +121,16 @@ def _new_session(path: Path, so: ort.SessionOptions, provider: str) -> ort.Infer
                           "edgespec/onnxruntime") from e
 
 
+def _commit_host(kv: np.ndarray, new: np.ndarray, past_len: int, n_rows: int, rows: np.ndarray | None) -> None:
+    """new [L, 2, w, W] rows into kv [L, 2, S_max, W] at past_len: the first n_rows, or rows[:n_rows]
+    in order (a tree's accepted path), row by row (no temporary)."""
+    if rows is None:
+        kv[:, :, past_len:past_len + n_rows] = new[:, :, :n_rows]
+        return
+    for i, r in enumerate(rows[:n_rows]):
+        kv[:, :, past_len + i] = new[:, :, r]
+
+
 def model_session(model_bytes: bytes) -> ort.InferenceSession:
     """A CPU session for a small in-memory model (export-time probes), on the shared pool if set."""
     global _N_SESSIONS
@@ -314,26 +324,17 @@ class OrtModel:
         given rows in order (a tree's accepted path, compacted into consecutive slots)."""
         w = self._last_width
         if self.head is not None:  # the head's rows ride along: its KV is aligned with the target's
-            new = self._head_new_kv[w]
-            if rows is None:
-                self.head.kv[:, :, past_len:past_len + n_rows] = new[:, :, :n_rows]
-            else:
-                for i, r in enumerate(rows[:n_rows]):
-                    self.head.kv[:, :, past_len + i] = new[:, :, r]
+            _commit_host(self.head.kv, self._head_new_kv[w], past_len, n_rows, rows)
             self.head_row = int(rows[n_rows - 1]) if rows is not None else n_rows - 1
-        if rows is not None:
-            for i, r in enumerate(rows[:n_rows]):
-                if self.device is None:
-                    self.kv[:, :, past_len + i] = self._new_kv[w][:, :, r]
-                else:
-                    rb = self._row_bytes
-                    self.device.copy2d(self._kv_dev.ptr + (past_len + i) * rb, self.max_len * rb,
-                                       self._new_kv_dev[w].ptr + int(r) * rb, w * rb, rb, 2 * self.n_layers)
-            if self.device is not None:
-                self.device.sync()
-            return
         if self.device is None:
-            self.kv[:, :, past_len:past_len + n_rows] = self._new_kv[w][:, :, :n_rows]
+            _commit_host(self.kv, self._new_kv[w], past_len, n_rows, rows)
+            return
+        if rows is not None:
+            rb = self._row_bytes
+            for i, r in enumerate(rows[:n_rows]):
+                self.device.copy2d(self._kv_dev.ptr + (past_len + i) * rb, self.max_len * rb,
+                                   self._new_kv_dev[w].ptr + int(r) * rb, w * rb, rb, 2 * self.n_layers)
+            self.device.sync()
             return
         # one strided device copy: 2L row blocks of n_rows rows, into [L, 2, max_len, W] at past_len
         rb = self._row_bytes
