@@ -12,4 +12,8 @@ def __getattr__(name: str):
         from edgespec.runtime.generator import Generator
 
         return Generator
+    if name == "RuntimeConfig":
+        from edgespec.runtime.config import RuntimeConfig
+
+        return RuntimeConfig
     raise AttributeError(name)

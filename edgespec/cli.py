@@ -52,13 +52,13 @@ def _add_export(sub) -> None:
     p.add_argument("--two-row-matmuls", choices=["auto", "on", "off"], default="auto",
                    help="int4: run a 1-token call's int4 matmuls on 2 rows (a zero row added) so decode rows equal "
                    "verify rows bitwise. Some CPUs need it (ONNX Runtime 1.32's 1-row int4 kernel on AVX2 sums "
-                   "differently, ~1e-6, enough to flip greedy tokens): auto (default) probes this CPU; where on, a "
-                   "1-token call costs ~12%% more (14.5 -> 16.3 ms on the AVX2 CPU here; verify calls unchanged)")
+                   "differently, enough to flip greedy tokens): auto (default) probes this CPU at export; on, off "
+                   "force it. Where on, 1-token calls cost more (docs/results/two-row-decode.md)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
     p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=True,
-                   help="graphs that can verify token trees (--tree at run time; default on: 2 more ops per layer, "
-                   "no measurable decode cost); --no-trees: chain-only graphs")
+                   help="graphs that can verify token trees (--tree at run time; default on: 2 more ops per "
+                   "layer); --no-trees: chain-only graphs")
     p.add_argument("--eagle3-features", action="store_true",
                    help="target graphs also output hidden_aux [1, T, 3H]: the residual stream entering layers "
                    "2, L/2 and L-3 (EAGLE-3's fused low/mid/high features), for training or serving EAGLE-3 heads")
@@ -74,15 +74,14 @@ def _add_runtime_args(p, drafter_default=None) -> None:
     p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
     p.add_argument("--thread-pool", choices=["shared", "session"], default="shared",
                    help="shared (default): all ONNX Runtime sessions of the process run on one intra-op pool, so a "
-                   "drafter's call right after the target's finds the threads awake (EAGLE head call 0.85-1.06 -> "
-                   "0.69-0.80 ms on 2 cores); session: a pool per session (ONNX Runtime's default)")
+                   "drafter's call right after the target's finds the threads awake instead of waking its own; "
+                   "session: a pool per session (ONNX Runtime's default)")
     p.add_argument("--eagle-min-confidence", type=float,
                    help="eagle/hybrid: stop a draft chain when the head's own probability of the chain so far "
-                   "(the product of its per-token probabilities) is below this (default: the folder's, else "
-                   "edgespec's measured default, 0.25)")
+                   "(the product of its per-token probabilities) is below this (default: the folder's, else 0.25)")
     p.add_argument("--medusa-min-confidence", type=float,
                    help="medusa: stop a draft chain at the first head whose probability of its token is below this "
-                   "(default: the folder's, else edgespec's measured default)")
+                   "(default: the folder's, else 0.4)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
     p.add_argument("--tree", metavar="NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]]",
@@ -92,12 +91,12 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    "eagle: EAGLE-2 style by path probability; medusa: each head's top tokens by path probability; "
                    "ngram: a trie of earlier matches); MIN_SCORE leaves out head candidates whose path "
                    "probability is lower (default 0). Greedy output stays identical, sampling lossless. bench: "
-                   "comma-separated specs, run next to the chains. e.g. --tree 6:5:1:1:0.4 (with hybrid: beat the best "
-                   "chain on HumanEval here) or 9:4:2:2")
+                   "comma-separated specs, run next to the chains. e.g. --tree 6:5:1:1:0.4 or 9:4:2:2")
     p.add_argument("--fuse-head", action=argparse.BooleanOptionalAction, default=True,
                    help="eagle/hybrid on the CPU (default on): verify with the folder's target+EAGLE graph, which "
                    "runs the head inside the verify call, so under greedy decoding its first draft needs no "
-                   "head call of its own; --no-fuse-head: separate head calls (folders exported before it)")
+                   "head call of its own; --no-fuse-head: separate head calls (also used when the folder has no "
+                   "such graph)")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="choose k per step (up to --k) from measured verify costs and running acceptance; "
                    "k=0 when speculation does not pay (default: the folder's default)")
@@ -281,7 +280,7 @@ def _make_data(folder: str, a) -> None:
 
 def _cmd_train_eagle(a) -> int:
     try:
-        from edgespec.export.eagle import TrainConfig, train
+        from edgespec.export.train_eagle import TrainConfig, train
     except ImportError as e:
         print(f"edgespec train-eagle needs the export extra ({e.name} missing). "
               "Hint: pip install 'edgespec[export]'", file=sys.stderr)
@@ -325,7 +324,7 @@ def _add_train_medusa(sub) -> None:
 
 def _cmd_train_medusa(a) -> int:
     try:
-        from edgespec.export.medusa import MedusaTrainConfig, train_medusa
+        from edgespec.export.train_medusa import MedusaTrainConfig, train_medusa
     except ImportError as e:
         print(f"edgespec train-medusa needs the export extra ({e.name} missing). "
               "Hint: pip install 'edgespec[export]'", file=sys.stderr)
@@ -343,17 +342,12 @@ def _cmd_train_medusa(a) -> int:
     return 0
 
 
-def _load(a, drafter: str | None = None):
+def _load(a, **override):
     """The Generator the runtime flags of `a` describe (folder defaults where a flag is unset)."""
-    from edgespec.runtime.drafters import NgramConfig
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
-    from edgespec.runtime.tree import TreeConfig
 
-    return Generator.load(a.engine, drafter=drafter or getattr(a, "drafter", None), k=a.k, provider=a.provider,
-                          threads=a.threads, ngram=NgramConfig(a.ngram_min, a.ngram_max), adaptive=a.adaptive,
-                          draft_provider=a.draft_provider, eagle_min_confidence=a.eagle_min_confidence,
-                          tree=TreeConfig.parse(a.tree) if a.tree else TreeConfig(),
-                          medusa_min_confidence=a.medusa_min_confidence, fuse_head=a.fuse_head)
+    return Generator.load(a.engine, RuntimeConfig.from_args(a, **override))
 
 
 def _cmd_export(a) -> int:
@@ -403,6 +397,7 @@ def _cmd_generate(a) -> int:
 
 def _cmd_bench(a) -> int:
     from edgespec.runtime.bench import BenchConfig, run_bench
+    from edgespec.runtime.config import RuntimeConfig
 
     ks = tuple(int(x) for x in (a.k or "4").split(","))
     if a.sweep_k:
@@ -410,12 +405,10 @@ def _cmd_bench(a) -> int:
 
         top = max(ks) if a.k else load_manifest(a.engine).num_speculative_tokens
         ks = tuple(range(1, top + 1))
-    cfg = BenchConfig(engine=a.engine, prompts=a.prompts, drafters=tuple(a.drafter.split(",")), ks=ks,
-                      max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed, limit=a.limit,
-                      provider=a.provider, threads=a.threads, ngram_min=a.ngram_min, ngram_max=a.ngram_max,
-                      adaptive=bool(a.adaptive), draft_provider=a.draft_provider,
-                      eagle_min_confidence=a.eagle_min_confidence, trees=tuple(a.tree.split(",")) if a.tree else (),
-                      medusa_min_confidence=a.medusa_min_confidence, fuse_head=a.fuse_head)
+    runtime = RuntimeConfig.from_args(a, drafter="none", k=max(ks), adaptive=False)
+    cfg = BenchConfig(engine=a.engine, runtime=runtime, prompts=a.prompts, drafters=tuple(a.drafter.split(",")),
+                      ks=ks, max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed, limit=a.limit,
+                      adaptive=bool(a.adaptive), trees=tuple(a.tree.split(",")) if a.tree else ())
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
@@ -448,15 +441,14 @@ def _cmd_demo(a) -> int:
 
     g = _load(a, drafter="none")
     print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)
-    g.set_drafter("none")
     plain = "".join(g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens))
     plain_stats = g.last_stats
     from edgespec.runtime.tune import describe_default
 
-    drafter = a.drafter or g.manifest.defaults.get("drafter", "ngram")
+    drafter = a.drafter or g.manifest.defaults.drafter
     if drafter == "none":
         drafter = "ngram"  # the demo shows speculation; `tune` found it does not pay: say so below
-    k = a.k or g.manifest.defaults.get("k", 4)
+    k = a.k or g.manifest.defaults.k
     g.set_drafter(drafter, k)
     print(f"folder default: {describe_default(g.manifest)}", file=sys.stderr)
     print(f"--- speculative ({drafter}, k={k}{' adaptive' if g.adaptive else ''}) ---", file=sys.stderr)

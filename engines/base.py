@@ -17,23 +17,77 @@ class EngineError(RuntimeError):
     """An engine that cannot be loaded or run as asked (with what to do about it)."""
 
 
-class ModelEngine(Protocol):
+class Engine(Protocol):
+    """A target or draft model: what the loop and the drafters call. Optional abilities are
+    declared as attributes (False: the call is not available), never probed."""
+
     max_len: int  # KV slots
     vocab_size: int  # logits width
+    hidden_size: int  # width of last_hidden rows
     widths: tuple[int, ...]  # graph widths T this engine can run
+    n_calls: int  # forward calls so far (stats)
+    takes_tree: bool  # forward takes parents (a token tree)
+    has_hidden: bool  # last_hidden gives the final-norm hidden states (EAGLE / Medusa draft from them)
+    fused_head: bool  # the target+EAGLE graph: forward takes head_next, last_head gives the head's draft
 
-    def forward(self, token_ids: np.ndarray, past_len: int) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None,
+                head_next: np.ndarray | None = None) -> np.ndarray:
         """Run len(token_ids) <= max(widths) tokens at positions past_len...; logits [n, V] (a view,
-        valid until the next call)."""
+        valid until the next call). parents [n]: a token tree (takes_tree); head_next: the fused
+        head's given next tokens (fused_head)."""
         ...
 
-    def commit(self, past_len: int, n_rows: int) -> None:
-        """Write the first n_rows K/V rows of the last forward into the cache at past_len."""
+    def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
+        """Write the first n_rows K/V rows of the last forward (or rows[:n_rows], a tree's path)
+        into the cache at past_len."""
         ...
 
-    def width_for(self, n_tokens: int) -> int:
-        """The graph width a call with n_tokens runs at (the smallest width >= n_tokens)."""
+    def last_hidden(self, n: int) -> np.ndarray:
+        """Hidden states [n, H] of the last forward's first n rows (has_hidden)."""
         ...
+
+    def last_head(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fused head's (logits [Vd], predicted feature [H]) at the last committed row (fused_head)."""
+        ...
+
+    def load_widths(self, widths) -> None:
+        """Create the session(s) and run each width once (a first real call then pays nothing)."""
+        ...
+
+
+class HeadEngine(Protocol):
+    """An EAGLE head: an engine over (token, feature) pairs with its own KV, drafting over a
+    draft vocabulary mapped to target ids by d2t."""
+
+    max_len: int
+    vocab_size: int  # draft vocabulary Vd
+    hidden_size: int
+    widths: tuple[int, ...]
+    n_calls: int
+    takes_tree: bool  # forward takes parents (a forest of drafted nodes)
+    d2t: np.ndarray  # [Vd] draft id -> target id
+
+    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None,
+                parents: np.ndarray | None = None) -> np.ndarray: ...
+
+    def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None: ...
+
+    def last_hidden(self, n: int) -> np.ndarray: ...
+
+    def load_widths(self, widths) -> None: ...
+
+
+class HeadsEngine(Protocol):
+    """Medusa heads: one call maps a feature [H] to every head's logits [K, Vd]."""
+
+    n_heads: int  # K
+    hidden_size: int
+    n_calls: int
+    d2t: np.ndarray  # [Vd] draft id -> target id
+
+    def forward(self, feature: np.ndarray) -> np.ndarray: ...
+
+    def load(self) -> None: ...
 
 
 def pick_width(widths: tuple[int, ...], n_tokens: int) -> int:
@@ -60,52 +114,6 @@ def fill_tree(tree: np.ndarray, pos: np.ndarray, parents: np.ndarray, n: int, pa
         tree[i, i] = 1
 
 
-TREE_BLOCK = 128  # the context blocks ORT's CPU attention GEMM sums separately (measured, tests/test_tree.py)
-
-
-def tree_chain_prefix(past_len: int, n_nodes: int, block: int = TREE_BLOCK) -> int:
-    """How many leading nodes of a tree verified at past_len must form a chain (node i at depth i)
-    for its rows to equal a chain's bit for bit: up to the first multiple of `block` inside
-    [past_len, past_len + n_nodes). The attention's probability x value GEMM sums each block of
-    slots on its own, so an ancestor must sit in the same block in the tree as in the chain."""
-    b = -past_len % block
-    return b if 1 < b < n_nodes else 1
-
-
-def decode_rows_match_verify_rows(engine, token: int = 1) -> bool:
-    """Does a 1-token call give the same bits as the same token inside a 2-token call? (Greedy
-    speculative output equals plain output only if it does.) Two calls at position 0, nothing
-    committed."""
-    one = engine.forward(np.array([token], np.int64), 0).copy()
-    two = engine.forward(np.array([token, token], np.int64), 0)
-    return bool(np.array_equal(one[0], two[0]))
-
-
 def window_slots(past_len: int, width: int, bucket: int, max_len: int) -> int:
     """Cache window S fed to a call: the bucket multiple that holds the new rows too (<= max_len)."""
     return min(max_len, -(-(past_len + width) // bucket) * bucket)
-
-
-def prefill(engine, tokens: np.ndarray, past: int, hidden_out: np.ndarray | None = None,
-            features: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
-    """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
-    commit them; return (new past length, logits [V] of the last token, None if no tokens).
-    hidden_out [max_len, H]: receives the hidden states of the new positions (for EAGLE);
-    features [len(tokens), H]: an EAGLE head's feature rows for these tokens. An engine with an
-    EAGLE head fused in gets each row's next token for the head (the last row's is the argmax)."""
-    widest = max(engine.widths)
-    logits = None
-    fused = getattr(engine, "head", None) is not None
-    for i in range(0, len(tokens), widest):
-        chunk = tokens[i:i + widest]
-        if features is not None:
-            logits = engine.forward(chunk, past, features=features[i:i + widest])
-        elif fused:
-            logits = engine.forward(chunk, past, head_next=tokens[i + 1:i + 1 + widest])
-        else:
-            logits = engine.forward(chunk, past)
-        engine.commit(past, len(chunk))
-        if hidden_out is not None:
-            hidden_out[past:past + len(chunk)] = engine.last_hidden(len(chunk))
-        past += len(chunk)
-    return past, (logits[-1] if logits is not None else None)

@@ -25,6 +25,12 @@ class FakeModel:
         self._logits = np.zeros((max(self.widths), self.vocab_size), np.float32)
         self.n_calls = 0
         self.hidden_size = self.vocab_size  # "hidden state" of a row = its logits (for a fake EAGLE head)
+        self.takes_tree = True
+        self.has_hidden = True
+        self.fused_head = False
+
+    def load_widths(self, widths) -> None:
+        pass
 
     def last_hidden(self, n: int) -> np.ndarray:
         return self._logits[:n]
@@ -32,7 +38,8 @@ class FakeModel:
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None,
+                head_next: np.ndarray | None = None) -> np.ndarray:
         """parents: a token tree (row i follows row parents[i]; -1: the committed context)."""
         n = len(token_ids)
         assert past_len + n <= self.max_len, "context overflow"
@@ -72,6 +79,10 @@ class FakeEagleHead:
         self._logits = np.zeros((max(self.widths), len(self.d2t)), np.float32)
         self._hidden = np.zeros((max(self.widths), vocab), np.float32)
         self.n_calls = 0
+        self.takes_tree = True
+
+    def load_widths(self, widths) -> None:
+        pass
 
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
@@ -86,7 +97,7 @@ class FakeEagleHead:
             self._hidden[i] = self.feat_table[tok]
         return self._logits[:n]
 
-    def commit(self, past_len: int, n_rows: int) -> None:
+    def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
         pass
 
     def last_hidden(self, n: int) -> np.ndarray:

@@ -1,19 +1,29 @@
-"""manifest.json: the contract between `edgespec export` and the runtime (torch-free reader).
+"""manifest.json: the contract between `edgespec export` and the runtime (torch-free).
 
-Everything the runtime needs is written here; nothing is inferred from file names.
+This module is the only reader and the only writer of manifest.json. Export builds a `Manifest`
+and saves it; `edgespec tune` and `edgespec build-trt` load it, `dataclasses.replace` a field and
+save it again. Everything the runtime needs is written here; nothing is inferred from file names.
+
+Each model has one ONNX graph fed at several static token widths T; its inputs and outputs are
+declared once, with the symbolic axes TOKENS ("T": the call's width) and WINDOW ("S": the cache
+slots read), and the per-layer KV inputs as one templated entry.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 FORMAT = "edgespec.engine"
-VERSION = 1
+VERSION = 2  # raised whenever a reader of the previous layout would misread the new one
 MANIFEST = "manifest.json"
 PHASES = ("prefill", "decode", "verify")
 FUSED_PREFIX = "eagle/"  # the EAGLE head's inputs/outputs/weights inside the fused target+head graph
+TOKENS = "T"  # symbolic axis: tokens per call, one of the graph's widths
+WINDOW = "S"  # symbolic axis: cache slots read, a multiple of kv_bucket with S >= past_len + T
+KV_KINDS = ("key", "value")  # the two tensors a templated per-layer KV entry expands to, per layer
 
 
 class ManifestError(ValueError):
@@ -22,18 +32,63 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class TensorSpec:
-    name: str  # graph input/output name
-    shape: tuple  # ints, or "S" for the context bucket axis (a multiple of kv_bucket)
+    name: str  # graph input/output name; with layers > 0 a template with {kind} and {layer}
+    shape: tuple[int | str, ...]  # ints, TOKENS or WINDOW
     dtype: str  # numpy dtype name
+    layers: int = 0  # 0: one tensor; N: 2N tensors, per layer 0..N-1 its "key" then its "value"
+
+    def names(self) -> tuple[str, ...]:
+        """The graph names this entry stands for, in graph order."""
+        if not self.layers:
+            return (self.name,)
+        return tuple(self.name.format(kind=k, layer=i) for i in range(self.layers) for k in KV_KINDS)
+
+    def shape_at(self, tokens: int, window: int) -> tuple[int, ...]:
+        """The concrete shape of a call of `tokens` tokens reading `window` cache slots."""
+        return tuple(tokens if d == TOKENS else window if d == WINDOW else d for d in self.shape)
+
+    def to_json(self) -> dict:
+        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        return d | {"layers": self.layers} if self.layers else d
+
+    @classmethod
+    def from_json(cls, d: dict) -> TensorSpec:
+        return cls(d["name"], tuple(d["shape"]), d["dtype"], d.get("layers", 0))
 
 
 @dataclass(frozen=True)
 class GraphSpec:
-    phase: str  # "prefill" (T = prefill_chunk), "decode" (T = 1), "verify" (T = k + 1)
-    width: int  # T: tokens per call, fixed in the graph
-    file: str  # ONNX file, relative to the folder
+    file: str  # ONNX file, relative to the folder (one graph serves every width)
+    widths: tuple[int, ...]  # the static T values it is fed at, ascending
+    phases: dict[str, tuple[int, ...]]  # "prefill" / "decode" / "verify" -> the widths serving it
     inputs: tuple[TensorSpec, ...]  # in graph order
-    outputs: tuple[TensorSpec, ...]  # logits [1,T,V], new_kv [L,2,T,Hkv*D], hidden [1,T,H]
+    outputs: tuple[TensorSpec, ...]  # in graph order
+
+    def phase(self, width: int) -> str:
+        for name, widths in self.phases.items():
+            if width in widths:
+                return name
+        raise ManifestError(f"{self.file} has no graph of width {width} (has {list(self.widths)}); "
+                            "re-export with a larger --k")
+
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(n for t in self.inputs for n in t.names())
+
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(n for t in self.outputs for n in t.names())
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.outputs if t.name == name), None)
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "widths": list(self.widths),
+                "phases": {k: list(v) for k, v in self.phases.items()},
+                "inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> GraphSpec:
+        return cls(d["file"], tuple(d["widths"]), {k: tuple(v) for k, v in d["phases"].items()},
+                   tuple(map(TensorSpec.from_json, d["inputs"])), tuple(map(TensorSpec.from_json, d["outputs"])))
 
 
 @dataclass(frozen=True)
@@ -44,23 +99,118 @@ class WeightSpec:
     nbytes: int  # byte length
     file: str | None = None  # another model's weights file (an EAGLE head reads the target's embedding)
 
+    def to_json(self) -> dict:
+        d = {"dtype": self.dtype, "shape": list(self.shape), "offset": self.offset, "nbytes": self.nbytes}
+        return d | {"file": self.file} if self.file else d
+
+    @classmethod
+    def from_json(cls, d: dict) -> WeightSpec:
+        return cls(d["dtype"], tuple(d["shape"]), d["offset"], d["nbytes"], d.get("file"))
+
+
+def _weights_json(file: str, weights: dict[str, WeightSpec]) -> dict:
+    return {"file": file, "tensors": {k: w.to_json() for k, w in weights.items()}}
+
+
+def _weights_from(d: dict) -> dict[str, WeightSpec]:
+    return {k: WeightSpec.from_json(v) for k, v in d["tensors"].items()}
+
 
 @dataclass(frozen=True)
-class ModelSpec:
-    role: str  # "target" or "draft"
-    kind: str  # "target", "model" (separate draft), "self:N" (target's first N layers), "self:int4"
-    precision: str  # "fp32" | "fp16" | "int4"
-    n_layers: int  # layers in the graphs (a self:N draft has N)
+class Architecture:
+    model_type: str  # HF model_type of the model the graph computes ("llama", "qwen2", ...)
+    n_layers: int  # decoder layers in the graph (a self:N draft has N, an EAGLE head 1)
+    n_heads: int  # query heads
     n_kv_heads: int  # key/value heads
     head_dim: int  # per-head width
     hidden_size: int  # residual width
-    vocab_size: int  # logits width
+    intermediate_size: int  # MLP inner width
+    vocab_size: int  # logits width (an EAGLE head: its draft vocabulary)
+    aux_layers: tuple[int, ...] = ()  # layers whose input residual stream hidden_aux concatenates (EAGLE-3)
+
+    def to_json(self) -> dict:
+        d = {"model_type": self.model_type, "n_layers": self.n_layers, "n_heads": self.n_heads,
+             "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "hidden_size": self.hidden_size,
+             "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size}
+        return d | {"aux_layers": list(self.aux_layers)} if self.aux_layers else d
+
+    @classmethod
+    def from_json(cls, d: dict) -> Architecture:
+        return cls(d["model_type"], d["n_layers"], d["n_heads"], d["n_kv_heads"], d["head_dim"], d["hidden_size"],
+                   d["intermediate_size"], d["vocab_size"], tuple(d.get("aux_layers", ())))
+
+
+@dataclass(frozen=True)
+class TrtInfo:
+    file: str  # serialized TensorRT engine, relative to the folder
+    tensorrt_version: str  # the TensorRT that built it (engines only load in that version)
+    gpu: str  # the GPU it was built for (engines only load there)
+    profiles: dict[int, int]  # token width -> optimization profile index
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "tensorrt_version": self.tensorrt_version, "gpu": self.gpu,
+                "profiles": {str(w): i for w, i in self.profiles.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> TrtInfo:
+        return cls(d["file"], d["tensorrt_version"], d["gpu"], {int(w): int(i) for w, i in d["profiles"].items()})
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    source: str  # the head checkpoint folder it was exported from
+    target_vocab_size: int  # the target vocabulary its d2t maps into
+    trained_draft_vocab_size: int  # draft tokens it was trained with (the export may keep fewer)
+    trained: dict  # the training record of the checkpoint's config.json, as its trainer wrote it
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "target_vocab_size": self.target_vocab_size,
+                "trained_draft_vocab_size": self.trained_draft_vocab_size, "trained": self.trained}
+
+    @classmethod
+    def from_json(cls, d: dict) -> HeadInfo:
+        return cls(d["source"], d["target_vocab_size"], d["trained_draft_vocab_size"], d["trained"])
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    role: str  # "target", "draft", "eagle" or "eagle_fused" (its key in the manifest)
+    kind: str  # "target", "model" (separate draft), "self:N" (target's first N layers), "self:int4",
+    #            "eagle", "target+eagle"
+    precision: str  # "fp32" | "fp16" | "int4"
+    arch: Architecture  # the numbers of what the graph computes
     kv_dtype: str  # KV buffer dtype
-    weights_file: str  # external data file shared by all graphs of this model
-    weights: dict[str, WeightSpec]  # initializer index into weights_file
-    graphs: tuple[GraphSpec, ...]  # one per phase width
-    validation: dict = field(default_factory=dict)  # graph file -> max |ORT - PyTorch| at export
+    weights_file: str  # external data file of the graph
+    weights: dict[str, WeightSpec]  # initializer index (into weights_file unless a WeightSpec names a file)
+    graph: GraphSpec  # the one graph, fed at every width
+    validation: dict[str, float] = field(default_factory=dict)  # "<phase>_t<width>" -> max |ORT - PyTorch|
     d2t: WeightSpec | None = None  # EAGLE head: draft-vocabulary id -> target id (int64 [Vd])
+    head: HeadInfo | None = None  # EAGLE head: where it came from
+    tensorrt: TrtInfo | None = None  # the engine `edgespec build-trt` built from the graph
+
+    @property
+    def n_layers(self) -> int:
+        return self.arch.n_layers
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.arch.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.arch.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return self.arch.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.arch.vocab_size
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        return self.arch.aux_layers
 
     @property
     def kv_width(self) -> int:
@@ -68,18 +218,38 @@ class ModelSpec:
 
     @property
     def takes_tree(self) -> bool:
-        """The graphs take a token tree (tree_mask input; folders exported before trees lack it)."""
-        return any(t.name == "tree_mask" for t in self.graphs[0].inputs)
+        """The graph takes a token tree (tree_mask input; exported with --trees)."""
+        return "tree_mask" in self.graph.input_names()
+
+    @property
+    def takes_features(self) -> bool:
+        """The graph takes features [1, T, H] (an EAGLE head: the target's hidden states or its own)."""
+        return "features" in self.graph.input_names()
+
+    @property
+    def aux_width(self) -> int:
+        """Width of the hidden_aux output (EAGLE-3 features), 0 when the graph has none."""
+        aux = self.graph.output("hidden_aux")
+        return int(aux.shape[-1]) if aux else 0
 
     def widths(self) -> list[int]:
-        return sorted(g.width for g in self.graphs)
+        return list(self.graph.widths)
 
-    def graph_for(self, width: int) -> GraphSpec:
-        for g in self.graphs:
-            if g.width == width:
-                return g
-        raise ManifestError(f"{self.role} model has no graph of width {width} (has {self.widths()}); "
-                            "re-export with a larger --k")
+    def to_json(self) -> dict:
+        d = {"kind": self.kind, "precision": self.precision, "architecture": self.arch.to_json(),
+             "kv_dtype": self.kv_dtype, "weights": _weights_json(self.weights_file, self.weights),
+             "graph": self.graph.to_json(), "validation": dict(self.validation)}
+        optional = {"d2t": self.d2t, "head": self.head, "tensorrt": self.tensorrt}
+        return d | {k: v.to_json() for k, v in optional.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, d: dict, role: str) -> ModelSpec:
+        return cls(role=role, kind=d["kind"], precision=d["precision"], arch=Architecture.from_json(d["architecture"]),
+                   kv_dtype=d["kv_dtype"], weights_file=d["weights"]["file"], weights=_weights_from(d["weights"]),
+                   graph=GraphSpec.from_json(d["graph"]), validation=dict(d["validation"]),
+                   d2t=WeightSpec.from_json(d["d2t"]) if "d2t" in d else None,
+                   head=HeadInfo.from_json(d["head"]) if "head" in d else None,
+                   tensorrt=TrtInfo.from_json(d["tensorrt"]) if "tensorrt" in d else None)
 
 
 @dataclass(frozen=True)
@@ -87,66 +257,171 @@ class HeadsSpec:
     role: str  # "medusa"
     precision: str  # "fp32" | "fp16" | "int4"
     n_heads: int  # K: tokens drafted per call (head i drafts i + 2 places past its feature)
+    n_layers: int  # residual blocks per head
     hidden_size: int  # feature width (the target's hidden size)
     vocab_size: int  # draft vocabulary Vd (the logits width; map with d2t)
-    file: str  # ONNX graph: features [1, H] -> logits [K, Vd]
+    file: str  # ONNX graph: features [1, H] -> logits [K, Vd] (one width)
+    inputs: tuple[TensorSpec, ...]  # in graph order
+    outputs: tuple[TensorSpec, ...]  # in graph order
     weights_file: str  # external data file of the graph
     weights: dict[str, WeightSpec]  # initializer index into weights_file
     d2t: WeightSpec  # draft-vocabulary id -> target id (int64 [Vd])
-    validation: dict = field(default_factory=dict)  # max |ORT - PyTorch| at export
+    head: HeadInfo  # where the heads came from
+    validation: dict[str, float] = field(default_factory=dict)  # "heads" -> max |ORT - PyTorch| at export
+
+    def to_json(self) -> dict:
+        return {"kind": "medusa", "precision": self.precision,
+                "architecture": {"n_heads": self.n_heads, "n_layers": self.n_layers, "hidden_size": self.hidden_size,
+                                 "vocab_size": self.vocab_size},
+                "graph": {"file": self.file, "inputs": [t.to_json() for t in self.inputs],
+                          "outputs": [t.to_json() for t in self.outputs]},
+                "weights": _weights_json(self.weights_file, self.weights), "d2t": self.d2t.to_json(),
+                "head": self.head.to_json(), "validation": dict(self.validation)}
+
+    @classmethod
+    def from_json(cls, d: dict, role: str) -> HeadsSpec:
+        a, g = d["architecture"], d["graph"]
+        return cls(role=role, precision=d["precision"], n_heads=a["n_heads"], n_layers=a["n_layers"],
+                   hidden_size=a["hidden_size"], vocab_size=a["vocab_size"], file=g["file"],
+                   inputs=tuple(map(TensorSpec.from_json, g["inputs"])),
+                   outputs=tuple(map(TensorSpec.from_json, g["outputs"])), weights_file=d["weights"]["file"],
+                   weights=_weights_from(d["weights"]), d2t=WeightSpec.from_json(d["d2t"]),
+                   head=HeadInfo.from_json(d["head"]), validation=dict(d["validation"]))
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "default" | "hf" | "gguf" | "hub"
+    path: str  # folder, .gguf file or hub id the target was read from
+    sha256: str | None  # of the GGUF file or the HF folder's weights (None for a hub id)
+    draft: str | None  # the --draft the folder was exported with
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "path": self.path, "sha256": self.sha256, "draft": self.draft}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Source:
+        return cls(d["kind"], d["path"], d["sha256"], d["draft"])
+
+
+@dataclass(frozen=True)
+class Tuned:
+    date: str  # ISO date of the `edgespec tune` run
+    prompts: str | None  # the prompts file it ran on (None: HumanEval)
+    n_prompts: int  # prompts it ran on
+    prefill_share: float  # prefill's share of plain decoding time
+    speedup_vs_none: float  # the chosen setting's tok/s over plain decoding's
+    tokens_per_s: float  # the chosen setting's tok/s
+    machine: str  # the CPU it ran on
+    table: str  # the comparison table the choice was made from
+
+    def to_json(self) -> dict:
+        return {"date": self.date, "prompts": self.prompts, "n_prompts": self.n_prompts,
+                "prefill_share": self.prefill_share, "speedup_vs_none": self.speedup_vs_none,
+                "tokens_per_s": self.tokens_per_s, "machine": self.machine, "table": self.table}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Tuned:
+        return cls(d["date"], d["prompts"], d["n_prompts"], d["prefill_share"], d["speedup_vs_none"],
+                   d["tokens_per_s"], d["machine"], d["table"])
+
+
+@dataclass(frozen=True)
+class Defaults:
+    k: int  # num_speculative_tokens when the user gives none
+    adaptive: bool  # adapt k to the acceptance rate when the user does not say
+    drafter: str = "ngram"  # drafter when the user gives none
+    eagle_min_confidence: float | None = None  # EAGLE chain cut-off; None: the runtime's own default
+    medusa_min_confidence: float | None = None  # Medusa chain cut-off; None: the runtime's own default
+    tuned: Tuned | None = None  # how `edgespec tune` chose these; None: export's defaults
+
+    def to_json(self) -> dict:
+        d = {"drafter": self.drafter, "k": self.k, "adaptive": self.adaptive}
+        optional = {"eagle_min_confidence": self.eagle_min_confidence,
+                    "medusa_min_confidence": self.medusa_min_confidence}
+        d |= {k: v for k, v in optional.items() if v is not None}
+        return d | {"tuned": self.tuned.to_json()} if self.tuned else d
+
+    @classmethod
+    def from_json(cls, d: dict) -> Defaults:
+        return cls(k=d["k"], adaptive=d["adaptive"], drafter=d["drafter"],
+                   eagle_min_confidence=d.get("eagle_min_confidence"),
+                   medusa_min_confidence=d.get("medusa_min_confidence"),
+                   tuned=Tuned.from_json(d["tuned"]) if "tuned" in d else None)
 
 
 @dataclass(frozen=True)
 class Manifest:
-    folder: Path  # where manifest.json lives
+    folder: Path  # where manifest.json lives (not written: the folder may move)
     name: str  # engine name
+    edgespec_version: str  # the edgespec that exported the folder
+    created: str  # ISO time of the export
+    source: Source  # where the target came from
     max_len: int  # context slots in the KV buffers
-    kv_bucket: int  # the "S" axis is fed in multiples of this
+    kv_bucket: int  # the WINDOW axis is fed in multiples of this
     prefill_chunk: int  # prompt tokens per prefill call
-    num_speculative_tokens: int  # largest k the verify graphs support
+    num_speculative_tokens: int  # largest k the verify widths support
+    two_row_matmuls: bool  # int4: 1-token calls run the matmuls on 2 rows (decode rows = verify rows bitwise)
     tokenizer_file: str  # tokenizer.json (HF tokenizers format)
-    chat_template: str | None  # jinja2 template text, or None
+    chat_template_file: str | None  # jinja2 chat template, or None
     eos_token_ids: tuple[int, ...]  # generation stops on any of these
     bos_token_id: int | None  # beginning-of-sequence id
     target: ModelSpec  # the model whose output is reproduced
     draft: ModelSpec | None  # separate draft model, when exported
     eagle: ModelSpec | None  # EAGLE head, when exported
+    eagle_fused: ModelSpec | None  # the target graph with the EAGLE head appended (FUSED_PREFIX names)
     medusa: HeadsSpec | None  # Medusa heads, when exported
-    eagle_fused: ModelSpec | None  # the target graph with the EAGLE head appended (FUSED_PREFIX names), when exported
-    source: dict  # where the target came from (kind, path, sha256)
-    defaults: dict  # drafter / k chosen at export or by `edgespec tune`
-    raw: dict  # the whole JSON, for tools
+    drafters: tuple[str, ...]  # drafters the folder supports
+    defaults: Defaults  # drafter / k chosen at export or by `edgespec tune`
 
     def path(self, rel: str) -> Path:
         return self.folder / rel
 
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's text, or None."""
+        return self.path(self.chat_template_file).read_text() if self.chat_template_file else None
 
-def _tensor(d: dict) -> TensorSpec:
-    return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"])
+    def models(self) -> dict[str, ModelSpec | HeadsSpec]:
+        """role -> spec of every model the folder holds, target first."""
+        specs = {"target": self.target, "draft": self.draft, "eagle": self.eagle, "eagle_fused": self.eagle_fused,
+                 "medusa": self.medusa}
+        return {role: s for role, s in specs.items() if s is not None}
 
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "edgespec_version": self.edgespec_version, "name": self.name,
+                "created": self.created, "source": self.source.to_json(), "max_len": self.max_len,
+                "kv_bucket": self.kv_bucket, "prefill_chunk": self.prefill_chunk,
+                "num_speculative_tokens": self.num_speculative_tokens, "two_row_matmuls": self.two_row_matmuls,
+                "tokenizer": {"file": self.tokenizer_file, "chat_template_file": self.chat_template_file,
+                              "eos_token_ids": list(self.eos_token_ids), "bos_token_id": self.bos_token_id},
+                "models": {role: s.to_json() for role, s in self.models().items()},
+                "drafters": list(self.drafters), "defaults": self.defaults.to_json()}
 
-def _weight(v: dict) -> WeightSpec:
-    return WeightSpec(v["dtype"], tuple(v["shape"]), v["offset"], v["nbytes"], v.get("file"))
+    @classmethod
+    def from_json(cls, d: dict, folder: str | Path) -> Manifest:
+        models, tok = d["models"], d["tokenizer"]
 
+        def model(role: str) -> ModelSpec | None:
+            return ModelSpec.from_json(models[role], role) if role in models else None
 
-def _model(d: dict, role: str) -> ModelSpec:
-    a = d["architecture"]
-    return ModelSpec(
-        role=role, kind=d["kind"], precision=d["precision"], n_layers=a["n_layers"],
-        n_kv_heads=a["n_kv_heads"], head_dim=a["head_dim"], hidden_size=a["hidden_size"],
-        vocab_size=a["vocab_size"], kv_dtype=d["kv_dtype"], weights_file=d["weights"]["file"],
-        weights={k: _weight(v) for k, v in d["weights"]["tensors"].items()},
-        graphs=tuple(GraphSpec(g["phase"], g["width"], g["file"], tuple(map(_tensor, g["inputs"])),
-                               tuple(map(_tensor, g["outputs"]))) for g in d["graphs"]),
-        validation=d.get("validation", {}), d2t=_weight(d["d2t"]) if "d2t" in d else None)
+        return cls(folder=Path(folder), name=d["name"], edgespec_version=d["edgespec_version"], created=d["created"],
+                   source=Source.from_json(d["source"]), max_len=d["max_len"], kv_bucket=d["kv_bucket"],
+                   prefill_chunk=d["prefill_chunk"], num_speculative_tokens=d["num_speculative_tokens"],
+                   two_row_matmuls=d["two_row_matmuls"], tokenizer_file=tok["file"],
+                   chat_template_file=tok["chat_template_file"], eos_token_ids=tuple(tok["eos_token_ids"]),
+                   bos_token_id=tok["bos_token_id"], target=model("target"), draft=model("draft"),
+                   eagle=model("eagle"), eagle_fused=model("eagle_fused"),
+                   medusa=HeadsSpec.from_json(models["medusa"], "medusa") if "medusa" in models else None,
+                   drafters=tuple(d["drafters"]), defaults=Defaults.from_json(d["defaults"]))
 
-
-def _heads(d: dict, role: str) -> HeadsSpec:
-    a = d["architecture"]
-    return HeadsSpec(role=role, precision=d["precision"], n_heads=a["n_heads"], hidden_size=a["hidden_size"],
-                     vocab_size=a["vocab_size"], file=d["graph"]["file"], weights_file=d["weights"]["file"],
-                     weights={k: _weight(v) for k, v in d["weights"]["tensors"].items()}, d2t=_weight(d["d2t"]),
-                     validation=d.get("validation", {}))
+    def save(self) -> Path:
+        """Write manifest.json into the folder (atomically: a crash leaves the old one, never half of one)."""
+        path = self.folder / MANIFEST
+        tmp = path.with_name(MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        os.replace(tmp, path)
+        return path
 
 
 def load_manifest(folder: str | Path) -> Manifest:
@@ -162,46 +437,46 @@ def load_manifest(folder: str | Path) -> Manifest:
         d = json.loads(mf.read_text())
     except json.JSONDecodeError as e:
         raise ManifestError(f"{mf} is not valid JSON ({e}); re-run `edgespec export`") from e
-    if d.get("format") != FORMAT:
-        raise ManifestError(f"{mf}: format {d.get('format')!r}, expected {FORMAT!r}")
-    if d.get("version") != VERSION:
-        raise ManifestError(f"{mf}: manifest version {d.get('version')} but this edgespec reads version "
-                            f"{VERSION}. Hint: re-export with this edgespec, or install the matching one.")
+    fmt = d.get("format") if isinstance(d, dict) else None
+    if fmt != FORMAT:
+        raise ManifestError(f"{mf}: format {fmt!r}, expected {FORMAT!r}: not an edgespec engine folder")
+    version = d.get("version", 1)
+    if version != VERSION:
+        age = "an older" if isinstance(version, int) and version < VERSION else "a newer"
+        raise ManifestError(f"{folder} was exported by {age} edgespec (manifest version {version}; this edgespec "
+                            f"reads {VERSION}). Hint: re-export: edgespec export --out {folder} --force")
     try:
-        target = _model(d["models"]["target"], "target")
-        draft = _model(d["models"]["draft"], "draft") if "draft" in d["models"] else None
-        eagle = _model(d["models"]["eagle"], "eagle") if "eagle" in d["models"] else None
-        medusa = _heads(d["models"]["medusa"], "medusa") if "medusa" in d["models"] else None
-        fused = _model(d["models"]["eagle_fused"], "eagle_fused") if eagle and "eagle_fused" in d["models"] else None
-        tok = d["tokenizer"]
-        chat = (folder / tok["chat_template_file"]).read_text() if tok.get("chat_template_file") else None
-        m = Manifest(
-            folder=folder, name=d["name"], max_len=d["max_len"], kv_bucket=d["kv_bucket"],
-            prefill_chunk=d["prefill_chunk"], num_speculative_tokens=d["num_speculative_tokens"],
-            tokenizer_file=tok["file"], chat_template=chat, eos_token_ids=tuple(tok["eos_token_ids"]),
-            bos_token_id=tok.get("bos_token_id"), target=target, draft=draft, eagle=eagle,
-            medusa=medusa, eagle_fused=fused, source=d.get("source", {}),
-            defaults=d.get("defaults", {}), raw=d)
-    except (KeyError, TypeError) as e:
+        m = Manifest.from_json(d, folder)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ManifestError(f"{mf} lacks or mistypes field {e}; re-run `edgespec export`") from e
+    _check(m)
+    return m
+
+
+def _check(m: Manifest) -> None:
+    """The files the manifest lists exist and the models fit together."""
+    folder, target = m.folder, m.target
     for spec in filter(None, (m.target, m.draft, m.eagle, m.eagle_fused)):
-        for rel in [spec.weights_file] + [g.file for g in spec.graphs] + sorted(
-                {w.file for w in spec.weights.values() if w.file}):
+        for rel in [spec.weights_file, spec.graph.file] + sorted({w.file for w in spec.weights.values() if w.file}):
             if not (folder / rel).exists():
                 raise ManifestError(f"{folder}: {spec.role} file {rel} listed in the manifest is missing")
         if 1 not in spec.widths():
             raise ManifestError(f"{folder}: {spec.role} model has no decode graph (width 1)")
-    if fused is not None and (fused.widths() != target.widths() or fused.vocab_size != target.vocab_size):
+    fused = m.eagle_fused
+    if fused is not None and (m.eagle is None or fused.widths() != target.widths()
+                              or fused.vocab_size != target.vocab_size):
         raise ManifestError(f"{folder}: the fused target+EAGLE graph has widths {fused.widths()}, the target "
                             f"{target.widths()}; re-export")
-    if draft is not None and draft.vocab_size != target.vocab_size:
-        raise ManifestError(f"draft vocab {draft.vocab_size} != target vocab {target.vocab_size}")
+    if m.draft is not None and m.draft.vocab_size != target.vocab_size:
+        raise ManifestError(f"draft vocab {m.draft.vocab_size} != target vocab {target.vocab_size}")
+    eagle = m.eagle
     if eagle is not None:
         if eagle.d2t is None or eagle.d2t.shape != (eagle.vocab_size,):
             raise ManifestError(f"{folder}: EAGLE head without a d2t map of {eagle.vocab_size} entries; re-export")
         if eagle.hidden_size != target.hidden_size:
             raise ManifestError(f"{folder}: EAGLE head hidden size {eagle.hidden_size} != target's "
                                 f"{target.hidden_size}; re-export with a head trained for this target")
+    medusa = m.medusa
     if medusa is not None:
         for rel in sorted({medusa.file, medusa.weights_file}):
             if not (folder / rel).exists():
@@ -211,6 +486,6 @@ def load_manifest(folder: str | Path) -> Manifest:
         if medusa.hidden_size != target.hidden_size:
             raise ManifestError(f"{folder}: Medusa heads of hidden size {medusa.hidden_size} != target's "
                                 f"{target.hidden_size}; re-export with heads trained for this target")
-    if not (folder / m.tokenizer_file).exists():
-        raise ManifestError(f"{folder}: tokenizer file {m.tokenizer_file} is missing")
-    return m
+    for rel in filter(None, (m.tokenizer_file, m.chat_template_file)):
+        if not (folder / rel).exists():
+            raise ManifestError(f"{folder}: tokenizer file {rel} is missing")

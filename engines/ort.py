@@ -44,13 +44,11 @@ def share_thread_pool(threads: int | None = None) -> int:
     """Run every ONNX Runtime session of this process on one intra-op thread pool; returns its size.
 
     With a pool per session, a drafter's call (EAGLE head, Medusa heads, draft model) right after
-    the target's must wake its own threads while the target's still spin on the same cores; on the
-    2-core CPU an EAGLE head call took 0.85-1.06 ms after a target call that way and 0.69-0.80 ms
-    on the shared pool (`tools/head_call_cost.py`; README, "Drafting heads made cheaper"). ONNX
-    Runtime makes this process-wide: call it
-    before the first session (the CLI does for generate / bench / chat / serve / demo / tune);
-    afterwards every session of the process, also ones made outside edgespec, must set
-    `SessionOptions.use_per_session_threads = False`."""
+    the target's must wake its own threads while the target's still spin on the same cores; on one
+    pool the threads are awake (measured in docs/results/head-cost.md). ONNX Runtime makes this
+    process-wide: call it before the first session (the CLI does for generate / bench / chat /
+    serve / demo / tune); afterwards every session of the process, also ones made outside
+    edgespec, must set `SessionOptions.use_per_session_threads = False`."""
     global _SHARED_POOL
     n = threads or _physical_cores()
     if _SHARED_POOL:
@@ -102,7 +100,7 @@ def _session_options(manifest: Manifest, spec, threads: int | None, prepack: boo
         so.add_session_config_entry("session.disable_prepacking", "1")
     if spec.role != "target" and not _SHARED_POOL:
         # A drafter alternates with the target; a spinning draft pool steals the cores the
-        # target needs next (measured: draft k=4 0.53x -> 0.83x of plain with this off).
+        # target needs next (docs/results/head-cost.md).
         # The target keeps spinning: plain decoding is ~12% faster with it. (A shared pool
         # has one set of threads, spinning for whichever session runs next.)
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -176,6 +174,8 @@ class OrtModel:
             raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {dtype})")
         self.kv = np.zeros(shape, dtype) if kv is None else kv
         self.head = head
+        self.has_hidden = True  # hidden [1, T, H] is an output of every graph edgespec writes
+        self.fused_head = head is not None  # forward takes head_next; last_head() gives the head's draft
         if head is not None:
             if head.device is not None or provider != "cpu":
                 raise EngineError("the fused target+EAGLE graph runs on the CPU provider only (host KV)")
@@ -194,10 +194,10 @@ class OrtModel:
         self._new_kv = {w: np.zeros((spec.n_layers, 2, w, spec.kv_width), dtype) for w in self.widths}
         self._hidden = {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths}
         # EAGLE-3 features (exported with --eagle3-features): low/mid/high residual streams [1, T, n*H]
-        aux = next((t for t in spec.graphs[0].outputs if t.name == "hidden_aux"), None)
-        self._hidden_aux = {w: np.zeros((1, w, aux.shape[-1]), dtype) for w in self.widths} if aux else None
+        aux = spec.aux_width
+        self._hidden_aux = {w: np.zeros((1, w, aux), dtype) for w in self.widths} if aux else None
         # an EAGLE head also takes features [1, T, H] (the target's hidden states or its own)
-        takes_features = any(t.name == "features" for t in spec.graphs[0].inputs)
+        takes_features = spec.takes_features
         # token trees: tree_mask [T, T] (1: column node is the row node or one of its ancestors);
         # a chain is lower-triangular, rewritten only after a tree call
         self.takes_tree = spec.takes_tree
@@ -226,7 +226,7 @@ class OrtModel:
     def session(self, width: int | None = None) -> ort.InferenceSession:
         """The model's one session (every phase width runs through it)."""
         if self._session is None:
-            self._session = _new_session(self.manifest.path(self.spec.graph_for(1).file), self._session_options,
+            self._session = _new_session(self.manifest.path(self.spec.graph.file), self._session_options,
                                          self.provider)
         return self._session
 

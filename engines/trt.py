@@ -28,23 +28,23 @@ _NP = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
 
 def load_trt_engine(manifest: Manifest, spec: ModelSpec, device_name: str):
     """Deserialize the model's engine after checking it was built for this TensorRT and GPU."""
-    info = manifest.raw["models"][spec.role].get("tensorrt")
-    if not info:
+    info = spec.tensorrt
+    if info is None:
         raise EngineError(f"{manifest.folder}: no TensorRT engine for the {spec.role} model. "
                           f"Hint: edgespec build-trt --engine {manifest.folder}")
     try:
         import tensorrt as trt
     except ImportError as e:
         raise EngineError("the tensorrt backend needs the `tensorrt` Python package (NVIDIA's index)") from e
-    if info["tensorrt_version"] != trt.__version__ or info["gpu"] != device_name:
-        raise EngineError(f"{info['file']} was built with TensorRT {info['tensorrt_version']} for "
-                          f"{info['gpu']}; this is TensorRT {trt.__version__} on {device_name}. TensorRT engines "
+    if info.tensorrt_version != trt.__version__ or info.gpu != device_name:
+        raise EngineError(f"{info.file} was built with TensorRT {info.tensorrt_version} for "
+                          f"{info.gpu}; this is TensorRT {trt.__version__} on {device_name}. TensorRT engines "
                           f"are tied to both: rebuild with `edgespec build-trt --engine {manifest.folder}`")
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine(manifest.path(info["file"]).read_bytes())
+    engine = runtime.deserialize_cuda_engine(manifest.path(info.file).read_bytes())
     if engine is None:
-        raise EngineError(f"TensorRT could not deserialize {info['file']}; rebuild it")
-    return engine, {int(w): int(i) for w, i in info["profiles"].items()}
+        raise EngineError(f"TensorRT could not deserialize {info.file}; rebuild it")
+    return engine, dict(info.profiles)
 
 
 class TrtModel:
@@ -56,7 +56,11 @@ class TrtModel:
             engine, profiles = load_trt_engine(manifest, spec, self.ops.device_name())
         self.manifest, self.spec, self.engine = manifest, spec, engine
         self.max_len, self.bucket = manifest.max_len, manifest.kv_bucket
-        self.vocab_size, self.n_layers = spec.vocab_size, spec.n_layers
+        self.vocab_size, self.n_layers, self.hidden_size = spec.vocab_size, spec.n_layers, spec.hidden_size
+        # the engines `edgespec build-trt` makes return logits and KV only: no hidden states (so no
+        # head drafters on this backend) and no fused EAGLE head
+        self.has_hidden = False
+        self.fused_head = False
         self.widths = tuple(sorted(profiles))
         self.n_calls = 0
         dt = np.dtype(spec.kv_dtype)
@@ -102,7 +106,7 @@ class TrtModel:
             self._ctx[w] = ctx
             self._ctx_slots[w] = 0
         self._last_width = 0
-        self.cuda_graphs = getattr(self.ops, "supports_graphs", False)
+        self.cuda_graphs = self.ops.supports_graphs
         self._graphs: dict[tuple[int, int], object] = {}
 
     def _block_ptr(self, layer: int, j: int, row: int = 0) -> int:
@@ -116,8 +120,9 @@ class TrtModel:
             if w in self.widths:
                 self.forward(np.zeros(w, np.int64), 0)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
-        """As OrtModel.forward (parents: a token tree, None: a chain)."""
+    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None,
+                head_next: np.ndarray | None = None) -> np.ndarray:
+        """As OrtModel.forward (parents: a token tree, None: a chain; no fused head here)."""
         n = len(token_ids)
         w = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
@@ -179,3 +184,10 @@ class TrtModel:
         self.ops.copy2d(dst_ptr=self._block_ptr(0, 0, past_len), dst_pitch=self.max_len * self.kv_row_bytes,
                         src_ptr=self._bufs[w]["new_kv"].ptr, src_pitch=w * self.kv_row_bytes,
                         width=n_rows * self.kv_row_bytes, height=2 * self.n_layers, stream=self.stream)
+
+    def last_hidden(self, n: int) -> np.ndarray:
+        raise EngineError("native TensorRT engines return no hidden states (has_hidden is False); the head "
+                          "drafters need --provider tensorrt or cuda (ONNX Runtime)")
+
+    def last_head(self) -> tuple[np.ndarray, np.ndarray]:
+        raise EngineError("native TensorRT engines have no fused EAGLE head")

@@ -36,16 +36,16 @@ class DataConfig:
     seed: int = 0  # prompt shuffling
 
 
-def reference_model(target: str | None):
-    """(model, tokenizer) computing with the weights the default int4 engine uses."""
-    from edgespec.export import sources
+def load_target(target: str | None):
+    """(model, tokenizer) of the target, the model computing with the weights the default int4 engine
+    uses (dequantized)."""
+    from edgespec.export import reference, sources
     from edgespec.export.arch import arch_from_config
-    from edgespec.export.exporter import _hf_weights, _reference_model
     from edgespec.export.graph import GraphOptions, LlamaGraphWriter
 
     model, tok = sources.load(sources.resolve(target))
-    writer = LlamaGraphWriter(arch_from_config(model.config, 2048), _hf_weights(model), GraphOptions("int4"))
-    return _reference_model(model, writer), tok
+    writer = LlamaGraphWriter(arch_from_config(model.config, 2048), reference.hf_weights(model), GraphOptions("int4"))
+    return reference.reference_model(model, writer), tok
 
 
 def encode(tok, row: dict) -> list[int]:
@@ -119,7 +119,7 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, tok = reference_model(cfg.target)
+    model, tok = load_target(cfg.target)
     prompts_file = out / "prompts.jsonl"
     if prompts_file.exists():  # a resumed run answers the same prompts (self-instruct ones included)
         rows = [json.loads(line) for line in prompts_file.read_text().splitlines()]

@@ -10,12 +10,12 @@ built for; the runtime refuses an engine built for another pair.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from edgespec.engines.manifest import MANIFEST, load_manifest
+from edgespec.engines.manifest import TrtInfo, load_manifest
 
 
 class TrtBuildError(RuntimeError):
@@ -23,6 +23,8 @@ class TrtBuildError(RuntimeError):
 
 
 def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
+    """Build the target's and the draft's engines and record them in the manifest; the target's
+    record (TrtInfo.to_json())."""
     try:
         import tensorrt as trt
     except ImportError as e:
@@ -35,7 +37,7 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
     gpu = CudaOps().device_name()
     logger = trt.Logger(trt.Logger.WARNING)
     cache_path = folder / "trt_timing.cache"
-    raw = json.loads((folder / MANIFEST).read_text())
+    built = {}
     for role, spec in (("target", man.target), ("draft", man.draft)):
         if spec is None:
             continue
@@ -45,7 +47,7 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
         builder = trt.Builder(logger)
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         parser = trt.OnnxParser(network, logger)
-        onnx_path = folder / spec.graph_for(1).file
+        onnx_path = folder / spec.graph.file
         if not parser.parse_from_file(str(onnx_path)):
             errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
             raise TrtBuildError(f"TensorRT could not parse {onnx_path.name}: {errs}")
@@ -58,16 +60,10 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
         s_opt = min(s_max, max(s_min, 4 * man.kv_bucket))
         for w in spec.widths():
             p = builder.create_optimization_profile()
-            for name in ("input_ids", "positions"):
-                p.set_shape(name, (1, w), (1, w), (1, w))
-            p.set_shape("past_len", (1,), (1,), (1,))
-            if spec.takes_tree:
-                p.set_shape("tree_mask", (w, w), (w, w), (w, w))
-            for layer in range(spec.n_layers):
-                for kind in ("key", "value"):
-                    p.set_shape(f"past_{kind}_{layer}", (s_min, spec.kv_width), (s_opt, spec.kv_width),
-                                (s_max, spec.kv_width))
-            profiles[str(w)] = config.add_optimization_profile(p)
+            for t in spec.graph.inputs:  # T fixed at w; the cache window S over [kv_bucket, max_len]
+                for name in t.names():
+                    p.set_shape(name, t.shape_at(w, s_min), t.shape_at(w, s_opt), t.shape_at(w, s_max))
+            profiles[w] = config.add_optimization_profile(p)
         print(f"edgespec: building the {role} TensorRT engine ({len(profiles)} profiles) ...", file=sys.stderr)
         blob = builder.build_serialized_network(network, config)
         if blob is None:
@@ -77,9 +73,7 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
         tmp.write_bytes(bytes(blob))
         os.replace(tmp, folder / fname)
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
-        raw["models"][role]["tensorrt"] = {"file": fname, "tensorrt_version": trt.__version__, "gpu": gpu,
-                                           "profiles": profiles}
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(raw, indent=1))
-    os.replace(tmp, folder / MANIFEST)
-    return raw["models"]["target"]["tensorrt"]
+        built[role] = replace(spec, tensorrt=TrtInfo(fname, trt.__version__, gpu, profiles))
+    man = replace(man, **built)
+    man.save()
+    return man.target.tensorrt.to_json()

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.drafters import TREE_DRAFTERS
+from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.tree import TreeConfig
-from edgespec.runtime.verify import SamplingConfig
 
 ITL_EDGES_MS = [0, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000, 1e9]
 
@@ -28,6 +30,7 @@ ITL_EDGES_MS = [0, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200
 @dataclass(frozen=True)
 class BenchConfig:
     engine: str  # engine folder
+    runtime: RuntimeConfig = RuntimeConfig(drafter="none", adaptive=False)  # backend and drafter options
     prompts: str | None = None  # JSONL file; None = first `limit` HumanEval prompts
     drafters: tuple[str, ...] = ("none", "ngram")  # drafters to compare ("none" is always run)
     ks: tuple[int, ...] = (4,)  # num_speculative_tokens values for the speculative drafters
@@ -35,19 +38,8 @@ class BenchConfig:
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0  # sampling seed
     limit: int = 20  # prompts taken from the file / HumanEval
-    provider: str = "cpu"  # cpu | cuda | tensorrt (ORT execution providers) | trt (native TensorRT)
-    draft_provider: str | None = None  # where the draft model runs (default: with the target)
-    eagle_min_confidence: float | None = None  # eagle/hybrid chain cut-off (None: folder / edgespec default)
-    threads: int | None = None  # intra-op threads
-    ngram_min: int = 1  # prompt lookup: shortest suffix matched
-    ngram_max: int = 3  # prompt lookup: longest suffix, tried first
     adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks)
     trees: tuple[str, ...] = ()  # token-tree specs NODES:DEPTH:BRANCH:BEAM, run for each tree-capable drafter
-    medusa_min_confidence: float | None = None  # medusa chain cut-off (None: folder / edgespec default)
-    fuse_head: bool = True  # eagle/hybrid verify with the folder's target+EAGLE graph (when it has one)
-
-
-TREE_DRAFTERS = ("ngram", "eagle", "hybrid", "medusa")
 
 
 def load_prompts(path: str | None, limit: int) -> list[dict]:
@@ -118,7 +110,6 @@ def _totals(stats: list[GenerationStats]) -> dict:
 
 
 def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
-    from edgespec.runtime.drafters import NgramConfig
     from edgespec.runtime.generator import Generator
 
     prompts = load_prompts(cfg.prompts, cfg.limit)
@@ -130,24 +121,19 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         configs += [(d, max(cfg.ks), True, "") for d in drafters[1:]]
     trees = {spec: TreeConfig.parse(spec) for spec in cfg.trees}
     configs += [(d, max(cfg.ks), False, spec) for d in drafters[1:] if d in TREE_DRAFTERS for spec in trees]
-    g = Generator.load(cfg.engine, drafter="none", k=max(cfg.ks), provider=cfg.provider, threads=cfg.threads,
-                       ngram=NgramConfig(cfg.ngram_min, cfg.ngram_max), draft_provider=cfg.draft_provider,
-                       eagle_min_confidence=cfg.eagle_min_confidence,
-                       medusa_min_confidence=cfg.medusa_min_confidence, fuse_head=cfg.fuse_head)
-    if "medusa" in drafters and g.medusa_heads is not None:
-        g.medusa_heads.load()
+    g = Generator.load(cfg.engine, dataclasses.replace(cfg.runtime, drafter="none", k=max(cfg.ks), adaptive=False))
+    if "medusa" in drafters and g.engines.medusa is not None:
         # K heads draft at most K tokens: a larger k would run k=K again
-        k_heads = g.medusa_heads.n_heads
+        k_heads = g.engines.medusa.n_heads
         configs = [c for c in configs if c[0] != "medusa" or c[3] or c[1] <= max(k_heads, min(cfg.ks))]
-    if "draft" in drafters and g.draft_engine is not None:
-        g.draft_engine.load_widths([1, g.manifest.prefill_chunk])
-    if {"eagle", "hybrid"} & set(drafters) and g.eagle_engine is not None:
-        g.eagle_engine.load_widths([1, g.manifest.prefill_chunk] + list(range(2, max(cfg.ks) + 2)))
+    widths = [1, g.manifest.prefill_chunk] + list(range(2, max(cfg.ks) + 2))
+    for d, k, _, _ in configs[1:]:  # every drafter's sessions made before the timed runs
+        g.set_drafter(d, k)
+        g.warm_drafter(widths)
     sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
     encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
     def use(d, k, adaptive, tree):
-        g.cfg = dataclasses.replace(g.cfg, adaptive=adaptive, tree=trees[tree] if tree else TreeConfig())
-        g.set_drafter(d, k or None)
+        g.reconfigure(drafter=d, k=k or None, adaptive=adaptive, tree=trees[tree] if tree else TreeConfig())
 
     for c in configs:  # warm-up: first calls of each path, not timed
         use(*c)
@@ -156,7 +142,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     results = {c: {"stats": [], "prompts": []} for c in configs}
     from edgespec.runtime.gpu_monitor import maybe_sampler
 
-    sampler = maybe_sampler(cfg.provider)
+    sampler = maybe_sampler(cfg.runtime.provider)
     if sampler is not None:
         sampler.__enter__()
     print(f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
@@ -186,13 +172,13 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     report = {"config": {"engine": cfg.engine, "prompts": cfg.prompts or f"HumanEval[:{cfg.limit}]",
                          "drafters": drafters, "k": list(cfg.ks), "max_new_tokens": cfg.max_new_tokens,
                          "temperature": cfg.temperature, "seed": cfg.seed,
-                         "ngram": [cfg.ngram_min, cfg.ngram_max], "adaptive": cfg.adaptive,
+                         "ngram": [cfg.runtime.ngram_min, cfg.runtime.ngram_max], "adaptive": cfg.adaptive,
                          "trees": list(cfg.trees),
                          "eagle_min_confidence": g.cfg.eagle_min_confidence,
                          "medusa_min_confidence": g.cfg.medusa_min_confidence,
-                         "fused_head": g.fused_target is not None,
+                         "fused_head": g.engines.eagle_fused is not None,
                          "precision": g.manifest.target.precision},
-              "machine": machine_info(cfg.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
+              "machine": machine_info(cfg.runtime.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
     print(format_table(report), file=out)
     return report
 

@@ -1,12 +1,14 @@
-"""Drafters: cheap proposers of the next tokens, behind one interface.
+"""Drafters: cheap proposers of the next tokens, behind one interface (`Drafter`).
 
   start(seq, n_cached)   after the prompt is prefilled (a draft model prefills its own KV here;
                          its rows for the first n_cached tokens are still valid from the last call)
-  propose(seq, k)        write up to k tokens into seq.draft_slots(k); return (m, q [m, V] or None)
-  accepted(seq, n_old, n_acc)  after the target kept n_acc of them (roll back own state)
+  propose(seq, k)        write up to k tokens into seq.draft_slots(k); return their Proposal
+  propose_tree(seq, tree, cfg)  grow a token tree under the pending token (drafts_trees)
+  accepted(seq, n_old, n_acc)   after the target kept n_acc of them (roll back own state)
 
-q is the drafter's distribution for each proposed token (needed for lossless sampling); None
-means the drafter is deterministic (q is one-hot on its token).
+A proposal's q is the drafter's distribution of each proposed token (needed for lossless
+sampling); None means the drafter is deterministic (q is one-hot on its token). Model-free and
+draft-model drafters live here, the ones that draft from the target's features in heads.py.
 """
 
 from __future__ import annotations
@@ -14,31 +16,58 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from edgespec.engines.base import prefill
-from edgespec.runtime.state import SeqState
-from edgespec.runtime.verify import SamplingConfig, penalize, probs, sample
+from edgespec.runtime.prefill import prefill
+from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
+from edgespec.runtime.state import Proposal, SeqState, chain
+
+DRAFTERS = ("none", "ngram", "draft", "eagle", "hybrid", "medusa")
+TREE_DRAFTERS = ("ngram", "eagle", "hybrid", "medusa")  # the drafters that grow token trees
+FEATURE_DRAFTERS = ("eagle", "hybrid", "medusa")  # the drafters that read the target's hidden states
 
 
-def _penalized(logits: np.ndarray, seq: SeqState, i: int, sampling: SamplingConfig) -> np.ndarray:
+def penalized(logits: np.ndarray, seq: SeqState, i: int, sampling: SamplingConfig) -> np.ndarray:
     """The draft's logits for draft position i under the same repetition penalty as the target."""
     if sampling.repetition_penalty == 1.0:
         return logits
     return penalize(logits[None], seq.tokens, seq.n + i, sampling.repetition_penalty)[0]
 
 
-class NoDrafter:
-    """Plain decoding: nothing proposed, every step is one T=1 target call (the baseline)."""
+class Drafter:
+    """The interface every drafter implements; the defaults are a drafter with no state."""
 
     name = "none"
+    drafts_trees = False  # propose_tree is available
+    engine = None  # the model whose calls count as draft calls (stats); None: no model
+    verifier = None  # an engine that runs the target's calls in its place (EAGLE: the fused target+head graph)
+
+    def __init__(self) -> None:
+        self.sampling = SamplingConfig()
+        self.rng = np.random.default_rng()
+
+    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
+        """The generation's sampling settings and RNG (drafts are drawn as the target's tokens are)."""
+        self.sampling, self.rng = sampling, rng
 
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         pass
 
-    def propose(self, seq: SeqState, k: int):
-        return 0, None
+    def propose(self, seq: SeqState, k: int) -> Proposal:
+        return chain(seq, 0)
+
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        raise NotImplementedError(f"drafter {self.name!r} drafts chains only")
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         pass
+
+    def forget(self) -> None:
+        """Drop state kept from the last call (the next prompt is prefilled in full)."""
+
+
+class NoDrafter(Drafter):
+    """Plain decoding: nothing proposed, every step is one T=1 target call (the baseline)."""
+
+    name = "none"
 
 
 @dataclass(frozen=True)
@@ -47,19 +76,21 @@ class NgramConfig:
     max_n: int = 3  # longest suffix tried first
 
 
-class NgramDrafter:
+MAX_TREE_MATCHES = 8  # earlier occurrences an n-gram tree merges (per suffix length)
+
+
+class NgramDrafter(Drafter):
     """Prompt lookup: find the most recent earlier occurrence of the sequence's last n tokens
     (longest n first) in prompt + output, and propose the tokens that followed it."""
 
     name = "ngram"
+    drafts_trees = True
 
     def __init__(self, cfg: NgramConfig = NgramConfig()) -> None:
+        super().__init__()
         if not 1 <= cfg.min_n <= cfg.max_n:
             raise ValueError(f"ngram sizes need 1 <= min_n <= max_n (got {cfg.min_n}, {cfg.max_n})")
         self.cfg = cfg
-
-    def start(self, seq: SeqState, n_cached: int = 0) -> None:
-        pass
 
     def _matches(self, seq: SeqState):
         """(suffix size, starts of its earlier occurrences), longest suffix first; each start j has
@@ -71,13 +102,13 @@ class NgramDrafter:
             if len(hits):
                 yield size, hits
 
-    def propose(self, seq: SeqState, k: int):
+    def propose(self, seq: SeqState, k: int) -> Proposal:
         for size, hits in self._matches(seq):  # the most recent occurrence of the longest suffix
             start = int(hits[-1]) + size
             m = min(k, seq.n - start)
             seq.draft_slots(m)[:] = seq.tokens[start:start + m]
-            return m, None
-        return 0, None
+            return chain(seq, m)
+        return chain(seq, 0)
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         """A trie of the continuations after several earlier occurrences of the suffix (longest
@@ -91,31 +122,24 @@ class NgramDrafter:
                     if parent < 0:
                         return
 
-    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
-        pass
 
-
-MAX_TREE_MATCHES = 8  # earlier occurrences an n-gram tree merges (per suffix length)
-
-
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A separate draft model with its own static KV, run token by token (T=1)."""
 
     name = "draft"
 
-    def __init__(self, engine, sampling: SamplingConfig | None = None) -> None:
+    def __init__(self, engine) -> None:
+        super().__init__()
         self.engine = engine
-        self.sampling = sampling or SamplingConfig()
-        self.rng = np.random.default_rng(self.sampling.seed)
         self.dft_past = 0  # rows in the draft KV; they match seq.tokens[:dft_past]
         self._q = np.zeros((64, engine.vocab_size), np.float64)
-
-    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
-        self.sampling, self.rng = sampling, rng
 
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         past = min(self.dft_past, n_cached)
         self.dft_past, _ = prefill(self.engine, seq.tokens[past:seq.n - 1], past)
+
+    def forget(self) -> None:
+        self.dft_past = 0
 
     def _step(self, token_ids: np.ndarray) -> np.ndarray:
         logits = self.engine.forward(token_ids, self.dft_past)
@@ -123,10 +147,10 @@ class ModelDrafter:
         self.dft_past += len(token_ids)
         return logits[-1]
 
-    def propose(self, seq: SeqState, k: int):
+    def propose(self, seq: SeqState, k: int) -> Proposal:
         k = min(k, self.engine.max_len - self.dft_past - 2)
         if k <= 0:
-            return 0, None
+            return chain(seq, 0)
         behind = seq.tokens[self.dft_past:seq.n]  # the pending token (+ the last bonus token) ...
         if len(behind) > 2:  # ... or many, after steps that drafted nothing: one chunked call
             self.dft_past, logits = prefill(self.engine, behind, self.dft_past)
@@ -135,7 +159,7 @@ class ModelDrafter:
                 logits = self._step(behind[i:i + 1])
         slots = seq.draft_slots(k)
         for i in range(k):
-            logits = _penalized(logits, seq, i, self.sampling)
+            logits = penalized(logits, seq, i, self.sampling)
             if self.sampling.greedy:
                 slots[i] = logits.argmax()
             else:
@@ -143,299 +167,38 @@ class ModelDrafter:
                 slots[i] = sample(self._q[i], self.rng)
             if i + 1 < k:
                 logits = self._step(slots[i:i + 1])
-        return k, (None if self.sampling.greedy else self._q[:k])
+        return chain(seq, k, None if self.sampling.greedy else self._q[:k])
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         # rows hold [pending, d_1..d_{k-1}] from slot n_old - 1; d_1..d_{n_acc} survive
         self.dft_past = min(self.dft_past, n_old + n_acc)
 
 
-class _HeadDrafter:
-    """What the EAGLE and Medusa drafters share: picking a token from a head's logits over the
-    draft vocabulary (greedy, or sampled with its q), and growing trees from such logits."""
+def make_drafter(name: str, engines, ngram: NgramConfig, features: np.ndarray | None,
+                 eagle_min_confidence: float, medusa_min_confidence: float, fuse_head: bool) -> Drafter:
+    """The drafter `name` over a generator's engines (runtime.generator.Engines); features
+    [slots, H] is the target's hidden-state buffer the head drafters read."""
+    from edgespec.runtime.heads import EagleDrafter, HybridDrafter, MedusaDrafter
 
-    def __init__(self, d2t: np.ndarray, target_vocab: int, min_confidence: float,
-                 sampling: SamplingConfig | None, n_rows: int) -> None:
-        self.d2t = d2t
-        # stop the chain once the head's own probability falls below this (EAGLE-2's observation:
-        # draft confidence predicts acceptance), so the verify call stays narrow: EAGLE's chain
-        # probability (the product along the chain), each Medusa head's own probability. Lossless
-        # either way: the length depends only on the draft's own numbers.
-        self.min_confidence = min_confidence
-        self.sampling = sampling or SamplingConfig()
-        self.rng = np.random.default_rng(self.sampling.seed)
-        self._full = np.full(target_vocab, -np.inf, np.float32)  # head logits scattered to the target vocab
-        self._exp = np.zeros(len(d2t), np.float32)  # scratch for the confidence softmax (no per-step alloc)
-        self._q = np.zeros((n_rows, target_vocab), np.float64)
-
-    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
-        self.sampling, self.rng = sampling, rng
-
-    def _choose(self, logits: np.ndarray, seq: SeqState, i: int) -> tuple[int, float]:
-        """(token, the head's probability of it) for draft position i."""
-        if self.sampling.greedy and self.sampling.repetition_penalty == 1.0:
-            top = int(logits.argmax())
-            conf = 1.0
-            if self.min_confidence:  # p(top) = 1 / sum(exp(l - l_top))
-                np.exp(np.subtract(logits, logits[top], out=self._exp), out=self._exp)
-                conf = 1.0 / float(self._exp.sum())
-            return int(self.d2t[top]), conf
-        self._full[self.d2t] = logits  # draft vocab -> target vocab (other ids stay -inf)
-        full = _penalized(self._full, seq, i, self.sampling)
-        if self.sampling.greedy:
-            top = int(full.argmax())
-            return top, 1.0 / float(np.exp(full - full[top]).sum())
-        self._q[i] = probs(full, self.sampling)
-        tok = sample(self._q[i], self.rng)
-        return tok, float(self._q[i, tok])
-
-    def _add_children(self, tree, frontier, row_of, cfg) -> list[int]:
-        """One depth of a best-first tree: the top-`branch` children of each frontier node
-        (row_of(u): the head's logits [Vd] for u's children), scored by path probability (the
-        head's own probabilities multiplied along the path), added best first while the node
-        budget lasts and the score stays >= min_score. Returns the added nodes, best first."""
-        cands = []
-        for u in frontier:
-            row = row_of(u)
-            top = np.argpartition(row, -cfg.branch)[-cfg.branch:]
-            np.exp(np.subtract(row, row.max(), out=self._exp), out=self._exp)
-            z = float(self._exp.sum())
-            cands.extend((tree.score[u] * float(self._exp[t]) / z, u, int(self.d2t[t])) for t in top)
-        cands.sort(reverse=True)
-        added = []
-        for score, u, tok in cands:
-            if score < cfg.min_score:
-                break
-            c = tree.add(u, tok, score)
-            if c < 0:
-                break
-            added.append(c)
-        return added
-
-
-class EagleDrafter(_HeadDrafter):
-    """EAGLE: a one-layer head drafts from the target's own features (chain).
-
-    Head row j holds the pair (f_j, token_{j+1}), f_j = the target's hidden state at position j
-    (`tgt_features`, kept current by the generator). Its output predicts f_{j+1} and so
-    token_{j+2}. One step: catch up on the pairs the target has verified since the last step (one
-    call, true features; its last row drafts d_1), then k-1 calls that feed the head its own
-    predicted feature: (f^_{n-1}, d_1) -> d_2, ... Those speculative rows sit past `dft_past` and
-    are overwritten by the next catch-up, so rejection needs no rollback work.
-
-    Fused (`fused`: the target engine, when it runs the target+head graph): the verify call itself
-    computes the head's rows for the pairs it verifies, taking the target's argmax as each row's
-    next token, which under greedy decoding is the token that does follow every accepted row and
-    the bonus row. So when greedy (no repetition penalty) and the head was caught up to the call's
-    past_len, the committed rows catch it up and the bonus row's head logits are d_1: no head
-    call for d_1. Otherwise (sampling; a prefix the head had not caught up to) the catch-up call
-    runs as without fusion, so output never depends on it.
-    """
-
-    name = "eagle"
-
-    def __init__(self, head, d2t: np.ndarray, tgt_features: np.ndarray, target_vocab: int,
-                 min_confidence: float = 0.0, sampling: SamplingConfig | None = None) -> None:
-        super().__init__(d2t, target_vocab, min_confidence, sampling, 64)
-        self.head, self.tgt_features = head, tgt_features
-        self.dft_past = 0  # head rows holding true pairs 0..dft_past-1
-        self._feat = np.zeros((1, tgt_features.shape[1]), tgt_features.dtype)  # f^ fed back
-        n_tree = max(head.widths)  # tree scratch: per node feature, head row, head-call inputs
-        self._tree_feat = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
-        self._tree_in = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
-        self._tree_par = np.zeros(n_tree, np.int64)
-        self._tree_rows = np.zeros(n_tree, np.int64)
-        self.fused = None  # the target engine when it verifies with the target+head graph
-        self._fused_ready = False  # the last target call caught the head up (d_1 is in fused.last_head())
-
-    def _caught_up_by_target(self, seq: SeqState, past_len: int) -> None:
-        """After a target call at past_len whose rows are committed: did its head rows catch us up?"""
-        p = self.sampling
-        self._fused_ready = (self.fused is not None and p.greedy and p.repetition_penalty == 1.0
-                             and self.dft_past == past_len)
-        if self._fused_ready:
-            self.dft_past = seq.n - 1
-
-    def start(self, seq: SeqState, n_cached: int = 0) -> None:
-        # pair j needs tokens j, j+1 of the common prefix and f_j: valid for j <= n_cached - 2
-        self.dft_past = min(self.dft_past, max(n_cached - 1, 0))
-        self._caught_up_by_target(seq, n_cached)  # the prefill ran from n_cached
-
-    def _catch_up(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
-        """Run the head over the pairs the target verified since the last step (j0..n-2, true
-        features; at least the pending token's); its last row drafts d_1. Returns those logits
-        [Vd] and writes that row's predicted feature into feat_out [H]."""
-        n, head, j0 = seq.n, self.head, self.dft_past
-        self.dft_past, logits = prefill(head, seq.tokens[j0 + 1:n], j0, features=self.tgt_features[j0:n - 1])
-        feat_out[:] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]  # last row of the last chunk
-        return logits
-
-    def _first(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
-        """The head's logits [Vd] for d_1, its predicted feature into feat_out [H]: from the fused
-        verify when that caught the head up, else from a catch-up call."""
-        if not self._fused_ready:
-            return self._catch_up(seq, feat_out)
-        logits, feat = self.fused.last_head()
-        feat_out[:] = feat
-        return logits
-
-    def propose(self, seq: SeqState, k: int):
-        n, head = seq.n, self.head
-        k = min(k, head.max_len - n)
-        if k <= 0:
-            return 0, None
-        logits = self._first(seq, self._feat[0])
-        slots = seq.draft_slots(k)
-        path = 1.0  # the head's probability of d_1..d_{i+1} all being right, ~ P(d_{i+1} is kept)
-        for i in range(k):
-            slots[i], conf = self._choose(logits, seq, i)
-            path *= conf
-            if path < self.min_confidence:
-                k = i  # a row that is probably wasted: propose d_1..d_i only
-                break
-            if i + 1 < k:  # speculative row at slot n-1+i: (f^, d_{i+1})
-                logits = head.forward(slots[i:i + 1], n - 1 + i, features=self._feat)[-1]
-                head.commit(n - 1 + i, 1)
-                self._feat[0] = head.last_hidden(1)[0]
-        return k, (None if self.sampling.greedy or k == 0 else self._q[:k])
-
-    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
-        """EAGLE-2 style dynamic tree: each depth adds the top-`branch` children of the last
-        depth's expanded nodes, best path probability first (the head's own probabilities
-        multiplied along the path) while the node budget lasts; the `beam` best of them are
-        expanded next: the head runs once over all drafted nodes (a forest under the committed
-        context, tree attention) for their children."""
-        n, head = seq.n, self.head
-        if head.max_len - n < cfg.depth + 1 or tree.limit < 2:
-            return
-        feat = self._tree_feat
-        logits = self._first(seq, feat[0])[None]  # [rows, Vd]: the head's logits of the last expanded nodes
-        rows_of = self._tree_rows  # each node's row in `logits`
-        rows_of[0] = 0
-        frontier = [0]
-        for d in range(1, cfg.depth + 1):
-            added = self._add_children(tree, frontier, lambda u, lg=logits: lg[rows_of[u]], cfg)
-            frontier = added[:cfg.beam]  # the best of them grow the next depth
-            if not frontier or tree.n >= tree.limit or d == cfg.depth:
-                break
-            # the head over drafted nodes 1..n-1: row i-1 = (f^ of i's parent, token i) at depth(i)
-            m = tree.n - 1
-            for i in range(1, tree.n):
-                self._tree_in[i - 1] = feat[tree.parents[i]]
-                self._tree_par[i - 1] = tree.parents[i] - 1  # depth-1 nodes are the forest's roots
-            logits = head.forward(tree.tokens[1:tree.n], n - 1, features=self._tree_in[:m],
-                                  parents=self._tree_par[:m])
-            hidden = head.last_hidden(m)
-            for c in frontier:
-                feat[c] = hidden[c - 1]
-                rows_of[c] = c - 1
-
-    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
-        # the speculative rows lie past dft_past already; a fused verify may have caught us up
-        self._caught_up_by_target(seq, n_old - 1)
-
-
-class MedusaDrafter(_HeadDrafter):
-    """Medusa: K heads on the target's feature of the last verified position (the one whose own
-    next token is the pending bonus token) draft the K tokens after it in one call. Head i does not
-    see the drafts before its own (so its q is its own distribution, still a valid proposal for
-    lossless sampling). Nothing to roll back: the heads keep no state."""
-
-    name = "medusa"
-
-    def __init__(self, heads, d2t: np.ndarray, tgt_features: np.ndarray, target_vocab: int,
-                 min_confidence: float = 0.0, sampling: SamplingConfig | None = None) -> None:
-        super().__init__(d2t, target_vocab, min_confidence, sampling, heads.n_heads)
-        self.heads, self.tgt_features = heads, tgt_features
-
-    def start(self, seq: SeqState, n_cached: int = 0) -> None:
-        pass
-
-    def propose(self, seq: SeqState, k: int):
-        k = min(k, self.heads.n_heads)
-        logits = self.heads.forward(self.tgt_features[seq.n - 2])  # [K, Vd]; f of the last verified token
-        slots = seq.draft_slots(k)
-        for i in range(k):
-            slots[i], conf = self._choose(logits[i], seq, i)
-            if conf < self.min_confidence:
-                k = i  # not confident: propose d_1..d_i only
-                break
-        return k, (None if self.sampling.greedy or k == 0 else self._q[:k])
-
-    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
-        """Medusa's tree, chosen per step: depth d takes head d-1's top-`branch` tokens under each of
-        the `beam` best nodes of depth d-1, best path probability first while the node budget
-        lasts (a static tree is the special case where scores never cut it short)."""
-        logits = self.heads.forward(self.tgt_features[seq.n - 2])  # [K, Vd]
-        frontier = [0]
-        for d in range(1, min(cfg.depth, self.heads.n_heads) + 1):
-            frontier = self._add_children(tree, frontier, lambda u, d=d: logits[d - 1], cfg)[:cfg.beam]
-            if not frontier or tree.n >= tree.limit:
-                break
-
-    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
-        pass
-
-
-class HybridDrafter:
-    """Prompt lookup where the context has a match (it copies long spans for free), the EAGLE head
-    elsewhere (new text). The head still catches up on every verified token, so it is ready."""
-
-    name = "hybrid"
-
-    def __init__(self, ngram: NgramDrafter, eagle: EagleDrafter) -> None:
-        self.ngram, self.eagle = ngram, eagle
-
-    @property
-    def dft_past(self) -> int:
-        return self.eagle.dft_past
-
-    @dft_past.setter
-    def dft_past(self, value: int) -> None:
-        self.eagle.dft_past = value
-
-    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
-        self.eagle.configure(sampling, rng)
-
-    def start(self, seq: SeqState, n_cached: int = 0) -> None:
-        self.eagle.start(seq, n_cached)
-
-    def propose(self, seq: SeqState, k: int):
-        m, q = self.ngram.propose(seq, k)
-        return (m, q) if m > 0 else self.eagle.propose(seq, k)
-
-    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
-        self.ngram.propose_tree(seq, tree, cfg)
-        if tree.n == 1:
-            self.eagle.propose_tree(seq, tree, cfg)
-
-    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
-        self.eagle.accepted(seq, n_old, n_acc)
-
-
-DRAFTERS = ("none", "ngram", "draft", "eagle", "hybrid", "medusa")
-
-
-def make_drafter(name: str, draft_engine=None, ngram: NgramConfig = NgramConfig(), eagle=None, medusa=None):
-    """eagle / medusa: (head engine, d2t [Vd], target feature buffer [slots, H], target vocab,
-    min confidence) or None."""
     if name == "none":
         return NoDrafter()
     if name in ("ngram", "prompt_lookup"):
         return NgramDrafter(ngram)
     if name == "draft":
-        if draft_engine is None:
+        if engines.draft is None:
             raise ValueError("drafter 'draft' needs an engine folder exported with --draft")
-        return ModelDrafter(draft_engine)
+        return ModelDrafter(engines.draft)
+    vocab = engines.target.vocab_size
     if name in ("eagle", "hybrid"):
-        if eagle is None:
+        if engines.eagle is None:
             raise ValueError(f"drafter {name!r} needs an engine folder with an EAGLE head (exported with "
                              "--eagle HEAD_DIR; the default model's export includes one)")
-        e = EagleDrafter(*eagle)
+        fused = engines.eagle_fused if fuse_head else None
+        e = EagleDrafter(engines.eagle, features, vocab, eagle_min_confidence, fused)
         return e if name == "eagle" else HybridDrafter(NgramDrafter(ngram), e)
     if name == "medusa":
-        if medusa is None:
+        if engines.medusa is None:
             raise ValueError("drafter 'medusa' needs an engine folder with Medusa heads (exported with "
                              "--medusa HEADS_DIR; the default model's export includes them)")
-        return MedusaDrafter(*medusa)
+        return MedusaDrafter(engines.medusa, features, vocab, medusa_min_confidence)
     raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")

@@ -16,8 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from edgespec.runtime.generator import Generator
+from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.text import TemplateError
-from edgespec.runtime.verify import SamplingConfig
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse

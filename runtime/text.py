@@ -91,7 +91,7 @@ def provenance(m: int, n_acc: int, n_tokens: int) -> list[str]:
 
 
 def show_acceptance(g, prompt, max_new_tokens: int, temperature: float, seed, out) -> None:
-    from edgespec.runtime.verify import SamplingConfig
+    from edgespec.runtime.sampling import SamplingConfig
 
     ids = g.codec.encode(prompt)
     decoder = StreamDecoder(g.codec)

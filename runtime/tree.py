@@ -1,19 +1,10 @@
-"""Token trees: candidate continuations verified in one target call, and their acceptance.
+"""Token trees: candidate continuations verified in one target call (acceptance: verify.py).
 
 A tree holds node 0 = the pending token (the root) and drafted nodes 1..n-1 in topological order
 (parent[i] < i). The target runs all n nodes at once (engines take `parents`): node i at position
 past_len + depth(i), attending to its ancestors only, and its row is bit for bit the row plain
 decoding would compute after the same path (tests/test_tree.py). Acceptance walks down from the
 root; the accepted path's K/V rows are then committed to consecutive cache slots (compaction).
-
-  greedy    at node u take the target's argmax x; if u has a child with token x, move there;
-            else x is the correction (or bonus) token. The output equals plain greedy decoding.
-  sampling  at node u with the target's processed distribution p, try u's children in turn: a
-            child with token x is kept with probability p(x) / sum(p); when it is rejected, p(x)
-            is set to 0 (and p renormalised, implicitly by the division). If no child is kept,
-            the token is drawn from what is left of p. Children are deterministic candidates (a
-            one-hot q each), so this is sampling from p by successive rejection: lossless
-            (SpecInfer's multi-candidate rule with one-hot q; tested by chi-square).
 """
 
 from __future__ import annotations
@@ -21,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from edgespec.runtime.verify import SamplingConfig, penalize, probs, sample
+from edgespec.runtime.state import Proposal
 
 
 @dataclass(frozen=True)
@@ -120,55 +111,18 @@ class TokenTree:
                 m += 1
         self.n = m
 
-
-def accept_tree_greedy(tree: TokenTree, tgt_logits: np.ndarray, tokens: np.ndarray, n: int,
-                       repetition_penalty: float = 1.0) -> tuple[int, int]:
-    """(n accepted, next token); tree.path[:n_acc+1] = the accepted nodes, root first, and their
-    tokens are written at tokens[n:] (tokens[:n] is the context before them)."""
-    cur, n_acc = 0, 0
-    tree.path[0] = 0
-    while True:
-        row = tgt_logits[cur]
-        if repetition_penalty != 1.0:
-            row = penalize(row[None], tokens, n + n_acc, repetition_penalty)[0]
-        x = int(row.argmax())
-        nxt = tree.child(cur, x)
-        if nxt < 0:
-            return n_acc, x
-        cur = nxt
-        tokens[n + n_acc] = x
-        n_acc += 1
-        tree.path[n_acc] = cur
+    def proposal(self) -> Proposal:
+        """The drafted tree as the verify call takes it (views of the buffers)."""
+        return Proposal(self.tokens[:self.n], self.parents[:self.n], None, self, self.max_depth)
 
 
-def accept_tree_sampled(tree: TokenTree, tgt_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator,
-                        tokens: np.ndarray, n: int) -> tuple[int, int]:
-    """Lossless tree acceptance (module docstring). tokens[:n] is the context before the root's
-    successor; accepted tokens are written at tokens[n:] as the walk goes (the repetition
-    penalty of a row sees its own path)."""
-    cur, n_acc = 0, 0
-    tree.path[0] = 0
-    while True:
-        row = tgt_logits[cur]
-        if cfg.repetition_penalty != 1.0:
-            row = penalize(row[None], tokens, n + n_acc, cfg.repetition_penalty)[0]
-        p = probs(row, cfg)
-        total = 1.0
-        kept = -1
-        for c in range(cur + 1, tree.n):
-            if tree.parents[c] != cur:
-                continue
-            x = tree.tokens[c]
-            if rng.random() * total < p[x]:  # u < p(x) / total: p renormalised over what is left
-                kept = c
-                break
-            total -= p[x]
-            p[x] = 0.0
-        if kept < 0:
-            if total <= 1e-12:  # every token with mass was a rejected child: numerically empty
-                return n_acc, sample(probs(row, cfg), rng)
-            return n_acc, sample(p, rng)
-        cur = kept
-        tokens[n + n_acc] = tree.tokens[cur]
-        n_acc += 1
-        tree.path[n_acc] = cur
+TREE_BLOCK = 128  # the context blocks ORT's CPU attention GEMM sums separately (measured, tests/test_tree.py)
+
+
+def tree_chain_prefix(past_len: int, n_nodes: int, block: int = TREE_BLOCK) -> int:
+    """How many leading nodes of a tree verified at past_len must form a chain (node i at depth i)
+    for its rows to equal a chain's bit for bit: up to the first multiple of `block` inside
+    [past_len, past_len + n_nodes). The attention's probability x value GEMM sums each block of
+    slots on its own, so an ancestor must sit in the same block in the tree as in the chain."""
+    b = -past_len % block
+    return b if 1 < b < n_nodes else 1

@@ -10,13 +10,10 @@
 from __future__ import annotations
 
 import datetime
-import json
-import os
 import sys
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
-from edgespec.engines.manifest import MANIFEST, load_manifest
+from edgespec.engines.manifest import Defaults, Manifest, Tuned, load_manifest
 from edgespec.runtime.bench import BenchConfig, format_table, run_bench
 
 
@@ -30,9 +27,11 @@ class TuneConfig:
     write: bool = True  # record the decision in manifest.json
 
 
-def tune(cfg: TuneConfig, out=sys.stdout) -> dict:
+def tune(cfg: TuneConfig, out=sys.stdout) -> Defaults:
+    """Bench the folder's drafters on the prompts; the fastest lossless setting (recorded as the
+    folder's default unless cfg.write is False)."""
     man = load_manifest(cfg.engine)
-    drafters = [d for d in man.raw.get("drafters", ["none", "ngram"]) if d in ("none", "ngram", "draft")]
+    drafters = [d for d in man.drafters if d in ("none", "ngram", "draft")]
     ks = tuple(k for k in cfg.ks if k <= man.num_speculative_tokens) or (1,)
     report = run_bench(BenchConfig(engine=cfg.engine, prompts=cfg.prompts, drafters=tuple(drafters), ks=ks,
                                    max_new_tokens=cfg.max_new_tokens, limit=cfg.limit, adaptive=True), out=out)
@@ -43,40 +42,35 @@ def tune(cfg: TuneConfig, out=sys.stdout) -> dict:
     lossless = [r for r in runs if r["totals"]["identical_to_none"] == r["totals"]["n_prompts"]]
     best = max(lossless, key=lambda r: r["totals"]["tokens_per_s"])
     speedup = best["totals"]["tokens_per_s"] / max(plain["tokens_per_s"], 1e-9)
-    decision = {"drafter": best["drafter"], "k": best["k"] or man.defaults.get("k", 4),
-                "adaptive": bool(best.get("adaptive")),
-                "tuned": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                          "prompts": report["config"]["prompts"], "n_prompts": plain["n_prompts"],
-                          "prefill_share": prefill_share, "speedup_vs_none": speedup,
-                          "tokens_per_s": best["totals"]["tokens_per_s"], "machine": report["machine"]["cpu"],
-                          "table": format_table(report)}}
+    tuned = Tuned(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  prompts=report["config"]["prompts"], n_prompts=plain["n_prompts"], prefill_share=prefill_share,
+                  speedup_vs_none=speedup, tokens_per_s=best["totals"]["tokens_per_s"],
+                  machine=report["machine"]["cpu"], table=format_table(report))
+    decision = Defaults(drafter=best["drafter"], k=best["k"] or man.defaults.k, adaptive=bool(best.get("adaptive")),
+                        tuned=tuned)
     kind = "decode-heavy" if prefill_share < 0.5 else "prefill-heavy"
     print(f"\nworkload: {kind} (prefill {prefill_share:.0%} of plain decoding time)", file=out)
     if best["drafter"] == "none":
         print("decision: plain decoding; no lossless speculative setting was faster here", file=out)
     else:
-        ad = " adaptive" if decision["adaptive"] else ""
+        ad = " adaptive" if decision.adaptive else ""
         print(f"decision: drafter {best['drafter']} k={best['k']}{ad}, {speedup:.2f}x plain decoding, "
               "output identical to plain on every prompt", file=out)
     if cfg.write:
-        _write_defaults(Path(cfg.engine), decision)
+        _write_defaults(cfg.engine, decision)
         print(f"recorded as the default of {cfg.engine}", file=out)
     return decision
 
 
-def _write_defaults(folder: Path, decision: dict) -> None:
-    path = folder / MANIFEST
-    d = json.loads(path.read_text())
-    d["defaults"] = decision
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(d, indent=1))
-    os.replace(tmp, path)  # atomic: a crash leaves the old manifest, never half of one
+def _write_defaults(folder: str, decision: Defaults) -> None:
+    """The decision becomes the folder's defaults (read afresh: the bench ran for minutes)."""
+    replace(load_manifest(folder), defaults=decision).save()
 
 
-def describe_default(manifest) -> str:
+def describe_default(manifest: Manifest) -> str:
     d = manifest.defaults
-    t = d.get("tuned")
-    ad = " adaptive" if d.get("adaptive") else ""
-    where = (f"tuned {t['date'][:10]} on {t['n_prompts']} prompts, {t['speedup_vs_none']:.2f}x plain"
+    t = d.tuned
+    ad = " adaptive" if d.adaptive else ""
+    where = (f"tuned {t.date[:10]} on {t.n_prompts} prompts, {t.speedup_vs_none:.2f}x plain"
              if t else "export default; run `edgespec tune` to choose for your prompts")
-    return f"drafter {d.get('drafter', 'ngram')} k={d.get('k', 4)}{ad} ({where})"
+    return f"drafter {d.drafter} k={d.k}{ad} ({where})"

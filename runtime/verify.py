@@ -11,6 +11,15 @@ one-hot q, which makes the rule "keep x with probability p(x), else sample p wit
 p and q go through the same processing: repetition penalty (over the row's own context, draft
 tokens before it included), temperature, top-k, top-p.
 
+Trees (parents given): the same walk from the root, at each node over its children:
+  greedy    take the target's argmax x at node u; move to u's child with token x, else x is the
+            correction (or bonus) token. The output equals plain greedy decoding.
+  sampling  try u's children in turn with p the target's processed distribution at u: a child
+            with token x is kept with probability p(x) / sum(p); when rejected, p(x) is set to 0
+            (renormalised implicitly by the division). If none is kept, the token is drawn from
+            what is left of p. Children are deterministic candidates (one-hot q each), so this is
+            sampling from p by successive rejection: lossless (SpecInfer's multi-candidate rule).
+
 Typical acceptance (Medusa, Cai et al. 2024) is offered as an explicit LOSSY option: a draft token
 is kept when p(x) >= min(eps, sqrt(eps) * exp(-H(p))), so plausible tokens pass even where
 p(x) / q(x) would reject them; the output no longer follows the target's distribution.
@@ -18,72 +27,25 @@ p(x) / q(x) would reject them; the output no longer follows the target's distrib
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
+from edgespec.runtime.state import Proposal, SeqState
 
 
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 0.0  # 0 = greedy (argmax); >0 divides logits before softmax
-    top_k: int = 0  # keep the k most likely tokens (0 = off)
-    top_p: float = 1.0  # keep the smallest set with this much probability mass (1 = off)
-    seed: int | None = None  # RNG seed: same seed, same output
-    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the context (CTRL rule:
-    #                                  positive logits divided by it, negative ones multiplied); 1 = off
-    typical_epsilon: float = 0.0  # > 0: LOSSY typical acceptance with this threshold (Medusa uses 0.09)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-    def check(self) -> None:
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"bad sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1")
-        if self.repetition_penalty <= 0 or not 0 <= self.typical_epsilon < 1:
-            raise ValueError(f"bad sampling settings {self}: need repetition_penalty > 0 and "
-                             "0 <= typical_epsilon < 1")
-
-
-def penalize(logits: np.ndarray, tokens: np.ndarray, n: int, penalty: float) -> np.ndarray:
-    """Repetition penalty on verify rows: row i [m+1, V] predicts tokens[n + i] and its context is
-    tokens[:n + i] (the pending token and the drafts before it included). Returns a new array."""
-    out = logits.copy()
-    seen = np.zeros(out.shape[-1], bool)
-    seen[tokens[:n]] = True
-    for i in range(len(out)):
-        if i:
-            seen[tokens[n + i - 1]] = True
-        ids = np.flatnonzero(seen)
-        row = out[i, ids]
-        out[i, ids] = np.where(row > 0, row / penalty, row * penalty)
-    return out
-
-
-def probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
-    """Processed distribution(s) [..., V] from logits [..., V] (float64 for exact ratios)."""
-    x = logits.astype(np.float64) / cfg.temperature
-    if cfg.top_k and cfg.top_k < x.shape[-1]:
-        kth = np.partition(x, -cfg.top_k, axis=-1)[..., -cfg.top_k, None]
-        x = np.where(x < kth, -np.inf, x)
-    x -= x.max(axis=-1, keepdims=True)
-    p = np.exp(x)
-    p /= p.sum(axis=-1, keepdims=True)
-    if cfg.top_p < 1.0:
-        order = np.argsort(-p, axis=-1)
-        sorted_p = np.take_along_axis(p, order, axis=-1)
-        keep_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p < cfg.top_p  # always keeps the first
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, axis=-1)
-        p = np.where(keep, p, 0.0)
-        p /= p.sum(axis=-1, keepdims=True)
-    return p
-
-
-def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from p [V] by inverse CDF (one uniform, no allocation beyond the cumsum)."""
-    c = np.cumsum(p)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
+def accept(prop: Proposal, tgt_logits: np.ndarray, seq: SeqState, sampling: SamplingConfig,
+           rng: np.random.Generator) -> tuple[int, int]:
+    """(n accepted, the target's next token) for a proposal verified as tgt_logits [T, V]. The
+    accepted drafts end up at seq.tokens[seq.n:seq.n + n accepted]; a tree's path in tree.path."""
+    if prop.parents is not None:
+        if sampling.greedy:
+            return accept_tree_greedy(prop.tree, tgt_logits, seq.tokens, seq.n, sampling.repetition_penalty)
+        return accept_tree_sampled(prop.tree, tgt_logits, sampling, rng, seq.tokens, seq.n)
+    draft = prop.tokens[1:]
+    if sampling.repetition_penalty != 1.0:  # row i's context: tokens[:n + i]
+        tgt_logits = penalize(tgt_logits, seq.tokens, seq.n, sampling.repetition_penalty)
+    if sampling.greedy:
+        return accept_greedy(draft, tgt_logits)
+    return accept_sampled(draft, prop.q, tgt_logits, sampling, rng)
 
 
 def accept_greedy(draft: np.ndarray, tgt_logits: np.ndarray) -> tuple[int, int]:
@@ -127,3 +89,56 @@ def accept_typical(draft: np.ndarray, p: np.ndarray, eps: float, rng: np.random.
         if row[x] < min(eps, np.sqrt(eps) * np.exp(-entropy)):
             return i, sample(row, rng)
     return len(draft), sample(p[len(draft)], rng)
+
+
+def accept_tree_greedy(tree, tgt_logits: np.ndarray, tokens: np.ndarray, n: int,
+                       repetition_penalty: float = 1.0) -> tuple[int, int]:
+    """(n accepted, next token); tree.path[:n_acc+1] = the accepted nodes, root first, and their
+    tokens are written at tokens[n:] (tokens[:n] is the context before them)."""
+    cur, n_acc = 0, 0
+    tree.path[0] = 0
+    while True:
+        row = tgt_logits[cur]
+        if repetition_penalty != 1.0:
+            row = penalize(row[None], tokens, n + n_acc, repetition_penalty)[0]
+        x = int(row.argmax())
+        nxt = tree.child(cur, x)
+        if nxt < 0:
+            return n_acc, x
+        cur = nxt
+        tokens[n + n_acc] = x
+        n_acc += 1
+        tree.path[n_acc] = cur
+
+
+def accept_tree_sampled(tree, tgt_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator,
+                        tokens: np.ndarray, n: int) -> tuple[int, int]:
+    """Lossless tree acceptance (module docstring). tokens[:n] is the context before the root's
+    successor; accepted tokens are written at tokens[n:] as the walk goes (the repetition
+    penalty of a row sees its own path)."""
+    cur, n_acc = 0, 0
+    tree.path[0] = 0
+    while True:
+        row = tgt_logits[cur]
+        if cfg.repetition_penalty != 1.0:
+            row = penalize(row[None], tokens, n + n_acc, cfg.repetition_penalty)[0]
+        p = probs(row, cfg)
+        total = 1.0
+        kept = -1
+        for c in range(cur + 1, tree.n):
+            if tree.parents[c] != cur:
+                continue
+            x = tree.tokens[c]
+            if rng.random() * total < p[x]:  # u < p(x) / total: p renormalised over what is left
+                kept = c
+                break
+            total -= p[x]
+            p[x] = 0.0
+        if kept < 0:
+            if total <= 1e-12:  # every token with mass was a rejected child: numerically empty
+                return n_acc, sample(probs(row, cfg), rng)
+            return n_acc, sample(p, rng)
+        cur = kept
+        tokens[n + n_acc] = tree.tokens[cur]
+        n_acc += 1
+        tree.path[n_acc] = cur

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from edgespec.runtime.chat import ChatSettings, chat_loop
+from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.text import provenance
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def gen(tiny_engine):
-    return Generator.load(tiny_engine, drafter="ngram", k=4)
+    return Generator.load(tiny_engine, RuntimeConfig(drafter="ngram", k=4))
 
 
 def test_chat_reuses_the_kv_of_earlier_turns(gen):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from edgespec.runtime.bench import load_prompts
+from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 
 pytestmark = pytest.mark.slow
@@ -10,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def gen(default_engine):
-    return Generator.load(default_engine, drafter="none", k=8)
+    return Generator.load(default_engine, RuntimeConfig(drafter="none", k=8))
 
 
 def _ids(g, prompt, n):
@@ -22,7 +23,7 @@ def test_export_validated_against_pytorch(gen):
     tol = {"fp32": 2e-3, "int4": 3.0}
     for role in ("target", "draft"):
         spec = gen.manifest.target if role == "target" else gen.manifest.draft
-        diffs = gen.manifest.raw["models"][role]["validation"]
+        diffs = spec.validation
         assert max(diffs.values()) < tol[spec.precision], diffs
 
 
@@ -47,8 +48,8 @@ def test_greedy_trees_identical_on_humaneval_prompts(default_engine, gen):
     gen.set_drafter("none")
     refs = [_ids(gen, p["prompt"], 96) for p in prompts]
     for drafter, spec in (("ngram", "9:8:1:1"), ("eagle", "9:4:2:2"), ("hybrid", "7:3:3:2"), ("medusa", "8:4:3:2")):
-        t = Generator.load(default_engine, drafter=drafter, k=8, adaptive=False, eagle_min_confidence=0.0,
-                           tree=TreeConfig.parse(spec))
+        t = Generator.load(default_engine, RuntimeConfig(drafter=drafter, k=8, adaptive=False, eagle_min_confidence=0.0,
+                           tree=TreeConfig.parse(spec)))
         for p, ref in zip(prompts, refs, strict=True):
             assert _ids(t, p["prompt"], 96) == ref, f"{p['id']}: {drafter} tree {spec} diverged"
         assert t.last_stats.n_drafted > 0
@@ -58,10 +59,10 @@ def test_shipped_eagle_head_is_in_the_default_export_and_drafts(gen):
     """`edgespec export` with no --eagle includes the head shipped in the repo; it must propose
     tokens the target keeps (a trained head, not noise) on chat text."""
     m = gen.manifest
-    assert m.eagle is not None and "eagle" in m.raw["drafters"]
-    assert max(m.raw["models"]["eagle"]["validation"].values()) < 3.0
+    assert m.eagle is not None and "eagle" in m.drafters
+    assert max(m.eagle.validation.values()) < 3.0
     # its 8192 draft tokens are listed most frequent first; the export keeps the first 4096
-    assert m.eagle.vocab_size == 4096 and m.raw["models"]["eagle"]["head"]["trained_draft_vocab_size"] == 8192
+    assert m.eagle.vocab_size == 4096 and m.eagle.head.trained_draft_vocab_size == 8192
     gen.set_drafter("eagle", 2)
     drafted = accepted = 0
     for p in load_prompts(None, 3):
@@ -79,9 +80,9 @@ def test_fused_target_head_graph_drafts_like_separate_head_calls(default_engine,
     which moves a chain cut-off now and then; tests/test_eagle.py checks step for step in fp32.)"""
     m = gen.manifest
     assert m.eagle_fused is not None and max(m.eagle_fused.validation.values()) < 1e-3
-    fused, separate = (Generator.load(default_engine, drafter="eagle", k=3, adaptive=False, fuse_head=f)
+    fused, separate = (Generator.load(default_engine, RuntimeConfig(drafter="eagle", k=3, adaptive=False, fuse_head=f))
                        for f in (True, False))
-    assert fused.target is fused.fused_target and separate.target is separate.plain_target
+    assert fused.target is fused.engines.eagle_fused and separate.target is separate.engines.target
     for p in load_prompts(None, 2):
         ids = gen.codec.encode(p["prompt"])
         runs = []
@@ -97,8 +98,8 @@ def test_shipped_medusa_heads_are_in_the_default_export_and_draft(gen):
     """The default export also includes the shipped Medusa heads; their first head's tokens must
     be kept often (trained heads, not noise)."""
     m = gen.manifest
-    assert m.medusa is not None and "medusa" in m.raw["drafters"]
-    assert m.raw["models"]["medusa"]["validation"]["heads"] < 3.0
+    assert m.medusa is not None and "medusa" in m.drafters
+    assert m.medusa.validation["heads"] < 3.0
     gen.set_drafter("medusa", 1)
     drafted = accepted = 0
     for p in load_prompts(None, 3):

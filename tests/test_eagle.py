@@ -8,15 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgespec.export.eagle import (  # noqa: E402
-    HeadFormatError,
-    build_head,
-    draft_vocab,
-    init_arrays,
-    prune_draft_vocab,
-    read_head,
-    save_head,
-)
+from edgespec.export.checkpoint import HeadFormatError, prune_draft_vocab, read_head, save_head  # noqa: E402
+from edgespec.export.eagle_head import build_head, init_arrays  # noqa: E402
+from edgespec.export.train import draft_vocab  # noqa: E402
 
 
 def _tiny_head(model_dir, out, draft_vocab: int | None = None, seed: int = 0, noise: float = 0.0,
@@ -124,6 +118,7 @@ def test_export_cuts_the_draft_vocab_and_stays_identical(tiny_models, tmp_path):
     use the prefix; greedy eagle output still equals plain."""
     from edgespec.engines.manifest import load_manifest
     from edgespec.export.exporter import ExportConfig, ExportError, export
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
     head_dir, _, _ = _tiny_head(tiny_models["llama"], tmp_path / "head", draft_vocab=48, noise=0.01,
@@ -132,10 +127,10 @@ def test_export_cuts_the_draft_vocab_and_stays_identical(tiny_models, tmp_path):
                   kv_bucket=32, precision="fp32", medusa=None, progress=False)
     out = export(ExportConfig(out=str(tmp_path / "engine"), eagle_draft_vocab=20, **common))
     m = load_manifest(out)
-    assert m.eagle.vocab_size == 20 and m.raw["models"]["eagle"]["head"]["trained_draft_vocab_size"] == 48
+    assert m.eagle.vocab_size == 20 and m.eagle.head.trained_draft_vocab_size == 48
     _, arrays = read_head(head_dir, m.target.hidden_size, m.target.vocab_size)
-    g = Generator.load(out, drafter="none", adaptive=False, eagle_min_confidence=0.0)
-    assert np.array_equal(g.eagle_engine.d2t, arrays["d2t"][:20])
+    g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
+    assert np.array_equal(g.engines.eagle.d2t, arrays["d2t"][:20])
     prompt = np.arange(30, 60)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 30)])
     g.set_drafter("eagle", 3)
@@ -160,7 +155,7 @@ def test_export_lists_and_validates_the_head(eagle_engine):
 
     m = load_manifest(eagle_engine)
     assert m.eagle is not None and m.eagle.vocab_size == 48 and m.eagle.n_layers == 1
-    assert "eagle" in m.raw["drafters"] and "hybrid" in m.raw["drafters"]
+    assert "eagle" in m.drafters and "hybrid" in m.drafters
     assert m.eagle.weights["embed"].file == "target.weights"  # the target's table, not a copy
     assert max(m.eagle.validation.values()) < 2e-3  # ORT head vs PyTorch head, fp32
 
@@ -188,24 +183,30 @@ def test_export_writes_the_fused_target_head_graph(eagle_engine):
     """target_eagle.onnx: the target with the head appended, on the same weights files; the
     exporter checked its target logits bitwise against the plain graph and its head logits
     against the head's own graph at every width."""
+    import onnx
     from edgespec.engines.manifest import FUSED_PREFIX, load_manifest
 
     m = load_manifest(eagle_engine)
     f = m.eagle_fused
-    assert f is not None and f.widths() == m.target.widths() and f.graphs[0].file == "target_eagle.onnx"
+    assert f is not None and f.widths() == m.target.widths() and f.graph.file == "target_eagle.onnx"
     assert f.weights_file == "target.weights" and f.weights[FUSED_PREFIX + "fc_b"].file == "eagle.weights"
-    assert {FUSED_PREFIX + "past_key_0", FUSED_PREFIX + "n_given"} <= {t.name for t in f.graphs[0].inputs}
-    assert set(f.validation) == {f"head_{g.phase}_t{g.width}" for g in m.target.graphs}
+    assert {FUSED_PREFIX + "past_key_0", FUSED_PREFIX + "n_given"} <= set(f.graph.input_names())
+    assert set(f.validation) == {f"head_{m.target.graph.phase(w)}_t{w}" for w in m.target.widths()}
+    for spec in (m.eagle, f):  # the I/O the manifest declares is the graph's, in its order
+        g = onnx.load(m.path(spec.graph.file), load_external_data=False).graph
+        assert [t.name for t in g.input] == list(spec.graph.input_names()), spec.role
+        assert [t.name for t in g.output] == list(spec.graph.output_names()), spec.role
     assert max(f.validation.values()) < 2e-3
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "hybrid"])
 @pytest.mark.parametrize("fuse_head", [True, False])
 def test_eagle_greedy_identical_to_plain(eagle_engine, drafter, fuse_head):
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    g = Generator.load(eagle_engine, drafter="none", k=1, adaptive=False, eagle_min_confidence=0.0,
-                       fuse_head=fuse_head)
+    g = Generator.load(eagle_engine, RuntimeConfig(drafter="none", k=1, adaptive=False, eagle_min_confidence=0.0,
+                       fuse_head=fuse_head))
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 60, n) for n in (5, 23, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 48)]) for p in prompts]
@@ -235,24 +236,25 @@ def test_fused_head_drafts_what_separate_head_calls_draft(eagle_engine):
     """The fused verify catches the head up with the right pairs: chains and trees draft exactly
     what the separate catch-up calls draft, with fewer head calls; under sampling (where the
     fused rows are not used) the seeded output is the same too."""
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.tree import TreeConfig
-    from edgespec.runtime.verify import SamplingConfig
+    from edgespec.runtime.sampling import SamplingConfig
 
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 60, n) for n in (6, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     for drafter, tree in (("eagle", TreeConfig()), ("hybrid", TreeConfig()),
                           ("eagle", TreeConfig(nodes=6, depth=3, branch=2, beam=2))):
-        gens = [Generator.load(eagle_engine, drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0,
-                               fuse_head=f, tree=tree) for f in (True, False)]
-        assert gens[0].target is not gens[0].plain_target and gens[1].target is gens[1].plain_target
+        gens = [Generator.load(eagle_engine, RuntimeConfig(drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0,
+                               fuse_head=f, tree=tree)) for f in (True, False)]
+        assert gens[0].target is not gens[0].engines.target and gens[1].target is gens[1].engines.target
         fused, separate = (_run(g, prompts, 40) for g in gens)
         assert fused[:2] == separate[:2], (drafter, tree)
         if drafter == "eagle":  # (hybrid: prompt lookup matches everywhere in these prompts)
             assert sum(fused[2]) < sum(separate[2]), (fused[2], separate[2])
     for sampling in (SamplingConfig(temperature=0.8, seed=3), SamplingConfig(repetition_penalty=1.3)):
-        gens = [Generator.load(eagle_engine, drafter="eagle", k=3, adaptive=False, eagle_min_confidence=0.0,
-                               fuse_head=f) for f in (True, False)]
+        gens = [Generator.load(eagle_engine, RuntimeConfig(drafter="eagle", k=3, adaptive=False, eagle_min_confidence=0.0,
+                               fuse_head=f)) for f in (True, False)]
         assert _run(gens[0], prompts, 30, sampling=sampling)[:2] == _run(gens[1], prompts, 30, sampling=sampling)[:2]
 
 
@@ -260,15 +262,16 @@ def test_fused_head_drafts_what_separate_head_calls_draft(eagle_engine):
 def test_tree_greedy_identical_to_plain(eagle_engine, drafter):
     """Token trees on a real ORT engine (tree attention, compaction), contexts crossing the
     128-slot block boundary included."""
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.tree import TreeConfig
 
-    g = Generator.load(eagle_engine, drafter="none", k=1, adaptive=False, eagle_min_confidence=0.0)
+    g = Generator.load(eagle_engine, RuntimeConfig(drafter="none", k=1, adaptive=False, eagle_min_confidence=0.0))
     rng = np.random.default_rng(4)
     prompts = [rng.integers(3, 60, n) for n in (7, 110)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 40)]) for p in prompts]
     for tree in (TreeConfig(nodes=7, depth=3, branch=2, beam=2), TreeConfig(nodes=5, depth=4, branch=3, beam=1)):
-        t = Generator.load(eagle_engine, drafter=drafter, k=6, adaptive=False, eagle_min_confidence=0.0, tree=tree)
+        t = Generator.load(eagle_engine, RuntimeConfig(drafter=drafter, k=6, adaptive=False, eagle_min_confidence=0.0, tree=tree))
         for p, ref in zip(prompts, plain, strict=True):
             out = np.concatenate([x.copy() for x in t.generate_ids(p, 40)])
             assert np.array_equal(out, ref), (drafter, tree, p)
@@ -277,9 +280,10 @@ def test_tree_greedy_identical_to_plain(eagle_engine, drafter):
 
 def test_eagle_features_survive_prefix_reuse_and_drafter_switch(eagle_engine):
     """Prompt prefix reuse across calls keeps the target features the head drafts from."""
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    g = Generator.load(eagle_engine, drafter="none", k=4, adaptive=False, eagle_min_confidence=0.0)
+    g = Generator.load(eagle_engine, RuntimeConfig(drafter="none", k=4, adaptive=False, eagle_min_confidence=0.0))
     a = np.arange(3, 40)
     b = np.concatenate([a, np.arange(40, 50)])
     ref = np.concatenate([x.copy() for x in g.generate_ids(b, 30)])
@@ -293,6 +297,7 @@ def test_eagle_features_survive_prefix_reuse_and_drafter_switch(eagle_engine):
 def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
     """The documented recipe on a tiny target: data from its own answers, a short training run,
     a resumed run, then export with the head: eagle output identical to plain."""
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
     from edgespec.cli import main
@@ -320,7 +325,7 @@ def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
     assert main(["export", "--target", str(tiny_models["llama"]), "--eagle", str(head), "--out", str(out),
                  "--max-len", "256", "--k", "4", "--prefill-chunk", "16", "--kv-bucket", "32",
                  "--precision", "int4"]) == 0
-    g = Generator.load(out, drafter="none", adaptive=False, eagle_min_confidence=0.0)
+    g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
     prompt = np.arange(40, 70)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
     g.set_drafter("eagle", 4)
@@ -373,11 +378,11 @@ def test_task_prompts_are_many_distinct_and_cover_every_kind():
 def test_chain_cut_off_is_on_the_path_probability():
     """EAGLE stops where the product of the head's confidences drops below the cut-off: with every
     step 60% sure, 0.6 and 0.36 pass 0.3, 0.216 does not."""
-    from edgespec.runtime.drafters import EagleDrafter
+    from edgespec.runtime.heads import EagleDrafter
     from edgespec.runtime.state import SeqState
 
     class Head:  # every call: draft token 1 (id 7) at p = 0.6, the other three share the rest
-        widths, max_len = (1, 2, 4), 64
+        widths, max_len, d2t = (1, 2, 4), 64, np.array([3, 7, 8, 9])
 
         def forward(self, ids, past, features=None, parents=None):
             return np.tile(np.log(np.array([0.4 / 3, 0.6, 0.4 / 3, 0.4 / 3], np.float32)), (len(ids), 1))
@@ -389,18 +394,19 @@ def test_chain_cut_off_is_on_the_path_probability():
             return np.zeros((n, 2), np.float32)
 
     seq = SeqState(tokens=np.zeros(80, np.int64), n=5, n_prompt=4, tgt_past=4)
-    d = EagleDrafter(Head(), np.array([3, 7, 8, 9]), np.zeros((80, 2), np.float32), 16, min_confidence=0.3)
-    m, _ = d.propose(seq, 6)
+    d = EagleDrafter(Head(), np.zeros((80, 2), np.float32), 16, min_confidence=0.3)
+    m = d.propose(seq, 6).n_drafted
     assert m == 2 and seq.draft_slots(2).tolist() == [7, 7]
 
 
 def test_confidence_cut_off_shortens_chains_and_stays_identical(eagle_engine):
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
     prompt = np.arange(3, 30)
     lengths = {}
     for conf in (0.0, 0.999):
-        g = Generator.load(eagle_engine, drafter="none", k=6, adaptive=False, eagle_min_confidence=conf)
+        g = Generator.load(eagle_engine, RuntimeConfig(drafter="none", k=6, adaptive=False, eagle_min_confidence=conf))
         ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
         g.set_drafter("eagle", 6)
         assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)]), ref)

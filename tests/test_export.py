@@ -24,8 +24,8 @@ def test_tiny_architectures_export_and_match_pytorch(arch, tiny_models, tmp_path
     folder = _export(tiny_models[arch], tmp_path / arch)
     m = load_manifest(folder)
     assert m.target.widths() == [1, 2, 3, 4, 16]
-    assert [g.phase for g in m.target.graphs] == ["decode", "verify", "verify", "verify", "prefill"]
-    diffs = m.raw["models"]["target"]["validation"]
+    assert [m.target.graph.phase(w) for w in m.target.widths()] == ["decode", "verify", "verify", "verify", "prefill"]
+    diffs = m.target.validation
     assert len(diffs) == 5 and max(diffs.values()) < 1e-4, diffs
 
 
@@ -36,7 +36,7 @@ def test_llama3_rope_scaling_and_untied_head(tmp_path):
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32})
     m = load_manifest(_export(src, tmp_path / "out"))
-    assert max(m.raw["models"]["target"]["validation"].values()) < 1e-4
+    assert max(m.target.validation.values()) < 1e-4
 
 
 @pytest.mark.parametrize("draft", ["self:1", "self:int4"])
@@ -46,7 +46,7 @@ def test_int4_target_and_drafts(draft, tiny_models, tmp_path):
     assert m.target.precision == "int4" and m.draft is not None and m.draft.kind == draft
     assert "l0.qkv.q4" in m.target.weights
     for role in ("target", "draft"):  # int4 is checked against PyTorch running the dequantized weights
-        assert max(m.raw["models"][role]["validation"].values()) < 2e-3
+        assert max(getattr(m, role).validation.values()) < 2e-3
 
 
 def test_self_draft_shares_the_target_weights_file(tiny_engine):
@@ -60,7 +60,7 @@ def test_graph_runs_in_a_plain_onnxruntime_session_with_static_shapes(tiny_engin
     import onnxruntime as ort
 
     m = load_manifest(tiny_engine)
-    sess = ort.InferenceSession(str(tiny_engine / m.target.graph_for(4).file))
+    sess = ort.InferenceSession(str(tiny_engine / m.target.graph.file))
     feed = {"input_ids": np.array([[5, 6, 7, 8]]), "positions": np.arange(4)[None], "past_len": np.array([0]),
             "tree_mask": np.tril(np.ones((4, 4), np.int64))}  # a chain
     for i in range(m.target.n_layers):
@@ -74,7 +74,7 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
     """--eagle3-features: hidden_aux = the residual stream entering layers 2, L/2, L-3, concatenated."""
     import torch
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.exporter import eagle3_layers
+    from edgespec.export.spec import eagle3_layers
     from tiny import make_tiny
     from transformers import AutoModelForCausalLM
 
@@ -82,7 +82,7 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
     out = export(ExportConfig(target=str(src), out=str(tmp_path / "e"), max_len=64, k=2, prefill_chunk=8,
                               kv_bucket=16, precision="fp32", eagle3_features=True, progress=False))
     m = load_manifest(out)
-    assert eagle3_layers(6) == (2, 3) and m.raw["models"]["target"]["architecture"]["aux_layers"] == [2, 3]
+    assert eagle3_layers(6) == (2, 3) and m.target.aux_layers == (2, 3) and m.target.aux_width == 2 * 64
     assert eagle3_layers(30) == (2, 15, 27)
     engine = OrtModel(m, m.target)
     tokens = np.arange(5, 19)
@@ -101,12 +101,25 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
 
 def test_manifest_records_the_contract(tiny_engine):
     d = json.loads((tiny_engine / "manifest.json").read_text())
-    assert d["format"] == "edgespec.engine" and d["version"] == 1
+    assert d["format"] == "edgespec.engine" and d["version"] == 2
     assert d["tokenizer"]["eos_token_ids"] == [1] and d["tokenizer"]["chat_template_file"]
     assert d["source"]["sha256"] and d["source"]["kind"] == "hf"
-    g = d["models"]["target"]["graphs"][0]
-    assert {i["name"] for i in g["inputs"]} >= {"input_ids", "positions", "past_len", "past_key_0"}
+    g = d["models"]["target"]["graph"]  # one entry per graph: its widths, phases and I/O declared once
+    assert g["widths"] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 16] and g["phases"]["prefill"] == [16]
+    assert {i["name"] for i in g["inputs"]} >= {"input_ids", "positions", "past_len", "past_{kind}_{layer}"}
+    assert next(i for i in g["inputs"] if i["name"] == "input_ids")["shape"] == [1, "T"]
+    assert next(i for i in g["inputs"] if i["name"] == "past_{kind}_{layer}")["layers"] == 2
     assert [o["name"] for o in g["outputs"]] == ["logits", "new_kv", "hidden"]
+
+
+def test_manifest_declares_each_graphs_io_in_graph_order(tiny_engine):
+    import onnx
+
+    m = load_manifest(tiny_engine)
+    for spec in (m.target, m.draft):
+        g = onnx.load(m.path(spec.graph.file), load_external_data=False).graph
+        assert [i.name for i in g.input] == list(spec.graph.input_names()), spec.role
+        assert [o.name for o in g.output] == list(spec.graph.output_names()), spec.role
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -165,7 +178,7 @@ def test_interrupted_export_leaves_nothing_that_loads(tiny_models, tmp_path, mon
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ex, "_validate", boom)  # dies after the graphs and manifest are written
+    monkeypatch.setattr(ex, "validate_model", boom)  # dies after the graphs and manifest are written
     with pytest.raises(KeyboardInterrupt):
         _export(tiny_models["llama"], tmp_path / "e")
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its temporary
@@ -202,7 +215,7 @@ def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, two_ro
                               two_row_matmuls=two_rows))
     if two_rows == "on":
         ops = [n.name for n in onnx.load(m.path("target.onnx"), load_external_data=False).graph.node]
-        assert m.raw["two_row_matmuls"] and "/two_rows/embed" in ops and "/layers.0/attn/ctx_rows" in ops
+        assert m.two_row_matmuls and "/two_rows/embed" in ops and "/layers.0/attn/ctx_rows" in ops
     e = OrtModel(m, m.target)
     toks = np.random.default_rng(1).integers(0, 256, 60)
     e.forward(toks[:16], 0)
@@ -231,7 +244,7 @@ def test_int8_lm_head_keeps_q8_0_weights_and_is_the_int4_default(tiny_models, tm
     assert np.allclose(deq, w, rtol=1e-6, atol=0) and q.dtype == np.uint8 and set(zp) == {128}
     m = load_manifest(_export(tiny_models["llama"], tmp_path / "a", precision="int4"))
     assert "lm_head.q8" in m.target.weights
-    assert max(m.raw["models"]["target"]["validation"].values()) < 3.0
+    assert max(m.target.validation.values()) < 3.0
     m = load_manifest(_export(tiny_models["llama"], tmp_path / "b", precision="int4", int8_lm_head=False))
     assert "lm_head.q8" not in m.target.weights
     m = load_manifest(_export(tiny_models["llama"], tmp_path / "c", precision="int4", int4_accuracy_level=0))
@@ -252,3 +265,86 @@ def test_int4_export_after_the_thread_pool_is_shared(tiny_models, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     assert load_manifest(tmp_path / "e").target.precision == "int4"
+
+
+def test_build_trt_records_its_engines_through_the_manifest(tiny_models, tmp_path, monkeypatch):
+    """build-trt with a stand-in tensorrt: one profile per width, the shapes read from the graph's
+    declared inputs (T fixed, the cache window S over [kv_bucket, max_len]), the engines recorded
+    in the manifest and nothing else changed."""
+    import dataclasses
+    import sys
+    import types
+
+    from edgespec.engines import device
+    from edgespec.engines.manifest import TrtInfo
+    from edgespec.export.trt_build import build_trt
+
+    folder = _export(tiny_models["llama"], tmp_path / "e", precision="fp16", draft="self:1")
+    before = load_manifest(folder)
+    built = {}
+
+    class Profile:
+        def __init__(self):
+            self.shapes = {}
+
+        def set_shape(self, name, lo, opt, hi):
+            self.shapes[name] = (lo, opt, hi)
+
+    class Config:
+        def __init__(self):
+            self.profiles, self.cache = [], types.SimpleNamespace(serialize=lambda: b"cache")
+
+        def set_memory_pool_limit(self, *a):
+            pass
+
+        def create_timing_cache(self, blob):
+            return self.cache
+
+        def set_timing_cache(self, cache, ignore_mismatch):
+            pass
+
+        def get_timing_cache(self):
+            return self.cache
+
+        def add_optimization_profile(self, p):
+            self.profiles.append(p)
+            return len(self.profiles) - 1
+
+    class Builder:
+        def __init__(self, logger):
+            self.config = Config()
+
+        def create_network(self, flags):
+            return None
+
+        def create_builder_config(self):
+            return self.config
+
+        def create_optimization_profile(self):
+            return Profile()
+
+        def build_serialized_network(self, network, config):
+            built[len(built)] = config.profiles
+            return b"engine"
+
+    trt = types.SimpleNamespace(
+        __version__="10.9.0", Logger=type("Logger", (), {"WARNING": 0, "__init__": lambda self, level: None}),
+        Builder=Builder, NetworkDefinitionCreationFlag=types.SimpleNamespace(STRONGLY_TYPED=0),
+        MemoryPoolType=types.SimpleNamespace(WORKSPACE=0),
+        OnnxParser=lambda network, logger: types.SimpleNamespace(parse_from_file=lambda path: True, num_errors=0))
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setattr(device, "CudaOps", lambda: types.SimpleNamespace(device_name=lambda: "GPU T"))
+    assert build_trt(folder)["profiles"] == {"1": 0, "2": 1, "3": 2, "4": 3, "16": 4}
+    target, draft = built[0], built[1]
+    kv = before.target.kv_width
+    assert target[3].shapes == {"input_ids": ((1, 4),) * 3, "positions": ((1, 4),) * 3, "past_len": ((1,),) * 3,
+                                "tree_mask": ((4, 4),) * 3, "past_key_0": ((32, kv), (128, kv), (128, kv)),
+                                "past_value_0": ((32, kv), (128, kv), (128, kv)),
+                                "past_key_1": ((32, kv), (128, kv), (128, kv)),
+                                "past_value_1": ((32, kv), (128, kv), (128, kv))}
+    assert len(draft) == 2 and "tree_mask" not in draft[0].shapes and "past_key_1" not in draft[0].shapes
+    after = load_manifest(folder)
+    assert after.target.tensorrt == TrtInfo("target.engine", "10.9.0", "GPU T", {1: 0, 2: 1, 3: 2, 4: 3, 16: 4})
+    assert after.draft.tensorrt == TrtInfo("draft.engine", "10.9.0", "GPU T", {1: 0, 16: 1})
+    assert dataclasses.replace(after, target=before.target, draft=before.draft) == before
+    assert (folder / "target.engine").read_bytes() == b"engine"

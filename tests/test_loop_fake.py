@@ -3,8 +3,11 @@
 import numpy as np
 import pytest
 from edgespec.engines.fake import FakeModel, random_table
-from edgespec.runtime.generator import Generator, GeneratorConfig, PromptTooLongError
-from edgespec.runtime.verify import SamplingConfig
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.backends import Engines
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.generator import Generator, PromptTooLongError
+from edgespec.runtime.sampling import SamplingConfig
 
 V = 64
 
@@ -14,7 +17,7 @@ def make(drafter: str, k: int, max_len: int = 512, draft_noise: float = 1.0) -> 
     target = FakeModel(table, max_len=max_len)
     noisy = table + np.random.default_rng(5).standard_normal(table.shape).astype(np.float32) * draft_noise
     draft = FakeModel(noisy, max_len=max_len)
-    return Generator(None, target, GeneratorConfig(drafter=drafter, k=k), draft_engine=draft)
+    return Generator(None, Engines(target, draft=draft), RuntimeConfig(drafter=drafter, k=k))
 
 
 def run(g: Generator, prompt, n: int, **kw) -> np.ndarray:
@@ -55,7 +58,7 @@ def test_greedy_tree_equals_plain(nodes, depth, branch, beam):
 
     ref = run(make("none", 0), PROMPT, 120)
     table = random_table(V, seed=0)
-    g = Generator(None, FakeModel(table), GeneratorConfig(drafter="ngram", k=4,
+    g = Generator(None, Engines(FakeModel(table)), RuntimeConfig(drafter="ngram", k=4,
                                                           tree=TreeConfig(nodes, depth, branch, beam)))
     out = run(g, PROMPT, 120)
     assert out.tolist() == ref.tolist()

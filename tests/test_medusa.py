@@ -7,14 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgespec.export.medusa import (  # noqa: E402
-    MedusaConfig,
-    MedusaFormatError,
-    build_heads,
-    random_heads,
-    read_heads,
-    save_heads,
-)
+from edgespec.export.checkpoint import MedusaFormatError, read_heads, save_heads  # noqa: E402
+from edgespec.export.medusa_head import MedusaConfig, build_heads, random_heads  # noqa: E402
 
 
 def _tiny_heads(model_dir, out, draft_vocab: int = 48, n_heads: int = 3, n_layers: int = 1, seed: int = 0):
@@ -85,15 +79,16 @@ def test_export_lists_and_validates_the_heads(medusa_engine):
 
     m = load_manifest(medusa_engine)
     assert m.medusa is not None and m.medusa.n_heads == 4 and m.medusa.vocab_size == 48
-    assert "medusa" in m.raw["drafters"] and m.eagle is None
+    assert "medusa" in m.drafters and m.eagle is None
     assert m.medusa.validation["heads"] < 2e-3  # ORT heads vs PyTorch heads, fp32
 
 
 def test_medusa_greedy_identical_to_plain_chains_and_trees(medusa_engine):
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.tree import TreeConfig
 
-    g = Generator.load(medusa_engine, drafter="none", k=1, adaptive=False, medusa_min_confidence=0.0)
+    g = Generator.load(medusa_engine, RuntimeConfig(drafter="none", k=1, adaptive=False, medusa_min_confidence=0.0))
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 60, n) for n in (5, 40, 110)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 48)]) for p in prompts]
@@ -103,25 +98,26 @@ def test_medusa_greedy_identical_to_plain_chains_and_trees(medusa_engine):
             assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(p, 48)]), ref), (k, p)
         assert 0 < g.last_stats.n_drafted <= 4 * g.last_stats.n_target_calls
     for tree in (TreeConfig(nodes=7, depth=3, branch=2, beam=2), TreeConfig(nodes=6, depth=6, branch=3, beam=1)):
-        t = Generator.load(medusa_engine, drafter="medusa", k=6, adaptive=False, tree=tree)
+        t = Generator.load(medusa_engine, RuntimeConfig(drafter="medusa", k=6, adaptive=False, tree=tree))
         for p, ref in zip(prompts, plain, strict=True):
             assert np.array_equal(np.concatenate([x.copy() for x in t.generate_ids(p, 48)]), ref), (tree, p)
         assert t.last_stats.n_drafted > t.last_stats.n_target_calls  # trees: several candidates per call
 
 
 def test_medusa_cut_off_shortens_chains_and_a_folder_without_heads_says_so(medusa_engine, tiny_engine):
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
     prompt = np.arange(3, 30)
     drafted = {}
     for conf in (0.0, 0.5):
-        g = Generator.load(medusa_engine, drafter="none", k=4, adaptive=False, medusa_min_confidence=conf)
+        g = Generator.load(medusa_engine, RuntimeConfig(drafter="none", k=4, adaptive=False, medusa_min_confidence=conf))
         ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
         g.set_drafter("medusa", 4)
         assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)]), ref)
         drafted[conf] = g.last_stats.n_drafted
     assert drafted[0.5] < drafted[0.0]
-    g = Generator.load(tiny_engine, drafter="none")
+    g = Generator.load(tiny_engine, RuntimeConfig(drafter="none"))
     with pytest.raises(ValueError, match="Medusa heads"):
         g.set_drafter("medusa", 3)
 
@@ -129,6 +125,7 @@ def test_medusa_cut_off_shortens_chains_and_a_folder_without_heads_says_so(medus
 def test_train_medusa_recipe_end_to_end(tiny_models, tmp_path):
     """The documented recipe on a tiny target: data from its own answers, a short training run, a
     resumed run (the checkpoint continues), export int4 with the heads: output identical to plain."""
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
     from edgespec.cli import main
@@ -147,7 +144,7 @@ def test_train_medusa_recipe_end_to_end(tiny_models, tmp_path):
     assert main(["export", "--target", str(tiny_models["llama"]), "--eagle", "none", "--medusa", str(heads),
                  "--out", str(out), "--max-len", "256", "--k", "4", "--prefill-chunk", "16", "--kv-bucket", "32",
                  "--precision", "int4"]) == 0
-    g = Generator.load(out, drafter="none", adaptive=False, medusa_min_confidence=0.0)  # tiny heads: unsure
+    g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, medusa_min_confidence=0.0))  # tiny heads: unsure
     prompt = np.arange(40, 70)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
     g.set_drafter("medusa", 3)

@@ -7,8 +7,9 @@ import sys
 import pytest
 from edgespec.engines.base import EngineError
 from edgespec.engines.manifest import ManifestError, load_manifest
+from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator, PromptTooLongError
-from edgespec.runtime.verify import SamplingConfig
+from edgespec.runtime.sampling import SamplingConfig
 
 PROMPT = "hello hello world, hello world again and again; hello"
 
@@ -19,7 +20,7 @@ def ids_of(g, prompt, n, **kw):
 
 @pytest.fixture(scope="module")
 def gen(tiny_engine):
-    return Generator.load(tiny_engine, drafter="none")
+    return Generator.load(tiny_engine, RuntimeConfig(drafter="none"))
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft"])
@@ -82,10 +83,10 @@ def test_sampling_runs_and_is_seeded(gen):
 def test_kv_memory_is_allocated_once(gen):
     gen.set_drafter("draft", 4)
     ids_of(gen, PROMPT, 50)
-    kv_id = id(gen.target.kv), id(gen.draft_engine.kv)
+    kv_id = id(gen.target.kv), id(gen.engines.draft.kv)
     n_bindings = len(gen.target._bindings)
     ids_of(gen, PROMPT, 150)
-    assert (id(gen.target.kv), id(gen.draft_engine.kv)) == kv_id
+    assert (id(gen.target.kv), id(gen.engines.draft.kv)) == kv_id
     assert len(gen.target._bindings) <= n_bindings + 8  # at most one per new (width, bucket)
 
 
@@ -161,9 +162,9 @@ def test_tune_records_the_fastest_lossless_setting(tiny_engine, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "workload:" in res.stdout and "decision:" in res.stdout
     m = load_manifest(folder)
-    assert m.defaults["drafter"] in ("none", "ngram", "draft") and "table" in m.defaults["tuned"]
+    assert m.defaults.drafter in ("none", "ngram", "draft") and m.defaults.tuned.table
     g = Generator.load(folder)
-    assert g.drafter.name == m.defaults["drafter"]
+    assert g.drafter.name == m.defaults.drafter
     gen = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(folder), "--prompt", "hi",
                           "--max-new-tokens", "4"], capture_output=True, text=True)
     assert "tuned" in gen.stderr

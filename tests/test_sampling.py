@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 from edgespec.engines.fake import FakeEagleHead, FakeMedusaHeads, FakeModel, random_table
 from edgespec.runtime import verify
-from edgespec.runtime.generator import Generator, GeneratorConfig
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.backends import Engines
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.generator import Generator
 from edgespec.runtime.tree import TreeConfig
-from edgespec.runtime.verify import SamplingConfig, probs
+from edgespec.runtime.sampling import SamplingConfig, probs
 
 V = 8  # small vocabulary: exact target distributions of the first tokens are cheap to enumerate
 PROMPT = np.array([1, 2, 3, 1, 2])
@@ -25,8 +28,19 @@ def _gen(drafter: str, tree: TreeConfig = TreeConfig()) -> Generator:
     draft = FakeModel(table + np.random.default_rng(2).standard_normal(table.shape).astype(np.float32), max_len=64)
     head = FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64)  # a reduced draft vocabulary: q = 0 elsewhere
     heads = FakeMedusaHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)
-    return Generator(None, target, GeneratorConfig(drafter=drafter, k=3, tree=tree), draft_engine=draft,
-                     eagle_engine=head, medusa_heads=heads)
+    return Generator(None, Engines(target, draft=draft, eagle=head, medusa=heads),
+                     RuntimeConfig(drafter=drafter, k=3, tree=tree, eagle_min_confidence=0.0, medusa_min_confidence=0.0))
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "hybrid", "medusa"])
+def test_confidence_cut_off_keeps_the_target_distribution(drafter):
+    """A chain cut by the head's confidence stays lossless: the cut depends on the drafts before
+    a position, never on the token drawn there."""
+    pytest.importorskip("scipy")
+    g = _gen(drafter)
+    g.reconfigure(eagle_min_confidence=0.25, medusa_min_confidence=0.4)
+    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    assert p > 1e-3, f"{drafter} with a confidence cut-off: chi-square p = {p:.2g}"
 
 
 def _exact_tokens_23(g: Generator, cfg: SamplingConfig = CFG) -> np.ndarray:
@@ -111,7 +125,7 @@ def test_a_wrong_tree_rule_is_caught(monkeypatch):
         tokens[n] = tree.tokens[c]
         return 1, verify.sample(probs(tgt_logits[c], cfg), rng)
 
-    monkeypatch.setattr("edgespec.runtime.generator.accept_tree_sampled", first_child)
+    monkeypatch.setattr("edgespec.runtime.verify.accept_tree_sampled", first_child)
     g = _gen("eagle", TREE)
     p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
     assert p < 1e-3, f"a broken tree rule passed the test (p = {p:.2g})"
@@ -161,7 +175,7 @@ def test_a_wrong_acceptance_rule_is_caught(monkeypatch):
     def accept_all(draft, dft_probs, tgt_logits, cfg, rng):
         return len(draft), verify.sample(probs(tgt_logits[len(draft)], cfg), rng)
 
-    monkeypatch.setattr("edgespec.runtime.generator.accept_sampled", accept_all)
+    monkeypatch.setattr("edgespec.runtime.verify.accept_sampled", accept_all)
     g = _gen("draft")
     p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
     assert p < 1e-3, f"a broken rule passed the test (p = {p:.2g})"

@@ -12,6 +12,8 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from edgespec.runtime.config import RuntimeConfig
+
 from edgespec.runtime.generator import Generator  # noqa: E402
 from edgespec.runtime.server import ServeConfig, create_app  # noqa: E402
 
@@ -26,7 +28,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tiny_engine):
-    gen = Generator.load(tiny_engine, drafter="ngram", k=4)
+    gen = Generator.load(tiny_engine, RuntimeConfig(drafter="ngram", k=4))
     port = _free_port()
     app = create_app(gen, ServeConfig(port=port, queue_size=4, model_name="tiny"))
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

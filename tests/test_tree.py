@@ -56,7 +56,8 @@ def random_tree(rng, path: np.ndarray, n_nodes: int, vocab: int, n_chain: int = 
 
 @pytest.mark.parametrize("past", [20, 30, 60, 62, 95, 120, 124, 126, 127, 250])
 def test_tree_rows_equal_chain_rows_bitwise(tree_model, past):
-    from edgespec.engines.base import prefill, tree_chain_prefix
+    from edgespec.runtime.prefill import prefill
+    from edgespec.runtime.tree import tree_chain_prefix
 
     m = tree_model
     rng = np.random.default_rng(past)
@@ -69,7 +70,7 @@ def test_tree_rows_equal_chain_rows_bitwise(tree_model, past):
         m.commit(past + i, 1)
     ref_next = m.forward(seq[past + 5:past + 6], past + 5)[0].copy()
     # across a multiple of 128 slots the attention GEMM sums in separate blocks: the nodes before
-    # the boundary must be a chain there (what the runtime's trees do: engines.base.tree_chain_prefix)
+    # the boundary must be a chain there (what the runtime's trees do: runtime.tree.tree_chain_prefix)
     n_chain = tree_chain_prefix(past, 14)
     tokens, parents, on_path = random_tree(rng, path, 14, m.vocab_size, n_chain)
     logits = m.forward(tokens, past, parents=parents).copy()
@@ -86,6 +87,7 @@ def test_chain_only_folders_have_no_tree_ops_and_refuse_trees(tiny_models, tmp_p
     """--no-trees leaves tree attention out; asking such a folder for trees says what to do."""
     import onnx
     from edgespec.export.exporter import ExportConfig, export
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.tree import TreeConfig
 
@@ -95,4 +97,4 @@ def test_chain_only_folders_have_no_tree_ops_and_refuse_trees(tiny_models, tmp_p
     assert "tree_mask" not in {i.name for i in g.graph.input}
     assert not any(n.op_type == "GatherElements" for n in g.graph.node)
     with pytest.raises(ValueError, match="--no-trees"):
-        Generator.load(out, drafter="ngram", k=4, tree=TreeConfig(5, 4, 1, 1))
+        Generator.load(out, RuntimeConfig(drafter="ngram", k=4, tree=TreeConfig(5, 4, 1, 1)))

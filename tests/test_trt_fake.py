@@ -5,9 +5,12 @@ import numpy as np
 import pytest
 from edgespec.engines.base import EngineError
 from edgespec.engines.device import HostOps
-from edgespec.engines.manifest import load_manifest
+from edgespec.engines.manifest import TrtInfo, load_manifest
 from edgespec.engines.trt import TrtModel, load_trt_engine
-from edgespec.runtime.generator import Generator, GeneratorConfig
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.backends import Engines
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.generator import Generator
 from edgespec.runtime.text import TextCodec
 from fake_trt import FakeTrtEngine
 
@@ -17,7 +20,7 @@ PROMPT = "hello hello world, hello world again and again; hello"
 @pytest.fixture(scope="module")
 def trt_target(tiny_engine):
     m = load_manifest(tiny_engine)
-    eng = FakeTrtEngine(str(tiny_engine / m.target.graph_for(1).file), m.target)
+    eng = FakeTrtEngine(str(tiny_engine / m.target.graph.file), m.target)
     return m, TrtModel(m, m.target, ops=HostOps(), engine=eng, profiles=eng.profiles)
 
 
@@ -40,7 +43,7 @@ def test_trt_backend_logits_match_ort(trt_target, tiny_engine):
 def test_trt_backend_greedy_speculation_identical(trt_target, tiny_engine):
     m, trt = trt_target
     codec = TextCodec(m)
-    g = Generator(m, trt, GeneratorConfig(drafter="none"), codec=codec)
+    g = Generator(m, Engines(trt), RuntimeConfig(drafter="none"), codec=codec)
     ref = [int(t) for c in g.generate_ids(codec.encode(PROMPT), 60) for t in c]
     for k in (1, 4, 8):
         g.set_drafter("ngram", k)
@@ -66,25 +69,23 @@ def test_trt_backend_trees_match_ort_and_stay_identical(trt_target, tiny_engine)
     kv_host = trt.kv.host.view(np.float32).reshape(ref.kv.shape)
     assert np.array_equal(kv_host[:, :, :19], ref.kv[:, :, :19])
     codec = TextCodec(m)
-    g = Generator(m, trt, GeneratorConfig(drafter="none"), codec=codec)
+    g = Generator(m, Engines(trt), RuntimeConfig(drafter="none"), codec=codec)
     plain = [int(t) for c in g.generate_ids(codec.encode(PROMPT), 60) for t in c]
-    t = Generator(m, trt, GeneratorConfig(drafter="ngram", k=8, tree=TreeConfig(9, 8, 1, 1)), codec=codec)
+    t = Generator(m, Engines(trt), RuntimeConfig(drafter="ngram", k=8, tree=TreeConfig(9, 8, 1, 1)), codec=codec)
     assert [int(x) for c in t.generate_ids(codec.encode(PROMPT), 60) for x in c] == plain
     assert t.last_stats.n_drafted > 0
 
 
 def test_engine_built_elsewhere_is_refused(tiny_engine, monkeypatch):
-    import json
+    import dataclasses
     import sys
     import types
 
     m = load_manifest(tiny_engine)
     with pytest.raises(EngineError, match="build-trt"):
         load_trt_engine(m, m.target, "GPU X")
-    raw = json.loads((tiny_engine / "manifest.json").read_text())
-    raw["models"]["target"]["tensorrt"] = {"file": "target.engine", "tensorrt_version": "10.0.0", "gpu": "GPU A",
-                                           "profiles": {"1": 0}}
-    object.__setattr__(m, "raw", raw)
+    built = TrtInfo(file="target.engine", tensorrt_version="10.0.0", gpu="GPU A", profiles={1: 0})
+    m = dataclasses.replace(m, target=dataclasses.replace(m.target, tensorrt=built))
     monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.9.0"))
     with pytest.raises(EngineError, match=r"built with TensorRT 10\.0\.0 for GPU A; this is TensorRT 10\.9\.0"):
         load_trt_engine(m, m.target, "GPU B")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from edgespec.runtime.bench import load_prompts
+from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 
 
@@ -29,7 +30,7 @@ def main() -> None:
                    help="instead: median seconds of single target calls (256-token prefill, then width 1 and 2 "
                    "at past 256), the folders alternating, 30 rounds")
     a = p.parse_args()
-    gens = [(f, Generator.load(f, drafter=a.drafter, adaptive=False)) for f in (a.a, a.b)]
+    gens = [(f, Generator.load(f, RuntimeConfig(drafter=a.drafter, adaptive=False))) for f in (a.a, a.b)]
     if a.calls:
         return call_costs(gens)
     ids = [gens[0][1].codec.encode(x["prompt"]) for x in load_prompts(None, a.prompts)]
@@ -55,7 +56,7 @@ def call_costs(gens, rounds: int = 30) -> None:
     import time
 
     import numpy as np
-    from edgespec.engines.base import prefill
+    from edgespec.runtime.prefill import prefill
 
     ids = np.arange(100, 356)
     res = {f: {"prefill 256": [], "decode T=1": [], "verify T=2": []} for f, _ in gens}

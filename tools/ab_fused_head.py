@@ -17,6 +17,7 @@ import argparse
 
 from edgespec.engines.ort import share_thread_pool
 from edgespec.runtime.bench import load_prompts
+from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 
 
@@ -32,9 +33,9 @@ def main() -> None:
     a = p.parse_args()
     share_thread_pool()
     ks = [int(x) for x in a.k.split(",")]
-    gens = {fused: Generator.load(a.engine, drafter=a.drafter, k=max(ks), adaptive=False, fuse_head=fused)
+    gens = {fused: Generator.load(a.engine, RuntimeConfig(drafter=a.drafter, k=max(ks), adaptive=False, fuse_head=fused))
             for fused in (True, False)}
-    if gens[True].fused_target is None:
+    if gens[True].engines.eagle_fused is None:
         raise SystemExit(f"{a.engine} has no fused target+EAGLE graph; re-export it with this edgespec")
     prompts = load_prompts(a.prompts, a.limit)
     ids = [gens[True].codec.encode(x.get("messages", x.get("prompt"))) for x in prompts]

@@ -30,9 +30,10 @@ class System:
 
 
 def edgespec_systems(engine: str, specs: list[str]) -> list[System]:
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    g = Generator.load(engine, drafter="none")
+    g = Generator.load(engine, RuntimeConfig(drafter="none"))
     out = []
     for spec in specs:  # "none", "ngram:4", "ngram:8:adaptive"
         parts = spec.split(":")

@@ -9,6 +9,8 @@ import argparse
 import dataclasses
 import json
 
+from edgespec.runtime.config import RuntimeConfig
+
 from edgespec.runtime.generator import Generator
 
 TURNS = [
@@ -40,7 +42,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--json")
     a = ap.parse_args()
-    g = Generator.load(a.engine, drafter=a.drafter)
+    g = Generator.load(a.engine, RuntimeConfig(drafter=a.drafter))
     run(g, True, 8)  # warm-up
     with_reuse, without = run(g, True, a.max_new_tokens), run(g, False, a.max_new_tokens)
     print("| turn | prompt tokens | reused | TTFT with reuse (ms) | TTFT without (ms) |")

@@ -39,7 +39,7 @@ def stage(report: dict, name: str):
 
 def logits_parity(folder_gpu: str, folder_cpu: str, provider: str) -> dict:
     from edgespec.engines.manifest import load_manifest
-    from edgespec.runtime.generator import make_engine
+    from edgespec.runtime.backends import make_engine
 
     m_gpu, m_cpu = load_manifest(folder_gpu), load_manifest(folder_cpu)
     gpu, cpu = make_engine(m_gpu, m_gpu.target, provider, None), make_engine(m_cpu, m_cpu.target, "cpu", None)

@@ -25,17 +25,18 @@ def main() -> None:
 
     if a.thread_pool == "shared":
         share_thread_pool()
+    from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    g = Generator.load(a.engine, drafter="none", adaptive=False)
+    g = Generator.load(a.engine, RuntimeConfig(drafter="none", adaptive=False))
     tgt = g.target
     feat = np.random.default_rng(0).standard_normal((1, tgt.hidden_size)).astype(np.float32)
     ids = np.array([100])
     calls = {}
-    if g.eagle_engine is not None:
-        calls["eagle"] = lambda: g.eagle_engine.forward(ids, 300, features=feat)
-    if g.medusa_heads is not None:
-        calls["medusa"] = lambda: g.medusa_heads.forward(feat[0])
+    if g.engines.eagle is not None:
+        calls["eagle"] = lambda: g.engines.eagle.forward(ids, 300, features=feat)
+    if g.engines.medusa is not None:
+        calls["medusa"] = lambda: g.engines.medusa.forward(feat[0])
     times: dict[str, list[float]] = {"target": []}
     for name, call in calls.items():
         call()

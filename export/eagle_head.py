@@ -1,0 +1,187 @@
+"""EAGLE head: the module (torch) and its parameters under EAGLE checkpoint names.
+
+The head (EAGLE-1 form) drafts from the target's own features. For the pair at position j:
+    x_j   = fc([embed(token_{j+1}) ; f_j])            # [2H] -> [H]; f_j = target hidden at j
+    f^_{j+1} = DecoderLayer(x_j)                         # one Llama layer, its own KV
+    logits   = f^_{j+1} . lm_head_d^T                    # the target's LM head rows of the draft vocab
+so the head predicts the target's next feature, and from it token_{j+2}. At draft time the
+predicted feature stands in for the unknown true one, step after step. Features are the target's
+post-final-norm hidden states (what the ONNX graphs output as `hidden`).
+
+The embedding and the LM-head rows are the target's (frozen buffers); the head's own parameters
+are fc, the decoder layer and optional norms. `head_state` / `build_head` map them to and from the
+checkpoint names (`checkpoint.py` reads and writes the files).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# EagleHead attribute -> checkpoint name of the decoder layer's projections
+LAYER_NAMES = {"q_proj": "layers.0.self_attn.q_proj.weight", "k_proj": "layers.0.self_attn.k_proj.weight",
+               "v_proj": "layers.0.self_attn.v_proj.weight", "o_proj": "layers.0.self_attn.o_proj.weight",
+               "gate_proj": "layers.0.mlp.gate_proj.weight", "up_proj": "layers.0.mlp.up_proj.weight",
+               "down_proj": "layers.0.mlp.down_proj.weight"}
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int  # H: the target's hidden size
+    intermediate_size: int  # MLP width of the head's decoder layer
+    num_attention_heads: int  # query heads
+    num_key_value_heads: int  # key/value heads (GQA)
+    head_dim: int  # per-head width
+    rms_norm_eps: float  # RMSNorm epsilon
+    vocab_size: int  # target vocabulary
+    draft_vocab_size: int  # tokens the head can propose (<= vocab_size; the most frequent ones)
+    input_layernorm: bool = False  # EAGLE-1 heads have none; True keeps a norm before attention
+    final_norm: bool = False  # RMSNorm on the output (EAGLE-3's `norm`): predictions on the scale of
+    #                           the target's post-norm features from the first step of training
+    d2t_by_frequency: bool = False  # d2t lists the draft tokens most frequent first (heads trained here),
+    #                                 so any prefix of it is a smaller draft vocabulary (prune_draft_vocab)
+
+
+class EagleHead(nn.Module):
+    def __init__(self, cfg: HeadConfig, embed: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor,
+                 rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
+        super().__init__()
+        self.cfg = cfg
+        H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+        self.fc = nn.Linear(2 * H, H, bias=True)
+        self.q_proj = nn.Linear(H, cfg.num_attention_heads * d, bias=False)
+        self.k_proj = nn.Linear(H, cfg.num_key_value_heads * d, bias=False)
+        self.v_proj = nn.Linear(H, cfg.num_key_value_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * d, H, bias=False)
+        self.gate_proj = nn.Linear(H, I, bias=False)
+        self.up_proj = nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+        self.post_ln = nn.Parameter(torch.ones(H))
+        self.input_ln = nn.Parameter(torch.ones(H)) if cfg.input_layernorm else None
+        self.norm = nn.Parameter(torch.ones(H)) if cfg.final_norm else None
+        # frozen, from the target: embedding [V, H], LM head rows of the draft vocab [Vd, H]
+        self.register_buffer("embed", embed, persistent=False)
+        self.register_buffer("lm_head", lm_head, persistent=False)
+        self.register_buffer("d2t", d2t, persistent=False)  # [Vd] draft id -> target id
+        self.register_buffer("rope_cos", rope_cos, persistent=False)  # [max_pos, D]
+        self.register_buffer("rope_sin", rope_sin, persistent=False)
+
+    # ---- pieces ----------------------------------------------------------------------------------
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps) * w
+
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        # x [B, L, heads, D], pos [B, L]; HF rotate_half convention
+        cos, sin = self.rope_cos[pos].unsqueeze(2), self.rope_sin[pos].unsqueeze(2)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    def qkv(self, tokens: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor):
+        """Input rows -> (residual x, rotated q [B,L,Hq,D], k, v [B,L,Hkv,D])."""
+        c = self.cfg
+        x = self.fc(torch.cat([self.embed[tokens], feats], dim=-1))
+        h = self._norm(x, self.input_ln) if self.input_ln is not None else x
+        B, L, _ = x.shape
+        q = self._rope(self.q_proj(h).view(B, L, c.num_attention_heads, c.head_dim), pos)
+        k = self._rope(self.k_proj(h).view(B, L, c.num_key_value_heads, c.head_dim), pos)
+        v = self.v_proj(h).view(B, L, c.num_key_value_heads, c.head_dim)
+        return x, q, k, v
+
+    def finish(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """Attention context [B, L, Hq*D] -> the layer's output (predicted feature) [B, L, H]."""
+        x = x + self.o_proj(ctx)
+        h = self._norm(x, self.post_ln)
+        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return self._norm(x, self.norm) if self.norm is not None else x
+
+    def logits(self, pred: torch.Tensor) -> torch.Tensor:
+        return pred @ self.lm_head.T  # [.., Vd]
+
+    def _expand(self, t: torch.Tensor) -> torch.Tensor:  # [B, L, Hkv, D] -> [B, Hq, L, D]
+        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        return t.repeat_interleave(rep, dim=2).transpose(1, 2)
+
+    # ---- training forward: step 1 teacher-forced, step 2 on its own features ---------------------
+    def forward(self, tokens, feats, pos, valid, n_steps: int = 2) -> list[torch.Tensor]:
+        """tokens [B, L] (token_{j+1}), feats [B, L, H] (f_j), pos [B, L] (= j), valid [B, L] bool.
+        Returns the predicted features of each step: step s row j predicts f_{j+s}."""
+        B, L = tokens.shape
+        scale = 1.0 / math.sqrt(self.cfg.head_dim)
+        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        key_ok = causal[None, None] & valid[:, None, None, :]  # [B, 1, L, L]
+        x, q, k, v = self.qkv(tokens, feats, pos)
+        K, V = self._expand(k), self._expand(v)  # true rows, [B, Hq, L, D]
+        ctx = F.scaled_dot_product_attention(q.transpose(1, 2), K, V, attn_mask=key_ok, scale=scale)
+        pred = self.finish(x, ctx.transpose(1, 2).reshape(B, L, -1))
+        preds = [pred]
+        for s in range(1, n_steps):
+            # row j: pair (f^_{j+s}, token_{j+s+1}) at position j+s; it sees the true rows
+            # 0..j (EAGLE: the accepted context) and its own speculative chain j+1..j+s-1 is
+            # approximated by itself only (2 steps: exact)
+            nxt = torch.roll(tokens, -s, dims=1)
+            xs, qs, ks, vs = self.qkv(nxt, preds[-1], pos + s)
+            Qs = qs.transpose(1, 2)  # [B, Hq, L, D]
+            s_true = (Qs @ K.transpose(-1, -2)) * scale  # [B, Hq, L, L]
+            s_true = s_true.masked_fill(~key_ok, float("-inf"))  # true rows 0..j
+            s_self = (Qs * self._expand(ks)).sum(-1, keepdim=True) * scale  # [B, Hq, L, 1]
+            w = torch.softmax(torch.cat([s_true, s_self], dim=-1), dim=-1)
+            ctx = w[..., :L] @ V + w[..., L:] * self._expand(vs)
+            preds.append(self.finish(xs, ctx.transpose(1, 2).reshape(B, L, -1)))
+        return preds
+
+
+def head_state(head: EagleHead) -> dict[str, np.ndarray]:
+    """The head's own parameters under EAGLE checkpoint names (float32 numpy) + its d2t (target
+    ids of the draft tokens): what `build_head` takes back."""
+    out = {"fc.weight": head.fc.weight, "fc.bias": head.fc.bias,
+           "layers.0.post_attention_layernorm.weight": head.post_ln}
+    out |= {hf: getattr(head, attr).weight for attr, hf in LAYER_NAMES.items()}
+    if head.input_ln is not None:
+        out["layers.0.input_layernorm.weight"] = head.input_ln
+    if head.norm is not None:
+        out["norm.weight"] = head.norm
+    arrays = {k: v.detach().float().cpu().numpy() for k, v in out.items()}
+    return arrays | {"d2t": head.d2t.cpu().numpy().astype(np.int64)}
+
+
+def build_head(hc: HeadConfig, arrays: dict[str, np.ndarray], embed: np.ndarray, lm_head: np.ndarray,
+               rope_cos: np.ndarray, rope_sin: np.ndarray) -> EagleHead:
+    """An EagleHead from checkpoint arrays and the target's embedding / LM head [V, H] / rope tables."""
+    d2t = torch.from_numpy(arrays["d2t"])
+    head = EagleHead(hc, torch.from_numpy(embed), torch.from_numpy(lm_head)[d2t].clone(), d2t,
+                     torch.from_numpy(rope_cos), torch.from_numpy(rope_sin))
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.from_numpy(arrays["fc.weight"]))
+        head.fc.bias.copy_(torch.from_numpy(arrays["fc.bias"]))
+        head.post_ln.copy_(torch.from_numpy(arrays["layers.0.post_attention_layernorm.weight"]))
+        if head.input_ln is not None:
+            head.input_ln.copy_(torch.from_numpy(arrays["layers.0.input_layernorm.weight"]))
+        if head.norm is not None:
+            head.norm.copy_(torch.from_numpy(arrays["norm.weight"]))
+        for attr, hf in LAYER_NAMES.items():
+            getattr(head, attr).weight.copy_(torch.from_numpy(arrays[hf]))
+    return head
+
+
+def init_arrays(arch, sd: dict, d2t: np.ndarray, seed: int) -> tuple[HeadConfig, dict[str, np.ndarray]]:
+    """A new head: decoder layer copied from the target's last layer; fc passes the feature through
+    (identity on the feature half, small random on the embedding half)."""
+    H = arch.hidden_size
+    rng = np.random.default_rng(seed)
+    last = f"model.layers.{arch.n_layers - 1}."
+    hc = HeadConfig(hidden_size=H, intermediate_size=arch.intermediate_size, num_attention_heads=arch.n_heads,
+                    num_key_value_heads=arch.n_kv_heads, head_dim=arch.head_dim, rms_norm_eps=arch.rms_norm_eps,
+                    vocab_size=arch.vocab_size, draft_vocab_size=len(d2t), input_layernorm=True, final_norm=True)
+    fc = np.concatenate([rng.normal(0, 0.02, (H, H)), np.eye(H)], axis=1).astype(np.float32)
+    arrays = {"fc.weight": fc, "fc.bias": np.zeros(H, np.float32), "d2t": d2t,
+              "layers.0.post_attention_layernorm.weight": sd[last + "post_attention_layernorm.weight"],
+              "layers.0.input_layernorm.weight": sd[last + "input_layernorm.weight"],
+              "norm.weight": sd["model.norm.weight"]}
+    for hf in LAYER_NAMES.values():
+        arrays[hf] = sd[last + hf.split("layers.0.", 1)[1]]
+    return hc, arrays

@@ -1,0 +1,104 @@
+"""Medusa heads: the module (torch) and its parameters under Medusa's checkpoint names.
+
+For the feature f_t (the target's post-norm hidden state at t; the target's own LM head on f_t
+gives token_{t+1}), head i (0-based) predicts token_{t+2+i}:
+    h_i      = f_t + SiLU(W_i f_t + b_i)          # `n_layers` such residual blocks; W_i = 0 at init
+    logits_i = h_i . lm_head_d^T                   # [Vd]: the target's LM head rows of the draft vocab
+At draft time f is the feature of the last verified token, whose own next token (the bonus) the
+target has chosen already: d_1..d_K = the heads' top tokens, from one small call with no KV and no
+sequence. Unlike EAGLE, head i never sees d_1..d_i: acceptance falls fast with depth, which is
+what Medusa's trees (each head's top candidates, combined) are for.
+
+Parameter names (Medusa's): "{i}.{j}.linear.weight" [H, H], "{i}.{j}.linear.bias" [H] for head i,
+block j; `checkpoint.py` reads and writes the files.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    hidden_size: int  # H: the target's hidden size
+    vocab_size: int  # target vocabulary
+    draft_vocab_size: int  # tokens the heads can propose (<= vocab_size; the most frequent ones)
+    n_heads: int = 4  # K: head i predicts the token i + 2 places past the feature's position
+    n_layers: int = 1  # residual SiLU blocks per head
+
+
+def param_names(mc: MedusaConfig) -> list[str]:
+    """Every parameter's checkpoint name, head by head, block by block (weight, bias)."""
+    return [f"{i}.{j}.linear.{p}" for i in range(mc.n_heads) for j in range(mc.n_layers) for p in ("weight", "bias")]
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, cfg: MedusaConfig, lm_head_d: torch.Tensor, d2t: torch.Tensor) -> None:
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.blocks = nn.ModuleList(nn.ModuleList(nn.Linear(H, H) for _ in range(cfg.n_layers))
+                                    for _ in range(cfg.n_heads))
+        for lin in self.linears():  # every head starts as the target's own next-token head
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+        self.register_buffer("lm_head", lm_head_d, persistent=False)  # [Vd, H], frozen
+        self.register_buffer("d2t", d2t, persistent=False)  # [Vd] draft id -> target id
+
+    def linears(self):
+        return [lin for head in self.blocks for lin in head]
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        """feats [N, H] -> each head's output [N, K, H]."""
+        outs = []
+        for head in self.blocks:
+            h = feats
+            for lin in head:
+                h = h + F.silu(lin(h))
+            outs.append(h)
+        return torch.stack(outs, 1)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.lm_head.T  # [.., Vd]
+
+
+def heads_state(heads: MedusaHeads) -> dict[str, np.ndarray]:
+    """Parameters under Medusa's names (float32 numpy) + d2t (target ids of the draft tokens):
+    what `build_heads` takes back."""
+    out = {}
+    for i, head in enumerate(heads.blocks):
+        for j, lin in enumerate(head):
+            out[f"{i}.{j}.linear.weight"] = lin.weight.detach().float().cpu().numpy()
+            out[f"{i}.{j}.linear.bias"] = lin.bias.detach().float().cpu().numpy()
+    return out | {"d2t": heads.d2t.cpu().numpy().astype(np.int64)}
+
+
+def build_heads(mc: MedusaConfig, arrays: dict[str, np.ndarray], lm_head: np.ndarray) -> MedusaHeads:
+    """MedusaHeads from checkpoint arrays and the target's LM head [V, H]."""
+    d2t = torch.from_numpy(arrays["d2t"])
+    heads = MedusaHeads(mc, torch.from_numpy(lm_head)[d2t].clone(), d2t)
+    with torch.no_grad():
+        for i, head in enumerate(heads.blocks):
+            for j, lin in enumerate(head):
+                lin.weight.copy_(torch.from_numpy(arrays[f"{i}.{j}.linear.weight"]))
+                lin.bias.copy_(torch.from_numpy(arrays[f"{i}.{j}.linear.bias"]))
+    return heads
+
+
+def random_heads(mc: MedusaConfig, d2t: np.ndarray, seed: int = 0, scale: float = 0.5) -> dict[str, np.ndarray]:
+    """Untrained heads with random blocks (tests: drafts that vary, some right, most wrong)."""
+    rng = np.random.default_rng(seed)
+    H = mc.hidden_size
+    arrays = {}
+    for i in range(mc.n_heads):
+        for j in range(mc.n_layers):
+            arrays[f"{i}.{j}.linear.weight"] = (rng.normal(0, scale / math.sqrt(H), (H, H))).astype(np.float32)
+            arrays[f"{i}.{j}.linear.bias"] = np.zeros(H, np.float32)
+    arrays["d2t"] = np.asarray(d2t, np.int64)
+    return arrays

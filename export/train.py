@@ -1,0 +1,246 @@
+"""One training loop for drafter heads (EAGLE, Medusa) by self-distillation (torch).
+
+What every head kind shares lives here: the self-distillation shards (`eagle_data`) loaded and
+split by sequence, the target's frozen tensors, the draft vocabulary, AdamW with a linear warm-up
+and a cosine decay over all epochs, a wall-clock budget per run and an epoch budget across runs,
+`checkpoint.pt` for resuming, and the progress line. A head kind (`train_eagle`, `train_medusa`)
+supplies a `Recipe`: its batches of one epoch, the loss of one batch, its held-out estimate and
+how it writes its head folder; it builds its module and calls `fit`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+CHECKPOINT = "checkpoint.pt"
+SAVE_EVERY_S = 300  # a running job writes checkpoint.pt this often (and at its end)
+
+
+# ---- data and target --------------------------------------------------------------------------------
+class DataSettings(Protocol):
+    """The fields of a kind's training config that `prepare` reads."""
+
+    @property
+    def data(self) -> str: ...  # shard folder(s), "DIR1,DIR2"
+    @property
+    def out(self) -> str: ...  # output folder
+    @property
+    def holdout(self) -> float: ...  # fraction of sequences held out
+    @property
+    def threads(self) -> int | None: ...  # torch threads
+    @property
+    def seed(self) -> int: ...  # split, init and data order
+
+
+@dataclass(frozen=True)
+class TrainData:
+    tokens: np.ndarray  # [N] int32: all sequences, back to back
+    feats: np.ndarray  # [N, H] float16: the target's post-norm feature at each token
+    starts: np.ndarray  # [S+1] int64: sequence boundaries in tokens
+    n_prompt: np.ndarray  # [S] int64: prompt tokens at the start of each sequence
+    hold: np.ndarray  # sequence ids held out for the acceptance estimate (sorted)
+    train: np.ndarray  # sequence ids trained on (sorted)
+    answer: np.ndarray  # [N] bool: the token is part of an answer (not of the prompt)
+
+
+def prepare(cfg: DataSettings) -> tuple[Path, np.random.Generator, TrainData]:
+    """Torch set up (threads, seed), the out folder made, the shards loaded and split by sequence.
+    Returns (out folder, the numpy generator after the split, the data)."""
+    from edgespec.export.eagle_data import load_shards
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokens, feats, starts, n_prompt = load_shards(cfg.data)
+    n_seq = len(n_prompt)
+    rng = np.random.default_rng(cfg.seed)
+    perm = rng.permutation(n_seq)
+    n_hold = max(1, int(n_seq * cfg.holdout))
+    answer = np.zeros(len(tokens), bool)
+    for s in range(n_seq):
+        answer[starts[s] + n_prompt[s]:starts[s + 1]] = True
+    return out, rng, TrainData(tokens=tokens, feats=feats, starts=starts, n_prompt=n_prompt,
+                               hold=np.sort(perm[:n_hold]), train=np.sort(perm[n_hold:]), answer=answer)
+
+
+@dataclass(frozen=True)
+class TargetTensors:
+    arch: Any  # the target's ArchSpec (export.arch)
+    embed: np.ndarray  # [V, H] token embedding
+    lm_head: np.ndarray  # [V, H] LM head
+    state: dict[str, np.ndarray]  # every parameter under its HF name, float32
+    rope_cos: np.ndarray  # [max_pos, D] float32
+    rope_sin: np.ndarray  # [max_pos, D] float32
+
+
+def target_tensors(target: str | None) -> TargetTensors:
+    """The target's frozen tensors as the int4 engine computes with them (dequantized)."""
+    from edgespec.export.arch import arch_from_config
+    from edgespec.export.eagle_data import load_target
+
+    model, _ = load_target(target)
+    arch = arch_from_config(model.config, 2048)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    cos, sin = arch.rope_tables()
+    return TargetTensors(arch=arch, embed=sd["model.embed_tokens.weight"],
+                         lm_head=model.lm_head.weight.detach().float().numpy(), state=sd,
+                         rope_cos=cos.astype(np.float32), rope_sin=sin.astype(np.float32))
+
+
+def draft_vocab(tokens: np.ndarray, answer: np.ndarray, vocab: int, size: int) -> np.ndarray:
+    """The `size` most frequent tokens of the answers, most frequent first (a prefix is then a
+    smaller draft vocabulary), or the full vocabulary (ids in order)."""
+    if size <= 0 or size >= vocab:
+        return np.arange(vocab, dtype=np.int64)
+    return by_frequency(np.arange(vocab, dtype=np.int64), tokens[answer], vocab)[:size]
+
+
+def by_frequency(ids: np.ndarray, seen: np.ndarray, vocab: int) -> np.ndarray:
+    """ids reordered by how often they occur in `seen`, most frequent first (ties: in given order)."""
+    counts = np.bincount(seen.astype(np.int64), minlength=vocab)
+    return ids[np.argsort(-counts[ids], kind="stable")].astype(np.int64)
+
+
+def target_to_draft(d2t: np.ndarray, vocab: int) -> np.ndarray:
+    """[vocab + 1] draft id of each target id, -100 (no loss) for tokens outside the draft
+    vocabulary and for the extra id `vocab` (a label masked out on purpose)."""
+    t2d = np.full(vocab + 1, -100, np.int64)
+    t2d[d2t] = np.arange(len(d2t))
+    return t2d
+
+
+def copied_positions(tokens: np.ndarray, starts: np.ndarray, n: int = 8) -> np.ndarray:
+    """[N] bool: the token ends an n-gram that already occurred earlier in its sequence. Greedy
+    answers of a small model loop a lot; such copies are prompt lookup's job, and training on
+    them teaches the head little and inflates its held-out score."""
+    out = np.zeros(len(tokens), bool)
+    for s in range(len(starts) - 1):
+        a, b = int(starts[s]), int(starts[s + 1])
+        seen: set = set()
+        seq = tokens[a:b].tolist()
+        for i in range(n - 1, len(seq)):
+            key = tuple(seq[i - n + 1:i + 1])
+            out[a + i] = key in seen
+            seen.add(key)
+    return out
+
+
+# ---- resumable state ----------------------------------------------------------------------------------
+def load_checkpoint(out: Path) -> dict | None:
+    """The training state an earlier run left in `out` (None: a fresh run)."""
+    path = out / CHECKPOINT
+    return torch.load(path, weights_only=False) if path.exists() else None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path  # checkpoint.pt; written through a temporary name
+    key: str  # the module's state_dict is stored under this key
+    meta: dict  # stored beside it: what a resumed run rebuilds the module from (config, d2t)
+
+    def save(self, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, epoch: float) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        torch.save({self.key: model.state_dict(), "opt": opt.state_dict(), "step": step, "epoch": epoch}
+                   | self.meta, tmp)
+        tmp.rename(self.path)
+
+    def restore(self, state: dict, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, float]:
+        """Weights and optimizer from `state`; returns (step, epoch) to continue from."""
+        model.load_state_dict(state[self.key])
+        opt.load_state_dict(state["opt"])
+        return state["step"], state["epoch"]
+
+
+# ---- the loop -------------------------------------------------------------------------------------------
+class Recipe(Protocol):
+    """What a head kind gives the loop."""
+
+    def batches(self, epoch: float) -> Sequence:
+        """The batches of the epoch `epoch` is in, in order (`fit` skips those already done)."""
+        ...
+
+    def loss(self, batch) -> tuple[torch.Tensor, list[float], int]:
+        """(loss to minimize, top-1 accuracy per drafted position, rows that carried loss)."""
+        ...
+
+    def estimate(self) -> dict:
+        """Held-out acceptance estimate of the trained module (eval mode, no grad)."""
+        ...
+
+    def save(self, step: int, epoch: float, est: dict) -> str:
+        """Write the head folder; returns the closing line of the run (what was reached, where)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    tag: str  # progress-line prefix, e.g. "[train]"
+    unit: str  # what the top-1 list of the progress line is per ("step", "head")
+    lr: float  # AdamW peak learning rate
+    warmup: int  # steps of linear warm-up
+    total_steps: int  # the cosine decays to 0 over these steps (all runs together)
+    epochs: float  # passes over the data in total (all runs together)
+    minutes: float  # wall-clock budget of this run
+    clip: float | None = None  # gradient-norm clip (None: none)
+    ema: float = 0.9  # weight of the past in the progress line's smoothed top-1
+
+    def lr_at(self, step: int) -> float:
+        warm = min(1.0, (step + 1) / self.warmup)
+        return self.lr * warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / self.total_steps)))
+
+
+def fit(model: torch.nn.Module, recipe: Recipe, plan: Plan, ckpt: Checkpoint, state: dict | None,
+        progress: bool = True) -> None:
+    """Train from `state` (a checkpoint.pt's content; None: from the start) until `plan.epochs` or
+    `plan.minutes`, whichever comes first, saving the state every few minutes and at the end; then
+    the held-out estimate, and the head folder written by the recipe."""
+    opt = torch.optim.AdamW(model.parameters(), lr=plan.lr, weight_decay=0.0)
+    step, epoch = ckpt.restore(state, model, opt) if state is not None else (0, 0.0)
+    t0 = last_save = time.perf_counter()
+    model.train()
+    ema, n_seen, done = None, 0, False
+    while not done and epoch < plan.epochs - 1e-9:
+        batches = recipe.batches(epoch)
+        for bi in range(int(round((epoch - int(epoch)) * len(batches))), len(batches)):
+            lr = plan.lr_at(step)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss, accs, n_rows = recipe.loss(batches[bi])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if plan.clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), plan.clip)
+            opt.step()
+            step += 1
+            epoch = int(epoch) + (bi + 1) / len(batches)
+            ema = accs if ema is None else [plan.ema * e + (1 - plan.ema) * a for e, a in zip(ema, accs, strict=False)]
+            n_seen += n_rows
+            elapsed = time.perf_counter() - t0
+            if progress and step % 10 == 0:
+                print(f"{plan.tag} step {step}/{plan.total_steps} epoch {epoch:.2f} lr {lr:.2e} loss {loss.item():.3f} "
+                      f"top-1 per {plan.unit} {' '.join(f'{a:.3f}' for a in ema)} {n_seen / elapsed:.0f} rows/s "
+                      f"{elapsed / 60:.1f} min", file=sys.stderr, flush=True)
+            if time.perf_counter() - last_save > SAVE_EVERY_S:
+                ckpt.save(model, opt, step, epoch)
+                last_save = time.perf_counter()
+            if elapsed > plan.minutes * 60:
+                done = True
+                break
+        if not done:
+            epoch = float(round(epoch))
+    ckpt.save(model, opt, step, epoch)
+    model.eval()
+    with torch.no_grad():
+        est = recipe.estimate()
+    print(f"{plan.tag} {recipe.save(step, epoch, est)}", file=sys.stderr)

@@ -1,0 +1,209 @@
+"""Training an EAGLE head by self-distillation: its batches, loss and held-out estimate.
+
+Teacher-forced pairs over the target's own answers (`eagle_data`), plus a second "training-time
+test" step (EAGLE-3) in which each row is fed the head's own predicted feature, attending to the
+true rows before it and to itself: what drafting does at depth 2. Loss per step =
+SmoothL1(f^, f) + ce_weight * CE(logits, target's own next token), over the answer positions only.
+The loop, data split, schedule and resuming are `train.fit`'s.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from edgespec.export import train as trainer
+from edgespec.export.checkpoint import read_head, save_head
+from edgespec.export.eagle_head import EagleHead, build_head, init_arrays
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str  # folder of eagle_data shards
+    out: str  # head folder (config.json + model.safetensors) and checkpoint.pt
+    target: str | None = None  # model source (None: default SmolLM2)
+    draft_vocab: int = 8192  # most frequent answer tokens the head may propose (0: full vocab)
+    init: str | None = None  # start from this head folder's weights and draft vocabulary (fine-tuning:
+    #                          a fresh optimizer and schedule); ignored when `out` holds a checkpoint
+    minutes: float = 30.0  # wall-clock budget of this run (training resumes from checkpoint.pt)
+    epochs: float = 3.0  # passes over the data in total (across runs)
+    lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
+    batch_tokens: int = 4096  # tokens per optimizer step (sequences padded to the longest)
+    ce_weight: float = 1.0  # token cross-entropy weight next to the feature regression
+    n_steps: int = 2  # unrolled drafting steps per row (2 = EAGLE-3's training-time test)
+    feature_noise: float = 0.05  # Gaussian noise on input features, in per-dimension standard deviations
+    skip_copies: bool = True  # no loss where the answer repeats an 8-gram of its own context (loops;
+    #                           False: `eagle` alone learns to continue them too)
+    holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
+    threads: int | None = None  # torch threads
+    seed: int = 0  # data order and init
+
+
+def _batches(starts: np.ndarray, seqs: np.ndarray, batch_tokens: int, rng: np.random.Generator):
+    """Groups of sequences of similar length whose padded size stays within batch_tokens."""
+    lens = starts[seqs + 1] - starts[seqs]
+    order = seqs[np.argsort(lens + rng.uniform(0, 8, len(lens)))]
+    groups, cur, longest = [], [], 0
+    for s in order:
+        n = int(starts[s + 1] - starts[s])
+        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append(s)
+        longest = max(longest, n)
+    if cur:
+        groups.append(cur)
+    rng.shuffle(groups)
+    return groups
+
+
+def _collate(group, data: trainer.TrainData, t2d: np.ndarray, label_ids: np.ndarray):
+    """Rows j = 0..n-2 of each sequence: input (token_{j+1}, f_j); step-s targets f_{j+s}, token_{j+s+1}."""
+    tokens, feats, starts = data.tokens, data.feats, data.starts
+    L = max(int(starts[s + 1] - starts[s]) for s in group) - 1
+    B = len(group)
+    tok_in = np.zeros((B, L), np.int64)
+    f_in = np.zeros((B, L + 2, feats.shape[1]), np.float32)
+    labels = np.full((B, L + 2), -100, np.int64)  # draft-vocab id of token_{j+2}, -100: no loss
+    valid = np.zeros((B, L), bool)
+    for r, s in enumerate(group):
+        a, b = int(starts[s]), int(starts[s + 1])
+        n = b - a
+        tok_in[r, :n - 1] = tokens[a + 1:b]
+        f_in[r, :n] = feats[a:b]
+        valid[r, :n - 1] = True
+        lab = t2d[label_ids[a + 2:b]]  # row j predicts token_{j+2}
+        lab[: max(0, int(data.n_prompt[s]) - 2)] = -100  # prompt tokens: context only, no loss
+        labels[r, :n - 2] = lab
+    pos = np.broadcast_to(np.arange(L), (B, L)).copy()
+    return (torch.from_numpy(tok_in), torch.from_numpy(f_in), torch.from_numpy(pos), torch.from_numpy(valid),
+            torch.from_numpy(labels))
+
+
+def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std: torch.Tensor,
+                 noise: float = 0.0):
+    tok_in, f_in, pos, valid, labels = batch
+    L = tok_in.shape[1]
+    feats = f_in[:, :L]
+    if noise:  # the runtime's features come from int8-activation kernels, not this fp32 model
+        feats = feats + torch.randn_like(feats) * (noise / inv_std)
+    preds = head(tok_in, feats, pos, valid, n_steps)
+    total, stats = 0.0, []
+    for s, pred in enumerate(preds, start=1):
+        lab = labels[:, s - 1:s - 1 + L]  # step s row j: token_{j+s+1}
+        mask = lab >= 0
+        if s > 1:
+            mask = mask & torch.roll(valid, -(s - 1), dims=1)
+        if not mask.any():
+            continue
+        target = f_in[:, s:s + L]
+        # per-dimension scaled: a few feature dims are ~30x the others and would own the loss
+        reg = F.smooth_l1_loss(pred[mask] * inv_std, target[mask] * inv_std)
+        logits = head.logits(pred[mask])
+        ce = F.cross_entropy(logits, lab[mask])
+        acc = (logits.argmax(-1) == lab[mask]).float().mean()
+        total = total + reg + ce_weight * ce
+        stats.append((reg.item(), ce.item(), acc.item(), int(mask.sum())))
+    return total, stats
+
+
+@torch.no_grad()
+def estimate(head: EagleHead, data: trainer.TrainData, seqs: np.ndarray, t2d: np.ndarray,
+             label_ids: np.ndarray) -> dict:
+    """Held-out top-1 of step 1 and of step 2 where step 1 was right (the chain's first two
+    acceptance rates under greedy drafting, teacher-forced context)."""
+    n1 = n1_ok = n2 = n2_ok = 0
+    for s in seqs:
+        tok_in, f_in, pos, valid, labels = _collate([s], data, t2d, label_ids)
+        L = tok_in.shape[1]
+        p1, p2 = head(tok_in, f_in[:, :L], pos, valid, 2)
+        a1 = head.logits(p1).argmax(-1) == labels[:, :L]
+        a2 = head.logits(p2).argmax(-1) == labels[:, 1:1 + L]
+        m1 = labels[:, :L] >= 0
+        m2 = (labels[:, 1:1 + L] >= 0) & a1
+        n1 += int(m1.sum())
+        n1_ok += int((a1 & m1).sum())
+        n2 += int(m2.sum())
+        n2_ok += int((a2 & m2).sum())
+    return {"top1_step1": n1_ok / max(n1, 1), "top1_step2": n2_ok / max(n2, 1), "tokens": n1}
+
+
+@dataclass(frozen=True)
+class _EagleRecipe:
+    head: EagleHead  # the module being trained
+    cfg: TrainConfig  # batch size, loss weights, noise, seed, out folder
+    data: trainer.TrainData  # shards and split
+    t2d: np.ndarray  # [V + 1] draft id of each target id (-100: none)
+    label_ids: np.ndarray  # [N] the token, or V where it carries no loss (a copy)
+    inv_std: torch.Tensor  # [H] 1 / per-dimension feature spread
+    train_tokens: int  # tokens of the training sequences (recorded in config.json)
+    coverage: float  # fraction of answer tokens inside the draft vocabulary (recorded in config.json)
+
+    def batches(self, epoch: float):
+        rng = np.random.default_rng(self.cfg.seed + int(epoch * 1000))
+        return _batches(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
+
+    def loss(self, group):
+        batch = _collate(group, self.data, self.t2d, self.label_ids)
+        c = self.cfg
+        loss, stats = _step_losses(self.head, batch, c.n_steps, c.ce_weight, self.inv_std, c.feature_noise)
+        return loss, [s[2] for s in stats], sum(s[3] for s in stats[:1])
+
+    def estimate(self) -> dict:
+        return estimate(self.head, self.data, self.data.hold, self.t2d, self.label_ids)
+
+    def save(self, step: int, epoch: float, est: dict) -> str:
+        c = self.cfg
+        record = {"trained_steps": step, "epochs": round(epoch, 3), "train_tokens": self.train_tokens,
+                  "data": str(c.data), "holdout": est, "draft_vocab_coverage": round(self.coverage, 4)}
+        save_head(self.head, c.out, record | ({"init": str(c.init)} if c.init else {}))
+        return (f"held-out top-1 step 1 {est['top1_step1']:.3f}, step 2 {est['top1_step2']:.3f} "
+                f"(given step 1 right); wrote {c.out}")
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> Path:
+    """Train (or continue training) a head; writes the HF-layout head folder and checkpoint.pt."""
+    out, rng, data = trainer.prepare(cfg)
+    tokens, answer = data.tokens, data.answer
+    copied = trainer.copied_positions(tokens, data.starts) if cfg.skip_copies else np.zeros(len(tokens), bool)
+    tt = trainer.target_tensors(cfg.target)
+    arch = tt.arch
+    state = trainer.load_checkpoint(out)
+    # a resumed run keeps its draft vocabulary; its weights come from the checkpoint below
+    if state is None and cfg.init:  # fine-tuning an existing head: its weights and draft vocabulary
+        hc, arrays = read_head(cfg.init, arch.hidden_size, arch.vocab_size)
+    else:
+        d2t = (state["d2t"] if state is not None
+               else trainer.draft_vocab(tokens, answer, arch.vocab_size, cfg.draft_vocab))
+        hc, arrays = init_arrays(arch, tt.state, d2t, cfg.seed)
+    if hc.draft_vocab_size < arch.vocab_size:  # most frequent first (also a resumed head's: the weights
+        # do not depend on the order, the LM-head rows are gathered from the target by d2t)
+        arrays["d2t"] = trainer.by_frequency(arrays["d2t"], tokens[answer], arch.vocab_size)
+        hc = replace(hc, d2t_by_frequency=True)
+    head = build_head(hc, arrays, tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin)
+    coverage = float(np.isin(tokens[answer], head.d2t.numpy()).mean())
+    # labels: the token id itself, or vocab_size (-> -100) where the target was copying
+    label_ids = np.where(copied, arch.vocab_size, tokens).astype(np.int64)
+    feats = data.feats
+    sample = feats[rng.choice(len(feats), min(len(feats), 20000), replace=False)].astype(np.float32)
+    inv_std = torch.from_numpy(1.0 / (sample.std(0) + 1e-3))
+    n_train_tokens = int(sum(data.starts[s + 1] - data.starts[s] for s in data.train))
+    print(f"[train] {int((answer & ~copied).sum())} answer tokens carry loss "
+          + (f"({int((answer & copied).sum())} repeat an earlier 8-gram of their sequence: left to prompt lookup)"
+             if cfg.skip_copies else "(loops included: --no-skip-copies)"), file=sys.stderr)
+    print(f"[train] {len(data.n_prompt)} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
+          f"{len(data.hold)} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of answer tokens"
+          + (f"; resuming at step {state['step']}" if state is not None
+             else f"; starting from {cfg.init}" if cfg.init else ""), file=sys.stderr)
+    recipe = _EagleRecipe(head, cfg, data, trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size), label_ids,
+                          inv_std, n_train_tokens, coverage)
+    total_steps = max(1, int(cfg.epochs * n_train_tokens / cfg.batch_tokens * 1.3))  # padding slack
+    plan = trainer.Plan(tag="[train]", unit="step", lr=cfg.lr, warmup=50, total_steps=total_steps, epochs=cfg.epochs,
+                        minutes=cfg.minutes, clip=1.0, ema=0.95)
+    meta = {"head_config": asdict(hc), "d2t": head.d2t.numpy()}  # what a resumed run rebuilds the head from
+    trainer.fit(head, recipe, plan, trainer.Checkpoint(out / trainer.CHECKPOINT, "head", meta), state, progress)
+    return out

@@ -1,0 +1,77 @@
+"""Which engine runs which model of a folder, and which drafters each backend can serve.
+
+cpu / cuda / tensorrt are ONNX Runtime execution providers (every model of the folder runs
+through them); trt is native TensorRT (`edgespec build-trt` builds the target and the draft).
+The head drafters (eagle, hybrid, medusa) draft from the target's hidden states, so they need a
+target engine that returns them (`has_hidden`); native TensorRT engines give logits and KV only,
+and `load` refuses those drafters there with what to use instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgespec.engines.base import Engine, HeadEngine, HeadsEngine
+from edgespec.engines.manifest import Manifest
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.drafters import DRAFTERS, FEATURE_DRAFTERS
+
+
+@dataclass
+class Engines:
+    """The loaded models of one folder (None: not in the folder, or not on this backend)."""
+
+    target: Engine  # the model whose output is reproduced
+    draft: Engine | None = None  # a separate draft model
+    eagle: HeadEngine | None = None  # the EAGLE head
+    medusa: HeadsEngine | None = None  # the Medusa heads
+    eagle_fused: Engine | None = None  # target + EAGLE head in one graph, sharing the target's KV
+
+    @property
+    def features_needed(self) -> bool:
+        """Some drafter of these engines reads the target's hidden states."""
+        return self.eagle is not None or self.medusa is not None
+
+
+def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
+    """cpu / cuda / tensorrt: ONNX Runtime with that execution provider; trt: native TensorRT."""
+    if provider == "trt":
+        from edgespec.engines.trt import TrtModel
+
+        return TrtModel(manifest, spec)
+    from edgespec.engines.ort import OrtModel
+
+    return OrtModel(manifest, spec, provider, threads)
+
+
+def make_engines(manifest: Manifest, cfg: RuntimeConfig) -> Engines:
+    """Every model of the folder this backend can run (sessions are made on first use)."""
+    from edgespec.engines.ort import OrtHeads, OrtModel
+
+    target = make_engine(manifest, manifest.target, cfg.provider, cfg.threads)
+    dft_provider = cfg.draft_provider or cfg.provider
+    out = Engines(target)
+    if manifest.draft:  # the draft may run elsewhere (e.g. on the CPU beside a GPU target)
+        out.draft = make_engine(manifest, manifest.draft, dft_provider, cfg.threads)
+    if not target.has_hidden:  # nothing to draft from for the heads
+        return out
+    head_provider = "cpu" if dft_provider == "trt" else dft_provider  # small graphs: ONNX Runtime
+    if manifest.eagle:
+        out.eagle = OrtModel(manifest, manifest.eagle, head_provider, cfg.threads)
+        # the fused graph reads and writes both KV caches on the host
+        if manifest.eagle_fused and cfg.fuse_head and cfg.provider == head_provider == "cpu":
+            out.eagle_fused = OrtModel(manifest, manifest.eagle_fused, "cpu", cfg.threads, kv=target.kv,
+                                       head=out.eagle)
+    if manifest.medusa:
+        out.medusa = OrtHeads(manifest, manifest.medusa, head_provider, cfg.threads)
+    return out
+
+
+def check_drafter(name: str, engines: Engines, provider: str) -> None:
+    """Refuse a drafter these engines cannot serve, saying why and what to use."""
+    if name not in DRAFTERS and name != "prompt_lookup":
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    if name in FEATURE_DRAFTERS and not engines.target.has_hidden:
+        raise ValueError(f"drafter {name!r} cannot run on provider {provider!r}: it drafts from the target's hidden "
+                         "states, which this backend's target engine does not return. Hint: use --provider "
+                         "tensorrt or cuda (ONNX Runtime) for it, or --drafter ngram / draft / none here")

@@ -1,0 +1,40 @@
+"""Prompt processing: tokens into an engine's KV in chunks of its widest graph."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def prefill(engine, tokens: np.ndarray, past: int, hidden_out: np.ndarray | None = None,
+            features: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
+    """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
+    commit them; return (new past length, logits [V] of the last token, None if no tokens).
+
+    hidden_out [max_len, H]: receives the hidden states of the new positions (EAGLE / Medusa read
+    them). features [len(tokens), H]: an EAGLE head's feature rows for these tokens (the engine is
+    a head). A target with the EAGLE head fused in gets each row's next token for its head rows
+    (known in a prefill; the last row's is the target's argmax)."""
+    widest = max(engine.widths)
+    logits = None
+    for i in range(0, len(tokens), widest):
+        chunk = tokens[i:i + widest]
+        if features is not None:
+            logits = engine.forward(chunk, past, features=features[i:i + widest])
+        elif engine.fused_head:
+            logits = engine.forward(chunk, past, head_next=tokens[i + 1:i + 1 + widest])
+        else:
+            logits = engine.forward(chunk, past)
+        engine.commit(past, len(chunk))
+        if hidden_out is not None:
+            hidden_out[past:past + len(chunk)] = engine.last_hidden(len(chunk))
+        past += len(chunk)
+    return past, (logits[-1] if logits is not None else None)
+
+
+def decode_rows_match_verify_rows(engine, token: int = 1) -> bool:
+    """Does a 1-token call give the same bits as the same token inside a 2-token call? (Greedy
+    speculative output equals plain output only if it does.) Two calls at position 0, nothing
+    committed."""
+    one = engine.forward(np.array([token], np.int64), 0).copy()
+    two = engine.forward(np.array([token, token], np.int64), 0)
+    return bool(np.array_equal(one[0], two[0]))
