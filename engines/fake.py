@@ -8,6 +8,7 @@ of every committed row, so a test can check that only accepted rows were ever co
 from __future__ import annotations
 
 import numpy as np
+
 from edgespec.engines.base import pick_width
 
 

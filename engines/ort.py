@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
 from edgespec.engines.base import EngineError, fill_tree, pick_width, window_slots
 from edgespec.engines.manifest import FUSED_PREFIX, HeadsSpec, Manifest, ModelSpec
 

@@ -19,6 +19,7 @@ through ONNX Runtime on host memory (tests/test_trt_fake.py); it has NOT run on 
 from __future__ import annotations
 
 import numpy as np
+
 from edgespec.engines.base import EngineError, fill_tree, pick_width, window_slots
 from edgespec.engines.device import CudaOps
 from edgespec.engines.manifest import Manifest, ModelSpec

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from edgespec.export.eagle_head import LAYER_NAMES, EagleHead, HeadConfig, head_state
 from edgespec.export.medusa_head import MedusaConfig, MedusaHeads, heads_state, param_names
 

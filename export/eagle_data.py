@@ -82,6 +82,7 @@ def self_instruct(model, tok, n: int, batch: int, seed: int, progress: bool = Tr
     import random
 
     import torch
+
     from edgespec.export.eagle_prompts import TOPICS
 
     rng = random.Random(seed + 1)
@@ -113,6 +114,7 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
     import random
 
     import torch
+
     from edgespec.export.eagle_prompts import build_prompts
 
     if cfg.threads:

@@ -16,10 +16,11 @@ import dataclasses
 
 import numpy as np
 import onnx
+from onnx import helper
+
 from edgespec.engines.manifest import FUSED_PREFIX
 from edgespec.export.arch import ArchSpec
 from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder
-from onnx import helper
 
 _LAYER = "layers.0."
 

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from edgespec import __version__
 from edgespec.engines import manifest as mf
 from edgespec.export import sources
 from edgespec.export.arch import ArchSpec, arch_from_config
@@ -25,8 +26,6 @@ from edgespec.export.spec import PRECISIONS, ExportConfig, ExportError, eagle3_l
 from edgespec.export.validate import validate_eagle, validate_fused, validate_medusa, validate_model, validation_tokens
 from edgespec.export.weights import write_weights
 from edgespec.export.write import heads_dir, write_eagle, write_eagle_fused, write_medusa, write_model
-
-from edgespec import __version__
 
 __all__ = ["ExportConfig", "ExportError", "export"]
 

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
+
 from edgespec.export.arch import ArchSpec
 from edgespec.export.quant import quantize_int4, quantize_int8
-from onnx import TensorProto, helper
 
 OPSET = 17
 NEG_INF = {"float32": -1e9, "float16": -3e4}  # additive mask: finite, so no row can turn NaN

@@ -15,9 +15,10 @@ import dataclasses
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
+
 from edgespec.export.arch import ArchSpec
 from edgespec.export.graph import _NP_TO_ONNX, OPSET, GraphOptions, LlamaGraphWriter, _Builder
-from onnx import TensorProto, helper
 
 
 class MedusaGraphWriter(LlamaGraphWriter):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+
 from edgespec.export.graph import LlamaGraphWriter
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from edgespec.export import train as trainer
 from edgespec.export.checkpoint import read_head, save_head
 from edgespec.export.eagle_head import EagleHead, build_head, init_arrays

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from edgespec.export import train as trainer
 from edgespec.export.checkpoint import save_heads
 from edgespec.export.medusa_head import MedusaConfig, MedusaHeads

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+
 from edgespec.engines.manifest import ModelSpec, load_manifest
 from edgespec.export.spec import ExportError
 
@@ -66,6 +67,7 @@ def _features(ref_target, tokens: np.ndarray) -> np.ndarray:
 def validate_model(folder: Path, role: str, ref_model, tokens: np.ndarray, tol: float) -> dict[str, float]:
     """A target or draft graph: logits per width against the PyTorch model on the same tokens."""
     import torch
+
     from edgespec.engines.ort import OrtModel
 
     man = load_manifest(folder)
@@ -87,6 +89,7 @@ def validate_eagle(folder: Path, ew, ref_target, tokens: np.ndarray, tol: float)
     """The EAGLE head graph against the PyTorch head (same dequantized weights) on the target's
     real features, per width."""
     import torch
+
     from edgespec.engines.ort import OrtModel
     from edgespec.export.eagle_head import build_head
 
@@ -162,6 +165,7 @@ def validate_medusa(folder: Path, mw, ref_target, tokens: np.ndarray, tol: float
     """The Medusa heads graph against the PyTorch heads (same dequantized weights) on 8 of the
     target's real features."""
     import torch
+
     from edgespec.engines.ort import OrtHeads
     from edgespec.export.medusa_head import build_heads
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import onnx
+
 from edgespec.engines.manifest import Architecture, HeadInfo, HeadsSpec, ModelSpec, TensorSpec, WeightSpec
 from edgespec.export import spec as es
 from edgespec.export.arch import ArchSpec

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.drafters import TREE_DRAFTERS
 from edgespec.runtime.sampling import SamplingConfig

@@ -9,6 +9,7 @@ drafter switch finds it ready.
 from __future__ import annotations
 
 import numpy as np
+
 from edgespec.runtime.drafters import Drafter, NgramDrafter, penalized
 from edgespec.runtime.prefill import prefill
 from edgespec.runtime.sampling import SamplingConfig, probs, sample
@@ -27,14 +28,15 @@ class _HeadDrafter(Drafter):
         # stop the chain once the head's own probability falls below this (EAGLE-2's observation:
         # draft confidence predicts acceptance), so the verify call stays narrow: EAGLE's chain
         # probability (the product along the chain), each Medusa head's own probability. Lossless
-        # either way: the length depends only on the draft's own numbers.
+        # either way: whether position i is drafted depends only on the drafts before it.
         self.min_confidence = min_confidence
         self._full = np.full(target_vocab, -np.inf, np.float32)  # head logits scattered to the target vocab
         self._exp = np.zeros(len(d2t), np.float32)  # scratch for the confidence softmax (no per-step alloc)
         self._q = np.zeros((n_rows, target_vocab), np.float64)
 
     def _choose(self, logits: np.ndarray, seq: SeqState, i: int) -> tuple[int, float]:
-        """(token, the head's probability of it) for draft position i."""
+        """(token, the head's confidence at draft position i: its top probability there, which
+        under greedy decoding is the token's own)."""
         if self.sampling.greedy and self.sampling.repetition_penalty == 1.0:
             top = int(logits.argmax())
             conf = 1.0

@@ -15,13 +15,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from edgespec.runtime.generator import Generator
-from edgespec.runtime.sampling import SamplingConfig
-from edgespec.runtime.text import TemplateError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
+
+from edgespec.runtime.generator import Generator
+from edgespec.runtime.sampling import SamplingConfig
+from edgespec.runtime.text import TemplateError
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)

@@ -6,9 +6,10 @@ from datetime import datetime
 
 import jinja2
 import numpy as np
-from edgespec.engines.manifest import Manifest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from edgespec.engines.manifest import Manifest
 
 
 class TemplateError(ValueError):

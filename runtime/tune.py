@@ -15,11 +15,13 @@ from dataclasses import dataclass, replace
 
 from edgespec.engines.manifest import Defaults, Manifest, Tuned, load_manifest
 from edgespec.runtime.bench import BenchConfig, format_table, run_bench
+from edgespec.runtime.config import RuntimeConfig
 
 
 @dataclass(frozen=True)
 class TuneConfig:
     engine: str  # engine folder (its manifest gets the chosen default)
+    runtime: RuntimeConfig = RuntimeConfig()  # backend options the bench runs with (drafter / k: tried here)
     prompts: str | None = None  # the user's JSONL prompts (None = HumanEval, for a demo)
     limit: int = 8  # prompts used
     max_new_tokens: int = 128  # per prompt
@@ -33,8 +35,9 @@ def tune(cfg: TuneConfig, out=sys.stdout) -> Defaults:
     man = load_manifest(cfg.engine)
     drafters = [d for d in man.drafters if d in ("none", "ngram", "draft")]
     ks = tuple(k for k in cfg.ks if k <= man.num_speculative_tokens) or (1,)
-    report = run_bench(BenchConfig(engine=cfg.engine, prompts=cfg.prompts, drafters=tuple(drafters), ks=ks,
-                                   max_new_tokens=cfg.max_new_tokens, limit=cfg.limit, adaptive=True), out=out)
+    bench = BenchConfig(engine=cfg.engine, runtime=cfg.runtime, prompts=cfg.prompts, drafters=tuple(drafters), ks=ks,
+                        max_new_tokens=cfg.max_new_tokens, limit=cfg.limit, adaptive=True)
+    report = run_bench(bench, out=out)
     runs = report["runs"]
     plain = next(r for r in runs if r["drafter"] == "none")["totals"]
     split = plain["time_split_s"]

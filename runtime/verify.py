@@ -28,6 +28,7 @@ p(x) / q(x) would reject them; the output no longer follows the target's distrib
 from __future__ import annotations
 
 import numpy as np
+
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState
 

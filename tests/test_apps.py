@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from edgespec.runtime.chat import ChatSettings, chat_loop
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator

@@ -16,8 +16,9 @@ from edgespec.export.train import draft_vocab  # noqa: E402
 def _tiny_head(model_dir, out, draft_vocab: int | None = None, seed: int = 0, noise: float = 0.0,
                by_frequency: bool = False):
     """A head for a tiny target, saved in the EAGLE layout (random, or a copy of the last layer)."""
-    from edgespec.export.arch import arch_from_config
     from transformers import AutoModelForCausalLM
+
+    from edgespec.export.arch import arch_from_config
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     arch = arch_from_config(model.config, 256)
@@ -60,8 +61,9 @@ def test_checkpoint_layout_round_trip(tiny_models, tmp_path):
 
 def test_reads_an_eagle1_checkpoint_without_input_norm(tiny_models, tmp_path):
     """A head as EAGLE-1 publishes them: pytorch_model.bin, no input_layernorm, no d2t, fc with bias."""
-    from edgespec.export.arch import arch_from_config
     from transformers import AutoConfig
+
+    from edgespec.export.arch import arch_from_config
 
     arch = arch_from_config(AutoConfig.from_pretrained(tiny_models["llama"]), 256)
     H, I, d = arch.hidden_size, arch.intermediate_size, arch.head_dim
@@ -184,6 +186,7 @@ def test_export_writes_the_fused_target_head_graph(eagle_engine):
     exporter checked its target logits bitwise against the plain graph and its head logits
     against the head's own graph at every width."""
     import onnx
+
     from edgespec.engines.manifest import FUSED_PREFIX, load_manifest
 
     m = load_manifest(eagle_engine)
@@ -238,14 +241,15 @@ def test_fused_head_drafts_what_separate_head_calls_draft(eagle_engine):
     fused rows are not used) the seeded output is the same too."""
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
-    from edgespec.runtime.tree import TreeConfig
     from edgespec.runtime.sampling import SamplingConfig
+    from edgespec.runtime.tree import TreeConfig
 
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 60, n) for n in (6, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     for drafter, tree in (("eagle", TreeConfig()), ("hybrid", TreeConfig()),
                           ("eagle", TreeConfig(nodes=6, depth=3, branch=2, beam=2))):
-        gens = [Generator.load(eagle_engine, RuntimeConfig(drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0,
+        gens = [Generator.load(eagle_engine, RuntimeConfig(drafter=drafter, k=4, adaptive=False,
+                                                           eagle_min_confidence=0.0,
                                fuse_head=f, tree=tree)) for f in (True, False)]
         assert gens[0].target is not gens[0].engines.target and gens[1].target is gens[1].engines.target
         fused, separate = (_run(g, prompts, 40) for g in gens)
@@ -253,7 +257,8 @@ def test_fused_head_drafts_what_separate_head_calls_draft(eagle_engine):
         if drafter == "eagle":  # (hybrid: prompt lookup matches everywhere in these prompts)
             assert sum(fused[2]) < sum(separate[2]), (fused[2], separate[2])
     for sampling in (SamplingConfig(temperature=0.8, seed=3), SamplingConfig(repetition_penalty=1.3)):
-        gens = [Generator.load(eagle_engine, RuntimeConfig(drafter="eagle", k=3, adaptive=False, eagle_min_confidence=0.0,
+        gens = [Generator.load(eagle_engine, RuntimeConfig(drafter="eagle", k=3, adaptive=False,
+                                                           eagle_min_confidence=0.0,
                                fuse_head=f)) for f in (True, False)]
         assert _run(gens[0], prompts, 30, sampling=sampling)[:2] == _run(gens[1], prompts, 30, sampling=sampling)[:2]
 
@@ -271,7 +276,8 @@ def test_tree_greedy_identical_to_plain(eagle_engine, drafter):
     prompts = [rng.integers(3, 60, n) for n in (7, 110)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 40)]) for p in prompts]
     for tree in (TreeConfig(nodes=7, depth=3, branch=2, beam=2), TreeConfig(nodes=5, depth=4, branch=3, beam=1)):
-        t = Generator.load(eagle_engine, RuntimeConfig(drafter=drafter, k=6, adaptive=False, eagle_min_confidence=0.0, tree=tree))
+        t = Generator.load(eagle_engine, RuntimeConfig(drafter=drafter, k=6, adaptive=False, eagle_min_confidence=0.0,
+                                                       tree=tree))
         for p, ref in zip(prompts, plain, strict=True):
             out = np.concatenate([x.copy() for x in t.generate_ids(p, 40)])
             assert np.array_equal(out, ref), (drafter, tree, p)
@@ -297,10 +303,9 @@ def test_eagle_features_survive_prefix_reuse_and_drafter_switch(eagle_engine):
 def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
     """The documented recipe on a tiny target: data from its own answers, a short training run,
     a resumed run, then export with the head: eagle output identical to plain."""
+    from edgespec.cli import main
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
-
-    from edgespec.cli import main
 
     head = tmp_path / "head"
     args = ["train-eagle", "--target", str(tiny_models["llama"]), "--out", str(head), "--prompts", "24",

@@ -73,10 +73,11 @@ def test_graph_runs_in_a_plain_onnxruntime_session_with_static_shapes(tiny_engin
 def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
     """--eagle3-features: hidden_aux = the residual stream entering layers 2, L/2, L-3, concatenated."""
     import torch
-    from edgespec.engines.ort import OrtModel
-    from edgespec.export.spec import eagle3_layers
     from tiny import make_tiny
     from transformers import AutoModelForCausalLM
+
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.spec import eagle3_layers
 
     src = make_tiny("llama", tmp_path / "src", num_hidden_layers=6)
     out = export(ExportConfig(target=str(src), out=str(tmp_path / "e"), max_len=64, k=2, prefill_chunk=8,
@@ -152,8 +153,9 @@ def test_bad_sources_are_refused_clearly(tmp_path):
 
 
 def test_unsupported_architecture_names_what_is_missing():
-    from edgespec.export.arch import arch_from_config
     from transformers import AutoConfig
+
+    from edgespec.export.arch import arch_from_config
 
     with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' is not supported"):
         arch_from_config(AutoConfig.for_model("gpt2"), 128)
@@ -209,6 +211,7 @@ def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, two_ro
     ("on": with 1-token calls padded to 2 rows, what the export does on CPUs whose 1-row int4
     kernel sums differently, so that path runs on every machine)."""
     import onnx
+
     from edgespec.engines.ort import OrtModel
 
     m = load_manifest(_export(tiny_models["qwen2"], tmp_path / "e", precision=precision, int4_accuracy_level=level,

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
+
 from edgespec.engines.fake import FakeModel, random_table
-from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator, PromptTooLongError
@@ -141,13 +141,11 @@ def test_kv_reuse_across_calls_gives_the_same_output(drafter):
 
 
 def test_adaptive_k_keeps_greedy_identity():
-    import dataclasses
 
     ref = run(make("none", 0), PROMPT, 150)
     for drafter in ("ngram", "draft"):
         g = make(drafter, 6)
-        g.cfg = dataclasses.replace(g.cfg, adaptive=True)
-        g.set_drafter(drafter, 6)
+        g.reconfigure(drafter=drafter, k=6, adaptive=True)
         assert g.adaptive is not None
         assert run(g, PROMPT, 150).tolist() == ref.tolist()
         assert g.last_stats.adaptive

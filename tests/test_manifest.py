@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from edgespec.engines.manifest import (
     MANIFEST,
     VERSION,

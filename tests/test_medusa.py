@@ -13,8 +13,9 @@ from edgespec.export.medusa_head import MedusaConfig, build_heads, random_heads 
 
 def _tiny_heads(model_dir, out, draft_vocab: int = 48, n_heads: int = 3, n_layers: int = 1, seed: int = 0):
     """Random heads for a tiny target, saved in the Medusa layout."""
-    from edgespec.export.arch import arch_from_config
     from transformers import AutoModelForCausalLM
+
+    from edgespec.export.arch import arch_from_config
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     arch = arch_from_config(model.config, 256)
@@ -111,7 +112,8 @@ def test_medusa_cut_off_shortens_chains_and_a_folder_without_heads_says_so(medus
     prompt = np.arange(3, 30)
     drafted = {}
     for conf in (0.0, 0.5):
-        g = Generator.load(medusa_engine, RuntimeConfig(drafter="none", k=4, adaptive=False, medusa_min_confidence=conf))
+        g = Generator.load(medusa_engine, RuntimeConfig(drafter="none", k=4, adaptive=False,
+                                                        medusa_min_confidence=conf))
         ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
         g.set_drafter("medusa", 4)
         assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)]), ref)
@@ -125,10 +127,9 @@ def test_medusa_cut_off_shortens_chains_and_a_folder_without_heads_says_so(medus
 def test_train_medusa_recipe_end_to_end(tiny_models, tmp_path):
     """The documented recipe on a tiny target: data from its own answers, a short training run, a
     resumed run (the checkpoint continues), export int4 with the heads: output identical to plain."""
+    from edgespec.cli import main
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
-
-    from edgespec.cli import main
 
     heads = tmp_path / "heads"
     args = ["train-medusa", "--target", str(tiny_models["llama"]), "--out", str(heads), "--prompts", "24",
@@ -144,7 +145,8 @@ def test_train_medusa_recipe_end_to_end(tiny_models, tmp_path):
     assert main(["export", "--target", str(tiny_models["llama"]), "--eagle", "none", "--medusa", str(heads),
                  "--out", str(out), "--max-len", "256", "--k", "4", "--prefill-chunk", "16", "--kv-bucket", "32",
                  "--precision", "int4"]) == 0
-    g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, medusa_min_confidence=0.0))  # tiny heads: unsure
+    # tiny heads are never sure: no cut-off
+    g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, medusa_min_confidence=0.0))
     prompt = np.arange(40, 70)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
     g.set_drafter("medusa", 3)

@@ -4,14 +4,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+
 from edgespec.engines.fake import FakeEagleHead, FakeMedusaHeads, FakeModel, random_table
 from edgespec.runtime import verify
-from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
-from edgespec.runtime.tree import TreeConfig
 from edgespec.runtime.sampling import SamplingConfig, probs
+from edgespec.runtime.tree import TreeConfig
 
 V = 8  # small vocabulary: exact target distributions of the first tokens are cheap to enumerate
 PROMPT = np.array([1, 2, 3, 1, 2])
@@ -29,7 +29,8 @@ def _gen(drafter: str, tree: TreeConfig = TreeConfig()) -> Generator:
     head = FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64)  # a reduced draft vocabulary: q = 0 elsewhere
     heads = FakeMedusaHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)
     return Generator(None, Engines(target, draft=draft, eagle=head, medusa=heads),
-                     RuntimeConfig(drafter=drafter, k=3, tree=tree, eagle_min_confidence=0.0, medusa_min_confidence=0.0))
+                     RuntimeConfig(drafter=drafter, k=3, tree=tree, eagle_min_confidence=0.0,
+                                   medusa_min_confidence=0.0))
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "hybrid", "medusa"])

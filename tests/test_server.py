@@ -12,8 +12,7 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from edgespec.runtime.config import RuntimeConfig
-
+from edgespec.runtime.config import RuntimeConfig  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
 from edgespec.runtime.server import ServeConfig, create_app  # noqa: E402
 

@@ -10,10 +10,11 @@ import pytest
 def tree_model(request, tmp_path_factory):
     """A tiny llama whose K/V rows are 192 wide like SmolLM2-135M's (3 kv heads x 64): the
     attention GEMMs then split the context into blocks the way the real model's do."""
+    from tiny import make_tiny
+
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.exporter import ExportConfig, export
-    from tiny import make_tiny
 
     root = tmp_path_factory.mktemp("tree")
     src = make_tiny("llama", root / "src", hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
@@ -86,6 +87,7 @@ def test_tree_rows_equal_chain_rows_bitwise(tree_model, past):
 def test_chain_only_folders_have_no_tree_ops_and_refuse_trees(tiny_models, tmp_path):
     """--no-trees leaves tree attention out; asking such a folder for trees says what to do."""
     import onnx
+
     from edgespec.export.exporter import ExportConfig, export
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator

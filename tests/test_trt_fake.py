@@ -3,16 +3,16 @@ fake engine that runs the same ONNX graph through ONNX Runtime on host memory.""
 
 import numpy as np
 import pytest
+from fake_trt import FakeTrtEngine
+
 from edgespec.engines.base import EngineError
 from edgespec.engines.device import HostOps
 from edgespec.engines.manifest import TrtInfo, load_manifest
 from edgespec.engines.trt import TrtModel, load_trt_engine
-from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.text import TextCodec
-from fake_trt import FakeTrtEngine
 
 PROMPT = "hello hello world, hello world again and again; hello"
 

@@ -56,6 +56,7 @@ def call_costs(gens, rounds: int = 30) -> None:
     import time
 
     import numpy as np
+
     from edgespec.runtime.prefill import prefill
 
     ids = np.arange(100, 356)

@@ -33,7 +33,8 @@ def main() -> None:
     a = p.parse_args()
     share_thread_pool()
     ks = [int(x) for x in a.k.split(",")]
-    gens = {fused: Generator.load(a.engine, RuntimeConfig(drafter=a.drafter, k=max(ks), adaptive=False, fuse_head=fused))
+    gens = {fused: Generator.load(a.engine, RuntimeConfig(drafter=a.drafter, k=max(ks), adaptive=False,
+                                                          fuse_head=fused))
             for fused in (True, False)}
     if gens[True].engines.eagle_fused is None:
         raise SystemExit(f"{a.engine} has no fused target+EAGLE graph; re-export it with this edgespec")

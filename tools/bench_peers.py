@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
 from edgespec.runtime.bench import load_prompts, machine_info
 
 
@@ -40,10 +41,8 @@ def edgespec_systems(engine: str, specs: list[str]) -> list[System]:
         drafter, k, adaptive = parts[0], int(parts[1]) if len(parts) > 1 else None, "adaptive" in parts
 
         def run(prompt, n, drafter=drafter, k=k, adaptive=adaptive):
-            import dataclasses
 
-            g.cfg = dataclasses.replace(g.cfg, adaptive=adaptive)
-            g.set_drafter(drafter, k)
+            g.reconfigure(drafter=drafter, k=k, adaptive=adaptive)
             g.forget()
             return [int(t) for c in g.generate_ids(g.codec.encode(prompt), n) for t in c]
 

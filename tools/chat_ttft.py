@@ -6,11 +6,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 from edgespec.runtime.config import RuntimeConfig
-
 from edgespec.runtime.generator import Generator
 
 TURNS = [
@@ -23,7 +21,7 @@ TURNS = [
 
 
 def run(g: Generator, reuse: bool, max_new_tokens: int) -> list[dict]:
-    g.cfg = dataclasses.replace(g.cfg, reuse_kv=reuse)
+    g.reconfigure(reuse_kv=reuse)
     g.forget()  # start each conversation cold
     messages, rows = [], []
     for text in TURNS:

@@ -113,9 +113,10 @@ def main() -> None:
         report["gpu_backends"] = "none available (no CUDAExecutionProvider, no tensorrt)"
     with stage(report, "transformers_gpu"):
         import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         from edgespec.export.sources import default_gguf
         from edgespec.runtime.bench import load_prompts
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         p = Path(a.gguf) if a.gguf else default_gguf()
         tok = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
