@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,27 @@ from edgespec.cli_offline import DEFAULT_ENGINE
 
 DEMO_PROMPT = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number, "
                                            "then show how to call it for n = 10."}]
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 0..65535 (0: any free port)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0..65535)") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is outside 0..65535")
+    return n
+
+
+def _check_sampling(a) -> None:
+    """Sampling flags and --max-new-tokens, refused before a model is loaded (ValueError: main's
+    one-line `edgespec CMD: error: ...`)."""
+    from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens
+
+    check_max_new_tokens(a.max_new_tokens)
+    keys = ("temperature", "top_k", "top_p", "repetition_penalty", "typical_epsilon")
+    SamplingConfig(**{k: getattr(a, k) for k in keys if getattr(a, k, None) is not None}).check()
 
 
 def _add_runtime_args(p, drafter_default=None) -> None:
@@ -35,6 +57,10 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    "(default: the folder's, else 0.4)")
     p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
     p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
+    p.add_argument("--suffix-cache-tokens", type=int, default=1_000_000,
+                   help="suffix drafter: tokens of recent requests kept in its cache (default 1000000)")
+    p.add_argument("--suffix-cache", metavar="FILE.npy",
+                   help="suffix drafter: load its cache of recent requests from this file and keep it saved there")
     p.add_argument("--tree", metavar="NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]]",
                    help="draft token trees instead of chains (ngram, eagle, hybrid, medusa): at most NODES tokens per "
                    "verify call incl. the pending one (<= k+1 of the folder), paths up to DEPTH (default 4), "
@@ -48,6 +74,9 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    "runs the head inside the verify call, so under greedy decoding its first draft needs no "
                    "head call of its own; --no-fuse-head: separate head calls (also used when the folder has no "
                    "such graph)")
+    p.add_argument("--verify", action="store_true",
+                   help="check every file's sha256 against the manifest before loading (reads the whole folder; "
+                   "file sizes are always checked). `edgespec check FOLDER` does it without loading")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="choose k per step (up to --k) from measured verify costs and running acceptance; "
                    "k=0 when speculation does not pay (default: the folder's default)")
@@ -60,7 +89,8 @@ def _add_generate(sub) -> None:
     _add_runtime_args(p)
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message via the chat template")
-    p.add_argument("--drafter", help="none | ngram | draft | eagle | hybrid | medusa (default: the folder's default)")
+    p.add_argument("--drafter",
+                   help="none | ngram | suffix | draft | eagle | hybrid | medusa (default: the folder's default)")
     p.add_argument("--k", type=int, help="num_speculative_tokens per step (default: the folder's default)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -105,7 +135,8 @@ def _add_apps(sub) -> None:
                        description="Chat through the model's chat template. Earlier turns stay in the KV "
                        "cache, so each turn prefills only its new text. /help lists the commands.")
     _add_runtime_args(c)
-    c.add_argument("--drafter", help="none | ngram | draft | eagle | hybrid | medusa (default: the folder's default)")
+    c.add_argument("--drafter",
+                   help="none | ngram | suffix | draft | eagle | hybrid | medusa (default: the folder's default)")
     c.add_argument("--k", type=int, help="num_speculative_tokens")
     c.add_argument("--temperature", type=float, default=0.0)
     c.add_argument("--max-new-tokens", type=int, default=512)
@@ -117,9 +148,20 @@ def _add_apps(sub) -> None:
     s.add_argument("--drafter", help="default drafter (requests may override with a `speculative` field)")
     s.add_argument("--k", type=int, help="default num_speculative_tokens")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=_port, default=8000, help="TCP port, 0..65535 (default 8000)")
     s.add_argument("--queue-size", type=int, default=8, help="waiting requests before 503 (default 8)")
     s.add_argument("--model-name", default="", help="id reported to clients (default: the folder name)")
+    s.add_argument("--api-key", default=os.environ.get("EDGESPEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* and /admin/* (/health and /metrics stay "
+                   "open; default: $EDGESPEC_API_KEY, else no key)")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="larger request bodies get HTTP 413 before they are read (default 1048576)")
+    s.add_argument("--max-prompt-tokens", type=int, default=0,
+                   help="longest prompt taken, in tokens (default 0: the engine's context less one)")
+    s.add_argument("--shadow-rate", type=float, default=0.0,
+                   help="quality watch: re-run this fraction (0..1) of greedy speculative requests with plain "
+                   "decoding when the server is idle and compare the ids (/metrics edgespec:shadow_*; a mismatch "
+                   "is logged with the request id). Default 0 = off")
 
 
 def _add_tune(sub) -> None:
@@ -139,6 +181,7 @@ def _cmd_tune(a) -> int:
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.tune import TuneConfig, tune
 
+    _check_sampling(a)
     tune(TuneConfig(engine=a.engine, runtime=RuntimeConfig.from_args(a), prompts=a.prompts, limit=a.limit,
                     max_new_tokens=a.max_new_tokens, write=not a.dry_run))
     return 0
@@ -147,8 +190,10 @@ def _cmd_tune(a) -> int:
 def _cmd_chat(a) -> int:
     from edgespec.runtime.chat import ChatSettings, chat_loop
 
+    settings = ChatSettings(a.temperature, a.max_new_tokens)
+    settings.check()
     g = _load(a)
-    chat_loop(g, ChatSettings(a.temperature, a.max_new_tokens))
+    chat_loop(g, settings)
     return 0
 
 
@@ -160,8 +205,11 @@ def _cmd_serve(a) -> int:
               file=sys.stderr)
         return 2
 
-    g = _load(a)
-    serve(g, ServeConfig(host=a.host, port=a.port, queue_size=a.queue_size, model_name=a.model_name))
+    cfg = ServeConfig(host=a.host, port=a.port, queue_size=a.queue_size, model_name=a.model_name,
+                      api_key=a.api_key, max_body_bytes=a.max_body_bytes, max_prompt_tokens=a.max_prompt_tokens,
+                      shadow_rate=a.shadow_rate)
+    cfg.check()  # before the model loads
+    serve(_load(a), cfg)
     return 0
 
 
@@ -174,7 +222,7 @@ def _load(a, **override):
 
 
 def _cmd_generate(a) -> int:
-
+    _check_sampling(a)
     g = _load(a)
     if a.drafter is None:
         from edgespec.runtime.tune import describe_default
@@ -203,7 +251,11 @@ def _cmd_bench(a) -> int:
     from edgespec.runtime.bench import BenchConfig, run_bench
     from edgespec.runtime.config import RuntimeConfig
 
-    ks = tuple(int(x) for x in (a.k or "4").split(","))
+    _check_sampling(a)
+    try:
+        ks = tuple(int(x) for x in (a.k or "4").split(","))
+    except ValueError:
+        raise ValueError(f"--k {a.k!r}: give a whole number or comma-separated ones, e.g. 2,4") from None
     if a.sweep_k:
         from edgespec.engines.manifest import load_manifest
 
@@ -231,7 +283,7 @@ def _cmd_bench(a) -> int:
 
 
 def _cmd_demo(a) -> int:
-
+    _check_sampling(a)
     if not (Path(a.engine) / "manifest.json").exists():
         print(f"edgespec demo: no engine at {a.engine}; exporting the default model first (about a minute)",
               file=sys.stderr)
@@ -270,6 +322,23 @@ def _cmd_demo(a) -> int:
     return 0
 
 
+def _cmd_check(a) -> int:
+    """One line per file the manifest lists: ok, or what is wrong and which models read it; 1 when any is bad."""
+    from edgespec.engines.manifest import load_manifest
+
+    m = load_manifest(a.folder, files=False)  # the file checks are this command's own output
+    status = m.check_files(verify=True)
+    readers = {rel: [role for role, files in m.role_files().items() if rel in files] for rel in status}
+    width = max(map(len, status))
+    for rel, what in status.items():
+        tail = "" if what in ("ok", "not recorded") else f" (read by {', '.join(readers[rel])})"
+        print(f"{rel:<{width}}  {what}{tail}")
+    if not m.files:
+        print(f"edgespec check: {a.folder}'s manifest records no sizes or hashes (exported by an older edgespec): "
+              "only presence was checked. Hint: re-export to record them", file=sys.stderr)
+    return 1 if any(what not in ("ok", "not recorded") for what in status.values()) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgespec", description="Speculative decoding for LLMs on one edge "
                                      "device: export once (ONNX), run a lean NumPy + ONNX Runtime loop.")
@@ -286,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--drafter", help="default: the folder's default (ngram when it is none)")
     d.add_argument("--k", type=int, help="default: the folder's default")
     d.add_argument("--max-new-tokens", type=int, default=200)
+    c = sub.add_parser("check", help="check an engine folder's files against the sizes and sha256 its manifest "
+                       "records", description="Prints one line per file (ok, missing, size mismatch, hash mismatch, "
+                       "not recorded); exit status 1 when any file is bad. Reads every file (a few seconds).")
+    c.add_argument("folder", help="engine folder")
     a = parser.parse_args(argv)
     from edgespec.engines.base import EngineError
     from edgespec.engines.manifest import ManifestError
@@ -300,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             except EngineError as e:  # main() called again in a process with sessions: keep their pools
                 print(f"edgespec: per-session thread pools ({e})", file=sys.stderr)
         cmds = {"generate": _cmd_generate, "bench": _cmd_bench, "demo": _cmd_demo, "chat": _cmd_chat,
-                "serve": _cmd_serve, "tune": _cmd_tune} | offline.COMMANDS
+                "serve": _cmd_serve, "tune": _cmd_tune, "check": _cmd_check} | offline.COMMANDS
         return cmds[a.cmd](a)
     except errors as e:
         print(f"edgespec {a.cmd}: error: {e}", file=sys.stderr)

@@ -11,6 +11,8 @@ slots read), and the per-layer KV inputs as one templated entry.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -28,6 +30,27 @@ KV_KINDS = ("key", "value")  # the two tensors a templated per-layer KV entry ex
 
 class ManifestError(ValueError):
     """An engine folder whose manifest is missing, of another version, or inconsistent."""
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    size: int  # bytes, as export wrote the file (checked at every load: a stat)
+    sha256: str  # hex digest (checked with --verify and by `edgespec check`: reads the whole file)
+
+    def to_json(self) -> dict:
+        return {"size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, d: dict) -> FileRecord:
+        return cls(int(d["size"]), str(d["sha256"]))
+
+
+def sha256_of_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -63,6 +86,10 @@ class GraphSpec:
     phases: dict[str, tuple[int, ...]]  # "prefill" / "decode" / "verify" -> the widths serving it
     inputs: tuple[TensorSpec, ...]  # in graph order
     outputs: tuple[TensorSpec, ...]  # in graph order
+    flavour: str = "portable"  # "portable": standard ONNX ops (TensorRT parses it); "lean": ONNX Runtime
+    #                            contrib ops where they keep decode/verify rows bitwise alike (CPU, CUDA EPs)
+    portable_ops: tuple[str, ...] = ()  # lean: the fused ops ("norm", "rotary", "silu") written in portable
+    #                                     form because they broke that rule on the exporting CPU
 
     def phase(self, width: int) -> str:
         for name, widths in self.phases.items():
@@ -83,12 +110,14 @@ class GraphSpec:
     def to_json(self) -> dict:
         return {"file": self.file, "widths": list(self.widths),
                 "phases": {k: list(v) for k, v in self.phases.items()},
-                "inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs]}
+                "inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs],
+                "flavour": self.flavour, "portable_ops": list(self.portable_ops)}
 
     @classmethod
     def from_json(cls, d: dict) -> GraphSpec:
         return cls(d["file"], tuple(d["widths"]), {k: tuple(v) for k, v in d["phases"].items()},
-                   tuple(map(TensorSpec.from_json, d["inputs"])), tuple(map(TensorSpec.from_json, d["outputs"])))
+                   tuple(map(TensorSpec.from_json, d["inputs"])), tuple(map(TensorSpec.from_json, d["outputs"])),
+                   d.get("flavour", "portable"), tuple(d.get("portable_ops", ())))
 
 
 @dataclass(frozen=True)
@@ -373,9 +402,50 @@ class Manifest:
     medusa: HeadsSpec | None  # Medusa heads, when exported
     drafters: tuple[str, ...]  # drafters the folder supports
     defaults: Defaults  # drafter / k chosen at export or by `edgespec tune`
+    files: dict[str, FileRecord] = field(default_factory=dict)  # file -> size and sha256 as exported ({}: an
+    #                                                              export older than the records)
+    problems: dict[str, str] = field(default_factory=dict, compare=False)  # role -> why its files cannot be
+    #                                      used (an optional model; set by load_manifest, never written)
 
     def path(self, rel: str) -> Path:
         return self.folder / rel
+
+    def role_files(self) -> dict[str, tuple[str, ...]]:
+        """role -> the files that model reads (graph, weights, d2t), plus "tokenizer"."""
+        out = {}
+        for role, s in self.models().items():
+            if isinstance(s, HeadsSpec):
+                files = [s.file, s.weights_file, s.d2t.file or s.weights_file]
+            else:
+                files = [s.graph.file, s.weights_file] + [w.file for w in s.weights.values() if w.file]
+                files += [s.d2t.file or s.weights_file] if s.d2t is not None else []
+            out[role] = tuple(dict.fromkeys(files))
+        return out | {"tokenizer": (self.tokenizer_file,)}
+
+    def record_files(self) -> Manifest:
+        """This manifest with the size and sha256 of every file its models and tokenizer read (export
+        calls it last; the chat template is left out: users edit it)."""
+        rels = sorted({f for files in self.role_files().values() for f in files})
+        return dataclasses.replace(self, files={rel: FileRecord(self.path(rel).stat().st_size,
+                                                                sha256_of_file(self.path(rel))) for rel in rels})
+
+    def check_files(self, verify: bool = False) -> dict[str, str]:
+        """file -> "ok", "missing", "not recorded" (an older export), or what is wrong: a size
+        mismatch (a stat), or with verify a hash mismatch (reads every file)."""
+        out = {}
+        for rel in sorted({f for files in self.role_files().values() for f in files}):
+            path, rec = self.path(rel), self.files.get(rel)
+            if not path.is_file():
+                out[rel] = "missing"
+            elif rec is None:
+                out[rel] = "not recorded"
+            elif (size := path.stat().st_size) != rec.size:
+                out[rel] = f"size mismatch: {size} bytes, the manifest records {rec.size}"
+            elif verify and (digest := sha256_of_file(path)) != rec.sha256:
+                out[rel] = f"hash mismatch: sha256 {digest[:16]}..., the manifest records {rec.sha256[:16]}..."
+            else:
+                out[rel] = "ok"
+        return out
 
     @property
     def chat_template(self) -> str | None:
@@ -396,7 +466,8 @@ class Manifest:
                 "tokenizer": {"file": self.tokenizer_file, "chat_template_file": self.chat_template_file,
                               "eos_token_ids": list(self.eos_token_ids), "bos_token_id": self.bos_token_id},
                 "models": {role: s.to_json() for role, s in self.models().items()},
-                "drafters": list(self.drafters), "defaults": self.defaults.to_json()}
+                "drafters": list(self.drafters), "defaults": self.defaults.to_json()} | (
+                    {"files": {rel: r.to_json() for rel, r in self.files.items()}} if self.files else {})
 
     @classmethod
     def from_json(cls, d: dict, folder: str | Path) -> Manifest:
@@ -413,7 +484,8 @@ class Manifest:
                    bos_token_id=tok["bos_token_id"], target=model("target"), draft=model("draft"),
                    eagle=model("eagle"), eagle_fused=model("eagle_fused"),
                    medusa=HeadsSpec.from_json(models["medusa"], "medusa") if "medusa" in models else None,
-                   drafters=tuple(d["drafters"]), defaults=Defaults.from_json(d["defaults"]))
+                   drafters=tuple(d["drafters"]), defaults=Defaults.from_json(d["defaults"]),
+                   files={rel: FileRecord.from_json(r) for rel, r in d.get("files", {}).items()})
 
     def save(self) -> Path:
         """Write manifest.json into the folder (atomically: a crash leaves the old one, never half of one)."""
@@ -424,8 +496,21 @@ class Manifest:
         return path
 
 
-def load_manifest(folder: str | Path) -> Manifest:
-    """Read and check an engine folder's manifest; every failure says what to do."""
+def is_engine_folder(folder: str | Path) -> bool:
+    """Does the folder hold an edgespec manifest (of any version)? Export's --force replaces only these."""
+    try:
+        d = json.loads((Path(folder) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and d.get("format") == FORMAT
+
+
+def load_manifest(folder: str | Path, verify: bool = False, files: bool = True) -> Manifest:
+    """Read and check an engine folder's manifest; every failure says what to do. File sizes are
+    checked against the records (and with verify their sha256): a bad file of the target or the
+    tokenizer is an error; one of an optional model (draft, heads) lands in `problems`, and the
+    runtime then loads the folder without that model. files=False skips the file checks (`edgespec
+    check` reports them itself)."""
     folder = Path(folder)
     mf = folder / MANIFEST
     if not folder.is_dir():
@@ -450,16 +535,30 @@ def load_manifest(folder: str | Path) -> Manifest:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ManifestError(f"{mf} lacks or mistypes field {e}; re-run `edgespec export`") from e
     _check(m)
-    return m
+    return _check_files(m, verify) if files else m
+
+
+def _check_files(m: Manifest, verify: bool) -> Manifest:
+    """Raise for a bad file the target or the tokenizer reads; record the others' in `problems`."""
+    status = m.check_files(verify)
+    problems = {}
+    for role, files in m.role_files().items():
+        bad = [(rel, status[rel]) for rel in files if status[rel] not in ("ok", "not recorded")]
+        if not bad:
+            continue
+        rel, what = bad[0]
+        what = "listed in the manifest is missing" if what == "missing" else what
+        if role in ("target", "tokenizer"):
+            raise ManifestError(f"{m.folder}: {role} file {rel} {what}. Hint: re-export the folder "
+                                f"(edgespec export --out {m.folder} --force)")
+        problems[role] = f"{role} file {rel} {what}"
+    return dataclasses.replace(m, problems=problems) if problems else m
 
 
 def _check(m: Manifest) -> None:
-    """The files the manifest lists exist and the models fit together."""
+    """The models fit together and the chat template exists (the models' files: _check_files)."""
     folder, target = m.folder, m.target
     for spec in filter(None, (m.target, m.draft, m.eagle, m.eagle_fused)):
-        for rel in [spec.weights_file, spec.graph.file] + sorted({w.file for w in spec.weights.values() if w.file}):
-            if not (folder / rel).exists():
-                raise ManifestError(f"{folder}: {spec.role} file {rel} listed in the manifest is missing")
         if 1 not in spec.widths():
             raise ManifestError(f"{folder}: {spec.role} model has no decode graph (width 1)")
     fused = m.eagle_fused
@@ -478,14 +577,11 @@ def _check(m: Manifest) -> None:
                                 f"{target.hidden_size}; re-export with a head trained for this target")
     medusa = m.medusa
     if medusa is not None:
-        for rel in sorted({medusa.file, medusa.weights_file}):
-            if not (folder / rel).exists():
-                raise ManifestError(f"{folder}: medusa file {rel} listed in the manifest is missing")
         if medusa.d2t.shape != (medusa.vocab_size,):
             raise ManifestError(f"{folder}: Medusa heads without a d2t map of {medusa.vocab_size} entries; re-export")
         if medusa.hidden_size != target.hidden_size:
             raise ManifestError(f"{folder}: Medusa heads of hidden size {medusa.hidden_size} != target's "
                                 f"{target.hidden_size}; re-export with heads trained for this target")
-    for rel in filter(None, (m.tokenizer_file, m.chat_template_file)):
+    for rel in filter(None, (m.chat_template_file,)):  # the tokenizer's: _check_files
         if not (folder / rel).exists():
             raise ManifestError(f"{folder}: tokenizer file {rel} is missing")

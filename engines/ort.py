@@ -71,6 +71,25 @@ def _map_weights(path: Path) -> np.memmap:
     return _WEIGHTS_CACHE[key]
 
 
+class WeightsFileError(EngineError):
+    """A weights file shorter than the tensors the manifest lists in it."""
+
+
+def _weight_bytes(manifest: Manifest, spec, w) -> np.ndarray:
+    """The bytes of one weight (or d2t) entry in its mapped file; a file too short for the entries
+    the manifest lists is named with its size and the size they need."""
+    rel = w.file or spec.weights_file
+    path = manifest.path(rel)
+    size = path.stat().st_size
+    if w.offset + w.nbytes > size:
+        entries = list(spec.weights.values()) + ([spec.d2t] if spec.d2t is not None else [])
+        need = max(e.offset + e.nbytes for e in entries if (e.file or spec.weights_file) == rel)
+        raise WeightsFileError(f"weights file {path} is {size} bytes, but the manifest's {spec.role} tensors "
+                               f"need {need} (truncated or replaced?). Hint: re-export the folder "
+                               f"(edgespec export --out {manifest.folder} --force)")
+    return _map_weights(path)[w.offset: w.offset + w.nbytes]
+
+
 def _check_provider(provider: str) -> None:
     if provider not in PROVIDERS:
         raise EngineError(f"provider {provider!r} unknown; choose one of {', '.join(PROVIDERS)}")
@@ -85,8 +104,7 @@ def _session_options(manifest: Manifest, spec, threads: int | None, prepack: boo
     alive as long as the session)."""
     initializers = {}
     for name, w in spec.weights.items():
-        blob = _map_weights(manifest.path(w.file or spec.weights_file))
-        arr = blob[w.offset: w.offset + w.nbytes].view(np.dtype(w.dtype)).reshape(w.shape)
+        arr = _weight_bytes(manifest, spec, w).view(np.dtype(w.dtype)).reshape(w.shape)
         initializers[name] = ort.OrtValue.ortvalue_from_numpy(arr)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -142,8 +160,7 @@ def model_session(model_bytes: bytes) -> ort.InferenceSession:
 
 
 def _read_d2t(manifest: Manifest, spec) -> np.ndarray:
-    w = spec.d2t
-    return _map_weights(manifest.path(w.file or spec.weights_file))[w.offset:w.offset + w.nbytes].view(np.int64).copy()
+    return _weight_bytes(manifest, spec, spec.d2t).view(np.int64).copy()
 
 
 class OrtModel:

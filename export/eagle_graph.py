@@ -54,9 +54,7 @@ class EagleGraphWriter(LlamaGraphWriter):
         self._linear("l0.gate_up", np.concatenate([w[n] for n in names]), names)
         self._linear("l0.down", w[_LAYER + "mlp.down_proj.weight"], _LAYER + "mlp.down_proj.weight")
         self._linear("lm_head_d", self._lm_rows, "lm_head_d")
-        cos, sin = self.arch.rope_tables()
-        self.store.add("rope_cos", cos.astype(f))
-        self.store.add("rope_sin", sin.astype(f))
+        self._rope_tables()
 
     def _ref_rows(self, hf_name: str) -> int:
         if hf_name == "lm_head_d":
@@ -66,6 +64,8 @@ class EagleGraphWriter(LlamaGraphWriter):
     def build(self, weights_location: str, offsets: dict[str, int],
               embed: tuple[str, int, np.ndarray] | None = None) -> onnx.ModelProto:
         """embed: (file, offset, array) of the target's embedding table [V, H]."""
+        if self.lean:
+            return self._build_lean_head(weights_location, offsets, embed)
         a = self.arch
         H = a.hidden_size
         b = _Builder(self.store, self.dtype)
@@ -79,6 +79,25 @@ class EagleGraphWriter(LlamaGraphWriter):
         if self.head_cfg.final_norm:
             x = self._rms_norm(b, x, "final_norm", "/final_norm", "eps")
         logits = self._matmul(b, x, "lm_head_d", H, len(self.d2t))  # [T, Vd]
+        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
+        return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
+                            locations={"embed": embed} if embed else None)
+
+    def _build_lean_head(self, weights_location: str, offsets: dict[str, int],
+                         embed: tuple[str, int, np.ndarray] | None) -> onnx.ModelProto:
+        """build() in the lean flavour (graph.LlamaGraphWriter._build_lean): the stream [1, T, H]."""
+        H = self.arch.hidden_size
+        b = _Builder(self.store, self.dtype)
+        ctx = self._lean_prologue(b)
+        emb = b.op("Gather", [b.weight("embed"), "input_ids"], "/embed/Gather", axis=0)  # [1, T, H]
+        x = self._matmul(b, b.op("Concat", [emb, "features"], "/fc/Concat", axis=-1), "fc", 2 * H, H)
+        x = b.op("Add", [x, b.weight("fc_b")], "/fc/bias")
+        x, delta, rows = self._lean_layer(b, 0, x, None, ctx, ln1=self.head_cfg.input_layernorm)
+        if self.head_cfg.final_norm:
+            x, _ = self._lean_norm(b, x, delta, "final_norm", "/final_norm")
+        else:
+            x = b.op("Add", [x, delta], "/res2")
+        logits = self._matmul(b, x, "lm_head_d", H, len(self.d2t))  # [1, T, Vd]
         feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
         return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
                             locations={"embed": embed} if embed else None)

@@ -21,6 +21,7 @@ from edgespec.engines import manifest as mf
 from edgespec.export import sources
 from edgespec.export.arch import ArchSpec, arch_from_config
 from edgespec.export.graph import GraphOptions, LlamaGraphWriter, one_row_int4_differs
+from edgespec.export.lean_graph import probe_portable_ops
 from edgespec.export.reference import hf_weights, reference_model
 from edgespec.export.spec import PRECISIONS, ExportConfig, ExportError, eagle3_layers, tolerance
 from edgespec.export.validate import validate_eagle, validate_fused, validate_medusa, validate_model, validation_tokens
@@ -86,7 +87,9 @@ def _draft_writer(cfg: ExportConfig, arch: ArchSpec, hf_w, model, tok, opts: Gra
     if spec.startswith("self:"):
         what = spec.split(":", 1)[1]
         if what in PRECISIONS:
-            return LlamaGraphWriter(arch, hf_w, GraphOptions(what, int4_accuracy_level=opts.int4_accuracy_level)), \
+            return LlamaGraphWriter(arch, hf_w, GraphOptions(what, int4_accuracy_level=opts.int4_accuracy_level,
+                                                             flavour="portable" if what == "fp16" else opts.flavour,
+                                                             portable_ops=opts.portable_ops)), \
                 model, spec
         try:
             n = int(what)
@@ -103,14 +106,65 @@ def _draft_writer(cfg: ExportConfig, arch: ArchSpec, hf_w, model, tok, opts: Gra
     return LlamaGraphWriter(darch, hf_weights(dmodel), opts), dmodel, "model"
 
 
+def _describe(folder: Path, n: int = 4) -> str:
+    """What a folder holds, in a few words: '3 files, 2 folders (a.txt, b/, ...)'."""
+    items = sorted(folder.iterdir())
+    n_dirs = sum(p.is_dir() for p in items)
+    names = [p.name + ("/" if p.is_dir() else "") for p in items[:n]] + (["..."] if len(items) > n else [])
+    return f"{len(items) - n_dirs} files, {n_dirs} folders ({', '.join(names)})"
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuse an --out that export could not, or must not, replace, before anything runs: a file,
+    an existing folder without --force, or with --force a folder that is neither empty nor an
+    edgespec engine folder (it could hold anything of the user's)."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file, not a folder; choose another --out")
+    if not out.exists():
+        return
+    if not force:
+        raise ExportError(f"{out} already exists; pass --force to replace it (or choose another --out)")
+    if any(out.iterdir()) and not mf.is_engine_folder(out):
+        raise ExportError(f"--force will not replace {out}: it is not an edgespec engine folder (no edgespec "
+                          f"{mf.MANIFEST}) and holds {_describe(out)}. Hint: choose another --out, or move it away")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def clean_stale_partials(parent: Path) -> list[Path]:
+    """Remove the `.NAME.partial-PID` folders of exports whose process is gone (killed mid-way);
+    says so on stderr. Returns what was removed."""
+    removed = []
+    if not parent.is_dir():
+        return removed
+    for p in sorted(parent.glob(".*.partial-*")):
+        pid = p.name.rsplit("-", 1)[1]
+        if not (p.is_dir() and pid.isdigit()) or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20
+        shutil.rmtree(p, ignore_errors=True)
+        print(f"edgespec: removed {p} ({size:.0f} MiB), left by an export (pid {pid}) that did not finish",
+              file=sys.stderr)
+        removed.append(p)
+    return removed
+
+
 def export(cfg: ExportConfig) -> Path:
     """Run the whole export; returns the finished folder."""
     cfg.check()
     t0 = time.perf_counter()
     src = sources.resolve(cfg.target)
     out = Path(cfg.out) if cfg.out else Path("engines") / src.name
-    if out.exists() and not cfg.force:
-        raise ExportError(f"{out} already exists; pass --force to replace it (or choose another --out)")
+    check_out(out, cfg.force)
+    clean_stale_partials(out.parent)
     widths = cfg.widths()
     has_draft = cfg.draft is not None
     head_dir = heads_dir(cfg.eagle, src, "", "eagle")
@@ -133,7 +187,8 @@ def export(cfg: ExportConfig) -> Path:
         opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level,
                             int4_lm_head=cfg.int4_lm_head, int8_lm_head=cfg.int8_lm_head, trees=cfg.trees,
                             aux_layers=eagle3_layers(arch.n_layers) if cfg.eagle3_features else (),
-                            two_row_matmuls=two_rows)
+                            two_row_matmuls=two_rows, flavour=cfg.flavour(),
+                            portable_ops=probe_portable_ops() if cfg.flavour() == "lean" else ())
         hf_w = hf_weights(model)
         writer = LlamaGraphWriter(arch, hf_w, opts)
         index_t = write_weights(writer.store.arrays, tmp / "target.weights")
@@ -206,9 +261,12 @@ def export(cfg: ExportConfig) -> Path:
             man = dataclasses.replace(man, **{role: dataclasses.replace(getattr(man, role), validation=diffs)
                                               for role, diffs in report.items()})
             man.save()
+        man = man.record_files()  # sizes and sha256 of the finished files (read only: the bytes stay)
+        man.save()
         progress.step("validated")
         progress.close()
         if out.exists():
+            check_out(out, cfg.force)  # again: the folder may have changed during the export
             shutil.rmtree(out)
         tmp.rename(out)  # the only step that makes the folder loadable
     except BaseException:

@@ -5,11 +5,13 @@ inputs and outputs declared once with the symbolic T and S axes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from edgespec.engines.manifest import FUSED_PREFIX, PHASES, TOKENS, WINDOW, GraphSpec, ModelSpec, TensorSpec, WeightSpec
 from edgespec.export.graph import GraphOptions
 
 PRECISIONS = ("fp32", "fp16", "int4")
+GRAPH_FLAVOURS = ("auto", "lean", "portable")
 # max |ORT - PyTorch| logits allowed per precision (PyTorch runs the weights the graph really uses)
 TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3}
 INT8_ACTIVATION_TOLERANCE = 3.0  # int4 with accuracy_level >= 2 quantizes activations too
@@ -49,17 +51,26 @@ class ExportConfig:
     #                                layers 2, L//2 and L-3, concatenated [1, T, 3H] (EAGLE-3 fusion)
     two_row_matmuls: str = "auto"  # int4: 1-token calls run the int4 matmuls on 2 rows so decode rows equal
     #                                verify rows bitwise; "auto": when this CPU's ORT needs it (probed), "on", "off"
+    graph: str = "auto"  # graph flavour: "lean" (ONNX Runtime contrib ops where they keep the bitwise rule,
+    #                      fewer nodes), "portable" (standard ops: TensorRT), "auto": lean unless fp16
     force: bool = False  # replace an existing folder
     validate: bool = True  # compare every graph with PyTorch after export
     progress: bool = True  # show a progress bar
 
     def check(self) -> None:
+        if self.out and Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ExportError(f"--out {self.out} is a file, not a folder; choose another --out")
         if self.k < 1:
             raise ExportError(f"--k must be >= 1 (got {self.k})")
         if self.eagle_draft_vocab is not None and self.eagle_draft_vocab < 0:
             raise ExportError(f"--eagle-draft-vocab must be >= 0 (got {self.eagle_draft_vocab}; 0 keeps them all)")
         if self.two_row_matmuls not in ("auto", "on", "off"):
             raise ExportError(f"--two-row-matmuls {self.two_row_matmuls!r}: choose auto, on or off")
+        if self.graph not in GRAPH_FLAVOURS:
+            raise ExportError(f"--graph {self.graph!r}: choose one of {', '.join(GRAPH_FLAVOURS)}")
+        if self.graph == "lean" and self.precision == "fp16":
+            raise ExportError("--graph lean is written for fp32 and int4; fp16 folders (TensorRT) take "
+                              "--graph portable (or auto)")
         if self.precision not in PRECISIONS:
             raise ExportError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.prefill_chunk < 1 or self.kv_bucket < 1:
@@ -74,6 +85,12 @@ class ExportConfig:
             raise ExportError(f"--max-len {self.max_len} must be a multiple of --kv-bucket {self.kv_bucket}")
         if self.max_len < self.k + 2:
             raise ExportError(f"--max-len {self.max_len} leaves no room for k={self.k}")
+
+    def flavour(self) -> str:
+        """The graph flavour written: portable for fp16 (the TensorRT path parses standard ops only)."""
+        if self.graph == "auto":
+            return "portable" if self.precision == "fp16" else "lean"
+        return self.graph
 
     def widths(self) -> list[int]:
         """Token widths of the target and EAGLE graphs: decode 1, verify 2..k+1, the prefill chunk."""
@@ -102,7 +119,8 @@ def phase_of(width: int, chunk: int) -> str:
 
 
 def token_graph(file: str, widths: list[int], chunk: int, *, n_layers: int, kv_width: int, hidden_size: int,
-                vocab_size: int, kv_dtype: str, trees: bool, features: bool = False, aux_width: int = 0) -> GraphSpec:
+                vocab_size: int, kv_dtype: str, trees: bool, features: bool = False, aux_width: int = 0,
+                opts: GraphOptions | None = None) -> GraphSpec:
     """The I/O of a graph written by graph.LlamaGraphWriter (a decoder, or with `features` the
     EAGLE head): T tokens at positions past_len.. over a cache window of S slots."""
     T, S = TOKENS, WINDOW
@@ -119,7 +137,9 @@ def token_graph(file: str, widths: list[int], chunk: int, *, n_layers: int, kv_w
     if aux_width:
         outputs.append(TensorSpec("hidden_aux", (1, T, aux_width), kv_dtype))
     phases = {p: tuple(w for w in widths if phase_of(w, chunk) == p) for p in PHASES}
-    return GraphSpec(file, tuple(widths), {p: ws for p, ws in phases.items() if ws}, tuple(inputs), tuple(outputs))
+    flavour = opts.flavour if opts else "portable"
+    return GraphSpec(file, tuple(widths), {p: ws for p, ws in phases.items() if ws}, tuple(inputs), tuple(outputs),
+                     flavour, tuple(opts.portable_ops) if opts and flavour == "lean" else ())
 
 
 def fused_graph(file: str, target: GraphSpec, head: GraphSpec) -> GraphSpec:

@@ -44,6 +44,10 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
         if spec.precision == "int4":
             raise TrtBuildError(f"the {role} model is int4 (ORT MatMulNBits), which TensorRT cannot parse; "
                                 "export with --precision fp16 for TensorRT")
+        if spec.graph.flavour != "portable":
+            raise TrtBuildError(f"the {role} graph is the {spec.graph.flavour} flavour (ONNX Runtime contrib ops), "
+                                "which TensorRT cannot parse; export with --precision fp16 (--graph auto or "
+                                "portable) for TensorRT")
         builder = trt.Builder(logger)
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         parser = trt.OnnxParser(network, logger)

@@ -33,7 +33,7 @@ def write_model(writer: LlamaGraphWriter, folder: Path, role: str, kind: str, wi
     aux = writer.opts.aux_layers
     graph = es.token_graph(fname, widths, chunk, n_layers=writer.n_layers, kv_width=a.n_kv_heads * a.head_dim,
                            hidden_size=a.hidden_size, vocab_size=a.vocab_size, kv_dtype=kv_dtype,
-                           trees=writer.opts.trees, aux_width=len(aux) * a.hidden_size)
+                           trees=writer.opts.trees, aux_width=len(aux) * a.hidden_size, opts=writer.opts)
     arch = Architecture(**(a.to_manifest() | {"n_layers": writer.n_layers}), aux_layers=tuple(aux))
     return ModelSpec(role=role, kind=kind, precision=writer.opts.precision, arch=arch, kv_dtype=kv_dtype,
                      weights_file=weights_file, weights=es.weight_specs(index, _external(model)), graph=graph)
@@ -84,7 +84,7 @@ def write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGraph
     weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
     graph = es.token_graph("eagle.onnx", widths, chunk, n_layers=1, kv_width=ew.arch.n_kv_heads * ew.arch.head_dim,
                            hidden_size=arch.hidden_size, vocab_size=hc.draft_vocab_size, kv_dtype=kv_dtype,
-                           trees=opts.trees, features=True)
+                           trees=opts.trees, features=True, opts=ew.opts)
     head = HeadInfo(source=str(head_dir), target_vocab_size=arch.vocab_size, trained_draft_vocab_size=trained_vocab,
                     trained=_trained(head_dir, "eagle"))
     spec = ModelSpec(role="eagle", kind="eagle", precision=ew.opts.precision,

@@ -133,8 +133,12 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         g.warm_drafter(widths)
     sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
     encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
+    suffix_caches = {}  # each configuration's own cache of the requests it served: no peeking at another's answer
+
     def use(d, k, adaptive, tree):
+        g.suffix_cache = suffix_caches.get((d, k, adaptive, tree))
         g.reconfigure(drafter=d, k=k or None, adaptive=adaptive, tree=trees[tree] if tree else TreeConfig())
+        suffix_caches[(d, k, adaptive, tree)] = g.suffix_cache
 
     for c in configs:  # warm-up: first calls of each path, not timed
         use(*c)

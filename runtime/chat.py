@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 
 from edgespec.runtime.generator import Generator
+from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens
 
 HELP = """commands:
   /drafter NAME     none | ngram | draft
@@ -21,6 +22,10 @@ HELP = """commands:
 class ChatSettings:
     temperature: float = 0.0  # sampling temperature (0 = greedy)
     max_new_tokens: int = 512  # per answer
+
+    def check(self) -> None:
+        SamplingConfig(temperature=self.temperature).check()
+        check_max_new_tokens(self.max_new_tokens)
 
 
 def footer(st) -> str:
@@ -40,10 +45,19 @@ def handle_command(line: str, g: Generator, settings: ChatSettings, messages: li
             g.set_drafter(arg, g.k or None)
             return f"drafter = {g.drafter.name}, k = {g.k}"
         if cmd == "k":
-            g.set_drafter(g.drafter.name, int(arg))
+            try:
+                k = int(arg)
+            except ValueError:
+                raise ValueError(f"/k {arg!r}: give a whole number") from None
+            g.set_drafter(g.drafter.name, k)
             return f"k = {g.k}"
         if cmd == "temperature":
-            settings.temperature = float(arg)
+            try:
+                t = float(arg)
+            except ValueError:
+                raise ValueError(f"/temperature {arg!r}: give a number >= 0 (0 = greedy)") from None
+            SamplingConfig(temperature=t).check()  # refused here, not on the next turn
+            settings.temperature = t
             return f"temperature = {settings.temperature}"
         if cmd == "stats":
             return g.last_stats.line()

@@ -33,6 +33,9 @@ class RuntimeConfig:
     medusa_min_confidence: float | None = None  # Medusa: stop a chain at the first head less sure than this
     fuse_head: bool = True  # eagle/hybrid on the CPU: verify with the target+head graph (head rides along)
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
+    verify: bool = False  # check every file's sha256 against the manifest at load (sizes are always checked)
+    suffix_cache_tokens: int = 1_000_000  # suffix drafter: recent requests' tokens kept in its cache
+    suffix_cache: str | None = None  # suffix drafter: .npy file its cache is loaded from and saved to
 
     @property
     def ngram(self) -> NgramConfig:

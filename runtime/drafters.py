@@ -21,8 +21,8 @@ from edgespec.runtime.prefill import prefill
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState, chain
 
-DRAFTERS = ("none", "ngram", "draft", "eagle", "hybrid", "medusa")
-TREE_DRAFTERS = ("ngram", "eagle", "hybrid", "medusa")  # the drafters that grow token trees
+DRAFTERS = ("none", "ngram", "suffix", "draft", "eagle", "hybrid", "medusa")
+TREE_DRAFTERS = ("ngram", "suffix", "eagle", "hybrid", "medusa")  # the drafters that grow token trees
 FEATURE_DRAFTERS = ("eagle", "hybrid", "medusa")  # the drafters that read the target's hidden states
 
 
@@ -176,15 +176,20 @@ class ModelDrafter(Drafter):
 
 
 def make_drafter(name: str, engines, ngram: NgramConfig, features: np.ndarray | None,
-                 eagle_min_confidence: float, medusa_min_confidence: float, fuse_head: bool) -> Drafter:
+                 eagle_min_confidence: float, medusa_min_confidence: float, fuse_head: bool,
+                 suffix_cache=None) -> Drafter:
     """The drafter `name` over a generator's engines (runtime.generator.Engines); features
-    [slots, H] is the target's hidden-state buffer the head drafters read."""
+    [slots, H] is the target's hidden-state buffer the head drafters read; suffix_cache the
+    process's cache of recent requests (runtime.suffix.SuffixCache)."""
     from edgespec.runtime.heads import EagleDrafter, HybridDrafter, MedusaDrafter
+    from edgespec.runtime.suffix import SuffixDrafter
 
     if name == "none":
         return NoDrafter()
     if name in ("ngram", "prompt_lookup"):
         return NgramDrafter(ngram)
+    if name == "suffix":
+        return SuffixDrafter(suffix_cache)
     if name == "draft":
         if engines.draft is None:
             raise ValueError("drafter 'draft' needs an engine folder exported with --draft")

@@ -26,9 +26,10 @@ from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
 from edgespec.runtime.drafters import Drafter, make_drafter
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
-from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
+from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState, chain
 from edgespec.runtime.stats import GenerationStats
+from edgespec.runtime.suffix import SuffixCache, SuffixConfig
 from edgespec.runtime.text import StreamDecoder, TextCodec
 from edgespec.runtime.tree import TokenTree, tree_chain_prefix
 from edgespec.runtime.verify import accept
@@ -54,14 +55,19 @@ class Generator:
         self._tgt_valid = 0  # target KV rows that hold self._tokens[:_tgt_valid] (prefix reuse)
         self.last_stats = GenerationStats()
         self.last_step = (0, 0)  # (drafted, accepted) of the step whose tokens were last yielded
+        self.suffix_cache: SuffixCache | None = None  # recent requests (made when `suffix` is first used)
         self.set_drafter(self.cfg.drafter, self.cfg.k)
 
     @classmethod
     def load(cls, folder: str | Path, cfg: RuntimeConfig = RuntimeConfig()) -> Generator:
         """The folder's engines on cfg's backend, ready to generate (None fields: the folder's defaults)."""
         cfg.check()
-        manifest = load_manifest(folder)
+        manifest = load_manifest(folder, verify=cfg.verify)
         engines = make_engines(manifest, cfg)
+        if cfg.drafter is None and cfg.resolve(manifest.defaults).drafter in engines.disabled:
+            warnings.warn(f"{folder}: the folder's default drafter is disabled (above); using ngram", RuntimeWarning,
+                          stacklevel=2)
+            cfg = dataclasses.replace(cfg, drafter="ngram")
         check_drafter(cfg.resolve(manifest.defaults).drafter, engines, cfg.provider)
         g = cls(manifest, engines, cfg, TextCodec(manifest))
         widths = [1, manifest.prefill_chunk] + list(range(2, max(g.k, g.cfg.tree.nodes - 1) + 2))
@@ -104,8 +110,11 @@ class Generator:
                              f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
         check_drafter(name, self.engines, self.cfg.provider)
         c = self.cfg
+        if name == "suffix" and self.suffix_cache is None:
+            self.suffix_cache = SuffixCache(SuffixConfig(max_tokens=c.suffix_cache_tokens, file=c.suffix_cache),
+                                            self.engines.target.vocab_size)
         self.drafter: Drafter = make_drafter(name, self.engines, c.ngram, self._tgt_features, c.eagle_min_confidence,
-                                             c.medusa_min_confidence, c.fuse_head)
+                                             c.medusa_min_confidence, c.fuse_head, self.suffix_cache)
         self.k = 0 if name == "none" else k
         self.tree = None  # the step's token tree (preallocated), when trees are on
         if c.tree.nodes and name != "none":
@@ -215,6 +224,7 @@ class Generator:
                      sampling: SamplingConfig = SamplingConfig()) -> Iterator[np.ndarray]:
         """Yield the new tokens of each step (a view; copy to keep). Stats land in last_stats."""
         sampling.check()
+        check_max_new_tokens(max_new_tokens)
         tgt, n_prompt = self.target, len(prompt_ids)
         if n_prompt == 0:
             raise ValueError("empty prompt")
@@ -265,6 +275,13 @@ class Generator:
             st.n_draft_calls = (dft_engine.n_calls - dft_calls0) if dft_engine is not None else 0
             st.total_s = time.perf_counter() - t_start
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
+            if self.drafter.name == "suffix":  # the request it served becomes evidence for the next ones
+                self.suffix_cache.add(seq.tokens[:seq.n])
+
+    def last_output_ids(self) -> np.ndarray:
+        """A copy of the ids the last generate_ids call emitted (its prompt excluded)."""
+        st = self.last_stats
+        return self._tokens[st.n_prompt:st.n_prompt + st.n_output].copy()
 
     def _emit(self, new: np.ndarray, room: int) -> tuple[int, bool]:
         """(tokens of `new` to emit, done?): up to and including the first EOS, at most `room`."""
@@ -278,6 +295,8 @@ class Generator:
                repetition_penalty: float = 1.0, typical_epsilon: float = 0.0) -> Iterator[str]:
         """Stream text for a raw prompt (str) or chat messages (list of {role, content})."""
         sampling = SamplingConfig(temperature, top_k, top_p, seed, repetition_penalty, typical_epsilon)
+        sampling.check()  # here too: a bad setting fails at the call, not at the first next()
+        check_max_new_tokens(max_new_tokens)
         return self.stream_text(self.codec.encode(prompt), max_new_tokens, sampling, stop)
 
     def stream_text(self, ids: np.ndarray, max_new_tokens: int, sampling: SamplingConfig,

@@ -5,6 +5,7 @@ the processed distribution (temperature, top-k, top-p) and one draw from it. p (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,17 +26,37 @@ class SamplingConfig:
         return self.temperature <= 0.0
 
     def check(self) -> None:
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"bad sampling settings {self}: need temperature >= 0, top_k >= 0, 0 < top_p <= 1")
-        if self.repetition_penalty <= 0 or not 0 <= self.typical_epsilon < 1:
-            raise ValueError(f"bad sampling settings {self}: need repetition_penalty > 0 and "
-                             "0 <= typical_epsilon < 1")
+        """Refuse settings that would sample garbage silently (nan compares False everywhere)."""
+        for name in ("temperature", "top_p", "repetition_penalty", "typical_epsilon"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name}={value!r}: must be a finite number")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ValueError(f"top_k={self.top_k!r}: must be an integer (0 = off)")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 = off)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p}: must be in (0, 1] (1 = off)")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty}: must be > 0 (1 = off)")
+        if not 0 <= self.typical_epsilon < 1:
+            raise ValueError(f"typical_epsilon={self.typical_epsilon}: must be in [0, 1) (0 = exact sampling)")
+
+
+def check_max_new_tokens(n) -> None:
+    """max_new_tokens must be a whole number >= 1 (0 or less used to generate one token anyway)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"max_new_tokens={n!r}: must be an integer >= 1")
 
 
 def penalize(logits: np.ndarray, tokens: np.ndarray, n: int, penalty: float) -> np.ndarray:
     """Repetition penalty on verify rows: row i [m+1, V] predicts tokens[n + i] and its context is
-    tokens[:n + i] (the pending token and the drafts before it included). Returns a new array."""
-    out = logits.copy()
+    tokens[:n + i] (the pending token and the drafts before it included). Returns a new float64
+    array (in float32 a logit near its range would overflow to +-inf, and a row of -inf has no
+    distribution)."""
+    out = logits.astype(np.float64)
     seen = np.zeros(out.shape[-1], bool)
     seen[tokens[:n]] = True
     for i in range(len(out)):
@@ -53,7 +74,11 @@ def probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     if cfg.top_k and cfg.top_k < x.shape[-1]:
         kth = np.partition(x, -cfg.top_k, axis=-1)[..., -cfg.top_k, None]
         x = np.where(x < kth, -np.inf, x)
-    x -= x.max(axis=-1, keepdims=True)
+    mx = x.max(axis=-1, keepdims=True)
+    if np.isposinf(mx).any():  # an overflowed logit (e.g. a huge one over a penalty < 1): it takes the mass
+        x = np.where(np.isposinf(mx), np.where(np.isposinf(x), 0.0, -np.inf), x)
+        mx = np.where(np.isposinf(mx), 0.0, mx)
+    x -= mx
     p = np.exp(x)
     p /= p.sum(axis=-1, keepdims=True)
     if cfg.top_p < 1.0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from datetime import datetime
 
 import jinja2
@@ -20,26 +21,55 @@ def _raise(msg: str):
     raise TemplateError(msg)
 
 
+class TokenizerError(ValueError):
+    """A tokenizer file that cannot be read (truncated, not JSON, not the tokenizers format)."""
+
+
 class TextCodec:
     def __init__(self, manifest: Manifest) -> None:
-        self.tokenizer = Tokenizer.from_file(str(manifest.path(manifest.tokenizer_file)))
+        path = manifest.path(manifest.tokenizer_file)
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for every parse failure
+            raise TokenizerError(f"tokenizer {path} cannot be read ({e}). Hint: re-export the folder "
+                                 f"(edgespec export --out {manifest.folder} --force)") from None
         self.eos_token_ids = manifest.eos_token_ids
         self.bos_token_id = manifest.bos_token_id
         self._template = None
-        if manifest.chat_template:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.globals["raise_exception"] = _raise
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            self._template = env.from_string(manifest.chat_template)
+        self._template_error = None  # why the folder's template cannot be used (raised when messages come)
+        if manifest.chat_template_file:
+            self._template_error = self._compile(manifest)
+            if self._template_error:
+                warnings.warn(self._template_error, RuntimeWarning, stacklevel=2)
+
+    def _compile(self, manifest: Manifest) -> str | None:
+        """Compile the chat template; a broken one only fails chat calls (raw prompts never use it),
+        so its error is kept and raised by render_chat."""
+        path = manifest.path(manifest.chat_template_file)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(path.read_text())
+        except (OSError, UnicodeDecodeError, jinja2.TemplateSyntaxError) as e:
+            where = f" line {e.lineno}" if isinstance(e, jinja2.TemplateSyntaxError) else ""
+            return (f"chat template {path}{where} cannot be used ({type(e).__name__}: {e}). Hint: fix the file or "
+                    f"re-export the folder; raw-text prompts still work")
+        return None
 
     def encode(self, prompt) -> np.ndarray:
-        """Raw text (no template, the tokenizer's own special tokens) or chat messages (template)."""
+        """Raw text (no template, the tokenizer's own special tokens) or chat messages (template).
+        Through the tokenizer's batch call, which releases the GIL (the single call holds it
+        throughout), so a long prompt tokenized in one thread does not stall the others."""
         if isinstance(prompt, str):
-            return np.array(self.tokenizer.encode(prompt).ids, np.int64)
-        return np.array(self.tokenizer.encode(self.render_chat(prompt), add_special_tokens=False).ids, np.int64)
+            return np.array(self.tokenizer.encode_batch([prompt])[0].ids, np.int64)
+        text = self.render_chat(prompt)
+        return np.array(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids, np.int64)
 
     def render_chat(self, messages: list[dict]) -> str:
+        if self._template_error is not None:
+            raise TemplateError(self._template_error)
         if self._template is None:
             raise TemplateError("this engine folder has no chat template; pass raw text instead of messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
@@ -51,6 +81,8 @@ class TextCodec:
                                              self.eos_token_ids[0] if self.eos_token_ids else None))
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template failed: {e}") from e
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # e.g. content of a type it cannot join
+            raise TemplateError(f"chat template failed on these messages ({type(e).__name__}: {e})") from e
 
     def _token(self, i):
         return self.tokenizer.id_to_token(i) if i is not None else ""

@@ -204,18 +204,20 @@ def test_separate_draft_model(tiny_models, tmp_path):
     assert m.draft.kind == "model" and m.draft.weights_file == "draft.weights" and m.draft.n_layers == 1
 
 
+@pytest.mark.parametrize("graph", ["lean", "portable"])
 @pytest.mark.parametrize("precision, level, two_rows", [("fp32", 0, "auto"), ("int4", 4, "auto"), ("int4", 4, "on"),
                                                        ("int4", 1, "on")])
-def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, two_rows, tiny_models, tmp_path):
+def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, two_rows, graph, tiny_models, tmp_path):
     """Batch invariance: a token's logits are the same bits in a prefill, verify or decode call
     ("on": with 1-token calls padded to 2 rows, what the export does on CPUs whose 1-row int4
-    kernel sums differently, so that path runs on every machine)."""
+    kernel sums differently, so that path runs on every machine), in both graph flavours."""
     import onnx
 
     from edgespec.engines.ort import OrtModel
 
     m = load_manifest(_export(tiny_models["qwen2"], tmp_path / "e", precision=precision, int4_accuracy_level=level,
-                              two_row_matmuls=two_rows))
+                              two_row_matmuls=two_rows, graph=graph))
+    assert m.target.graph.flavour == graph
     if two_rows == "on":
         ops = [n.name for n in onnx.load(m.path("target.onnx"), load_external_data=False).graph.node]
         assert m.two_row_matmuls and "/two_rows/embed" in ops and "/layers.0/attn/ctx_rows" in ops

@@ -39,7 +39,7 @@ def test_plain_decoding_is_the_table_argmax_chain():
     assert g.last_stats.n_target_calls == 19 and g.last_stats.mean_accepted_length == 1.0
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft"])
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "draft"])
 @pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_speculative_equals_plain(drafter, k):
     ref = run(make("none", 0), PROMPT, 120)
@@ -48,17 +48,18 @@ def test_greedy_speculative_equals_plain(drafter, k):
     assert out.tolist() == ref.tolist()
     st = g.last_stats
     assert st.n_output == 120
-    assert st.n_target_calls < 120 or drafter == "ngram"
+    assert st.n_target_calls < 120 or drafter in ("ngram", "suffix")
     assert 1.0 <= st.mean_accepted_length <= k + 1
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
 @pytest.mark.parametrize("nodes,depth,branch,beam", [(9, 4, 2, 2), (5, 2, 3, 2), (9, 8, 1, 1)])
-def test_greedy_tree_equals_plain(nodes, depth, branch, beam):
+def test_greedy_tree_equals_plain(drafter, nodes, depth, branch, beam):
     from edgespec.runtime.tree import TreeConfig
 
     ref = run(make("none", 0), PROMPT, 120)
     table = random_table(V, seed=0)
-    g = Generator(None, Engines(FakeModel(table)), RuntimeConfig(drafter="ngram", k=4,
+    g = Generator(None, Engines(FakeModel(table)), RuntimeConfig(drafter=drafter, k=4,
                                                           tree=TreeConfig(nodes, depth, branch, beam)))
     out = run(g, PROMPT, 120)
     assert out.tolist() == ref.tolist()
@@ -124,7 +125,7 @@ def test_seeded_sampling_is_reproducible():
     assert a.tolist() == b.tolist() and a.tolist() != c.tolist()
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram", "draft"])
+@pytest.mark.parametrize("drafter", ["none", "ngram", "suffix", "draft"])
 def test_kv_reuse_across_calls_gives_the_same_output(drafter):
     turn1 = run(make(drafter, 4), PROMPT, 30)
     g = make(drafter, 4)

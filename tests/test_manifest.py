@@ -157,10 +157,13 @@ def test_missing_or_broken_pieces_are_named(tmp_path):
     with pytest.raises(ManifestError, match="lacks or mistypes field 'graph'"):
         load_manifest(tmp_path)
     m.save()
-    (tmp_path / "eagle.onnx").unlink()
-    with pytest.raises(ManifestError, match="eagle file eagle.onnx listed in the manifest is missing"):
+    (tmp_path / "eagle.onnx").unlink()  # an optional model's file: the folder loads without that model
+    assert load_manifest(tmp_path).problems == {"eagle": "eagle file eagle.onnx listed in the manifest is missing"}
+    (tmp_path / "target.onnx").unlink()  # the target's: an error
+    with pytest.raises(ManifestError, match="target file target.onnx listed in the manifest is missing"):
         load_manifest(tmp_path)
-    (tmp_path / "eagle.onnx").write_bytes(b"")
+    for f in ("eagle.onnx", "target.onnx"):
+        (tmp_path / f).write_bytes(b"")
     (tmp_path / "chat_template.jinja").unlink()
     with pytest.raises(ManifestError, match="chat_template.jinja is missing"):
         load_manifest(tmp_path)

@@ -86,7 +86,7 @@ def _sample_counts(g: Generator, cfg: SamplingConfig = CFG) -> np.ndarray:
     return counts
 
 
-@pytest.mark.parametrize("drafter", ["none", "draft", "ngram", "eagle", "hybrid", "medusa"])
+@pytest.mark.parametrize("drafter", ["none", "draft", "ngram", "suffix", "eagle", "hybrid", "medusa"])
 def test_speculative_sampling_keeps_the_target_distribution(drafter):
     pytest.importorskip("scipy")
     g = _gen(drafter)
@@ -96,7 +96,7 @@ def test_speculative_sampling_keeps_the_target_distribution(drafter):
         assert g.last_stats.n_drafted > 0
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "eagle", "hybrid", "medusa"])
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "eagle", "hybrid", "medusa"])
 def test_tree_sampling_keeps_the_target_distribution(drafter):
     """Token trees: children tried in turn, each rejected one zeroed in p; chi-square as above."""
     pytest.importorskip("scipy")

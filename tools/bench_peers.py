@@ -210,7 +210,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", default="engines/smollm2-135m-instruct")
     ap.add_argument("--edgespec", default="none,ngram:4,ngram:8:adaptive",
@@ -223,8 +223,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma-separated peers to skip: llama.cpp,transformers,ortgenai")
     ap.add_argument("--json")
-    ap.add_argument("--png")
-    a = ap.parse_args()
+    ap.add_argument("--png", help="bar chart of tokens/s (needs matplotlib: pip install 'edgespec[report]')")
+    a = ap.parse_args(argv)
+    if a.png:  # checked before minutes of benchmarks, not after them
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            ap.error("--png needs matplotlib, which is not installed. Hint: pip install 'edgespec[report]', "
+                     "or leave out --png")
     if a.gguf is None:
         from edgespec.export.sources import default_gguf
 

@@ -1,0 +1,311 @@
+"""The lean flavour of the decoder graphs: fused ONNX Runtime ops where they keep THE RULE (a
+token's logits are the same bits in a decode, verify or prefill call), attention in the fewest
+standard ops that keep it, and every mask and index built once per call, shared by all layers.
+
+Per layer (a tree-capable graph, all fused ops kept):
+  SkipSimplifiedLayerNormalization   residual add + RMSNorm (layer 0: SimplifiedLayerNormalization)
+  MatMulNBits qkv, Split             one packed projection
+  RotaryEmbedding x2                 q and k, cos/sin caches as initializers, positions as ids
+  Reshape, Mul, Reshape              block-diagonal queries [T*Hq, Hkv*D] (see below)
+  Gemm, Reshape, Gemm                scores of the cached slots (masked past past_len) and of the
+                                     T new keys (masked to each row's ancestors)
+  ScatterElements(max)               the new keys' scores into the columns a chain has them at
+  Softmax (+ GatherElements: trees)  probabilities (back to the slots the new values sit at)
+  Slice, ScatterND                   the new values into a copy of the value window
+  Gemm, Reshape, Gather              context, each head's own kv block
+  MatMulNBits o
+  SkipSimplifiedLayerNormalization   residual add + RMSNorm
+  MatMulNBits gate_up, Split, QuickGelu, Mul, MatMulNBits down
+
+Why attention is not one fused op: GroupQueryAttention, MultiHeadAttention and ONNX Attention
+compute a row alone (T=1) with another GEMM path than inside a wider call (ORT 1.32 CPU, ~2e-7),
+and none of them can give a tree's row its chain's column order (the softmax sums in position
+order), so a fused attention would break greedy speculative == plain. The Gemm form keeps both:
+rows are independent in every GEMM, the new keys' scores land in the columns a chain would have
+them at, and a row's reduction always sees the same values at the same places.
+
+The residual stream is [1, T, H] throughout (RotaryEmbedding and MatMulNBits take it as is); a
+sublayer's output is carried to the next norm, which adds it (SkipSimplifiedLayerNormalization's
+sum output is the stream).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+LEAN_OPS = ("norm", "rotary", "silu")  # fused ops the lean flavour uses where the probe allows
+LEAN_OPSET = 18  # ScatterElements reduction="max"
+
+
+class LeanLayers:
+    """Mixin of graph.LlamaGraphWriter: the lean prologue, layer, norm and attention. Uses the
+    writer's arch, opts, dtype and _matmul / _rms_norm."""
+
+    def _fused(self, op: str) -> bool:
+        return op not in self.opts.portable_ops
+
+    def _lean_tables(self) -> None:
+        """The rope tables the lean graph reads: half-width caches for RotaryEmbedding, or the
+        full HF tables for the portable rotation."""
+        cos, sin = self.arch.rope_tables()  # [max_len, D], halves duplicated
+        if self._fused("rotary"):
+            half = self.arch.head_dim // 2
+            self.store.add("rope_cos_half", np.ascontiguousarray(cos[:, :half]).astype(self.dtype))
+            self.store.add("rope_sin_half", np.ascontiguousarray(sin[:, :half]).astype(self.dtype))
+        else:
+            self.store.add("rope_cos", cos.astype(self.dtype))
+            self.store.add("rope_sin", sin.astype(self.dtype))
+
+    # ---- once per call ------------------------------------------------------------------------
+    def _lean_prologue(self, b) -> dict:
+        """Constants and the per-call masks and indices every layer shares:
+          mask_past [1, S]        0 for the cached slots j < past_len, -inf-like from past_len on
+          mask_new [T*Hq, T]      0 where the column node is the row node or an ancestor
+          cols [T*Hq, T]          the column each new key's score goes to: an ancestor at depth d
+                                  to past_len + d (where a chain has it), the other nodes in order
+                                  to the columns after the row's own (masked for the row); clamped
+                                  into the window, where scores merge by max (a masked score never
+                                  wins over a visible one)
+          to_node [T*Hq, S]       (trees) probability column of each slot: the inverse of cols on
+                                  the T new slots, the identity elsewhere
+          v_slots [1, n, 1]       slots of the new values inside the window (n = min(T, S - past_len):
+                                  rows padded past the window's end are dropped)
+        Rows are ordered (t, h): row t*Hq + h is query head h of token t."""
+        a, f = self.arch, self.dtype
+        n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
+        kv_w = n_kv * d
+        ninf = b.const("ninf_f", np.array(-1e9, f))
+        zero_f = b.const("zero_f", np.array(0.0, f))
+        b.const("eps", np.array(a.rms_norm_eps, f))
+        b.const("two", np.array(2.0, f))
+        b.const("axes_last", np.array([-1], np.int64))
+        for name, val in (("axis0", [0]), ("axis1", [1]), ("axis2", [2]), ("zero_1", [0])):
+            b.const(name, np.array(val, np.int64))
+        b.const("zero_i", np.array(0, np.int64))
+        b.const("one_i", np.array(1, np.int64))
+        b.const("one_1", np.array([1], np.int64))
+        b.const("shape_q4", np.array([-1, n_q, 1, d], np.int64))
+        b.const("shape_rows", np.array([-1, kv_w], np.int64))
+        b.const("shape_ctx", np.array([1, -1, n_q * kv_w], np.int64))
+        head_mask = np.zeros((n_q, n_kv, 1), f)  # query head h reads kv head h // (Hq / Hkv)
+        ctx_idx = np.zeros(n_q * d, np.int64)  # [Hq * Hkv*D] context row -> head h's own block
+        for h in range(n_q):
+            g = h // (n_q // n_kv)
+            head_mask[h, g, 0] = 1
+            ctx_idx[h * d:(h + 1) * d] = h * kv_w + g * d + np.arange(d)
+        b.const("head_mask", head_mask)
+        b.const("ctx_idx", ctx_idx)
+        b.const("tile_heads", np.array([1, n_q, 1], np.int64))
+
+        t_len = b.op("Gather", [b.op("Shape", ["input_ids"], "/T/shape"), "axis1"], "/T/T")  # [1]
+        s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/S/shape"), "axis0"], "/S/S")  # [1]
+        j_idx = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/S/scalar"), "one_i"], "/S/slots")  # [S]
+        t_idx = b.op("Range", ["zero_i", b.op("Squeeze", [t_len], "/T/scalar"), "one_i"], "/T/rows")  # [T]
+        pos = b.op("Reshape", ["positions", b.const("shape_T", np.array([-1], np.int64))], "/pos_flat")  # [T]
+
+        def per_head(x: str, width: str, name: str) -> str:  # [T, W] -> [T*Hq, W], row t*Hq + h = row t
+            tiled = b.op("Tile", [b.op("Unsqueeze", [x, "axis1"], name + "/unsq"), "tile_heads"], name + "/tile")
+            shape = b.op("Concat", [b.const("minus_1", np.array([-1], np.int64)), width], name + "/shape", axis=0)
+            return b.op("Reshape", [tiled, shape], name + "/rows")
+
+        cached = b.op("Less", [j_idx, "past_len"], "/mask/cached")  # [S]
+        mask_past = b.op("Unsqueeze", [b.op("Where", [cached, zero_f, ninf], "/mask/past_bias"), "axis0"],
+                         "/mask/past")  # [1, S]
+        row_t = b.op("Unsqueeze", [t_idx, "axis0"], "/T/row")  # [1, T]
+        if self.opts.trees:  # 1 where column node c is row node r or one of its ancestors
+            anc = b.op("Cast", ["tree_mask"], "/tree/anc", to=TensorProto.BOOL)
+        else:  # a chain: c <= r
+            anc = b.op("LessOrEqual", [row_t, b.op("Unsqueeze", [t_idx, "axis1"], "/T/col")], "/chain/anc")
+        mask_new = b.op("Where", [anc, zero_f, ninf], "/mask/new_bias")  # [T, T]
+        # non-ancestor c of row r goes to column pos[r] + 1 + (its rank among r's non-ancestors)
+        n_anc_before = b.op("CumSum", [b.op("Cast", [anc], "/cols/anc_i", to=TensorProto.INT64), "one_i"],
+                            "/cols/anc_before", exclusive=1)  # [T, T]
+        after_row = b.op("Add", [b.op("Unsqueeze", [pos, "axis1"], "/cols/pos_col"),
+                                 b.op("Add", [row_t, "one_i"], "/cols/c_plus_1")], "/cols/after_row")
+        non_anc = b.op("Sub", [after_row, n_anc_before], "/cols/non_anc")
+        cols = b.op("Where", [anc, b.op("Unsqueeze", [pos, "axis0"], "/cols/pos_row"), non_anc], "/cols/chain")
+        last_slot = b.op("Sub", [s_len, "one_i"], "/S/last")
+        cols = b.op("Min", [cols, last_slot], "/cols/in_window")  # [T, T]
+        ctx = {"t_len": t_len, "mask_past": mask_past, "mask_new": per_head(mask_new, t_len, "/mask/new"),
+               "cols": per_head(cols, t_len, "/cols")}
+        if self.opts.trees:
+            # probabilities back to node order: slot past_len + c <- column cols[r, c]
+            rest = b.op("Sub", [b.op("Sub", [s_len, "past_len"], "/to_node/rest"), t_len], "/to_node/after")
+            pads = b.op("Concat", ["zero_1", "past_len", "zero_1", rest], "/to_node/pads", axis=0)
+            rel = b.op("Sub", [j_idx, "past_len"], "/to_node/rel")
+            is_new = b.op("And", [b.op("GreaterOrEqual", [rel, "zero_i"], "/to_node/ge"),
+                                  b.op("Less", [rel, t_len], "/to_node/lt")], "/to_node/is_new")
+            to_node = b.op("Where", [b.op("Unsqueeze", [is_new, "axis0"], "/to_node/is_new_row"),
+                                     b.op("Pad", [cols, pads], "/to_node/place"),
+                                     b.op("Unsqueeze", [j_idx, "axis0"], "/to_node/identity")], "/to_node/T")
+            ctx["to_node"] = per_head(to_node, s_len, "/to_node")
+        n_in = b.op("Min", [t_len, b.op("Sub", [s_len, "past_len"], "/v/room")], "/v/n_in")  # [1]
+        slots = b.op("Slice", [b.op("Add", [t_idx, "past_len"], "/v/slots_all"), "zero_1", n_in], "/v/slots_in")
+        ctx["n_in"] = n_in
+        ctx["v_slots"] = b.op("Unsqueeze", [slots, b.const("axes_0_2", np.array([0, 2], np.int64))], "/v/slots")
+        if self.opts.two_row_matmuls and self.opts.precision == "int4":
+            # rows added below a [1, T, W] activation so MatMulNBits sees max(T, 2) rows
+            extra = b.op("Max", [b.op("Sub", [b.const("two_1", np.array([2], np.int64)), t_len], "/two_rows/sub"),
+                                 "zero_1"], "/two_rows/extra")
+            ctx["two_rows"] = b.op("Concat", ["zero_1", "zero_1", "zero_1", "zero_1", extra, "zero_1"],
+                                   "/two_rows/pads", axis=0)
+        if not self._fused("rotary"):  # cos/sin rows of the positions, gathered once: [1, T, 1, D]
+            for name in ("cos", "sin"):
+                rows = b.op("Gather", [b.weight(f"rope_{name}"), "positions"], f"/rope/{name}")  # [1, T, D]
+                ctx[name] = b.op("Unsqueeze", [rows, "axis2"], f"/rope/{name}_unsq")
+        return ctx
+
+    # ---- per layer ------------------------------------------------------------------------------
+    def _lean_norm(self, b, x: str, delta: str | None, weight: str, name: str) -> tuple[str, str]:
+        """RMSNorm of x + delta (delta None: of x); returns (normed, the new residual stream)."""
+        w = b.weight(weight)
+        if delta is not None and not self._fused("norm"):
+            x = b.op("Add", [x, delta], name + "/residual")
+        elif delta is not None:
+            out, total = name + "/SkipSLN_out", name + "/SkipSLN_sum"
+            b.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [delta, x, w], [out, "", "", total],
+                                            name=name + "/SkipSLN", domain="com.microsoft",
+                                            epsilon=self.arch.rms_norm_eps))
+            return out, total
+        if not self._fused("norm"):
+            return self._rms_norm(b, x, weight, name, "eps", axes="axes_last"), x
+        return b.op("SimplifiedLayerNormalization", [x, w], name + "/SLN", axis=-1,
+                    epsilon=self.arch.rms_norm_eps), x
+
+    def _lean_rope(self, b, x: str, n_heads: int, ctx: dict, name: str) -> str:
+        """Rotate x [1, T, heads*D] by the positions (HF rotate_half convention)."""
+        if self._fused("rotary"):
+            return b.op("RotaryEmbedding", [x, "positions", b.weight("rope_cos_half"), b.weight("rope_sin_half")],
+                        name + "/RotaryEmbedding", domain="com.microsoft", num_heads=n_heads, interleaved=0)
+        d = self.arch.head_dim
+        x4 = b.op("Reshape", [x, b.const(f"shape_heads_{n_heads}", np.array([1, -1, n_heads, d], np.int64))],
+                  name + "/heads")
+        x1, x2 = b.op("Split", [x4, b.const("rope_split", np.array([d // 2, d // 2], np.int64))], name + "/Split",
+                      n_out=2, axis=-1)
+        rot = b.op("Concat", [b.op("Neg", [x2], name + "/Neg"), x1], name + "/Concat", axis=-1)
+        y = b.op("Add", [b.op("Mul", [x4, ctx["cos"]], name + "/MulCos"),
+                         b.op("Mul", [rot, ctx["sin"]], name + "/MulSin")], name + "/Add")
+        return b.op("Reshape", [y, b.const(f"shape_flat_{n_heads}", np.array([1, -1, n_heads * d], np.int64))],
+                    name + "/flat")
+
+    def _lean_qk_norm(self, b, x: str, weight: str, n_heads: int, name: str) -> str:
+        """Qwen3's per-head RMSNorm of q or k [1, T, heads*D]."""
+        d = self.arch.head_dim
+        x4 = b.op("Reshape", [x, b.const(f"shape_heads_{n_heads}", np.array([1, -1, n_heads, d], np.int64))],
+                  name + "/heads")
+        y, _ = self._lean_norm(b, x4, None, weight, name)
+        return b.op("Reshape", [y, b.const(f"shape_flat_{n_heads}", np.array([1, -1, n_heads * d], np.int64))],
+                    name + "/flat")
+
+    def _lean_attention(self, b, i: int, h: str, ctx: dict) -> tuple[str, str, str]:
+        """(out [1, T, H], new k rows, new v rows [1, T, Hkv*D]). Block-diagonal queries as in the
+        portable graph (graph.LlamaGraphWriter._attention): Qbd [T*Hq, Hkv*D] holds query (t, h)
+        in the columns of its kv head, so the sequence-major cache is read by 2-D Gemms as is."""
+        a = self.arch
+        n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
+        p = f"/layers.{i}/attn"
+        qkv = self._matmul(b, h, f"l{i}.qkv", a.hidden_size, (n_q + 2 * n_kv) * d)
+        if "two_rows" in ctx:  # attention runs on the T real rows
+            qkv = b.op("Slice", [qkv, "zero_1", ctx["t_len"], "axis1"], p + "/qkv_rows")
+        if a.qkv_bias:
+            qkv = b.op("Add", [qkv, b.weight(f"l{i}.qkv_b")], p + "/qkv_bias")
+        split = b.const("qkv_split", np.array([n_q * d, n_kv * d, n_kv * d], np.int64))
+        q, k, v = b.op("Split", [qkv, split], p + "/Split", n_out=3, axis=-1)  # [1, T, *]
+        if a.qk_norm:
+            q = self._lean_qk_norm(b, q, f"l{i}.q_norm", n_q, p + "/q_norm")
+            k = self._lean_qk_norm(b, k, f"l{i}.k_norm", n_kv, p + "/k_norm")
+        q = self._lean_rope(b, q, n_q, ctx, p + "/q_rope")
+        k = self._lean_rope(b, k, n_kv, ctx, p + "/k_rope")
+        qbd = b.op("Reshape", [b.op("Mul", [b.op("Reshape", [q, "shape_q4"], p + "/q4"), "head_mask"], p + "/q_blocks"),
+                               "shape_rows"], p + "/qbd")  # [T*Hq, Hkv*D]
+        scale = 1.0 / float(np.sqrt(d))
+        s_past = b.op("Gemm", [qbd, f"past_key_{i}", ctx["mask_past"]], p + "/scores_past", transB=1, alpha=scale)
+        s_new = b.op("Gemm", [qbd, b.op("Reshape", [k, "shape_rows"], p + "/k_rows"), ctx["mask_new"]],
+                     p + "/scores_new", transB=1, alpha=scale)  # [T*Hq, T]
+        scores = b.op("ScatterElements", [s_past, ctx["cols"], s_new], p + "/scores", axis=1, reduction="max")
+        probs = b.op("Softmax", [scores], p + "/Softmax", axis=-1)
+        if "to_node" in ctx:
+            probs = b.op("GatherElements", [probs, ctx["to_node"]], p + "/p_node", axis=1)
+        v_in = b.op("Slice", [v, "zero_1", ctx["n_in"], "axis1"], p + "/v_in")  # rows inside the window
+        v_full = b.op("ScatterND", [f"past_value_{i}", ctx["v_slots"], v_in], p + "/v_full")  # [S, Hkv*D]
+        ctx_rows = b.op("Gemm", [probs, v_full], p + "/ctx")  # [T*Hq, Hkv*D]
+        out = b.op("Gather", [b.op("Reshape", [ctx_rows, "shape_ctx"], p + "/ctx_heads"), "ctx_idx"], p + "/ctx_own",
+                   axis=2)  # [1, T, Hq*D]
+        if "two_rows" in ctx:
+            out = b.op("Pad", [out, ctx["two_rows"]], p + "/ctx_rows")
+        return self._matmul(b, out, f"l{i}.o", n_q * d, a.hidden_size), k, v
+
+    def _lean_layer(self, b, i: int, x: str, delta: str | None, ctx: dict,
+                    ln1: bool = True) -> tuple[str, str, list[str]]:
+        """One pre-norm decoder layer on the stream x + delta; returns (stream, its pending
+        delta: the MLP output, [k rows, v rows])."""
+        a = self.arch
+        p = f"/layers.{i}"
+        if ln1:
+            h, x = self._lean_norm(b, x, delta, f"l{i}.ln1", p + "/ln1")
+        else:
+            x = b.op("Add", [x, delta], p + "/res2") if delta is not None else x
+            h = x
+        attn, k, v = self._lean_attention(b, i, h, ctx)
+        h, x = self._lean_norm(b, x, attn, f"l{i}.ln2", p + "/ln2")
+        gu = self._matmul(b, h, f"l{i}.gate_up", a.hidden_size, 2 * a.intermediate_size)
+        g, u = b.op("Split", [gu, b.const("gu_split", np.array([a.intermediate_size] * 2, np.int64))],
+                    p + "/mlp/Split", n_out=2, axis=-1)
+        if self._fused("silu"):
+            silu = b.op("QuickGelu", [g], p + "/mlp/SiLU", domain="com.microsoft", alpha=1.0)
+        else:
+            silu = b.op("Mul", [g, b.op("Sigmoid", [g], p + "/mlp/Sigmoid")], p + "/mlp/SiLU")
+        act = b.op("Mul", [silu, u], p + "/mlp/GLU")
+        return x, self._matmul(b, act, f"l{i}.down", a.intermediate_size, a.hidden_size), [k, v]
+
+
+def probe_portable_ops(hidden: int = 576, n_heads: int = 9, head_dim: int = 64, inter: int = 1536,
+                       rows: int = 9) -> tuple[str, ...]:
+    """The fused ops of LEAN_OPS that break the rule on this CPU's ONNX Runtime: each run alone on
+    random rows, one row at a time against all rows in one call (all bitwise alike on ORT 1.32,
+    AVX-512 Xeon and EPYC alike; docs/design.md). The export writes those in portable form."""
+    from edgespec.engines.ort import model_session
+
+    rng = np.random.default_rng(0)
+    f32 = TensorProto.FLOAT
+
+    def io(name: str, width: int, dtype=f32):
+        return helper.make_tensor_value_info(name, dtype, [1, "T", width])
+
+    def init(name: str, arr: np.ndarray):
+        return helper.make_tensor(name, TensorProto.FLOAT, arr.shape, arr.tobytes(), raw=True)
+
+    def breaks(node, inputs, width: int, inits, feeds: dict[str, np.ndarray]) -> bool:
+        graph = helper.make_graph([node], "probe", inputs, [io("y", width)], initializer=inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", LEAN_OPSET),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = 8
+        sess = model_session(model.SerializeToString())
+        wide = sess.run(None, feeds)[0]
+        return any(not np.array_equal(sess.run(None, {k: v[:, i:i + 1] for k, v in feeds.items()})[0][0, 0],
+                                      wide[0, i]) for i in range(rows))
+
+    x = (rng.standard_normal((1, rows, hidden)) * 3).astype(np.float32)
+    skip = rng.standard_normal((1, rows, hidden)).astype(np.float32)
+    gamma = init("w", rng.standard_normal(hidden).astype(np.float32))
+    out = []
+    norm = helper.make_node("SkipSimplifiedLayerNormalization", ["x", "s", "w"], ["y"], domain="com.microsoft",
+                            epsilon=1e-5)
+    plain = helper.make_node("SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-5)
+    if (breaks(norm, [io("x", hidden), io("s", hidden)], hidden, [gamma], {"x": x, "s": skip})
+            or breaks(plain, [io("x", hidden)], hidden, [gamma], {"x": x})):
+        out.append("norm")
+    width = n_heads * head_dim
+    ang = np.arange(4096)[:, None] / 10000 ** (np.arange(0, head_dim, 2) / head_dim)
+    rope = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft",
+                            num_heads=n_heads, interleaved=0)
+    pos = (np.arange(rows) + 100)[None].astype(np.int64)
+    if breaks(rope, [io("x", width), helper.make_tensor_value_info("pos", TensorProto.INT64, [1, "T"])], width,
+              [init("cos", np.cos(ang).astype(np.float32)), init("sin", np.sin(ang).astype(np.float32))],
+              {"x": rng.standard_normal((1, rows, width)).astype(np.float32), "pos": pos}):
+        out.append("rotary")
+    silu = helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft", alpha=1.0)
+    if breaks(silu, [io("x", inter)], inter, [], {"x": (rng.standard_normal((1, rows, inter)) * 4).astype(np.float32)}):
+        out.append("silu")
+    return tuple(out)

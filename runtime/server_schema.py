@@ -1,0 +1,211 @@
+"""What `edgespec serve` accepts: an OpenAI request body checked field by field into a `Request`
+before anything is tokenized or queued, so a bad input is a 400 naming the field, never a 500.
+
+The engine folder's abilities (`Abilities`: its drafters, largest k, token trees, context) bound
+the `speculative` extension field and the `/admin/speculation` body alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from edgespec.runtime.drafters import DRAFTERS
+from edgespec.runtime.sampling import SamplingConfig
+from edgespec.runtime.tree import TreeConfig
+
+# message roles the chat template is given ("developer" is OpenAI's newer name for "system")
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ERROR_TYPES = {401: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
+               500: "server_error", 503: "overloaded"}
+
+
+class BadRequest(ValueError):
+    """A request the server refuses, with the fields of OpenAI's error body."""
+
+    def __init__(self, msg: str, param: str | None = None, status: int = 400, code: str | None = None) -> None:
+        super().__init__(msg)
+        self.param, self.status, self.code = param, status, code
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What one loaded engine folder can be asked for."""
+
+    drafters: tuple[str, ...]  # the drafters this folder and backend can run
+    tree_drafters: tuple[str, ...]  # those that can draft token trees with this folder's graphs
+    k_max: int  # largest num_speculative_tokens (verify graphs of widths 2..k_max+1)
+    context: int  # KV slots: prompt + output tokens
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How one request is decoded (the server's default, or a request's `speculative` field)."""
+
+    drafter: str  # none | ngram | draft | eagle | hybrid | medusa
+    k: int  # num_speculative_tokens (kept with drafter none, for a later switch back)
+    tree: TreeConfig = TreeConfig()  # token trees when nodes > 0, else chains
+
+    def to_dict(self) -> dict:
+        return {"drafter": self.drafter, "k": self.k, "tree": self.tree.label if self.tree.nodes else None}
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked completion request."""
+
+    prompt: str | list  # raw text, or chat messages [{role, content: str}] for the template
+    n_bytes: int  # UTF-8 bytes of the prompt's text: bounds its token count before tokenizing
+    max_tokens: int  # most tokens to generate (>= 1)
+    sampling: SamplingConfig  # temperature, top_k, top_p, seed, repetition_penalty
+    stop: list[str]  # stop strings (cut before them)
+    speculation: Speculation | None  # the request's `speculative` over the default (None: no such field)
+    stream: bool  # server-sent events
+    include_usage: bool  # streaming: a last chunk with usage and no choices (stream_options)
+
+
+def _number(body: dict, key: str, default, integer: bool = False, lo=None, hi=None, lo_open: bool = False,
+            param: str | None = None):
+    """body[key] checked: a finite number (an integer when asked) in [lo, hi] ((lo, hi] when lo_open)."""
+    v, param = body.get(key), param or key
+    if v is None:
+        return default
+    kind = "an integer" if integer else "a number"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadRequest(f"'{param}' must be {kind}, got {v!r}", param)
+    if not math.isfinite(v):
+        raise BadRequest(f"'{param}' must be a finite number, got {v}", param)
+    if integer and v != int(v):
+        raise BadRequest(f"'{param}' must be an integer, got {v}", param)
+    if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+        low = f"({lo}" if lo_open else f"[{lo}"
+        raise BadRequest(f"'{param}' must be in {low}, {'inf' if hi is None else hi}], got {v}", param)
+    return int(v) if integer else float(v)
+
+
+def _content(c, param: str) -> str:
+    """A message's text: a string, or OpenAI's content parts [{type: text, text}] joined by newlines."""
+    if isinstance(c, str):
+        return c
+    if not isinstance(c, list) or not c:
+        raise BadRequest(f"{param} must be a string or a non-empty list of text parts, got {c!r} (no tool calls "
+                         "here, so null content is not taken)", param)
+    texts = []
+    for j, part in enumerate(c):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise BadRequest(f"{param}[{j}] must be {{'type': 'text', 'text': str}}, got {str(part)[:80]}: this "
+                             "server serves a text-only model", f"{param}[{j}]")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _messages(msgs) -> list[dict]:
+    if not isinstance(msgs, list) or not msgs:
+        raise BadRequest("'messages' must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise BadRequest(f"messages[{i}] must be an object {{role, content}}, got {str(m)[:80]}", f"messages[{i}]")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise BadRequest(f"messages[{i}].role {role!r}: choose one of {', '.join(ROLES)} (no tool messages "
+                             "here)", f"messages[{i}].role")
+        out.append({"role": ROLES[role], "content": _content(m.get("content"), f"messages[{i}].content")})
+    return out
+
+
+def parse_speculation(spec, default: Speculation, ab: Abilities, param: str = "speculative") -> Speculation:
+    """`{"drafter", "k", "tree"}` over `default` (a field left out keeps the default's; a drafter
+    that cannot draft trees gets chains)."""
+    if not isinstance(spec, dict) or set(spec) - {"drafter", "k", "tree"}:
+        raise BadRequest(f"'{param}' must be an object with optional 'drafter', 'k' and 'tree', got {spec!r}", param)
+    drafter = spec.get("drafter", default.drafter)
+    if drafter not in DRAFTERS:
+        raise BadRequest(f"{param}.drafter {drafter!r}: choose one of {', '.join(ab.drafters)}", f"{param}.drafter")
+    if drafter not in ab.drafters:
+        raise BadRequest(f"{param}.drafter {drafter!r} is not available in this engine folder (it has "
+                         f"{', '.join(ab.drafters)})", f"{param}.drafter")
+    k = _number(spec, "k", default.k, integer=True, param=f"{param}.k")
+    if drafter != "none" and not 1 <= k <= ab.k_max:
+        raise BadRequest(f"{param}.k={k} outside 1..{ab.k_max}: this folder has verify graphs up to "
+                         f"num_speculative_tokens={ab.k_max}", f"{param}.k")
+    tree = default.tree if "tree" not in spec else spec["tree"]
+    if tree in (None, "", "none"):
+        tree = TreeConfig()
+    elif isinstance(tree, str):
+        try:
+            tree = TreeConfig.parse(tree)
+            tree.check(ab.k_max + 1)
+        except ValueError as e:
+            raise BadRequest(f"{param}.tree: {e}", f"{param}.tree") from e
+    elif not isinstance(tree, TreeConfig):
+        raise BadRequest(f"{param}.tree must be a string NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]], e.g. "
+                         f"'6:5:1:1', or null for chains; got {tree!r}", f"{param}.tree")
+    if tree.nodes and drafter not in ab.tree_drafters:
+        if "tree" in spec:
+            raise BadRequest(f"{param}.tree: drafter {drafter!r} cannot draft token trees with this folder (these "
+                             f"can: {', '.join(ab.tree_drafters) or 'none'})", f"{param}.tree")
+        tree = TreeConfig()  # the default's tree belongs to a tree drafter; this one drafts chains
+    return Speculation(drafter, k, tree if drafter != "none" else TreeConfig())
+
+
+def parse_request(body, chat: bool, model_name: str, default: Speculation, ab: Abilities,
+                  max_tokens_default: int) -> Request:
+    """The checked request of a chat (`messages`) or completions (`prompt`) body."""
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, got {model!r}", "model")
+    if model not in (None, model_name):
+        raise BadRequest(f"model {model!r} not found; this server serves {model_name!r}", "model", 404,
+                         "model_not_found")
+    if chat:
+        prompt = _messages(body.get("messages"))
+        n_bytes = sum(len(m["content"].encode()) for m in prompt)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise BadRequest(f"'prompt' must be a string, got {str(prompt)[:80]}", "prompt")
+        if not prompt:
+            raise BadRequest("'prompt' is empty: give some text to continue", "prompt")
+        n_bytes = len(prompt.encode())
+    for key in ("tools", "functions"):
+        if body.get(key):
+            raise BadRequest(f"'{key}': tool calling is not supported by this server", key)
+    if body.get("logprobs"):
+        raise BadRequest("'logprobs' is not supported by this server", "logprobs")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise BadRequest("'response_format': only {'type': 'text'} is supported", "response_format")
+    if _number(body, "n", 1, integer=True) != 1:
+        raise BadRequest("only n=1 is supported (one sequence at a time)", "n")
+    max_tokens = _number(body, "max_completion_tokens", None, integer=True, lo=1)
+    if max_tokens is None:
+        max_tokens = _number(body, "max_tokens", max_tokens_default, integer=True, lo=1)
+    sampling = SamplingConfig(temperature=_number(body, "temperature", 1.0, lo=0.0, hi=2.0),
+                              top_k=_number(body, "top_k", 0, integer=True, lo=0),
+                              top_p=_number(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
+                              seed=_number(body, "seed", None, integer=True, lo=0),
+                              repetition_penalty=_number(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0,
+                                                         lo_open=True))
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest(f"'stop' must be a string or a list of non-empty strings, got {stop!r}", "stop")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise BadRequest(f"'stream' must be true or false, got {stream!r}", "stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+        raise BadRequest(f"'stream_options' must be an object {{'include_usage': bool}}, got {opts!r}",
+                         "stream_options")
+    spec = parse_speculation(body["speculative"], default, ab) if body.get("speculative") is not None else None
+    return Request(prompt, n_bytes, max_tokens, sampling, stop, spec, stream, opts.get("include_usage", False))

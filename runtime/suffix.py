@@ -1,0 +1,219 @@
+"""Suffix decoding (after SuffixDecoding, Oliaro et al. 2024, arXiv 2411.04975): draft from what
+followed the longest earlier match of the sequence's last tokens, in the current prompt + output
+AND in the recent requests of this process, weighted by how often each continuation followed.
+
+The cache of recent requests is a suffix array over their tokens, kept as one sorted array of
+fixed-width byte keys (the first DEPTH tokens of every suffix, big-endian, so byte order is token
+order): finding every occurrence of a pattern of n <= DEPTH tokens is two binary searches
+(`np.searchsorted`), whatever the cache size. New requests go to a small unsorted tail searched
+directly; the tail is merged into the sorted part when it grows past `tail_tokens`. The oldest
+requests are dropped when the cache passes `max_tokens` (bounded memory: ~2 * DEPTH + 8 bytes per
+cached token with 16-bit ids).
+
+A draft follows the most frequent continuation token by token: at each step the candidates are
+the tokens that followed the current pattern, with empirical probabilities count / total; the
+chain stops when the path's probability (their product) drops below `min_prob`, or after
+`alpha * n` tokens for a match of n tokens (a short match predicts little). Trees take the top
+`branch` continuations of the best nodes by path probability. Drafts are deterministic
+candidates (a one-hot q), so verification is the usual lossless rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.runtime.drafters import Drafter
+from edgespec.runtime.state import Proposal, SeqState, chain
+
+DEPTH = 12  # longest pattern matched in the cache (tokens); longer contexts match on their last DEPTH
+SEP = -1  # between cached requests: no match runs across two of them
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    max_tokens: int = 1_000_000  # cached request tokens kept (oldest requests dropped past it)
+    tail_tokens: int = 16_384  # unsorted recent tokens before they are merged into the sorted index
+    min_match: int = 2  # shortest pattern that may draft (a 1-token match is mostly noise)
+    alpha: float = 2.0  # draft at most alpha * (match length) tokens
+    min_prob: float = 0.1  # stop the chain when the path's empirical probability is lower
+    max_candidates: int = 4096  # cached occurrences counted per pattern (an even sample beyond)
+    file: str | None = None  # .npy file the cache is loaded from and saved to (CLI / server)
+
+
+class SuffixCache:
+    """Tokens of recent requests, searchable by pattern in time independent of their number."""
+
+    def __init__(self, cfg: SuffixConfig = SuffixConfig(), vocab_size: int = 1 << 16) -> None:
+        self.cfg = cfg
+        # ids are stored +1 (0 is the separator) in 16 bits when they fit, else 32
+        self._dtype = np.dtype(">u2") if vocab_size + 1 < (1 << 16) else np.dtype(">u4")
+        self.tokens = np.zeros(0, np.int64)  # cached tokens, requests separated by SEP
+        self._n_sorted = 0  # tokens[:_n_sorted] are in the sorted index
+        self._keys = np.zeros(0, f"S{DEPTH * self._dtype.itemsize}")  # [n_sorted] sorted suffix keys
+        self._pos = np.zeros(0, np.int64)  # [n_sorted] start of each key's suffix in tokens
+        if cfg.file and Path(cfg.file).exists():
+            self.tokens = np.load(cfg.file).astype(np.int64)[-cfg.max_tokens:]
+            self._reindex()
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, ids: np.ndarray) -> None:
+        """One finished request (prompt + output) into the cache."""
+        self.tokens = np.concatenate([self.tokens, np.asarray(ids, np.int64), [SEP]])
+        if len(self.tokens) > self.cfg.max_tokens:  # drop whole oldest requests
+            cut = len(self.tokens) - self.cfg.max_tokens
+            seps = np.flatnonzero(self.tokens[cut:] == SEP)
+            cut += int(seps[0]) + 1 if len(seps) else 0
+            self.tokens = self.tokens[cut:]
+            self._reindex()
+        elif len(self.tokens) - self._n_sorted > self.cfg.tail_tokens:
+            self._reindex()
+            self.save()  # the file follows the index: at most tail_tokens behind
+
+    def save(self) -> None:
+        """Write the cached tokens to cfg.file (when set)."""
+        if self.cfg.file:
+            Path(self.cfg.file).parent.mkdir(parents=True, exist_ok=True)
+            np.save(self.cfg.file, self.tokens.astype(np.int32))
+
+    def _encode(self, rows: np.ndarray) -> np.ndarray:
+        """[n, DEPTH] token rows (SEP = -1 padding) -> [n] byte keys in token order."""
+        return np.ascontiguousarray((rows + 1).astype(self._dtype)).view(self._keys.dtype).ravel()
+
+    def _reindex(self) -> None:
+        n = len(self.tokens)
+        padded = np.concatenate([self.tokens, np.full(DEPTH, SEP)])
+        rows = np.lib.stride_tricks.sliding_window_view(padded, DEPTH)[:n].copy()  # [n, DEPTH]
+        # a suffix ends at its request's separator: what follows belongs to another request
+        after_sep = np.maximum.accumulate((rows == SEP).astype(np.int8), axis=1).astype(bool)
+        rows[after_sep] = SEP
+        keys = self._encode(rows)
+        order = np.argsort(keys, kind="stable")
+        self._keys, self._pos = keys[order], order.astype(np.int64)
+        self._n_sorted = n
+
+    def occurrences(self, pattern: np.ndarray) -> np.ndarray:
+        """Positions just after cached occurrences of pattern (len <= DEPTH): at most
+        cfg.max_candidates from the sorted index, then every one in the unsorted tail."""
+        n = len(pattern)
+        enc = (np.asarray(pattern, np.int64) + 1).astype(self._dtype).tobytes()
+        width = DEPTH * self._dtype.itemsize
+        lo = np.searchsorted(self._keys, np.bytes_(enc), side="left")
+        hi = np.searchsorted(self._keys, np.bytes_(enc + b"\xff" * (width - len(enc))), side="right")
+        if hi - lo > self.cfg.max_candidates:  # an even sample: the index groups them by what follows
+            found = self._pos[np.linspace(lo, hi - 1, self.cfg.max_candidates).astype(np.int64)] + n
+        else:
+            found = self._pos[lo:hi] + n
+        tail = self.tokens[self._n_sorted:]  # the sorted part ends with a separator: no match spans both
+        if len(tail) > n:
+            windows = np.lib.stride_tricks.sliding_window_view(tail[:-1], n)
+            hits = np.flatnonzero((windows == pattern).all(axis=1)) + self._n_sorted + n
+            found = np.concatenate([found, hits])
+        return found
+
+
+class _Match:
+    """Where a pattern occurs: positions of the token after each occurrence, in the current
+    sequence (`here`, all < its length) and in the cache (`cached`)."""
+
+    __slots__ = ("here", "cached")
+
+    def __init__(self, here: np.ndarray, cached: np.ndarray) -> None:
+        self.here, self.cached = here, cached
+
+    def followers(self, seq_tokens: np.ndarray, n: int, cache_tokens: np.ndarray):
+        """(tokens, counts) that follow the occurrences, most frequent first."""
+        self.here = self.here[self.here < n]  # the drafts past n are ours, not evidence
+        nxt = np.concatenate([seq_tokens[self.here], cache_tokens[self.cached]])
+        nxt = nxt[nxt != SEP]
+        if not len(nxt):
+            return nxt, nxt
+        ids, counts = np.unique(nxt, return_counts=True)
+        order = np.argsort(-counts, kind="stable")
+        return ids[order], counts[order]
+
+    def after(self, seq_tokens: np.ndarray, cache_tokens: np.ndarray, token: int) -> _Match:
+        """The occurrences of pattern + token."""
+        return _Match(self.here[seq_tokens[self.here] == token] + 1,
+                      self.cached[cache_tokens[self.cached] == token] + 1)
+
+
+class SuffixDrafter(Drafter):
+    """Drafts from the longest match of the sequence's last tokens in the current sequence and in
+    the process's cache of recent requests (module docstring)."""
+
+    name = "suffix"
+    drafts_trees = True
+
+    def __init__(self, cache: SuffixCache) -> None:
+        super().__init__()
+        self.cache, self.cfg = cache, cache.cfg
+
+    def _occurs(self, seq: SeqState, size: int) -> _Match:
+        toks, n = seq.tokens, seq.n
+        pattern = toks[n - size:n]
+        here = np.zeros(0, np.int64)
+        if n - 1 >= size:  # earlier occurrences in the sequence (the last one, itself, excluded)
+            windows = np.lib.stride_tricks.sliding_window_view(toks[:n - 1], size)
+            here = np.flatnonzero((windows == pattern).all(axis=1)) + size
+        return _Match(here, self.cache.occurrences(pattern))
+
+    def _longest(self, seq: SeqState) -> tuple[int, _Match | None]:
+        """(n, its occurrences) for the longest suffix of the sequence (min_match..DEPTH tokens)
+        that occurred before; a binary search, since a suffix that occurs has shorter ones that do."""
+        lo, hi, best = self.cfg.min_match, min(DEPTH, seq.n - 1), None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            m = self._occurs(seq, mid)
+            if len(m.here) or len(m.cached):
+                lo, best = mid + 1, (mid, m)
+            else:
+                hi = mid - 1
+        return best if best is not None else (0, None)
+
+    def propose(self, seq: SeqState, k: int) -> Proposal:
+        size, match = self._longest(seq)
+        limit = min(k, int(np.ceil(self.cfg.alpha * size)))
+        slots = seq.draft_slots(limit)
+        path, m, ctoks = 1.0, 0, self.cache.tokens
+        while m < limit:
+            ids, cnt = match.followers(seq.tokens, seq.n, ctoks)
+            if not len(ids):
+                break
+            path *= cnt[0] / cnt.sum()
+            if path < self.cfg.min_prob:
+                break
+            slots[m] = ids[0]
+            m += 1
+            match = match.after(seq.tokens, ctoks, int(ids[0]))
+        return chain(seq, m)
+
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        """Best first by path probability: the top `branch` continuations of the `beam` best
+        nodes of each depth."""
+        size, match = self._longest(seq)
+        limit = min(cfg.depth, int(np.ceil(self.cfg.alpha * size)))
+        frontier, ctoks = ([(0, match)] if match is not None else []), self.cache.tokens
+        for _ in range(limit):
+            cands = []
+            for u, mu in frontier:
+                ids, cnt = mu.followers(seq.tokens, seq.n, ctoks)
+                total = cnt.sum()
+                top = zip(ids[:cfg.branch], cnt[:cfg.branch], strict=True)
+                cands.extend((tree.score[u] * c / total, u, int(t), mu) for t, c in top)
+            cands.sort(key=lambda c: -c[0])
+            frontier = []
+            for score, u, tok, mu in cands:
+                if score < max(self.cfg.min_prob, cfg.min_score):
+                    break
+                c = tree.add(u, tok, score)
+                if c < 0:
+                    return
+                if len(frontier) < cfg.beam:
+                    frontier.append((c, mu.after(seq.tokens, ctoks, tok)))
+            if not frontier:
+                return

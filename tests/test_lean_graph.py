@@ -1,0 +1,146 @@
+"""The lean graph flavour: fused ONNX Runtime ops where they keep a token's logits bitwise alike in
+decode, verify and prefill calls, their portable form where the probe (here: forced) says not."""
+
+import collections
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from edgespec.engines.manifest import load_manifest  # noqa: E402
+from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
+from edgespec.export.lean_graph import LEAN_OPS  # noqa: E402
+
+FUSED = {"norm": "SkipSimplifiedLayerNormalization", "rotary": "RotaryEmbedding", "silu": "QuickGelu"}
+
+
+def _export(src, out, monkeypatch=None, portable_ops=None, **kw):
+    if portable_ops is not None:  # what the CPU probe would have found
+        import edgespec.export.exporter as ex
+
+        monkeypatch.setattr(ex, "probe_portable_ops", lambda: portable_ops)
+    args = dict(target=str(src), out=str(out), max_len=128, k=3, prefill_chunk=16, kv_bucket=32, progress=False,
+                precision="fp32") | kw
+    return export(ExportConfig(**args))
+
+
+def _layer_ops(folder, layer: int = 1) -> collections.Counter:
+    import onnx
+
+    g = onnx.load(str(folder / "target.onnx"), load_external_data=False).graph
+    return collections.Counter(n.op_type for n in g.node
+                               if n.name.startswith(f"/layers.{layer}/") or n.name.startswith(f"l{layer}."))
+
+
+def _rows_bitwise_alike(folder) -> None:
+    """A token's logits: the same bits in a prefill, verify and decode call (tests/test_export.py)."""
+    from edgespec.engines.ort import OrtModel
+
+    m = load_manifest(folder)
+    e = OrtModel(m, m.target)
+    toks = np.random.default_rng(1).integers(0, 256, 60)
+    e.forward(toks[:16], 0)
+    e.commit(0, 16)
+    rows = {16: e.forward(toks[16:32], 16).copy()}
+    for w in (4, 3, 2):
+        rows[w] = e.forward(toks[16:16 + w], 16).copy()
+    for i in range(4):
+        one = e.forward(toks[16 + i:17 + i], 16 + i)
+        e.commit(16 + i, 1)
+        for w, r in rows.items():
+            if i < w:
+                assert np.array_equal(one[0], r[i]), (w, i, np.abs(one[0] - r[i]).max())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+@pytest.mark.parametrize("portable_ops", [(), ("norm",), ("rotary",), ("silu",), LEAN_OPS])
+def test_each_fused_op_and_its_portable_form_keep_rows_bitwise(precision, portable_ops, tiny_models, tmp_path,
+                                                               monkeypatch):
+    folder = _export(tiny_models["qwen2"], tmp_path / "e", monkeypatch, portable_ops, precision=precision)
+    m = load_manifest(folder)
+    assert m.target.graph.flavour == "lean" and m.target.graph.portable_ops == portable_ops
+    ops = _layer_ops(folder)
+    for op, fused in FUSED.items():
+        assert (ops[fused] > 0) == (op not in portable_ops), (op, ops)
+    assert max(m.target.validation.values()) < (1e-4 if precision == "fp32" else 3.0)
+    _rows_bitwise_alike(folder)
+
+
+def test_lean_layers_have_a_third_of_the_portable_nodes(tiny_models, tmp_path):
+    lean = _layer_ops(_export(tiny_models["llama"], tmp_path / "lean", precision="int4"))
+    portable = _layer_ops(_export(tiny_models["llama"], tmp_path / "portable", precision="int4", graph="portable"))
+    assert sum(lean.values()) <= 26 and sum(portable.values()) >= 60, (lean, portable)
+    assert lean["MatMulNBits"] == portable["MatMulNBits"] == 4  # packed qkv and gate_up in both
+    # no shape arithmetic left in a lean layer: masks and indices come from the per-call prologue
+    assert not {"Shape", "Range", "Concat", "Tile", "Where", "Pad", "Transpose"} & set(lean), lean
+    assert not set(FUSED.values()) & set(portable)
+    assert load_manifest(tmp_path / "portable").target.graph.flavour == "portable"
+
+
+def test_chain_graphs_and_trees_in_both_flavours(tiny_models, tmp_path):
+    """A tree's rows equal the chain's rows (portable and lean, each its own tree attention)."""
+    from test_tree import random_tree
+
+    from edgespec.engines.ort import OrtModel
+    from edgespec.runtime.prefill import prefill
+    from edgespec.runtime.tree import tree_chain_prefix
+
+    for graph in ("lean", "portable"):
+        m = load_manifest(_export(tiny_models["llama"], tmp_path / graph, graph=graph, max_len=192))
+        e = OrtModel(m, m.target)
+        for past in (20, 126):  # 126: the tree straddles a 128-slot block of the attention GEMM
+            rng = np.random.default_rng(past)
+            seq = rng.integers(3, 256, past + 6).astype(np.int64)
+            prefill(e, seq[:past], 0)
+            ref = []
+            for i, t in enumerate(seq[past:past + 4]):
+                ref.append(e.forward(np.array([t]), past + i)[0].copy())
+                e.commit(past + i, 1)
+            tokens, parents, on_path = random_tree(rng, seq[past:past + 4], 4, 256, tree_chain_prefix(past, 4))
+            logits = e.forward(tokens, past, parents=parents)
+            for d, node in enumerate(on_path):
+                assert np.array_equal(logits[node], ref[d]), (graph, past, d)
+
+
+def test_rows_padded_past_the_last_slot_are_dropped(tiny_models, tmp_path):
+    """A padded prefill chunk that runs past max_len (a long cached prefix): the new values that do
+    not fit the window are left out, the real rows equal decode rows bitwise."""
+    from edgespec.engines.ort import OrtModel
+
+    m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", max_len=64, kv_bucket=16))
+    e = OrtModel(m, m.target)
+    toks = np.random.default_rng(2).integers(3, 256, 64)
+    e.forward(toks[:16], 0)
+    e.commit(0, 16)
+    for past in range(16, 50, 16):
+        e.forward(toks[past:past + 16], past)
+        e.commit(past, 16)
+    wide = e.forward(toks[50:60], 50).copy()  # width 16 at past 50: 66 slots > max_len 64
+    assert e._last_width == 16
+    for i in range(10):
+        one = e.forward(toks[50 + i:51 + i], 50 + i)
+        e.commit(50 + i, 1)
+        assert np.array_equal(one[0], wide[i]), i
+
+
+def test_flavour_choice_and_trt_refuses_lean_graphs(tiny_models, tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from edgespec.engines import device
+    from edgespec.export.lean_graph import probe_portable_ops
+    from edgespec.export.trt_build import TrtBuildError, build_trt
+
+    assert set(probe_portable_ops()) <= set(LEAN_OPS)
+    assert ExportConfig(precision="fp16").flavour() == "portable" and ExportConfig().flavour() == "lean"
+    with pytest.raises(ExportError, match="--graph portable"):
+        ExportConfig(precision="fp16", graph="lean").check()
+    with pytest.raises(ExportError, match="--graph"):
+        ExportConfig(graph="fused").check()
+    folder = _export(tiny_models["llama"], tmp_path / "e")
+    logger = type("Logger", (), {"WARNING": 0, "__init__": lambda self, level: None})
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.9.0", Logger=logger))
+    monkeypatch.setattr(device, "CudaOps", lambda: types.SimpleNamespace(device_name=lambda: "GPU T"))
+    with pytest.raises(TrtBuildError, match="lean"):
+        build_trt(folder)

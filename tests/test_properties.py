@@ -1,0 +1,180 @@
+"""Property tests (hypothesis) of the acceptance code with random logits and drafts, ties, -inf
+and extreme values included: greedy keeps exactly the longest matching prefix and then the
+target's argmax; sampling keeps 0..m drafts and its next token has probability under the target
+(or under the residual after a rejection); a tree's accepted path is a root-to-node chain."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("hypothesis")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from edgespec.runtime.sampling import SamplingConfig, penalize, probs  # noqa: E402
+from edgespec.runtime.state import Proposal, SeqState  # noqa: E402
+from edgespec.runtime.tree import TokenTree  # noqa: E402
+from edgespec.runtime.verify import (  # noqa: E402
+    accept,
+    accept_greedy,
+    accept_sampled,
+    accept_tree_greedy,
+    accept_tree_sampled,
+)
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# logits as a model could emit them, and worse: a few distinct values (ties), -inf (masked
+# tokens), huge magnitudes; every row keeps at least one finite value (a row of -inf has no
+# distribution: no model emits one)
+LOGIT = st.one_of(st.sampled_from([0.0, 1.0, -1.0, 3.0, -np.inf, 1e30, -1e30, 3e38, -3e38]),
+                  st.floats(-50, 50, allow_nan=False, width=32))
+
+
+@st.composite
+def logits(draw, rows: int, vocab: int) -> np.ndarray:
+    x = np.array(draw(st.lists(LOGIT, min_size=rows * vocab, max_size=rows * vocab)), np.float32).reshape(rows, vocab)
+    for r in range(rows):
+        if not np.isfinite(x[r]).any():
+            x[r, draw(st.integers(0, vocab - 1))] = draw(st.floats(-50, 50, width=32))
+    return x
+
+
+@st.composite
+def chain_case(draw):
+    vocab = draw(st.integers(2, 12))
+    m = draw(st.integers(0, 6))
+    tgt = draw(logits(m + 1, vocab))
+    draft = np.array(draw(st.lists(st.integers(0, vocab - 1), min_size=m, max_size=m)), np.int64)
+    return draft, tgt
+
+
+SAMPLING = st.builds(SamplingConfig, temperature=st.sampled_from([1e-3, 0.3, 1.0, 2.0, 1e3]),
+                     top_k=st.sampled_from([0, 1, 2, 5]), top_p=st.sampled_from([1.0, 0.9, 0.5, 1e-6]),
+                     seed=st.integers(0, 2**32 - 1))
+
+
+@FAST
+@given(chain_case())
+def test_greedy_keeps_the_longest_matching_prefix_then_the_argmax(case):
+    draft, tgt = case
+    n, nxt = accept_greedy(draft, tgt)
+    top = tgt.argmax(axis=-1)
+    assert 0 <= n <= len(draft)
+    assert all(draft[i] == top[i] for i in range(n))  # every kept draft is the target's choice ...
+    assert n == len(draft) or draft[n] != top[n]  # ... and the first one that is not stops it
+    assert nxt == top[n]  # then the target's own token: correction or bonus
+
+
+@st.composite
+def q_rows(draw, draft: np.ndarray, vocab: int) -> np.ndarray | None:
+    """A draft model's distributions, or None (a deterministic drafter: one-hot q)."""
+    if draw(st.booleans()):
+        return None
+    w = np.array(draw(st.lists(st.sampled_from([0.0, 0.0, 1e-300, 1e-9, 0.2, 1.0, 7.0]), min_size=len(draft) * vocab,
+                               max_size=len(draft) * vocab)), np.float64).reshape(len(draft), vocab)
+    w[np.arange(len(draft)), draft] += draw(st.sampled_from([0.0, 1e-12, 1.0]))  # q(x) may even be 0
+    sums = w.sum(axis=1, keepdims=True)
+    return np.divide(w, sums, out=np.full_like(w, 1.0 / vocab), where=sums > 0)
+
+
+@FAST
+@given(chain_case(), SAMPLING, st.data())
+def test_sampled_acceptance_stays_in_range_and_in_support(case, cfg, data):
+    draft, tgt = case
+    q = data.draw(q_rows(draft, tgt.shape[1]))
+    n, nxt = accept_sampled(draft, q, tgt, cfg, np.random.default_rng(cfg.seed))
+    p = probs(tgt, cfg)
+    assert np.isfinite(p).all() and np.allclose(p.sum(axis=-1), 1.0)
+    assert 0 <= n <= len(draft) and 0 <= nxt < tgt.shape[1]
+    if n == len(draft):  # every draft kept: the bonus token is drawn from p
+        assert p[n, nxt] > 0
+        return
+    x = draft[n]  # rejected: the replacement comes from norm(max(0, p - q)), or from p when that is empty
+    residual = p[n].copy()
+    if q is None:
+        residual[x] = 0.0
+    else:
+        residual = np.maximum(residual - q[n], 0.0)
+    assert residual[nxt] > 0 or (residual.sum() <= 0 and p[n, nxt] > 0)
+
+
+@FAST
+@given(chain_case(), st.sampled_from([0.05, 0.09, 0.5]), st.integers(0, 2**32 - 1))
+def test_typical_acceptance_stays_in_range_and_in_support(case, eps, seed):
+    draft, tgt = case
+    cfg = SamplingConfig(temperature=1.0, typical_epsilon=eps, seed=seed)
+    n, nxt = accept_sampled(draft, None, tgt, cfg, np.random.default_rng(seed))
+    assert 0 <= n <= len(draft) and probs(tgt, cfg)[n, nxt] > 0
+
+
+@FAST
+@given(chain_case(), st.sampled_from([1.0, 1.3, 0.7]), st.booleans(), st.integers(0, 2**32 - 1))
+def test_accept_with_a_repetition_penalty_matches_the_penalized_rows(case, penalty, greedy, seed):
+    """verify.accept on a chain: the rule of its mode over the penalized rows (row i sees the
+    context and the drafts before it)."""
+    draft, tgt = case
+    m = len(draft)
+    ctx = np.array([0, 1, 1, draft[0] if m else 0], np.int64)
+    tokens = np.zeros(len(ctx) + m + 2, np.int64)
+    tokens[:len(ctx)] = ctx
+    tokens[len(ctx):len(ctx) + m] = draft
+    seq = SeqState(tokens=tokens, n=len(ctx), n_prompt=len(ctx), tgt_past=len(ctx) - 1)
+    prop = Proposal(tokens[len(ctx) - 1:len(ctx) + m], depth=m)
+    cfg = SamplingConfig(temperature=0.0 if greedy else 0.8, repetition_penalty=penalty, seed=seed)
+    n, nxt = accept(prop, tgt, seq, cfg, np.random.default_rng(seed))
+    rows = penalize(tgt, tokens, len(ctx), penalty) if penalty != 1.0 else tgt
+    if greedy:
+        assert (n, nxt) == accept_greedy(draft, rows)
+    else:
+        assert 0 <= n <= m and probs(rows, cfg)[n].max() > 0
+
+
+@st.composite
+def tree_case(draw):
+    """A random token tree (parents before children, no two siblings with one token) and its rows."""
+    vocab = draw(st.integers(2, 8))
+    n_max = draw(st.integers(1, 10))
+    tree = TokenTree(n_max)
+    tree.reset(draw(st.integers(0, vocab - 1)))
+    for _ in range(n_max - 1):
+        tree.add(draw(st.integers(0, tree.n - 1)), draw(st.integers(0, vocab - 1)))
+    return tree, draw(logits(tree.n, vocab))
+
+
+def _check_path(tree: TokenTree, n_acc: int, tokens: np.ndarray, n: int) -> None:
+    """path[:n_acc+1] runs from the root down parent links, and its tokens were written in order."""
+    path = tree.path[:n_acc + 1]
+    assert path[0] == 0 and 0 <= n_acc < tree.n
+    for i in range(1, n_acc + 1):
+        assert tree.parents[path[i]] == path[i - 1]
+        assert tokens[n + i - 1] == tree.tokens[path[i]]
+
+
+@FAST
+@given(tree_case())
+def test_tree_greedy_follows_the_argmax_down_a_chain(case):
+    tree, tgt = case
+    tokens = np.zeros(32, np.int64)
+    n_acc, nxt = accept_tree_greedy(tree, tgt, tokens, 3)
+    _check_path(tree, n_acc, tokens, 3)
+    path = tree.path[:n_acc + 1]
+    for i in range(1, n_acc + 1):  # each step took the target's argmax at the node above
+        assert tree.tokens[path[i]] == tgt[path[i - 1]].argmax()
+    assert nxt == tgt[path[n_acc]].argmax() and tree.child(int(path[n_acc]), nxt) < 0  # stopped: no such child
+
+
+@FAST
+@given(tree_case(), SAMPLING)
+def test_tree_sampled_path_is_a_chain_and_next_has_mass(case, cfg):
+    tree, tgt = case
+    tokens = np.zeros(32, np.int64)
+    n_acc, nxt = accept_tree_sampled(tree, tgt, cfg, np.random.default_rng(cfg.seed), tokens, 5)
+    _check_path(tree, n_acc, tokens, 5)
+    last = int(tree.path[n_acc])
+    p = probs(tgt[last], cfg)
+    assert p[nxt] > 0
+    children = {int(tree.tokens[c]) for c in range(last + 1, tree.n) if tree.parents[c] == last}
+    # every child of the last node was rejected, so its token comes back only when the children
+    # held (numerically) all the mass
+    assert nxt not in children or p[sorted(children)].sum() >= 1 - 1e-9
