@@ -96,24 +96,37 @@ class SuffixCache:
         self._keys, self._pos = keys[order], order.astype(np.int64)
         self._n_sorted = n
 
+    def _range(self, pattern: np.ndarray) -> tuple[int, int]:
+        """[lo, hi) of the sorted keys that start with pattern (len <= DEPTH)."""
+        enc = (np.asarray(pattern, np.int64) + 1).astype(self._dtype).tobytes()
+        width = DEPTH * self._dtype.itemsize
+        return (int(np.searchsorted(self._keys, np.bytes_(enc), side="left")),
+                int(np.searchsorted(self._keys, np.bytes_(enc + b"\xff" * (width - len(enc))), side="right")))
+
+    def count(self, pattern: np.ndarray) -> bool:
+        """Does pattern occur in the cache (followed by a token)?"""
+        lo, hi = self._range(pattern)
+        return hi > lo or len(self._tail_hits(pattern)) > 0
+
+    def _tail_hits(self, pattern: np.ndarray) -> np.ndarray:
+        """Positions after each occurrence of pattern in the unsorted tail (the sorted part ends
+        with a separator, so no match spans both)."""
+        n, tail = len(pattern), self.tokens[self._n_sorted:]
+        if len(tail) <= n:
+            return np.zeros(0, np.int64)
+        windows = np.lib.stride_tricks.sliding_window_view(tail[:-1], n)
+        return np.flatnonzero((windows == pattern).all(axis=1)) + self._n_sorted + n
+
     def occurrences(self, pattern: np.ndarray) -> np.ndarray:
         """Positions just after cached occurrences of pattern (len <= DEPTH): at most
         cfg.max_candidates from the sorted index, then every one in the unsorted tail."""
         n = len(pattern)
-        enc = (np.asarray(pattern, np.int64) + 1).astype(self._dtype).tobytes()
-        width = DEPTH * self._dtype.itemsize
-        lo = np.searchsorted(self._keys, np.bytes_(enc), side="left")
-        hi = np.searchsorted(self._keys, np.bytes_(enc + b"\xff" * (width - len(enc))), side="right")
+        lo, hi = self._range(pattern)
         if hi - lo > self.cfg.max_candidates:  # an even sample: the index groups them by what follows
             found = self._pos[np.linspace(lo, hi - 1, self.cfg.max_candidates).astype(np.int64)] + n
         else:
             found = self._pos[lo:hi] + n
-        tail = self.tokens[self._n_sorted:]  # the sorted part ends with a separator: no match spans both
-        if len(tail) > n:
-            windows = np.lib.stride_tricks.sliding_window_view(tail[:-1], n)
-            hits = np.flatnonzero((windows == pattern).all(axis=1)) + self._n_sorted + n
-            found = np.concatenate([found, hits])
-        return found
+        return np.concatenate([found, self._tail_hits(pattern)])
 
 
 class _Match:
@@ -153,27 +166,36 @@ class SuffixDrafter(Drafter):
         super().__init__()
         self.cache, self.cfg = cache, cache.cfg
 
-    def _occurs(self, seq: SeqState, size: int) -> _Match:
-        toks, n = seq.tokens, seq.n
-        pattern = toks[n - size:n]
-        here = np.zeros(0, np.int64)
-        if n - 1 >= size:  # earlier occurrences in the sequence (the last one, itself, excluded)
-            windows = np.lib.stride_tricks.sliding_window_view(toks[:n - 1], size)
-            here = np.flatnonzero((windows == pattern).all(axis=1)) + size
-        return _Match(here, self.cache.occurrences(pattern))
-
     def _longest(self, seq: SeqState) -> tuple[int, _Match | None]:
         """(n, its occurrences) for the longest suffix of the sequence (min_match..DEPTH tokens)
-        that occurred before; a binary search, since a suffix that occurs has shorter ones that do."""
-        lo, hi, best = self.cfg.min_match, min(DEPTH, seq.n - 1), None
-        while lo <= hi:
+        that occurred before. In the sequence: the earlier places of its last token, extended
+        backwards while they agree (one scan); in the cache: a binary search on n (a suffix that
+        occurs has shorter ones that do), two `searchsorted` calls per probe."""
+        toks, n = seq.tokens, seq.n
+        top = min(DEPTH, n - 1)
+        if top < self.cfg.min_match:
+            return 0, None
+        cand = np.flatnonzero(toks[:n - 1] == toks[n - 1])  # earlier places of the last token
+        agree = np.ones(len(cand), np.int64)  # tokens that agree, counted backwards from each
+        alive = np.ones(len(cand), bool)
+        for d in range(1, top):
+            alive &= cand >= d
+            alive[alive] = toks[cand[alive] - d] == toks[n - 1 - d]
+            if not alive.any():
+                break
+            agree += alive
+        size_here = int(agree.max()) if len(cand) else 0
+        lo, hi, size_cache = max(size_here + 1, self.cfg.min_match), top, 0
+        while lo <= hi:  # the cache may match longer than the sequence does
             mid = (lo + hi) // 2
-            m = self._occurs(seq, mid)
-            if len(m.here) or len(m.cached):
-                lo, best = mid + 1, (mid, m)
+            if self.cache.count(toks[n - mid:n]):
+                lo, size_cache = mid + 1, mid
             else:
                 hi = mid - 1
-        return best if best is not None else (0, None)
+        size = max(size_here, size_cache)
+        if size < self.cfg.min_match:
+            return 0, None
+        return size, _Match(cand[agree >= size] + 1, self.cache.occurrences(toks[n - size:n]))
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         size, match = self._longest(seq)

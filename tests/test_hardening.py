@@ -3,6 +3,7 @@ silent wrong answer: table-driven probes of the CLI (`edgespec CMD: error: ...`,
 Python API, export's --force and stale temporaries, and the manifest's file records (sizes at
 every load, sha256 with --verify and `edgespec check`), broken optional heads included."""
 
+import dataclasses
 import hashlib
 import importlib.util
 import io
@@ -27,7 +28,6 @@ from edgespec.runtime.generator import Generator
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_FOLDER = ROOT / "engines" / "smollm2-135m-instruct"
 
 
 @pytest.fixture(autouse=True)
@@ -293,17 +293,16 @@ def test_a_broken_draft_disables_its_drafter_only(draft_engine, tmp_path, capsys
     assert rc == 2 and "drafter 'draft' is disabled" in _one_line_error(err, "generate")
 
 
-def _default_folder_copy(tmp_path: Path) -> Path:
-    """The shipped default folder: hard links to its big files (ONNX Runtime refuses a symlink that
-    leaves the folder) where the file system allows, else copies."""
-    if not (DEFAULT_FOLDER / "manifest.json").exists():
-        pytest.skip(f"{DEFAULT_FOLDER} not exported here")
-    m = load_manifest(DEFAULT_FOLDER, files=False)
+def _default_folder_copy(src: Path, tmp_path: Path) -> Path:
+    """A copy of the default model's folder (the test session's export): hard links to its big
+    files (ONNX Runtime refuses a symlink that leaves the folder) where the file system allows,
+    else copies."""
+    m = load_manifest(src, files=False)
     if m.eagle is None or m.medusa is None:
         pytest.skip("the default folder has no EAGLE / Medusa heads")
     folder = tmp_path / "e"
     folder.mkdir()
-    for f in DEFAULT_FOLDER.iterdir():
+    for f in Path(src).iterdir():
         try:
             if f.stat().st_size < 50 << 20:
                 raise OSError("small: copy it")
@@ -315,8 +314,8 @@ def _default_folder_copy(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("broken, drafters", [("eagle.weights", ("eagle", "hybrid")), ("medusa.weights", ("medusa",)),
                                               ("medusa.onnx", ("medusa",))])
-def test_a_broken_head_disables_its_drafters_only(tmp_path, broken, drafters):
-    folder = _default_folder_copy(tmp_path)
+def test_a_broken_head_disables_its_drafters_only(default_engine, tmp_path, broken, drafters):
+    folder = _default_folder_copy(default_engine, tmp_path)
     m = load_manifest(folder)
     m.record_files().save()  # the copy as a current export would record it
     if broken.endswith(".onnx"):
@@ -334,9 +333,10 @@ def test_a_broken_head_disables_its_drafters_only(tmp_path, broken, drafters):
     assert g.generate("def add(a, b):", max_new_tokens=4)
 
 
-def test_a_truncated_head_without_records_disables_its_drafters(tmp_path):
-    folder = _default_folder_copy(tmp_path)
-    _truncate(folder / "eagle.weights", 1000)  # the shipped folder predates the records
+def test_a_truncated_head_without_records_disables_its_drafters(default_engine, tmp_path):
+    folder = _default_folder_copy(default_engine, tmp_path)
+    dataclasses.replace(load_manifest(folder, files=False), files={}).save()  # a folder without file records
+    _truncate(folder / "eagle.weights", 1000)
     with pytest.warns(RuntimeWarning, match=r"weights file .*eagle.weights is 1000 bytes.*eagle, hybrid disabled"):
         g = Generator.load(folder, RuntimeConfig(drafter="none"))
     with pytest.raises(ValueError, match="drafter 'hybrid' is disabled"):

@@ -178,3 +178,37 @@ def test_tree_sampled_path_is_a_chain_and_next_has_mass(case, cfg):
     # every child of the last node was rejected, so its token comes back only when the children
     # held (numerically) all the mass
     assert nxt not in children or p[sorted(children)].sum() >= 1 - 1e-9
+
+
+# ---- the server's request schema ----------------------------------------------------------------
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats(allow_nan=True)
+                    | st.text(max_size=20), lambda kids: st.lists(kids, max_size=4)
+                    | st.dictionaries(st.text(max_size=12), kids, max_size=4), max_leaves=12)
+KEYS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+        "seed", "stop", "stream", "stream_options", "speculative", "n", "repetition_penalty", "response_format"]
+MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", 7, None]),
+                                 "content": JSON | st.lists(st.fixed_dictionaries(
+                                     {"type": st.sampled_from(["text", "image_url"]), "text": JSON}), max_size=3)})
+BODY = st.dictionaries(st.sampled_from(KEYS), JSON, max_size=8) | st.fixed_dictionaries(
+    {"messages": st.lists(MESSAGE, max_size=3)}, optional={k: JSON for k in KEYS[2:]})
+
+
+@FAST
+@given(body=BODY | JSON, chat=st.booleans())
+def test_any_request_body_is_a_checked_request_or_a_400(body, chat):
+    """Whatever JSON arrives, the schema either returns a request whose numbers the loop can run
+    (finite sampling settings, max_tokens >= 1, a drafter the folder has, k in range) or raises
+    BadRequest with a status and an OpenAI-style body; never any other exception."""
+    pytest.importorskip("starlette")
+    from edgespec.runtime.server_schema import Abilities, BadRequest, Speculation, parse_request
+
+    ab = Abilities(drafters=("none", "ngram", "eagle"), tree_drafters=("ngram", "eagle"), k_max=8, context=256)
+    try:
+        req = parse_request(body, chat, "m", Speculation("ngram", 4), ab, 64)
+    except BadRequest as e:
+        assert e.status in (400, 404, 413) and set(e.body()["error"]) >= {"message", "type", "param", "code"}
+        return
+    req.sampling.check()
+    assert req.max_tokens >= 1 and req.n_bytes >= 0 and all(isinstance(s, str) for s in req.stop)
+    spec = req.speculation
+    assert spec is None or (spec.drafter in ab.drafters and (spec.drafter == "none" or 1 <= spec.k <= ab.k_max))
