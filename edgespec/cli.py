@@ -62,13 +62,14 @@ def _add_runtime_args(p, drafter_default=None) -> None:
     p.add_argument("--suffix-cache", metavar="FILE.npy",
                    help="suffix drafter: load its cache of recent requests from this file and keep it saved there")
     p.add_argument("--tree", metavar="NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]]",
-                   help="draft token trees instead of chains (ngram, eagle, hybrid, medusa): at most NODES tokens per "
-                   "verify call incl. the pending one (<= k+1 of the folder), paths up to DEPTH (default 4), "
-                   "BRANCH children per expanded node and BEAM nodes expanded per depth (default 2, 2; "
+                   help="draft token trees instead of chains (ngram, suffix, eagle, hybrid, medusa): at most NODES "
+                   "tokens per verify call incl. the pending one (<= k+1 of the folder), paths up to DEPTH (default "
+                   "4), BRANCH children per expanded node and BEAM nodes expanded per depth (default 2, 2; "
                    "eagle: EAGLE-2 style by path probability; medusa: each head's top tokens by path probability; "
-                   "ngram: a trie of earlier matches); MIN_SCORE leaves out head candidates whose path "
-                   "probability is lower (default 0). Greedy output stays identical, sampling lossless. bench: "
-                   "comma-separated specs, run next to the chains. e.g. --tree 6:5:1:1:0.4 or 9:4:2:2")
+                   "ngram: a trie of earlier matches; suffix: the most frequent continuations); MIN_SCORE leaves "
+                   "out head candidates whose path probability is lower (default 0). Greedy output stays "
+                   "identical, sampling lossless. bench: comma-separated specs, run next to the chains. "
+                   "e.g. --tree 6:5:1:1:0.4 or 9:4:2:2")
     p.add_argument("--fuse-head", action=argparse.BooleanOptionalAction, default=True,
                    help="eagle/hybrid on the CPU (default on): verify with the folder's target+EAGLE graph, which "
                    "runs the head inside the verify call, so under greedy decoding its first draft needs no "

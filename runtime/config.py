@@ -28,7 +28,7 @@ class RuntimeConfig:
     thread_pool: str = "shared"  # CLI: shared (one ORT pool for every session) | session (a pool each)
     ngram_min: int = 1  # prompt lookup: shortest suffix matched
     ngram_max: int = 3  # prompt lookup: longest suffix, tried first
-    tree: TreeConfig = TreeConfig()  # token trees (nodes > 0) instead of chains: ngram, eagle, hybrid, medusa
+    tree: TreeConfig = TreeConfig()  # token trees (nodes > 0) instead of chains: ngram, suffix, eagle, hybrid, medusa
     eagle_min_confidence: float | None = None  # EAGLE: stop a chain when the head's own p(d_1..d_i) is lower
     medusa_min_confidence: float | None = None  # Medusa: stop a chain at the first head less sure than this
     fuse_head: bool = True  # eagle/hybrid on the CPU: verify with the target+head graph (head rides along)

@@ -24,7 +24,7 @@ from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import AdaptiveK
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
-from edgespec.runtime.drafters import Drafter, make_drafter
+from edgespec.runtime.drafters import TREE_DRAFTERS, Drafter, make_drafter
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState, chain
@@ -120,7 +120,7 @@ class Generator:
         if c.tree.nodes and name != "none":
             c.tree.check(k_max + 1)
             if not self.drafter.drafts_trees:
-                raise ValueError(f"drafter {name!r} drafts chains only; trees work with ngram, eagle, hybrid, medusa")
+                raise ValueError(f"drafter {name!r} drafts chains only; trees work with {', '.join(TREE_DRAFTERS)}")
             verifying = [self.target] + ([self.engines.eagle] if name in ("eagle", "hybrid") else [])
             if not all(e.takes_tree for e in verifying):
                 raise ValueError("this engine folder's graphs verify chains only (exported with --no-trees); "
