@@ -74,6 +74,10 @@ def _map_weights(path: Path) -> np.memmap:
 class WeightsFileError(EngineError):
     """A weights file shorter than the tensors the manifest lists in it."""
 
+    def __init__(self, why: str, hint: str) -> None:
+        super().__init__(f"{why}. Hint: {hint}")
+        self.why = why  # what is wrong, without the hint (callers that add their own)
+
 
 def _weight_bytes(manifest: Manifest, spec, w) -> np.ndarray:
     """The bytes of one weight (or d2t) entry in its mapped file; a file too short for the entries
@@ -85,8 +89,8 @@ def _weight_bytes(manifest: Manifest, spec, w) -> np.ndarray:
         entries = list(spec.weights.values()) + ([spec.d2t] if spec.d2t is not None else [])
         need = max(e.offset + e.nbytes for e in entries if (e.file or spec.weights_file) == rel)
         raise WeightsFileError(f"weights file {path} is {size} bytes, but the manifest's {spec.role} tensors "
-                               f"need {need} (truncated or replaced?). Hint: re-export the folder "
-                               f"(edgespec export --out {manifest.folder} --force)")
+                               f"need {need} (truncated or replaced?)",
+                               f"re-export the folder (edgespec export --out {manifest.folder} --force)")
     return _map_weights(path)[w.offset: w.offset + w.nbytes]
 
 

@@ -79,7 +79,7 @@ def make_engines(manifest: Manifest, cfg: RuntimeConfig) -> Engines:
         try:
             return make()
         except WeightsFileError as e:
-            _disable(manifest, role, str(e).split(". Hint:")[0], disabled)  # one hint, _disable's
+            _disable(manifest, role, e.why, disabled)  # one hint: _disable's
             broken.add(role)
             return None
 

@@ -7,6 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tiny import assert_rows_bitwise_alike  # noqa: E402
+
 from edgespec.engines.manifest import ManifestError, load_manifest  # noqa: E402
 from edgespec.export.arch import UnsupportedModelError  # noqa: E402
 from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
@@ -213,27 +215,13 @@ def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, two_ro
     kernel sums differently, so that path runs on every machine), in both graph flavours."""
     import onnx
 
-    from edgespec.engines.ort import OrtModel
-
     m = load_manifest(_export(tiny_models["qwen2"], tmp_path / "e", precision=precision, int4_accuracy_level=level,
                               two_row_matmuls=two_rows, graph=graph))
     assert m.target.graph.flavour == graph
     if two_rows == "on":
         ops = [n.name for n in onnx.load(m.path("target.onnx"), load_external_data=False).graph.node]
         assert m.two_row_matmuls and "/two_rows/embed" in ops and "/layers.0/attn/ctx_rows" in ops
-    e = OrtModel(m, m.target)
-    toks = np.random.default_rng(1).integers(0, 256, 60)
-    e.forward(toks[:16], 0)
-    e.commit(0, 16)
-    rows = {16: e.forward(toks[16:32], 16).copy()}  # prefill width
-    for w in (4, 3, 2):
-        rows[w] = e.forward(toks[16:16 + w], 16).copy()
-    for i in range(4):
-        one = e.forward(toks[16 + i:17 + i], 16 + i)
-        e.commit(16 + i, 1)
-        for w, r in rows.items():
-            if i < w:
-                assert np.array_equal(one[0], r[i]), (precision, w, i, np.abs(one[0] - r[i]).max())
+    assert_rows_bitwise_alike(m, precision)
 
 
 def test_int8_lm_head_keeps_q8_0_weights_and_is_the_int4_default(tiny_models, tmp_path):

@@ -3,7 +3,6 @@ silent wrong answer: table-driven probes of the CLI (`edgespec CMD: error: ...`,
 Python API, export's --force and stale temporaries, and the manifest's file records (sizes at
 every load, sha256 with --verify and `edgespec check`), broken optional heads included."""
 
-import dataclasses
 import hashlib
 import importlib.util
 import io
@@ -335,7 +334,7 @@ def test_a_broken_head_disables_its_drafters_only(default_engine, tmp_path, brok
 
 def test_a_truncated_head_without_records_disables_its_drafters(default_engine, tmp_path):
     folder = _default_folder_copy(default_engine, tmp_path)
-    dataclasses.replace(load_manifest(folder, files=False), files={}).save()  # a folder without file records
+    _strip_records(folder)
     _truncate(folder / "eagle.weights", 1000)
     with pytest.warns(RuntimeWarning, match=r"weights file .*eagle.weights is 1000 bytes.*eagle, hybrid disabled"):
         g = Generator.load(folder, RuntimeConfig(drafter="none"))

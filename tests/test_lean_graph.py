@@ -8,6 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tiny import assert_rows_bitwise_alike  # noqa: E402
+
 from edgespec.engines.manifest import load_manifest  # noqa: E402
 from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
 from edgespec.export.lean_graph import LEAN_OPS  # noqa: E402
@@ -34,23 +36,8 @@ def _layer_ops(folder, layer: int = 1) -> collections.Counter:
 
 
 def _rows_bitwise_alike(folder) -> None:
-    """A token's logits: the same bits in a prefill, verify and decode call (tests/test_export.py)."""
-    from edgespec.engines.ort import OrtModel
-
-    m = load_manifest(folder)
-    e = OrtModel(m, m.target)
-    toks = np.random.default_rng(1).integers(0, 256, 60)
-    e.forward(toks[:16], 0)
-    e.commit(0, 16)
-    rows = {16: e.forward(toks[16:32], 16).copy()}
-    for w in (4, 3, 2):
-        rows[w] = e.forward(toks[16:16 + w], 16).copy()
-    for i in range(4):
-        one = e.forward(toks[16 + i:17 + i], 16 + i)
-        e.commit(16 + i, 1)
-        for w, r in rows.items():
-            if i < w:
-                assert np.array_equal(one[0], r[i]), (w, i, np.abs(one[0] - r[i]).max())
+    """A token's logits: the same bits in a prefill, verify and decode call (tests/tiny.py)."""
+    assert_rows_bitwise_alike(load_manifest(folder), str(folder))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int4"])

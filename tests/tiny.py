@@ -40,3 +40,25 @@ def make_tiny(model_type: str, folder: Path, seed: int = 0, **overrides) -> Path
     model.save_pretrained(folder)
     tokenizer_files(folder)
     return folder
+
+
+def assert_rows_bitwise_alike(m, label="") -> None:
+    """A token's logits are the same bits in a prefill, verify and decode call of a folder's target
+    (manifest m): rows 16.. computed at the prefill width, at verify widths 4, 3, 2 and one by one."""
+    import numpy as np
+
+    from edgespec.engines.ort import OrtModel
+
+    e = OrtModel(m, m.target)
+    toks = np.random.default_rng(1).integers(0, 256, 60)
+    e.forward(toks[:16], 0)
+    e.commit(0, 16)
+    rows = {16: e.forward(toks[16:32], 16).copy()}  # prefill width
+    for w in (4, 3, 2):
+        rows[w] = e.forward(toks[16:16 + w], 16).copy()
+    for i in range(4):
+        one = e.forward(toks[16 + i:17 + i], 16 + i)
+        e.commit(16 + i, 1)
+        for w, r in rows.items():
+            if i < w:
+                assert np.array_equal(one[0], r[i]), (label, w, i, np.abs(one[0] - r[i]).max())
