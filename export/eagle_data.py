@@ -5,7 +5,9 @@ The target (with the exact weights the engine runs: int4 dequantized) answers th
 the way (post final norm, what the ONNX graphs output as `hidden`) are kept for every position.
 One shard per batch, so an interrupted run resumes at the next batch:
   shard-00012.npz  tokens [N] int32, features [N, H] float16, starts [B+1] int64 (sequence
-                   boundaries), n_prompt [B] int64 (prompt tokens of each sequence)
+                   boundaries), n_prompt [B] int64 (prompt tokens of each sequence), and with
+                   `aux`: aux [N, 3H] float16, the residual stream entering the EAGLE-3 layers
+                   (`spec.eagle3_layers`: low / middle / high) that EAGLE-3 and DFlash drafters read
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class DataConfig:
     max_prompt: int = 384  # longer prompts are skipped
     threads: int | None = None  # torch threads (None: torch's default)
     seed: int = 0  # prompt shuffling
+    aux: bool = False  # also keep the EAGLE-3 layers' features (3H per token) for EAGLE-3 / DFlash drafters
+    n_wide: int = 0  # prompts of the wide mix (`draft_prompts`: given passages, multi-turn, math steps,
+    #                  code in several languages, role play, short and long answers)
 
 
 def load_target(target: str | None):
@@ -122,12 +127,19 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_target(cfg.target)
+    from edgespec.export.spec import eagle3_layers
+
+    aux_layers = eagle3_layers(model.config.num_hidden_layers)
     prompts_file = out / "prompts.jsonl"
     if prompts_file.exists():  # a resumed run answers the same prompts (self-instruct ones included)
         rows = [json.loads(line) for line in prompts_file.read_text().splitlines()]
     else:
         rows = build_prompts(cfg.n_general, cfg.n_code_chat, cfg.n_completion, cfg.seed, cfg.n_everyday,
                              cfg.n_tasks)
+        if cfg.n_wide:
+            from edgespec.export.draft_prompts import wide_prompts
+
+            rows += wide_prompts(cfg.n_wide, cfg.seed)
         if cfg.n_self_instruct:
             rows += self_instruct(model, tok, cfg.n_self_instruct, cfg.batch, cfg.seed, progress)
             random.Random(cfg.seed).shuffle(rows)
@@ -152,7 +164,10 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
                                return_dict_in_generate=True)
         # features: step 0 holds the prompt positions, every later step one new position
         feats = torch.cat([g.hidden_states[0][-1]] + [h[-1] for h in g.hidden_states[1:]], dim=1)
-        toks, fts, starts, n_prompt = [], [], [0], []
+        # hidden_states[l] is the stream entering layer l (0: the embeddings), the graphs' hidden_aux
+        aux = (torch.cat([torch.cat([h[l] for l in aux_layers], dim=-1) for h in g.hidden_states], dim=1)
+               if cfg.aux else None)  # [B, t, 3H]
+        toks, fts, auxs, starts, n_prompt = [], [], [], [0], []
         for r, i in enumerate(idx):
             new = g.sequences[r, n_p:].tolist()
             n_new = next((j + 1 for j, t in enumerate(new) if t in eos), len(new))
@@ -161,11 +176,14 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
             seq = seq[:f.shape[0]]  # the last generated token has no feature yet
             toks.append(np.array(seq, np.int32))
             fts.append(f.float().numpy().astype(np.float16))
+            if aux is not None:
+                auxs.append(aux[r, n_p - len(ids[i]):n_p - len(ids[i]) + len(seq)].float().numpy().astype(np.float16))
             starts.append(starts[-1] + len(seq))
             n_prompt.append(len(ids[i]))
         tmp = path.with_suffix(".tmp.npz")
+        extra = {"aux": np.concatenate(auxs)} if auxs else {}
         np.savez(tmp, tokens=np.concatenate(toks), features=np.concatenate(fts),
-                 starts=np.array(starts, np.int64), n_prompt=np.array(n_prompt, np.int64))
+                 starts=np.array(starts, np.int64), n_prompt=np.array(n_prompt, np.int64), **extra)
         tmp.rename(path)
         n_tok += starts[-1]
         if progress:
@@ -193,3 +211,18 @@ def load_shards(folder: str | Path):
     if not toks:
         raise FileNotFoundError(f"no shard-*.npz in {folder}; generate data first (edgespec train-eagle makes it)")
     return np.concatenate(toks), np.concatenate(fts), np.array(starts, np.int64), np.array(n_prompt, np.int64)
+
+
+def load_aux(folder: str | Path) -> np.ndarray:
+    """aux [N, 3H] float16 over the same shards, in the same order, as `load_shards` (data made with
+    `DataConfig.aux`): the features EAGLE-3 and DFlash drafters read."""
+    shards = [p for f in str(folder).split(",") for p in sorted(Path(f).glob("shard-*.npz")) if ".tmp" not in p.name]
+    parts = []
+    for p in shards:
+        z = np.load(p)
+        if "aux" not in z:
+            raise FileNotFoundError(f"{p} has no aux features; make the data with aux=True (train-dflash does)")
+        parts.append(z["aux"])
+    if not parts:
+        raise FileNotFoundError(f"no shard-*.npz in {folder}")
+    return np.concatenate(parts)

@@ -82,6 +82,7 @@ class TargetTensors:
     state: dict[str, np.ndarray]  # every parameter under its HF name, float32
     rope_cos: np.ndarray  # [max_pos, D] float32
     rope_sin: np.ndarray  # [max_pos, D] float32
+    tokenizer: Any = None  # the target's HF tokenizer
 
 
 def target_tensors(target: str | None) -> TargetTensors:
@@ -89,13 +90,13 @@ def target_tensors(target: str | None) -> TargetTensors:
     from edgespec.export.arch import arch_from_config
     from edgespec.export.eagle_data import load_target
 
-    model, _ = load_target(target)
+    model, tok = load_target(target)
     arch = arch_from_config(model.config, 2048)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     cos, sin = arch.rope_tables()
     return TargetTensors(arch=arch, embed=sd["model.embed_tokens.weight"],
                          lm_head=model.lm_head.weight.detach().float().numpy(), state=sd,
-                         rope_cos=cos.astype(np.float32), rope_sin=sin.astype(np.float32))
+                         rope_cos=cos.astype(np.float32), rope_sin=sin.astype(np.float32), tokenizer=tok)
 
 
 def draft_vocab(tokens: np.ndarray, answer: np.ndarray, vocab: int, size: int) -> np.ndarray:
