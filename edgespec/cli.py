@@ -79,8 +79,13 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    help="check every file's sha256 against the manifest before loading (reads the whole folder; "
                    "file sizes are always checked). `edgespec check FOLDER` does it without loading")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
-                   help="choose k per step (up to --k) from measured verify costs and running acceptance; "
-                   "k=0 when speculation does not pay (default: the folder's default)")
+                   help="choose k per step (up to --k) from verify costs and running acceptance; k=0 when "
+                   "speculation does not pay. Greedy: measured costs; sampling: fixed relative costs and "
+                   "accepted counts, so a seed still reproduces its output (default: the folder's default)")
+    p.add_argument("--hybrid-lookup", choices=("suffix", "ngram"), default="suffix",
+                   help="what the hybrid drafter pairs the EAGLE head with: suffix (default: per step, suffix "
+                   "decoding over this request and recent ones, or the head, whichever is expected to keep "
+                   "more tokens) or ngram (prompt lookup wherever it matches, the head elsewhere)")
 
 
 def _add_generate(sub) -> None:

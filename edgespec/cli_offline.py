@@ -31,6 +31,13 @@ def _add_export(sub) -> None:
     p.add_argument("--eagle-draft-vocab", type=int, metavar="N",
                    help="keep the EAGLE head's N most frequent draft tokens (a cheaper head call; needs a head "
                    "from train-eagle, which records that order); default 4096 for such heads, 0 keeps all")
+    p.add_argument("--eagle3-head", metavar="DIR",
+                   help="EAGLE-3 head folder (HF EAGLE-3 layout, from `edgespec train-eagle3`) to include, beside "
+                   "any EAGLE head; turns on --eagle3-features (drafter eagle3). An EAGLE-3 folder given to --eagle "
+                   "is taken as this")
+    p.add_argument("--dflash", metavar="DIR",
+                   help="DFlash block drafter folder (DFlash layout, from `edgespec train-dflash`) to include; turns "
+                   "on --eagle3-features (drafter dflash: one drafter call per step drafts a whole block)")
     p.add_argument("--medusa", default="auto",
                    help="Medusa heads folder (from `edgespec train-medusa`) to include; 'auto' (default): the heads "
                    "shipped with edgespec when the target is the default model; 'none': no heads")
@@ -78,6 +85,7 @@ def _cmd_export(a) -> int:
     except ImportError as e:
         return _needs_export_extra("export", e)
     cfg = ExportConfig(target=a.target, draft=a.draft, eagle=a.eagle, eagle_draft_vocab=a.eagle_draft_vocab,
+                       eagle3=a.eagle3_head, dflash=a.dflash,
                        medusa=a.medusa, out=a.out,
                        max_len=a.max_len, k=a.k,
                        precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
@@ -148,20 +156,21 @@ def _add_train_common(p, what: str, minutes: float, epochs: float) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
 
 
-def _ready_data(a) -> str | None:
-    """The training data folder(s) of `a`, made first when one folder holds none; None (after a
-    one-line error) when several are named and some are unfinished."""
+def _ready_data(a, aux: bool = False) -> str | None:
+    """The training data folder(s) of `a`, made first when one folder holds none (with `aux`: with
+    the EAGLE-3 features); None (after a one-line error) when several are named and some are
+    unfinished."""
     data = a.data or str(Path(a.out) / "data")
     missing = [d for d in data.split(",") if not (Path(d) / "done").exists()]
     if missing and "," in data:
         print(f"--data {data}: {missing} hold no finished data; make each with its own run first", file=sys.stderr)
         return None
     if missing:
-        _make_data(data, a)
+        _make_data(data, a, aux)
     return data
 
 
-def _make_data(folder: str, a) -> None:
+def _make_data(folder: str, a, aux: bool = False) -> None:
     """Self-distillation data (train-eagle's prompt mix) into folder; resumes a partial run."""
     from edgespec.export.eagle_data import DataConfig, generate_data
 
@@ -170,7 +179,7 @@ def _make_data(folder: str, a) -> None:
            "n_self_instruct": n * 10 // 100, "n_code_chat": n * 14 // 100}
     generate_data(DataConfig(out=folder, target=a.target, n_completion=n - sum(mix.values()),
                              max_new_tokens=a.max_new_tokens, batch=a.gen_batch,
-                             threads=a.threads, **mix))
+                             threads=a.threads, aux=aux, **mix))
 
 
 def _cmd_train_eagle(a) -> int:
@@ -183,6 +192,69 @@ def _cmd_train_eagle(a) -> int:
         return 2
     train(TrainConfig(data=data, out=a.out, target=a.target, draft_vocab=a.draft_vocab, minutes=a.minutes,
                       epochs=a.epochs, lr=a.lr, threads=a.threads, skip_copies=a.skip_copies, init=a.init))
+    return 0
+
+
+def _add_train_eagle3(sub) -> None:
+    p = sub.add_parser("train-eagle3", help="train an EAGLE-3 head for a target by self-distillation (CPU or GPU)",
+                       description="Trains an EAGLE-3 head (fc over the target's low/mid/high layer features, one "
+                       "decoder layer over [embedding ; hidden], its own LM head over a draft vocabulary) on "
+                       "self-distillation data that holds those features (made first when --data holds none), "
+                       "unrolling --steps draft steps per position (training-time test), loss = the target's own "
+                       "next token at each step. Resumable: run again with the same --out to continue. Writes "
+                       "config.json + model.safetensors in the EAGLE-3 layout (vLLM / SGLang load it) for "
+                       "`edgespec export --eagle3-head`.")
+    _add_train_common(p, "head", minutes=35.0, epochs=5.0)
+    p.add_argument("--init", metavar="HEAD_DIR", help="fine-tune: start from this EAGLE-3 head's weights and draft "
+                   "vocabulary, with a fresh optimizer and schedule")
+    p.add_argument("--steps", type=int, default=3, help="draft steps unrolled per position in training (default 3)")
+    p.add_argument("--skip-copies", action=argparse.BooleanOptionalAction, default=True,
+                   help="no loss where the answer repeats an 8-gram of its own context (default: skip)")
+
+
+def _cmd_train_eagle3(a) -> int:
+    try:
+        from edgespec.export.train_eagle3 import Eagle3TrainConfig, train_eagle3
+    except ImportError as e:
+        return _needs_export_extra("train-eagle3", e)
+    data = _ready_data(a, aux=True)
+    if data is None:
+        return 2
+    train_eagle3(Eagle3TrainConfig(data=data, out=a.out, target=a.target, draft_vocab=a.draft_vocab,
+                                   minutes=a.minutes, epochs=a.epochs, lr=a.lr, threads=a.threads,
+                                   skip_copies=a.skip_copies, init=a.init, n_steps=a.steps))
+    return 0
+
+
+def _add_train_dflash(sub) -> None:
+    p = sub.add_parser("train-dflash", help="train a DFlash block drafter for a target by self-distillation",
+                       description="Trains a DFlash drafter (a few non-causal decoder layers that draft a block of "
+                       "--block tokens in ONE call, reading the target's low/mid/high layer features of the verified "
+                       "prefix as injected keys/values; the target's embedding and LM head rows) on "
+                       "self-distillation data that holds those features (made first when --data holds none). Each "
+                       "pass trains --anchors random blocks per answer. Resumable: run again with the same --out to "
+                       "continue. Writes config.json + model.safetensors in the public DFlash layout for `edgespec "
+                       "export --dflash`.")
+    _add_train_common(p, "drafter", minutes=30.0, epochs=10.0)
+    p.add_argument("--block", type=int, default=8, help="block size b: the anchor + b-1 drafted tokens (default 8)")
+    p.add_argument("--layers", type=int, default=1, help="drafter decoder layers (default 1)")
+    p.add_argument("--anchors", type=int, default=24, help="blocks trained per answer per pass (default 24)")
+
+
+def _cmd_train_dflash(a) -> int:
+    try:
+        from edgespec.export.train_dflash import TrainConfig, train
+    except ImportError as e:
+        return _needs_export_extra("train-dflash", e)
+    if a.block < 2:
+        print(f"--block must be >= 2 (got {a.block}): the anchor and at least one draft", file=sys.stderr)
+        return 2
+    data = _ready_data(a, aux=True)
+    if data is None:
+        return 2
+    train(TrainConfig(data=data, out=a.out, target=a.target, block_size=a.block, n_layers=a.layers,
+                      draft_vocab=a.draft_vocab, anchors=a.anchors, minutes=a.minutes, epochs=a.epochs, lr=a.lr,
+                      threads=a.threads))
     return 0
 
 
@@ -219,8 +291,11 @@ def add_parsers(sub) -> None:
     _add_export(sub)
     _add_build_trt(sub)
     _add_train_eagle(sub)
+    _add_train_eagle3(sub)
+    _add_train_dflash(sub)
     _add_train_medusa(sub)
 
 
 COMMANDS = {"export": _cmd_export, "build-trt": _cmd_build_trt, "train-eagle": _cmd_train_eagle,
+            "train-eagle3": _cmd_train_eagle3, "train-dflash": _cmd_train_dflash,
             "train-medusa": _cmd_train_medusa}

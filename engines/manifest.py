@@ -202,10 +202,25 @@ class HeadInfo:
 
 
 @dataclass(frozen=True)
+class DFlashInfo:
+    block_size: int  # b: rows per drafting call (the anchor + b-1 drafts)
+    mask_token_id: int  # the token whose embedding fills the rows to draft
+    feature_width: int  # n*H: the target's hidden_aux width it reads (ctx_aux's last axis)
+    max_position: int  # rows of the drafter's rope table (positions past it reuse the last row)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> DFlashInfo:
+        return cls(int(d["block_size"]), int(d["mask_token_id"]), int(d["feature_width"]), int(d["max_position"]))
+
+
+@dataclass(frozen=True)
 class ModelSpec:
-    role: str  # "target", "draft", "eagle" or "eagle_fused" (its key in the manifest)
+    role: str  # "target", "draft", "eagle", "eagle_fused" or "eagle3" (its key in the manifest)
     kind: str  # "target", "model" (separate draft), "self:N" (target's first N layers), "self:int4",
-    #            "eagle", "target+eagle"
+    #            "eagle", "target+eagle", "eagle3"
     precision: str  # "fp32" | "fp16" | "int4"
     arch: Architecture  # the numbers of what the graph computes
     kv_dtype: str  # KV buffer dtype
@@ -216,6 +231,9 @@ class ModelSpec:
     d2t: WeightSpec | None = None  # EAGLE head: draft-vocabulary id -> target id (int64 [Vd])
     head: HeadInfo | None = None  # EAGLE head: where it came from
     tensorrt: TrtInfo | None = None  # the engine `edgespec build-trt` built from the graph
+    fc: WeightSpec | None = None  # EAGLE-3 head: fc transposed [n*H, H] float32, which the runtime applies
+    #                               to the target's hidden_aux rows to make the head's features input
+    dflash: DFlashInfo | None = None  # DFlash drafter: its block settings (its graph's widths are context rows C)
 
     @property
     def n_layers(self) -> int:
@@ -268,7 +286,8 @@ class ModelSpec:
         d = {"kind": self.kind, "precision": self.precision, "architecture": self.arch.to_json(),
              "kv_dtype": self.kv_dtype, "weights": _weights_json(self.weights_file, self.weights),
              "graph": self.graph.to_json(), "validation": dict(self.validation)}
-        optional = {"d2t": self.d2t, "head": self.head, "tensorrt": self.tensorrt}
+        optional = {"d2t": self.d2t, "head": self.head, "tensorrt": self.tensorrt, "fc": self.fc,
+                    "dflash": self.dflash}
         return d | {k: v.to_json() for k, v in optional.items() if v is not None}
 
     @classmethod
@@ -278,7 +297,9 @@ class ModelSpec:
                    graph=GraphSpec.from_json(d["graph"]), validation=dict(d["validation"]),
                    d2t=WeightSpec.from_json(d["d2t"]) if "d2t" in d else None,
                    head=HeadInfo.from_json(d["head"]) if "head" in d else None,
-                   tensorrt=TrtInfo.from_json(d["tensorrt"]) if "tensorrt" in d else None)
+                   tensorrt=TrtInfo.from_json(d["tensorrt"]) if "tensorrt" in d else None,
+                   fc=WeightSpec.from_json(d["fc"]) if "fc" in d else None,
+                   dflash=DFlashInfo.from_json(d["dflash"]) if "dflash" in d else None)
 
 
 @dataclass(frozen=True)
@@ -406,6 +427,8 @@ class Manifest:
     #                                                              export older than the records)
     problems: dict[str, str] = field(default_factory=dict, compare=False)  # role -> why its files cannot be
     #                                      used (an optional model; set by load_manifest, never written)
+    eagle3: ModelSpec | None = None  # EAGLE-3 head (drafts from the target's hidden_aux), when exported
+    dflash: ModelSpec | None = None  # DFlash block drafter (drafts from the target's hidden_aux), when exported
 
     def path(self, rel: str) -> Path:
         return self.folder / rel
@@ -455,7 +478,7 @@ class Manifest:
     def models(self) -> dict[str, ModelSpec | HeadsSpec]:
         """role -> spec of every model the folder holds, target first."""
         specs = {"target": self.target, "draft": self.draft, "eagle": self.eagle, "eagle_fused": self.eagle_fused,
-                 "medusa": self.medusa}
+                 "medusa": self.medusa, "eagle3": self.eagle3, "dflash": self.dflash}
         return {role: s for role, s in specs.items() if s is not None}
 
     def to_json(self) -> dict:
@@ -482,7 +505,8 @@ class Manifest:
                    two_row_matmuls=d["two_row_matmuls"], tokenizer_file=tok["file"],
                    chat_template_file=tok["chat_template_file"], eos_token_ids=tuple(tok["eos_token_ids"]),
                    bos_token_id=tok["bos_token_id"], target=model("target"), draft=model("draft"),
-                   eagle=model("eagle"), eagle_fused=model("eagle_fused"),
+                   eagle=model("eagle"), eagle_fused=model("eagle_fused"), eagle3=model("eagle3"),
+                   dflash=model("dflash"),
                    medusa=HeadsSpec.from_json(models["medusa"], "medusa") if "medusa" in models else None,
                    drafters=tuple(d["drafters"]), defaults=Defaults.from_json(d["defaults"]),
                    files={rel: FileRecord.from_json(r) for rel, r in d.get("files", {}).items()})
@@ -558,7 +582,7 @@ def _check_files(m: Manifest, verify: bool) -> Manifest:
 def _check(m: Manifest) -> None:
     """The models fit together and the chat template exists (the models' files: _check_files)."""
     folder, target = m.folder, m.target
-    for spec in filter(None, (m.target, m.draft, m.eagle, m.eagle_fused)):
+    for spec in filter(None, (m.target, m.draft, m.eagle, m.eagle_fused, m.eagle3)):
         if 1 not in spec.widths():
             raise ManifestError(f"{folder}: {spec.role} model has no decode graph (width 1)")
     fused = m.eagle_fused
@@ -575,6 +599,26 @@ def _check(m: Manifest) -> None:
         if eagle.hidden_size != target.hidden_size:
             raise ManifestError(f"{folder}: EAGLE head hidden size {eagle.hidden_size} != target's "
                                 f"{target.hidden_size}; re-export with a head trained for this target")
+    eagle3 = m.eagle3
+    if eagle3 is not None:
+        if eagle3.d2t is None or eagle3.d2t.shape != (eagle3.vocab_size,) or eagle3.fc is None:
+            raise ManifestError(f"{folder}: EAGLE-3 head without its d2t map of {eagle3.vocab_size} entries or its "
+                                "fc; re-export")
+        if (eagle3.hidden_size != target.hidden_size or eagle3.aux_layers != target.aux_layers
+                or eagle3.fc.shape != (target.aux_width, target.hidden_size)):
+            raise ManifestError(f"{folder}: EAGLE-3 head (hidden size {eagle3.hidden_size}, layers "
+                                f"{eagle3.aux_layers}, fc {eagle3.fc.shape}) does not fit the target (hidden size "
+                                f"{target.hidden_size}, hidden_aux of layers {target.aux_layers}); re-export with "
+                                "--eagle3-head")
+    dflash = m.dflash
+    if dflash is not None:
+        if dflash.d2t is None or dflash.d2t.shape != (dflash.vocab_size,) or dflash.dflash is None:
+            raise ManifestError(f"{folder}: DFlash drafter without its d2t map of {dflash.vocab_size} entries or its "
+                                "block settings; re-export")
+        if dflash.hidden_size != target.hidden_size or dflash.dflash.feature_width != target.aux_width:
+            raise ManifestError(f"{folder}: DFlash drafter (hidden size {dflash.hidden_size}, features "
+                                f"{dflash.dflash.feature_width} wide) does not fit the target (hidden size "
+                                f"{target.hidden_size}, hidden_aux {target.aux_width} wide); re-export with --dflash")
     medusa = m.medusa
     if medusa is not None:
         if medusa.d2t.shape != (medusa.vocab_size,):

@@ -190,6 +190,10 @@ class OrtModel:
         self.d2t = None  # an EAGLE head's draft id -> target id map [Vd]
         if spec.d2t is not None:
             self.d2t = _read_d2t(manifest, spec)
+        self.fc_t = None  # an EAGLE-3 head's fc, transposed [n*H, H] (mapped): the drafter makes the head's
+        #                   features from the target's hidden_aux rows with it
+        if spec.fc is not None:
+            self.fc_t = _weight_bytes(manifest, spec, spec.fc).view(np.dtype(spec.fc.dtype)).reshape(spec.fc.shape)
         dtype = np.dtype(spec.kv_dtype)
         shape = (spec.n_layers, 2, self.max_len, spec.kv_width)  # [L, 2, S_max, Hkv*D]
         if kv is not None and (kv.shape != shape or kv.dtype != dtype):

@@ -118,8 +118,9 @@ def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[He
     else:
         raise HeadFormatError(f"{folder}: neither {WEIGHTS_FILE} nor pytorch_model.bin")
     if any(k.startswith("midlayer.") for k in w):
-        raise HeadFormatError(f"{folder}: an EAGLE-3 checkpoint (midlayer.*, fused low/mid/high features); "
-                              "only EAGLE-1/2 heads (fc + layers.0) are supported")
+        raise HeadFormatError(f"{folder}: an EAGLE-3 checkpoint (midlayer.*, fused low/mid/high features), not an "
+                              "EAGLE-1/2 head (fc + layers.0). Hint: pass it as --eagle3-head (its config.json "
+                              "should declare LlamaForCausalLMEagle3)")
     need = ["fc.weight", "layers.0.post_attention_layernorm.weight", *LAYER_NAMES.values()]
     missing = [k for k in need if k not in w]
     if missing:

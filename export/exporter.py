@@ -157,6 +157,36 @@ def clean_stale_partials(parent: Path) -> list[Path]:
     return removed
 
 
+def _eagle3_dir(cfg: ExportConfig, head_dir: Path | None) -> tuple[Path | None, Path | None]:
+    """(EAGLE head folder, EAGLE-3 head folder): --eagle3-head, or an --eagle folder whose
+    config.json declares an EAGLE-3 head."""
+    from edgespec.export.eagle3_head import is_eagle3_folder
+
+    e3 = None if cfg.eagle3 in (None, "none", "") else Path(cfg.eagle3)
+    if e3 is not None and not e3.is_dir():
+        raise ExportError(f"--eagle3-head {cfg.eagle3}: not a folder. Hint: train one with `edgespec train-eagle3 "
+                          f"--out {cfg.eagle3}`")
+    if head_dir is not None and is_eagle3_folder(head_dir):
+        if e3 is not None:
+            raise ExportError(f"--eagle {head_dir} is an EAGLE-3 head and --eagle3-head names another; pass it "
+                              "once, as --eagle3-head")
+        return None, head_dir
+    if e3 is not None and not is_eagle3_folder(e3):
+        raise ExportError(f"--eagle3-head {e3}: its config.json does not declare LlamaForCausalLMEagle3. Hint: an "
+                          "EAGLE-1 head goes to --eagle")
+    return head_dir, e3
+
+
+def _dflash_dir(cfg: ExportConfig) -> Path | None:
+    if cfg.dflash in (None, "none", ""):
+        return None
+    path = Path(cfg.dflash)
+    if not path.is_dir():
+        raise ExportError(f"--dflash {cfg.dflash}: not a folder. Hint: train one with `edgespec train-dflash "
+                          f"--out {cfg.dflash}`")
+    return path
+
+
 def export(cfg: ExportConfig) -> Path:
     """Run the whole export; returns the finished folder."""
     cfg.check()
@@ -169,7 +199,10 @@ def export(cfg: ExportConfig) -> Path:
     has_draft = cfg.draft is not None
     head_dir = heads_dir(cfg.eagle, src, "", "eagle")
     medusa_dir = heads_dir(cfg.medusa, src, "-medusa", "medusa")
-    n_steps = 6 + (3 if has_draft else 0) + (3 if head_dir else 0) + (2 if medusa_dir else 0)
+    head_dir, eagle3_dir = _eagle3_dir(cfg, head_dir)
+    dflash_dir = _dflash_dir(cfg)
+    n_steps = (6 + (3 if has_draft else 0) + (3 if head_dir else 0) + (2 if medusa_dir else 0)
+               + (2 if eagle3_dir else 0) + (2 if dflash_dir else 0))
     progress = _Progress(n_steps, cfg.progress)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -186,7 +219,8 @@ def export(cfg: ExportConfig) -> Path:
                                                 one_row_int4_differs(accuracy_level=cfg.int4_accuracy_level))
         opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level,
                             int4_lm_head=cfg.int4_lm_head, int8_lm_head=cfg.int8_lm_head, trees=cfg.trees,
-                            aux_layers=eagle3_layers(arch.n_layers) if cfg.eagle3_features else (),
+                            aux_layers=(eagle3_layers(arch.n_layers)
+                                        if cfg.eagle3_features or eagle3_dir or dflash_dir else ()),
                             two_row_matmuls=two_rows, flavour=cfg.flavour(),
                             portable_ops=probe_portable_ops() if cfg.flavour() == "lean" else ())
         hf_w = hf_weights(model)
@@ -218,6 +252,20 @@ def export(cfg: ExportConfig) -> Path:
             progress.step("EAGLE head")
             eagle_fused = write_eagle_fused(tmp, target, eagle)
             progress.step("target+EAGLE graph")
+        eagle3 = eagle3_writer = None
+        if eagle3_dir is not None:
+            from edgespec.export.eagle3_graph import write_eagle3
+
+            eagle3_writer, eagle3 = write_eagle3(eagle3_dir, tmp, arch, writer, index_t, opts, widths,
+                                                 cfg.prefill_chunk, cfg.eagle_draft_vocab)
+            progress.step("EAGLE-3 head")
+        dflash = dflash_writer = None
+        if dflash_dir is not None:
+            from edgespec.export.dflash_graph import write_dflash
+
+            dflash_writer, dflash = write_dflash(dflash_dir, tmp, arch, writer, index_t, opts,
+                                                 sorted({cfg.k + 1, cfg.prefill_chunk}))
+            progress.step("DFlash drafter")
         medusa = medusa_writer = None
         if medusa_dir is not None:
             medusa_writer, medusa = write_medusa(medusa_dir, tmp, arch, writer, opts)
@@ -230,9 +278,11 @@ def export(cfg: ExportConfig) -> Path:
             max_len=cfg.max_len, kv_bucket=cfg.kv_bucket, prefill_chunk=cfg.prefill_chunk,
             num_speculative_tokens=cfg.k, two_row_matmuls=two_rows, tokenizer_file="tokenizer.json",
             chat_template_file=chat_file, eos_token_ids=tuple(_eos_ids(model, tok)), bos_token_id=tok.bos_token_id,
-            target=target, draft=draft, eagle=eagle, eagle_fused=eagle_fused, medusa=medusa,
+            target=target, draft=draft, eagle=eagle, eagle_fused=eagle_fused, medusa=medusa, eagle3=eagle3,
+            dflash=dflash,
             drafters=("none", "ngram") + (("draft",) if has_draft else ()) + (("eagle", "hybrid") if head_dir else ())
-            + (("medusa",) if medusa_dir else ()),
+            + (("medusa",) if medusa_dir else ()) + (("eagle3",) if eagle3_dir else ())
+            + (("dflash",) if dflash_dir else ()),
             # measured on this CPU (docs): adaptive prompt lookup beat every fixed k
             defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True))
         man.save()
@@ -251,6 +301,18 @@ def export(cfg: ExportConfig) -> Path:
                     del report["eagle_fused"]
                     (tmp / "target_eagle.onnx").unlink()
                 progress.step("validated EAGLE head")
+            if eagle3_writer is not None:
+                from edgespec.export.eagle3_graph import validate_eagle3
+
+                report["eagle3"] = validate_eagle3(tmp, eagle3_writer, reference_model(model, writer), tokens,
+                                                   tolerance(eagle3_writer.opts))
+                progress.step("validated EAGLE-3 head")
+            if dflash_writer is not None:
+                from edgespec.export.dflash_graph import validate_dflash
+
+                report["dflash"] = validate_dflash(tmp, dflash_writer, reference_model(model, writer), tokens,
+                                                   tolerance(dflash_writer.opts))
+                progress.step("validated DFlash drafter")
             if medusa_writer is not None:
                 report["medusa"] = validate_medusa(tmp, medusa_writer, reference_model(model, writer), tokens,
                                                    tolerance(medusa_writer.opts))

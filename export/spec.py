@@ -34,6 +34,10 @@ class ExportConfig:
     #                             default model, else none; None / "none": no head
     eagle_draft_vocab: int | None = None  # the head keeps its N most frequent draft tokens (None:
     #                                        EAGLE_DRAFT_VOCAB when the head records that order; 0: all)
+    eagle3: str | None = None  # EAGLE-3 head folder (train-eagle3, HF EAGLE-3 layout); turns on
+    #                            eagle3_features (its fc reads the target's hidden_aux)
+    dflash: str | None = None  # DFlash block drafter folder (train-dflash, DFlash layout); turns on
+    #                            eagle3_features (it reads the target's hidden_aux)
     medusa: str | None = "auto"  # Medusa heads folder; "auto": the shipped heads when the target is the
     #                              default model, else none; None / "none": no heads
     out: str | None = None  # engine folder; None = engines/<target name>

@@ -41,7 +41,7 @@ class TrainConfig:
     decay: float = 0.8  # loss weight decay^(i-1) at block row i
     minutes: float = 30.0  # wall-clock budget of this run (training resumes from checkpoint.pt)
     epochs: float = 10.0  # passes over the data in total (across runs), new anchors each pass
-    lr: float = 6e-4  # AdamW peak learning rate (cosine decay over all epochs)
+    lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
     batch_tokens: int = 4096  # context tokens per optimizer step (sequences padded to the longest)
     holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
     threads: int | None = None  # torch threads

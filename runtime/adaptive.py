@@ -9,8 +9,15 @@ token. k = 0 (plain decoding) is always a candidate, so speculation that does no
 machine and this text is switched off by itself; it comes back when acceptance rises, because
 every `probe_every` steps one step drafts k_max to keep the estimate of a alive.
 
-Greedy decoding only: the output is the same whatever k each step uses. Sampled generation keeps
-a fixed k, so that a seed reproduces its output whatever the machine's timing.
+Under greedy decoding the output is the same whatever k each step uses, so the policy may follow
+the clock. Under sampling the k of a step decides which random draws the step makes, so a policy
+that followed measured times would make a seed's output depend on the machine's load. Sampled
+calls use `sampled_policy`: the same model on fixed relative costs (a verify row, a drafted token,
+in decodes: `ROW_COST`, `DRAFT_COST`) and a fresh acceptance estimate per call that learns from
+accepted counts only, so k, and the output, follow from the seed, the folder and the settings.
+It settles on k = 0 when acceptance is too low to pay (drafts at temperature 0.7 are kept less
+often than greedy ones), and its probes draft one token (`probe_k`), which costs about a quarter
+of a decode on a CPU instead of k_max rows.
 """
 
 from __future__ import annotations
@@ -24,17 +31,33 @@ import numpy as np
 class AdaptiveConfig:
     ema: float = 0.1  # weight of the newest observation in the running estimates
     prior_acceptance: float = 0.5  # a before any observation
-    probe_every: int = 16  # while k = 0 is chosen, draft k_max once every this many steps
+    probe_every: int = 16  # while k = 0 is chosen, draft a probe once every this many steps
+    probe_k: int = 0  # tokens a probe drafts (0: k_max)
+
+
+SAMPLED = AdaptiveConfig(probe_k=1)  # sampled calls: a cheap probe (a CPU verify row is ~1/4 of a decode)
+# Fixed costs of the sampled policy, in decodes (a width-1 target call = 1). An extra verify row:
+# ~0.25 on the CPU (docs/results/lean-graph.md: 2.49 ms against a 10.1 ms decode), a few percent
+# on a GPU, where rows are nearly free
+ROW_COST = {"cpu": 0.25, "cuda": 0.05, "tensorrt": 0.05, "trt": 0.05}
+# One drafted token: model-free lookups ~0.2 ms (docs/results/suffix.md); an EAGLE head call ~1 ms
+# (docs/results/head-cost.md); Medusa's one call serves every head; a draft model runs a few layers
+# and its LM head per token
+DRAFT_COST = {"ngram": 0.02, "suffix": 0.03, "eagle": 0.1, "hybrid": 0.1, "medusa": 0.03, "draft": 0.3}
 
 
 class AdaptiveK:
-    def __init__(self, k_max: int, verify_cost_s: dict[int, float], cfg: AdaptiveConfig = AdaptiveConfig()) -> None:
+    def __init__(self, k_max: int, verify_cost_s: dict[int, float], cfg: AdaptiveConfig = AdaptiveConfig(),
+                 draft_cost: float = 0.0, timed: bool = True) -> None:
+        """verify_cost_s: width -> cost of a target call; draft_cost: of one drafted token; timed:
+        both follow the measured times of observed steps (False: they stay as given)."""
         self.k_max = k_max
         self.cfg = cfg
+        self.timed = timed
         self.verify_s = np.array([verify_cost_s.get(w, np.nan) for w in range(k_max + 2)])  # [k_max+2]
         self.verify_s[0] = 0.0
         self.acceptance = cfg.prior_acceptance
-        self.draft_s_per_token = 0.0
+        self.draft_s_per_token = draft_cost
         self._steps_at_zero = 0
         self._k = np.arange(k_max + 1)
 
@@ -47,18 +70,27 @@ class AdaptiveK:
             self._steps_at_zero += 1
             if self._steps_at_zero >= self.cfg.probe_every:
                 self._steps_at_zero = 0
-                return self.k_max
+                return self.cfg.probe_k or self.k_max
         return k
 
     def observe(self, k: int, m: int, n_acc: int, verify_s: float, draft_s: float) -> None:
         """One finished step: asked k, got m drafted, n_acc accepted; its measured times."""
         e = self.cfg.ema
         w = m + 1
-        if w < len(self.verify_s):
+        if self.timed and w < len(self.verify_s):
             old = self.verify_s[w]
             self.verify_s[w] = verify_s if np.isnan(old) else (1 - e) * old + e * verify_s
         if m > 0:
             # per-token acceptance from this step: n_acc successes before the first failure
             reached = n_acc + (1 if n_acc < m else 0)
             self.acceptance = (1 - e) * self.acceptance + e * (n_acc / reached)
-            self.draft_s_per_token = (1 - e) * self.draft_s_per_token + e * (draft_s / m)
+            if self.timed:
+                self.draft_s_per_token = (1 - e) * self.draft_s_per_token + e * (draft_s / m)
+
+
+def sampled_policy(k_max: int, drafter: str, provider: str, verify_cost: dict[int, float] | None = None) -> AdaptiveK:
+    """The adaptive k of one sampled call (module docstring): fixed costs, acceptance from counts.
+    verify_cost: a recorded cost per verify width, in decodes (None: ROW_COST per extra row)."""
+    row = ROW_COST.get(provider, ROW_COST["cpu"])
+    costs = verify_cost or {w: 1.0 + row * (w - 1) for w in range(1, k_max + 2)}
+    return AdaptiveK(k_max, costs, SAMPLED, draft_cost=DRAFT_COST.get(drafter, 0.1), timed=False)

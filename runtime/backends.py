@@ -27,6 +27,8 @@ class Engines:
     eagle: HeadEngine | None = None  # the EAGLE head
     medusa: HeadsEngine | None = None  # the Medusa heads
     eagle_fused: Engine | None = None  # target + EAGLE head in one graph, sharing the target's KV
+    eagle3: HeadEngine | None = None  # the EAGLE-3 head (drafts from the target's hidden_aux)
+    dflash: object | None = None  # the DFlash block drafter (engines.dflash.OrtDFlash; reads hidden_aux)
     disabled: dict[str, str] = field(default_factory=dict)  # drafter -> why it is off (a broken optional model)
 
     @property
@@ -47,7 +49,8 @@ def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
 
 
 # the drafters an optional model serves: a broken one turns them off, the target still loads
-ROLE_DRAFTERS = {"draft": ("draft",), "eagle": ("eagle", "hybrid"), "eagle_fused": (), "medusa": ("medusa",)}
+ROLE_DRAFTERS = {"draft": ("draft",), "eagle": ("eagle", "hybrid"), "eagle_fused": (), "medusa": ("medusa",),
+                 "eagle3": ("eagle3",), "dflash": ("dflash",)}
 
 
 def _disable(manifest: Manifest, role: str, why: str, disabled: dict[str, str]) -> None:
@@ -97,6 +100,12 @@ def make_engines(manifest: Manifest, cfg: RuntimeConfig) -> Engines:
         if out.eagle and manifest.eagle_fused and cfg.fuse_head and cfg.provider == head_provider == "cpu":
             out.eagle_fused = optional("eagle_fused", lambda: OrtModel(
                 manifest, manifest.eagle_fused, "cpu", cfg.threads, kv=target.kv, head=out.eagle))
+    if manifest.eagle3:
+        out.eagle3 = optional("eagle3", lambda: OrtModel(manifest, manifest.eagle3, head_provider, cfg.threads))
+    if manifest.dflash:
+        from edgespec.engines.dflash import OrtDFlash
+
+        out.dflash = optional("dflash", lambda: OrtDFlash(manifest, manifest.dflash, head_provider, cfg.threads))
     if manifest.medusa:
         out.medusa = optional("medusa", lambda: OrtHeads(manifest, manifest.medusa, head_provider, cfg.threads))
     return out

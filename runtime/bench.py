@@ -97,6 +97,12 @@ def _totals(stats: list[GenerationStats]) -> dict:
         by_pos += s.accepted_at
         den += s.drafted_at
     n_pos = int(np.count_nonzero(den))
+    sources: dict[str, dict[str, int]] = {}  # hybrid: which drafter made the proposals
+    for s in stats:
+        for src, counts in s.sources.items():
+            t = sources.setdefault(src, {"steps": 0, "drafted": 0, "accepted": 0})
+            for key, n in zip(("steps", "drafted", "accepted"), counts, strict=True):
+                t[key] += n
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
             "mean_accepted_length": sum(s.n_step_tokens for s in stats) / calls if calls else 0.0,
             # tokens per verify call incl. the pending one: the target's cost side (trees: nodes)
@@ -107,7 +113,7 @@ def _totals(stats: list[GenerationStats]) -> dict:
             "itl_ms_histogram": {"edges": ITL_EDGES_MS, "counts": np.histogram(itl, ITL_EDGES_MS)[0].tolist()},
             "time_split_s": {k: sum(s.to_dict()["time_split_s"][k] for s in stats)
                              for k in ("prefill", "draft", "verify", "host")},
-            "target_calls": calls}
+            "target_calls": calls, "draft_sources": sources}
 
 
 def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
@@ -178,6 +184,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
                          "drafters": drafters, "k": list(cfg.ks), "max_new_tokens": cfg.max_new_tokens,
                          "temperature": cfg.temperature, "seed": cfg.seed,
                          "ngram": [cfg.runtime.ngram_min, cfg.runtime.ngram_max], "adaptive": cfg.adaptive,
+                         "hybrid_lookup": cfg.runtime.hybrid_lookup,
                          "trees": list(cfg.trees),
                          "eagle_min_confidence": g.cfg.eagle_min_confidence,
                          "medusa_min_confidence": g.cfg.medusa_min_confidence,

@@ -15,13 +15,14 @@ from edgespec.runtime.tree import TreeConfig
 EAGLE_MIN_CONFIDENCE = 0.25
 MEDUSA_MIN_CONFIDENCE = 0.4  # Medusa chain cut-off on each head's own probability (docs/results)
 PROVIDERS = ("cpu", "cuda", "tensorrt", "trt")
+HYBRID_LOOKUPS = ("suffix", "ngram")  # what hybrid pairs the EAGLE head with
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     drafter: str | None = None  # none | ngram | draft | eagle | hybrid | medusa (None: the folder's default)
     k: int | None = None  # num_speculative_tokens per step, the maximum when adaptive (None: the folder's)
-    adaptive: bool | None = None  # choose k per step from measured costs and acceptance (None: the folder's)
+    adaptive: bool | None = None  # choose k per step (greedy: measured costs; sampled: fixed ones) (None: the folder's)
     provider: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution providers) | trt (native TensorRT)
     draft_provider: str | None = None  # where drafting models run (None: with the target)
     threads: int | None = None  # intra-op threads (None: physical cores)
@@ -36,6 +37,8 @@ class RuntimeConfig:
     verify: bool = False  # check every file's sha256 against the manifest at load (sizes are always checked)
     suffix_cache_tokens: int = 1_000_000  # suffix drafter: recent requests' tokens kept in its cache
     suffix_cache: str | None = None  # suffix drafter: .npy file its cache is loaded from and saved to
+    hybrid_lookup: str = "suffix"  # hybrid: suffix (per step, suffix decoding or the head by expected
+    #                                accepted length) | ngram (prompt lookup where it matches, else the head)
 
     @property
     def ngram(self) -> NgramConfig:
@@ -60,6 +63,8 @@ class RuntimeConfig:
                              f"{', '.join(PROVIDERS)}")
         if self.k is not None and self.k < 0:
             raise ValueError(f"k={self.k}: num_speculative_tokens must be >= 0")
+        if self.hybrid_lookup not in HYBRID_LOOKUPS:
+            raise ValueError(f"hybrid_lookup {self.hybrid_lookup!r}: choose from {', '.join(HYBRID_LOOKUPS)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads={self.threads}: need at least 1 (or leave it unset for the physical cores)")
 

@@ -21,9 +21,9 @@ from edgespec.runtime.prefill import prefill
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState, chain
 
-DRAFTERS = ("none", "ngram", "suffix", "draft", "eagle", "hybrid", "medusa")
-TREE_DRAFTERS = ("ngram", "suffix", "eagle", "hybrid", "medusa")  # the drafters that grow token trees
-FEATURE_DRAFTERS = ("eagle", "hybrid", "medusa")  # the drafters that read the target's hidden states
+DRAFTERS = ("none", "ngram", "suffix", "draft", "eagle", "hybrid", "medusa", "eagle3", "dflash")
+TREE_DRAFTERS = ("ngram", "suffix", "eagle", "hybrid", "medusa", "eagle3")  # the drafters that grow token trees
+FEATURE_DRAFTERS = ("eagle", "hybrid", "medusa", "eagle3", "dflash")  # the drafters that read the target's hidden states
 
 
 def penalized(logits: np.ndarray, seq: SeqState, i: int, sampling: SamplingConfig) -> np.ndarray:
@@ -40,6 +40,7 @@ class Drafter:
     drafts_trees = False  # propose_tree is available
     engine = None  # the model whose calls count as draft calls (stats); None: no model
     verifier = None  # an engine that runs the target's calls in its place (EAGLE: the fused target+head graph)
+    source = ""  # hybrid: which of its drafters made the last proposal ("" for the others, or nothing drafted)
 
     def __init__(self) -> None:
         self.sampling = SamplingConfig()
@@ -177,11 +178,14 @@ class ModelDrafter(Drafter):
 
 def make_drafter(name: str, engines, ngram: NgramConfig, features: np.ndarray | None,
                  eagle_min_confidence: float, medusa_min_confidence: float, fuse_head: bool,
-                 suffix_cache=None) -> Drafter:
+                 suffix_cache=None, hybrid_lookup: str = "suffix", aux: np.ndarray | None = None) -> Drafter:
     """The drafter `name` over a generator's engines (runtime.generator.Engines); features
     [slots, H] is the target's hidden-state buffer the head drafters read; suffix_cache the
-    process's cache of recent requests (runtime.suffix.SuffixCache)."""
-    from edgespec.runtime.heads import EagleDrafter, HybridDrafter, MedusaDrafter
+    process's cache of recent requests (runtime.suffix.SuffixCache); hybrid_lookup what hybrid
+    pairs the head with (suffix: per-step choice by expected accepted length; ngram: prompt lookup
+    wherever it matches); aux [slots, n*H] the target's hidden_aux buffer (an EAGLE-3 head's input)."""
+    from edgespec.runtime.heads import Eagle3Drafter, EagleDrafter, HybridDrafter, MedusaDrafter
+    from edgespec.runtime.hybrid_choice import SuffixHeadHybrid
     from edgespec.runtime.suffix import SuffixDrafter
 
     if name == "none":
@@ -201,7 +205,23 @@ def make_drafter(name: str, engines, ngram: NgramConfig, features: np.ndarray | 
                              "--eagle HEAD_DIR; the default model's export includes one)")
         fused = engines.eagle_fused if fuse_head else None
         e = EagleDrafter(engines.eagle, features, vocab, eagle_min_confidence, fused)
-        return e if name == "eagle" else HybridDrafter(NgramDrafter(ngram), e)
+        if name == "eagle":
+            return e
+        if hybrid_lookup == "ngram":
+            return HybridDrafter(NgramDrafter(ngram), e)
+        return SuffixHeadHybrid(SuffixDrafter(suffix_cache), e)
+    if name == "eagle3":
+        if engines.eagle3 is None or aux is None:
+            raise ValueError("drafter 'eagle3' needs an engine folder with an EAGLE-3 head (exported with "
+                             "--eagle3-head HEAD_DIR, from `edgespec train-eagle3`)")
+        return Eagle3Drafter(engines.eagle3, aux, vocab, eagle_min_confidence)
+    if name == "dflash":
+        from edgespec.runtime.dflash import DFlashDrafter
+
+        if engines.dflash is None or aux is None:
+            raise ValueError("drafter 'dflash' needs an engine folder with a DFlash drafter (exported with "
+                             "--dflash DIR, from `edgespec train-dflash`)")
+        return DFlashDrafter(engines.dflash, aux, vocab, eagle_min_confidence)
     if name == "medusa":
         if engines.medusa is None:
             raise ValueError("drafter 'medusa' needs an engine folder with Medusa heads (exported with "

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, load_manifest
-from edgespec.runtime.adaptive import AdaptiveK
+from edgespec.runtime.adaptive import AdaptiveK, sampled_policy
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
 from edgespec.runtime.drafters import TREE_DRAFTERS, Drafter, make_drafter
@@ -51,6 +51,10 @@ class Generator:
         # the target's hidden state at every position (EAGLE and Medusa draft from them), kept
         # current by prefill and after every verify whatever the drafter, so a drafter switch finds them
         self._tgt_features = np.zeros((n_slots, tgt.hidden_size), np.float32) if engines.features_needed else None
+        # ... and its hidden_aux rows (low/mid/high layers: what an EAGLE-3 head reads), the same way
+        aux_width = (engines.eagle3.fc_t.shape[0] if engines.eagle3 is not None
+                     else engines.dflash.feature_width if engines.dflash is not None else 0)
+        self._tgt_aux = np.zeros((n_slots, aux_width), np.float32) if aux_width else None
         self._verify_costs: dict[bool, dict[int, float]] = {}  # per verifying engine (fused?): width -> seconds
         self._tgt_valid = 0  # target KV rows that hold self._tokens[:_tgt_valid] (prefix reuse)
         self.last_stats = GenerationStats()
@@ -90,6 +94,10 @@ class Generator:
             e.eagle.load_widths(widths)
         elif self.drafter.name == "medusa":
             e.medusa.load()
+        elif self.drafter.name == "eagle3":
+            e.eagle3.load_widths(widths)
+        elif self.drafter.name == "dflash":
+            e.dflash.load()
 
     @property
     def target(self):
@@ -110,11 +118,12 @@ class Generator:
                              f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
         check_drafter(name, self.engines, self.cfg.provider)
         c = self.cfg
-        if name == "suffix" and self.suffix_cache is None:
+        if self._uses_suffix_cache(name) and self.suffix_cache is None:
             self.suffix_cache = SuffixCache(SuffixConfig(max_tokens=c.suffix_cache_tokens, file=c.suffix_cache),
                                             self.engines.target.vocab_size)
         self.drafter: Drafter = make_drafter(name, self.engines, c.ngram, self._tgt_features, c.eagle_min_confidence,
-                                             c.medusa_min_confidence, c.fuse_head, self.suffix_cache)
+                                             c.medusa_min_confidence, c.fuse_head, self.suffix_cache,
+                                             c.hybrid_lookup, aux=self._tgt_aux)
         self.k = 0 if name == "none" else k
         self.tree = None  # the step's token tree (preallocated), when trees are on
         if c.tree.nodes and name != "none":
@@ -122,6 +131,7 @@ class Generator:
             if not self.drafter.drafts_trees:
                 raise ValueError(f"drafter {name!r} drafts chains only; trees work with {', '.join(TREE_DRAFTERS)}")
             verifying = [self.target] + ([self.engines.eagle] if name in ("eagle", "hybrid") else [])
+            verifying += [self.engines.eagle3] if name == "eagle3" else []
             if not all(e.takes_tree for e in verifying):
                 raise ValueError("this engine folder's graphs verify chains only (exported with --no-trees); "
                                  "token trees need a folder re-exported without --no-trees")
@@ -129,6 +139,17 @@ class Generator:
         self.adaptive = None
         if c.adaptive and self.k > 0 and self.tree is None:
             self.adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
+
+    def _uses_suffix_cache(self, name: str) -> bool:
+        return name == "suffix" or (name == "hybrid" and self.cfg.hybrid_lookup == "suffix")
+
+    def _sampled_adaptive(self) -> AdaptiveK | None:
+        """Adaptive k for a sampled call (when adaptive is on): fixed relative costs instead of
+        measured times and a fresh acceptance estimate, so every step's k, and with it a seed's
+        output, follows from the seed, the folder and the settings, not from the machine's load."""
+        if self.adaptive is None:
+            return None
+        return sampled_policy(self.k, self.drafter.name, self.cfg.provider)
 
     def reconfigure(self, **changes) -> None:
         """Change runtime options between calls (e.g. adaptive=True, tree=TreeConfig(...)), keeping
@@ -189,6 +210,14 @@ class Generator:
 
     def _keep_features(self, past: int, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
         """Copy the committed rows' hidden states into the feature buffer the head drafters read."""
+        aux = self._tgt_aux
+        if aux is not None:  # (an EAGLE-3 head's features)
+            if rows is None:
+                aux[past:past + n_rows] = self.target.last_hidden_aux(n_rows)
+            else:
+                got = self.target.last_hidden_aux(n_call)
+                for i in range(n_rows):
+                    aux[past + i] = got[rows[i]]
         feats = self._tgt_features
         if feats is None:
             return
@@ -211,7 +240,7 @@ class Generator:
         self._tgt_valid = n_cached
         seq.tokens[:n_prompt] = prompt_ids
         seq.tgt_past, last = prefill(self.target, seq.tokens[n_cached:n_prompt], n_cached,
-                                     hidden_out=self._tgt_features)
+                                     hidden_out=self._tgt_features, aux_out=self._tgt_aux)
         if sampling.repetition_penalty != 1.0:
             last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]
         first = int(last.argmax()) if sampling.greedy else sample(probs(last, sampling), rng)
@@ -233,9 +262,9 @@ class Generator:
                                      f"(max_len); shorten it or re-export with --max-len > {n_prompt}")
         rng = np.random.default_rng(sampling.seed)
         self.drafter.configure(sampling, rng)
-        # adaptive k follows measured times; under sampling that would make the RNG draws, and so
-        # a seeded output, depend on timing: sampled runs keep the fixed k
-        adaptive = self.adaptive if sampling.greedy else None
+        # greedy adaptive k follows measured times; under sampling that would make the RNG draws,
+        # and so a seeded output, depend on timing: sampled calls get the fixed-cost policy
+        adaptive = self.adaptive if sampling.greedy else self._sampled_adaptive()
         st = self.last_stats = GenerationStats(drafter=self.drafter.name, k=self.k, n_prompt=n_prompt,
                                                adaptive=adaptive is not None,
                                                tree=self.cfg.tree.label if self.tree is not None else "")
@@ -264,6 +293,8 @@ class Generator:
                 st.draft_s += t1 - t0
                 st.verify_s += t2 - t1
                 st.record_step(prop.depth, n_acc, n_emit, t3 - t_prev, prop.n_drafted)
+                if prop.n_drafted and self.drafter.source:
+                    st.record_source(self.drafter.source, prop.n_drafted, n_acc)
                 if adaptive:
                     adaptive.observe(k, prop.n_drafted, n_acc, t2 - t1, t1 - t0)
                 t_prev = t3
@@ -275,7 +306,7 @@ class Generator:
             st.n_draft_calls = (dft_engine.n_calls - dft_calls0) if dft_engine is not None else 0
             st.total_s = time.perf_counter() - t_start
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
-            if self.drafter.name == "suffix":  # the request it served becomes evidence for the next ones
+            if self._uses_suffix_cache(self.drafter.name):  # the request it served becomes evidence for the next ones
                 self.suffix_cache.add(seq.tokens[:seq.n])
 
     def last_output_ids(self) -> np.ndarray:

@@ -30,6 +30,8 @@ class _HeadDrafter(Drafter):
         # probability (the product along the chain), each Medusa head's own probability. Lossless
         # either way: whether position i is drafted depends only on the drafts before it.
         self.min_confidence = min_confidence
+        self.track_confidence = False  # compute confidences without a cut-off too (hybrid compares them)
+        self.expected = 0.0  # the last chain's sum over i of p(d_1..d_i): its expected accepted length
         self._full = np.full(target_vocab, -np.inf, np.float32)  # head logits scattered to the target vocab
         self._exp = np.zeros(len(d2t), np.float32)  # scratch for the confidence softmax (no per-step alloc)
         self._q = np.zeros((n_rows, target_vocab), np.float64)
@@ -40,7 +42,7 @@ class _HeadDrafter(Drafter):
         if self.sampling.greedy and self.sampling.repetition_penalty == 1.0:
             top = int(logits.argmax())
             conf = 1.0
-            if self.min_confidence:  # p(top) = 1 / sum(exp(l - l_top))
+            if self.min_confidence or self.track_confidence:  # p(top) = 1 / sum(exp(l - l_top))
                 np.exp(np.subtract(logits, logits[top], out=self._exp), out=self._exp)
                 conf = 1.0 / float(self._exp.sum())
             return int(self.d2t[top]), conf
@@ -155,6 +157,7 @@ class EagleDrafter(_HeadDrafter):
     def propose(self, seq: SeqState, k: int):
         n, head = seq.n, self.head
         k = min(k, head.max_len - n)
+        self.expected = 0.0
         if k <= 0:
             return chain(seq, 0)
         logits = self._first(seq, self._feat[0])
@@ -166,6 +169,7 @@ class EagleDrafter(_HeadDrafter):
             if path < self.min_confidence:
                 k = i  # a row that is probably wasted: propose d_1..d_i only
                 break
+            self.expected += path
             if i + 1 < k:  # speculative row at slot n-1+i: (f^, d_{i+1})
                 logits = head.forward(slots[i:i + 1], n - 1 + i, features=self._feat)[-1]
                 head.commit(n - 1 + i, 1)
@@ -208,6 +212,26 @@ class EagleDrafter(_HeadDrafter):
         self._caught_up_by_target(seq, n_old - 1)
 
 
+class Eagle3Drafter(EagleDrafter):
+    """EAGLE-3: EAGLE's chain and tree drafting on a head that reads the target's low/mid/high
+    layer features. Head row j's feature input is fc(a_j), a_j the target's hidden_aux row of
+    position j (`tgt_aux`, kept current by the generator), made at catch-up into a buffer of its
+    own (one matmul, no allocation); speculative rows feed the head its own output, as in EAGLE.
+    No fused target+head graph."""
+
+    name = "eagle3"
+
+    def __init__(self, head, tgt_aux: np.ndarray, target_vocab: int, min_confidence: float = 0.0) -> None:
+        fc_t = head.fc_t  # [n*H, H]
+        super().__init__(head, np.zeros((len(tgt_aux), fc_t.shape[1]), np.float32), target_vocab, min_confidence)
+        self.tgt_aux, self.fc_t = tgt_aux, fc_t
+
+    def _catch_up(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
+        j0, n = self.dft_past, seq.n
+        np.matmul(self.tgt_aux[j0:n - 1], self.fc_t, out=self.tgt_features[j0:n - 1])  # g_j = fc(a_j)
+        return super()._catch_up(seq, feat_out)
+
+
 class MedusaDrafter(_HeadDrafter):
     """Medusa: K heads on the target's feature of the last verified position (the one whose own
     next token is the pending bonus token) draft the K tokens after it in one call. Head i does not
@@ -246,7 +270,9 @@ class MedusaDrafter(_HeadDrafter):
 
 class HybridDrafter(Drafter):
     """Prompt lookup where the context has a match (it copies long spans for free), the EAGLE head
-    elsewhere (new text). The head still catches up on every verified token, so it is ready."""
+    elsewhere (new text). The head still catches up on every verified token, so it is ready.
+    `--hybrid-lookup ngram`; the default hybrid (suffix decoding or the head, whichever is expected
+    to keep more) is in hybrid_choice.py."""
 
     name = "hybrid"
     drafts_trees = True
@@ -267,12 +293,19 @@ class HybridDrafter(Drafter):
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         prop = self.ngram.propose(seq, k)
-        return prop if prop.n_drafted > 0 else self.eagle.propose(seq, k)
+        if prop.n_drafted == 0:
+            prop = self.eagle.propose(seq, k)
+            self.source = "head" if prop.n_drafted else ""
+        else:
+            self.source = "ngram"
+        return prop
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         self.ngram.propose_tree(seq, tree, cfg)
+        self.source = "ngram"
         if tree.n == 1:
             self.eagle.propose_tree(seq, tree, cfg)
+            self.source = "head" if tree.n > 1 else ""
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         self.eagle.accepted(seq, n_old, n_acc)

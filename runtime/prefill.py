@@ -6,12 +6,13 @@ import numpy as np
 
 
 def prefill(engine, tokens: np.ndarray, past: int, hidden_out: np.ndarray | None = None,
-            features: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
+            features: np.ndarray | None = None, aux_out: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
     """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
     commit them; return (new past length, logits [V] of the last token, None if no tokens).
 
     hidden_out [max_len, H]: receives the hidden states of the new positions (EAGLE / Medusa read
-    them). features [len(tokens), H]: an EAGLE head's feature rows for these tokens (the engine is
+    them); aux_out [max_len, n*H] their hidden_aux rows (an EAGLE-3 head reads them).
+    features [len(tokens), H]: an EAGLE head's feature rows for these tokens (the engine is
     a head). A target with the EAGLE head fused in gets each row's next token for its head rows
     (known in a prefill; the last row's is the target's argmax)."""
     widest = max(engine.widths)
@@ -27,6 +28,8 @@ def prefill(engine, tokens: np.ndarray, past: int, hidden_out: np.ndarray | None
         engine.commit(past, len(chunk))
         if hidden_out is not None:
             hidden_out[past:past + len(chunk)] = engine.last_hidden(len(chunk))
+        if aux_out is not None:
+            aux_out[past:past + len(chunk)] = engine.last_hidden_aux(len(chunk))
         past += len(chunk)
     return past, (logits[-1] if logits is not None else None)
 

@@ -66,7 +66,8 @@ class ServeConfig:
 def abilities(gen: Generator) -> Abilities:
     """What requests may ask of this generator's folder and backend."""
     e, tgt = gen.engines, gen.engines.target
-    needs = {"draft": e.draft, "eagle": e.eagle, "hybrid": e.eagle, "medusa": e.medusa}  # else: no model
+    needs = {"draft": e.draft, "eagle": e.eagle, "hybrid": e.eagle, "medusa": e.medusa,
+             "eagle3": e.eagle3, "dflash": e.dflash}  # else: no model
 
     def runs(d: str) -> bool:
         try:
@@ -77,7 +78,8 @@ def abilities(gen: Generator) -> Abilities:
 
     drafters = tuple(d for d in DRAFTERS if runs(d))
     trees = tuple(d for d in TREE_DRAFTERS if d in drafters and tgt.takes_tree
-                  and (d not in ("eagle", "hybrid") or e.eagle.takes_tree))
+                  and (d not in ("eagle", "hybrid") or e.eagle.takes_tree)
+                  and (d != "eagle3" or e.eagle3.takes_tree))
     k_max = 0  # verify widths 2..k_max+1 must all exist (as Generator.set_drafter requires)
     while k_max + 2 in tgt.widths:
         k_max += 1

@@ -32,6 +32,7 @@ class GenerationStats:
     drafted_at: np.ndarray = field(default_factory=lambda: np.zeros(MAX_POSITIONS, np.int64))
     accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(MAX_POSITIONS, np.int64))
     itl_s: list = field(default_factory=list)  # per-token latency: step time / tokens of the step
+    sources: dict = field(default_factory=dict)  # hybrid: source -> [steps it drafted, drafted, accepted]
 
     def record_step(self, m: int, n_acc: int, n_emitted: int, step_s: float, n_proposed: int | None = None) -> None:
         """m: draft length (a tree: its depth, so per-position counts are per depth);
@@ -44,6 +45,13 @@ class GenerationStats:
         self.accepted_at[:n_acc] += 1
         if n_emitted:
             self.itl_s.extend([step_s / n_emitted] * n_emitted)
+
+    def record_source(self, source: str, n_drafted: int, n_acc: int) -> None:
+        """Which of a hybrid's drafters made this step's proposal."""
+        s = self.sources.setdefault(source, [0, 0, 0])
+        s[0] += 1
+        s[1] += n_drafted
+        s[2] += n_acc
 
     @property
     def acceptance_rate(self) -> float:
@@ -82,6 +90,7 @@ class GenerationStats:
             "time_split_s": {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,
                              "host": host},
             "finish_reason": self.finish_reason,
+            "draft_sources": {k: {"steps": v[0], "drafted": v[1], "accepted": v[2]} for k, v in self.sources.items()},
         }
 
     def line(self) -> str:
@@ -90,11 +99,13 @@ class GenerationStats:
         tot = max(self.total_s, 1e-9)
         ad = " adaptive" if self.adaptive else ""
         shape = f"tree {self.tree}" if self.tree else f"k={self.k}{ad}"
+        src = "".join(f" {k} {v[0]}" for k, v in self.sources.items())
         return (f"[{self.drafter} {shape}] {self.n_output} tok in {self.total_s:.2f}s = "
                 f"{self.tokens_per_s:.1f} tok/s | TTFT {d['ttft_ms']:.0f} ms | ITL p50 {d['itl_ms']['p50']:.1f} "
                 f"p95 {d['itl_ms']['p95']:.1f} p99 {d['itl_ms']['p99']:.1f} ms | "
                 f"accepted {self.n_accepted}/{self.n_drafted} ({self.acceptance_rate:.0%}) | "
                 f"mean accepted length {self.mean_accepted_length:.2f} (incl. bonus) | "
+                + (f"steps by source{src} | " if src else "") +
                 f"calls tgt {self.n_target_calls} dft {self.n_draft_calls} | time prefill "
                 f"{t['prefill'] / tot:.0%} draft {t['draft'] / tot:.0%} verify {t['verify'] / tot:.0%} "
                 f"host {t['host'] / tot:.0%}")

@@ -165,6 +165,8 @@ class SuffixDrafter(Drafter):
     def __init__(self, cache: SuffixCache) -> None:
         super().__init__()
         self.cache, self.cfg = cache, cache.cfg
+        self.last_size = 0  # the last chain's match length (0: no match)
+        self.last_score = 0.0  # the last chain's sum of path probabilities: its expected accepted length
 
     def _longest(self, seq: SeqState) -> tuple[int, _Match | None]:
         """(n, its occurrences) for the longest suffix of the sequence (min_match..DEPTH tokens)
@@ -202,6 +204,7 @@ class SuffixDrafter(Drafter):
         limit = min(k, int(np.ceil(self.cfg.alpha * size)))
         slots = seq.draft_slots(limit)
         path, m, ctoks = 1.0, 0, self.cache.tokens
+        self.last_size, self.last_score = size, 0.0
         while m < limit:
             ids, cnt = match.followers(seq.tokens, seq.n, ctoks)
             if not len(ids):
@@ -211,6 +214,7 @@ class SuffixDrafter(Drafter):
                 break
             slots[m] = ids[0]
             m += 1
+            self.last_score += path
             match = match.after(seq.tokens, ctoks, int(ids[0]))
         return chain(seq, m)
 

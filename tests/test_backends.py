@@ -10,6 +10,8 @@ import onnxruntime as ort
 import pytest
 from fake_trt import FakeTrtEngine
 from test_eagle import _tiny_head
+from test_dflash import tiny_dflash
+from test_eagle3 import _tiny_head as _tiny_eagle3_head
 from test_medusa import _tiny_heads
 
 from edgespec.engines.device import HostOps
@@ -23,7 +25,7 @@ GPU_EP = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvide
 
 @pytest.fixture(scope="module")
 def full_engine(tiny_models, tmp_path_factory):
-    """A folder that ships every drafter: a self:1 draft, an EAGLE head and Medusa heads."""
+    """A folder that ships every drafter but eagle3: a self:1 draft, an EAGLE head and Medusa heads."""
     from edgespec.export.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("full")
@@ -32,6 +34,22 @@ def full_engine(tiny_models, tmp_path_factory):
     return export(ExportConfig(target=str(tiny_models["llama"]), draft="self:1", eagle=str(head_dir),
                                medusa=str(heads_dir), out=str(root / "engine"), max_len=256, k=4, prefill_chunk=16,
                                kv_bucket=32, precision="fp32", trees=True, progress=False))
+
+
+@pytest.fixture(scope="module")
+def eagle3_engine(tiny_models, tmp_path_factory):
+    """A folder with an EAGLE-3 head and a DFlash drafter: its target outputs hidden_aux, which
+    native TensorRT engines do not bind, so they have their own folder (on trt the drafters are
+    refused before any model runs)."""
+    from edgespec.export.exporter import ExportConfig, export
+
+    root = tmp_path_factory.mktemp("e3")
+    head_dir, _, _ = _tiny_eagle3_head(tiny_models["llama"], root / "head3")
+    dflash_dir = tiny_dflash(tiny_models["llama"], root / "dflash")
+    return export(ExportConfig(target=str(tiny_models["llama"]), eagle="none", medusa="none", eagle3=str(head_dir),
+                               dflash=str(dflash_dir),
+                               out=str(root / "engine"), max_len=256, k=4, prefill_chunk=16, kv_bucket=32,
+                               precision="fp32", trees=True, progress=False))
 
 
 def _fake_trt(monkeypatch) -> None:
@@ -57,7 +75,7 @@ def _ids(g: Generator) -> list[int]:
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("provider", ["cpu", "trt", pytest.param("cuda", marks=pytest.mark.gpu),
                                       pytest.param("tensorrt", marks=pytest.mark.gpu)])
-def test_backend_serves_or_refuses_each_drafter(full_engine, monkeypatch, provider, drafter):
+def test_backend_serves_or_refuses_each_drafter(full_engine, request, monkeypatch, provider, drafter):
     if provider in GPU_EP and GPU_EP[provider] not in ort.get_available_providers():
         pytest.skip(f"{provider} needs onnxruntime-gpu and an NVIDIA GPU")
     if provider == "trt":
@@ -68,7 +86,8 @@ def test_backend_serves_or_refuses_each_drafter(full_engine, monkeypatch, provid
         with pytest.raises(ValueError, match=rf"drafter '{drafter}' cannot run on provider 'trt'.*Hint: use "):
             Generator.load(full_engine, cfg)
         return
-    g = Generator.load(full_engine, cfg)
+    aux_drafter = drafter in ("eagle3", "dflash")
+    g = Generator.load(request.getfixturevalue("eagle3_engine") if aux_drafter else full_engine, cfg)
     assert g.drafter.name == drafter
     out = _ids(g)
     g.set_drafter("none")

@@ -1,0 +1,150 @@
+"""Adaptive k under sampling (runtime/adaptive.py `sampled_policy`): reproducible for a seed,
+lossless, and it turns speculation off when drafts are not kept."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_sampling import CFG, _chi2_pvalue, _exact_tokens_23, _gen, _sample_counts
+
+from edgespec.engines.fake import FakeModel, random_table
+from edgespec.runtime.adaptive import DRAFT_COST, ROW_COST, AdaptiveK, sampled_policy
+from edgespec.runtime.backends import Engines
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.drafters import Drafter
+from edgespec.runtime.generator import Generator
+from edgespec.runtime.sampling import SamplingConfig
+from edgespec.runtime.state import chain
+
+V = 32
+PROMPT = np.array([3, 17, 5, 3, 17, 9, 22, 3, 17, 5, 11, 8, 3])
+T07 = SamplingConfig(temperature=0.7, seed=11)
+
+
+def _run(g: Generator, n: int, sampling: SamplingConfig, prompt=PROMPT) -> list[int]:
+    return [int(t) for c in g.generate_ids(prompt, n, sampling) for t in c]
+
+
+def _fake(drafter: str, adaptive: bool = True, k: int = 6, table=None) -> Generator:
+    table = random_table(V, seed=0, sharpness=1.5) if table is None else table
+    noisy = table + np.random.default_rng(5).standard_normal(table.shape).astype(np.float32)
+    return Generator(None, Engines(FakeModel(table), draft=FakeModel(noisy)),
+                     RuntimeConfig(drafter=drafter, k=k, adaptive=adaptive))
+
+
+# ---- the policy -------------------------------------------------------------------------------------
+
+def test_policy_ignores_timings_and_follows_accepted_counts():
+    a = sampled_policy(8, "ngram", "cpu")
+    b = sampled_policy(8, "ngram", "cpu")
+    ks_a, ks_b = [], []
+    for step in range(80):
+        ks_a.append(a.choose())
+        ks_b.append(b.choose())
+        kept = step % 3  # the same accepted counts, wildly different measured times
+        a.observe(ks_a[-1], ks_a[-1], min(kept, ks_a[-1]), verify_s=0.001, draft_s=0.0)
+        b.observe(ks_b[-1], ks_b[-1], min(kept, ks_b[-1]), verify_s=5.0, draft_s=3.0)
+    assert ks_a == ks_b
+
+
+def test_policy_turns_off_when_drafts_are_not_kept_and_probes_cheaply():
+    pol = sampled_policy(8, "ngram", "cpu")
+    assert pol.choose() >= 1  # prior acceptance 0.5 pays for a CPU verify row of 1/4 decode
+    for _ in range(40):
+        pol.observe(1, 1, 0, 0.0, 0.0)
+    ks = [pol.choose() for _ in range(64)]
+    assert set(ks) == {0, 1} and ks.count(1) == 4  # a 1-token probe every 16 steps
+
+
+def test_policy_drafts_more_when_drafts_are_kept_and_rows_are_cheap():
+    cpu, gpu = sampled_policy(8, "ngram", "cpu"), sampled_policy(8, "ngram", "cuda")
+    for pol in (cpu, gpu):
+        for _ in range(60):
+            pol.observe(4, 4, 3, 0.0, 0.0)  # a ~ 0.75
+    assert 1 <= cpu.choose() < gpu.choose()
+    assert ROW_COST["cuda"] < ROW_COST["cpu"]
+
+
+def test_policy_takes_recorded_verify_costs():
+    steep = sampled_policy(4, "ngram", "cpu", verify_cost={1: 1.0, 2: 3.0, 3: 5.0, 4: 7.0, 5: 9.0})
+    for _ in range(60):
+        steep.observe(2, 2, 1, 0.0, 0.0)
+    assert steep.choose() == 0 or steep.choose() == 1
+
+
+def test_greedy_policy_still_follows_measured_times():
+    pol = AdaptiveK(4, {w: 1.0 for w in range(1, 6)})
+    pol.observe(2, 2, 2, verify_s=3.0, draft_s=1.0)
+    assert pol.verify_s[3] != 1.0 and pol.draft_s_per_token > 0
+
+
+# ---- the loop ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "draft"])
+def test_same_seed_same_output_whatever_the_timing(drafter, monkeypatch):
+    g = _fake(drafter)
+    a = _run(g, 80, T07)
+    assert g.last_stats.adaptive and g.last_stats.n_drafted > 0
+    assert _run(g, 80, T07) == a or drafter == "suffix"  # suffix: the cache now holds the first answer
+    monkeypatch.setattr(Generator, "verify_costs", lambda self, widths, repeats=3: {w: 10.0 ** w for w in widths})
+    other = _fake(drafter)  # other measured costs: the greedy policy would differ, the sampled one may not
+    assert _run(other, 80, T07) == a
+    assert _run(other, 80, dataclasses.replace(T07, seed=12)) != a
+
+
+def test_sampled_calls_use_the_policy_only_when_adaptive():
+    g = _fake("ngram", adaptive=False)
+    _run(g, 30, T07)
+    assert not g.last_stats.adaptive  # an explicit fixed k stays fixed
+    g.reconfigure(adaptive=True)
+    _run(g, 30, T07)
+    assert g.last_stats.adaptive
+
+
+class _AlwaysWrong(Drafter):
+    """Proposes k copies of a token the target never samples (its logit is -1e4 everywhere)."""
+
+    name = "ngram"
+
+    def propose(self, seq, k):
+        seq.draft_slots(k)[:] = 0
+        return chain(seq, k)
+
+
+def test_rejected_drafts_settle_on_plain_decoding():
+    table = random_table(V, seed=0, sharpness=1.5)
+    table[:, 0] = -1e4
+    fixed, adaptive = _fake("ngram", adaptive=False, table=table), _fake("ngram", table=table)
+    for g in (fixed, adaptive):
+        g.drafter = _AlwaysWrong()
+        _run(g, 200, T07)
+    st = adaptive.last_stats
+    assert st.n_accepted == 0 and fixed.last_stats.n_drafted >= 6 * 199
+    # the prior drafts one token a few times, then a one-token probe every 16 steps
+    assert st.n_drafted <= 10 + st.n_target_calls // 16, st.n_drafted
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft", "hybrid", "eagle"])
+def test_sampled_adaptive_keeps_the_target_distribution(drafter, monkeypatch):
+    """Chi-square over tokens 2 and 3, as test_sampling.py does: k chosen from the accepted
+    counts of earlier steps keeps the target's distribution. A verify row is set to cost just
+    under the prior acceptance, so a first step that is rejected makes the second one plain."""
+    pytest.importorskip("scipy")
+    monkeypatch.setitem(ROW_COST, "cpu", 0.48)
+    monkeypatch.setitem(DRAFT_COST, drafter, 0.0)
+    g = _gen(drafter)
+    g.reconfigure(adaptive=True)
+    ks = []
+    real = sampled_policy
+
+    def watched(*a, **kw):
+        pol = real(*a, **kw)
+        choose = pol.choose
+        pol.choose = lambda: ks.append(choose()) or ks[-1]
+        return pol
+
+    monkeypatch.setattr("edgespec.runtime.generator.sampled_policy", watched)
+    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    assert p > 1e-3, f"{drafter} sampled adaptive: chi-square p = {p:.2g}"
+    assert g.last_stats.adaptive and len(set(ks)) > 1, set(ks)
+    assert CFG.temperature == 1.0
