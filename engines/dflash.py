@@ -1,12 +1,12 @@
 """ONNX Runtime engine of a DFlash drafter: one call drafts a block from the target's features.
 
-Its cache lives on the host (with a GPU provider ONNX Runtime copies the bound window in: the
-drafter's cache is small, one layer). It holds the context K/V of every drafter layer for positions 0..ctx_len-1, made from the
+Its cache holds the context K/V of every drafter layer for positions 0..ctx_len-1, made from the
 target's features of VERIFIED tokens only, so nothing is ever rolled back: `draft` appends the
 rows it is given and commits them at once. A call binds the cache window S (a bucket multiple
 >= ctx_len) and the C-row context buffer of the smallest width that holds the new rows; the
 host writes the attention bias (which keys each block row sees), so the graph computes no shapes.
-All buffers are allocated at load; nothing is allocated per call.
+All buffers are allocated at load; nothing is allocated per call. The cache lives on the host
+(with a GPU provider ONNX Runtime copies the bound window in: a drafter's cache is small).
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class OrtDFlash:
         key = (c, s)
         if key not in self._bindings:
             if self._session is None:
-                self._session = _new_session(self.manifest.path(self.spec.graph.file), self._session_options, self.provider)
+                self._session = _new_session(self.manifest.path(self.spec.graph.file), self._session_options,
+                                             self.provider)
             self._bias[key] = np.zeros((self.block_size, s + c + self.block_size), self.kv.dtype)
             bind = self._session.io_binding()
             inputs = [("block_ids", self._ids), ("ctx_aux", self._aux[c]), ("positions", self._pos[c]),

@@ -23,7 +23,8 @@ from edgespec.runtime.state import Proposal, SeqState, chain
 
 DRAFTERS = ("none", "ngram", "suffix", "draft", "eagle", "hybrid", "medusa", "eagle3", "dflash")
 TREE_DRAFTERS = ("ngram", "suffix", "eagle", "hybrid", "medusa", "eagle3")  # the drafters that grow token trees
-FEATURE_DRAFTERS = ("eagle", "hybrid", "medusa", "eagle3", "dflash")  # the drafters that read the target's hidden states
+# the drafters that read the target's hidden states
+FEATURE_DRAFTERS = ("eagle", "hybrid", "medusa", "eagle3", "dflash")
 
 
 def penalized(logits: np.ndarray, seq: SeqState, i: int, sampling: SamplingConfig) -> np.ndarray:

@@ -9,8 +9,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from fake_trt import FakeTrtEngine
-from test_eagle import _tiny_head
 from test_dflash import tiny_dflash
+from test_eagle import _tiny_head
 from test_eagle3 import _tiny_head as _tiny_eagle3_head
 from test_medusa import _tiny_heads
 
