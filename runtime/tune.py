@@ -33,7 +33,8 @@ def tune(cfg: TuneConfig, out=sys.stdout) -> Defaults:
     """Bench the folder's drafters on the prompts; the fastest lossless setting (recorded as the
     folder's default unless cfg.write is False)."""
     man = load_manifest(cfg.engine)
-    drafters = [d for d in man.drafters if d in ("none", "ngram", "draft")]
+    # every drafter the folder ships, and suffix decoding (model-free: every folder has it)
+    drafters = list(dict.fromkeys([*man.drafters, "suffix"]))
     ks = tuple(k for k in cfg.ks if k <= man.num_speculative_tokens) or (1,)
     bench = BenchConfig(engine=cfg.engine, runtime=cfg.runtime, prompts=cfg.prompts, drafters=tuple(drafters), ks=ks,
                         max_new_tokens=cfg.max_new_tokens, limit=cfg.limit, adaptive=True)
