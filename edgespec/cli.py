@@ -11,6 +11,7 @@ from pathlib import Path
 
 from edgespec import cli_offline as offline
 from edgespec.cli_offline import DEFAULT_ENGINE
+from edgespec.runtime.config import PROVIDERS
 
 DEMO_PROMPT = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number, "
                                            "then show how to call it for n = 10."}]
@@ -39,10 +40,10 @@ def _check_sampling(a) -> None:
 
 def _add_runtime_args(p, drafter_default=None) -> None:
     p.add_argument("--engine", default=DEFAULT_ENGINE, help=f"engine folder (default {DEFAULT_ENGINE})")
-    p.add_argument("--provider", default="cpu", choices=["cpu", "cuda", "tensorrt", "trt"],
+    p.add_argument("--provider", default="cpu", choices=PROVIDERS,
                    help="cpu | cuda | tensorrt (ONNX Runtime execution providers) | trt (native TensorRT "
                    "engines from `edgespec build-trt`). Default cpu")
-    p.add_argument("--draft-provider", choices=["cpu", "cuda", "tensorrt", "trt"],
+    p.add_argument("--draft-provider", choices=PROVIDERS,
                    help="run the draft model elsewhere than the target (e.g. cpu beside a cuda target)")
     p.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
     p.add_argument("--thread-pool", choices=["shared", "session"], default="shared",

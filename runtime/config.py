@@ -14,7 +14,7 @@ from edgespec.runtime.tree import TreeConfig
 # verify row costs a good part of a decode on a CPU, so rows unlikely to be kept do not pay
 EAGLE_MIN_CONFIDENCE = 0.25
 MEDUSA_MIN_CONFIDENCE = 0.4  # Medusa chain cut-off on each head's own probability (docs/results)
-PROVIDERS = ("cpu", "cuda", "tensorrt", "trt")
+PROVIDERS = ("cpu", "cuda", "tensorrt", "trt")  # ONNX Runtime's three (engines/ort.py) + native TensorRT
 HYBRID_LOOKUPS = ("suffix", "ngram")  # what hybrid pairs the EAGLE head with
 
 
