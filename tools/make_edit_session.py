@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOW = " Reply with the whole updated file in one code block."
-
 PYTHON_FILE = '''\
 """Small helpers for a shop's stock list."""
 
@@ -103,11 +102,22 @@ anything it does not recognize where it is.
 - `--by-date`: sort into year/month folders instead of by type.
 '''
 
-# (opening line, language of the fence, file, request before the file?, edit requests in order).
-# Where the first request goes is chosen per file: the 135M target loses the task more often
-# (a line or a fence repeated to the token limit) with the other order on that file.
-SESSIONS = [
-    ("Here is my Python module `inventory.py`:", "python", PYTHON_FILE, True, [
+@dataclass(frozen=True)
+class Session:
+    opening: str  # the line before the pasted file
+    lang: str  # the code fence's language
+    text: str  # the file as the user pastes it on turn 1
+    requests: tuple[str, ...]  # one edit request per turn, in order
+    ask: str  # appended to every request: the whole file back, as users ask for it
+    request_first: bool  # turn 1 puts the request before the file (else after it)
+
+
+# The phrasing (`ask`, `request_first`) is chosen per file: with the other choices the 135M target
+# lost the task on that file within a turn or two (one line or a bare fence repeated to the token
+# limit), which no user would keep chatting with.
+CODE_ASK = " Reply with the whole updated file in one code block."
+SESSIONS = (
+    Session("Here is my Python module `inventory.py`:", "python", PYTHON_FILE, (
         "Rename the function `total_value` to `stock_value`.",
         "Add a one-line docstring to every function.",
         "In `restock`, raise a ValueError when `amount` is not positive or no item has that name, "
@@ -115,29 +125,30 @@ SESSIONS = [
         "Give `low_stock` a parameter `limit` that defaults to `LOW_STOCK`.",
         "Add a pytest test for `stock_value` at the end of the file.",
         "Turn the functions into a class `Inventory` that keeps the items as an attribute.",
-    ]),
-    ("Here is my JavaScript file `cart.js`:", "javascript", JS_FILE, True, [
+    ), CODE_ASK, True),
+    Session("Here is my JavaScript file `cart.js`:", "javascript", JS_FILE, (
         "Rename `subtotal` to `cartSubtotal` and export it under the new name.",
         "Add a JSDoc comment above each function.",
         "Make `addItem` throw an Error when the item has no price or its qty is not a positive number.",
         "Give `totalWithTax` a second parameter `rate` that defaults to `TAX_RATE`.",
         "Add a function `removeItem(cart, name)` that removes every item with that name, and export it.",
         "Rewrite the functions as arrow functions assigned to `const`.",
-    ]),
-    ("Here is the Installation section of my project's README.md:", "markdown", README_SECTION, False, [
+    ), CODE_ASK, True),
+    Session("Here is the Installation section of my project's README.md:", "markdown", README_SECTION, (
         "Rename the tool from `tidyfiles` to `sortdir` everywhere in the section.",
         "Add a `--recursive` option to the list: it also sorts the files in subfolders.",
         "Add a short Requirements paragraph at the top: Python 3.9 or newer, no other dependencies.",
         "Turn the options list into a Markdown table with the columns Option and Description.",
         "Add an Example subsection that shows a dry run on ~/Downloads and what it prints.",
         "Use fenced code blocks marked bash instead of the indented code blocks.",
-    ]),
-]
+    ), " Show the whole updated file.", False),
+)
 
 
-def first_message(opening: str, lang: str, text: str, request: str, request_first: bool) -> str:
-    file = f"{opening}\n\n```{lang}\n{text}```"
-    return f"{request}{SHOW}\n\n{file}" if request_first else f"{file}\n\n{request}{SHOW}"
+def first_message(s: Session) -> str:
+    file = f"{s.opening}\n\n```{s.lang}\n{s.text}```"
+    request = s.requests[0] + s.ask
+    return f"{request}\n\n{file}" if s.request_first else f"{file}\n\n{request}"
 
 
 def fit(g: Generator, messages: list[dict], budget: int) -> list[dict]:
@@ -149,15 +160,15 @@ def fit(g: Generator, messages: list[dict], budget: int) -> list[dict]:
 
 def build(g: Generator, max_new_tokens: int, budget: int) -> list[dict]:
     rows = []
-    for s, (opening, lang, text, request_first, requests) in enumerate(SESSIONS):
+    for s, session in enumerate(SESSIONS):
         messages: list[dict] = []
-        for t, request in enumerate(requests, 1):
+        for t, request in enumerate(session.requests, 1):
             if t == 1:
-                messages = [{"role": "user", "content": first_message(opening, lang, text, request, request_first)}]
+                messages = [{"role": "user", "content": first_message(session)}]
             else:  # the target answers the previous request; that answer stays in the conversation
                 answer = g.generate(messages, max_new_tokens=max_new_tokens)
                 messages = fit(g, messages + [{"role": "assistant", "content": answer},
-                                              {"role": "user", "content": request + SHOW}], budget)
+                                              {"role": "user", "content": request + session.ask}], budget)
             n = len(g.codec.encode(messages))
             rows.append({"id": f"edit-session-{s}-{t}", "category": "edit_session", "messages": messages})
             print(f"edit-session-{s}-{t}: {len(messages)} messages, {n} prompt tokens", flush=True)
