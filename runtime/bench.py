@@ -65,7 +65,7 @@ def load_prompts(path: str | None, limit: int) -> list[dict]:
                 raise ValueError(f"{path}:{n}: not JSON ({e})") from e
             if "prompt" not in r and "messages" not in r:
                 raise ValueError(f"{path}:{n}: needs a 'prompt' (raw text) or 'messages' (chat) field")
-            rows.append({"id": r.get("id", n), **{k: r[k] for k in ("prompt", "messages") if k in r}})
+            rows.append({"id": r.get("id", n), **{k: r[k] for k in ("prompt", "messages", "category") if k in r}})
     return rows[:limit]
 
 
@@ -166,8 +166,12 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
             out_ids = [int(t) for chunk in g.generate_ids(ids, cfg.max_new_tokens, sampling) for t in chunk]
             dt = time.perf_counter() - t0
             results[c]["stats"].append(g.last_stats)
+            st = g.last_stats
             results[c]["prompts"].append({"id": p["id"], "output_ids": out_ids, "tokens": len(out_ids),
-                                          "seconds": dt})
+                                          "seconds": dt, "target_calls": st.n_target_calls,
+                                          "drafted": st.n_drafted, "accepted": st.n_accepted,
+                                          "mean_accepted_length": round(st.mean_accepted_length, 4)}
+                                         | ({"category": p["category"]} if "category" in p else {}))
         print(f"  [{i + 1}/{len(prompts)}] {p['id']}", file=sys.stderr)
     gpu = {}
     if sampler is not None:
