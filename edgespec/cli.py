@@ -87,6 +87,9 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    help="what the hybrid drafter pairs the EAGLE head with: suffix (default: per step, suffix "
                    "decoding over this request and recent ones, or the head, whichever is expected to keep "
                    "more tokens) or ngram (prompt lookup wherever it matches, the head elsewhere)")
+    p.add_argument("--hybrid-head", choices=("eagle", "eagle3", "dflash"), default="eagle",
+                   help="the model drafter hybrid pairs the lookup with: eagle (default), eagle3 or dflash (the "
+                   "folder must ship it)")
 
 
 def _add_generate(sub) -> None:

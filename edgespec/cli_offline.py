@@ -69,6 +69,10 @@ def _add_export(sub) -> None:
                    help="graph flavour: lean (ONNX Runtime contrib ops where they keep decode and verify rows "
                    "bitwise alike, ~2.3x fewer nodes), portable (standard ONNX ops: what TensorRT parses); auto "
                    "(default): lean, portable for --precision fp16")
+    p.add_argument("--host-prologue", action="store_true",
+                   help="lean target/draft graphs take their per-call masks and slot indices as inputs the runtime "
+                   "builds, instead of computing them from input shapes: ONNX Runtime's CUDA graph capture needs a "
+                   "graph without host-side shape arithmetic (logits stay bitwise the same; not with fp16)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
     p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=True,
@@ -92,7 +96,7 @@ def _cmd_export(a) -> int:
                        int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head,
                        int8_lm_head=a.int8_lm_head, force=a.force,
                        validate=not a.no_validate, eagle3_features=a.eagle3_features, trees=a.trees,
-                       two_row_matmuls=a.two_row_matmuls, graph=a.graph)
+                       two_row_matmuls=a.two_row_matmuls, graph=a.graph, host_prologue=a.host_prologue)
     export(cfg)
     return 0
 

@@ -8,6 +8,9 @@
   cache is sequence-major) for the context bucket S >= past_len, so attention reads S rows, not
   max_len. Outputs are bound to preallocated buffers; nothing is allocated per token.
 - IOBinding objects are built once per (width, bucket) and reused.
+- --host-prologue folders: the per-call masks and slot indices are built here (engines/prologue.py);
+  on the CUDA provider such a folder's calls are captured as CUDA graphs, one per (width, window)
+  (engines/cuda_graph.py), unless cuda_graph=False.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from edgespec.engines import cuda_graph as cg
 from edgespec.engines.base import EngineError, fill_tree, pick_width, window_slots
 from edgespec.engines.manifest import FUSED_PREFIX, HeadsSpec, Manifest, ModelSpec
+from edgespec.engines.prologue import HostPrologue, cache_slots, host_window_slots, takes_host_prologue
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -132,11 +137,14 @@ def _session_options(manifest: Manifest, spec, threads: int | None, prepack: boo
     return so, initializers
 
 
-def _new_session(path: Path, so: ort.SessionOptions, provider: str) -> ort.InferenceSession:
+def _new_session(path: Path, so: ort.SessionOptions, provider: str, cuda_graph: bool = False) -> ort.InferenceSession:
     global _N_SESSIONS
     _N_SESSIONS += 1
+    providers = PROVIDERS[provider]
+    if cuda_graph:  # the CUDA EP captures each gpu_graph_id's first runs and replays them afterwards
+        providers = [(providers[0], dict(cg.PROVIDER_OPTIONS))] + providers[1:]
     try:
-        return ort.InferenceSession(str(path), so, providers=PROVIDERS[provider])
+        return ort.InferenceSession(str(path), so, providers=providers)
     except Exception as e:  # ORT raises its own exception types; re-raise with context
         raise EngineError(f"could not load {path}: {e}. Hint: re-export the folder with this "
                           "edgespec/onnxruntime") from e
@@ -174,11 +182,13 @@ class OrtModel:
     graph shares the plain target's, so switching between them keeps the cached prefix).
     head: the EAGLE head engine whose KV the fused graph (spec `eagle_fused`) reads and whose rows
     `commit` writes next to the target's; `last_head()` gives the head's draft of the last
-    committed row."""
+    committed row.
+    cuda_graph: capture calls as CUDA graphs (cuda provider, --host-prologue folders); None: where
+    both hold."""
 
     def __init__(self, manifest: Manifest, spec: ModelSpec, provider: str = "cpu",
                  threads: int | None = None, prepack: bool = True, kv: np.ndarray | None = None,
-                 head: OrtModel | None = None) -> None:
+                 head: OrtModel | None = None, cuda_graph: bool | None = None) -> None:
         _check_provider(provider)
         self.manifest, self.spec, self.provider = manifest, spec, provider
         self.max_len = manifest.max_len
@@ -195,10 +205,18 @@ class OrtModel:
         if spec.fc is not None:
             self.fc_t = _weight_bytes(manifest, spec, spec.fc).view(np.dtype(spec.fc.dtype)).reshape(spec.fc.shape)
         dtype = np.dtype(spec.kv_dtype)
-        shape = (spec.n_layers, 2, self.max_len, spec.kv_width)  # [L, 2, S_max, Hkv*D]
-        if kv is not None and (kv.shape != shape or kv.dtype != dtype):
+        # a --host-prologue graph: masks and indices built here; its window always holds every new row,
+        # padding included, so the cache has room past max_len
+        host = takes_host_prologue(spec.graph)
+        self.kv_slots = cache_slots(self.max_len, self.widths, self.bucket) if host else self.max_len
+        shape = (spec.n_layers, 2, self.kv_slots, spec.kv_width)  # [L, 2, S_max, Hkv*D]
+        if kv is not None and (kv.shape[:2] + kv.shape[3:] != shape[:2] + shape[3:] or kv.shape[2] < self.kv_slots
+                               or kv.dtype != dtype):
             raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {dtype})")
+        if kv is not None:
+            self.kv_slots = kv.shape[2]  # a fused graph on a --host-prologue target's buffer (more slots)
         self.kv = np.zeros(shape, dtype) if kv is None else kv
+        self.prologue = HostPrologue(spec.graph, self.widths, self.kv_slots) if host else None
         self.head = head
         self.has_hidden = True  # hidden [1, T, H] is an output of every graph edgespec writes
         self.fused_head = head is not None  # forward takes head_next; last_head() gives the head's draft
@@ -240,8 +258,16 @@ class OrtModel:
             self.device = CudaOps()
             self.kv = None
             self._row_bytes = spec.kv_width * dtype.itemsize
-            self._kv_dev = self.device.alloc(spec.n_layers * 2 * self.max_len * self._row_bytes)
+            self._kv_dev = self.device.alloc(spec.n_layers * 2 * self.kv_slots * self._row_bytes)
             self._new_kv_dev = {w: self.device.alloc(spec.n_layers * 2 * w * self._row_bytes) for w in self.widths}
+        if cuda_graph and (provider != "cuda" or self.prologue is None):
+            raise EngineError(f"CUDA graphs need the cuda provider and a folder exported with --host-prologue (got "
+                              f"provider {provider!r}, {spec.role} graph {'with' if host else 'without'} it). Hint: "
+                              "re-export with --host-prologue, or run with --no-cuda-graph")
+        self.cuda_graph = provider == "cuda" and self.prologue is not None and cuda_graph is not False
+        self._graph_bufs = (cg.GraphBuffers(self.device, spec.graph, self.widths, self.kv_slots)
+                            if self.cuda_graph else None)
+        self._run_options: dict[tuple[int, int], ort.RunOptions] = {}  # per (width, window): its gpu_graph_id
         self._session: ort.InferenceSession | None = None
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._last_width = 0
@@ -253,7 +279,7 @@ class OrtModel:
         """The model's one session (every phase width runs through it)."""
         if self._session is None:
             self._session = _new_session(self.manifest.path(self.spec.graph.file), self._session_options,
-                                         self.provider)
+                                         self.provider, self.cuda_graph)
         return self._session
 
     def load_widths(self, widths) -> None:
@@ -265,11 +291,46 @@ class OrtModel:
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
 
+    def _host_arrays(self, width: int, n_slots: int) -> dict[str, np.ndarray]:
+        """The host arrays of a --host-prologue call's plain inputs and outputs (by graph name)."""
+        arrays = {"input_ids": self._ids[width], "positions": self._pos[width], "past_len": self._past,
+                  "tree_mask": self._tree[width], "logits": self._logits[width], "hidden": self._hidden[width]}
+        if self._hidden_aux is not None:
+            arrays["hidden_aux"] = self._hidden_aux[width]
+        return arrays | self.prologue.views(width, n_slots)
+
+    def _graph_binding(self, width: int, n_slots: int) -> ort.IOBinding:
+        """A captured call's binding: every tensor at an address fixed per (width, window)."""
+        b = self.session(width).io_binding()
+        arrays = self._host_arrays(width, n_slots)
+        for p in cg.binding_plan(self.spec.graph, width, n_slots):
+            bind = b.bind_output if p.output else b.bind_input
+            if p.where == cg.HOST:
+                bind(p.name, "cpu", 0, np.dtype(p.dtype), p.shape, arrays[p.name].ctypes.data)
+                continue
+            if p.where == cg.RESIDENT and p.output:  # new_kv
+                ptr = self._new_kv_dev[width].ptr
+            elif p.where == cg.RESIDENT:  # past_{kind}_{layer}: the window of the device cache
+                kind, layer = p.name.split("_")[1:]
+                j = 0 if kind == "key" else 1
+                ptr = self._kv_dev.ptr + (int(layer) * 2 + j) * self.kv_slots * self._row_bytes
+            else:
+                ptr = self._graph_bufs.ptr(p.name, width)
+            bind(p.name, "cuda", 0, np.dtype(p.dtype), p.shape, ptr)
+        ro = ort.RunOptions()
+        ro.add_run_config_entry(cg.RUN_GRAPH_ID, str(self._graph_bufs.graph_id(width, n_slots)))
+        self._run_options[width, n_slots] = ro
+        return b
+
     def _binding(self, width: int, n_slots: int) -> ort.IOBinding:
         key = (width, n_slots)
+        if key not in self._bindings and self.cuda_graph:
+            self._bindings[key] = self._graph_binding(width, n_slots)
         if key not in self._bindings:
             b = self.session(width).io_binding()
             inputs = [("input_ids", self._ids[width]), ("positions", self._pos[width]), ("past_len", self._past)]
+            if self.prologue is not None:
+                inputs += list(self.prologue.views(width, n_slots).items())
             if self._features is not None:
                 inputs.append(("features", self._features[width]))
             if self.takes_tree:
@@ -288,7 +349,7 @@ class OrtModel:
                         view = self.kv[layer, j, :n_slots]
                         b.bind_input(f"past_{kind}_{layer}", "cpu", 0, kv_dtype, view.shape, view.ctypes.data)
                     else:
-                        ptr = self._kv_dev.ptr + (layer * 2 + j) * self.max_len * self._row_bytes
+                        ptr = self._kv_dev.ptr + (layer * 2 + j) * self.kv_slots * self._row_bytes
                         b.bind_input(f"past_{kind}_{layer}", "cuda", 0, kv_dtype, (n_slots, self.spec.kv_width), ptr)
             outputs = [("logits", self._logits[width]), ("hidden", self._hidden[width])]
             if self._hidden_aux is not None:
@@ -339,8 +400,20 @@ class OrtModel:
             self._head_given[0] = given
         self._past[0] = past_len
         # the window must hold the new rows too (the graph places them at their slots)
-        n_slots = window_slots(past_len, width, self.bucket, self.max_len)
-        self.session(width).run_with_iobinding(self._binding(width, n_slots))
+        if self.prologue is None:
+            n_slots = window_slots(past_len, width, self.bucket, self.max_len)
+        else:
+            n_slots = host_window_slots(past_len, width, self.bucket)
+            self.prologue.fill(width, n_slots, past_len, pos[0], self._tree[width])
+        binding = self._binding(width, n_slots)
+        if self.cuda_graph:
+            plan = cg.binding_plan(self.spec.graph, width, n_slots)
+            arrays = self._host_arrays(width, n_slots)
+            self._graph_bufs.copy_in(plan, arrays, width)
+            self.session(width).run_with_iobinding(binding, self._run_options[width, n_slots])
+            self._graph_bufs.copy_out(plan, arrays, width)
+        else:
+            self.session(width).run_with_iobinding(binding)
         self._last_width = width
         self.n_calls += 1
         return self._logits[width][0, :n]
@@ -358,13 +431,13 @@ class OrtModel:
         if rows is not None:
             rb = self._row_bytes
             for i, r in enumerate(rows[:n_rows]):
-                self.device.copy2d(self._kv_dev.ptr + (past_len + i) * rb, self.max_len * rb,
+                self.device.copy2d(self._kv_dev.ptr + (past_len + i) * rb, self.kv_slots * rb,
                                    self._new_kv_dev[w].ptr + int(r) * rb, w * rb, rb, 2 * self.n_layers)
             self.device.sync()
             return
         # one strided device copy: 2L row blocks of n_rows rows, into [L, 2, max_len, W] at past_len
         rb = self._row_bytes
-        self.device.copy2d(self._kv_dev.ptr + past_len * rb, self.max_len * rb, self._new_kv_dev[w].ptr, w * rb,
+        self.device.copy2d(self._kv_dev.ptr + past_len * rb, self.kv_slots * rb, self._new_kv_dev[w].ptr, w * rb,
                            n_rows * rb, 2 * self.n_layers)
         self.device.sync()
 

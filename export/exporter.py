@@ -8,6 +8,7 @@ so an interrupted or failed export never leaves a folder that loads. What is wri
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import os
@@ -23,7 +24,7 @@ from edgespec.export.arch import ArchSpec, arch_from_config
 from edgespec.export.graph import GraphOptions, LlamaGraphWriter, one_row_int4_differs
 from edgespec.export.lean_graph import probe_portable_ops
 from edgespec.export.reference import hf_weights, reference_model
-from edgespec.export.spec import PRECISIONS, ExportConfig, ExportError, eagle3_layers, tolerance
+from edgespec.export.spec import PRECISIONS, ExportConfig, ExportError, eagle3_layers, tolerance, with_host_prologue
 from edgespec.export.validate import validate_eagle, validate_fused, validate_medusa, validate_model, validation_tokens
 from edgespec.export.weights import write_weights
 from edgespec.export.write import heads_dir, write_eagle, write_eagle_fused, write_medusa, write_model
@@ -89,7 +90,8 @@ def _draft_writer(cfg: ExportConfig, arch: ArchSpec, hf_w, model, tok, opts: Gra
         if what in PRECISIONS:
             return LlamaGraphWriter(arch, hf_w, GraphOptions(what, int4_accuracy_level=opts.int4_accuracy_level,
                                                              flavour="portable" if what == "fp16" else opts.flavour,
-                                                             portable_ops=opts.portable_ops)), \
+                                                             portable_ops=opts.portable_ops,
+                                                             host_prologue=opts.host_prologue and what != "fp16")), \
                 model, spec
         try:
             n = int(what)
@@ -104,6 +106,13 @@ def _draft_writer(cfg: ExportConfig, arch: ArchSpec, hf_w, model, tok, opts: Gra
     darch = arch_from_config(dmodel.config, cfg.max_len)
     _check_same_tokenizer(tok, dtok, arch.vocab_size, darch.vocab_size)
     return LlamaGraphWriter(darch, hf_weights(dmodel), opts), dmodel, "model"
+
+
+def _host_prologue(spec, writer: LlamaGraphWriter):
+    """A target/draft entry whose graph was written with --host-prologue declares the prologue's inputs."""
+    if not writer.opts.host_prologue:
+        return spec
+    return dataclasses.replace(spec, graph=with_host_prologue(spec.graph, writer.arch.n_heads, writer.opts))
 
 
 def _describe(folder: Path, n: int = 4) -> str:
@@ -222,12 +231,15 @@ def export(cfg: ExportConfig) -> Path:
                             aux_layers=(eagle3_layers(arch.n_layers)
                                         if cfg.eagle3_features or eagle3_dir or dflash_dir else ()),
                             two_row_matmuls=two_rows, flavour=cfg.flavour(),
-                            portable_ops=probe_portable_ops() if cfg.flavour() == "lean" else ())
+                            portable_ops=probe_portable_ops() if cfg.flavour() == "lean" else (),
+                            host_prologue=cfg.host_prologue)
+        head_opts = dataclasses.replace(opts, host_prologue=False)  # heads and the fused graph keep their prologue
         hf_w = hf_weights(model)
         writer = LlamaGraphWriter(arch, hf_w, opts)
         index_t = write_weights(writer.store.arrays, tmp / "target.weights")
         progress.step("wrote target.weights")
-        target = write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk, "target.weights", index_t)
+        target = _host_prologue(write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk,
+                                            "target.weights", index_t), writer)
         progress.step("graph target.onnx")
         chat_file = _write_tokenizer(tok, tmp)
         progress.step("tokenizer")
@@ -242,33 +254,41 @@ def export(cfg: ExportConfig) -> Path:
                 weights_d = "draft.weights"
                 index_d = write_weights(draft_writer.store.arrays, tmp / weights_d)
             progress.step("draft weights")
-            draft = write_model(draft_writer, tmp, "draft", draft_kind, cfg.draft_widths(), cfg.prefill_chunk,
-                                weights_d, index_d)
+            draft = _host_prologue(write_model(draft_writer, tmp, "draft", draft_kind, cfg.draft_widths(),
+                                               cfg.prefill_chunk, weights_d, index_d), draft_writer)
             progress.step("graph draft.onnx")
         eagle = eagle_fused = eagle_writer = None
         if head_dir is not None:
-            eagle_writer, eagle = write_eagle(head_dir, tmp, arch, writer, index_t, opts, widths, cfg.prefill_chunk,
-                                              cfg.eagle_draft_vocab)
+            eagle_writer, eagle = write_eagle(head_dir, tmp, arch, writer, index_t, head_opts, widths,
+                                              cfg.prefill_chunk, cfg.eagle_draft_vocab)
             progress.step("EAGLE head")
-            eagle_fused = write_eagle_fused(tmp, target, eagle)
+            fuse_onto = target
+            if opts.host_prologue:  # the fused graph is the target's with its own prologue
+                in_graph = copy.copy(writer)
+                in_graph.opts = head_opts
+                fuse_onto = write_model(in_graph, tmp, "target_prologue", "target", widths, cfg.prefill_chunk,
+                                        "target.weights", index_t)
+            eagle_fused = write_eagle_fused(tmp, fuse_onto, eagle)
+            if fuse_onto is not target:
+                (tmp / fuse_onto.graph.file).unlink()
             progress.step("target+EAGLE graph")
         eagle3 = eagle3_writer = None
         if eagle3_dir is not None:
             from edgespec.export.eagle3_graph import write_eagle3
 
-            eagle3_writer, eagle3 = write_eagle3(eagle3_dir, tmp, arch, writer, index_t, opts, widths,
+            eagle3_writer, eagle3 = write_eagle3(eagle3_dir, tmp, arch, writer, index_t, head_opts, widths,
                                                  cfg.prefill_chunk, cfg.eagle_draft_vocab)
             progress.step("EAGLE-3 head")
         dflash = dflash_writer = None
         if dflash_dir is not None:
             from edgespec.export.dflash_graph import write_dflash
 
-            dflash_writer, dflash = write_dflash(dflash_dir, tmp, arch, writer, index_t, opts,
+            dflash_writer, dflash = write_dflash(dflash_dir, tmp, arch, writer, index_t, head_opts,
                                                  sorted({cfg.k + 1, cfg.prefill_chunk}))
             progress.step("DFlash drafter")
         medusa = medusa_writer = None
         if medusa_dir is not None:
-            medusa_writer, medusa = write_medusa(medusa_dir, tmp, arch, writer, opts)
+            medusa_writer, medusa = write_medusa(medusa_dir, tmp, arch, writer, head_opts)
             progress.step("Medusa heads")
         man = mf.Manifest(
             folder=tmp, name=out.name, edgespec_version=__version__,

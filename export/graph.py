@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgespec.export.arch import ArchSpec
-from edgespec.export.lean_graph import LEAN_OPSET, LeanLayers
+from edgespec.export.lean_graph import LEAN_OPSET, LeanLayers, host_prologue_inputs
 from edgespec.export.portable_graph import PortableLayers
 from edgespec.export.quant import quantize_int4, quantize_int8
 
@@ -60,6 +60,9 @@ class GraphOptions:
     portable_ops: tuple[str, ...] = ()  # lean: fused ops written in their portable form instead (the
     #                                     export's probe found they break the rule here, or forced): any of
     #                                     lean_graph.LEAN_OPS
+    host_prologue: bool = False  # lean target/draft graphs: the per-call masks and indices come in as inputs
+    #                              the engine builds (lean_graph.host_prologue_inputs), no shape arithmetic in
+    #                              the graph, so ONNX Runtime's CUDA graphs can capture it; heads keep theirs
 
 
 class WeightStore:
@@ -316,7 +319,10 @@ class LlamaGraphWriter(PortableLayers, LeanLayers):
         next norm."""
         a = self.arch
         b = _Builder(self.store, self.dtype)
-        ctx = self._lean_prologue(b)
+        host = self.opts.host_prologue
+        ctx = self._lean_prologue(b, host=host)
+        extra_in = [helper.make_tensor_value_info(name, _NP_TO_ONNX[np.dtype(dt)], list(shape)) for name, shape, dt in
+                    host_prologue_inputs(a.n_heads, self.dtype.name, self.opts.trees, "two_rows" in ctx)] if host else []
         x = b.op("Gather", [b.weight("embed"), "input_ids"], "/embed/Gather", axis=0)  # [1, T, H]
         two_rows = "two_rows" in ctx
 
@@ -343,8 +349,8 @@ class LlamaGraphWriter(PortableLayers, LeanLayers):
             b.nodes.append(helper.make_node("Reshape", [cat, b.const("shape_aux", np.array([1, -1, n_aux], np.int64))],
                                             ["hidden_aux"], name="/hidden_aux/Reshape"))
             extra_out.append(helper.make_tensor_value_info("hidden_aux", _NP_TO_ONNX[self.dtype], [1, "T", n_aux]))
-        return self._finish(b, self.n_layers, new_rows, logits, hidden, a.vocab_size, [], weights_location, offsets,
-                            extra_outputs=extra_out)
+        return self._finish(b, self.n_layers, new_rows, logits, hidden, a.vocab_size, extra_in, weights_location,
+                            offsets, extra_outputs=extra_out)
 
 
 def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int = 576, n: int = 256) -> bool:

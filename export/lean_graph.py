@@ -38,6 +38,20 @@ LEAN_OPS = ("norm", "rotary", "silu")  # fused ops the lean flavour uses where t
 LEAN_OPSET = 18  # ScatterElements reduction="max"
 
 
+def host_prologue_inputs(n_heads: int, dtype: str, trees: bool, two_rows: bool) -> list[tuple[str, tuple, str]]:
+    """(name, shape, dtype) of the inputs a --host-prologue graph takes instead of computing them
+    (T: the call's width, S: the cache window, S >= past_len + T). Per-head rows come as [T, Hq, W]
+    (row t*Hq + h of the prologue once flattened): the manifest's shapes are ints, T and S."""
+    out = [("mask_past", (1, "S"), dtype), ("mask_new", ("T", n_heads, "T"), dtype),
+           ("score_cols", ("T", n_heads, "T"), "int64")]
+    if trees:
+        out.append(("to_node", ("T", n_heads, "S"), "int64"))
+    out.append(("value_slots", (1, "T", 1), "int64"))
+    if two_rows:  # Pad's pads and Slice's end: read on the host by ONNX Runtime's kernels, fixed per width
+        out += [("two_rows_pads", (6,), "int64"), ("n_rows", (1,), "int64")]
+    return out
+
+
 class LeanLayers:
     """Mixin of graph.LlamaGraphWriter: the lean prologue, layer, norm and attention. Uses the
     writer's arch, opts, dtype and _matmul / _rms_norm."""
@@ -58,7 +72,7 @@ class LeanLayers:
             self.store.add("rope_sin", sin.astype(self.dtype))
 
     # ---- once per call ------------------------------------------------------------------------
-    def _lean_prologue(self, b) -> dict:
+    def _lean_prologue(self, b, host: bool = False) -> dict:
         """Constants and the per-call masks and indices every layer shares:
           mask_past [1, S]        0 for the cached slots j < past_len, -inf-like from past_len on
           mask_new [T*Hq, T]      0 where the column node is the row node or an ancestor
@@ -71,7 +85,9 @@ class LeanLayers:
                                   the T new slots, the identity elsewhere
           v_slots [1, n, 1]       slots of the new values inside the window (n = min(T, S - past_len):
                                   rows padded past the window's end are dropped)
-        Rows are ordered (t, h): row t*Hq + h is query head h of token t."""
+        Rows are ordered (t, h): row t*Hq + h is query head h of token t.
+        host: these come in as graph inputs (host_prologue_inputs), built by the engine
+        (engines/prologue.py) with the same values; the window then always holds the T new rows."""
         a, f = self.arch, self.dtype
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
         kv_w = n_kv * d
@@ -97,6 +113,8 @@ class LeanLayers:
         b.const("head_mask", head_mask)
         b.const("ctx_idx", ctx_idx)
         b.const("tile_heads", np.array([1, n_q, 1], np.int64))
+        if host:
+            return self._lean_rope_rows(b, self._lean_host_inputs(b))
 
         t_len = b.op("Gather", [b.op("Shape", ["input_ids"], "/T/shape"), "axis1"], "/T/T")  # [1]
         s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/S/shape"), "axis0"], "/S/S")  # [1]
@@ -150,6 +168,20 @@ class LeanLayers:
                                  "zero_1"], "/two_rows/extra")
             ctx["two_rows"] = b.op("Concat", ["zero_1", "zero_1", "zero_1", "zero_1", extra, "zero_1"],
                                    "/two_rows/pads", axis=0)
+        return self._lean_rope_rows(b, ctx)
+
+    def _lean_host_inputs(self, b) -> dict:
+        """The prologue's outputs read from graph inputs: no Shape, Range, CumSum or data-dependent
+        Slice, so ONNX Runtime places nothing of it on the host and a CUDA graph can capture the call."""
+        ctx = {"mask_past": "mask_past", "v_slots": "value_slots"}
+        heads = ("mask_new", "score_cols") + (("to_node",) if self.opts.trees else ())
+        for name, key in zip(heads, ("mask_new", "cols", "to_node")):  # [T, Hq, W] -> [T*Hq, W]
+            ctx[key] = b.op("Flatten", [name], f"/{key}/rows", axis=2)
+        if self.opts.two_row_matmuls and self.opts.precision == "int4":
+            ctx["two_rows"], ctx["t_len"] = "two_rows_pads", "n_rows"
+        return ctx
+
+    def _lean_rope_rows(self, b, ctx: dict) -> dict:
         if not self._fused("rotary"):  # cos/sin rows of the positions, gathered once: [1, T, 1, D]
             for name in ("cos", "sin"):
                 rows = b.op("Gather", [b.weight(f"rope_{name}"), "positions"], f"/rope/{name}")  # [1, T, D]
@@ -227,7 +259,9 @@ class LeanLayers:
         probs = b.op("Softmax", [scores], p + "/Softmax", axis=-1)
         if "to_node" in ctx:
             probs = b.op("GatherElements", [probs, ctx["to_node"]], p + "/p_node", axis=1)
-        v_in = b.op("Slice", [v, "zero_1", ctx["n_in"], "axis1"], p + "/v_in")  # rows inside the window
+        v_in = v  # host prologue: the window holds every new row
+        if "n_in" in ctx:
+            v_in = b.op("Slice", [v, "zero_1", ctx["n_in"], "axis1"], p + "/v_in")  # rows inside the window
         v_full = b.op("ScatterND", [f"past_value_{i}", ctx["v_slots"], v_in], p + "/v_full")  # [S, Hkv*D]
         ctx_rows = b.op("Gemm", [probs, v_full], p + "/ctx")  # [T*Hq, Hkv*D]
         out = b.op("Gather", [b.op("Reshape", [ctx_rows, "shape_ctx"], p + "/ctx_heads"), "ctx_idx"], p + "/ctx_own",

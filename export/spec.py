@@ -57,6 +57,9 @@ class ExportConfig:
     #                                verify rows bitwise; "auto": when this CPU's ORT needs it (probed), "on", "off"
     graph: str = "auto"  # graph flavour: "lean" (ONNX Runtime contrib ops where they keep the bitwise rule,
     #                      fewer nodes), "portable" (standard ops: TensorRT), "auto": lean unless fp16
+    host_prologue: bool = False  # lean target/draft graphs take their per-call masks and indices as inputs the
+    #                              engine builds: no shape arithmetic on the host side of ONNX Runtime, which its
+    #                              CUDA graph capture needs (the EAGLE head and fused graphs keep theirs)
     force: bool = False  # replace an existing folder
     validate: bool = True  # compare every graph with PyTorch after export
     progress: bool = True  # show a progress bar
@@ -75,6 +78,9 @@ class ExportConfig:
         if self.graph == "lean" and self.precision == "fp16":
             raise ExportError("--graph lean is written for fp32 and int4; fp16 folders (TensorRT) take "
                               "--graph portable (or auto)")
+        if self.host_prologue and self.flavour() != "lean":
+            raise ExportError(f"--host-prologue needs the lean graph (got --graph {self.graph} --precision "
+                              f"{self.precision}); fp16/TensorRT folders keep the portable graph: drop --host-prologue")
         if self.precision not in PRECISIONS:
             raise ExportError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         if self.prefill_chunk < 1 or self.kv_bucket < 1:
@@ -144,6 +150,18 @@ def token_graph(file: str, widths: list[int], chunk: int, *, n_layers: int, kv_w
     flavour = opts.flavour if opts else "portable"
     return GraphSpec(file, tuple(widths), {p: ws for p, ws in phases.items() if ws}, tuple(inputs), tuple(outputs),
                      flavour, tuple(opts.portable_ops) if opts and flavour == "lean" else ())
+
+
+def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions) -> GraphSpec:
+    """A target/draft graph written with opts.host_prologue: its inputs after past_len (graph order)
+    gain the prologue's tensors (lean_graph.host_prologue_inputs); the rest is unchanged."""
+    from edgespec.export.lean_graph import host_prologue_inputs
+
+    dtype = next(t.dtype for t in graph.outputs if t.name == "hidden")
+    two_rows = opts.two_row_matmuls and opts.precision == "int4"
+    extra = tuple(TensorSpec(n, shape, dt) for n, shape, dt in host_prologue_inputs(n_heads, dtype, opts.trees, two_rows))
+    at = [t.name for t in graph.inputs].index("past_len") + 1
+    return replace(graph, inputs=graph.inputs[:at] + extra + graph.inputs[at:])
 
 
 def fused_graph(file: str, target: GraphSpec, head: GraphSpec) -> GraphSpec:

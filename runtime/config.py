@@ -16,11 +16,13 @@ EAGLE_MIN_CONFIDENCE = 0.25
 MEDUSA_MIN_CONFIDENCE = 0.4  # Medusa chain cut-off on each head's own probability (docs/results)
 PROVIDERS = ("cpu", "cuda", "tensorrt", "trt")  # ONNX Runtime's three (engines/ort.py) + native TensorRT
 HYBRID_LOOKUPS = ("suffix", "ngram")  # what hybrid pairs the EAGLE head with
+HYBRID_HEADS = ("eagle", "eagle3", "dflash")  # the model drafter hybrid pairs the lookup with
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    drafter: str | None = None  # none | ngram | draft | eagle | hybrid | medusa (None: the folder's default)
+    drafter: str | None = None  # none | ngram | suffix | draft | eagle | hybrid | medusa | eagle3 | dflash
+    #                             (None: the folder's default)
     k: int | None = None  # num_speculative_tokens per step, the maximum when adaptive (None: the folder's)
     adaptive: bool | None = None  # choose k per step (greedy: measured costs; sampled: fixed ones) (None: the folder's)
     provider: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution providers) | trt (native TensorRT)
@@ -39,6 +41,7 @@ class RuntimeConfig:
     suffix_cache: str | None = None  # suffix drafter: .npy file its cache is loaded from and saved to
     hybrid_lookup: str = "suffix"  # hybrid: suffix (per step, suffix decoding or the head by expected
     #                                accepted length) | ngram (prompt lookup where it matches, else the head)
+    hybrid_head: str = "eagle"  # hybrid's model drafter: eagle | eagle3 | dflash (the folder must ship it)
 
     @property
     def ngram(self) -> NgramConfig:
@@ -65,6 +68,8 @@ class RuntimeConfig:
             raise ValueError(f"k={self.k}: num_speculative_tokens must be >= 0")
         if self.hybrid_lookup not in HYBRID_LOOKUPS:
             raise ValueError(f"hybrid_lookup {self.hybrid_lookup!r}: choose from {', '.join(HYBRID_LOOKUPS)}")
+        if self.hybrid_head not in HYBRID_HEADS:
+            raise ValueError(f"hybrid_head {self.hybrid_head!r}: choose from {', '.join(HYBRID_HEADS)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads={self.threads}: need at least 1 (or leave it unset for the physical cores)")
 

@@ -179,12 +179,14 @@ class ModelDrafter(Drafter):
 
 def make_drafter(name: str, engines, ngram: NgramConfig, features: np.ndarray | None,
                  eagle_min_confidence: float, medusa_min_confidence: float, fuse_head: bool,
-                 suffix_cache=None, hybrid_lookup: str = "suffix", aux: np.ndarray | None = None) -> Drafter:
+                 suffix_cache=None, hybrid_lookup: str = "suffix", aux: np.ndarray | None = None,
+                 hybrid_head: str = "eagle") -> Drafter:
     """The drafter `name` over a generator's engines (runtime.generator.Engines); features
     [slots, H] is the target's hidden-state buffer the head drafters read; suffix_cache the
     process's cache of recent requests (runtime.suffix.SuffixCache); hybrid_lookup what hybrid
     pairs the head with (suffix: per-step choice by expected accepted length; ngram: prompt lookup
-    wherever it matches); aux [slots, n*H] the target's hidden_aux buffer (an EAGLE-3 head's input)."""
+    wherever it matches); aux [slots, n*H] the target's hidden_aux buffer (EAGLE-3's and DFlash's
+    input); hybrid_head the model drafter hybrid pairs the lookup with (eagle, eagle3 or dflash)."""
     from edgespec.runtime.heads import Eagle3Drafter, EagleDrafter, HybridDrafter, MedusaDrafter
     from edgespec.runtime.hybrid_choice import SuffixHeadHybrid
     from edgespec.runtime.suffix import SuffixDrafter
@@ -200,6 +202,12 @@ def make_drafter(name: str, engines, ngram: NgramConfig, features: np.ndarray | 
             raise ValueError("drafter 'draft' needs an engine folder exported with --draft")
         return ModelDrafter(engines.draft)
     vocab = engines.target.vocab_size
+    if name == "hybrid" and hybrid_head != "eagle":
+        head = make_drafter(hybrid_head, engines, ngram, features, eagle_min_confidence, medusa_min_confidence,
+                            fuse_head, suffix_cache, hybrid_lookup, aux)
+        if hybrid_lookup == "ngram":
+            return HybridDrafter(NgramDrafter(ngram), head)
+        return SuffixHeadHybrid(SuffixDrafter(suffix_cache), head)
     if name in ("eagle", "hybrid"):
         if engines.eagle is None:
             raise ValueError(f"drafter {name!r} needs an engine folder with an EAGLE head (exported with "

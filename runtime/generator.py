@@ -87,16 +87,18 @@ class Generator:
 
     def warm_drafter(self, widths=()) -> None:
         """Make the current drafter's sessions now, so its first real call pays nothing."""
-        e = self.engines
-        if self.drafter.name == "draft":
+        e, name = self.engines, self.drafter.name
+        if name == "hybrid":
+            name = self.cfg.hybrid_head
+        if name == "draft":
             e.draft.load_widths([1, self.manifest.prefill_chunk])
-        elif self.drafter.name in ("eagle", "hybrid"):
+        elif name == "eagle":
             e.eagle.load_widths(widths)
-        elif self.drafter.name == "medusa":
+        elif name == "medusa":
             e.medusa.load()
-        elif self.drafter.name == "eagle3":
+        elif name == "eagle3":
             e.eagle3.load_widths(widths)
-        elif self.drafter.name == "dflash":
+        elif name == "dflash":
             e.dflash.load()
 
     @property
@@ -123,15 +125,16 @@ class Generator:
                                             self.engines.target.vocab_size)
         self.drafter: Drafter = make_drafter(name, self.engines, c.ngram, self._tgt_features, c.eagle_min_confidence,
                                              c.medusa_min_confidence, c.fuse_head, self.suffix_cache,
-                                             c.hybrid_lookup, aux=self._tgt_aux)
+                                             c.hybrid_lookup, aux=self._tgt_aux, hybrid_head=c.hybrid_head)
         self.k = 0 if name == "none" else k
         self.tree = None  # the step's token tree (preallocated), when trees are on
         if c.tree.nodes and name != "none":
             c.tree.check(k_max + 1)
             if not self.drafter.drafts_trees:
                 raise ValueError(f"drafter {name!r} drafts chains only; trees work with {', '.join(TREE_DRAFTERS)}")
-            verifying = [self.target] + ([self.engines.eagle] if name in ("eagle", "hybrid") else [])
-            verifying += [self.engines.eagle3] if name == "eagle3" else []
+            head = c.hybrid_head if name == "hybrid" else name
+            verifying = [self.target] + ([self.engines.eagle] if head == "eagle" else [])
+            verifying += [self.engines.eagle3] if head == "eagle3" else []
             if not all(e.takes_tree for e in verifying):
                 raise ValueError("this engine folder's graphs verify chains only (exported with --no-trees); "
                                  "token trees need a folder re-exported without --no-trees")

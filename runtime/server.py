@@ -66,8 +66,9 @@ class ServeConfig:
 def abilities(gen: Generator) -> Abilities:
     """What requests may ask of this generator's folder and backend."""
     e, tgt = gen.engines, gen.engines.target
-    needs = {"draft": e.draft, "eagle": e.eagle, "hybrid": e.eagle, "medusa": e.medusa,
-             "eagle3": e.eagle3, "dflash": e.dflash}  # else: no model
+    needs = {"draft": e.draft, "eagle": e.eagle, "medusa": e.medusa, "eagle3": e.eagle3,
+             "dflash": e.dflash}  # else: no model
+    needs["hybrid"] = needs[gen.cfg.hybrid_head]
 
     def runs(d: str) -> bool:
         try:
@@ -76,10 +77,14 @@ def abilities(gen: Generator) -> Abilities:
             return False
         return needs.get(d, True) is not None
 
+    def grows_trees(d: str) -> bool:  # a head drafter (or hybrid's head) needs a head graph that takes trees
+        head = gen.cfg.hybrid_head if d == "hybrid" else d
+        if head == "dflash":
+            return False
+        return head not in ("eagle", "eagle3") or needs[head].takes_tree
+
     drafters = tuple(d for d in DRAFTERS if runs(d))
-    trees = tuple(d for d in TREE_DRAFTERS if d in drafters and tgt.takes_tree
-                  and (d not in ("eagle", "hybrid") or e.eagle.takes_tree)
-                  and (d != "eagle3" or e.eagle3.takes_tree))
+    trees = tuple(d for d in TREE_DRAFTERS if d in drafters and tgt.takes_tree and grows_trees(d))
     k_max = 0  # verify widths 2..k_max+1 must all exist (as Generator.set_drafter requires)
     while k_max + 2 in tgt.widths:
         k_max += 1

@@ -104,20 +104,22 @@ def test_export_validates_the_graph_against_pytorch(dflash_engine):
     assert m.dflash.validation and max(m.dflash.validation.values()) < 1e-3  # fp32: ORT ~ PyTorch
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_greedy_dflash_output_is_plain_output(dflash_engine, k):
+@pytest.mark.parametrize("drafter,k", [("dflash", 2), ("dflash", 4), ("hybrid", 4)])
+def test_greedy_dflash_output_is_plain_output(dflash_engine, drafter, k):
+    """dflash alone, and as hybrid's head beside suffix decoding (--hybrid-head dflash)."""
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
     rng = np.random.default_rng(3)
     plain = Generator.load(dflash_engine, RuntimeConfig(drafter="none"))
-    spec = Generator.load(dflash_engine, RuntimeConfig(drafter="dflash", k=k, eagle_min_confidence=0.0))
+    spec = Generator.load(dflash_engine, RuntimeConfig(drafter=drafter, k=k, eagle_min_confidence=0.0,
+                                                        hybrid_head="dflash"))
     drafted = 0
     for n in (5, 23, 40):
         prompt = rng.integers(2, 256, n)
         want = np.concatenate(list(plain.generate_ids(prompt, 30)))
         got = np.concatenate(list(spec.generate_ids(prompt, 30)))
-        assert np.array_equal(want, got), f"prompt of {n}: dflash k={k} differs from plain"
+        assert np.array_equal(want, got), f"prompt of {n}: {drafter} k={k} differs from plain"
         drafted += spec.last_stats.n_drafted
     assert drafted > 0
 
@@ -153,9 +155,10 @@ def test_dflash_sampling_keeps_the_target_distribution():
     from edgespec.runtime.generator import Generator
 
     table = random_table(ts.V, seed=11, sharpness=1.0)
-    for cut in (0.0, 0.3):  # the confidence cut depends on the block's logits only: lossless either way
+    # the confidence cut depends on the block's logits only: lossless either way; hybrid: its head
+    for drafter, cut in (("dflash", 0.0), ("dflash", 0.3), ("hybrid", 0.0)):
         g = Generator(None, Engines(te3._AuxTarget(table, 64), dflash=FakeDFlash(ts.V, [0, 2, 3, 5, 6])),
-                      RuntimeConfig(drafter="dflash", k=3, eagle_min_confidence=cut))
+                      RuntimeConfig(drafter=drafter, k=3, eagle_min_confidence=cut, hybrid_head="dflash"))
         p = ts._chi2_pvalue(ts._sample_counts(g), ts._exact_tokens_23(g))
-        assert p > 1e-3, f"dflash (cut {cut}): chi-square p = {p:.2g}: samples do not follow the target"
+        assert p > 1e-3, f"{drafter} (cut {cut}): chi-square p = {p:.2g}: samples do not follow the target"
         assert g.last_stats.n_drafted > 0

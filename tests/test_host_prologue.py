@@ -1,0 +1,205 @@
+"""--host-prologue: the lean graph's per-call masks and indices come in as inputs the engine builds
+(engines/prologue.py), so the graph has no host-side shape arithmetic (ONNX Runtime CUDA graphs can
+capture it). The logits must be the bits of the in-graph prologue's, call by call."""
+
+import collections
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from tiny import assert_rows_bitwise_alike  # noqa: E402
+
+from edgespec.engines.base import EngineError  # noqa: E402
+from edgespec.engines.manifest import load_manifest  # noqa: E402
+from edgespec.engines.ort import OrtModel  # noqa: E402
+from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
+
+SHAPE_OPS = {"Shape", "Range", "CumSum", "Tile", "Less", "LessOrEqual", "GreaterOrEqual", "Min", "Max", "Sub",
+             "Squeeze", "And", "Cast"}  # what the in-graph prologue computes its masks and indices with
+MAX_LEN = 128
+
+
+@pytest.fixture(scope="module")
+def folders(tiny_models, tmp_path_factory):
+    """{(precision, host_prologue): folder}: fp32 with a self:1 draft and an EAGLE head, int4 with the
+    two-row matmuls on (their pads and row count are prologue inputs too)."""
+    import edgespec.export.exporter as ex
+    from test_eagle import _tiny_head
+
+    root = tmp_path_factory.mktemp("host_prologue")
+    head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    probe, ex.probe_portable_ops = ex.probe_portable_ops, lambda: ()  # every fused op (the probe costs CPU)
+    out = {}
+    try:
+        for precision, extra in (("fp32", dict(draft="self:1", eagle=str(head_dir))),
+                                 ("int4", dict(two_row_matmuls="on"))):
+            for host in (False, True):
+                out[precision, host] = export(ExportConfig(
+                    target=str(tiny_models["llama"]), out=str(root / f"{precision}-{int(host)}"), max_len=MAX_LEN,
+                    k=4, prefill_chunk=16, kv_bucket=32, precision=precision, trees=True, progress=False,
+                    host_prologue=host, **extra))
+    finally:
+        ex.probe_portable_ops = probe
+    return out
+
+
+def _ops(folder, file="target.onnx") -> collections.Counter:
+    import onnx
+
+    return collections.Counter(n.op_type for n in onnx.load(str(folder / file), load_external_data=False).graph.node)
+
+
+def _calls():
+    """(past_len, tokens, parents) of a call schedule: prefill chunks, chain and tree verifies, decodes,
+    and calls at the end of the context whose padding rows run past max_len. Each call commits
+    all its rows when `commit` says so."""
+    rng = np.random.default_rng(5)
+    toks = rng.integers(0, 256, MAX_LEN + 8)
+    yield 0, toks[:16], None, True
+    for w in (2, 3, 4):
+        yield 16, toks[16:16 + w], None, False
+    yield 16, toks[16:20], np.array([-1, 0, 0, 1]), False
+    yield 16, toks[16:20], np.array([-1, 0, 1, 1]), False
+    for past in range(16, 24):
+        yield past, toks[past:past + 1], None, True
+    for past in range(24, 120, 16):
+        yield past, toks[past:past + 16], None, True
+    yield 120, toks[120:124], None, True
+    yield 124, toks[124:127], None, False  # width 4: one padding row at slot 127
+    yield 124, toks[124:126], np.array([-1, 0]), False  # width 2 tree
+    yield 124, toks[124:125], None, True
+    yield 125, toks[125:128], np.array([-1, 0, 0]), False  # width 4: the padding row's slot is max_len
+    yield 125, toks[125:126], None, True
+    yield 126, toks[126:127], None, True
+    yield 127, toks[127:128], None, False
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_logits_bitwise_those_of_the_in_graph_prologue(folders, precision):
+    m0, m1 = load_manifest(folders[precision, False]), load_manifest(folders[precision, True])
+    roles = ("target", "draft") if m1.draft is not None else ("target",)
+    for role in roles:
+        plain, host = OrtModel(m0, getattr(m0, role)), OrtModel(m1, getattr(m1, role))
+        assert host.prologue is not None and plain.prologue is None
+        assert host.kv_slots > host.max_len == plain.kv_slots
+        for past, ids, parents, commit in _calls():
+            if parents is not None and not host.takes_tree:
+                continue
+            if len(ids) > max(host.widths):
+                continue
+            want = plain.forward(ids, past, parents=parents).copy()
+            got = host.forward(ids, past, parents=parents)
+            assert np.array_equal(got, want), (role, past, len(ids), parents, np.abs(got - want).max())
+            if commit:
+                plain.commit(past, len(ids))
+                host.commit(past, len(ids))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_rows_bitwise_alike_across_phases(folders, precision):
+    assert_rows_bitwise_alike(load_manifest(folders[precision, True]), precision)
+
+
+def test_graph_has_no_shape_arithmetic(folders):
+    for precision in ("fp32", "int4"):
+        host, plain = _ops(folders[precision, True]), _ops(folders[precision, False])
+        assert not SHAPE_OPS & set(host), (precision, SHAPE_OPS & set(host))
+        assert {"Shape", "Range", "CumSum"} <= set(plain)
+        assert sum(plain.values()) > sum(host.values())
+    assert not SHAPE_OPS & set(_ops(folders["fp32", True], "draft.onnx"))
+    for file in ("eagle.onnx", "target_eagle.onnx"):  # the head and the fused graph keep their prologue
+        assert "Range" in _ops(folders["fp32", True], file), file
+
+
+def test_manifest_declares_the_inputs_in_graph_order(folders):
+    import onnx
+
+    m = load_manifest(folders["int4", True])
+    g = onnx.load(str(folders["int4", True] / "target.onnx"), load_external_data=False).graph
+    assert [i.name for i in g.input] == list(m.target.graph.input_names())
+    names = m.target.graph.input_names()
+    for name in ("mask_past", "mask_new", "score_cols", "to_node", "value_slots", "two_rows_pads", "n_rows"):
+        assert name in names, name
+    assert "mask_past" not in load_manifest(folders["int4", False]).target.graph.input_names()
+    fp32 = load_manifest(folders["fp32", True])
+    assert "two_rows_pads" not in fp32.target.graph.input_names()
+    for spec in (fp32.eagle, fp32.eagle_fused):
+        assert "mask_past" not in spec.graph.input_names(), spec.role
+
+
+@pytest.mark.parametrize("drafter,tree", [("ngram", None), ("ngram", (7, 3, 2, 2)), ("draft", None),
+                                          ("eagle", None), ("eagle", (7, 3, 2, 2))])
+@pytest.mark.parametrize("fuse_head", [True, False])
+def test_greedy_speculative_equals_plain(folders, drafter, tree, fuse_head):
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+    from edgespec.runtime.tree import TreeConfig
+
+    if fuse_head and drafter != "eagle":
+        pytest.skip("fuse_head matters for eagle only")
+    folder = folders["fp32", True]
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(3, 60, n) for n in (5, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
+    plain_g = Generator.load(folders["fp32", False], RuntimeConfig(drafter="none", k=1, adaptive=False))
+    plain = [np.concatenate([x.copy() for x in plain_g.generate_ids(p, 40)]) for p in prompts]
+    cfg = RuntimeConfig(drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0, fuse_head=fuse_head,
+                        tree=TreeConfig(*tree) if tree else TreeConfig())
+    g = Generator.load(folder, cfg)
+    for p, ref in zip(prompts, plain, strict=True):
+        out = np.concatenate([x.copy() for x in g.generate_ids(p, 40)])
+        assert np.array_equal(out, ref), (drafter, tree, p)
+    assert g.last_stats.n_drafted > 0 or drafter == "ngram"
+
+
+def test_export_refuses_portable_graphs():
+    for kw in (dict(precision="fp16"), dict(graph="portable")):
+        with pytest.raises(ExportError, match="--host-prologue"):
+            ExportConfig(host_prologue=True, **kw).check()
+
+
+def test_cuda_graph_needs_cuda_and_the_host_prologue(folders):
+    m = load_manifest(folders["fp32", True])
+    with pytest.raises(EngineError, match="--host-prologue|cuda provider"):
+        OrtModel(m, m.target, cuda_graph=True)
+    assert not OrtModel(m, m.target).cuda_graph  # cpu: off
+
+
+def test_cuda_graph_binding_plan(folders):
+    """Where each tensor of a captured call lives, and the staged copies, on host memory (HostOps)."""
+    from edgespec.engines import cuda_graph as cg
+    from edgespec.engines.device import HostOps
+
+    m = load_manifest(folders["int4", True])
+    graph = m.target.graph
+    plan = cg.binding_plan(graph, 4, 64)
+    where = {p.name: p.where for p in plan}
+    assert where["input_ids"] == where["mask_new"] == where["to_node"] == cg.COPY_IN
+    assert where["two_rows_pads"] == where["n_rows"] == where["past_len"] == where["tree_mask"] == cg.HOST
+    assert where["past_key_0"] == where["past_value_1"] == where["new_kv"] == cg.RESIDENT
+    assert where["logits"] == where["hidden"] == cg.COPY_OUT
+    shapes = {p.name: p.shape for p in plan}
+    assert shapes["mask_new"] == (4, 4, 4) and shapes["to_node"] == (4, 4, 64) and shapes["mask_past"] == (1, 64)
+    assert len(plan) == len(graph.input_names()) + len(graph.output_names())
+
+    e = OrtModel(m, m.target)
+    bufs = cg.GraphBuffers(HostOps(), graph, e.widths, e.kv_slots)
+    ptrs = {(p.name, w): bufs.ptr(p.name, w) for w in e.widths for p in cg.binding_plan(graph, w, 32)
+            if p.where in (cg.COPY_IN, cg.COPY_OUT)}
+    assert all(bufs.ptr(n, w) == ptr for (n, w), ptr in ptrs.items())  # fixed addresses, any window
+    assert len(set(ptrs.values())) == len(ptrs)
+    ids = {bufs.graph_id(w, s) for w in (1, 4) for s in (32, 64)}
+    assert ids == {1, 2, 3, 4} and bufs.graph_id(1, 32) == 1
+    # a call's staged inputs land in the buffers and its outputs come back
+    e.forward(np.arange(3), 10)
+    plan = cg.binding_plan(graph, 4, 32)
+    arrays = e._host_arrays(4, 32)
+    bufs.copy_in(plan, arrays, 4)
+    staged = bufs._bufs["score_cols", 4].host[:arrays["score_cols"].nbytes].view(np.int64)
+    assert np.array_equal(staged, arrays["score_cols"].ravel())
+    want = arrays["logits"].copy()
+    arrays["logits"][:] = 0
+    bufs._bufs["logits", 4].host[:want.nbytes] = want.ravel().view(np.uint8)
+    bufs.copy_out(plan, arrays, 4)
+    assert np.array_equal(arrays["logits"], want)
