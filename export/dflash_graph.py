@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgespec.export.arch import ArchSpec
-from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder
+from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder, external_initializers
 
 NEG = -1e30  # additive bias of a key a row must not see
 
@@ -156,16 +156,8 @@ class DFlashGraphWriter(LlamaGraphWriter):
                        helper.make_tensor_value_info(f"past_value_{i}", ft, [S, kv_w])]
         outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, b_rows - 1, len(self.d2t)]),
                    helper.make_tensor_value_info("new_kv", ft, [c.n_layers, 2, C, kv_w])]
-        locations = {"embed": embed} if embed else {}
-        inits = []
-        for name in sorted(b.used_weights):
-            file, offset, arr = locations.get(name) or (weights_location, offsets[name], self.store.arrays[name])
-            t = TensorProto(name=name, data_type=_NP_TO_ONNX[arr.dtype], dims=arr.shape)
-            t.data_location = TensorProto.EXTERNAL
-            for key, val in (("location", file), ("offset", str(offset)), ("length", str(arr.nbytes))):
-                entry = t.external_data.add()
-                entry.key, entry.value = key, val
-            inits.append(t)
+        inits = external_initializers(b.used_weights, self.store, weights_location, offsets,
+                                      {"embed": embed} if embed else None)
         graph = helper.make_graph(b.nodes, "edgespec_dflash", inputs, outputs, initializer=b.consts + inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset()),
                                                         helper.make_opsetid("com.microsoft", 1)],

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.export.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t, write_checkpoint
+from edgespec.export.eagle_head import rms_norm, rope
 
 _PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -99,13 +100,10 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("rope_sin", rope_sin, persistent=False)
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps) * w
+        return rms_norm(x, w, self.cfg.rms_norm_eps)
 
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        # x [B, L, heads, D], pos [B, L]; HF rotate_half convention (the target's)
-        cos, sin = self.rope_cos[pos].unsqueeze(2), self.rope_sin[pos].unsqueeze(2)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+        return rope(x, pos, self.rope_cos, self.rope_sin)
 
     def context(self, aux: torch.Tensor) -> torch.Tensor:
         """Target features [B, N, n*H] -> the injected context rows [B, N, H]."""

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.export.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t
+from edgespec.export.eagle_head import rms_norm, rope
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Eagle3Head attribute -> checkpoint name of the midlayer's weights
@@ -95,12 +96,10 @@ class Eagle3Head(nn.Module):
 
     # ---- pieces ----------------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps) * w
+        return rms_norm(x, w, self.cfg.rms_norm_eps)
 
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.rope_cos[pos].unsqueeze(2), self.rope_sin[pos].unsqueeze(2)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+        return rope(x, pos, self.rope_cos, self.rope_sin)
 
     def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor):
         """Input rows (token_{j+1}, g_j) -> rotated q [B,L,Hq,D], k, v [B,L,Hkv,D]."""

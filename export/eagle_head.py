@@ -30,6 +30,17 @@ LAYER_NAMES = {"q_proj": "layers.0.self_attn.q_proj.weight", "k_proj": "layers.0
                "down_proj": "layers.0.mlp.down_proj.weight"}
 
 
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
+    """x [B, L, heads, D] rotated by positions pos [B, L] (HF rotate_half convention, the target's)."""
+    cos, sin = cos_table[pos].unsqueeze(2), sin_table[pos].unsqueeze(2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     hidden_size: int  # H: the target's hidden size
@@ -73,13 +84,10 @@ class EagleHead(nn.Module):
 
     # ---- pieces ----------------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps) * w
+        return rms_norm(x, w, self.cfg.rms_norm_eps)
 
     def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        # x [B, L, heads, D], pos [B, L]; HF rotate_half convention
-        cos, sin = self.rope_cos[pos].unsqueeze(2), self.rope_sin[pos].unsqueeze(2)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+        return rope(x, pos, self.rope_cos, self.rope_sin)
 
     def qkv(self, tokens: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor):
         """Input rows -> (residual x, rotated q [B,L,Hq,D], k, v [B,L,Hkv,D])."""

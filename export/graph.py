@@ -77,6 +77,23 @@ class WeightStore:
         return name
 
 
+def external_initializers(names, store: WeightStore, weights_location: str, offsets: dict[str, int],
+                          locations: dict[str, tuple[str, int, np.ndarray]] | None = None) -> list[TensorProto]:
+    """Initializers of the named weights, each pointing at its bytes in a weights file: the model's
+    own (`offsets` into `weights_location`) or another model's (`locations`: name -> (file,
+    offset, array of the same dtype and shape))."""
+    inits = []
+    for name in sorted(names):
+        file, offset, arr = (locations or {}).get(name) or (weights_location, offsets[name], store.arrays[name])
+        t = TensorProto(name=name, data_type=_NP_TO_ONNX[arr.dtype], dims=arr.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for key, val in (("location", file), ("offset", str(offset)), ("length", str(arr.nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, val
+        inits.append(t)
+    return inits
+
+
 class _Builder:
     def __init__(self, store: WeightStore, dtype: np.dtype) -> None:
         self.nodes: list[onnx.NodeProto] = []
@@ -252,19 +269,7 @@ class LlamaGraphWriter(PortableLayers, LeanLayers):
         outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, n_logits]),
                    helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
                    helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size])] + (extra_outputs or [])
-        inits = []
-        locations = locations or {}
-        for name in sorted(b.used_weights):
-            if name in locations:  # (file, offset, array of the same dtype and shape)
-                file, offset, arr = locations[name]
-            else:
-                file, offset, arr = weights_location, offsets[name], self.store.arrays[name]
-            t = TensorProto(name=name, data_type=_NP_TO_ONNX[arr.dtype], dims=arr.shape)
-            t.data_location = TensorProto.EXTERNAL
-            for key, val in (("location", file), ("offset", str(offset)), ("length", str(arr.nbytes))):
-                entry = t.external_data.add()
-                entry.key, entry.value = key, val
-            inits.append(t)
+        inits = external_initializers(b.used_weights, self.store, weights_location, offsets, locations)
         graph = helper.make_graph(b.nodes, "edgespec_decoder", inputs, outputs, initializer=b.consts + inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset()),
                                                         helper.make_opsetid("com.microsoft", 1)],

@@ -137,6 +137,24 @@ def copied_positions(tokens: np.ndarray, starts: np.ndarray, n: int = 8) -> np.n
     return out
 
 
+def length_groups(starts: np.ndarray, seqs: np.ndarray, batch_tokens: int, rng: np.random.Generator) -> list[list[int]]:
+    """Groups of sequences of similar length whose padded size stays within batch_tokens."""
+    lens = starts[seqs + 1] - starts[seqs]
+    order = seqs[np.argsort(lens + rng.uniform(0, 8, len(lens)))]
+    groups, cur, longest = [], [], 0
+    for s in order:
+        n = int(starts[s + 1] - starts[s])
+        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append(s)
+        longest = max(longest, n)
+    if cur:
+        groups.append(cur)
+    rng.shuffle(groups)
+    return groups
+
+
 # ---- resumable state ----------------------------------------------------------------------------------
 def load_checkpoint(out: Path) -> dict | None:
     """The training state an earlier run left in `out` (None: a fresh run)."""

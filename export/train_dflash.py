@@ -58,23 +58,6 @@ def mask_token(tok, vocab_size: int) -> int:
     return vocab_size - 1
 
 
-def _groups(starts: np.ndarray, seqs: np.ndarray, batch_tokens: int, rng: np.random.Generator) -> list[list[int]]:
-    lens = starts[seqs + 1] - starts[seqs]
-    order = seqs[np.argsort(lens + rng.uniform(0, 8, len(lens)))]
-    groups, cur, longest = [], [], 0
-    for s in order:
-        n = int(starts[s + 1] - starts[s])
-        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
-            groups.append(cur)
-            cur, longest = [], 0
-        cur.append(int(s))
-        longest = max(longest, n)
-    if cur:
-        groups.append(cur)
-    rng.shuffle(groups)
-    return groups
-
-
 def collate(group, data: trainer.TrainData, aux: np.ndarray, t2d: np.ndarray, cfg: DFlashConfig, n_anchors: int,
             rng: np.random.Generator | None):
     """Tensors for `DFlashDrafter.forward` + labels [B, M*b] (draft ids, -100: no loss). rng None:
@@ -149,7 +132,7 @@ class _Recipe:
 
     def batches(self, epoch: float):
         rng = np.random.default_rng(self.cfg.seed + int(epoch * 1000))
-        groups = _groups(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
+        groups = trainer.length_groups(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
         return [(g, int(rng.integers(1 << 30))) for g in groups]
 
     def loss(self, item):

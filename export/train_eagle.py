@@ -44,24 +44,6 @@ class TrainConfig:
     seed: int = 0  # data order and init
 
 
-def _batches(starts: np.ndarray, seqs: np.ndarray, batch_tokens: int, rng: np.random.Generator):
-    """Groups of sequences of similar length whose padded size stays within batch_tokens."""
-    lens = starts[seqs + 1] - starts[seqs]
-    order = seqs[np.argsort(lens + rng.uniform(0, 8, len(lens)))]
-    groups, cur, longest = [], [], 0
-    for s in order:
-        n = int(starts[s + 1] - starts[s])
-        if cur and max(longest, n) * (len(cur) + 1) > batch_tokens:
-            groups.append(cur)
-            cur, longest = [], 0
-        cur.append(s)
-        longest = max(longest, n)
-    if cur:
-        groups.append(cur)
-    rng.shuffle(groups)
-    return groups
-
-
 def _collate(group, data: trainer.TrainData, t2d: np.ndarray, label_ids: np.ndarray):
     """Rows j = 0..n-2 of each sequence: input (token_{j+1}, f_j); step-s targets f_{j+s}, token_{j+s+1}."""
     tokens, feats, starts = data.tokens, data.feats, data.starts
@@ -146,7 +128,7 @@ class _EagleRecipe:
 
     def batches(self, epoch: float):
         rng = np.random.default_rng(self.cfg.seed + int(epoch * 1000))
-        return _batches(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
+        return trainer.length_groups(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
 
     def loss(self, group):
         batch = _collate(group, self.data, self.t2d, self.label_ids)

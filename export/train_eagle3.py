@@ -21,7 +21,6 @@ import torch.nn.functional as F
 
 from edgespec.export import train as trainer
 from edgespec.export.eagle3_head import Eagle3Config, Eagle3Head, build_eagle3, init_arrays, read_eagle3, save_eagle3
-from edgespec.export.train_eagle import _batches
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ class _Eagle3Recipe:
 
     def batches(self, epoch: float):
         rng = np.random.default_rng(self.cfg.seed + int(epoch * 1000))
-        return _batches(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
+        return trainer.length_groups(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
 
     def loss(self, group):
         c = self.cfg
