@@ -76,6 +76,10 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    "runs the head inside the verify call, so under greedy decoding its first draft needs no "
                    "head call of its own; --no-fuse-head: separate head calls (also used when the folder has no "
                    "such graph)")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="--provider cuda: capture each target/draft call shape once as an ONNX Runtime CUDA graph "
+                   "and replay it (needs a folder exported with --host-prologue; default: on where the folder "
+                   "allows); --no-cuda-graph: launch every kernel each call")
     p.add_argument("--verify", action="store_true",
                    help="check every file's sha256 against the manifest before loading (reads the whole folder; "
                    "file sizes are always checked). `edgespec check FOLDER` does it without loading")

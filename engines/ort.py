@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -178,17 +179,20 @@ def _read_d2t(manifest: Manifest, spec) -> np.ndarray:
 class OrtModel:
     """A target or draft model of an engine folder, run through ONNX Runtime.
 
-    kv: use this KV buffer [L, 2, max_len, Hkv*D] instead of allocating one (the fused target+EAGLE
-    graph shares the plain target's, so switching between them keeps the cached prefix).
+    kv: use this KV buffer [L, 2, >= max_len, Hkv*D] instead of allocating one (the fused target+EAGLE
+    graph shares the plain target's, so switching between them keeps the cached prefix; a
+    --host-prologue target's has kv_slots > max_len).
     head: the EAGLE head engine whose KV the fused graph (spec `eagle_fused`) reads and whose rows
     `commit` writes next to the target's; `last_head()` gives the head's draft of the last
     committed row.
     cuda_graph: capture calls as CUDA graphs (cuda provider, --host-prologue folders); None: where
-    both hold."""
+    both hold.
+    device_ops: the device-memory calls of a GPU provider (None: engines.device.CudaOps); HostOps with
+    the cpu provider runs the device code paths, CUDA-graph bindings included, on host memory (tests)."""
 
     def __init__(self, manifest: Manifest, spec: ModelSpec, provider: str = "cpu",
                  threads: int | None = None, prepack: bool = True, kv: np.ndarray | None = None,
-                 head: OrtModel | None = None, cuda_graph: bool | None = None) -> None:
+                 head: OrtModel | None = None, cuda_graph: bool | None = None, device_ops=None) -> None:
         _check_provider(provider)
         self.manifest, self.spec, self.provider = manifest, spec, provider
         self.max_len = manifest.max_len
@@ -252,19 +256,23 @@ class OrtModel:
         # On a GPU provider the cache and the K/V outputs live on the device (cuda-python buffers):
         # no host round trip of the cache; only ids in and logits out cross the bus.
         self.device = None
-        if provider != "cpu":
+        self._mem = "cpu" if provider == "cpu" else "cuda"  # where device buffers are bound (HostOps: the host)
+        if provider != "cpu" or device_ops is not None:
             from edgespec.engines.device import CudaOps
 
-            self.device = CudaOps()
+            self.device = device_ops or CudaOps()
             self.kv = None
             self._row_bytes = spec.kv_width * dtype.itemsize
             self._kv_dev = self.device.alloc(spec.n_layers * 2 * self.kv_slots * self._row_bytes)
             self._new_kv_dev = {w: self.device.alloc(spec.n_layers * 2 * w * self._row_bytes) for w in self.widths}
-        if cuda_graph and (provider != "cuda" or self.prologue is None):
+        gpu = provider == "cuda" or (provider == "cpu" and device_ops is not None)
+        if cuda_graph and (not gpu or self.prologue is None):
             raise EngineError(f"CUDA graphs need the cuda provider and a folder exported with --host-prologue (got "
                               f"provider {provider!r}, {spec.role} graph {'with' if host else 'without'} it). Hint: "
                               "re-export with --host-prologue, or run with --no-cuda-graph")
-        self.cuda_graph = provider == "cuda" and self.prologue is not None and cuda_graph is not False
+        self.cuda_graph = self.prologue is not None and (cuda_graph or (cuda_graph is None and provider == "cuda"))
+        self.cuda_graph = bool(gpu and self.cuda_graph)
+        self._cuda_graph_asked = bool(cuda_graph)  # explicitly: a session that cannot capture is an error
         self._graph_bufs = (cg.GraphBuffers(self.device, spec.graph, self.widths, self.kv_slots)
                             if self.cuda_graph else None)
         self._run_options: dict[tuple[int, int], ort.RunOptions] = {}  # per (width, window): its gpu_graph_id
@@ -278,8 +286,19 @@ class OrtModel:
     def session(self, width: int | None = None) -> ort.InferenceSession:
         """The model's one session (every phase width runs through it)."""
         if self._session is None:
-            self._session = _new_session(self.manifest.path(self.spec.graph.file), self._session_options,
-                                         self.provider, self.cuda_graph)
+            path = self.manifest.path(self.spec.graph.file)
+            capture = self.cuda_graph and self.provider == "cuda"
+            try:
+                self._session = _new_session(path, self._session_options, self.provider, capture)
+            except EngineError as e:
+                if not capture or self._cuda_graph_asked:
+                    raise
+                # ORT refuses capture when a node falls back to the CPU EP (a kernel the CUDA EP lacks):
+                # run without it rather than not at all
+                warnings.warn(f"{path}: no CUDA graph capture ({e}); running without it", RuntimeWarning,
+                              stacklevel=2)
+                self.cuda_graph = False
+                self._session = _new_session(path, self._session_options, self.provider)
         return self._session
 
     def load_widths(self, widths) -> None:
@@ -316,7 +335,7 @@ class OrtModel:
                 ptr = self._kv_dev.ptr + (int(layer) * 2 + j) * self.kv_slots * self._row_bytes
             else:
                 ptr = self._graph_bufs.ptr(p.name, width)
-            bind(p.name, "cuda", 0, np.dtype(p.dtype), p.shape, ptr)
+            bind(p.name, self._mem, 0, np.dtype(p.dtype), p.shape, ptr)
         ro = ort.RunOptions()
         ro.add_run_config_entry(cg.RUN_GRAPH_ID, str(self._graph_bufs.graph_id(width, n_slots)))
         self._run_options[width, n_slots] = ro
@@ -324,6 +343,7 @@ class OrtModel:
 
     def _binding(self, width: int, n_slots: int) -> ort.IOBinding:
         key = (width, n_slots)
+        self.session(width)  # made first: it decides whether capture is on
         if key not in self._bindings and self.cuda_graph:
             self._bindings[key] = self._graph_binding(width, n_slots)
         if key not in self._bindings:
@@ -350,7 +370,8 @@ class OrtModel:
                         b.bind_input(f"past_{kind}_{layer}", "cpu", 0, kv_dtype, view.shape, view.ctypes.data)
                     else:
                         ptr = self._kv_dev.ptr + (layer * 2 + j) * self.kv_slots * self._row_bytes
-                        b.bind_input(f"past_{kind}_{layer}", "cuda", 0, kv_dtype, (n_slots, self.spec.kv_width), ptr)
+                        b.bind_input(f"past_{kind}_{layer}", self._mem, 0, kv_dtype, (n_slots, self.spec.kv_width),
+                                     ptr)
             outputs = [("logits", self._logits[width]), ("hidden", self._hidden[width])]
             if self._hidden_aux is not None:
                 outputs.append(("hidden_aux", self._hidden_aux[width]))
@@ -360,7 +381,8 @@ class OrtModel:
             if self.device is None:
                 outputs.append(("new_kv", self._new_kv[width]))
             else:
-                b.bind_output("new_kv", "cuda", 0, kv_dtype, self._new_kv[width].shape, self._new_kv_dev[width].ptr)
+                b.bind_output("new_kv", self._mem, 0, kv_dtype, self._new_kv[width].shape,
+                              self._new_kv_dev[width].ptr)
             for name, arr in outputs:
                 b.bind_output(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             self._bindings[key] = b
@@ -411,6 +433,7 @@ class OrtModel:
             arrays = self._host_arrays(width, n_slots)
             self._graph_bufs.copy_in(plan, arrays, width)
             self.session(width).run_with_iobinding(binding, self._run_options[width, n_slots])
+            binding.synchronize_outputs()
             self._graph_bufs.copy_out(plan, arrays, width)
         else:
             self.session(width).run_with_iobinding(binding)

@@ -110,7 +110,7 @@ def _draft_writer(cfg: ExportConfig, arch: ArchSpec, hf_w, model, tok, opts: Gra
 
 def _host_prologue(spec, writer: LlamaGraphWriter):
     """A target/draft entry whose graph was written with --host-prologue declares the prologue's inputs."""
-    if not writer.opts.host_prologue:
+    if not (writer.opts.host_prologue and writer.lean):  # the portable writer keeps its prologue
         return spec
     return dataclasses.replace(spec, graph=with_host_prologue(spec.graph, writer.arch.n_heads, writer.opts))
 

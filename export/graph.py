@@ -326,8 +326,9 @@ class LlamaGraphWriter(PortableLayers, LeanLayers):
         b = _Builder(self.store, self.dtype)
         host = self.opts.host_prologue
         ctx = self._lean_prologue(b, host=host)
-        extra_in = [helper.make_tensor_value_info(name, _NP_TO_ONNX[np.dtype(dt)], list(shape)) for name, shape, dt in
-                    host_prologue_inputs(a.n_heads, self.dtype.name, self.opts.trees, "two_rows" in ctx)] if host else []
+        extra_in = [helper.make_tensor_value_info(name, _NP_TO_ONNX[np.dtype(dt)], list(shape))
+                    for name, shape, dt in host_prologue_inputs(a.n_heads, self.dtype.name, self.opts.trees,
+                                                                "two_rows" in ctx)] if host else []
         x = b.op("Gather", [b.weight("embed"), "input_ids"], "/embed/Gather", axis=0)  # [1, T, H]
         two_rows = "two_rows" in ctx
 

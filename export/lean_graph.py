@@ -174,8 +174,10 @@ class LeanLayers:
         """The prologue's outputs read from graph inputs: no Shape, Range, CumSum or data-dependent
         Slice, so ONNX Runtime places nothing of it on the host and a CUDA graph can capture the call."""
         ctx = {"mask_past": "mask_past", "v_slots": "value_slots"}
-        heads = ("mask_new", "score_cols") + (("to_node",) if self.opts.trees else ())
-        for name, key in zip(heads, ("mask_new", "cols", "to_node")):  # [T, Hq, W] -> [T*Hq, W]
+        heads = [("mask_new", "mask_new"), ("score_cols", "cols")]
+        if self.opts.trees:
+            heads.append(("to_node", "to_node"))
+        for name, key in heads:  # input [T, Hq, W] -> the prologue's [T*Hq, W]
             ctx[key] = b.op("Flatten", [name], f"/{key}/rows", axis=2)
         if self.opts.two_row_matmuls and self.opts.precision == "int4":
             ctx["two_rows"], ctx["t_len"] = "two_rows_pads", "n_rows"

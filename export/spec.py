@@ -159,7 +159,8 @@ def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions) -> Gr
 
     dtype = next(t.dtype for t in graph.outputs if t.name == "hidden")
     two_rows = opts.two_row_matmuls and opts.precision == "int4"
-    extra = tuple(TensorSpec(n, shape, dt) for n, shape, dt in host_prologue_inputs(n_heads, dtype, opts.trees, two_rows))
+    extra = tuple(TensorSpec(n, shape, dt)
+                  for n, shape, dt in host_prologue_inputs(n_heads, dtype, opts.trees, two_rows))
     at = [t.name for t in graph.inputs].index("past_len") + 1
     return replace(graph, inputs=graph.inputs[:at] + extra + graph.inputs[at:])
 

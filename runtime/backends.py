@@ -37,15 +37,16 @@ class Engines:
         return self.eagle is not None or self.medusa is not None
 
 
-def make_engine(manifest: Manifest, spec, provider: str, threads: int | None):
-    """cpu / cuda / tensorrt: ONNX Runtime with that execution provider; trt: native TensorRT."""
+def make_engine(manifest: Manifest, spec, provider: str, threads: int | None, cuda_graph: bool | None = None):
+    """cpu / cuda / tensorrt: ONNX Runtime with that execution provider; trt: native TensorRT.
+    cuda_graph: OrtModel's (CUDA graph capture on the cuda provider; None: where the folder allows)."""
     if provider == "trt":
         from edgespec.engines.trt import TrtModel
 
         return TrtModel(manifest, spec)
     from edgespec.engines.ort import OrtModel
 
-    return OrtModel(manifest, spec, provider, threads)
+    return OrtModel(manifest, spec, provider, threads, cuda_graph=cuda_graph if provider == "cuda" else False)
 
 
 # the drafters an optional model serves: a broken one turns them off, the target still loads
@@ -86,11 +87,12 @@ def make_engines(manifest: Manifest, cfg: RuntimeConfig) -> Engines:
             broken.add(role)
             return None
 
-    target = make_engine(manifest, manifest.target, cfg.provider, cfg.threads)
+    target = make_engine(manifest, manifest.target, cfg.provider, cfg.threads, cfg.cuda_graph)
     dft_provider = cfg.draft_provider or cfg.provider
     out = Engines(target, disabled=disabled)
     if manifest.draft:  # the draft may run elsewhere (e.g. on the CPU beside a GPU target)
-        out.draft = optional("draft", lambda: make_engine(manifest, manifest.draft, dft_provider, cfg.threads))
+        out.draft = optional("draft", lambda: make_engine(manifest, manifest.draft, dft_provider, cfg.threads,
+                                                          cfg.cuda_graph))
     if not target.has_hidden:  # nothing to draft from for the heads
         return out
     head_provider = "cpu" if dft_provider == "trt" else dft_provider  # small graphs: ONNX Runtime

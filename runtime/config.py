@@ -35,6 +35,8 @@ class RuntimeConfig:
     eagle_min_confidence: float | None = None  # EAGLE: stop a chain when the head's own p(d_1..d_i) is lower
     medusa_min_confidence: float | None = None  # Medusa: stop a chain at the first head less sure than this
     fuse_head: bool = True  # eagle/hybrid on the CPU: verify with the target+head graph (head rides along)
+    cuda_graph: bool | None = None  # cuda provider: capture target/draft calls as CUDA graphs (folders exported
+    #                                 with --host-prologue); None: wherever the folder allows, False: never
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
     verify: bool = False  # check every file's sha256 against the manifest at load (sizes are always checked)
     suffix_cache_tokens: int = 1_000_000  # suffix drafter: recent requests' tokens kept in its cache

@@ -59,9 +59,9 @@ def _fake_trt(monkeypatch) -> None:
 
     real = backends.make_engine
 
-    def make_engine(manifest, spec, provider, threads):
+    def make_engine(manifest, spec, provider, threads, cuda_graph=None):
         if provider != "trt":
-            return real(manifest, spec, provider, threads)
+            return real(manifest, spec, provider, threads, cuda_graph)
         eng = FakeTrtEngine(str(manifest.path(spec.graph.file)), spec)
         return TrtModel(manifest, spec, ops=HostOps(), engine=eng, profiles=eng.profiles)
 

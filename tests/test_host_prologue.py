@@ -25,8 +25,9 @@ MAX_LEN = 128
 def folders(tiny_models, tmp_path_factory):
     """{(precision, host_prologue): folder}: fp32 with a self:1 draft and an EAGLE head, int4 with the
     two-row matmuls on (their pads and row count are prologue inputs too)."""
-    import edgespec.export.exporter as ex
     from test_eagle import _tiny_head
+
+    import edgespec.export.exporter as ex
 
     root = tmp_path_factory.mktemp("host_prologue")
     head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
@@ -97,6 +98,26 @@ def test_logits_bitwise_those_of_the_in_graph_prologue(folders, precision):
                 host.commit(past, len(ids))
 
 
+@pytest.mark.parametrize("cuda_graph", [True, False])
+def test_device_paths_on_host_memory(folders, cuda_graph):
+    """The GPU code paths (device KV, and with cuda_graph every tensor staged at fixed addresses and
+    bound per (width, window) with its gpu_graph_id) run on host memory through HostOps: same bits."""
+    from edgespec.engines.device import HostOps
+
+    m0, m1 = load_manifest(folders["int4", False]), load_manifest(folders["int4", True])
+    plain, dev = OrtModel(m0, m0.target), OrtModel(m1, m1.target, device_ops=HostOps(), cuda_graph=cuda_graph)
+    assert dev.cuda_graph == cuda_graph and dev.kv is None
+    for past, ids, parents, commit in _calls():
+        want = plain.forward(ids, past, parents=parents).copy()
+        got = dev.forward(ids, past, parents=parents)
+        assert np.array_equal(got, want), (past, len(ids), parents)
+        if commit:
+            plain.commit(past, len(ids))
+            dev.commit(past, len(ids))
+    if cuda_graph:  # one captured graph per (width, window) the calls used
+        assert len({dev._graph_bufs.graph_id(w, s) for w, s in dev._bindings}) == len(dev._bindings) > 5
+
+
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_rows_bitwise_alike_across_phases(folders, precision):
     assert_rows_bitwise_alike(load_manifest(folders[precision, True]), precision)
@@ -129,16 +150,14 @@ def test_manifest_declares_the_inputs_in_graph_order(folders):
         assert "mask_past" not in spec.graph.input_names(), spec.role
 
 
-@pytest.mark.parametrize("drafter,tree", [("ngram", None), ("ngram", (7, 3, 2, 2)), ("draft", None),
-                                          ("eagle", None), ("eagle", (7, 3, 2, 2))])
-@pytest.mark.parametrize("fuse_head", [True, False])
+@pytest.mark.parametrize("drafter,tree,fuse_head", [
+    ("ngram", None, False), ("ngram", (5, 3, 2, 2), False), ("draft", None, False), ("eagle", None, False),
+    ("eagle", None, True), ("eagle", (5, 3, 2, 2), False), ("eagle", (5, 3, 2, 2), True)])
 def test_greedy_speculative_equals_plain(folders, drafter, tree, fuse_head):
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.tree import TreeConfig
 
-    if fuse_head and drafter != "eagle":
-        pytest.skip("fuse_head matters for eagle only")
     folder = folders["fp32", True]
     rng = np.random.default_rng(6)
     prompts = [rng.integers(3, 60, n) for n in (5, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
@@ -147,6 +166,8 @@ def test_greedy_speculative_equals_plain(folders, drafter, tree, fuse_head):
     cfg = RuntimeConfig(drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0, fuse_head=fuse_head,
                         tree=TreeConfig(*tree) if tree else TreeConfig())
     g = Generator.load(folder, cfg)
+    if fuse_head:  # the fused graph (in-graph prologue) on the host-prologue target's larger KV buffer
+        assert g.engines.eagle_fused.kv is g.engines.target.kv and g.engines.target.prologue is not None
     for p, ref in zip(prompts, plain, strict=True):
         out = np.concatenate([x.copy() for x in g.generate_ids(p, 40)])
         assert np.array_equal(out, ref), (drafter, tree, p)
