@@ -149,6 +149,10 @@ def _add_train_common(p, what: str, minutes: float, epochs: float) -> None:
     p.add_argument("--prompts", type=int, default=3600, help="prompts the target answers when making data "
                    "(default 3600: 18%% general chat, 20%% everyday chat, 22%% instruction-taxonomy tasks, 10%% "
                    "questions the target writes itself, 14%% programming chat, 16%% code completion)")
+    p.add_argument("--wide-prompts", type=int, default=0, metavar="N",
+                   help="also N prompts of the wide mix when making data (given passages to summarize / extract from / "
+                   "translate, multi-turn follow-ups, step-by-step math, role play, code in ten languages, short and "
+                   "long answers, JSON extraction; export/draft_prompts.py). Default 0")
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when making data (default 192)")
     p.add_argument("--gen-batch", type=int, default=48, help="prompts generated together (default 48)")
     p.add_argument("--minutes", type=float, default=minutes,
@@ -183,7 +187,7 @@ def _make_data(folder: str, a, aux: bool = False) -> None:
            "n_self_instruct": n * 10 // 100, "n_code_chat": n * 14 // 100}
     generate_data(DataConfig(out=folder, target=a.target, n_completion=n - sum(mix.values()),
                              max_new_tokens=a.max_new_tokens, batch=a.gen_batch,
-                             threads=a.threads, aux=aux, **mix))
+                             threads=a.threads, aux=aux, n_wide=a.wide_prompts, **mix))
 
 
 def _cmd_train_eagle(a) -> int:

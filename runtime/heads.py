@@ -222,13 +222,16 @@ class Eagle3Drafter(EagleDrafter):
     name = "eagle3"
 
     def __init__(self, head, tgt_aux: np.ndarray, target_vocab: int, min_confidence: float = 0.0) -> None:
+        from edgespec.engines.ort import OrtProjection
+
         fc_t = head.fc_t  # [n*H, H]
         super().__init__(head, np.zeros((len(tgt_aux), fc_t.shape[1]), np.float32), target_vocab, min_confidence)
-        self.tgt_aux, self.fc_t = tgt_aux, fc_t
+        self.tgt_aux = tgt_aux
+        self.fc = OrtProjection(fc_t)  # on ONNX Runtime's threads, not OpenBLAS's (see OrtProjection)
 
     def _catch_up(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
         j0, n = self.dft_past, seq.n
-        np.matmul(self.tgt_aux[j0:n - 1], self.fc_t, out=self.tgt_features[j0:n - 1])  # g_j = fc(a_j)
+        self.fc(self.tgt_aux[j0:n - 1], self.tgt_features[j0:n - 1])  # g_j = fc(a_j)
         return super()._catch_up(seq, feat_out)
 
 

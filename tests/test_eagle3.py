@@ -338,3 +338,24 @@ def test_one_folder_holds_both_heads(tiny_target, tmp_path):
         g.set_drafter(second, 4)
         assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(b, 30)]), ref), (first, second)
         assert g.last_stats.n_prompt_cached > 0
+
+
+def test_projection_model_is_a_matmul():
+    """OrtProjection's serialized model is exactly MatMul(x [R, K], w [K, N]); it computes x @ w."""
+    from onnx import TensorProto, helper
+
+    from edgespec.engines.ort import OrtProjection
+
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "projection",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["R", "K"]),
+                           helper.make_tensor_value_info("w", TensorProto.FLOAT, ["K", "N"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", "N"])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgespec")
+    m.ir_version = 8
+    assert m.SerializeToString() == OrtProjection.MODEL
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((12, 5)).astype(np.float32)
+    x = rng.standard_normal((7, 12)).astype(np.float32)
+    out = np.zeros((9, 5), np.float32)
+    OrtProjection(w)(x[2:5], out[1:4])
+    assert np.allclose(out[1:4], x[2:5] @ w, atol=1e-5) and not out[0].any() and not out[4:].any()
