@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.export.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t, write_checkpoint
-from edgespec.export.eagle_head import rms_norm, rope
+from edgespec.export.eagle_head import TorchDrafter
 
 _PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -70,7 +70,7 @@ class DFlashConfig:
     n_target_layers: int  # the target's depth
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(TorchDrafter):
     def __init__(self, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor,
                  rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
         super().__init__()
@@ -99,11 +99,6 @@ class DFlashDrafter(nn.Module):
         self.register_buffer("rope_cos", rope_cos, persistent=False)  # [max_pos, D]
         self.register_buffer("rope_sin", rope_sin, persistent=False)
 
-    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, w, self.cfg.rms_norm_eps)
-
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return rope(x, pos, self.rope_cos, self.rope_sin)
 
     def context(self, aux: torch.Tensor) -> torch.Tensor:
         """Target features [B, N, n*H] -> the injected context rows [B, N, H]."""

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.export.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t
-from edgespec.export.eagle_head import rms_norm, rope
+from edgespec.export.eagle_head import TorchDrafter
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Eagle3Head attribute -> checkpoint name of the midlayer's weights
@@ -70,7 +70,7 @@ class Eagle3Config:
         return len(self.aux_layers) * self.hidden_size
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(TorchDrafter):
     def __init__(self, cfg: Eagle3Config, embed: torch.Tensor, d2t: torch.Tensor, rope_cos: torch.Tensor,
                  rope_sin: torch.Tensor) -> None:
         super().__init__()
@@ -95,11 +95,6 @@ class Eagle3Head(nn.Module):
         self.register_buffer("rope_sin", rope_sin, persistent=False)
 
     # ---- pieces ----------------------------------------------------------------------------------
-    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, w, self.cfg.rms_norm_eps)
-
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return rope(x, pos, self.rope_cos, self.rope_sin)
 
     def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor):
         """Input rows (token_{j+1}, g_j) -> rotated q [B,L,Hq,D], k, v [B,L,Hkv,D]."""

@@ -41,6 +41,17 @@ def rope(x: torch.Tensor, pos: torch.Tensor, cos_table: torch.Tensor, sin_table:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+class TorchDrafter(nn.Module):
+    """What the torch drafters share: RMSNorm with their config's epsilon and the target's rotary
+    tables (buffers rope_cos / rope_sin [max_pos, D] the subclass registers)."""
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, w, self.cfg.rms_norm_eps)
+
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return rope(x, pos, self.rope_cos, self.rope_sin)
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     hidden_size: int  # H: the target's hidden size
@@ -58,7 +69,7 @@ class HeadConfig:
     #                                 so any prefix of it is a smaller draft vocabulary (prune_draft_vocab)
 
 
-class EagleHead(nn.Module):
+class EagleHead(TorchDrafter):
     def __init__(self, cfg: HeadConfig, embed: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor,
                  rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
         super().__init__()
@@ -83,11 +94,6 @@ class EagleHead(nn.Module):
         self.register_buffer("rope_sin", rope_sin, persistent=False)
 
     # ---- pieces ----------------------------------------------------------------------------------
-    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, w, self.cfg.rms_norm_eps)
-
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return rope(x, pos, self.rope_cos, self.rope_sin)
 
     def qkv(self, tokens: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor):
         """Input rows -> (residual x, rotated q [B,L,Hq,D], k, v [B,L,Hkv,D])."""
