@@ -155,6 +155,13 @@ def length_groups(starts: np.ndarray, seqs: np.ndarray, batch_tokens: int, rng: 
     return groups
 
 
+def epoch_groups(data: TrainData, cfg, epoch: float) -> list[list[int]]:
+    """The training sequences of the epoch `epoch` is in, grouped by length_groups, in an order
+    fixed by cfg.seed and the epoch (a resumed run sees the same batches)."""
+    rng = np.random.default_rng(cfg.seed + int(epoch * 1000))
+    return length_groups(data.starts, data.train, cfg.batch_tokens, rng)
+
+
 # ---- resumable state ----------------------------------------------------------------------------------
 def load_checkpoint(out: Path) -> dict | None:
     """The training state an earlier run left in `out` (None: a fresh run)."""

@@ -131,7 +131,7 @@ class _Recipe:
     coverage: float
 
     def batches(self, epoch: float):
-        rng = np.random.default_rng(self.cfg.seed + int(epoch * 1000))
+        rng = np.random.default_rng(self.cfg.seed + int(epoch * 1000))  # groups, then each group's anchor seed
         groups = trainer.length_groups(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
         return [(g, int(rng.integers(1 << 30))) for g in groups]
 

@@ -127,8 +127,7 @@ class _EagleRecipe:
     coverage: float  # fraction of answer tokens inside the draft vocabulary (recorded in config.json)
 
     def batches(self, epoch: float):
-        rng = np.random.default_rng(self.cfg.seed + int(epoch * 1000))
-        return trainer.length_groups(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
+        return trainer.epoch_groups(self.data, self.cfg, epoch)
 
     def loss(self, group):
         batch = _collate(group, self.data, self.t2d, self.label_ids)
