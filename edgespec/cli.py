@@ -50,32 +50,16 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    help="shared (default): all ONNX Runtime sessions of the process run on one intra-op pool, so a "
                    "drafter's call right after the target's finds the threads awake instead of waking its own; "
                    "session: a pool per session (ONNX Runtime's default)")
-    p.add_argument("--eagle-min-confidence", type=float,
-                   help="eagle/hybrid: stop a draft chain when the head's own probability of the chain so far "
-                   "(the product of its per-token probabilities) is below this (default: the folder's, else 0.25)")
-    p.add_argument("--medusa-min-confidence", type=float,
-                   help="medusa: stop a draft chain at the first head whose probability of its token is below this "
-                   "(default: the folder's, else 0.4)")
-    p.add_argument("--ngram-min", type=int, default=1, help="prompt lookup: shortest suffix to match (default 1)")
-    p.add_argument("--ngram-max", type=int, default=3, help="prompt lookup: longest suffix, tried first (default 3)")
-    p.add_argument("--suffix-cache-tokens", type=int, default=1_000_000,
-                   help="suffix drafter: tokens of recent requests kept in its cache (default 1000000)")
-    p.add_argument("--suffix-cache", metavar="FILE.npy",
-                   help="suffix drafter: load its cache of recent requests from this file and keep it saved there")
     p.add_argument("--tree", metavar="NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]]",
-                   help="draft token trees instead of chains (ngram, suffix, eagle, hybrid, medusa): at most NODES "
+                   help=f"draft token trees instead of chains ({', '.join(_tree_drafters())}): at most NODES "
                    "tokens per verify call incl. the pending one (<= k+1 of the folder), paths up to DEPTH (default "
                    "4), BRANCH children per expanded node and BEAM nodes expanded per depth (default 2, 2; "
-                   "eagle: EAGLE-2 style by path probability; medusa: each head's top tokens by path probability; "
-                   "ngram: a trie of earlier matches; suffix: the most frequent continuations); MIN_SCORE leaves "
+                   "head drafters: EAGLE-2 style by path probability; multi-token heads: each head's top tokens "
+                   "by path probability; ngram: a trie of earlier matches; suffix: the most frequent "
+                   "continuations); MIN_SCORE leaves "
                    "out head candidates whose path probability is lower (default 0). Greedy output stays "
                    "identical, sampling lossless. bench: comma-separated specs, run next to the chains. "
                    "e.g. --tree 6:5:1:1:0.4 or 9:4:2:2")
-    p.add_argument("--fuse-head", action=argparse.BooleanOptionalAction, default=True,
-                   help="eagle/hybrid on the CPU (default on): verify with the folder's target+EAGLE graph, which "
-                   "runs the head inside the verify call, so under greedy decoding its first draft needs no "
-                   "head call of its own; --no-fuse-head: separate head calls (also used when the folder has no "
-                   "such graph)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="--provider cuda: capture each target/draft call shape once as an ONNX Runtime CUDA graph "
                    "and replay it (needs a folder exported with --host-prologue; default: on where the folder "
@@ -87,13 +71,32 @@ def _add_runtime_args(p, drafter_default=None) -> None:
                    help="choose k per step (up to --k) from verify costs and running acceptance; k=0 when "
                    "speculation does not pay. Greedy: measured costs; sampling: fixed relative costs and "
                    "accepted counts, so a seed still reproduces its output (default: the folder's default)")
-    p.add_argument("--hybrid-lookup", choices=("suffix", "ngram"), default="suffix",
-                   help="what the hybrid drafter pairs the EAGLE head with: suffix (default: per step, suffix "
-                   "decoding over this request and recent ones, or the head, whichever is expected to keep "
-                   "more tokens) or ngram (prompt lookup wherever it matches, the head elsewhere)")
-    p.add_argument("--hybrid-head", choices=("eagle", "eagle3", "dflash"), default="eagle",
-                   help="the model drafter hybrid pairs the lookup with: eagle (default), eagle3 or dflash (the "
-                   "folder must ship it)")
+    _add_drafter_options(p)
+
+
+def _tree_drafters() -> tuple[str, ...]:
+    from edgespec.runtime.drafters import tree_names
+
+    return tree_names()
+
+
+def _add_drafter_options(p) -> None:
+    """Every registered drafter's own options (runtime/drafters/: each module declares its flags)."""
+    from edgespec.runtime.drafters import options
+
+    for o in options():
+        flag = "--" + o.name.replace("_", "-")
+        if o.type is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=o.default, help=o.help)
+        else:
+            p.add_argument(flag, type=o.type, default=o.default, choices=o.allowed() or None, help=o.help,
+                           metavar=None if o.allowed() else o.name.split("_")[-1].upper())
+
+
+def _drafter_help(default: str = "the folder's default") -> str:
+    from edgespec.runtime.drafters import registry
+
+    return "; ".join(f"{n}: {s.summary}" for n, s in registry().items()) + f" (default: {default})"
 
 
 def _add_generate(sub) -> None:
@@ -104,7 +107,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message via the chat template")
     p.add_argument("--drafter",
-                   help="none | ngram | suffix | draft | eagle | hybrid | medusa (default: the folder's default)")
+                   help=_drafter_help())
     p.add_argument("--k", type=int, help="num_speculative_tokens per step (default: the folder's default)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -113,7 +116,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="> 1 discourages repeating context tokens (same rule for draft and target; default 1 = off)")
     p.add_argument("--typical-epsilon", type=float, default=0.0,
-                   help="LOSSY typical acceptance (Medusa) with this threshold, e.g. 0.09; sampling only. "
+                   help="LOSSY typical acceptance with this threshold, e.g. 0.09; sampling only. "
                    "Default 0: exact rejection sampling (output follows the target's distribution)")
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
@@ -150,7 +153,7 @@ def _add_apps(sub) -> None:
                        "cache, so each turn prefills only its new text. /help lists the commands.")
     _add_runtime_args(c)
     c.add_argument("--drafter",
-                   help="none | ngram | suffix | draft | eagle | hybrid | medusa (default: the folder's default)")
+                   help=_drafter_help())
     c.add_argument("--k", type=int, help="num_speculative_tokens")
     c.add_argument("--temperature", type=float, default=0.0)
     c.add_argument("--max-new-tokens", type=int, default=512)

@@ -15,27 +15,27 @@ import numpy as np
 import onnxruntime as ort
 
 from edgespec.engines.base import EngineError, pick_width
-from edgespec.engines.manifest import Manifest, ModelSpec
+from edgespec.engines.manifest import Manifest
 from edgespec.engines.ort import _check_provider, _new_session, _read_d2t, _session_options
 
 NEG = -1e30  # bias of a key a block row must not see (the graph adds it before the softmax)
 
 
 class OrtDFlash:
-    def __init__(self, manifest: Manifest, spec: ModelSpec, provider: str = "cpu", threads: int | None = None) -> None:
+    def __init__(self, manifest: Manifest, section, provider: str = "cpu", threads: int | None = None) -> None:
+        """section: the folder's DFlash section (its model spec and block settings)."""
         _check_provider(provider)
-        if spec.dflash is None:
-            raise EngineError(f"{manifest.folder}: the dflash entry has no block settings; re-export the folder")
+        spec = section.model
         self.manifest, self.spec, self.provider = manifest, spec, provider
-        self.block_size = spec.dflash.block_size  # b: anchor + b-1 drafts
-        self.mask_token_id = spec.dflash.mask_token_id
+        self.block_size = section.block_size  # b: anchor + b-1 drafts
+        self.mask_token_id = section.mask_token_id
         self.max_len, self.bucket = manifest.max_len, manifest.kv_bucket
         self.widths = tuple(spec.widths())  # context rows per call C
         self.vocab_size = spec.vocab_size  # draft vocabulary Vd
         self.d2t = _read_d2t(manifest, spec)
         self.n_layers, kv_w = spec.n_layers, spec.kv_width
         dtype = np.dtype(spec.kv_dtype)
-        n_feat = self.feature_width = spec.dflash.feature_width  # n*H: the target's hidden_aux width
+        n_feat = self.feature_width = section.feature_width  # n*H: the target's hidden_aux width
         b = self.block_size
         self.kv = np.zeros((self.n_layers, 2, self.max_len, kv_w), dtype)  # [Ld, 2, S_max, Hkv*D]
         self._ids = np.zeros((1, b), np.int64)
@@ -44,7 +44,7 @@ class OrtDFlash:
         self._bias: dict[tuple[int, int], np.ndarray] = {}  # (C, S) -> [b, S + C + b]
         self._logits = np.zeros((1, b - 1, self.vocab_size), np.float32)
         self._new_kv = {c: np.zeros((self.n_layers, 2, c, kv_w), dtype) for c in self.widths}
-        self._max_pos = spec.dflash.max_position - 1  # rows past the rope table reuse its last row
+        self._max_pos = section.max_position - 1  # rows past the rope table reuse its last row
         self._ar = np.arange(self.max_len + self.widths[-1] + b)  # positions, sliced per call (no allocation)
         self._session: ort.InferenceSession | None = None
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}

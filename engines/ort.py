@@ -101,6 +101,11 @@ def _weight_bytes(manifest: Manifest, spec, w) -> np.ndarray:
     return _map_weights(path)[w.offset: w.offset + w.nbytes]
 
 
+def weight_array(manifest: Manifest, spec, w) -> np.ndarray:
+    """Weight entry w of a model's spec as an array (mapped from its file, read-only)."""
+    return _weight_bytes(manifest, spec, w).view(np.dtype(w.dtype)).reshape(w.shape)
+
+
 def _check_provider(provider: str) -> None:
     if provider not in PROVIDERS:
         raise EngineError(f"provider {provider!r} unknown; choose one of {', '.join(PROVIDERS)}")
@@ -231,10 +236,8 @@ class OrtModel:
         self.d2t = None  # an EAGLE head's draft id -> target id map [Vd]
         if spec.d2t is not None:
             self.d2t = _read_d2t(manifest, spec)
-        self.fc_t = None  # an EAGLE-3 head's fc, transposed [n*H, H] (mapped): the drafter makes the head's
-        #                   features from the target's hidden_aux rows with it
-        if spec.fc is not None:
-            self.fc_t = _weight_bytes(manifest, spec, spec.fc).view(np.dtype(spec.fc.dtype)).reshape(spec.fc.shape)
+        self.fc_t = None  # a head's projection of the target's aux features, transposed [n*H, H] (mapped;
+        #                   set by the drafter that loads the head): the head's features input is made with it
         dtype = np.dtype(spec.kv_dtype)
         # a --host-prologue graph: masks and indices built here; its window always holds every new row,
         # padding included, so the cache has room past max_len

@@ -181,7 +181,6 @@ def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, i
     writer, manifest entry). ctx_widths: the context rows C its calls are fed at."""
     from edgespec.engines.manifest import (
         Architecture,
-        DFlashInfo,
         GraphSpec,
         HeadInfo,
         ModelSpec,
@@ -192,6 +191,7 @@ def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, i
     from edgespec.export.dflash_model import DFlashFormatError, read_dflash
     from edgespec.export.weights import write_weights
     from edgespec.export.write import _external, _trained
+    from edgespec.runtime.drafters.dflash import DFlashSection
 
     try:
         dc, arrays = read_dflash(dflash_dir, arch.hidden_size, arch.vocab_size)
@@ -220,16 +220,15 @@ def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, i
          TensorSpec("new_kv", (dc.n_layers, 2, T, kv_w), kv_dtype)))
     weights = es.weight_specs(index, _external(model))
     weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
-    info = DFlashInfo(block_size=b_rows, mask_token_id=dc.mask_token_id, feature_width=n_feat,
-                      max_position=int(dw.store.arrays["rope_cos"].shape[0]))
     head = HeadInfo(source=str(dflash_dir), target_vocab_size=arch.vocab_size,
                     trained_draft_vocab_size=dc.draft_vocab_size, trained=_trained(dflash_dir, "edgespec"))
     spec = ModelSpec(role="dflash", kind="dflash", precision=dw.opts.precision,
                      arch=Architecture(**(dw.arch.to_manifest() | {"n_layers": dc.n_layers,
                                                                     "vocab_size": dc.draft_vocab_size})),
                      kv_dtype=kv_dtype, weights_file="dflash.weights", weights=weights, graph=graph,
-                     d2t=WeightSpec.from_json(index["d2t"] | {"file": "dflash.weights"}), head=head, dflash=info)
-    return dw, spec
+                     d2t=WeightSpec.from_json(index["d2t"] | {"file": "dflash.weights"}), head=head)
+    return dw, DFlashSection(model=spec, block_size=b_rows, mask_token_id=dc.mask_token_id, feature_width=n_feat,
+                             max_position=int(dw.store.arrays["rope_cos"].shape[0]))
 
 
 def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarray, tol: float) -> dict[str, float]:
@@ -246,7 +245,7 @@ def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarra
 
     c = dw.dcfg
     man = load_manifest(folder)
-    engine = OrtDFlash(man, man.dflash)
+    engine = OrtDFlash(man, man.section("dflash"))
     aux = _aux_features(ref_target, tokens, eagle3_layers(c.n_target_layers))
     ref = dict(dw.reference) | {"d2t": dw.d2t}
     for ours, hf in (("hidden_norm", "hidden_norm.weight"), ("norm", "norm.weight")):

@@ -145,6 +145,7 @@ def write_eagle3(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
     from edgespec.export.eagle3_head import Eagle3FormatError, read_eagle3
     from edgespec.export.weights import write_weights
     from edgespec.export.write import _external
+    from edgespec.runtime.drafters.eagle3 import Eagle3Section
 
     try:
         ec, arrays, _ = read_eagle3(head_dir, arch.hidden_size, arch.vocab_size, arch.n_layers)
@@ -177,9 +178,8 @@ def write_eagle3(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
                      arch=Architecture(**(ew.arch.to_manifest() | {"n_layers": 1, "vocab_size": ec.draft_vocab_size}),
                                        aux_layers=tuple(ec.aux_layers)),
                      kv_dtype=kv_dtype, weights_file="eagle3.weights", weights=weights, graph=graph,
-                     d2t=WeightSpec.from_json(index["d2t"] | {"file": "eagle3.weights"}), head=head,
-                     fc=WeightSpec.from_json(index["fc_t"] | {"file": "eagle3.weights"}))
-    return ew, spec
+                     d2t=WeightSpec.from_json(index["d2t"] | {"file": "eagle3.weights"}), head=head)
+    return ew, Eagle3Section(head=spec, fc=WeightSpec.from_json(index["fc_t"] | {"file": "eagle3.weights"}))
 
 
 def validate_eagle3(folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.ndarray,
@@ -194,7 +194,7 @@ def validate_eagle3(folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.
     from edgespec.export.validate import compare, schedule
 
     man = load_manifest(folder)
-    engine = OrtModel(man, man.eagle3)
+    engine = OrtModel(man, man.models()["eagle3"])
     with torch.no_grad():
         hs = ref_target.model(torch.from_numpy(tokens[None]), output_hidden_states=True).hidden_states
         aux = torch.cat([hs[layer][0] for layer in ew.ec.aux_layers], dim=-1).float()  # [N, 3H]
@@ -209,7 +209,7 @@ def validate_eagle3(folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.
     g = aux[:n].numpy() @ ew.fc_t  # what the runtime feeds: fc applied outside the graph
 
     def calls():
-        for label, past, w in schedule(man.eagle3, man.prefill_chunk, n):
+        for label, past, w in schedule(man.models()["eagle3"], man.prefill_chunk, n):
             got = engine.forward(tokens[1 + past:1 + past + w], past, features=g[past:past + w])
             yield label, got, ref[past:past + w]
             engine.commit(past, w)

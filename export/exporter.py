@@ -28,6 +28,9 @@ from edgespec.export.spec import PRECISIONS, ExportConfig, ExportError, eagle3_l
 from edgespec.export.validate import validate_eagle, validate_fused, validate_medusa, validate_model, validation_tokens
 from edgespec.export.weights import write_weights
 from edgespec.export.write import heads_dir, write_eagle, write_eagle_fused, write_medusa, write_model
+from edgespec.runtime.drafters.draft import DraftSection
+from edgespec.runtime.drafters.eagle import EagleSection
+from edgespec.runtime.drafters.medusa import MedusaSection
 
 __all__ = ["ExportConfig", "ExportError", "export"]
 
@@ -290,6 +293,14 @@ def export(cfg: ExportConfig) -> Path:
         if medusa_dir is not None:
             medusa_writer, medusa = write_medusa(medusa_dir, tmp, arch, writer, head_opts)
             progress.step("Medusa heads")
+        sections = {}  # drafter name -> its manifest section
+        if draft is not None:
+            sections["draft"] = DraftSection(draft)
+        if eagle is not None:
+            sections["eagle"] = EagleSection(eagle, eagle_fused)
+        if medusa is not None:
+            sections["medusa"] = MedusaSection(medusa)
+        sections |= {name: sec for name, sec in (("eagle3", eagle3), ("dflash", dflash)) if sec is not None}
         man = mf.Manifest(
             folder=tmp, name=out.name, edgespec_version=__version__,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -298,11 +309,7 @@ def export(cfg: ExportConfig) -> Path:
             max_len=cfg.max_len, kv_bucket=cfg.kv_bucket, prefill_chunk=cfg.prefill_chunk,
             num_speculative_tokens=cfg.k, two_row_matmuls=two_rows, tokenizer_file="tokenizer.json",
             chat_template_file=chat_file, eos_token_ids=tuple(_eos_ids(model, tok)), bos_token_id=tok.bos_token_id,
-            target=target, draft=draft, eagle=eagle, eagle_fused=eagle_fused, medusa=medusa, eagle3=eagle3,
-            dflash=dflash,
-            drafters=("none", "ngram") + (("draft",) if has_draft else ()) + (("eagle", "hybrid") if head_dir else ())
-            + (("medusa",) if medusa_dir else ()) + (("eagle3",) if eagle3_dir else ())
-            + (("dflash",) if dflash_dir else ()),
+            target=target, drafters=sections,
             # measured on this CPU (docs): adaptive prompt lookup beat every fixed k
             defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True))
         man.save()
@@ -317,7 +324,7 @@ def export(cfg: ExportConfig) -> Path:
                                                  tolerance(eagle_writer.opts))
                 report["eagle_fused"] = validate_fused(tmp, tokens, tolerance(eagle_writer.opts))
                 if report["eagle_fused"] is None:  # not bitwise the plain target: leave it out
-                    man = dataclasses.replace(man, eagle_fused=None)
+                    man = man.replace_model("eagle_fused", None)
                     del report["eagle_fused"]
                     (tmp / "target_eagle.onnx").unlink()
                 progress.step("validated EAGLE head")
@@ -340,8 +347,8 @@ def export(cfg: ExportConfig) -> Path:
             if has_draft:
                 report["draft"] = validate_model(tmp, "draft", reference_model(draft_model, draft_writer), tokens,
                                                  tolerance(draft_writer.opts))
-            man = dataclasses.replace(man, **{role: dataclasses.replace(getattr(man, role), validation=diffs)
-                                              for role, diffs in report.items()})
+            for role, diffs in report.items():
+                man = man.replace_model(role, dataclasses.replace(man.models()[role], validation=diffs))
             man.save()
         man = man.record_files()  # sizes and sha256 of the finished files (read only: the bytes stay)
         man.save()

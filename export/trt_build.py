@@ -38,7 +38,8 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
     logger = trt.Logger(trt.Logger.WARNING)
     cache_path = folder / "trt_timing.cache"
     built = {}
-    for role, spec in (("target", man.target), ("draft", man.draft)):
+    models = man.models()
+    for role, spec in (("target", man.target), ("draft", models.get("draft"))):
         if spec is None:
             continue
         if spec.precision == "int4":
@@ -78,6 +79,7 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
         os.replace(tmp, folder / fname)
         cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
         built[role] = replace(spec, tensorrt=TrtInfo(fname, trt.__version__, gpu, profiles))
-    man = replace(man, **built)
+    for role, spec in built.items():
+        man = man.replace_model(role, spec)
     man.save()
     return man.target.tensorrt.to_json()

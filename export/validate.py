@@ -71,7 +71,7 @@ def validate_model(folder: Path, role: str, ref_model, tokens: np.ndarray, tol: 
     from edgespec.engines.ort import OrtModel
 
     man = load_manifest(folder)
-    spec = man.target if role == "target" else man.draft
+    spec = man.models()[role]
     engine = OrtModel(man, spec)
     with torch.no_grad():
         ref = ref_model(torch.from_numpy(tokens[None])).logits[0].float().numpy()  # [N, V]
@@ -94,7 +94,7 @@ def validate_eagle(folder: Path, ew, ref_target, tokens: np.ndarray, tol: float)
     from edgespec.export.eagle_head import build_head
 
     man = load_manifest(folder)
-    engine = OrtModel(man, man.eagle)
+    engine = OrtModel(man, man.models()["eagle"])
     feats = _features(ref_target, tokens)  # [N, H]
     ref_arrays = dict(ew.reference) | {"fc.bias": ew.store.arrays["fc_b"].astype(np.float32), "d2t": ew.d2t,
                                        "layers.0.post_attention_layernorm.weight":
@@ -114,7 +114,7 @@ def validate_eagle(folder: Path, ew, ref_target, tokens: np.ndarray, tol: float)
         ref = head.logits(pred)[0].numpy()  # [n, Vd]
 
     def calls():
-        for label, past, w in schedule(man.eagle, man.prefill_chunk, n):
+        for label, past, w in schedule(man.models()["eagle"], man.prefill_chunk, n):
             got = engine.forward(tokens[1 + past:1 + past + w], past, features=feats[past:past + w])
             yield label, got, ref[past:past + w]
             engine.commit(past, w)
@@ -134,8 +134,8 @@ def validate_fused(folder: Path, tokens: np.ndarray, tol: float) -> dict[str, fl
     from edgespec.engines.ort import OrtModel
 
     man = load_manifest(folder)
-    plain, head = OrtModel(man, man.target), OrtModel(man, man.eagle)
-    fused = OrtModel(man, man.eagle_fused, head=OrtModel(man, man.eagle))
+    plain, head = OrtModel(man, man.target), OrtModel(man, man.models()["eagle"])
+    fused = OrtModel(man, man.models()["eagle_fused"], head=OrtModel(man, man.models()["eagle"]))
 
     def calls():
         for label, past, w in schedule(man.target, man.prefill_chunk, len(tokens)):
@@ -170,7 +170,7 @@ def validate_medusa(folder: Path, mw, ref_target, tokens: np.ndarray, tol: float
     from edgespec.export.medusa_head import build_heads
 
     man = load_manifest(folder)
-    engine = OrtHeads(man, man.medusa)
+    engine = OrtHeads(man, man.models()["medusa"])
     feats = _features(ref_target, tokens)  # [N, H]
     K = mw.mc.n_heads
     arrays = dict(mw.reference) | {"d2t": mw.d2t}

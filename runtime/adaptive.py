@@ -13,8 +13,8 @@ Under greedy decoding the output is the same whatever k each step uses, so the p
 the clock. Under sampling the k of a step decides which random draws the step makes, so a policy
 that followed measured times would make a seed's output depend on the machine's load. Sampled
 calls use `sampled_policy`: the same model on fixed relative costs (a verify row, a drafted token,
-in decodes: `ROW_COST`, `DRAFT_COST`) and a fresh acceptance estimate per call that learns from
-accepted counts only, so k, and the output, follow from the seed, the folder and the settings.
+in decodes: `ROW_COST`, each drafter's `DrafterSpec.draft_cost`) and a fresh acceptance estimate
+per call that learns from accepted counts only, so k, and the output, follow from the seed, the folder and the settings.
 It settles on k = 0 when acceptance is too low to pay (drafts at temperature 0.7 are kept less
 often than greedy ones), and its probes draft one token (`probe_k`), which costs about a quarter
 of a decode on a CPU instead of k_max rows.
@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from edgespec.runtime.drafters import spec_of
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,6 @@ SAMPLED = AdaptiveConfig(probe_k=1)  # sampled calls: a cheap probe (a CPU verif
 # ~0.25 on the CPU (docs/results/lean-graph.md: 2.49 ms against a 10.1 ms decode), a few percent
 # on a GPU, where rows are nearly free
 ROW_COST = {"cpu": 0.25, "cuda": 0.05, "tensorrt": 0.05, "trt": 0.05}
-# One drafted token: model-free lookups ~0.2 ms (docs/results/suffix.md); an EAGLE head call ~1 ms
-# (docs/results/head-cost.md); Medusa's one call serves every head; a draft model runs a few layers
-# and its LM head per token
-DRAFT_COST = {"ngram": 0.02, "suffix": 0.03, "eagle": 0.1, "hybrid": 0.1, "medusa": 0.03, "draft": 0.3}
 
 
 class AdaptiveK:
@@ -93,4 +91,4 @@ def sampled_policy(k_max: int, drafter: str, provider: str, verify_cost: dict[in
     verify_cost: a recorded cost per verify width, in decodes (None: ROW_COST per extra row)."""
     row = ROW_COST.get(provider, ROW_COST["cpu"])
     costs = verify_cost or {w: 1.0 + row * (w - 1) for w in range(1, k_max + 2)}
-    return AdaptiveK(k_max, costs, SAMPLED, draft_cost=DRAFT_COST.get(drafter, 0.1), timed=False)
+    return AdaptiveK(k_max, costs, SAMPLED, draft_cost=spec_of(drafter).draft_cost, timed=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.runtime.config import RuntimeConfig
-from edgespec.runtime.drafters import TREE_DRAFTERS
+from edgespec.runtime.drafters import spec_of, tree_names
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.tree import TreeConfig
@@ -127,12 +127,13 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     if cfg.adaptive:
         configs += [(d, max(cfg.ks), True, "") for d in drafters[1:]]
     trees = {spec: TreeConfig.parse(spec) for spec in cfg.trees}
-    configs += [(d, max(cfg.ks), False, spec) for d in drafters[1:] if d in TREE_DRAFTERS for spec in trees]
+    configs += [(d, max(cfg.ks), False, spec) for d in drafters[1:] if d in tree_names() for spec in trees]
     g = Generator.load(cfg.engine, dataclasses.replace(cfg.runtime, drafter="none", k=max(cfg.ks), adaptive=False))
-    if "medusa" in drafters and g.engines.medusa is not None:
-        # K heads draft at most K tokens: a larger k would run k=K again
-        k_heads = g.engines.medusa.n_heads
-        configs = [c for c in configs if c[0] != "medusa" or c[3] or c[1] <= max(k_heads, min(cfg.ks))]
+    for d in drafters[1:]:  # a drafter with a longest chain (K heads draft K tokens): a larger k would rerun it
+        spec = spec_of(d)
+        if spec.max_chain is not None and g.engines.get(d) is not None:
+            longest = spec.max_chain(g.engines.get(d))
+            configs = [c for c in configs if c[0] != d or c[3] or c[1] <= max(longest, min(cfg.ks))]
     widths = [1, g.manifest.prefill_chunk] + list(range(2, max(cfg.ks) + 2))
     for d, k, _, _ in configs[1:]:  # every drafter's sessions made before the timed runs
         g.set_drafter(d, k)
@@ -190,9 +191,8 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
                          "ngram": [cfg.runtime.ngram_min, cfg.runtime.ngram_max], "adaptive": cfg.adaptive,
                          "hybrid_lookup": cfg.runtime.hybrid_lookup,
                          "trees": list(cfg.trees),
-                         "eagle_min_confidence": g.cfg.eagle_min_confidence,
-                         "medusa_min_confidence": g.cfg.medusa_min_confidence,
-                         "fused_head": g.engines.eagle_fused is not None,
+                         **{o.name: getattr(g.cfg, o.name) for o in g.cfg.options()},  # every drafter option
+                         "fused_head": any(getattr(e, "fused", None) is not None for e in g.engines.models.values()),
                          "precision": g.manifest.target.precision},
               "machine": machine_info(cfg.runtime.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
     print(format_table(report), file=out)

@@ -24,12 +24,12 @@ from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import AdaptiveK, sampled_policy
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
-from edgespec.runtime.drafters import TREE_DRAFTERS, Drafter, make_drafter
+from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
+from edgespec.runtime.drafters.suffix import SuffixCache, SuffixConfig
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState, chain
 from edgespec.runtime.stats import GenerationStats
-from edgespec.runtime.suffix import SuffixCache, SuffixConfig
 from edgespec.runtime.text import StreamDecoder, TextCodec
 from edgespec.runtime.tree import TokenTree, tree_chain_prefix
 from edgespec.runtime.verify import accept
@@ -48,12 +48,13 @@ class Generator:
         self.eos = np.array(manifest.eos_token_ids if manifest is not None else [], np.int64)
         n_slots = tgt.max_len + max(tgt.widths)
         self._tokens = np.zeros(n_slots, np.int64)  # the sequence buffer, reused by every call
-        # the target's hidden state at every position (EAGLE and Medusa draft from them), kept
+        # the target's hidden state at every position (the head drafters draft from them), kept
         # current by prefill and after every verify whatever the drafter, so a drafter switch finds them
-        self._tgt_features = np.zeros((n_slots, tgt.hidden_size), np.float32) if engines.features_needed else None
-        # ... and its hidden_aux rows (low/mid/high layers: what an EAGLE-3 head reads), the same way
-        aux_width = (engines.eagle3.fc_t.shape[0] if engines.eagle3 is not None
-                     else engines.dflash.feature_width if engines.dflash is not None else 0)
+        loaded = {n: registry()[n] for n in engines.models if n in registry()}
+        features = any(s.needs_features(self.cfg) for s in loaded.values())
+        self._tgt_features = np.zeros((n_slots, tgt.hidden_size), np.float32) if features else None
+        # ... and its hidden_aux rows (low/mid/high layers: what aux-feature drafters read), the same way
+        aux_width = max((s.aux_width(engines.models[n]) for n, s in loaded.items() if s.aux_width), default=0)
         self._tgt_aux = np.zeros((n_slots, aux_width), np.float32) if aux_width else None
         self._verify_costs: dict[bool, dict[int, float]] = {}  # per verifying engine (fused?): width -> seconds
         self._tgt_valid = 0  # target KV rows that hold self._tokens[:_tgt_valid] (prefix reuse)
@@ -68,11 +69,13 @@ class Generator:
         cfg.check()
         manifest = load_manifest(folder, verify=cfg.verify)
         engines = make_engines(manifest, cfg)
-        if cfg.drafter is None and cfg.resolve(manifest.defaults).drafter in engines.disabled:
+        resolved = cfg.resolve(manifest.defaults)
+        if cfg.drafter is None and set(spec_of(resolved.drafter).needs(resolved)) & set(engines.broken):
             warnings.warn(f"{folder}: the folder's default drafter is disabled (above); using ngram", RuntimeWarning,
                           stacklevel=2)
             cfg = dataclasses.replace(cfg, drafter="ngram")
-        check_drafter(cfg.resolve(manifest.defaults).drafter, engines, cfg.provider)
+            resolved = cfg.resolve(manifest.defaults)
+        check_drafter(resolved.drafter, engines, cfg.provider, resolved)
         g = cls(manifest, engines, cfg, TextCodec(manifest))
         widths = [1, manifest.prefill_chunk] + list(range(2, max(g.k, g.cfg.tree.nodes - 1) + 2))
         g.target.load_widths(widths)  # only the engine this drafter verifies with gets a session now
@@ -87,19 +90,10 @@ class Generator:
 
     def warm_drafter(self, widths=()) -> None:
         """Make the current drafter's sessions now, so its first real call pays nothing."""
-        e, name = self.engines, self.drafter.name
-        if name == "hybrid":
-            name = self.cfg.hybrid_head
-        if name == "draft":
-            e.draft.load_widths([1, self.manifest.prefill_chunk])
-        elif name == "eagle":
-            e.eagle.load_widths(widths)
-        elif name == "medusa":
-            e.medusa.load()
-        elif name == "eagle3":
-            e.eagle3.load_widths(widths)
-        elif name == "dflash":
-            e.dflash.load()
+        for need in spec_of(self.drafter_name).needs(self.cfg):
+            spec = registry()[need]
+            if spec.warm is not None:
+                spec.warm(self.engines.models[need], widths, self.manifest)
 
     @property
     def target(self):
@@ -118,23 +112,25 @@ class Generator:
         if name != "none" and not 1 <= k <= k_max:
             raise ValueError(f"k={k} outside 1..{k_max}: this folder has verify graphs up to "
                              f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
-        check_drafter(name, self.engines, self.cfg.provider)
         c = self.cfg
-        if self._uses_suffix_cache(name) and self.suffix_cache is None:
+        check_drafter(name, self.engines, c.provider, c)
+        spec = spec_of(name)
+        if spec.suffix_cache(c) and self.suffix_cache is None:
             self.suffix_cache = SuffixCache(SuffixConfig(max_tokens=c.suffix_cache_tokens, file=c.suffix_cache),
                                             self.engines.target.vocab_size)
-        self.drafter: Drafter = make_drafter(name, self.engines, c.ngram, self._tgt_features, c.eagle_min_confidence,
-                                             c.medusa_min_confidence, c.fuse_head, self.suffix_cache,
-                                             c.hybrid_lookup, aux=self._tgt_aux, hybrid_head=c.hybrid_head)
+        ctx = BuildContext(self.engines, c, self._tgt_features, self._tgt_aux, self.suffix_cache)
+        self.drafter: Drafter = make_drafter(name, ctx)
+        self.drafter_name = spec.name  # the registered name (an alias resolved)
         self.k = 0 if name == "none" else k
         self.tree = None  # the step's token tree (preallocated), when trees are on
         if c.tree.nodes and name != "none":
             c.tree.check(k_max + 1)
             if not self.drafter.drafts_trees:
-                raise ValueError(f"drafter {name!r} drafts chains only; trees work with {', '.join(TREE_DRAFTERS)}")
-            head = c.hybrid_head if name == "hybrid" else name
-            verifying = [self.target] + ([self.engines.eagle] if head == "eagle" else [])
-            verifying += [self.engines.eagle3] if head == "eagle3" else []
+                raise ValueError(f"drafter {name!r} drafts chains only; trees work with {', '.join(tree_names())}")
+            verifying = [self.target]
+            for need in spec.needs(c):
+                grows = registry()[need].tree_engines
+                verifying += grows(self.engines.models[need]) if grows is not None else []
             if not all(e.takes_tree for e in verifying):
                 raise ValueError("this engine folder's graphs verify chains only (exported with --no-trees); "
                                  "token trees need a folder re-exported without --no-trees")
@@ -144,7 +140,7 @@ class Generator:
             self.adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
 
     def _uses_suffix_cache(self, name: str) -> bool:
-        return name == "suffix" or (name == "hybrid" and self.cfg.hybrid_lookup == "suffix")
+        return spec_of(name).suffix_cache(self.cfg)
 
     def _sampled_adaptive(self) -> AdaptiveK | None:
         """Adaptive k for a sampled call (when adaptive is on): fixed relative costs instead of
@@ -152,12 +148,12 @@ class Generator:
         output, follows from the seed, the folder and the settings, not from the machine's load."""
         if self.adaptive is None:
             return None
-        return sampled_policy(self.k, self.drafter.name, self.cfg.provider)
+        return sampled_policy(self.k, self.drafter_name, self.cfg.provider)
 
     def reconfigure(self, **changes) -> None:
         """Change runtime options between calls (e.g. adaptive=True, tree=TreeConfig(...)), keeping
         the drafter and k unless given."""
-        drafter, k = changes.pop("drafter", self.drafter.name), changes.pop("k", self.k or None)
+        drafter, k = changes.pop("drafter", self.drafter_name), changes.pop("k", self.k or None)
         self.cfg = dataclasses.replace(self.cfg, **changes)
         self.set_drafter(drafter, k)
 
@@ -309,7 +305,7 @@ class Generator:
             st.n_draft_calls = (dft_engine.n_calls - dft_calls0) if dft_engine is not None else 0
             st.total_s = time.perf_counter() - t_start
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
-            if self._uses_suffix_cache(self.drafter.name):  # the request it served becomes evidence for the next ones
+            if self._uses_suffix_cache(self.drafter_name):  # the request it served becomes evidence for the next ones
                 self.suffix_cache.add(seq.tokens[:seq.n])
 
     def last_output_ids(self) -> np.ndarray:

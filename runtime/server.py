@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from edgespec.runtime.backends import check_drafter
-from edgespec.runtime.drafters import DRAFTERS, TREE_DRAFTERS
+from edgespec.runtime.drafters import registry, spec_of
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.server_schema import Abilities, BadRequest, Speculation, parse_request, parse_speculation
 from edgespec.runtime.server_worker import END, STARTED, Job, Metrics, Worker, log
@@ -65,26 +65,23 @@ class ServeConfig:
 
 def abilities(gen: Generator) -> Abilities:
     """What requests may ask of this generator's folder and backend."""
-    e, tgt = gen.engines, gen.engines.target
-    needs = {"draft": e.draft, "eagle": e.eagle, "medusa": e.medusa, "eagle3": e.eagle3,
-             "dflash": e.dflash}  # else: no model
-    needs["hybrid"] = needs[gen.cfg.hybrid_head]
+    e, tgt, cfg = gen.engines, gen.engines.target, gen.cfg
 
     def runs(d: str) -> bool:
         try:
-            check_drafter(d, e, gen.cfg.provider)
-        except ValueError:  # disabled, or not on this backend
+            check_drafter(d, e, cfg.provider, cfg)
+        except ValueError:  # disabled, missing from the folder, or not on this backend
             return False
-        return needs.get(d, True) is not None
+        return True
 
-    def grows_trees(d: str) -> bool:  # a head drafter (or hybrid's head) needs a head graph that takes trees
-        head = gen.cfg.hybrid_head if d == "hybrid" else d
-        if head == "dflash":
-            return False
-        return head not in ("eagle", "eagle3") or needs[head].takes_tree
+    def grows_trees(d: str) -> bool:  # every model it drafts with must grow trees on graphs that take them
+        spec = spec_of(d)
+        needs = [registry()[n] for n in spec.needs(cfg)]
+        heads = [h for n in spec.needs(cfg) if (grow := registry()[n].tree_engines) for h in grow(e.models[n])]
+        return spec.trees and all(s.trees for s in needs) and all(h.takes_tree for h in heads)
 
-    drafters = tuple(d for d in DRAFTERS if runs(d))
-    trees = tuple(d for d in TREE_DRAFTERS if d in drafters and tgt.takes_tree and grows_trees(d))
+    drafters = tuple(d for d in registry() if runs(d))
+    trees = tuple(d for d in drafters if tgt.takes_tree and grows_trees(d))
     k_max = 0  # verify widths 2..k_max+1 must all exist (as Generator.set_drafter requires)
     while k_max + 2 in tgt.widths:
         k_max += 1

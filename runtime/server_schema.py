@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from edgespec.runtime.drafters import DRAFTERS
+from edgespec.runtime.drafters import names
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.tree import TreeConfig
 
@@ -46,7 +46,7 @@ class Abilities:
 class Speculation:
     """How one request is decoded (the server's default, or a request's `speculative` field)."""
 
-    drafter: str  # none | ngram | draft | eagle | hybrid | medusa
+    drafter: str  # a registered drafter the folder can run (Abilities.drafters)
     k: int  # num_speculative_tokens (kept with drafter none, for a later switch back)
     tree: TreeConfig = TreeConfig()  # token trees when nodes > 0, else chains
 
@@ -125,7 +125,7 @@ def parse_speculation(spec, default: Speculation, ab: Abilities, param: str = "s
     if not isinstance(spec, dict) or set(spec) - {"drafter", "k", "tree"}:
         raise BadRequest(f"'{param}' must be an object with optional 'drafter', 'k' and 'tree', got {spec!r}", param)
     drafter = spec.get("drafter", default.drafter)
-    if drafter not in DRAFTERS:
+    if drafter not in names():
         raise BadRequest(f"{param}.drafter {drafter!r}: choose one of {', '.join(ab.drafters)}", f"{param}.drafter")
     if drafter not in ab.drafters:
         raise BadRequest(f"{param}.drafter {drafter!r} is not available in this engine folder (it has "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from edgespec.engines.manifest import Defaults, Manifest, Tuned, load_manifest
 from edgespec.runtime.bench import BenchConfig, format_table, run_bench
 from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.drafters import shipped
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,7 @@ def tune(cfg: TuneConfig, out=sys.stdout) -> Defaults:
     """Bench the folder's drafters on the prompts; the fastest lossless setting (recorded as the
     folder's default unless cfg.write is False)."""
     man = load_manifest(cfg.engine)
-    # every drafter the folder ships, and suffix decoding (model-free: every folder has it)
-    drafters = list(dict.fromkeys([*man.drafters, "suffix"]))
+    drafters = list(shipped(man, cfg.runtime))  # every drafter the folder can run (model-free ones included)
     ks = tuple(k for k in cfg.ks if k <= man.num_speculative_tokens) or (1,)
     bench = BenchConfig(engine=cfg.engine, runtime=cfg.runtime, prompts=cfg.prompts, drafters=tuple(drafters), ks=ks,
                         max_new_tokens=cfg.max_new_tokens, limit=cfg.limit, adaptive=True)

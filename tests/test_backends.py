@@ -16,8 +16,14 @@ from test_medusa import _tiny_heads
 
 from edgespec.engines.device import HostOps
 from edgespec.runtime.config import RuntimeConfig
-from edgespec.runtime.drafters import DRAFTERS, FEATURE_DRAFTERS
+from edgespec.runtime.config import RuntimeConfig as _Cfg
+from edgespec.runtime.drafters import names, spec_of
+
 from edgespec.runtime.generator import Generator
+
+DRAFTERS = names()
+FEATURE_DRAFTERS = tuple(d for d in DRAFTERS if spec_of(d).needs_features(_Cfg()) or any(
+    spec_of(n).aux_width is not None for n in spec_of(d).needs(_Cfg())))
 
 PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7])
 GPU_EP = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}

@@ -157,7 +157,7 @@ def test_dflash_sampling_keeps_the_target_distribution():
     table = random_table(ts.V, seed=11, sharpness=1.0)
     # the confidence cut depends on the block's logits only: lossless either way; hybrid: its head
     for drafter, cut in (("dflash", 0.0), ("dflash", 0.3), ("hybrid", 0.0)):
-        g = Generator(None, Engines(te3._AuxTarget(table, 64), dflash=FakeDFlash(ts.V, [0, 2, 3, 5, 6])),
+        g = Generator(None, Engines(te3._AuxTarget(table, 64), {"dflash": FakeDFlash(ts.V, [0, 2, 3, 5, 6])}),
                       RuntimeConfig(drafter=drafter, k=3, eagle_min_confidence=cut, hybrid_head="dflash"))
         p = ts._chi2_pvalue(ts._sample_counts(g), ts._exact_tokens_23(g))
         assert p > 1e-3, f"{drafter} (cut {cut}): chi-square p = {p:.2g}: samples do not follow the target"

@@ -383,7 +383,7 @@ def test_task_prompts_are_many_distinct_and_cover_every_kind():
 def test_chain_cut_off_is_on_the_path_probability():
     """EAGLE stops where the product of the head's confidences drops below the cut-off: with every
     step 60% sure, 0.6 and 0.36 pass 0.3, 0.216 does not."""
-    from edgespec.runtime.heads import EagleDrafter
+    from edgespec.runtime.drafters.eagle import EagleDrafter
     from edgespec.runtime.state import SeqState
 
     class Head:  # every call: draft token 1 (id 7) at p = 0.6, the other three share the rest

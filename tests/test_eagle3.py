@@ -305,7 +305,7 @@ def test_eagle3_sampling_keeps_the_target_distribution():
     for tree in (ts.TreeConfig(), ts.TREE):
         head = FakeEagleHead(ts.V, d2t=[0, 2, 3, 5, 6], max_len=64)
         head.fc_t = np.random.default_rng(4).standard_normal((2 * ts.V, ts.V)).astype(np.float32) * 0.5
-        g = Generator(None, Engines(_AuxTarget(table, 64), eagle3=head),
+        g = Generator(None, Engines(_AuxTarget(table, 64), {"eagle3": head}),
                       RuntimeConfig(drafter="eagle3", k=3, tree=tree, eagle_min_confidence=0.0))
         p = ts._chi2_pvalue(ts._sample_counts(g), ts._exact_tokens_23(g))
         assert p > 1e-3, f"eagle3 {tree}: chi-square p = {p:.2g}: samples do not follow the target"

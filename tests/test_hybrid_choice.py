@@ -1,5 +1,5 @@
 """hybrid: suffix decoding or the EAGLE head per step, by expected accepted length
-(runtime/hybrid_choice.py). The choice on fake estimates, greedy identity on fake and ORT engines,
+(runtime/drafters/hybrid.py). The choice on fake estimates, greedy identity on fake and ORT engines,
 and what the stats record."""
 
 import numpy as np
@@ -8,9 +8,9 @@ import pytest
 from edgespec.engines.fake import FakeEagleHead, FakeModel, random_table
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.drafters.eagle import EagleEngines
+from edgespec.runtime.drafters.hybrid import HEAD, SUFFIX, ChoiceConfig, HybridDrafter, SourcePicker, SuffixHeadHybrid
 from edgespec.runtime.generator import Generator
-from edgespec.runtime.heads import HybridDrafter
-from edgespec.runtime.hybrid_choice import HEAD, SUFFIX, ChoiceConfig, SourcePicker, SuffixHeadHybrid
 from edgespec.runtime.sampling import SamplingConfig
 
 V = 32
@@ -21,7 +21,7 @@ def _gen(k: int = 4, drafter: str = "hybrid", **cfg) -> Generator:
     table = random_table(V, seed=0)
     target = FakeModel(table, max_len=256)
     head = FakeEagleHead(V, d2t=np.arange(V), max_len=256)
-    return Generator(None, Engines(target, eagle=head),
+    return Generator(None, Engines(target, {"eagle": EagleEngines(head, None)}),
                      RuntimeConfig(drafter=drafter, k=k, eagle_min_confidence=0.0, **cfg))
 
 
@@ -158,13 +158,13 @@ def test_sampling_chooses_before_the_head_draws(monkeypatch):
     g = _gen(4)
     d = g.drafter
     calls = []
-    real = d.eagle.propose
+    real = d.head.propose
 
     def counting(seq, k):
         calls.append(seq.n)
         return real(seq, k)
 
-    monkeypatch.setattr(d.eagle, "propose", counting)
+    monkeypatch.setattr(d.head, "propose", counting)
     out = _run(g, REPEATS * 3, 60, sampling=SamplingConfig(temperature=0.8, seed=1))
     src = g.last_stats.sources
     assert len(out) == 60 and src.get(SUFFIX, [0])[0] > 0

@@ -17,7 +17,7 @@ def make(drafter: str, k: int, max_len: int = 512, draft_noise: float = 1.0) -> 
     target = FakeModel(table, max_len=max_len)
     noisy = table + np.random.default_rng(5).standard_normal(table.shape).astype(np.float32) * draft_noise
     draft = FakeModel(noisy, max_len=max_len)
-    return Generator(None, Engines(target, draft=draft), RuntimeConfig(drafter=drafter, k=k))
+    return Generator(None, Engines(target, {"draft": draft}), RuntimeConfig(drafter=drafter, k=k))
 
 
 def run(g: Generator, prompt, n: int, **kw) -> np.ndarray:

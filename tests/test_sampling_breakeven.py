@@ -8,7 +8,8 @@ import pytest
 from test_sampling import CFG, _chi2_pvalue, _exact_tokens_23, _gen, _sample_counts
 
 from edgespec.engines.fake import FakeModel, random_table
-from edgespec.runtime.adaptive import DRAFT_COST, ROW_COST, AdaptiveK, sampled_policy
+from edgespec.runtime import drafters
+from edgespec.runtime.adaptive import ROW_COST, AdaptiveK, sampled_policy
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.drafters import Drafter
@@ -28,7 +29,7 @@ def _run(g: Generator, n: int, sampling: SamplingConfig, prompt=PROMPT) -> list[
 def _fake(drafter: str, adaptive: bool = True, k: int = 6, table=None) -> Generator:
     table = random_table(V, seed=0, sharpness=1.5) if table is None else table
     noisy = table + np.random.default_rng(5).standard_normal(table.shape).astype(np.float32)
-    return Generator(None, Engines(FakeModel(table), draft=FakeModel(noisy)),
+    return Generator(None, Engines(FakeModel(table), {"draft": FakeModel(noisy)}),
                      RuntimeConfig(drafter=drafter, k=k, adaptive=adaptive))
 
 
@@ -131,7 +132,7 @@ def test_sampled_adaptive_keeps_the_target_distribution(drafter, monkeypatch):
     under the prior acceptance, so a first step that is rejected makes the second one plain."""
     pytest.importorskip("scipy")
     monkeypatch.setitem(ROW_COST, "cpu", 0.48)
-    monkeypatch.setitem(DRAFT_COST, drafter, 0.0)
+    monkeypatch.setitem(drafters.registry(), drafter, dataclasses.replace(drafters.spec_of(drafter), draft_cost=0.0))
     g = _gen(drafter)
     g.reconfigure(adaptive=True)
     ks = []

@@ -8,8 +8,8 @@ import pytest
 from edgespec.engines.fake import FakeModel, random_table
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.drafters.suffix import DEPTH, SEP, SuffixCache, SuffixConfig
 from edgespec.runtime.generator import Generator
-from edgespec.runtime.suffix import DEPTH, SEP, SuffixCache, SuffixConfig
 
 
 def _brute(tokens: np.ndarray, pattern: np.ndarray) -> list[int]:

@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
+from edgespec.runtime.drafters.suffix import SuffixCache, SuffixConfig, SuffixDrafter
 from edgespec.runtime.state import SeqState
-from edgespec.runtime.suffix import SuffixCache, SuffixConfig, SuffixDrafter
 
 V = 49_152
 

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.runtime.drafters import Drafter
+from edgespec.runtime.drafters import Drafter, DrafterSpec, Option, register
 from edgespec.runtime.state import Proposal, SeqState, chain
 
+ORDER = 2
 DEPTH = 12  # longest pattern matched in the cache (tokens); longer contexts match on their last DEPTH
 SEP = -1  # between cached requests: no match runs across two of them
 
@@ -243,3 +244,14 @@ class SuffixDrafter(Drafter):
                     frontier.append((c, mu.after(seq.tokens, ctoks, tok)))
             if not frontier:
                 return
+
+
+SPEC = register(DrafterSpec(
+    name="suffix", summary="suffix decoding: the most frequent continuation of the longest match of the last tokens "
+    "in the prompt + output AND in this process's recent requests",
+    build=lambda ctx: SuffixDrafter(ctx.suffix_cache), trees=True, draft_cost=0.03,
+    uses_suffix_cache=lambda cfg: True,
+    options=(Option("suffix_cache_tokens", int, 1_000_000, "suffix drafter: tokens of recent requests kept in its "
+                    "cache (default 1000000)"),
+             Option("suffix_cache", str, None, "suffix drafter: load its cache of recent requests from this .npy file "
+                    "and keep it saved there"))))

@@ -30,11 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.runtime.drafters import Drafter
+from edgespec.runtime.drafters import Drafter, DrafterSpec, Option, register, registry, spec_of
+from edgespec.runtime.drafters.ngram import NgramDrafter, ngram_config
+from edgespec.runtime.drafters.suffix import DEPTH, SuffixDrafter
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.state import Proposal, SeqState, chain
-from edgespec.runtime.suffix import DEPTH, SuffixDrafter
 
+ORDER = 5
 SUFFIX, HEAD = "suffix", "head"  # the sources, as the stats name them
 MAX_DRAFT = 64  # chain tokens kept per source (k is bounded by the folder's verify widths)
 
@@ -116,11 +118,11 @@ class SuffixHeadHybrid(Drafter):
     name = "hybrid"
     drafts_trees = True
 
-    def __init__(self, suffix: SuffixDrafter, eagle, cfg: ChoiceConfig = ChoiceConfig()) -> None:
+    def __init__(self, suffix: SuffixDrafter, head, cfg: ChoiceConfig = ChoiceConfig()) -> None:
         super().__init__()
-        self.suffix, self.eagle, self.cfg = suffix, eagle, cfg
-        self.engine, self.verifier = eagle.engine, eagle.verifier
-        eagle.track_confidence = True  # its chain estimate needs the confidences even without a cut-off
+        self.suffix, self.head, self.cfg = suffix, head, cfg
+        self.engine, self.verifier = head.engine, head.verifier
+        head.track_confidence = True  # its chain estimate needs the confidences even without a cut-off
         self.greedy_picker = SourcePicker(cfg)  # greedy estimates keep learning across calls
         self.picker = self.greedy_picker
         self._chains = np.zeros((2, MAX_DRAFT), np.int64)  # this step's chain per source (0 suffix, 1 head)
@@ -132,14 +134,14 @@ class SuffixHeadHybrid(Drafter):
     def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
         super().configure(sampling, rng)
         self.suffix.configure(sampling, rng)
-        self.eagle.configure(sampling, rng)
+        self.head.configure(sampling, rng)
         self.picker = self.greedy_picker if sampling.greedy else SourcePicker(self.cfg)
 
     def forget(self) -> None:
-        self.eagle.forget()
+        self.head.forget()
 
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
-        self.eagle.start(seq, n_cached)
+        self.head.start(seq, n_cached)
 
     def _use(self, source: str, seq: SeqState) -> Proposal:
         """The chain of `source`, back in the draft slots (the other may have written over them)."""
@@ -159,14 +161,14 @@ class SuffixHeadHybrid(Drafter):
         if not self.sampling.greedy:
             if m_s and e_s >= pk.head_sampled:
                 return self._use(SUFFIX, seq)
-            prop = self.eagle.propose(seq, k)  # drafted after the choice: its q is the proposal's
+            prop = self.head.propose(seq, k)  # drafted after the choice: its q is the proposal's
             self._m[1] = prop.n_drafted
             self._chosen, self.source = HEAD, HEAD if prop.n_drafted else ""
             return prop
         if m_s and e_s >= pk.head_bound(k):
             return self._use(SUFFIX, seq)
-        m_h = self.eagle.propose(seq, k).n_drafted
-        self._pred[1] = self.eagle.expected
+        m_h = self.head.propose(seq, k).n_drafted
+        self._pred[1] = self.head.expected
         self._chains[1, :m_h] = seq.draft_slots(m_h)
         self._m[1] = m_h
         head_wins = m_h and (not m_s or pk.pick(e_s, pk.head_estimate(self._pred[1])) == HEAD)
@@ -177,11 +179,11 @@ class SuffixHeadHybrid(Drafter):
         self.suffix.propose_tree(seq, tree, cfg)
         self.source = SUFFIX
         if tree.n == 1:
-            self.eagle.propose_tree(seq, tree, cfg)
+            self.head.propose_tree(seq, tree, cfg)
             self.source = HEAD if tree.n > 1 else ""
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
-        self.eagle.accepted(seq, n_old, n_acc)
+        self.head.accepted(seq, n_old, n_acc)
         pk, chosen = self.picker, self._chosen
         self._chosen = ""  # a step that proposes nothing (k = 0) must not learn from this one's chains
         if not chosen:
@@ -198,3 +200,76 @@ class SuffixHeadHybrid(Drafter):
             if m:
                 kept = n_acc if source == chosen else _common_prefix(self._chains[i, :m], came)
                 pk.observe(source, self._size, self._pred[i], kept)
+
+
+class HybridDrafter(Drafter):
+    """`--hybrid-lookup ngram`: prompt lookup where the context has a match (it copies long spans
+    for free), the head drafter elsewhere (new text). The head still catches up on every verified
+    token, so it is ready."""
+
+    name = "hybrid"
+    drafts_trees = True
+
+    def __init__(self, ngram: NgramDrafter, head: Drafter) -> None:
+        super().__init__()
+        self.ngram, self.head = ngram, head
+        self.engine, self.verifier = head.engine, head.verifier
+
+    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
+        self.head.configure(sampling, rng)
+
+    def forget(self) -> None:
+        self.head.forget()
+
+    def start(self, seq: SeqState, n_cached: int = 0) -> None:
+        self.head.start(seq, n_cached)
+
+    def propose(self, seq: SeqState, k: int) -> Proposal:
+        prop = self.ngram.propose(seq, k)
+        if prop.n_drafted == 0:
+            prop = self.head.propose(seq, k)
+            self.source = "head" if prop.n_drafted else ""
+        else:
+            self.source = "ngram"
+        return prop
+
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        self.ngram.propose_tree(seq, tree, cfg)
+        self.source = "ngram"
+        if tree.n == 1:
+            self.head.propose_tree(seq, tree, cfg)
+            self.source = "head" if tree.n > 1 else ""
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        self.head.accepted(seq, n_old, n_acc)
+
+
+LOOKUPS = ("suffix", "ngram")  # what hybrid pairs its head drafter with
+
+
+def head_names() -> tuple[str, ...]:
+    """The head drafters hybrid can pair with (the registered drafters marked `pairs`)."""
+    return tuple(n for n, s in registry().items() if s.pairs)
+
+
+def _head(cfg):
+    return spec_of(cfg.hybrid_head)
+
+
+def _build(ctx) -> Drafter:
+    head = _head(ctx.cfg).build(ctx)
+    if ctx.cfg.hybrid_lookup == "ngram":
+        return HybridDrafter(NgramDrafter(ngram_config(ctx.cfg)), head)
+    return SuffixHeadHybrid(SuffixDrafter(ctx.suffix_cache), head)
+
+
+SPEC = register(DrafterSpec(
+    name="hybrid", summary="per step, suffix decoding or a head drafter, whichever is expected to keep more tokens "
+    "(--hybrid-lookup ngram: prompt lookup where the context has a match, the head elsewhere)",
+    build=_build, requires=lambda cfg: _head(cfg).needs(cfg), reads_features=lambda cfg: _head(cfg).needs_features(cfg),
+    trees=True, draft_cost=0.1, uses_suffix_cache=lambda cfg: cfg.hybrid_lookup == "suffix",
+    options=(Option("hybrid_lookup", str, "suffix", "what the hybrid drafter pairs its head with: suffix (default: "
+                    "per step, suffix decoding or the head, whichever is expected to keep more tokens) or ngram "
+                    "(prompt lookup wherever it matches, the head elsewhere)", choices=LOOKUPS),
+             Option("hybrid_head", str, "eagle", "the head drafter hybrid pairs the lookup with: "
+                    "any registered head drafter (default eagle; the folder must ship it)", choices=head_names))))

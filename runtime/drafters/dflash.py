@@ -12,13 +12,40 @@ softmax at each position (each position's q is fixed before any of the block is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from edgespec.runtime.heads import _HeadDrafter
+from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, check_head
+from edgespec.runtime.drafters import DrafterSpec, register
+from edgespec.runtime.drafters._head import HeadDrafter
+from edgespec.runtime.drafters.eagle import MIN_CONFIDENCE_OPTION
 from edgespec.runtime.state import Proposal, SeqState, chain
 
+ORDER = 8
 
-class DFlashDrafter(_HeadDrafter):
+
+@dataclass(frozen=True)
+class DFlashSection:
+    """The manifest section of a folder exported with --dflash."""
+
+    model: ModelSpec  # the drafter's graph (its widths are context rows C)
+    block_size: int  # b: rows per drafting call (the anchor + b-1 drafts)
+    mask_token_id: int  # the token whose embedding fills the rows to draft
+    feature_width: int  # n*H: the target's hidden_aux width it reads (ctx_aux's last axis)
+    max_position: int  # rows of the drafter's rope table (positions past it reuse the last row)
+
+    def models(self) -> dict[str, ModelSpec]:
+        return {"dflash": self.model}
+
+    def check(self, m: Manifest) -> None:
+        check_head(m, self.model, "DFlash drafter", "re-export with --dflash")
+        if self.feature_width != m.target.aux_width:
+            raise ManifestError(f"{m.folder}: DFlash drafter (features {self.feature_width} wide) does not fit the "
+                                f"target (hidden_aux {m.target.aux_width} wide); re-export with --dflash")
+
+
+class DFlashDrafter(HeadDrafter):
     name = "dflash"
     drafts_trees = False
 
@@ -57,3 +84,19 @@ class DFlashDrafter(_HeadDrafter):
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         pass  # the context holds verified positions only: nothing to roll back
+
+
+def _load(manifest: Manifest, section: DFlashSection, ctx):
+    from edgespec.engines.dflash import OrtDFlash
+
+    return OrtDFlash(manifest, section, ctx.head_provider, ctx.threads)
+
+
+SPEC = register(DrafterSpec(
+    name="dflash", summary="a DFlash block drafter: ONE call drafts a whole block from [last token, MASK...] with "
+    "the target's low/mid/high features injected as keys/values",
+    build=lambda ctx: DFlashDrafter(ctx.engines.models["dflash"], ctx.aux, ctx.target_vocab,
+                                    ctx.cfg.eagle_min_confidence),
+    section=DFlashSection, load=_load, pairs=True, warm=lambda engine, widths, manifest: engine.load(), draft_cost=0.1,
+    aux_width=lambda engine: engine.feature_width, options=(MIN_CONFIDENCE_OPTION,),
+    export_hint="--dflash DIR (from `edgespec train-dflash`)"))

@@ -1,0 +1,104 @@
+"""Drafters: cheap proposers of the next tokens, one module each in this package.
+
+Each module registers a `DrafterSpec` (base.py) with `register`; `registry()` imports every
+module of the package once (modules whose name starts with "_" are shared code, not drafters),
+so a new drafter is its module and nothing else. Every list of drafters (CLI choices and help,
+RuntimeConfig's options, the backend x drafter checks, `tune`, the server's abilities) reads
+the registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from edgespec.runtime.drafters.base import BuildContext, Drafter, DrafterSpec, LoadContext, Option, penalized
+
+__all__ = ["BuildContext", "Drafter", "DrafterSpec", "LoadContext", "Option", "penalized", "register", "registry",
+           "spec_of", "names", "tree_names", "options", "shipped", "make_drafter", "UnknownDrafterError"]
+
+_REGISTRY: dict[str, DrafterSpec] = {}
+_ALIASES: dict[str, str] = {}
+_loaded = False
+
+
+class UnknownDrafterError(ValueError):
+    """A drafter name no registered drafter answers to."""
+
+
+def register(spec: DrafterSpec) -> DrafterSpec:
+    """Add a drafter (its module calls this at import; a test may call it for a toy drafter).
+    Its manifest section, if any, is registered with the manifest reader at the same time."""
+    from edgespec.engines.manifest import drafter_section
+
+    taken = {**_REGISTRY, **_ALIASES}
+    for n in (spec.name, *spec.aliases):
+        if n in taken and _REGISTRY.get(n) is not spec and _REGISTRY.get(_ALIASES.get(n, "")) is not spec:
+            raise ValueError(f"drafter name {n!r} is registered twice")
+    _REGISTRY[spec.name] = spec
+    _ALIASES.update({a: spec.name for a in spec.aliases})
+    if spec.section is not None:
+        drafter_section(spec.name)(spec.section)
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a drafter (tests that register a toy one clean up with this)."""
+    from edgespec.engines.manifest import SECTIONS
+
+    spec = _REGISTRY.pop(name)
+    for a in spec.aliases:
+        _ALIASES.pop(a, None)
+    SECTIONS.pop(name, None)
+
+
+def registry() -> dict[str, DrafterSpec]:
+    """name -> spec of every drafter, in the package's order (each module's ORDER, then by name)."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        mods = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name != "base"]
+        loaded = [importlib.import_module(f"{__name__}.{m}") for m in mods]
+        order = {spec.name: getattr(mod, "ORDER", 100) for mod in loaded for spec in _REGISTRY.values()
+                 if spec.build.__module__ == mod.__name__}
+        ordered = sorted(_REGISTRY.values(), key=lambda s: (order.get(s.name, 100), s.name))
+        _REGISTRY.clear()
+        _REGISTRY.update({s.name: s for s in ordered})
+    return _REGISTRY
+
+
+def names() -> tuple[str, ...]:
+    return tuple(registry())
+
+
+def tree_names() -> tuple[str, ...]:
+    """The drafters that grow token trees."""
+    return tuple(n for n, s in registry().items() if s.trees)
+
+
+def spec_of(name: str) -> DrafterSpec:
+    """The spec of drafter `name` (or of an alias); a clear error for an unknown name."""
+    reg = registry()
+    spec = reg.get(_ALIASES.get(name, name))
+    if spec is None:
+        raise UnknownDrafterError(f"unknown drafter {name!r}; choose one of {', '.join(reg)}")
+    return spec
+
+
+def options() -> tuple[Option, ...]:
+    """Every drafter's options, once each (a drafter may read another's, e.g. a shared cut-off)."""
+    seen: dict[str, Option] = {}
+    for spec in registry().values():
+        for opt in spec.options:
+            seen.setdefault(opt.name, opt)
+    return tuple(seen.values())
+
+
+def shipped(manifest, cfg) -> tuple[str, ...]:
+    """The drafters a folder can run with cfg: the model-free ones and those whose sections it ships."""
+    return tuple(n for n, s in registry().items() if all(need in manifest.drafters for need in s.needs(cfg)))
+
+
+def make_drafter(name: str, ctx: BuildContext) -> Drafter:
+    """Drafter `name` over a generator's engines and buffers."""
+    return spec_of(name).build(ctx)

@@ -1,0 +1,82 @@
+"""What the head drafters share: picking a token from a head's logits over its draft vocabulary
+(greedy, or sampled with its q), the confidence that cuts a chain, and growing trees from such
+logits.
+
+The generator keeps the target's final-norm hidden state of every position in a buffer
+(`tgt_features` [slots, H]), current after prefill and every verify whatever the drafter, so a
+drafter switch finds it ready.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.runtime.drafters.base import Drafter, penalized
+from edgespec.runtime.sampling import probs, sample
+from edgespec.runtime.state import SeqState
+
+
+class HeadDrafter(Drafter):
+    """A drafter over a head's logits on a draft vocabulary, mapped to target ids by d2t."""
+
+    drafts_trees = True
+
+    def __init__(self, d2t: np.ndarray, target_vocab: int, min_confidence: float, n_rows: int) -> None:
+        super().__init__()
+        self.d2t = d2t
+        # stop the chain once the head's own probability falls below this (EAGLE-2's observation:
+        # draft confidence predicts acceptance), so the verify call stays narrow: a chain's path
+        # probability (the product along the chain), or each multi-token head's own probability. Lossless
+        # either way: whether position i is drafted depends only on the drafts before it.
+        self.min_confidence = min_confidence
+        self.track_confidence = False  # compute confidences without a cut-off too (hybrid compares them)
+        self.expected = 0.0  # the last chain's sum over i of p(d_1..d_i): its expected accepted length
+        self._full = np.full(target_vocab, -np.inf, np.float32)  # head logits scattered to the target vocab
+        self._exp = np.zeros(len(d2t), np.float32)  # scratch for the confidence softmax (no per-step alloc)
+        self._q = np.zeros((n_rows, target_vocab), np.float64)
+
+    def _choose(self, logits: np.ndarray, seq: SeqState, i: int) -> tuple[int, float]:
+        """(token, the head's confidence at draft position i: its top probability there, which
+        under greedy decoding is the token's own)."""
+        if self.sampling.greedy and self.sampling.repetition_penalty == 1.0:
+            top = int(logits.argmax())
+            conf = 1.0
+            if self.min_confidence or self.track_confidence:  # p(top) = 1 / sum(exp(l - l_top))
+                np.exp(np.subtract(logits, logits[top], out=self._exp), out=self._exp)
+                conf = 1.0 / float(self._exp.sum())
+            return int(self.d2t[top]), conf
+        self._full[self.d2t] = logits  # draft vocab -> target vocab (other ids stay -inf)
+        full = penalized(self._full, seq, i, self.sampling)
+        if self.sampling.greedy:
+            top = int(full.argmax())
+            return top, 1.0 / float(np.exp(full - full[top]).sum())
+        self._q[i] = probs(full, self.sampling)
+        tok = sample(self._q[i], self.rng)
+        # the confidence that may cut the chain must not depend on the token just drawn: keeping
+        # x only when q(x) is high would propose x from q restricted to likely tokens while
+        # verification assumes q, which biases the output. The top probability depends only on
+        # the drafts before it (and equals q(x) under greedy decoding).
+        return tok, float(self._q[i].max())
+
+    def _add_children(self, tree, frontier, row_of, cfg) -> list[int]:
+        """One depth of a best-first tree: the top-`branch` children of each frontier node
+        (row_of(u): the head's logits [Vd] for u's children), scored by path probability (the
+        head's own probabilities multiplied along the path), added best first while the node
+        budget lasts and the score stays >= min_score. Returns the added nodes, best first."""
+        cands = []
+        for u in frontier:
+            row = row_of(u)
+            top = np.argpartition(row, -cfg.branch)[-cfg.branch:]
+            np.exp(np.subtract(row, row.max(), out=self._exp), out=self._exp)
+            z = float(self._exp.sum())
+            cands.extend((tree.score[u] * float(self._exp[t]) / z, u, int(self.d2t[t])) for t in top)
+        cands.sort(reverse=True)
+        added = []
+        for score, u, tok in cands:
+            if score < cfg.min_score:
+                break
+            c = tree.add(u, tok, score)
+            if c < 0:
+                break
+            added.append(c)
+        return added
