@@ -442,6 +442,12 @@ def _check_files(m: Manifest, verify: bool) -> Manifest:
     return dataclasses.replace(m, problems=problems) if problems else m
 
 
+def check_decode(m: Manifest, spec: ModelSpec) -> None:
+    """A model run token by token has a decode graph (width 1)."""
+    if 1 not in spec.widths():
+        raise ManifestError(f"{m.folder}: {spec.role} model has no decode graph (width 1)")
+
+
 def check_head(m: Manifest, spec: ModelSpec | HeadsSpec, what: str, hint: str) -> None:
     """A head's d2t map fits its vocabulary and its hidden size is the target's."""
     if spec.d2t is None or spec.d2t.shape != (spec.vocab_size,):
@@ -453,9 +459,7 @@ def check_head(m: Manifest, spec: ModelSpec | HeadsSpec, what: str, hint: str) -
 
 def _check(m: Manifest) -> None:
     """The models fit together and the chat template exists (the models' files: _check_files)."""
-    for spec in m.models().values():
-        if isinstance(spec, ModelSpec) and 1 not in spec.widths():
-            raise ManifestError(f"{m.folder}: {spec.role} model has no decode graph (width 1)")
+    check_decode(m, m.target)
     for sec in m.drafters.values():
         sec.check(m)
     for rel in filter(None, (m.chat_template_file,)):  # the tokenizer's: _check_files

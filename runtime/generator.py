@@ -210,7 +210,7 @@ class Generator:
     def _keep_features(self, past: int, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
         """Copy the committed rows' hidden states into the feature buffer the head drafters read."""
         aux = self._tgt_aux
-        if aux is not None:  # (an EAGLE-3 head's features)
+        if aux is not None:  # (the aux-feature drafters' input)
             if rows is None:
                 aux[past:past + n_rows] = self.target.last_hidden_aux(n_rows)
             else:

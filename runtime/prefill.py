@@ -10,8 +10,8 @@ def prefill(engine, tokens: np.ndarray, past: int, hidden_out: np.ndarray | None
     """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
     commit them; return (new past length, logits [V] of the last token, None if no tokens).
 
-    hidden_out [max_len, H]: receives the hidden states of the new positions (EAGLE / Medusa read
-    them); aux_out [max_len, n*H] their hidden_aux rows (an EAGLE-3 head reads them).
+    hidden_out [max_len, H]: receives the hidden states of the new positions (the head drafters read
+    them); aux_out [max_len, n*H] their hidden_aux rows (the aux-feature drafters read them).
     features [len(tokens), H]: an EAGLE head's feature rows for these tokens (the engine is
     a head). A target with the EAGLE head fused in gets each row's next token for its head rows
     (known in a prefill; the last row's is the target's argmax)."""

@@ -19,7 +19,7 @@ class SamplingConfig:
     seed: int | None = None  # RNG seed: same seed, same output
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the context (CTRL rule:
     #                                  positive logits divided by it, negative ones multiplied); 1 = off
-    typical_epsilon: float = 0.0  # > 0: LOSSY typical acceptance with this threshold (Medusa uses 0.09)
+    typical_epsilon: float = 0.0  # > 0: LOSSY typical acceptance with this threshold (0.09 in its paper)
 
     @property
     def greedy(self) -> bool:

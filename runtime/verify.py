@@ -20,7 +20,7 @@ Trees (parents given): the same walk from the root, at each node over its childr
             what is left of p. Children are deterministic candidates (one-hot q each), so this is
             sampling from p by successive rejection: lossless (SpecInfer's multi-candidate rule).
 
-Typical acceptance (Medusa, Cai et al. 2024) is offered as an explicit LOSSY option: a draft token
+Typical acceptance (Cai et al. 2024, arXiv 2401.10774) is offered as an explicit LOSSY option: a draft token
 is kept when p(x) >= min(eps, sqrt(eps) * exp(-H(p))), so plausible tokens pass even where
 p(x) / q(x) would reject them; the output no longer follows the target's distribution.
 """

@@ -18,7 +18,6 @@ from edgespec.engines.device import HostOps
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.config import RuntimeConfig as _Cfg
 from edgespec.runtime.drafters import names, spec_of
-
 from edgespec.runtime.generator import Generator
 
 DRAFTERS = names()

@@ -23,7 +23,7 @@ def test_export_validated_against_pytorch(gen):
     # int4 with int8 activations (the default) is lossy against fp32 PyTorch by design; fp32 is tight
     tol = {"fp32": 2e-3, "int4": 3.0}
     for role in ("target", "draft"):
-        spec = gen.manifest.target if role == "target" else gen.manifest.draft
+        spec = gen.manifest.target if role == "target" else gen.manifest.models().get("draft")
         diffs = spec.validation
         assert max(diffs.values()) < tol[spec.precision], diffs
 
@@ -60,10 +60,10 @@ def test_shipped_eagle_head_is_in_the_default_export_and_drafts(gen):
     """`edgespec export` with no --eagle includes the head shipped in the repo; it must propose
     tokens the target keeps (a trained head, not noise) on chat text."""
     m = gen.manifest
-    assert m.eagle is not None and "eagle" in m.drafters
-    assert max(m.eagle.validation.values()) < 3.0
+    assert m.models().get("eagle") is not None and "eagle" in m.drafters
+    assert max(m.models().get("eagle").validation.values()) < 3.0
     # its 8192 draft tokens are listed most frequent first; the export keeps the first 4096
-    assert m.eagle.vocab_size == 4096 and m.eagle.head.trained_draft_vocab_size == 8192
+    assert m.models().get("eagle").vocab_size == 4096 and m.models().get("eagle").head.trained_draft_vocab_size == 8192
     gen.set_drafter("eagle", 2)
     drafted = accepted = 0
     for p in load_prompts(None, 3):
@@ -80,10 +80,10 @@ def test_fused_target_head_graph_drafts_like_separate_head_calls(default_engine,
     for step: the head's int4 rows may differ by ~1e-6 between a 1-row and an n-row call on AVX2,
     which moves a chain cut-off now and then; tests/test_eagle.py checks step for step in fp32.)"""
     m = gen.manifest
-    assert m.eagle_fused is not None and max(m.eagle_fused.validation.values()) < 1e-3
+    assert m.models().get("eagle_fused") is not None and max(m.models().get("eagle_fused").validation.values()) < 1e-3
     fused, separate = (Generator.load(default_engine, RuntimeConfig(drafter="eagle", k=3, adaptive=False, fuse_head=f))
                        for f in (True, False))
-    assert fused.target is fused.engines.eagle_fused and separate.target is separate.engines.target
+    assert fused.target is fused.engines.get("eagle").fused and separate.target is separate.engines.target
     for p in load_prompts(None, 2):
         ids = gen.codec.encode(p["prompt"])
         runs = []
@@ -99,8 +99,8 @@ def test_shipped_medusa_heads_are_in_the_default_export_and_draft(gen):
     """The default export also includes the shipped Medusa heads; their first head's tokens must
     be kept often (trained heads, not noise)."""
     m = gen.manifest
-    assert m.medusa is not None and "medusa" in m.drafters
-    assert m.medusa.validation["heads"] < 3.0
+    assert m.models().get("medusa") is not None and "medusa" in m.drafters
+    assert m.models().get("medusa").validation["heads"] < 3.0
     gen.set_drafter("medusa", 1)
     drafted = accepted = 0
     for p in load_prompts(None, 3):

@@ -99,9 +99,9 @@ def test_export_validates_the_graph_against_pytorch(dflash_engine):
     from edgespec.engines.manifest import load_manifest
 
     m = load_manifest(dflash_engine)
-    assert "dflash" in m.drafters and m.dflash.dflash.block_size == 6
-    assert m.target.aux_layers == (2, 4, 5) and m.dflash.dflash.feature_width == m.target.aux_width
-    assert m.dflash.validation and max(m.dflash.validation.values()) < 1e-3  # fp32: ORT ~ PyTorch
+    assert "dflash" in m.drafters and m.section("dflash").block_size == 6
+    assert m.target.aux_layers == (2, 4, 5) and m.section("dflash").feature_width == m.target.aux_width
+    assert m.models().get("dflash").validation and max(m.models().get("dflash").validation.values()) < 1e-3  # fp32: ORT ~ PyTorch
 
 
 @pytest.mark.parametrize("drafter,k", [("dflash", 2), ("dflash", 4), ("hybrid", 4)])

@@ -6,6 +6,9 @@ import json
 import numpy as np
 import pytest
 
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.drafters import shipped
+
 torch = pytest.importorskip("torch")
 
 from edgespec.export.checkpoint import HeadFormatError, prune_draft_vocab, read_head, save_head  # noqa: E402
@@ -129,10 +132,10 @@ def test_export_cuts_the_draft_vocab_and_stays_identical(tiny_models, tmp_path):
                   kv_bucket=32, precision="fp32", medusa=None, progress=False)
     out = export(ExportConfig(out=str(tmp_path / "engine"), eagle_draft_vocab=20, **common))
     m = load_manifest(out)
-    assert m.eagle.vocab_size == 20 and m.eagle.head.trained_draft_vocab_size == 48
+    assert m.models().get("eagle").vocab_size == 20 and m.models().get("eagle").head.trained_draft_vocab_size == 48
     _, arrays = read_head(head_dir, m.target.hidden_size, m.target.vocab_size)
     g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
-    assert np.array_equal(g.engines.eagle.d2t, arrays["d2t"][:20])
+    assert np.array_equal(g.engines.get("eagle").head.d2t, arrays["d2t"][:20])
     prompt = np.arange(30, 60)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 30)])
     g.set_drafter("eagle", 3)
@@ -156,10 +159,10 @@ def test_export_lists_and_validates_the_head(eagle_engine):
     from edgespec.engines.manifest import load_manifest
 
     m = load_manifest(eagle_engine)
-    assert m.eagle is not None and m.eagle.vocab_size == 48 and m.eagle.n_layers == 1
-    assert "eagle" in m.drafters and "hybrid" in m.drafters
-    assert m.eagle.weights["embed"].file == "target.weights"  # the target's table, not a copy
-    assert max(m.eagle.validation.values()) < 2e-3  # ORT head vs PyTorch head, fp32
+    assert m.models().get("eagle") is not None and m.models().get("eagle").vocab_size == 48 and m.models().get("eagle").n_layers == 1
+    assert "eagle" in m.drafters and "hybrid" in shipped(m, RuntimeConfig())
+    assert m.models().get("eagle").weights["embed"].file == "target.weights"  # the target's table, not a copy
+    assert max(m.models().get("eagle").validation.values()) < 2e-3  # ORT head vs PyTorch head, fp32
 
 
 def test_cli_bench_eagle_on_the_shared_thread_pool(eagle_engine, tmp_path):
@@ -190,12 +193,12 @@ def test_export_writes_the_fused_target_head_graph(eagle_engine):
     from edgespec.engines.manifest import FUSED_PREFIX, load_manifest
 
     m = load_manifest(eagle_engine)
-    f = m.eagle_fused
+    f = m.models().get("eagle_fused")
     assert f is not None and f.widths() == m.target.widths() and f.graph.file == "target_eagle.onnx"
     assert f.weights_file == "target.weights" and f.weights[FUSED_PREFIX + "fc_b"].file == "eagle.weights"
     assert {FUSED_PREFIX + "past_key_0", FUSED_PREFIX + "n_given"} <= set(f.graph.input_names())
     assert set(f.validation) == {f"head_{m.target.graph.phase(w)}_t{w}" for w in m.target.widths()}
-    for spec in (m.eagle, f):  # the I/O the manifest declares is the graph's, in its order
+    for spec in (m.models().get("eagle"), f):  # the I/O the manifest declares is the graph's, in its order
         g = onnx.load(m.path(spec.graph.file), load_external_data=False).graph
         assert [t.name for t in g.input] == list(spec.graph.input_names()), spec.role
         assert [t.name for t in g.output] == list(spec.graph.output_names()), spec.role

@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from edgespec.runtime.drafters import shipped
+
 torch = pytest.importorskip("torch")
 
 from edgespec.export.eagle3_head import (  # noqa: E402
@@ -151,10 +153,10 @@ def test_export_lists_and_validates_the_head(eagle3_engine):
     from edgespec.engines.manifest import load_manifest
 
     m = load_manifest(eagle3_engine)
-    e = m.eagle3
+    e = m.models().get("eagle3")
     assert e is not None and e.kind == "eagle3" and e.vocab_size == 48 and "eagle3" in m.drafters
     assert m.target.aux_layers == e.aux_layers == (2, 4, 5)  # --eagle3-features turned on by the head
-    assert e.fc.shape == (3 * m.target.hidden_size, m.target.hidden_size)
+    assert m.section("eagle3").fc.shape == (3 * m.target.hidden_size, m.target.hidden_size)
     assert e.weights["embed"].file == "target.weights"  # the target's table, not a copy
     assert {"prefill_t16", "decode_t1", "verify_t2"} <= set(e.validation)
     assert max(e.validation.values()) < 2e-3, e.validation
@@ -172,7 +174,7 @@ def test_portable_graph_matches_pytorch(tiny_target, tmp_path):
                               max_len=128, k=3, prefill_chunk=16, kv_bucket=32, precision="int4", graph="portable",
                               trees=False, progress=False))  # (an EAGLE-3 folder given to --eagle)
     m = load_manifest(out)
-    assert m.eagle is None and m.eagle3 is not None and m.eagle3.graph.flavour == "portable"
+    assert m.models().get("eagle") is None and m.models().get("eagle3") is not None and m.models().get("eagle3").graph.flavour == "portable"
     g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
     prompt = np.arange(40, 70)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 30)])
@@ -223,7 +225,7 @@ def test_runtime_drafts_what_the_trained_module_drafts(eagle3_engine, tiny_targe
 
     model = AutoModelForCausalLM.from_pretrained(tiny_target)
     arch = arch_from_config(model.config, 256)
-    ec, arrays, _ = read_eagle3(m.eagle3.head.source, arch.hidden_size, arch.vocab_size, arch.n_layers)
+    ec, arrays, _ = read_eagle3(m.models().get("eagle3").head.source, arch.hidden_size, arch.vocab_size, arch.n_layers)
     cos, sin = arch.rope_tables()
     head = build_eagle3(ec, arrays, model.model.embed_tokens.weight.detach().float().numpy(), cos, sin)
     n = seq.n  # tokens[n-1] is pending: rows j = 0..n-2 are the verified pairs
@@ -328,7 +330,7 @@ def test_one_folder_holds_both_heads(tiny_target, tmp_path):
                               out=str(tmp_path / "engine"), max_len=256, k=4, prefill_chunk=16, kv_bucket=32,
                               precision="fp32", progress=False))
     g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
-    assert {"eagle", "hybrid", "eagle3"} <= set(g.manifest.drafters) and g.manifest.eagle_fused is not None
+    assert {"eagle", "hybrid", "eagle3"} <= set(shipped(g.manifest, g.cfg)) and g.manifest.models().get("eagle_fused") is not None
     a = np.arange(3, 40)
     b = np.concatenate([a, np.arange(40, 50)])
     ref = np.concatenate([x.copy() for x in g.generate_ids(b, 30)])

@@ -45,7 +45,7 @@ def test_llama3_rope_scaling_and_untied_head(tmp_path):
 def test_int4_target_and_drafts(draft, tiny_models, tmp_path):
     m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", precision="int4", draft=draft,
                               int4_accuracy_level=0))
-    assert m.target.precision == "int4" and m.draft is not None and m.draft.kind == draft
+    assert m.target.precision == "int4" and m.models().get("draft") is not None and m.models().get("draft").kind == draft
     assert "l0.qkv.q4" in m.target.weights
     for role in ("target", "draft"):  # int4 is checked against PyTorch running the dequantized weights
         assert max(getattr(m, role).validation.values()) < 2e-3
@@ -53,8 +53,8 @@ def test_int4_target_and_drafts(draft, tiny_models, tmp_path):
 
 def test_self_draft_shares_the_target_weights_file(tiny_engine):
     m = load_manifest(tiny_engine)
-    assert m.draft.kind == "self:1" and m.draft.n_layers == 1
-    assert m.draft.weights_file == m.target.weights_file == "target.weights"
+    assert m.models().get("draft").kind == "self:1" and m.models().get("draft").n_layers == 1
+    assert m.models().get("draft").weights_file == m.target.weights_file == "target.weights"
     assert not (tiny_engine / "draft.weights").exists()
 
 
@@ -119,7 +119,7 @@ def test_manifest_declares_each_graphs_io_in_graph_order(tiny_engine):
     import onnx
 
     m = load_manifest(tiny_engine)
-    for spec in (m.target, m.draft):
+    for spec in (m.target, m.models().get("draft")):
         g = onnx.load(m.path(spec.graph.file), load_external_data=False).graph
         assert [i.name for i in g.input] == list(spec.graph.input_names()), spec.role
         assert [o.name for o in g.output] == list(spec.graph.output_names()), spec.role
@@ -203,7 +203,7 @@ def test_separate_draft_model(tiny_models, tmp_path):
 
     other = make_tiny("llama", tmp_path / "d", seed=3, num_hidden_layers=1)
     m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", draft=str(other)))
-    assert m.draft.kind == "model" and m.draft.weights_file == "draft.weights" and m.draft.n_layers == 1
+    assert m.models().get("draft").kind == "model" and m.models().get("draft").weights_file == "draft.weights" and m.models().get("draft").n_layers == 1
 
 
 @pytest.mark.parametrize("graph", ["lean", "portable"])

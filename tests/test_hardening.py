@@ -23,6 +23,7 @@ from edgespec.cli import main
 from edgespec.engines.manifest import ManifestError, load_manifest
 from edgespec.runtime.chat import ChatSettings, handle_command
 from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.drafters import shipped
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens
 
@@ -297,7 +298,7 @@ def _default_folder_copy(src: Path, tmp_path: Path) -> Path:
     files (ONNX Runtime refuses a symlink that leaves the folder) where the file system allows,
     else copies."""
     m = load_manifest(src, files=False)
-    if m.eagle is None or m.medusa is None:
+    if m.models().get("eagle") is None or m.models().get("medusa") is None:
         pytest.skip("the default folder has no EAGLE / Medusa heads")
     folder = tmp_path / "e"
     folder.mkdir()
@@ -433,6 +434,6 @@ def test_soak_tool_runs_every_drafter_and_reports_growth(tiny_engine):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     rep = mod.soak(str(tiny_engine), n=4, every=2, warmup=3, max_new_tokens=4, k=2, trim=True)
-    assert rep["config"]["drafters"] == list(load_manifest(tiny_engine).drafters)
+    assert rep["config"]["drafters"] == list(shipped(load_manifest(tiny_engine), RuntimeConfig()))
     assert [s["generations"] for s in rep["samples"]] == [0, 2, 4]
     assert {"growth_mb", "growth_after_trim_mb", "py_blocks_growth"} <= set(rep["summary"])

@@ -146,7 +146,7 @@ def test_manifest_declares_the_inputs_in_graph_order(folders):
     assert "mask_past" not in load_manifest(folders["int4", False]).target.graph.input_names()
     fp32 = load_manifest(folders["fp32", True])
     assert "two_rows_pads" not in fp32.target.graph.input_names()
-    for spec in (fp32.eagle, fp32.eagle_fused):
+    for spec in (fp32.models().get("eagle"), fp32.models().get("eagle_fused")):
         assert "mask_past" not in spec.graph.input_names(), spec.role
 
 
@@ -167,7 +167,7 @@ def test_greedy_speculative_equals_plain(folders, drafter, tree, fuse_head):
                         tree=TreeConfig(*tree) if tree else TreeConfig())
     g = Generator.load(folder, cfg)
     if fuse_head:  # the fused graph (in-graph prologue) on the host-prologue target's larger KV buffer
-        assert g.engines.eagle_fused.kv is g.engines.target.kv and g.engines.target.prologue is not None
+        assert g.engines.get("eagle").fused.kv is g.engines.target.kv and g.engines.target.prologue is not None
     for p, ref in zip(prompts, plain, strict=True):
         out = np.concatenate([x.copy() for x in g.generate_ids(p, 40)])
         assert np.array_equal(out, ref), (drafter, tree, p)

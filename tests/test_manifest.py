@@ -26,6 +26,9 @@ from edgespec.engines.manifest import (
     WeightSpec,
     load_manifest,
 )
+from edgespec.runtime.drafters.draft import DraftSection
+from edgespec.runtime.drafters.eagle import EagleSection
+from edgespec.runtime.drafters.medusa import MedusaSection
 
 FILES = ("target.weights", "target.onnx", "eagle.weights", "eagle.onnx", "target_eagle.onnx", "medusa.weights",
          "medusa.onnx", "tokenizer.json")
@@ -76,17 +79,18 @@ def _manifest(folder) -> Manifest:
                     source=Source("hf", "/models/tiny", "ab12", "self:1"), max_len=128, kv_bucket=32, prefill_chunk=16,
                     num_speculative_tokens=2, two_row_matmuls=True, tokenizer_file="tokenizer.json",
                     chat_template_file="chat_template.jinja", eos_token_ids=(1, 2), bos_token_id=None, target=target,
-                    draft=draft, eagle=eagle, eagle_fused=fused, medusa=medusa,
-                    drafters=("none", "ngram", "draft", "eagle", "hybrid", "medusa"),
-                    defaults=Defaults(k=2, adaptive=True, eagle_min_confidence=0.3, tuned=tuned))
+                    drafters={"draft": DraftSection(draft), "eagle": EagleSection(eagle, fused),
+                              "medusa": MedusaSection(medusa)},
+                    defaults=Defaults(k=2, adaptive=True, options={"eagle_min_confidence": 0.3}, tuned=tuned))
 
 
 def test_json_round_trip_is_equal(tmp_path):
     m = _manifest(tmp_path)
     d = json.loads(json.dumps(m.to_json()))  # as written to disk: tuples become lists, int keys strings
     assert Manifest.from_json(d, tmp_path) == m
-    assert d["version"] == VERSION and d["models"]["target"]["tensorrt"]["profiles"] == {"1": 0, "2": 1}
-    bare = dataclasses.replace(m, draft=None, eagle=None, eagle_fused=None, medusa=None, chat_template_file=None,
+    assert d["version"] == VERSION and d["target"]["tensorrt"]["profiles"] == {"1": 0, "2": 1}
+    assert set(d["drafters"]) == {"draft", "eagle", "medusa"}  # one typed section per drafter that ships models
+    bare = dataclasses.replace(m, drafters={}, chat_template_file=None,
                                defaults=Defaults(k=4, adaptive=False))
     assert Manifest.from_json(json.loads(json.dumps(bare.to_json())), tmp_path) == bare
 
@@ -115,7 +119,8 @@ def test_graph_io_is_declared_once_per_graph(tmp_path):
     with pytest.raises(ManifestError, match="no graph of width 5"):
         m.target.graph.phase(5)
     assert m.target.takes_tree and not m.target.takes_features and m.target.aux_width == 64
-    assert m.eagle.takes_features and m.eagle.aux_width == 0 and m.eagle.kv_width == 32
+    eagle = m.models()["eagle"]
+    assert eagle.takes_features and eagle.aux_width == 0 and eagle.kv_width == 32
     assert (m.target.n_layers, m.target.vocab_size, m.target.aux_layers) == (2, 256, (1,))
 
 
@@ -128,7 +133,7 @@ def test_a_folder_of_an_older_edgespec_says_re_export(version, tmp_path):
         d["version"] = version
     (tmp_path / MANIFEST).write_text(json.dumps(d))
     with pytest.raises(ManifestError, match=r"exported by an older edgespec \(manifest version 1; this edgespec "
-                                            r"reads 2\)\. Hint: re-export: edgespec export --out .* --force"):
+                                            rf"reads {VERSION}\)\. Hint: re-export: edgespec export --out .* --force"):
         load_manifest(tmp_path)
 
 
@@ -152,9 +157,9 @@ def test_missing_or_broken_pieces_are_named(tmp_path):
     with pytest.raises(ManifestError, match="format 'something else'"):
         load_manifest(tmp_path)
     d = m.to_json()
-    del d["models"]["target"]["graph"]
+    del d["target"]["graph"]
     (tmp_path / MANIFEST).write_text(json.dumps(d))
-    with pytest.raises(ManifestError, match="lacks or mistypes field 'graph'"):
+    with pytest.raises(ManifestError, match="lacks or mistypes field 'ModelSpec.graph'"):
         load_manifest(tmp_path)
     m.save()
     (tmp_path / "eagle.onnx").unlink()  # an optional model's file: the folder loads without that model

@@ -79,9 +79,9 @@ def test_export_lists_and_validates_the_heads(medusa_engine):
     from edgespec.engines.manifest import load_manifest
 
     m = load_manifest(medusa_engine)
-    assert m.medusa is not None and m.medusa.n_heads == 4 and m.medusa.vocab_size == 48
-    assert "medusa" in m.drafters and m.eagle is None
-    assert m.medusa.validation["heads"] < 2e-3  # ORT heads vs PyTorch heads, fp32
+    assert m.models().get("medusa") is not None and m.models().get("medusa").n_heads == 4 and m.models().get("medusa").vocab_size == 48
+    assert "medusa" in m.drafters and m.models().get("eagle") is None
+    assert m.models().get("medusa").validation["heads"] < 2e-3  # ORT heads vs PyTorch heads, fp32
 
 
 def test_medusa_greedy_identical_to_plain_chains_and_trees(medusa_engine):
@@ -120,7 +120,7 @@ def test_medusa_cut_off_shortens_chains_and_a_folder_without_heads_says_so(medus
         drafted[conf] = g.last_stats.n_drafted
     assert drafted[0.5] < drafted[0.0]
     g = Generator.load(tiny_engine, RuntimeConfig(drafter="none"))
-    with pytest.raises(ValueError, match="Medusa heads"):
+    with pytest.raises(ValueError, match="--medusa HEADS_DIR"):
         g.set_drafter("medusa", 3)
 
 

@@ -86,10 +86,10 @@ def test_kv_memory_is_allocated_once(gen):
     gen.reconfigure(drafter="draft", k=4, adaptive=False)  # a fixed k: the widths used do not depend on timing
     try:
         ids_of(gen, PROMPT, 50)
-        kv_id = id(gen.target.kv), id(gen.engines.draft.kv)
+        kv_id = id(gen.target.kv), id(gen.engines.get("draft").kv)
         n_bindings = len(gen.target._bindings)
         ids_of(gen, PROMPT, 150)
-        assert (id(gen.target.kv), id(gen.engines.draft.kv)) == kv_id
+        assert (id(gen.target.kv), id(gen.engines.get("draft").kv)) == kv_id
         assert len(gen.target._bindings) <= n_bindings + 8  # at most one per new (width, bucket)
     finally:
         gen.reconfigure(adaptive=adaptive)

@@ -36,7 +36,7 @@ def main() -> None:
     gens = {fused: Generator.load(a.engine, RuntimeConfig(drafter=a.drafter, k=max(ks), adaptive=False,
                                                           fuse_head=fused))
             for fused in (True, False)}
-    if gens[True].engines.eagle_fused is None:
+    if gens[True].engines.get("eagle").fused is None:
         raise SystemExit(f"{a.engine} has no fused target+EAGLE graph; re-export it with this edgespec")
     prompts = load_prompts(a.prompts, a.limit)
     ids = [gens[True].codec.encode(x.get("messages", x.get("prompt"))) for x in prompts]

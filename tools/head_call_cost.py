@@ -33,10 +33,10 @@ def main() -> None:
     feat = np.random.default_rng(0).standard_normal((1, tgt.hidden_size)).astype(np.float32)
     ids = np.array([100])
     calls = {}
-    if g.engines.eagle is not None:
-        calls["eagle"] = lambda: g.engines.eagle.forward(ids, 300, features=feat)
-    if g.engines.medusa is not None:
-        calls["medusa"] = lambda: g.engines.medusa.forward(feat[0])
+    if g.engines.get("eagle").head is not None:
+        calls["eagle"] = lambda: g.engines.get("eagle").head.forward(ids, 300, features=feat)
+    if g.engines.get("medusa") is not None:
+        calls["medusa"] = lambda: g.engines.get("medusa").forward(feat[0])
     times: dict[str, list[float]] = {"target": []}
     for name, call in calls.items():
         call()

@@ -85,6 +85,7 @@ def soak(engine: str, n: int, every: int, warmup: int, max_new_tokens: int, k: i
     import psutil
 
     from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.drafters import shipped
     from edgespec.runtime.generator import Generator
 
     proc = psutil.Process()
@@ -93,7 +94,7 @@ def soak(engine: str, n: int, every: int, warmup: int, max_new_tokens: int, k: i
         _without_arena()
     g = Generator.load(engine, RuntimeConfig(drafter="none"))
     drafters = []
-    for d in only or g.manifest.drafters:
+    for d in only or shipped(g.manifest, g.cfg):
         try:
             g.set_drafter(d, None if d == "none" else k)  # refuses what this folder / backend cannot serve
             drafters.append(d)

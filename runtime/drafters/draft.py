@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec
+from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, check_decode
 from edgespec.runtime.drafters import Drafter, DrafterSpec, register
 from edgespec.runtime.drafters.base import penalized
 from edgespec.runtime.prefill import prefill
@@ -27,6 +27,7 @@ class DraftSection:
         return {"draft": self.model}
 
     def check(self, m: Manifest) -> None:
+        check_decode(m, self.model)
         if self.model.vocab_size != m.target.vocab_size:
             raise ManifestError(f"draft vocab {self.model.vocab_size} != target vocab {m.target.vocab_size}")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, check_head
+from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, check_decode, check_head
 from edgespec.runtime.drafters import DrafterSpec, Option, register
 from edgespec.runtime.drafters._head import HeadDrafter
 from edgespec.runtime.prefill import prefill
@@ -31,6 +31,8 @@ class EagleSection:
         return {"eagle": self.head} | ({"eagle_fused": self.fused} if self.fused is not None else {})
 
     def check(self, m: Manifest) -> None:
+        for spec in self.models().values():
+            check_decode(m, spec)
         check_head(m, self.head, "EAGLE head", "re-export with a head trained for this target")
         f = self.fused
         if f is not None and (f.widths() != m.target.widths() or f.vocab_size != m.target.vocab_size):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, WeightSpec, check_head
+from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, WeightSpec, check_decode, check_head
 from edgespec.runtime.drafters import DrafterSpec, register
 from edgespec.runtime.drafters.eagle import MIN_CONFIDENCE_OPTION, EagleDrafter
 from edgespec.runtime.state import SeqState
@@ -26,6 +26,7 @@ class Eagle3Section:
         return {"eagle3": self.head}
 
     def check(self, m: Manifest) -> None:
+        check_decode(m, self.head)
         head, target = self.head, m.target
         check_head(m, head, "EAGLE-3 head", "re-export with --eagle3-head")
         if head.aux_layers != target.aux_layers or self.fc.shape != (target.aux_width, target.hidden_size):
