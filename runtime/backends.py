@@ -68,7 +68,8 @@ def make_engines(manifest: Manifest, cfg: RuntimeConfig) -> Engines:
     """Every model of the folder this backend can run (sessions are made on first use). An optional
     model whose files are broken (load_manifest's `problems`, or a weights file too short for its
     tensors) is left out with a warning: its drafters are disabled, the target still loads."""
-    from edgespec.engines.ort import OrtHeads, OrtModel, WeightsFileError
+    from edgespec.engines.medusa import OrtHeads
+    from edgespec.engines.ort import OrtModel, WeightsFileError
 
     disabled: dict[str, str] = {}
     broken = set()
