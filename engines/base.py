@@ -1,9 +1,13 @@
-"""The engine protocol: one model with its own preallocated KV buffer.
+"""The engine protocols, one per kind of model a folder holds, and helpers every backend shares.
 
-An engine runs a static-width graph over a few new tokens at `past_len` and keeps the new K/V rows
-of that call aside; `commit` writes the first n of them into the cache at `past_len`. Rejecting
-draft tokens therefore costs nothing: the caller just commits fewer rows and moves its length
-pointer, stale rows beyond it are masked and later overwritten.
+- Engine: a target or draft model with its own preallocated KV buffer. It runs a static-width
+  graph over a few new tokens at `past_len` and keeps the new K/V rows of that call aside;
+  `commit` writes the first n of them into the cache at `past_len`. Rejecting draft tokens
+  therefore costs nothing: the caller just commits fewer rows and moves its length pointer, stale
+  rows beyond it are masked and later overwritten.
+- HeadEngine: a head, the same contract over (token, feature) pairs.
+- HeadsEngine: multi-token heads, one stateless call per step.
+- BlockDrafter: a block drafter, one call per step over verified features only (no commit).
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ class Engine(Protocol):
     widths: tuple[int, ...]  # graph widths T this engine can run
     n_calls: int  # forward calls so far (stats)
     takes_tree: bool  # forward takes parents (a token tree)
-    has_hidden: bool  # last_hidden gives the final-norm hidden states (EAGLE / Medusa draft from them)
-    fused_head: bool  # the target+EAGLE graph: forward takes head_next, last_head gives the head's draft
+    has_hidden: bool  # last_hidden gives the final-norm hidden states (the head drafters draft from them)
+    fused_head: bool  # a target+head graph: forward takes head_next, last_head gives the head's draft
 
     def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None,
                 head_next: np.ndarray | None = None) -> np.ndarray:
@@ -46,8 +50,17 @@ class Engine(Protocol):
         """Hidden states [n, H] of the last forward's first n rows (has_hidden)."""
         ...
 
+    def last_hidden_aux(self, n: int) -> np.ndarray:
+        """Aux features [n, n_aux*H] of the last forward's first n rows: the residual streams entering
+        a few low/mid/high layers, concatenated (targets exported with them; others raise EngineError)."""
+        ...
+
     def last_head(self) -> tuple[np.ndarray, np.ndarray]:
         """The fused head's (logits [Vd], predicted feature [H]) at the last committed row (fused_head)."""
+        ...
+
+    def last_head_logits(self, n: int) -> np.ndarray:
+        """The fused head's logits [n, Vd] of the last forward's first n rows (fused_head)."""
         ...
 
     def load_widths(self, widths) -> None:
@@ -56,8 +69,9 @@ class Engine(Protocol):
 
 
 class HeadEngine(Protocol):
-    """An EAGLE head: an engine over (token, feature) pairs with its own KV, drafting over a
-    draft vocabulary mapped to target ids by d2t."""
+    """A head: an engine over (token, feature) pairs with its own KV, drafting over a draft
+    vocabulary mapped to target ids by d2t. Its feature of a target row is the target's hidden
+    state, or, with an input projection fc_t, fc_t applied to the target's aux features."""
 
     max_len: int
     vocab_size: int  # draft vocabulary Vd
@@ -66,28 +80,78 @@ class HeadEngine(Protocol):
     n_calls: int
     takes_tree: bool  # forward takes parents (a forest of drafted nodes)
     d2t: np.ndarray  # [Vd] draft id -> target id
+    fc_t: np.ndarray | None  # [n_aux*H, H] input projection the drafter applies to aux features (None: none)
 
     def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None,
-                parents: np.ndarray | None = None) -> np.ndarray: ...
+                parents: np.ndarray | None = None) -> np.ndarray:
+        """Run n (token, feature) pairs, features [n, H], at positions past_len...; logits [n, Vd]
+        (a view, valid until the next call). parents [n]: a forest of drafted nodes (takes_tree)."""
+        ...
 
-    def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None: ...
+    def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
+        """As Engine.commit."""
+        ...
 
-    def last_hidden(self, n: int) -> np.ndarray: ...
+    def last_hidden(self, n: int) -> np.ndarray:
+        """The head's predicted features [n, H] of the last forward (the next step's input)."""
+        ...
 
-    def load_widths(self, widths) -> None: ...
+    def load_widths(self, widths) -> None:
+        """As Engine.load_widths."""
+        ...
 
 
 class HeadsEngine(Protocol):
-    """Medusa heads: one call maps a feature [H] to every head's logits [K, Vd]."""
+    """Multi-token heads: one call maps a feature [H] (the target's last verified hidden state) to
+    K heads' logits [K, Vd], head i drafting the token i+1 places ahead. No KV, no sequence."""
 
     n_heads: int  # K
     hidden_size: int
+    vocab_size: int  # draft vocabulary Vd
     n_calls: int
     d2t: np.ndarray  # [Vd] draft id -> target id
 
-    def forward(self, feature: np.ndarray) -> np.ndarray: ...
+    def forward(self, feature: np.ndarray) -> np.ndarray:
+        """feature [H] -> logits [K, Vd] (a view, valid until the next call)."""
+        ...
 
-    def load(self) -> None: ...
+    def load(self) -> None:
+        """Create the session and run it once (a first real call then pays nothing)."""
+        ...
+
+
+class BlockDrafter(Protocol):
+    """A block drafter: one call drafts a whole block from the target's aux features (low/mid/high
+    layers) of verified positions and the last verified token. Its context cache holds verified
+    positions only, so a rejected draft costs no rollback and there is no commit."""
+
+    max_len: int  # context positions its cache holds
+    vocab_size: int  # draft vocabulary Vd
+    block_size: int  # b: the given token + b-1 drafted positions
+    feature_width: int  # n_aux*H: width of the target's aux feature rows it reads
+    n_calls: int
+    d2t: np.ndarray  # [Vd] draft id -> target id
+
+    def draft(self, feats: np.ndarray, ctx_len: int, anchor: int) -> np.ndarray:
+        """feats [n, n_aux*H]: the target's aux features of positions ctx_len..ctx_len+n-1 (verified,
+        appended to the context); anchor: the token at position ctx_len + n (verified, not yet
+        through the target). Logits [b-1, Vd] drafting positions ctx_len+n+1 .. (a view, valid
+        until the next call)."""
+        ...
+
+    def load(self) -> None:
+        """Create the session and run each width once (a first real call then pays nothing)."""
+        ...
+
+
+def commit_host(kv: np.ndarray, new: np.ndarray, past_len: int, n_rows: int, rows: np.ndarray | None) -> None:
+    """new [L, 2, w, W] rows into a host cache kv [L, 2, S_max, W] at past_len: the first n_rows, or
+    rows[:n_rows] in order (a tree's accepted path), row by row (no temporary)."""
+    if rows is None:
+        kv[:, :, past_len:past_len + n_rows] = new[:, :, :n_rows]
+        return
+    for i, r in enumerate(rows[:n_rows]):
+        kv[:, :, past_len + i] = new[:, :, r]
 
 
 def pick_width(widths: tuple[int, ...], n_tokens: int) -> int:

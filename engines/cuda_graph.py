@@ -4,7 +4,8 @@ A captured CUDA graph replays the kernels of its first run on the same addresses
 skips everything else on replay (no feed copies, no shape inference). So a call binds every tensor
 at an address fixed per (width, window): host values are copied into device buffers before the
 run and results copied back after it, and each (width, window) gets its own `gpu_graph_id`, so each
-shape is captured once and replayed afterwards. The plan is plain data, testable without a GPU.
+shape is captured once and replayed afterwards. The plan is plain data, testable without a GPU;
+GraphBuffers binds and runs a call by it (HostOps runs the same code on host memory in tests).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnxruntime as ort
 
-from edgespec.engines.device import DeviceBuffer
+from edgespec.engines.base import EngineError
+from edgespec.engines.device import DeviceBuffer, DeviceKV
 from edgespec.engines.manifest import GraphSpec
 
 COPY_IN = "copy_in"  # a device buffer written from the host array before each run
@@ -41,6 +44,18 @@ class Placement:
         return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
 
+def wanted(asked: bool | None, provider: str, device_ops: bool, host_prologue: bool, role: str) -> bool:
+    """Whether a model's calls are captured: asked (True / False / None: where possible) on the cuda
+    provider (or the cpu provider with device_ops: the device code paths on host memory) for a
+    --host-prologue graph. Asked where that does not hold: an EngineError with the way out."""
+    gpu = provider == "cuda" or (provider == "cpu" and device_ops)
+    if asked and (not gpu or not host_prologue):
+        raise EngineError(f"CUDA graphs need the cuda provider and a folder exported with --host-prologue (got "
+                          f"provider {provider!r}, {role} graph {'with' if host_prologue else 'without'} it). Hint: "
+                          "re-export with --host-prologue, or run with --no-cuda-graph")
+    return bool(gpu and host_prologue and (asked or (asked is None and provider == "cuda")))
+
+
 def binding_plan(graph: GraphSpec, width: int, window: int) -> list[Placement]:
     """Every input and output of a (width, window) call with where it is bound."""
     out = []
@@ -62,12 +77,14 @@ class GraphBuffers:
 
     def __init__(self, ops, graph: GraphSpec, widths, max_window: int) -> None:
         self.ops = ops  # engines.device CudaOps (HostOps in tests)
+        self.graph = graph
         self._bufs: dict[tuple[str, int], DeviceBuffer] = {}
         for w in widths:
             for p in binding_plan(graph, w, max_window):
                 if p.where in (COPY_IN, COPY_OUT):
                     self._bufs[p.name, w] = ops.alloc(p.nbytes)
         self._ids: dict[tuple[int, int], int] = {}
+        self._run_options: dict[tuple[int, int], ort.RunOptions] = {}  # per (width, window): its gpu_graph_id
 
     def ptr(self, name: str, width: int) -> int:
         return self._bufs[name, width].ptr
@@ -87,3 +104,34 @@ class GraphBuffers:
         for p in plan:
             if p.where == COPY_OUT:
                 self.ops.d2h(arrays[p.name], self.ptr(p.name, width))
+
+    def bind(self, b: ort.IOBinding, width: int, window: int, arrays: dict[str, np.ndarray], kv: DeviceKV,
+             mem: str) -> None:
+        """Bind every tensor of a (width, window) call at its fixed address: host arrays (by graph
+        name) where the plan says HOST, the device cache `kv` where RESIDENT, the staging buffers
+        otherwise; mem: the ORT device name of device buffers."""
+        for p in binding_plan(self.graph, width, window):
+            bind = b.bind_output if p.output else b.bind_input
+            if p.where == HOST:
+                bind(p.name, "cpu", 0, np.dtype(p.dtype), p.shape, arrays[p.name].ctypes.data)
+                continue
+            if p.where == RESIDENT and p.output:  # new_kv
+                ptr = kv.new_kv[width].ptr
+            elif p.where == RESIDENT:  # past_{kind}_{layer}: the window of the device cache
+                kind, layer = p.name.split("_")[1:]
+                ptr = kv.window_ptr(int(layer), 0 if kind == "key" else 1)
+            else:
+                ptr = self.ptr(p.name, width)
+            bind(p.name, mem, 0, np.dtype(p.dtype), p.shape, ptr)
+        ro = ort.RunOptions()
+        ro.add_run_config_entry(RUN_GRAPH_ID, str(self.graph_id(width, window)))
+        self._run_options[width, window] = ro
+
+    def run(self, session: ort.InferenceSession, b: ort.IOBinding, width: int, window: int,
+            arrays: dict[str, np.ndarray]) -> None:
+        """One captured call: stage the inputs, run (record or replay) its graph id, read the outputs back."""
+        plan = binding_plan(self.graph, width, window)
+        self.copy_in(plan, arrays, width)
+        session.run_with_iobinding(b, self._run_options[width, window])
+        b.synchronize_outputs()
+        self.copy_out(plan, arrays, width)

@@ -5,6 +5,7 @@ CUDA runtime API — no framework, no kernels of its own, pip-installable, which
 that only allocates, copies and launches TensorRT needs (cupy would bring a whole array library,
 torch is banned from the runtime). HostOps implements the same calls on host memory so the GPU
 backends' logic (addresses, shapes, the strided KV commit) runs and is tested on any machine.
+DeviceKV is a model's KV cache in device memory for the ONNX Runtime engine on a GPU provider.
 """
 
 from __future__ import annotations
@@ -118,3 +119,33 @@ class CudaOps:
         props = self._check(self.rt.cudaGetDeviceProperties(self.device))
         name = props.name
         return (name.decode() if isinstance(name, bytes) else str(name)).strip("\x00")
+
+
+class DeviceKV:
+    """A model's KV cache [L, 2, slots, W] and its new K/V rows [L, 2, w, W] per width, in device
+    memory: a call binds the cache window and new_kv by address, so only ids in and logits out
+    cross the bus; commit copies the accepted rows on the device."""
+
+    def __init__(self, ops, n_layers: int, slots: int, row_bytes: int, widths) -> None:
+        self.ops = ops  # CudaOps (HostOps in tests)
+        self.n_layers, self.slots, self.row_bytes = n_layers, slots, row_bytes  # row: one K or V row, Hkv*D
+        self.kv = ops.alloc(n_layers * 2 * slots * row_bytes)
+        self.new_kv = {w: ops.alloc(n_layers * 2 * w * row_bytes) for w in widths}
+
+    def window_ptr(self, layer: int, j: int) -> int:
+        """Address of the cache block of layer `layer`, j = 0 keys / 1 values (a window is its first rows)."""
+        return self.kv.ptr + (layer * 2 + j) * self.slots * self.row_bytes
+
+    def commit(self, width: int, past_len: int, n_rows: int, rows: np.ndarray | None) -> None:
+        """The last width-`width` call's first n_rows rows (or rows[:n_rows], a tree's path) into the
+        cache at past_len; returns when the copies are done."""
+        rb, src = self.row_bytes, self.new_kv[width].ptr
+        if rows is not None:
+            for i, r in enumerate(rows[:n_rows]):
+                self.ops.copy2d(self.kv.ptr + (past_len + i) * rb, self.slots * rb, src + int(r) * rb, width * rb, rb,
+                                2 * self.n_layers)
+            self.ops.sync()
+            return
+        # one strided device copy: 2L row blocks of n_rows rows, into [L, 2, slots, W] at past_len
+        self.ops.copy2d(self.kv.ptr + past_len * rb, self.slots * rb, src, width * rb, n_rows * rb, 2 * self.n_layers)
+        self.ops.sync()

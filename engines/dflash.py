@@ -14,17 +14,19 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
+from edgespec.engines import session as es
 from edgespec.engines.base import EngineError, pick_width
 from edgespec.engines.manifest import Manifest
-from edgespec.engines.ort import _check_provider, _new_session, _read_d2t, _session_options
 
 NEG = -1e30  # bias of a key a block row must not see (the graph adds it before the softmax)
 
 
 class OrtDFlash:
+    """The DFlash block drafter of an engine folder (engines.base.BlockDrafter)."""
+
     def __init__(self, manifest: Manifest, section, provider: str = "cpu", threads: int | None = None) -> None:
         """section: the folder's DFlash section (its model spec and block settings)."""
-        _check_provider(provider)
+        es.check_provider(provider)
         spec = section.model
         self.manifest, self.spec, self.provider = manifest, spec, provider
         self.block_size = section.block_size  # b: anchor + b-1 drafts
@@ -32,7 +34,7 @@ class OrtDFlash:
         self.max_len, self.bucket = manifest.max_len, manifest.kv_bucket
         self.widths = tuple(spec.widths())  # context rows per call C
         self.vocab_size = spec.vocab_size  # draft vocabulary Vd
-        self.d2t = _read_d2t(manifest, spec)
+        self.d2t = es.read_d2t(manifest, spec)
         self.n_layers, kv_w = spec.n_layers, spec.kv_width
         dtype = np.dtype(spec.kv_dtype)
         n_feat = self.feature_width = section.feature_width  # n*H: the target's hidden_aux width
@@ -49,7 +51,7 @@ class OrtDFlash:
         self._session: ort.InferenceSession | None = None
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self.n_calls = 0  # calls so far (stats)
-        self._session_options, self._initializers = _session_options(manifest, spec, threads)
+        self._session_options, self._initializers = es.session_options(manifest, spec, threads)
 
     def load(self) -> None:
         """Create the session and run each width once (a first real call pays for nothing)."""
@@ -63,8 +65,8 @@ class OrtDFlash:
         key = (c, s)
         if key not in self._bindings:
             if self._session is None:
-                self._session = _new_session(self.manifest.path(self.spec.graph.file), self._session_options,
-                                             self.provider)
+                self._session = es.new_session(self.manifest.path(self.spec.graph.file), self._session_options,
+                                               self.provider)
             self._bias[key] = np.zeros((self.block_size, s + c + self.block_size), self.kv.dtype)
             bind = self._session.io_binding()
             inputs = [("block_ids", self._ids), ("ctx_aux", self._aux[c]), ("positions", self._pos[c]),

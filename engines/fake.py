@@ -25,7 +25,7 @@ class FakeModel:
         self._new = np.zeros(max(self.widths), np.int64)
         self._logits = np.zeros((max(self.widths), self.vocab_size), np.float32)
         self.n_calls = 0
-        self.hidden_size = self.vocab_size  # "hidden state" of a row = its logits (for a fake EAGLE head)
+        self.hidden_size = self.vocab_size  # "hidden state" of a row = its logits (for a fake head)
         self.takes_tree = True
         self.has_hidden = True
         self.fused_head = False
@@ -81,6 +81,7 @@ class FakeEagleHead:
         self._hidden = np.zeros((max(self.widths), vocab), np.float32)
         self.n_calls = 0
         self.takes_tree = True
+        self.fc_t = None  # no input projection: features are fed as they are
 
     def load_widths(self, widths) -> None:
         pass
@@ -105,10 +106,10 @@ class FakeEagleHead:
         return self._hidden[:n]
 
 
-class FakeMedusaHeads:
-    """Fake Medusa heads over a reduced draft vocabulary: head i's logits mix the fed feature (the
-    target's logits at the last verified position) with a row of its own. Enough to exercise the
-    medusa drafter's bookkeeping and its real q."""
+class FakeHeads:
+    """Fake multi-token heads over a reduced draft vocabulary: head i's logits mix the fed feature
+    (the target's logits at the last verified position) with a row of its own. Enough to exercise
+    the heads drafter's bookkeeping and its real q."""
 
     def __init__(self, vocab: int, d2t: np.ndarray, n_heads: int = 3, seed: int = 6) -> None:
         rng = np.random.default_rng(seed)

@@ -59,7 +59,7 @@ class TrtModel:
         self.max_len, self.bucket = manifest.max_len, manifest.kv_bucket
         self.vocab_size, self.n_layers, self.hidden_size = spec.vocab_size, spec.n_layers, spec.hidden_size
         # the engines `edgespec build-trt` makes return logits and KV only: no hidden states (so no
-        # head drafters on this backend) and no fused EAGLE head
+        # head drafters on this backend) and no fused head graph
         self.has_hidden = False
         self.fused_head = False
         self.widths = tuple(sorted(profiles))
@@ -190,5 +190,12 @@ class TrtModel:
         raise EngineError("native TensorRT engines return no hidden states (has_hidden is False); the head "
                           "drafters need --provider tensorrt or cuda (ONNX Runtime)")
 
+    def last_hidden_aux(self, n: int) -> np.ndarray:
+        raise EngineError("native TensorRT engines return no aux features (hidden_aux); the drafters that read "
+                          "them need --provider tensorrt or cuda (ONNX Runtime)")
+
     def last_head(self) -> tuple[np.ndarray, np.ndarray]:
-        raise EngineError("native TensorRT engines have no fused EAGLE head")
+        raise EngineError("native TensorRT engines have no fused head graph (fused_head is False)")
+
+    def last_head_logits(self, n: int) -> np.ndarray:
+        raise EngineError("native TensorRT engines have no fused head graph (fused_head is False)")

@@ -166,7 +166,7 @@ def validate_medusa(folder: Path, mw, ref_target, tokens: np.ndarray, tol: float
     target's real features."""
     import torch
 
-    from edgespec.engines.ort import OrtHeads
+    from edgespec.engines.medusa import OrtHeads
     from edgespec.export.medusa_head import build_heads
 
     man = load_manifest(folder)

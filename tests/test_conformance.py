@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_sampling import V, _chi2_pvalue, _exact_tokens_23, _sample_counts
 
-from edgespec.engines.fake import FakeEagleHead, FakeMedusaHeads, FakeModel, random_table
+from edgespec.engines.fake import FakeEagleHead, FakeHeads, FakeModel, random_table
 from edgespec.runtime import drafters as reg
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
@@ -24,7 +24,7 @@ def _fake_sections() -> dict:
     noisy = TABLE + np.random.default_rng(2).standard_normal(TABLE.shape).astype(np.float32)
     return {"draft": FakeModel(noisy, max_len=64),
             "eagle": EagleEngines(FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64), None),
-            "medusa": FakeMedusaHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)}
+            "medusa": FakeHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)}
 
 
 def _gen(drafter: str) -> Generator:

@@ -101,7 +101,8 @@ def test_export_validates_the_graph_against_pytorch(dflash_engine):
     m = load_manifest(dflash_engine)
     assert "dflash" in m.drafters and m.section("dflash").block_size == 6
     assert m.target.aux_layers == (2, 4, 5) and m.section("dflash").feature_width == m.target.aux_width
-    assert m.models().get("dflash").validation and max(m.models().get("dflash").validation.values()) < 1e-3  # fp32: ORT ~ PyTorch
+    val = m.models()["dflash"].validation
+    assert val and max(val.values()) < 1e-3  # fp32: ORT ~ PyTorch
 
 
 @pytest.mark.parametrize("drafter,k", [("dflash", 2), ("dflash", 4), ("hybrid", 4)])

@@ -159,7 +159,8 @@ def test_export_lists_and_validates_the_head(eagle_engine):
     from edgespec.engines.manifest import load_manifest
 
     m = load_manifest(eagle_engine)
-    assert m.models().get("eagle") is not None and m.models().get("eagle").vocab_size == 48 and m.models().get("eagle").n_layers == 1
+    e = m.models()["eagle"]
+    assert e.vocab_size == 48 and e.n_layers == 1
     assert "eagle" in m.drafters and "hybrid" in shipped(m, RuntimeConfig())
     assert m.models().get("eagle").weights["embed"].file == "target.weights"  # the target's table, not a copy
     assert max(m.models().get("eagle").validation.values()) < 2e-3  # ORT head vs PyTorch head, fp32

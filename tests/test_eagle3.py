@@ -174,7 +174,7 @@ def test_portable_graph_matches_pytorch(tiny_target, tmp_path):
                               max_len=128, k=3, prefill_chunk=16, kv_bucket=32, precision="int4", graph="portable",
                               trees=False, progress=False))  # (an EAGLE-3 folder given to --eagle)
     m = load_manifest(out)
-    assert m.models().get("eagle") is None and m.models().get("eagle3") is not None and m.models().get("eagle3").graph.flavour == "portable"
+    assert m.models().get("eagle") is None and m.models()["eagle3"].graph.flavour == "portable"
     g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
     prompt = np.arange(40, 70)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 30)])
@@ -330,7 +330,8 @@ def test_one_folder_holds_both_heads(tiny_target, tmp_path):
                               out=str(tmp_path / "engine"), max_len=256, k=4, prefill_chunk=16, kv_bucket=32,
                               precision="fp32", progress=False))
     g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
-    assert {"eagle", "hybrid", "eagle3"} <= set(shipped(g.manifest, g.cfg)) and g.manifest.models().get("eagle_fused") is not None
+    assert {"eagle", "hybrid", "eagle3"} <= set(shipped(g.manifest, g.cfg))
+    assert g.manifest.models().get("eagle_fused") is not None
     a = np.arange(3, 40)
     b = np.concatenate([a, np.arange(40, 50)])
     ref = np.concatenate([x.copy() for x in g.generate_ids(b, 30)])

@@ -45,7 +45,7 @@ def test_llama3_rope_scaling_and_untied_head(tmp_path):
 def test_int4_target_and_drafts(draft, tiny_models, tmp_path):
     m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", precision="int4", draft=draft,
                               int4_accuracy_level=0))
-    assert m.target.precision == "int4" and m.models().get("draft") is not None and m.models().get("draft").kind == draft
+    assert m.target.precision == "int4" and m.models()["draft"].kind == draft
     assert "l0.qkv.q4" in m.target.weights
     for role in ("target", "draft"):  # int4 is checked against PyTorch running the dequantized weights
         assert max(getattr(m, role).validation.values()) < 2e-3
@@ -203,7 +203,8 @@ def test_separate_draft_model(tiny_models, tmp_path):
 
     other = make_tiny("llama", tmp_path / "d", seed=3, num_hidden_layers=1)
     m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", draft=str(other)))
-    assert m.models().get("draft").kind == "model" and m.models().get("draft").weights_file == "draft.weights" and m.models().get("draft").n_layers == 1
+    d = m.models()["draft"]
+    assert d.kind == "model" and d.weights_file == "draft.weights" and d.n_layers == 1
 
 
 @pytest.mark.parametrize("graph", ["lean", "portable"])

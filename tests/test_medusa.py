@@ -79,7 +79,8 @@ def test_export_lists_and_validates_the_heads(medusa_engine):
     from edgespec.engines.manifest import load_manifest
 
     m = load_manifest(medusa_engine)
-    assert m.models().get("medusa") is not None and m.models().get("medusa").n_heads == 4 and m.models().get("medusa").vocab_size == 48
+    heads = m.models()["medusa"]
+    assert heads.n_heads == 4 and heads.vocab_size == 48
     assert "medusa" in m.drafters and m.models().get("eagle") is None
     assert m.models().get("medusa").validation["heads"] < 2e-3  # ORT heads vs PyTorch heads, fp32
 

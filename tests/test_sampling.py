@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from edgespec.engines.fake import FakeEagleHead, FakeMedusaHeads, FakeModel, random_table
+from edgespec.engines.fake import FakeEagleHead, FakeHeads, FakeModel, random_table
 from edgespec.runtime import verify
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
@@ -28,7 +28,7 @@ def _gen(drafter: str, tree: TreeConfig = TreeConfig()) -> Generator:
     target = FakeModel(table, max_len=64)
     draft = FakeModel(table + np.random.default_rng(2).standard_normal(table.shape).astype(np.float32), max_len=64)
     head = FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64)  # a reduced draft vocabulary: q = 0 elsewhere
-    heads = FakeMedusaHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)
+    heads = FakeHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)
     return Generator(None, Engines(target, {"draft": draft, "eagle": EagleEngines(head, None), "medusa": heads}),
                      RuntimeConfig(drafter=drafter, k=3, tree=tree, eagle_min_confidence=0.0,
                                    medusa_min_confidence=0.0))

@@ -68,16 +68,16 @@ def _trim() -> bool:
 
 def _without_arena() -> None:
     """Diagnostic: every session this process makes from now on runs without the CPU arena."""
-    from edgespec.engines import ort as eo
+    from edgespec.engines import session as es
 
-    make = eo._session_options
+    make = es.session_options
 
     def options(*args, **kwargs):
         so, initializers = make(*args, **kwargs)
         so.enable_cpu_mem_arena = False
         return so, initializers
 
-    eo._session_options = options
+    es.session_options = options
 
 
 def soak(engine: str, n: int, every: int, warmup: int, max_new_tokens: int, k: int, trim: bool,

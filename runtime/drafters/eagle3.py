@@ -59,10 +59,11 @@ class Eagle3Drafter(EagleDrafter):
 
 
 def _load(manifest: Manifest, section: Eagle3Section, ctx):
-    from edgespec.engines.ort import OrtModel, weight_array
+    from edgespec.engines.ort import OrtModel
+    from edgespec.engines.session import read_weight
 
     head = OrtModel(manifest, section.head, ctx.head_provider, ctx.threads)
-    head.fc_t = weight_array(manifest, section.head, section.fc)  # [n*H, H] (mapped)
+    head.fc_t = read_weight(manifest, section.head, section.fc)  # [n*H, H] (mapped)
     return head
 
 

@@ -66,7 +66,7 @@ class MedusaDrafter(HeadDrafter):
 
 
 def _load(manifest: Manifest, section: MedusaSection, ctx):
-    from edgespec.engines.ort import OrtHeads
+    from edgespec.engines.medusa import OrtHeads
 
     return OrtHeads(manifest, section.heads, ctx.head_provider, ctx.threads)
 
