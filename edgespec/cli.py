@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                        "not recorded); exit status 1 when any file is bad. Reads every file (a few seconds).")
     c.add_argument("folder", help="engine folder")
     a = parser.parse_args(argv)
-    a.command_line = shlex.join(["edgespec"] + (sys.argv[1:] if argv is None else list(argv)))  # bench records it
+    a.command_line = shlex.join(["edgespec", *map(str, sys.argv[1:] if argv is None else argv)])  # bench records it
     from edgespec.engines.base import EngineError
     from edgespec.engines.manifest import ManifestError
 
