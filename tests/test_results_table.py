@@ -77,8 +77,8 @@ def test_caption_states_what_the_json_records(rt):
                  "hybrid pairs the EAGLE head with suffix decoding",
                  "folder defaults drafter ngram, k 8 adaptive; lean graph (kept portable: rotary), two-row int4 decode",
                  "Example CPU 9000 (avx2, avx512f, avx512_vnni, no AMX), 2 cores, 4 logical CPUs",
-                 "edgespec 0.1.0", "2027-01-02", "```bash edgespec bench --prompts tools/prompts/chat_eval.jsonl "
-                 "--limit 3 --json b.json ```"):
+                 "edgespec 0.1.0", "Run on 2027-01-02 (UTC).",
+                 "```bash edgespec bench --prompts tools/prompts/chat_eval.jsonl --limit 3 --json b.json ```"):
         assert part in cap, part
     assert "not recorded" not in cap and "rebuilt" not in cap
 

@@ -88,8 +88,8 @@ def _machine(m: dict) -> str:
     if isa is None:
         isa_text = f"ISA extensions {NOT_RECORDED}"
     else:
-        isa_text = ", ".join(isa) if isa else "no AVX2"
-        isa_text += "" if any(f.startswith("amx") for f in isa) else ", no AMX"
+        isa_text = ", ".join(isa) if isa else "no AVX2, AVX-512 or AMX flags"
+        isa_text += "" if not isa or any(f.startswith("amx") for f in isa) else ", no AMX"
     version = f"edgespec {m['edgespec']}" if "edgespec" in m else f"edgespec version {NOT_RECORDED}"
     return (f"{m['cpu']} ({isa_text}), {cores}{m['logical_cpus']} logical CPUs, {m['provider']} provider, "
             f"onnxruntime {m['onnxruntime']}, {version}")
@@ -118,12 +118,12 @@ def caption(report: dict, json_path: str, note: str = "") -> str:
     extras += ["EAGLE head inside the verify call"] if c.get("fused_head") else []
     lookup = {"suffix": "suffix decoding", "ngram": "prompt lookup"}.get(c.get("hybrid_lookup"), c.get("hybrid_lookup"))
     extras += [f"hybrid pairs the EAGLE head with {lookup}"] if "hybrid" in c["drafters"] and lookup else []
-    date = c["date"][:10] if c.get("date") else f"date {NOT_RECORDED}"
+    date = f"Run on {c['date'][:10]} (UTC)" if c.get("date") else f"Date {NOT_RECORDED}"
     engine = f"Engine `{c['engine']}`" + (f" ({', '.join(extras)})" if extras else "")
     cmd, recorded = command(report, json_path)
     text = (f"{n_prompts(report)} {prompts}, {sampling}, {c['max_new_tokens']} new tokens, every configuration "
             f"interleaved prompt by prompt. {engine}; {_folder(c)}. Machine: {_machine(report['machine'])}. "
-            f"{date[0].upper()}{date[1:]}. Data: [{json_path}]({json_path}). {note} Made by"
+            f"{date}. Data: [{json_path}]({json_path}). {note} Made by"
             + ("" if recorded else " (rebuilt from the JSON's config, which records no command)") + ":")
     return "\n".join([textwrap.fill(" ".join(text.split()), 100, break_on_hyphens=False, break_long_words=False),
                       "", "```bash", cmd, "```"])
