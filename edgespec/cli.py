@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -281,7 +282,8 @@ def _cmd_bench(a) -> int:
     runtime = RuntimeConfig.from_args(a, drafter="none", k=max(ks), adaptive=False)
     cfg = BenchConfig(engine=a.engine, runtime=runtime, prompts=a.prompts, drafters=tuple(a.drafter.split(",")),
                       ks=ks, max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed, limit=a.limit,
-                      adaptive=bool(a.adaptive), trees=tuple(a.tree.split(",")) if a.tree else ())
+                      adaptive=bool(a.adaptive), trees=tuple(a.tree.split(",")) if a.tree else (),
+                      command=a.command_line)
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
@@ -377,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                        "not recorded); exit status 1 when any file is bad. Reads every file (a few seconds).")
     c.add_argument("folder", help="engine folder")
     a = parser.parse_args(argv)
+    a.command_line = shlex.join(["edgespec", *map(str, sys.argv[1:] if argv is None else argv)])  # bench records it
     from edgespec.engines.base import EngineError
     from edgespec.engines.manifest import ManifestError
 

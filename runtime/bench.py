@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.engines.manifest import Manifest
+from edgespec.engines.prologue import takes_host_prologue
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.drafters import spec_of, tree_names
 from edgespec.runtime.sampling import SamplingConfig
@@ -41,6 +43,7 @@ class BenchConfig:
     limit: int = 20  # prompts taken from the file / HumanEval
     adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks)
     trees: tuple[str, ...] = ()  # token-tree specs NODES:DEPTH:BRANCH:BEAM, run for each tree-capable drafter
+    command: str = ""  # the command line that started the run, recorded in the JSON ("": not from the CLI)
 
 
 def load_prompts(path: str | None, limit: int) -> list[dict]:
@@ -69,19 +72,52 @@ def load_prompts(path: str | None, limit: int) -> list[dict]:
     return rows[:limit]
 
 
+CPU_ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+# the extensions ONNX Runtime's int4/int8 kernels choose between: VM CPUs often report only a family name
+# ("AMD EPYC"), so these tell which kernels a run measured
+
+
+def _proc_cpuinfo() -> tuple[str | None, set[str], int | None]:
+    """(model name, flags, physical cores) of /proc/cpuinfo; (None, set(), None) where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None, set(), None
+    name, flags, cores, phys = None, set(), set(), ""
+    for line in text.splitlines():
+        key, _, val = (x.strip() for x in line.partition(":"))
+        if key == "model name" and name is None:
+            name = val
+        elif key == "flags" and not flags:
+            flags = set(val.split())
+        elif key == "physical id":
+            phys = val
+        elif key == "core id":
+            cores.add((phys, val))
+    return name, flags, len(cores) or None
+
+
 def machine_info(provider: str) -> dict:
     import onnxruntime as ort
 
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "onnxruntime": ort.__version__, "provider": provider}
+    from edgespec import __version__
+
+    name, flags, cores = _proc_cpuinfo()
+    return {"cpu": name or platform.processor(), "logical_cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "onnxruntime": ort.__version__, "provider": provider,
+            "cpu_cores": cores or os.cpu_count(), "cpu_isa": [f for f in CPU_ISA if f in flags],
+            "edgespec": __version__}
+
+
+def folder_info(m: Manifest) -> dict:
+    """What a run measured besides its flags: the folder's defaults (what `RuntimeConfig()` runs) and its
+    target graph (flavour, ops kept portable, host-built prologue, two-row int4 decode)."""
+    defaults = {k: v for k, v in m.defaults.to_json().items() if k != "tuned"}
+    g = m.target.graph
+    return {"defaults": defaults | {"tuned": m.defaults.tuned.date if m.defaults.tuned else None},
+            "graph_flavour": g.flavour, "portable_ops": list(g.portable_ops),
+            "host_prologue": takes_host_prologue(g), "two_row_matmuls": m.two_row_matmuls,
+            "drafters": list(m.drafters), "exported": m.created, "exported_by": m.edgespec_version}
 
 
 def _totals(stats: list[GenerationStats]) -> dict:
@@ -119,6 +155,7 @@ def _totals(stats: list[GenerationStats]) -> dict:
 def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     from edgespec.runtime.generator import Generator
 
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # when the run started, UTC
     prompts = load_prompts(cfg.prompts, cfg.limit)
     if not prompts:
         raise ValueError("no prompts to run")
@@ -193,7 +230,9 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
                          "trees": list(cfg.trees),
                          **{o.name: getattr(g.cfg, o.name) for o in g.cfg.options()},  # every drafter option
                          "fused_head": any(getattr(e, "fused", None) is not None for e in g.engines.models.values()),
-                         "precision": g.manifest.target.precision},
+                         "precision": g.manifest.target.precision,
+                         "date": date, "command": cfg.command, "limit": cfg.limit,
+                         "folder": folder_info(g.manifest)},
               "machine": machine_info(cfg.runtime.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
     print(format_table(report), file=out)
     return report

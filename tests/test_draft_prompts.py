@@ -13,7 +13,8 @@ from edgespec.export import draft_prompts as dp
 EVAL = Path(__file__).parent.parent / "tools/prompts/drafts_eval.jsonl"
 CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
               "translation", "summarization", "qa", "math_reasoning", "retrieval"}
-SLOT = re.compile(r"\{(?:t|n|k|w|p|l|c|s|u|q|f|m|r|lang|age|task|tone|other)\}")
+SLOT = re.compile(r"\{(?:t|n|k|w|p|l|c|s|u|q|f|m|r|a|b|lang|age|task|tone|other|small|big|name|product|date|"
+                  r"order|issue)\}")
 
 
 def _text(row: dict) -> str:
@@ -54,6 +55,25 @@ def test_wide_rows_are_chats_ending_on_a_user_turn(wide):
         assert all(m["content"].strip() for m in r["messages"])
         assert not SLOT.search(r["messages"][-1]["content"]), r  # every template slot filled
     assert {len(r["messages"]) for r in wide if r["kind"] == "multiturn"} == {3}  # user, assistant, user
+
+
+def test_prompt_lists_ship_as_package_data_and_are_read_strictly(tmp_path, monkeypatch):
+    from edgespec.export import prompt_lists as pl
+
+    files = sorted(pl.PROMPT_DATA.glob("*.json"))
+    assert {f.stem.split("_")[0] for f in files} == {"wide", "eagle"}
+    assert '"prompt_data/*.json"' in (Path(__file__).parent.parent / "pyproject.toml").read_text()  # in the wheel
+    for f in files:
+        for name, v in json.loads(f.read_text(encoding="utf-8")).items():
+            assert v and all(isinstance(x, str | list) for x in v), (f.name, name)
+    assert isinstance(dp.QA, tuple) and all(isinstance(pair, tuple) and len(pair) == 2 for pair in dp.QA)
+    (tmp_path / "x.json").write_text('{"a": ["1"], "b": [["2", "3"]]}')
+    monkeypatch.setattr(pl, "PROMPT_DATA", tmp_path)
+    assert pl.load_lists("x", "b", "a") == ((("2", "3"),), ("1",))
+    with pytest.raises(ValueError, match="holds lists"):
+        pl.load_lists("x", "a")  # a list nobody reads
+    with pytest.raises(FileNotFoundError, match="reinstall"):
+        pl.load_lists("y", "a")
 
 
 def test_passages_are_prose_and_the_written_ones_always_there():

@@ -135,6 +135,11 @@ def test_cli_generate_and_bench(tiny_engine, tmp_path):
     assert "speedup vs none" in res.stdout
     rep = json.loads(out.read_text())
     assert set(rep) == {"config", "machine", "runs"} and len(rep["runs"]) == 5
+    # what a results table cites: when, how, on what machine, with which folder defaults and graph
+    assert rep["config"]["command"].startswith("edgespec bench --engine ") and rep["config"]["date"].endswith("Z")
+    assert {"drafter", "k", "adaptive"} <= set(rep["config"]["folder"]["defaults"])
+    assert rep["config"]["folder"]["graph_flavour"] in ("lean", "portable")
+    assert {"cpu", "cpu_cores", "cpu_isa", "onnxruntime", "edgespec"} <= set(rep["machine"])
     for run in rep["runs"]:
         assert {"drafter", "k", "totals", "prompts"} <= set(run)
         assert {"tokens", "seconds", "tokens_per_s", "mean_accepted_length", "acceptance_rate", "itl_ms",
