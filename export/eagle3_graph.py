@@ -23,13 +23,14 @@ import onnx
 from onnx import helper
 
 from edgespec.export.arch import ArchSpec
-from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder
+from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter
+from edgespec.export.layer_ops import Stream
 
 _ATTN = "midlayer.self_attn."
 _MLP = "midlayer.mlp."
 
 
-class Eagle3GraphWriter(LlamaGraphWriter):
+class Eagle3GraphWriter(ModelWriter):
     def __init__(self, target_arch: ArchSpec, ec, arrays: dict[str, np.ndarray], opts: GraphOptions) -> None:
         """ec / arrays: from eagle3_head.read_eagle3 (float32, d2t absolute)."""
         self.ec = ec
@@ -54,72 +55,36 @@ class Eagle3GraphWriter(LlamaGraphWriter):
         self._linear("l0.gate_up", np.concatenate([w[n] for n in names]), names)
         self._linear("l0.down", w[_MLP + "down_proj.weight"], _MLP + "down_proj.weight")
         self._linear("lm_head_d", w["lm_head.weight"], "lm_head.weight")
-        self._rope_tables()
+        self.layer_ops().store_tables()
 
     def _ref_rows(self, hf_name: str) -> int:
         if hf_name == "lm_head.weight":
             return len(self.d2t)
         return super()._ref_rows(hf_name)
 
-    def _matmul(self, b: _Builder, x: str, name: str, n_in: int, n_out: int) -> str:
-        if name == "l0.qkv":  # q/k/v read [embedding ; hidden]
-            n_in = 2 * self.arch.hidden_size
-        return super()._matmul(b, x, name, n_in, n_out)
-
     def build(self, weights_location: str, offsets: dict[str, int],
               embed: tuple[str, int, np.ndarray] | None = None) -> onnx.ModelProto:
         """embed: (file, offset, array) of the target's embedding table [V, H]."""
-        if self.lean:
-            return self._build_lean_head(weights_location, offsets, embed)
-        a = self.arch
-        H, I = a.hidden_size, a.intermediate_size
-        b = _Builder(self.store, self.dtype)
-        slots, mask, cos, sin = self._prologue(b)
-        ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
-        emb = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
-        g = b.op("Reshape", ["features", b.const("shape_feat", np.array([-1, H], np.int64))], "/feat_flat")
-        u = b.op("Concat", [self._rms_norm(b, emb, "l0.ln_in", "/ln_in", "eps"),
-                            self._rms_norm(b, g, "l0.ln_hidden", "/ln_hidden", "eps")], "/midlayer/Concat", axis=-1)
-        attn, new_k, new_v = self._attention(b, 0, u, cos, sin, mask, slots)
-        x = b.op("Add", [g, attn], "/midlayer/res1")
-        h = self._rms_norm(b, x, "l0.ln2", "/midlayer/ln2", "eps")
-        gu = self._matmul(b, h, "l0.gate_up", H, 2 * I)
-        gate, up = b.op("Split", [gu, b.const("gu_split_0", np.array([I, I], np.int64))], "/mlp/Split", n_out=2,
-                        axis=-1)
-        act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], "/mlp/Sigmoid")], "/mlp/SiLU"), up], "/mlp/GLU")
-        x = b.op("Add", [x, self._matmul(b, act, "l0.down", I, H)], "/midlayer/res2")  # the output, fed back
-        logits = self._matmul(b, self._rms_norm(b, x, "final_norm", "/final_norm", "eps"), "lm_head_d", H,
-                              len(self.d2t))  # [T, Vd]
-        rows = [b.op("Unsqueeze", [new_k, "axis0"], "/k_row"), b.op("Unsqueeze", [new_v, "axis0"], "/v_row")]
-        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
-                            locations={"embed": embed} if embed else None)
-
-    def _build_lean_head(self, weights_location: str, offsets: dict[str, int],
-                         embed: tuple[str, int, np.ndarray] | None) -> onnx.ModelProto:
-        """build() in the lean flavour (lean_graph.LeanLayers): the stream [1, T, H]."""
-        a = self.arch
-        H, I = a.hidden_size, a.intermediate_size
-        b = _Builder(self.store, self.dtype)
-        ctx = self._lean_prologue(b)
-        emb = b.op("Gather", [b.weight("embed"), "input_ids"], "/embed/Gather", axis=0)  # [1, T, H]
-        e_n, _ = self._lean_norm(b, emb, None, "l0.ln_in", "/ln_in")
-        g_n, _ = self._lean_norm(b, "features", None, "l0.ln_hidden", "/ln_hidden")
-        u = b.op("Concat", [e_n, g_n], "/midlayer/Concat", axis=-1)  # [1, T, 2H]
-        attn, k, v = self._lean_attention(b, 0, u, ctx)
-        h, x = self._lean_norm(b, "features", attn, "l0.ln2", "/midlayer/ln2")
-        gu = self._matmul(b, h, "l0.gate_up", H, 2 * I)
-        gate, up = b.op("Split", [gu, b.const("gu_split", np.array([I, I], np.int64))], "/mlp/Split", n_out=2, axis=-1)
-        if self._fused("silu"):
-            silu = b.op("QuickGelu", [gate], "/mlp/SiLU", domain="com.microsoft", alpha=1.0)
-        else:
-            silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], "/mlp/Sigmoid")], "/mlp/SiLU")
-        down = self._matmul(b, b.op("Mul", [silu, up], "/mlp/GLU"), "l0.down", I, H)
-        normed, x = self._lean_norm(b, x, down, "final_norm", "/final_norm")  # x: the output, fed back
-        logits = self._matmul(b, normed, "lm_head_d", H, len(self.d2t))  # [1, T, Vd]
-        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._finish(b, 1, [k, v], logits, x, len(self.d2t), [feats_in], weights_location, offsets,
-                            locations={"embed": embed} if embed else None)
+        H = self.arch.hidden_size
+        ops = self.layer_ops()
+        b = GraphBuilder(self.store, self.dtype)
+        ctx = ops.prologue(b)
+        emb = ops.embed(b)  # [(1,) T, H]
+        g = ops.rows_in(b, "features", H, "/feat_flat")
+        u = b.op("Concat", [ops.norm(b, Stream(emb), "l0.ln_in", "/ln_in")[0],
+                            ops.norm(b, Stream(g), "l0.ln_hidden", "/ln_hidden")[0]], "/midlayer/Concat",
+                 axis=-1)  # [(1,) T, 2H]: q/k/v read [embedding ; hidden]
+        attn, k, v = ops.attention(b, 0, u, ctx)
+        s = ops.add(b, Stream(g), attn, "/midlayer/res1")
+        h, s = ops.norm(b, s, "l0.ln2", "/midlayer/ln2")
+        s = ops.add(b, s, ops.mlp(b, 0, h, "/mlp"), "/midlayer/res2")
+        normed, s = ops.norm(b, s, "final_norm", "/final_norm")  # s.x: the output, fed back
+        logits = ops.linear(b, normed, "lm_head_d")  # [(1,) T, Vd]
+        rows = ops.kv_rows(b, k, v, "")
+        feats_in = helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, "T", H])
+        return self._token_model(ops, b, n_layers=1, new_rows=rows, logits=logits, hidden=s.x,
+                                 n_logits=len(self.d2t), weights_location=weights_location, offsets=offsets,
+                                 extra_inputs=[feats_in], locations={"embed": embed} if embed else None)
 
     def reference_arrays(self) -> dict[str, np.ndarray]:
         """The head's arrays as the graph computes with them (int4: dequantized), fc as the runtime

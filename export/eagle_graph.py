@@ -20,12 +20,13 @@ from onnx import helper
 
 from edgespec.engines.manifest import FUSED_PREFIX
 from edgespec.export.arch import ArchSpec
-from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder
+from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, ModelWriter, decoder_layer
+from edgespec.export.layer_ops import Stream
 
 _LAYER = "layers.0."
 
 
-class EagleGraphWriter(LlamaGraphWriter):
+class EagleGraphWriter(ModelWriter):
     def __init__(self, target_arch: ArchSpec, head_cfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray,
                  opts: GraphOptions) -> None:
         """head_cfg / arrays: from eagle.read_head (float32, d2t absolute); lm_head [V, H]: the
@@ -54,7 +55,7 @@ class EagleGraphWriter(LlamaGraphWriter):
         self._linear("l0.gate_up", np.concatenate([w[n] for n in names]), names)
         self._linear("l0.down", w[_LAYER + "mlp.down_proj.weight"], _LAYER + "mlp.down_proj.weight")
         self._linear("lm_head_d", self._lm_rows, "lm_head_d")
-        self._rope_tables()
+        self.layer_ops().store_tables()
 
     def _ref_rows(self, hf_name: str) -> int:
         if hf_name == "lm_head_d":
@@ -64,43 +65,24 @@ class EagleGraphWriter(LlamaGraphWriter):
     def build(self, weights_location: str, offsets: dict[str, int],
               embed: tuple[str, int, np.ndarray] | None = None) -> onnx.ModelProto:
         """embed: (file, offset, array) of the target's embedding table [V, H]."""
-        if self.lean:
-            return self._build_lean_head(weights_location, offsets, embed)
-        a = self.arch
-        H = a.hidden_size
-        b = _Builder(self.store, self.dtype)
-        slots, mask, cos, sin = self._prologue(b)
-        ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
-        emb = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
-        feat = b.op("Reshape", ["features", b.const("shape_feat", np.array([-1, H], np.int64))], "/feat_flat")
-        x = self._matmul(b, b.op("Concat", [emb, feat], "/fc/Concat", axis=-1), "fc", 2 * H, H)  # [T, H]
-        x = b.op("Add", [x, b.weight("fc_b")], "/fc/bias")
-        x, rows = self._layer(b, 0, x, cos, sin, mask, slots, ln1=self.head_cfg.input_layernorm)
-        if self.head_cfg.final_norm:
-            x = self._rms_norm(b, x, "final_norm", "/final_norm", "eps")
-        logits = self._matmul(b, x, "lm_head_d", H, len(self.d2t))  # [T, Vd]
-        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
-                            locations={"embed": embed} if embed else None)
-
-    def _build_lean_head(self, weights_location: str, offsets: dict[str, int],
-                         embed: tuple[str, int, np.ndarray] | None) -> onnx.ModelProto:
-        """build() in the lean flavour (graph.LlamaGraphWriter._build_lean): the stream [1, T, H]."""
         H = self.arch.hidden_size
-        b = _Builder(self.store, self.dtype)
-        ctx = self._lean_prologue(b)
-        emb = b.op("Gather", [b.weight("embed"), "input_ids"], "/embed/Gather", axis=0)  # [1, T, H]
-        x = self._matmul(b, b.op("Concat", [emb, "features"], "/fc/Concat", axis=-1), "fc", 2 * H, H)
+        ops = self.layer_ops()
+        b = GraphBuilder(self.store, self.dtype)
+        ctx = ops.prologue(b)
+        emb = ops.embed(b)
+        feat = ops.rows_in(b, "features", H, "/feat_flat")
+        x = ops.linear(b, b.op("Concat", [emb, feat], "/fc/Concat", axis=-1), "fc")  # [(1,) T, H]
         x = b.op("Add", [x, b.weight("fc_b")], "/fc/bias")
-        x, delta, rows = self._lean_layer(b, 0, x, None, ctx, ln1=self.head_cfg.input_layernorm)
+        s, rows = decoder_layer(ops, b, 0, Stream(x), ctx, ln1=self.head_cfg.input_layernorm)
         if self.head_cfg.final_norm:
-            x, _ = self._lean_norm(b, x, delta, "final_norm", "/final_norm")
+            x, _ = ops.norm(b, s, "final_norm", "/final_norm")
         else:
-            x = b.op("Add", [x, delta], "/res2")
-        logits = self._matmul(b, x, "lm_head_d", H, len(self.d2t))  # [1, T, Vd]
-        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
-                            locations={"embed": embed} if embed else None)
+            x = ops.resolve(b, s, "/res2").x
+        logits = ops.linear(b, x, "lm_head_d")  # [(1,) T, Vd]
+        feats_in = helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, "T", H])
+        return self._token_model(ops, b, n_layers=1, new_rows=rows, logits=logits, hidden=x, n_logits=len(self.d2t),
+                                 weights_location=weights_location, offsets=offsets, extra_inputs=[feats_in],
+                                 locations={"embed": embed} if embed else None)
 
 
 def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.ModelProto:

@@ -21,8 +21,9 @@ from edgespec import __version__
 from edgespec.engines import manifest as mf
 from edgespec.export import sources
 from edgespec.export.arch import ArchSpec, arch_from_config
-from edgespec.export.graph import GraphOptions, LlamaGraphWriter, one_row_int4_differs
+from edgespec.export.graph import GraphOptions, LlamaGraphWriter
 from edgespec.export.lean_graph import probe_portable_ops
+from edgespec.export.linears import one_row_int4_differs
 from edgespec.export.reference import hf_weights, reference_model
 from edgespec.export.spec import PRECISIONS, ExportConfig, ExportError, eagle3_layers, tolerance, with_host_prologue
 from edgespec.export.validate import validate_eagle, validate_fused, validate_medusa, validate_model, validation_tokens

@@ -18,10 +18,10 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgespec.export.arch import ArchSpec
-from edgespec.export.graph import _NP_TO_ONNX, OPSET, GraphOptions, LlamaGraphWriter, _Builder
+from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, ModelWriter
 
 
-class MedusaGraphWriter(LlamaGraphWriter):
+class MedusaGraphWriter(ModelWriter):
     def __init__(self, target_arch: ArchSpec, mc, arrays: dict[str, np.ndarray], lm_head: np.ndarray,
                  opts: GraphOptions) -> None:
         """mc / arrays: from medusa.read_heads (float32, d2t absolute); lm_head [V, H]: the target's
@@ -48,39 +48,25 @@ class MedusaGraphWriter(LlamaGraphWriter):
 
     def build(self, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
         K, H, Vd = self.mc.n_heads, self.mc.hidden_size, len(self.d2t)
-        b = _Builder(self.store, self.dtype)
+        ops = self.layer_ops().standard()  # rows [1, H] or [K, H]: the blocks have one form, in standard ops
+        b = GraphBuilder(self.store, self.dtype)
         feat = b.op("Reshape", ["features", b.const("shape_feat", np.array([1, H], np.int64))], "/feat")
         # block 0 of all heads at once: SiLU(f W^T + b) reshaped [K, H], plus the residual f
-        y = b.op("Add", [self._matmul(b, feat, "blocks0", H, K * H), b.weight("blocks0_b")], "/blocks0/bias")
-        y = b.op("Mul", [y, b.op("Sigmoid", [y], "/blocks0/Sigmoid")], "/blocks0/SiLU")
+        y = b.op("Add", [ops.linear(b, feat, "blocks0"), b.weight("blocks0_b")], "/blocks0/bias")
+        y = ops.silu(b, y, "/blocks0/Sigmoid", "/blocks0/SiLU")
         h = b.op("Add", [b.op("Reshape", [y, b.const("shape_heads", np.array([K, H], np.int64))], "/blocks0/heads"),
                          feat], "/blocks0/res")  # [K, H]
-        for j in range(1, self.mc.n_layers):  # per head: [K, 1, H] x [K, H, H]
+        for j in range(1, self.mc.n_layers):  # per head: [K, 1, H] x [K, H, H], float weights
             h3 = b.op("Reshape", [h, b.const(f"shape_k1h_{j}", np.array([K, 1, H], np.int64))], f"/blocks{j}/in")
             y = b.op("Add", [b.op("MatMul", [h3, b.weight(f"blocks{j}")], f"/blocks{j}/MatMul"),
                              b.weight(f"blocks{j}_b")], f"/blocks{j}/bias")
-            y = b.op("Mul", [y, b.op("Sigmoid", [y], f"/blocks{j}/Sigmoid")], f"/blocks{j}/SiLU")
+            y = ops.silu(b, y, f"/blocks{j}/Sigmoid", f"/blocks{j}/SiLU")
             h = b.op("Reshape", [b.op("Add", [h3, y], f"/blocks{j}/res"), "shape_heads"], f"/blocks{j}/out")
-        logits = self._matmul(b, h, "lm_head_d", H, Vd)  # [K, Vd]
+        logits = ops.linear(b, h, "lm_head_d")  # [K, Vd]
         if self.dtype != np.float32:
             logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
         b.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/logits"))
-        inits = []
-        for name in sorted(b.used_weights):
-            arr = self.store.arrays[name]
-            t = TensorProto(name=name, data_type=_NP_TO_ONNX[arr.dtype], dims=arr.shape)
-            t.data_location = TensorProto.EXTERNAL
-            for key, val in (("location", weights_location), ("offset", str(offsets[name])),
-                             ("length", str(arr.nbytes))):
-                entry = t.external_data.add()
-                entry.key, entry.value = key, val
-            inits.append(t)
-        graph = helper.make_graph(
-            b.nodes, "edgespec_medusa",
-            [helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, H])],
-            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [K, Vd])], initializer=b.consts + inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                        helper.make_opsetid("com.microsoft", 1)],
-                                  producer_name="edgespec")
-        model.ir_version = 8
-        return model
+        return self._model(b, "edgespec_medusa",
+                           [helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, H])],
+                           [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [K, Vd])],
+                           weights_location, offsets, opset=ops.OPSET)
