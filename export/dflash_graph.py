@@ -158,32 +158,14 @@ class DFlashGraphWriter(ModelWriter):
                            {"embed": embed} if embed else None, ops.OPSET)
 
 
-def _aux_features(ref_target, tokens: np.ndarray, layers: tuple[int, ...]) -> np.ndarray:
-    """The target's hidden_aux rows [N, n*H]: the residual stream entering `layers`."""
-    import torch
-
-    with torch.no_grad():
-        hs = ref_target.model(torch.from_numpy(tokens[None]), output_hidden_states=True).hidden_states
-    return torch.cat([hs[i][0] for i in layers], dim=-1).float().numpy()
-
-
 def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, index_t: dict, opts: GraphOptions,
                  ctx_widths: list[int]):
     """dflash.weights + dflash.onnx (the drafter reads the target's embedding in place); (graph
     writer, manifest entry). ctx_widths: the context rows C its calls are fed at."""
-    from edgespec.engines.manifest import (
-        Architecture,
-        DFlashInfo,
-        GraphSpec,
-        HeadInfo,
-        ModelSpec,
-        TensorSpec,
-        WeightSpec,
-    )
+    from edgespec.engines.manifest import Architecture, DFlashInfo, GraphSpec, ModelSpec, TensorSpec
     from edgespec.export import spec as es
     from edgespec.export.dflash_model import DFlashFormatError, read_dflash
-    from edgespec.export.weights import write_weights
-    from edgespec.export.write import _external, _trained
+    from edgespec.export.write import head_info, write_drafter
 
     try:
         dc, arrays = read_dflash(dflash_dir, arch.hidden_size, arch.vocab_size)
@@ -195,10 +177,7 @@ def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, i
                              f"graphs give {list(want)} (the EAGLE-3 layers). Hint: train it with `edgespec "
                              "train-dflash`")
     dw = DFlashGraphWriter(arch, dc, arrays, writer.reference["lm_head.weight"], opts)
-    index = write_weights(dw.store.arrays | {"d2t": dw.d2t}, folder / "dflash.weights")
-    model = dw.build("dflash.weights", {k: v["offset"] for k, v in index.items()},
-                     embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]))
-    onnx.save(model, folder / "dflash.onnx")
+    files = write_drafter(dw, folder, "dflash", {"d2t": dw.d2t}, target=(writer, index_t))
     kv_dtype, b_rows = dw.dtype.name, dc.block_size
     n_feat, kv_w = len(dc.target_layer_ids) * dc.hidden_size, dc.n_kv_heads * dc.head_dim
     T, S = "T", "S"  # T: context rows of the call (one of the widths), S: cached context slots read
@@ -210,17 +189,14 @@ def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, i
          TensorSpec(es.KV_TEMPLATE, (S, kv_w), kv_dtype, layers=dc.n_layers)),
         (TensorSpec("logits", (1, b_rows - 1, len(dw.d2t)), "float32"),
          TensorSpec("new_kv", (dc.n_layers, 2, T, kv_w), kv_dtype)))
-    weights = es.weight_specs(index, _external(model))
-    weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
     info = DFlashInfo(block_size=b_rows, mask_token_id=dc.mask_token_id, feature_width=n_feat,
                       max_position=int(dw.store.arrays["rope_cos"].shape[0]))
-    head = HeadInfo(source=str(dflash_dir), target_vocab_size=arch.vocab_size,
-                    trained_draft_vocab_size=dc.draft_vocab_size, trained=_trained(dflash_dir, "edgespec"))
+    head = head_info(dflash_dir, arch.vocab_size, dc.draft_vocab_size, "edgespec")
     spec = ModelSpec(role="dflash", kind="dflash", precision=dw.opts.precision,
                      arch=Architecture(**(dw.arch.to_manifest() | {"n_layers": dc.n_layers,
                                                                     "vocab_size": dc.draft_vocab_size})),
-                     kv_dtype=kv_dtype, weights_file="dflash.weights", weights=weights, graph=graph,
-                     d2t=WeightSpec.from_json(index["d2t"] | {"file": "dflash.weights"}), head=head, dflash=info)
+                     kv_dtype=kv_dtype, weights_file="dflash.weights", weights=files.weights, graph=graph,
+                     d2t=files.spec("d2t"), head=head, dflash=info)
     return dw, spec
 
 
@@ -234,12 +210,12 @@ def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarra
     from edgespec.engines.manifest import load_manifest
     from edgespec.export.dflash_model import build_dflash
     from edgespec.export.spec import eagle3_layers
-    from edgespec.export.validate import compare
+    from edgespec.export.validate import aux_features, compare
 
     c = dw.dcfg
     man = load_manifest(folder)
     engine = OrtDFlash(man, man.dflash)
-    aux = _aux_features(ref_target, tokens, eagle3_layers(c.n_target_layers))
+    aux = aux_features(ref_target, tokens, eagle3_layers(c.n_target_layers))
     ref = dict(dw.reference) | {"d2t": dw.d2t}
     for ours, hf in (("hidden_norm", "hidden_norm.weight"), ("norm", "norm.weight")):
         ref[hf] = dw.store.arrays[ours].astype(np.float32)

@@ -103,13 +103,9 @@ def write_eagle3(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
     """eagle3.weights + eagle3.onnx (the head reads the target's embedding in place); (graph
     writer, manifest entry). draft_vocab: keep the head's N most frequent draft tokens (None: the
     export's default for heads that record that order; 0: all)."""
-    import json
-
-    from edgespec.engines.manifest import Architecture, HeadInfo, ModelSpec, WeightSpec
     from edgespec.export import spec as es
     from edgespec.export.eagle3_head import Eagle3FormatError, read_eagle3
-    from edgespec.export.weights import write_weights
-    from edgespec.export.write import _external
+    from edgespec.export.write import head_info, token_head_spec, write_drafter
 
     try:
         ec, arrays, _ = read_eagle3(head_dir, arch.hidden_size, arch.vocab_size, arch.n_layers)
@@ -125,26 +121,10 @@ def write_eagle3(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
         ec = dataclasses.replace(ec, draft_vocab_size=draft_vocab)
         arrays = arrays | {"d2t": arrays["d2t"][:draft_vocab], "lm_head.weight": arrays["lm_head.weight"][:draft_vocab]}
     ew = Eagle3GraphWriter(arch, ec, arrays, opts)
-    index = write_weights(ew.store.arrays | {"d2t": ew.d2t, "fc_t": ew.fc_t}, folder / "eagle3.weights")
-    model = ew.build("eagle3.weights", {k: v["offset"] for k, v in index.items()},
-                     embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]))
-    onnx.save(model, folder / "eagle3.onnx")
-    kv_dtype = ew.dtype.name
-    weights = es.weight_specs(index, _external(model))
-    weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
-    graph = es.token_graph("eagle3.onnx", widths, chunk, n_layers=1, kv_width=ew.arch.n_kv_heads * ew.arch.head_dim,
-                           hidden_size=arch.hidden_size, vocab_size=ec.draft_vocab_size, kv_dtype=kv_dtype,
-                           trees=opts.trees, features=True, opts=ew.opts)
-    trained = json.loads((head_dir / "config.json").read_text()).get("eagle3", {})
-    head = HeadInfo(source=str(head_dir), target_vocab_size=arch.vocab_size, trained_draft_vocab_size=trained_vocab,
-                    trained=trained)
-    spec = ModelSpec(role="eagle3", kind="eagle3", precision=ew.opts.precision,
-                     arch=Architecture(**(ew.arch.to_manifest() | {"n_layers": 1, "vocab_size": ec.draft_vocab_size}),
-                                       aux_layers=tuple(ec.aux_layers)),
-                     kv_dtype=kv_dtype, weights_file="eagle3.weights", weights=weights, graph=graph,
-                     d2t=WeightSpec.from_json(index["d2t"] | {"file": "eagle3.weights"}), head=head,
-                     fc=WeightSpec.from_json(index["fc_t"] | {"file": "eagle3.weights"}))
-    return ew, spec
+    files = write_drafter(ew, folder, "eagle3", {"d2t": ew.d2t, "fc_t": ew.fc_t}, target=(writer, index_t))
+    return ew, token_head_spec("eagle3", ew, files, widths, chunk, ec.draft_vocab_size,
+                               head_info(head_dir, arch.vocab_size, trained_vocab, "eagle3"),
+                               aux_layers=tuple(ec.aux_layers), fc=files.spec("fc_t"))
 
 
 def validate_eagle3(folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.ndarray,
@@ -156,13 +136,11 @@ def validate_eagle3(folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.eagle3_head import build_eagle3
-    from edgespec.export.validate import compare, schedule
+    from edgespec.export.validate import aux_features, compare, schedule
 
     man = load_manifest(folder)
     engine = OrtModel(man, man.eagle3)
-    with torch.no_grad():
-        hs = ref_target.model(torch.from_numpy(tokens[None]), output_hidden_states=True).hidden_states
-        aux = torch.cat([hs[layer][0] for layer in ew.ec.aux_layers], dim=-1).float()  # [N, 3H]
+    aux = torch.from_numpy(aux_features(ref_target, tokens, ew.ec.aux_layers))  # [N, 3H]
     cos, sin = ew.arch.rope_tables()
     embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
     head = build_eagle3(ew.ec, ew.reference_arrays(), embed, cos, sin)
