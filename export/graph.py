@@ -150,7 +150,8 @@ class ModelWriter:
 
     @property
     def lean(self) -> bool:
-        return self.opts.flavour == "lean"
+        """The lean flavour's layers (or a flavour built on them)."""
+        return issubclass(FLAVOURS[self.opts.flavour], LeanOps)
 
     def layer_ops(self) -> LayerOps:
         """The op choices of this writer's flavour (its current opts)."""
