@@ -23,12 +23,14 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgespec.export.arch import ArchSpec
-from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder, external_initializers
+from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter
+from edgespec.export.layer_ops import Stream
 
 NEG = -1e30  # additive bias of a key a row must not see
+_MLP_NAMES = ("gu_split", "sig", "silu", "act")  # node names of its SwiGLU (layer_ops.LayerOps.mlp)
 
 
-class DFlashGraphWriter(LlamaGraphWriter):
+class DFlashGraphWriter(ModelWriter):
     def __init__(self, target_arch: ArchSpec, dcfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray,
                  opts: GraphOptions) -> None:
         """dcfg / arrays: from dflash_model.read_dflash (float32, d2t absolute); lm_head [V, H]: the
@@ -40,8 +42,7 @@ class DFlashGraphWriter(LlamaGraphWriter):
                                    n_kv_heads=dcfg.n_kv_heads, head_dim=dcfg.head_dim,
                                    intermediate_size=dcfg.intermediate_size, qkv_bias=False, qk_norm=False)
         super().__init__(arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False,
-                                                           flavour="portable", trees=False, aux_layers=()),
-                         n_layers=dcfg.n_layers)
+                                                           trees=False, aux_layers=()), n_layers=dcfg.n_layers)
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         f = self.dtype
@@ -60,9 +61,7 @@ class DFlashGraphWriter(LlamaGraphWriter):
             self._linear(f"l{i}.gate_up", np.concatenate([w[n] for n in names]), names)
             self._linear(f"l{i}.down", w[p + "mlp.down_proj.weight"], p + "mlp.down_proj.weight")
         self._linear("lm_head_d", self._lm_rows, "lm_head_d")
-        cos, sin = self.arch.rope_tables()
-        self.store.add("rope_cos", cos.astype(f))  # [max_pos, D]
-        self.store.add("rope_sin", sin.astype(f))
+        self.layer_ops().standard().store_tables()
 
     def _ref_rows(self, hf_name: str) -> int:
         if hf_name == "lm_head_d":
@@ -78,7 +77,8 @@ class DFlashGraphWriter(LlamaGraphWriter):
         H, d, n_q, n_kv = c.hidden_size, c.head_dim, c.n_heads, c.n_kv_heads
         rep, kv_w, b_rows = n_q // n_kv, n_kv * d, c.block_size
         n_feat = len(c.target_layer_ids) * H
-        b = _Builder(self.store, f)
+        ops = self.layer_ops().standard()  # the block attention has one form, in standard ops
+        b = GraphBuilder(self.store, f)
         for name, arr in (("two", np.array(2.0, f)), ("eps", np.array(c.rms_norm_eps, f)),
                           ("scale", np.array(1.0 / np.sqrt(d), f)),
                           ("rope_split", np.array([d // 2, d // 2], np.int64)),
@@ -96,16 +96,16 @@ class DFlashGraphWriter(LlamaGraphWriter):
             b.const(name, arr)
 
         def rms(x: str, w: str, name: str) -> str:
-            return self._rms_norm(b, x, w, name, "eps")
+            return ops.norm(b, Stream(x), w, name)[0]
 
         def rows(x: str, start: str, end: str, name: str) -> str:  # x[start:end] along axis 0
             return b.op("Slice", [x, start, end, "axis0"], name)
 
         # context rows: hidden_norm(fc(features)) [C, H]
         feats = b.op("Reshape", ["ctx_aux", "rows_feat"], "/ctx/rows")
-        ctx = rms(self._matmul(b, feats, "fc", n_feat, H), "hidden_norm", "/ctx/norm")
-        x = b.op("Gather", [b.weight("embed"), b.op("Reshape", ["block_ids", "ids_flat"], "/ids")], "/embed",
-                 axis=0)  # [b, H]
+        ctx = rms(ops.linear(b, feats, "fc"), "hidden_norm", "/ctx/norm")
+        s = Stream(b.op("Gather", [b.weight("embed"), b.op("Reshape", ["block_ids", "ids_flat"], "/ids")], "/embed",
+                        axis=0))  # [b, H]
         pos = b.op("Reshape", ["positions", "ids_flat"], "/pos")  # [C + b]
         cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/cos", axis=0), "one"], "/cos3")
         sin = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_sin"), pos], "/sin", axis=0), "one"], "/sin3")
@@ -113,14 +113,15 @@ class DFlashGraphWriter(LlamaGraphWriter):
         new_rows = []
         for i in range(c.n_layers):
             p = f"/l{i}"
-            h = rms(x, f"l{i}.ln1", p + "/ln1")
-            q = b.op("Reshape", [self._matmul(b, h, f"l{i}.q", H, n_q * d), "heads_q"], p + "/q3")
-            q = self._rope(b, rms(q, f"l{i}.q_norm", p + "/q_norm"), cos_q, sin_q, p + "/q_rope")  # [b, Hq, D]
+            h, s = ops.norm(b, s, f"l{i}.ln1", p + "/ln1")
+            q = b.op("Reshape", [ops.linear(b, h, f"l{i}.q"), "heads_q"], p + "/q3")
+            q = ops.rotary(b, rms(q, f"l{i}.q_norm", p + "/q_norm"), n_q, {"cos": cos_q, "sin": sin_q},
+                           p + "/q_rope")  # [b, Hq, D]
             kin = b.op("Concat", [ctx, h], p + "/kin", axis=0)  # [C + b, H]
-            k = b.op("Reshape", [self._matmul(b, kin, f"l{i}.k", H, kv_w), "heads_kv"], p + "/k3")
-            k = b.op("Reshape", [self._rope(b, rms(k, f"l{i}.k_norm", p + "/k_norm"), cos, sin, p + "/k_rope"),
-                                 "rows_kv"], p + "/k_rows")  # [C + b, Hkv*D]
-            v = self._matmul(b, kin, f"l{i}.v", H, kv_w)  # [C + b, Hkv*D]
+            k = b.op("Reshape", [ops.linear(b, kin, f"l{i}.k"), "heads_kv"], p + "/k3")
+            k = ops.rotary(b, rms(k, f"l{i}.k_norm", p + "/k_norm"), n_kv, {"cos": cos, "sin": sin}, p + "/k_rope")
+            k = b.op("Reshape", [k, "rows_kv"], p + "/k_rows")  # [C + b, Hkv*D]
+            v = ops.linear(b, kin, f"l{i}.v")  # [C + b, Hkv*D]
             new_rows += [rows(k, "zero", "block_at", p + "/k_new"), rows(v, "zero", "block_at", p + "/v_new")]
             keys = b.op("Concat", [f"past_key_{i}", k], p + "/keys", axis=0)  # [S + C + b, Hkv*D]
             vals = b.op("Concat", [f"past_value_{i}", v], p + "/vals", axis=0)
@@ -128,25 +129,22 @@ class DFlashGraphWriter(LlamaGraphWriter):
             k4 = b.op("Transpose", [b.op("Reshape", [keys, "kv_groups"], p + "/k4")], p + "/kT", perm=[1, 2, 3, 0])
             v4 = b.op("Transpose", [b.op("Reshape", [vals, "kv_groups"], p + "/v4")], p + "/vT", perm=[1, 2, 0, 3])
             q4 = b.op("Reshape", [b.op("Transpose", [q], p + "/qT", perm=[1, 0, 2]), "q_groups"], p + "/q4")
-            s = b.op("Mul", [b.op("MatMul", [q4, k4], p + "/qk"), "scale"], p + "/scaled")  # [Hkv, rep, b, K]
-            w = b.op("Softmax", [b.op("Add", [s, "attn_bias"], p + "/bias")], p + "/softmax", axis=-1)
+            scores = b.op("Mul", [b.op("MatMul", [q4, k4], p + "/qk"), "scale"], p + "/scaled")  # [Hkv, rep, b, K]
+            w = b.op("Softmax", [b.op("Add", [scores, "attn_bias"], p + "/bias")], p + "/softmax", axis=-1)
             att = b.op("MatMul", [w, v4], p + "/av")  # [Hkv, rep, b, D]
             att = b.op("Reshape", [b.op("Transpose", [att], p + "/attT", perm=[2, 0, 1, 3]), "rows_q"], p + "/att")
-            x = b.op("Add", [x, self._matmul(b, att, f"l{i}.o", n_q * d, H)], p + "/res1")
-            h = rms(x, f"l{i}.ln2", p + "/ln2")
-            gu = self._matmul(b, h, f"l{i}.gate_up", H, 2 * c.intermediate_size)
-            gate, up = b.op("Split", [gu], p + "/gu_split", n_out=2, axis=-1)
-            act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], p + "/sig")], p + "/silu"), up], p + "/act")
-            x = b.op("Add", [x, self._matmul(b, act, f"l{i}.down", c.intermediate_size, H)], p + "/res2")
-        out = rms(rows(x, "one", "big", "/drafted"), "norm", "/norm")  # rows 1.. [b - 1, H]
-        logits = self._matmul(b, out, "lm_head_d", H, len(self.d2t))
+            s = ops.add(b, s, ops.linear(b, att, f"l{i}.o"), p + "/res1")
+            h, s = ops.norm(b, s, f"l{i}.ln2", p + "/ln2")
+            s = ops.add(b, s, ops.mlp(b, i, h, p, names=_MLP_NAMES, sized=False), p + "/res2")
+        out = rms(rows(s.x, "one", "big", "/drafted"), "norm", "/norm")  # rows 1.. [b - 1, H]
+        logits = ops.linear(b, out, "lm_head_d")
         if f != np.float32:
             logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
         b.nodes.append(helper.make_node("Reshape", [logits, "shape_logits"], ["logits"], name="/logits"))
         kv = b.op("Concat", new_rows, "/new_kv/Concat", axis=0)  # [2Ld, C, Hkv*D]
         b.nodes.append(helper.make_node("Reshape", [kv, "shape_new_kv"], ["new_kv"], name="/new_kv"))
 
-        ft, C, S = _NP_TO_ONNX[f], "C", "S"
+        ft, C, S = NP_TO_ONNX[f], "C", "S"
         inputs = [helper.make_tensor_value_info("block_ids", TensorProto.INT64, [1, b_rows]),
                   helper.make_tensor_value_info("ctx_aux", ft, [1, C, n_feat]),
                   helper.make_tensor_value_info("positions", TensorProto.INT64, [1, "P"]),
@@ -156,42 +154,18 @@ class DFlashGraphWriter(LlamaGraphWriter):
                        helper.make_tensor_value_info(f"past_value_{i}", ft, [S, kv_w])]
         outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, b_rows - 1, len(self.d2t)]),
                    helper.make_tensor_value_info("new_kv", ft, [c.n_layers, 2, C, kv_w])]
-        inits = external_initializers(b.used_weights, self.store, weights_location, offsets,
-                                      {"embed": embed} if embed else None)
-        graph = helper.make_graph(b.nodes, "edgespec_dflash", inputs, outputs, initializer=b.consts + inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset()),
-                                                        helper.make_opsetid("com.microsoft", 1)],
-                                  producer_name="edgespec")
-        model.ir_version = 8
-        return model
-
-
-def _aux_features(ref_target, tokens: np.ndarray, layers: tuple[int, ...]) -> np.ndarray:
-    """The target's hidden_aux rows [N, n*H]: the residual stream entering `layers`."""
-    import torch
-
-    with torch.no_grad():
-        hs = ref_target.model(torch.from_numpy(tokens[None]), output_hidden_states=True).hidden_states
-    return torch.cat([hs[i][0] for i in layers], dim=-1).float().numpy()
+        return self._model(b, "edgespec_dflash", inputs, outputs, weights_location, offsets,
+                           {"embed": embed} if embed else None, ops.OPSET)
 
 
 def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, index_t: dict, opts: GraphOptions,
                  ctx_widths: list[int]):
     """dflash.weights + dflash.onnx (the drafter reads the target's embedding in place); (graph
     writer, manifest entry). ctx_widths: the context rows C its calls are fed at."""
-    from edgespec.engines.manifest import (
-        Architecture,
-        GraphSpec,
-        HeadInfo,
-        ModelSpec,
-        TensorSpec,
-        WeightSpec,
-    )
+    from edgespec.engines.manifest import Architecture, GraphSpec, ModelSpec, TensorSpec
     from edgespec.export import spec as es
     from edgespec.export.dflash_model import DFlashFormatError, read_dflash
-    from edgespec.export.weights import write_weights
-    from edgespec.export.write import _external, _trained
-    from edgespec.runtime.drafters.dflash import DFlashSection
+    from edgespec.export.write import head_info, write_drafter
 
     try:
         dc, arrays = read_dflash(dflash_dir, arch.hidden_size, arch.vocab_size)
@@ -203,10 +177,7 @@ def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, i
                              f"graphs give {list(want)} (the EAGLE-3 layers). Hint: train it with `edgespec "
                              "train-dflash`")
     dw = DFlashGraphWriter(arch, dc, arrays, writer.reference["lm_head.weight"], opts)
-    index = write_weights(dw.store.arrays | {"d2t": dw.d2t}, folder / "dflash.weights")
-    model = dw.build("dflash.weights", {k: v["offset"] for k, v in index.items()},
-                     embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]))
-    onnx.save(model, folder / "dflash.onnx")
+    files = write_drafter(dw, folder, "dflash", {"d2t": dw.d2t}, target=(writer, index_t))
     kv_dtype, b_rows = dw.dtype.name, dc.block_size
     n_feat, kv_w = len(dc.target_layer_ids) * dc.hidden_size, dc.n_kv_heads * dc.head_dim
     T, S = "T", "S"  # T: context rows of the call (one of the widths), S: cached context slots read
@@ -218,15 +189,14 @@ def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, i
          TensorSpec(es.KV_TEMPLATE, (S, kv_w), kv_dtype, layers=dc.n_layers)),
         (TensorSpec("logits", (1, b_rows - 1, len(dw.d2t)), "float32"),
          TensorSpec("new_kv", (dc.n_layers, 2, T, kv_w), kv_dtype)))
-    weights = es.weight_specs(index, _external(model))
-    weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
-    head = HeadInfo(source=str(dflash_dir), target_vocab_size=arch.vocab_size,
-                    trained_draft_vocab_size=dc.draft_vocab_size, trained=_trained(dflash_dir, "edgespec"))
+    head = head_info(dflash_dir, arch.vocab_size, dc.draft_vocab_size, "edgespec")
     spec = ModelSpec(role="dflash", kind="dflash", precision=dw.opts.precision,
                      arch=Architecture(**(dw.arch.to_manifest() | {"n_layers": dc.n_layers,
                                                                     "vocab_size": dc.draft_vocab_size})),
-                     kv_dtype=kv_dtype, weights_file="dflash.weights", weights=weights, graph=graph,
-                     d2t=WeightSpec.from_json(index["d2t"] | {"file": "dflash.weights"}), head=head)
+                     kv_dtype=kv_dtype, weights_file="dflash.weights", weights=files.weights, graph=graph,
+                     d2t=files.spec("d2t"), head=head)
+    from edgespec.runtime.drafters.dflash import DFlashSection
+
     return dw, DFlashSection(model=spec, block_size=b_rows, mask_token_id=dc.mask_token_id, feature_width=n_feat,
                              max_position=int(dw.store.arrays["rope_cos"].shape[0]))
 
@@ -241,12 +211,12 @@ def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarra
     from edgespec.engines.manifest import load_manifest
     from edgespec.export.dflash_model import build_dflash
     from edgespec.export.spec import eagle3_layers
-    from edgespec.export.validate import compare
+    from edgespec.export.validate import aux_features, compare
 
     c = dw.dcfg
     man = load_manifest(folder)
     engine = OrtDFlash(man, man.section("dflash"))
-    aux = _aux_features(ref_target, tokens, eagle3_layers(c.n_target_layers))
+    aux = aux_features(ref_target, tokens, eagle3_layers(c.n_target_layers))
     ref = dict(dw.reference) | {"d2t": dw.d2t}
     for ours, hf in (("hidden_norm", "hidden_norm.weight"), ("norm", "norm.weight")):
         ref[hf] = dw.store.arrays[ours].astype(np.float32)

@@ -23,13 +23,14 @@ import onnx
 from onnx import helper
 
 from edgespec.export.arch import ArchSpec
-from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder
+from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter
+from edgespec.export.layer_ops import Stream
 
 _ATTN = "midlayer.self_attn."
 _MLP = "midlayer.mlp."
 
 
-class Eagle3GraphWriter(LlamaGraphWriter):
+class Eagle3GraphWriter(ModelWriter):
     def __init__(self, target_arch: ArchSpec, ec, arrays: dict[str, np.ndarray], opts: GraphOptions) -> None:
         """ec / arrays: from eagle3_head.read_eagle3 (float32, d2t absolute)."""
         self.ec = ec
@@ -54,72 +55,36 @@ class Eagle3GraphWriter(LlamaGraphWriter):
         self._linear("l0.gate_up", np.concatenate([w[n] for n in names]), names)
         self._linear("l0.down", w[_MLP + "down_proj.weight"], _MLP + "down_proj.weight")
         self._linear("lm_head_d", w["lm_head.weight"], "lm_head.weight")
-        self._rope_tables()
+        self.layer_ops().store_tables()
 
     def _ref_rows(self, hf_name: str) -> int:
         if hf_name == "lm_head.weight":
             return len(self.d2t)
         return super()._ref_rows(hf_name)
 
-    def _matmul(self, b: _Builder, x: str, name: str, n_in: int, n_out: int) -> str:
-        if name == "l0.qkv":  # q/k/v read [embedding ; hidden]
-            n_in = 2 * self.arch.hidden_size
-        return super()._matmul(b, x, name, n_in, n_out)
-
     def build(self, weights_location: str, offsets: dict[str, int],
               embed: tuple[str, int, np.ndarray] | None = None) -> onnx.ModelProto:
         """embed: (file, offset, array) of the target's embedding table [V, H]."""
-        if self.lean:
-            return self._build_lean_head(weights_location, offsets, embed)
-        a = self.arch
-        H, I = a.hidden_size, a.intermediate_size
-        b = _Builder(self.store, self.dtype)
-        slots, mask, cos, sin = self._prologue(b)
-        ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
-        emb = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
-        g = b.op("Reshape", ["features", b.const("shape_feat", np.array([-1, H], np.int64))], "/feat_flat")
-        u = b.op("Concat", [self._rms_norm(b, emb, "l0.ln_in", "/ln_in", "eps"),
-                            self._rms_norm(b, g, "l0.ln_hidden", "/ln_hidden", "eps")], "/midlayer/Concat", axis=-1)
-        attn, new_k, new_v = self._attention(b, 0, u, cos, sin, mask, slots)
-        x = b.op("Add", [g, attn], "/midlayer/res1")
-        h = self._rms_norm(b, x, "l0.ln2", "/midlayer/ln2", "eps")
-        gu = self._matmul(b, h, "l0.gate_up", H, 2 * I)
-        gate, up = b.op("Split", [gu, b.const("gu_split_0", np.array([I, I], np.int64))], "/mlp/Split", n_out=2,
-                        axis=-1)
-        act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], "/mlp/Sigmoid")], "/mlp/SiLU"), up], "/mlp/GLU")
-        x = b.op("Add", [x, self._matmul(b, act, "l0.down", I, H)], "/midlayer/res2")  # the output, fed back
-        logits = self._matmul(b, self._rms_norm(b, x, "final_norm", "/final_norm", "eps"), "lm_head_d", H,
-                              len(self.d2t))  # [T, Vd]
-        rows = [b.op("Unsqueeze", [new_k, "axis0"], "/k_row"), b.op("Unsqueeze", [new_v, "axis0"], "/v_row")]
-        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
-                            locations={"embed": embed} if embed else None)
-
-    def _build_lean_head(self, weights_location: str, offsets: dict[str, int],
-                         embed: tuple[str, int, np.ndarray] | None) -> onnx.ModelProto:
-        """build() in the lean flavour (lean_graph.LeanLayers): the stream [1, T, H]."""
-        a = self.arch
-        H, I = a.hidden_size, a.intermediate_size
-        b = _Builder(self.store, self.dtype)
-        ctx = self._lean_prologue(b)
-        emb = b.op("Gather", [b.weight("embed"), "input_ids"], "/embed/Gather", axis=0)  # [1, T, H]
-        e_n, _ = self._lean_norm(b, emb, None, "l0.ln_in", "/ln_in")
-        g_n, _ = self._lean_norm(b, "features", None, "l0.ln_hidden", "/ln_hidden")
-        u = b.op("Concat", [e_n, g_n], "/midlayer/Concat", axis=-1)  # [1, T, 2H]
-        attn, k, v = self._lean_attention(b, 0, u, ctx)
-        h, x = self._lean_norm(b, "features", attn, "l0.ln2", "/midlayer/ln2")
-        gu = self._matmul(b, h, "l0.gate_up", H, 2 * I)
-        gate, up = b.op("Split", [gu, b.const("gu_split", np.array([I, I], np.int64))], "/mlp/Split", n_out=2, axis=-1)
-        if self._fused("silu"):
-            silu = b.op("QuickGelu", [gate], "/mlp/SiLU", domain="com.microsoft", alpha=1.0)
-        else:
-            silu = b.op("Mul", [gate, b.op("Sigmoid", [gate], "/mlp/Sigmoid")], "/mlp/SiLU")
-        down = self._matmul(b, b.op("Mul", [silu, up], "/mlp/GLU"), "l0.down", I, H)
-        normed, x = self._lean_norm(b, x, down, "final_norm", "/final_norm")  # x: the output, fed back
-        logits = self._matmul(b, normed, "lm_head_d", H, len(self.d2t))  # [1, T, Vd]
-        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._finish(b, 1, [k, v], logits, x, len(self.d2t), [feats_in], weights_location, offsets,
-                            locations={"embed": embed} if embed else None)
+        H = self.arch.hidden_size
+        ops = self.layer_ops()
+        b = GraphBuilder(self.store, self.dtype)
+        ctx = ops.prologue(b)
+        emb = ops.embed(b)  # [(1,) T, H]
+        g = ops.rows_in(b, "features", H, "/feat_flat")
+        u = b.op("Concat", [ops.norm(b, Stream(emb), "l0.ln_in", "/ln_in")[0],
+                            ops.norm(b, Stream(g), "l0.ln_hidden", "/ln_hidden")[0]], "/midlayer/Concat",
+                 axis=-1)  # [(1,) T, 2H]: q/k/v read [embedding ; hidden]
+        attn, k, v = ops.attention(b, 0, u, ctx)
+        s = ops.add(b, Stream(g), attn, "/midlayer/res1")
+        h, s = ops.norm(b, s, "l0.ln2", "/midlayer/ln2")
+        s = ops.add(b, s, ops.mlp(b, 0, h, "/mlp"), "/midlayer/res2")
+        normed, s = ops.norm(b, s, "final_norm", "/final_norm")  # s.x: the output, fed back
+        logits = ops.linear(b, normed, "lm_head_d")  # [(1,) T, Vd]
+        rows = ops.kv_rows(b, k, v, "")
+        feats_in = helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, "T", H])
+        return self._token_model(ops, b, n_layers=1, new_rows=rows, logits=logits, hidden=s.x,
+                                 n_logits=len(self.d2t), weights_location=weights_location, offsets=offsets,
+                                 extra_inputs=[feats_in], locations={"embed": embed} if embed else None)
 
     def reference_arrays(self) -> dict[str, np.ndarray]:
         """The head's arrays as the graph computes with them (int4: dequantized), fc as the runtime
@@ -138,14 +103,9 @@ def write_eagle3(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
     """eagle3.weights + eagle3.onnx (the head reads the target's embedding in place); (graph
     writer, manifest entry). draft_vocab: keep the head's N most frequent draft tokens (None: the
     export's default for heads that record that order; 0: all)."""
-    import json
-
-    from edgespec.engines.manifest import Architecture, HeadInfo, ModelSpec, WeightSpec
     from edgespec.export import spec as es
     from edgespec.export.eagle3_head import Eagle3FormatError, read_eagle3
-    from edgespec.export.weights import write_weights
-    from edgespec.export.write import _external
-    from edgespec.runtime.drafters.eagle3 import Eagle3Section
+    from edgespec.export.write import head_info, token_head_spec, write_drafter
 
     try:
         ec, arrays, _ = read_eagle3(head_dir, arch.hidden_size, arch.vocab_size, arch.n_layers)
@@ -161,25 +121,12 @@ def write_eagle3(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
         ec = dataclasses.replace(ec, draft_vocab_size=draft_vocab)
         arrays = arrays | {"d2t": arrays["d2t"][:draft_vocab], "lm_head.weight": arrays["lm_head.weight"][:draft_vocab]}
     ew = Eagle3GraphWriter(arch, ec, arrays, opts)
-    index = write_weights(ew.store.arrays | {"d2t": ew.d2t, "fc_t": ew.fc_t}, folder / "eagle3.weights")
-    model = ew.build("eagle3.weights", {k: v["offset"] for k, v in index.items()},
-                     embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]))
-    onnx.save(model, folder / "eagle3.onnx")
-    kv_dtype = ew.dtype.name
-    weights = es.weight_specs(index, _external(model))
-    weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
-    graph = es.token_graph("eagle3.onnx", widths, chunk, n_layers=1, kv_width=ew.arch.n_kv_heads * ew.arch.head_dim,
-                           hidden_size=arch.hidden_size, vocab_size=ec.draft_vocab_size, kv_dtype=kv_dtype,
-                           trees=opts.trees, features=True, opts=ew.opts)
-    trained = json.loads((head_dir / "config.json").read_text()).get("eagle3", {})
-    head = HeadInfo(source=str(head_dir), target_vocab_size=arch.vocab_size, trained_draft_vocab_size=trained_vocab,
-                    trained=trained)
-    spec = ModelSpec(role="eagle3", kind="eagle3", precision=ew.opts.precision,
-                     arch=Architecture(**(ew.arch.to_manifest() | {"n_layers": 1, "vocab_size": ec.draft_vocab_size}),
-                                       aux_layers=tuple(ec.aux_layers)),
-                     kv_dtype=kv_dtype, weights_file="eagle3.weights", weights=weights, graph=graph,
-                     d2t=WeightSpec.from_json(index["d2t"] | {"file": "eagle3.weights"}), head=head)
-    return ew, Eagle3Section(head=spec, fc=WeightSpec.from_json(index["fc_t"] | {"file": "eagle3.weights"}))
+    files = write_drafter(ew, folder, "eagle3", {"d2t": ew.d2t, "fc_t": ew.fc_t}, target=(writer, index_t))
+    from edgespec.runtime.drafters.eagle3 import Eagle3Section
+
+    head = token_head_spec("eagle3", ew, files, widths, chunk, ec.draft_vocab_size,
+                           head_info(head_dir, arch.vocab_size, trained_vocab, "eagle3"), aux_layers=tuple(ec.aux_layers))
+    return ew, Eagle3Section(head=head, fc=files.spec("fc_t"))
 
 
 def validate_eagle3(folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.ndarray,
@@ -191,13 +138,11 @@ def validate_eagle3(folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.eagle3_head import build_eagle3
-    from edgespec.export.validate import compare, schedule
+    from edgespec.export.validate import aux_features, compare, schedule
 
     man = load_manifest(folder)
     engine = OrtModel(man, man.models()["eagle3"])
-    with torch.no_grad():
-        hs = ref_target.model(torch.from_numpy(tokens[None]), output_hidden_states=True).hidden_states
-        aux = torch.cat([hs[layer][0] for layer in ew.ec.aux_layers], dim=-1).float()  # [N, 3H]
+    aux = torch.from_numpy(aux_features(ref_target, tokens, ew.ec.aux_layers))  # [N, 3H]
     cos, sin = ew.arch.rope_tables()
     embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
     head = build_eagle3(ew.ec, ew.reference_arrays(), embed, cos, sin)

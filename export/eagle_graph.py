@@ -8,24 +8,32 @@
 The embedding is the target's: the graph reads it from the target's weights file (one mapped
 copy). fc, the layer and the draft-vocabulary LM head rows live in the head's own weights file,
 int4 when the target is int4 (a draft only has to be cheap and usually right).
+
+Also here: the head's files and manifest entry (`write_eagle`), the target graph with the head
+appended (`fuse_with_target`, `write_eagle_fused`) and their checks (`validate_eagle`,
+`validate_fused`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from edgespec.engines.manifest import FUSED_PREFIX
+from edgespec.engines.manifest import FUSED_PREFIX, ModelSpec
+from edgespec.export import spec as es
 from edgespec.export.arch import ArchSpec
-from edgespec.export.graph import _NP_TO_ONNX, GraphOptions, LlamaGraphWriter, _Builder
+from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter, decoder_layer
+from edgespec.export.layer_ops import Stream
 
 _LAYER = "layers.0."
 
 
-class EagleGraphWriter(LlamaGraphWriter):
+class EagleGraphWriter(ModelWriter):
     def __init__(self, target_arch: ArchSpec, head_cfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray,
                  opts: GraphOptions) -> None:
         """head_cfg / arrays: from eagle.read_head (float32, d2t absolute); lm_head [V, H]: the
@@ -54,7 +62,7 @@ class EagleGraphWriter(LlamaGraphWriter):
         self._linear("l0.gate_up", np.concatenate([w[n] for n in names]), names)
         self._linear("l0.down", w[_LAYER + "mlp.down_proj.weight"], _LAYER + "mlp.down_proj.weight")
         self._linear("lm_head_d", self._lm_rows, "lm_head_d")
-        self._rope_tables()
+        self.layer_ops().store_tables()
 
     def _ref_rows(self, hf_name: str) -> int:
         if hf_name == "lm_head_d":
@@ -64,43 +72,24 @@ class EagleGraphWriter(LlamaGraphWriter):
     def build(self, weights_location: str, offsets: dict[str, int],
               embed: tuple[str, int, np.ndarray] | None = None) -> onnx.ModelProto:
         """embed: (file, offset, array) of the target's embedding table [V, H]."""
-        if self.lean:
-            return self._build_lean_head(weights_location, offsets, embed)
-        a = self.arch
-        H = a.hidden_size
-        b = _Builder(self.store, self.dtype)
-        slots, mask, cos, sin = self._prologue(b)
-        ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
-        emb = b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
-        feat = b.op("Reshape", ["features", b.const("shape_feat", np.array([-1, H], np.int64))], "/feat_flat")
-        x = self._matmul(b, b.op("Concat", [emb, feat], "/fc/Concat", axis=-1), "fc", 2 * H, H)  # [T, H]
-        x = b.op("Add", [x, b.weight("fc_b")], "/fc/bias")
-        x, rows = self._layer(b, 0, x, cos, sin, mask, slots, ln1=self.head_cfg.input_layernorm)
-        if self.head_cfg.final_norm:
-            x = self._rms_norm(b, x, "final_norm", "/final_norm", "eps")
-        logits = self._matmul(b, x, "lm_head_d", H, len(self.d2t))  # [T, Vd]
-        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
-                            locations={"embed": embed} if embed else None)
-
-    def _build_lean_head(self, weights_location: str, offsets: dict[str, int],
-                         embed: tuple[str, int, np.ndarray] | None) -> onnx.ModelProto:
-        """build() in the lean flavour (graph.LlamaGraphWriter._build_lean): the stream [1, T, H]."""
         H = self.arch.hidden_size
-        b = _Builder(self.store, self.dtype)
-        ctx = self._lean_prologue(b)
-        emb = b.op("Gather", [b.weight("embed"), "input_ids"], "/embed/Gather", axis=0)  # [1, T, H]
-        x = self._matmul(b, b.op("Concat", [emb, "features"], "/fc/Concat", axis=-1), "fc", 2 * H, H)
+        ops = self.layer_ops()
+        b = GraphBuilder(self.store, self.dtype)
+        ctx = ops.prologue(b)
+        emb = ops.embed(b)
+        feat = ops.rows_in(b, "features", H, "/feat_flat")
+        x = ops.linear(b, b.op("Concat", [emb, feat], "/fc/Concat", axis=-1), "fc")  # [(1,) T, H]
         x = b.op("Add", [x, b.weight("fc_b")], "/fc/bias")
-        x, delta, rows = self._lean_layer(b, 0, x, None, ctx, ln1=self.head_cfg.input_layernorm)
+        s, rows = decoder_layer(ops, b, 0, Stream(x), ctx, ln1=self.head_cfg.input_layernorm)
         if self.head_cfg.final_norm:
-            x, _ = self._lean_norm(b, x, delta, "final_norm", "/final_norm")
+            x, _ = ops.norm(b, s, "final_norm", "/final_norm")
         else:
-            x = b.op("Add", [x, delta], "/res2")
-        logits = self._matmul(b, x, "lm_head_d", H, len(self.d2t))  # [1, T, Vd]
-        feats_in = helper.make_tensor_value_info("features", _NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._finish(b, 1, rows, logits, x, len(self.d2t), [feats_in], weights_location, offsets,
-                            locations={"embed": embed} if embed else None)
+            x = ops.resolve(b, s, "/res2").x
+        logits = ops.linear(b, x, "lm_head_d")  # [(1,) T, Vd]
+        feats_in = helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, "T", H])
+        return self._token_model(ops, b, n_layers=1, new_rows=rows, logits=logits, hidden=x, n_logits=len(self.d2t),
+                                 weights_location=weights_location, offsets=offsets, extra_inputs=[feats_in],
+                                 locations={"embed": embed} if embed else None)
 
 
 def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.ModelProto:
@@ -160,3 +149,113 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
     model = helper.make_model(g, opset_imports=list(target.opset_import), producer_name="edgespec")
     model.ir_version = target.ir_version
     return model
+
+
+def write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, index_t: dict,
+                opts: GraphOptions, widths: list[int], chunk: int, draft_vocab: int | None):
+    """eagle.weights + eagle.onnx (the head reads the target's embedding in place); (graph writer,
+    manifest entry). draft_vocab: keep the head's N most frequent draft tokens (None: the export's
+    default for heads that record that order; 0: all)."""
+    from edgespec.export.checkpoint import HeadFormatError, prune_draft_vocab, read_head
+    from edgespec.export.write import head_info, token_head_spec, write_drafter
+
+    try:
+        hc, arrays = read_head(head_dir, arch.hidden_size, arch.vocab_size)
+        trained_vocab = hc.draft_vocab_size
+        if draft_vocab is None:
+            draft_vocab = es.EAGLE_DRAFT_VOCAB if hc.d2t_by_frequency else 0
+        hc, arrays = prune_draft_vocab(hc, arrays, draft_vocab)
+    except HeadFormatError as e:
+        raise es.ExportError(str(e)) from e
+    ew = EagleGraphWriter(arch, hc, arrays, writer.reference["lm_head.weight"], opts)
+    files = write_drafter(ew, folder, "eagle", {"d2t": ew.d2t}, target=(writer, index_t))
+    return ew, token_head_spec("eagle", ew, files, widths, chunk, hc.draft_vocab_size,
+                               head_info(head_dir, arch.vocab_size, trained_vocab, "eagle"))
+
+
+def write_eagle_fused(folder: Path, target: ModelSpec, eagle: ModelSpec) -> ModelSpec:
+    """target_eagle.onnx: the target graph with the head appended, on the same weights files."""
+    fused = fuse_with_target(onnx.load(folder / target.graph.file, load_external_data=False),
+                             onnx.load(folder / eagle.graph.file, load_external_data=False))
+    onnx.save(fused, folder / "target_eagle.onnx")
+    return es.fused_spec("target_eagle.onnx", target, eagle)
+
+
+def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.ndarray, tol: float) -> dict[str, float]:
+    """The EAGLE head graph against the PyTorch head (same dequantized weights) on the target's
+    real features, per width."""
+    import torch
+
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.eagle_head import build_head
+    from edgespec.export.validate import compare, schedule, target_features
+
+    man = load_manifest(folder)
+    engine = OrtModel(man, man.models()["eagle"])
+    feats = target_features(ref_target, tokens)  # [N, H]
+    ref_arrays = dict(ew.reference) | {"fc.bias": ew.store.arrays["fc_b"].astype(np.float32), "d2t": ew.d2t,
+                                       "layers.0.post_attention_layernorm.weight":
+                                           ew.store.arrays["l0.ln2"].astype(np.float32)}
+    if ew.head_cfg.input_layernorm:
+        ref_arrays["layers.0.input_layernorm.weight"] = ew.store.arrays["l0.ln1"].astype(np.float32)
+    if ew.head_cfg.final_norm:
+        ref_arrays["norm.weight"] = ew.store.arrays["final_norm"].astype(np.float32)
+    cos, sin = ew.arch.rope_tables()
+    embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
+    head = build_head(ew.head_cfg, ref_arrays, embed, np.zeros_like(embed), cos, sin)
+    head.lm_head = torch.from_numpy(ew.reference["lm_head_d"])  # the rows the graph uses (int4: dequantized)
+    n = len(tokens) - 1  # the head reads token j+1 beside feature j
+    with torch.no_grad():
+        pred = head(torch.from_numpy(tokens[1:][None]), torch.from_numpy(feats[:n][None]),
+                    torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool), n_steps=1)[0]
+        ref = head.logits(pred)[0].numpy()  # [n, Vd]
+
+    def calls():
+        for label, past, w in schedule(man.models()["eagle"], man.prefill_chunk, n):
+            got = engine.forward(tokens[1 + past:1 + past + w], past, features=feats[past:past + w])
+            yield label, got, ref[past:past + w]
+            engine.commit(past, w)
+
+    return compare("EAGLE head graph", calls(), tol, "Please report it with the head's config.json.")
+
+
+class _NotBitwise(Exception):
+    """The fused graph's target logits differ from the plain target's."""
+
+
+def validate_fused(folder: Path, tokens: np.ndarray, tol: float) -> dict[str, float] | None:
+    """The fused graph against the plain target and the standalone head, call by call at every
+    width: its target logits must be BITWISE the plain graph's (greedy eagle output = plain output
+    rests on it), its head logits close to the head's own graph. None (with a warning) if the
+    target part differs: the folder then runs EAGLE with separate head calls."""
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.validate import compare, schedule
+
+    man = load_manifest(folder)
+    plain, head = OrtModel(man, man.target), OrtModel(man, man.models()["eagle"])
+    fused = OrtModel(man, man.models()["eagle_fused"], head=OrtModel(man, man.models()["eagle"]))
+
+    def calls():
+        for label, past, w in schedule(man.target, man.prefill_chunk, len(tokens)):
+            ids, nxt = tokens[past:past + w], tokens[past + 1:past + w + 1]
+            n = len(nxt)  # rows whose next token is known (the very last row's is not)
+            want = plain.forward(ids, past).copy()
+            got = fused.forward(ids, past, head_next=nxt)
+            if not np.array_equal(got, want):
+                raise _NotBitwise(f"the fused target+EAGLE graph's logits at {label} differ from the plain "
+                                  f"target's by {np.abs(got - want).max():.3g}")
+            head_want = head.forward(nxt, past, features=plain.last_hidden(n))
+            yield f"head_{label}", fused.last_head_logits(n), head_want
+            if n < w:
+                return
+            for e in (plain, head, fused):
+                e.commit(past, w)
+
+    try:
+        return compare("fused target+EAGLE graph", calls(), tol, "Please report it.",
+                       what="max |head logits - the head's own graph's|")
+    except _NotBitwise as e:
+        print(f"edgespec: warning: {e}; left out (eagle uses separate head calls)", file=sys.stderr)
+        return None

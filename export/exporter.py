@@ -21,13 +21,16 @@ from edgespec import __version__
 from edgespec.engines import manifest as mf
 from edgespec.export import sources
 from edgespec.export.arch import ArchSpec, arch_from_config
-from edgespec.export.graph import GraphOptions, LlamaGraphWriter, one_row_int4_differs
+from edgespec.export.eagle_graph import validate_eagle, validate_fused, write_eagle, write_eagle_fused
+from edgespec.export.graph import GraphOptions, LlamaGraphWriter
 from edgespec.export.lean_graph import probe_portable_ops
+from edgespec.export.linears import one_row_int4_differs
+from edgespec.export.medusa_graph import validate_medusa, write_medusa
 from edgespec.export.reference import hf_weights, reference_model
 from edgespec.export.spec import PRECISIONS, ExportConfig, ExportError, eagle3_layers, tolerance, with_host_prologue
-from edgespec.export.validate import validate_eagle, validate_fused, validate_medusa, validate_model, validation_tokens
+from edgespec.export.validate import validate_model, validation_tokens
 from edgespec.export.weights import write_weights
-from edgespec.export.write import heads_dir, write_eagle, write_eagle_fused, write_medusa, write_model
+from edgespec.export.write import heads_dir, write_model
 from edgespec.runtime.drafters.draft import DraftSection
 from edgespec.runtime.drafters.eagle import EagleSection
 from edgespec.runtime.drafters.medusa import MedusaSection

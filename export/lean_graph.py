@@ -31,8 +31,15 @@ sum output is the stream).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto, ValueInfoProto, helper
+
+from edgespec.export.layer_ops import LayerOps, Stream
+
+if TYPE_CHECKING:
+    from edgespec.export.graph import GraphBuilder
 
 LEAN_OPS = ("norm", "rotary", "silu")  # fused ops the lean flavour uses where the probe allows
 LEAN_OPSET = 18  # ScatterElements reduction="max"
@@ -52,16 +59,21 @@ def host_prologue_inputs(n_heads: int, dtype: str, trees: bool, two_rows: bool) 
     return out
 
 
-class LeanLayers:
-    """Mixin of graph.LlamaGraphWriter: the lean prologue, layer, norm and attention. Uses the
-    writer's arch, opts, dtype and _matmul / _rms_norm."""
+class LeanOps(LayerOps):
+    """The lean flavour's layer ops (layer_ops.LayerOps); the fused ops of opts.portable_ops are
+    written in their portable form."""
+
+    OPSET = LEAN_OPSET
+    STREAM_3D = True
 
     def _fused(self, op: str) -> bool:
         return op not in self.opts.portable_ops
 
-    def _lean_tables(self) -> None:
-        """The rope tables the lean graph reads: half-width caches for RotaryEmbedding, or the
-        full HF tables for the portable rotation."""
+    def _gate_up_split(self, i: int) -> str:
+        return "gu_split"
+
+    def store_tables(self) -> None:
+        """Half-width caches for RotaryEmbedding, or the full HF tables for the portable rotation."""
         cos, sin = self.arch.rope_tables()  # [max_len, D], halves duplicated
         if self._fused("rotary"):
             half = self.arch.head_dim // 2
@@ -72,7 +84,7 @@ class LeanLayers:
             self.store.add("rope_sin", sin.astype(self.dtype))
 
     # ---- once per call ------------------------------------------------------------------------
-    def _lean_prologue(self, b, host: bool = False) -> dict:
+    def prologue(self, b: GraphBuilder) -> dict:
         """Constants and the per-call masks and indices every layer shares:
           mask_past [1, S]        0 for the cached slots j < past_len, -inf-like from past_len on
           mask_new [T*Hq, T]      0 where the column node is the row node or an ancestor
@@ -86,7 +98,7 @@ class LeanLayers:
           v_slots [1, n, 1]       slots of the new values inside the window (n = min(T, S - past_len):
                                   rows padded past the window's end are dropped)
         Rows are ordered (t, h): row t*Hq + h is query head h of token t.
-        host: these come in as graph inputs (host_prologue_inputs), built by the engine
+        opts.host_prologue: these come in as graph inputs (host_prologue_inputs), built by the engine
         (engines/prologue.py) with the same values; the window then always holds the T new rows."""
         a, f = self.arch, self.dtype
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
@@ -113,8 +125,8 @@ class LeanLayers:
         b.const("head_mask", head_mask)
         b.const("ctx_idx", ctx_idx)
         b.const("tile_heads", np.array([1, n_q, 1], np.int64))
-        if host:
-            return self._lean_rope_rows(b, self._lean_host_inputs(b))
+        if self.opts.host_prologue:
+            return self._rope_rows(b, self._host_inputs(b))
 
         t_len = b.op("Gather", [b.op("Shape", ["input_ids"], "/T/shape"), "axis1"], "/T/T")  # [1]
         s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/S/shape"), "axis0"], "/S/S")  # [1]
@@ -168,9 +180,20 @@ class LeanLayers:
                                  "zero_1"], "/two_rows/extra")
             ctx["two_rows"] = b.op("Concat", ["zero_1", "zero_1", "zero_1", "zero_1", extra, "zero_1"],
                                    "/two_rows/pads", axis=0)
-        return self._lean_rope_rows(b, ctx)
+        return self._rope_rows(b, ctx)
 
-    def _lean_host_inputs(self, b) -> dict:
+    def extra_inputs(self) -> list[ValueInfoProto]:
+        """opts.host_prologue: the prologue's tensors (host_prologue_inputs)."""
+        if not self.opts.host_prologue:
+            return []
+        from edgespec.export.graph import NP_TO_ONNX
+
+        two_rows = self.opts.two_row_matmuls and self.opts.precision == "int4"
+        return [helper.make_tensor_value_info(name, NP_TO_ONNX[np.dtype(dt)], list(shape))
+                for name, shape, dt in host_prologue_inputs(self.arch.n_heads, self.dtype.name, self.opts.trees,
+                                                            two_rows)]
+
+    def _host_inputs(self, b: GraphBuilder) -> dict:
         """The prologue's outputs read from graph inputs: no Shape, Range, CumSum or data-dependent
         Slice, so ONNX Runtime places nothing of it on the host and a CUDA graph can capture the call."""
         ctx = {"mask_past": "mask_past", "v_slots": "value_slots"}
@@ -183,7 +206,7 @@ class LeanLayers:
             ctx["two_rows"], ctx["t_len"] = "two_rows_pads", "n_rows"
         return ctx
 
-    def _lean_rope_rows(self, b, ctx: dict) -> dict:
+    def _rope_rows(self, b: GraphBuilder, ctx: dict) -> dict:
         if not self._fused("rotary"):  # cos/sin rows of the positions, gathered once: [1, T, 1, D]
             for name in ("cos", "sin"):
                 rows = b.op("Gather", [b.weight(f"rope_{name}"), "positions"], f"/rope/{name}")  # [1, T, D]
@@ -191,8 +214,18 @@ class LeanLayers:
         return ctx
 
     # ---- per layer ------------------------------------------------------------------------------
-    def _lean_norm(self, b, x: str, delta: str | None, weight: str, name: str) -> tuple[str, str]:
-        """RMSNorm of x + delta (delta None: of x); returns (normed, the new residual stream)."""
+    def embed(self, b: GraphBuilder) -> str:
+        return b.op("Gather", [b.weight("embed"), "input_ids"], "/embed/Gather", axis=0)  # [1, T, H]
+
+    def rows_in(self, b: GraphBuilder, name: str, width: int, node: str) -> str:
+        return name
+
+    def real_rows(self, b: GraphBuilder, ctx: dict, y: str, name: str) -> str:
+        return b.op("Slice", [y, "zero_1", ctx["t_len"], "axis1"], name) if "two_rows" in ctx else y
+
+    def norm(self, b: GraphBuilder, s: Stream, weight: str, name: str) -> tuple[str, Stream]:
+        """RMSNorm of x + delta: SkipSimplifiedLayerNormalization, whose sum output is the stream."""
+        x, delta = s.x, s.delta
         w = b.weight(weight)
         if delta is not None and not self._fused("norm"):
             x = b.op("Add", [x, delta], name + "/residual")
@@ -201,14 +234,29 @@ class LeanLayers:
             b.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [delta, x, w], [out, "", "", total],
                                             name=name + "/SkipSLN", domain="com.microsoft",
                                             epsilon=self.arch.rms_norm_eps))
-            return out, total
+            return out, Stream(total)
         if not self._fused("norm"):
-            return self._rms_norm(b, x, weight, name, "eps", axes="axes_last"), x
+            return self.rms_norm(b, x, weight, name, axes="axes_last"), Stream(x)
         return b.op("SimplifiedLayerNormalization", [x, w], name + "/SLN", axis=-1,
-                    epsilon=self.arch.rms_norm_eps), x
+                    epsilon=self.arch.rms_norm_eps), Stream(x)
 
-    def _lean_rope(self, b, x: str, n_heads: int, ctx: dict, name: str) -> str:
-        """Rotate x [1, T, heads*D] by the positions (HF rotate_half convention)."""
+    def add(self, b: GraphBuilder, s: Stream, y: str, name: str) -> Stream:
+        assert s.delta is None, "one sublayer output pending at a time"
+        return Stream(s.x, y)
+
+    def resolve(self, b: GraphBuilder, s: Stream, name: str) -> Stream:
+        return Stream(b.op("Add", [s.x, s.delta], name)) if s.delta is not None else s
+
+    def out_norm(self, b: GraphBuilder, ctx: dict, s: Stream, weight: str, name: str) -> str:
+        return self.real_rows(b, ctx, self.norm(b, s, weight, name)[0], "/two_rows/out")
+
+    def silu(self, b: GraphBuilder, x: str, sigmoid_name: str, name: str) -> str:
+        if self._fused("silu"):
+            return b.op("QuickGelu", [x], name, domain="com.microsoft", alpha=1.0)
+        return super().silu(b, x, sigmoid_name, name)
+
+    def rotary(self, b: GraphBuilder, x: str, n_heads: int, ctx: dict, name: str) -> str:
+        """Rotate x [1, T, heads*D] by the positions."""
         if self._fused("rotary"):
             return b.op("RotaryEmbedding", [x, "positions", b.weight("rope_cos_half"), b.weight("rope_sin_half")],
                         name + "/RotaryEmbedding", domain="com.microsoft", num_heads=n_heads, interleaved=0)
@@ -223,34 +271,32 @@ class LeanLayers:
         return b.op("Reshape", [y, b.const(f"shape_flat_{n_heads}", np.array([1, -1, n_heads * d], np.int64))],
                     name + "/flat")
 
-    def _lean_qk_norm(self, b, x: str, weight: str, n_heads: int, name: str) -> str:
+    def _qk_norm(self, b: GraphBuilder, x: str, weight: str, n_heads: int, name: str) -> str:
         """Qwen3's per-head RMSNorm of q or k [1, T, heads*D]."""
         d = self.arch.head_dim
         x4 = b.op("Reshape", [x, b.const(f"shape_heads_{n_heads}", np.array([1, -1, n_heads, d], np.int64))],
                   name + "/heads")
-        y, _ = self._lean_norm(b, x4, None, weight, name)
+        y, _ = self.norm(b, Stream(x4), weight, name)
         return b.op("Reshape", [y, b.const(f"shape_flat_{n_heads}", np.array([1, -1, n_heads * d], np.int64))],
                     name + "/flat")
 
-    def _lean_attention(self, b, i: int, h: str, ctx: dict) -> tuple[str, str, str]:
+    def attention(self, b: GraphBuilder, i: int, h: str, ctx: dict) -> tuple[str, str, str]:
         """(out [1, T, H], new k rows, new v rows [1, T, Hkv*D]). Block-diagonal queries as in the
-        portable graph (graph.LlamaGraphWriter._attention): Qbd [T*Hq, Hkv*D] holds query (t, h)
+        portable graph (portable_graph.PortableOps.attention): Qbd [T*Hq, Hkv*D] holds query (t, h)
         in the columns of its kv head, so the sequence-major cache is read by 2-D Gemms as is."""
         a = self.arch
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
         p = f"/layers.{i}/attn"
-        qkv = self._matmul(b, h, f"l{i}.qkv", a.hidden_size, (n_q + 2 * n_kv) * d)
-        if "two_rows" in ctx:  # attention runs on the T real rows
-            qkv = b.op("Slice", [qkv, "zero_1", ctx["t_len"], "axis1"], p + "/qkv_rows")
+        qkv = self.real_rows(b, ctx, self.linear(b, h, f"l{i}.qkv"), p + "/qkv_rows")  # attention: the T real rows
         if a.qkv_bias:
             qkv = b.op("Add", [qkv, b.weight(f"l{i}.qkv_b")], p + "/qkv_bias")
         split = b.const("qkv_split", np.array([n_q * d, n_kv * d, n_kv * d], np.int64))
         q, k, v = b.op("Split", [qkv, split], p + "/Split", n_out=3, axis=-1)  # [1, T, *]
         if a.qk_norm:
-            q = self._lean_qk_norm(b, q, f"l{i}.q_norm", n_q, p + "/q_norm")
-            k = self._lean_qk_norm(b, k, f"l{i}.k_norm", n_kv, p + "/k_norm")
-        q = self._lean_rope(b, q, n_q, ctx, p + "/q_rope")
-        k = self._lean_rope(b, k, n_kv, ctx, p + "/k_rope")
+            q = self._qk_norm(b, q, f"l{i}.q_norm", n_q, p + "/q_norm")
+            k = self._qk_norm(b, k, f"l{i}.k_norm", n_kv, p + "/k_norm")
+        q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
+        k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
         qbd = b.op("Reshape", [b.op("Mul", [b.op("Reshape", [q, "shape_q4"], p + "/q4"), "head_mask"], p + "/q_blocks"),
                                "shape_rows"], p + "/qbd")  # [T*Hq, Hkv*D]
         scale = 1.0 / float(np.sqrt(d))
@@ -268,32 +314,11 @@ class LeanLayers:
         ctx_rows = b.op("Gemm", [probs, v_full], p + "/ctx")  # [T*Hq, Hkv*D]
         out = b.op("Gather", [b.op("Reshape", [ctx_rows, "shape_ctx"], p + "/ctx_heads"), "ctx_idx"], p + "/ctx_own",
                    axis=2)  # [1, T, Hq*D]
-        if "two_rows" in ctx:
-            out = b.op("Pad", [out, ctx["two_rows"]], p + "/ctx_rows")
-        return self._matmul(b, out, f"l{i}.o", n_q * d, a.hidden_size), k, v
+        out = self.pad_rows(b, ctx, out, p + "/ctx_rows")
+        return self.linear(b, out, f"l{i}.o"), k, v
 
-    def _lean_layer(self, b, i: int, x: str, delta: str | None, ctx: dict,
-                    ln1: bool = True) -> tuple[str, str, list[str]]:
-        """One pre-norm decoder layer on the stream x + delta; returns (stream, its pending
-        delta: the MLP output, [k rows, v rows])."""
-        a = self.arch
-        p = f"/layers.{i}"
-        if ln1:
-            h, x = self._lean_norm(b, x, delta, f"l{i}.ln1", p + "/ln1")
-        else:
-            x = b.op("Add", [x, delta], p + "/res2") if delta is not None else x
-            h = x
-        attn, k, v = self._lean_attention(b, i, h, ctx)
-        h, x = self._lean_norm(b, x, attn, f"l{i}.ln2", p + "/ln2")
-        gu = self._matmul(b, h, f"l{i}.gate_up", a.hidden_size, 2 * a.intermediate_size)
-        g, u = b.op("Split", [gu, b.const("gu_split", np.array([a.intermediate_size] * 2, np.int64))],
-                    p + "/mlp/Split", n_out=2, axis=-1)
-        if self._fused("silu"):
-            silu = b.op("QuickGelu", [g], p + "/mlp/SiLU", domain="com.microsoft", alpha=1.0)
-        else:
-            silu = b.op("Mul", [g, b.op("Sigmoid", [g], p + "/mlp/Sigmoid")], p + "/mlp/SiLU")
-        act = b.op("Mul", [silu, u], p + "/mlp/GLU")
-        return x, self._matmul(b, act, f"l{i}.down", a.intermediate_size, a.hidden_size), [k, v]
+    def kv_rows(self, b: GraphBuilder, k: str, v: str, name: str) -> list[str]:
+        return [k, v]
 
 
 def probe_portable_ops(hidden: int = 576, n_heads: int = 9, head_dim: int = 64, inter: int = 1536,

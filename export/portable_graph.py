@@ -1,10 +1,10 @@
-"""The portable flavour of the decoder graphs: standard ONNX ops only (opset 17), which TensorRT
-parses; what every folder had before the lean flavour (lean_graph.py), and what fp16 folders get.
+"""The portable flavour of the graphs: standard ONNX ops only (opset 17), which TensorRT parses;
+what fp16 folders get, and the layers of the graphs written in one form (DFlash, Medusa).
 
-Per layer: RMSNorm as Pow / ReduceMean / Add / Sqrt / Div / Mul (ORT fuses it at load), rotary as
-Split / Neg / Concat / Mul / Mul / Add on cos/sin rows gathered once per call, and attention over
-the sequence-major cache by block-diagonal 2-D Gemms (`_attention`), with the per-call masks and
-slot placements built in `_prologue`.
+Rows are [T, W]. Per layer: RMSNorm as Pow / ReduceMean / Add / Sqrt / Div / Mul (ORT fuses it at
+load), rotary as Split / Neg / Concat / Mul / Mul / Add on cos/sin rows gathered once per call, and
+attention over the sequence-major cache by block-diagonal 2-D Gemms (`attention`), with the
+per-call masks and slot placements built in `prologue`.
 """
 
 from __future__ import annotations
@@ -14,38 +14,60 @@ from typing import TYPE_CHECKING
 import numpy as np
 from onnx import TensorProto
 
+from edgespec.export.layer_ops import LayerOps, Stream
+
 if TYPE_CHECKING:
-    from edgespec.export.graph import _Builder
+    from edgespec.export.graph import GraphBuilder
 
 NEG_INF = {"float32": -1e9, "float16": -3e4}  # additive mask: finite, so no row can turn NaN
 
 
-class PortableLayers:
-    """Mixin of graph.LlamaGraphWriter: the portable norm, rotary, attention, prologue and layer.
-    Uses the writer's arch, opts, dtype and _matmul."""
+class PortableOps(LayerOps):
+    """The portable flavour's layer ops (layer_ops.LayerOps)."""
 
-    def _rms_norm(self, b: _Builder, x: str, weight: str, name: str, eps_name: str, axes: str | None = None) -> str:
-        # y = x / sqrt(mean(x^2) + eps) * w  (the pattern ORT fuses into SimplifiedLayerNormalization)
-        # axes: an input naming the reduced axis (opset >= 18); None: the opset-17 attribute
-        sq = b.op("Pow", [x, "two"], name + "/Pow")
-        if axes:
-            mean = b.op("ReduceMean", [sq, axes], name + "/ReduceMean", keepdims=1)
-        else:
-            mean = b.op("ReduceMean", [sq], name + "/ReduceMean", axes=[-1], keepdims=1)
-        var = b.op("Add", [mean, eps_name], name + "/Add")
-        std = b.op("Sqrt", [var], name + "/Sqrt")
-        normed = b.op("Div", [x, std], name + "/Div")
-        return b.op("Mul", [normed, b.weight(weight)], name + "/Mul")
+    def _gate_up_split(self, i: int) -> str:
+        return f"gu_split_{i}"
 
-    def _rope(self, b: _Builder, x: str, cos: str, sin: str, name: str) -> str:
-        # HF rotate_half convention: x*cos + [-x2, x1]*sin, x: [T, heads, D], cos/sin: [T, 1, D]
+    def store_tables(self) -> None:
+        cos, sin = self.arch.rope_tables()
+        self.store.add("rope_cos", cos.astype(self.dtype))  # [max_pos, D]
+        self.store.add("rope_sin", sin.astype(self.dtype))
+
+    def embed(self, b: GraphBuilder) -> str:
+        ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
+        return b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
+
+    def rows_in(self, b: GraphBuilder, name: str, width: int, node: str) -> str:
+        return b.op("Reshape", [name, b.const("shape_feat", np.array([-1, width], np.int64))], node)
+
+    def real_rows(self, b: GraphBuilder, ctx: dict, y: str, name: str) -> str:
+        return b.op("Slice", [y, "zero_1", ctx["t_len"], "zero_1"], name) if "two_rows" in ctx else y
+
+    def norm(self, b: GraphBuilder, s: Stream, weight: str, name: str) -> tuple[str, Stream]:
+        assert s.delta is None, "the portable stream adds at once"
+        return self.rms_norm(b, s.x, weight, name), s
+
+    def add(self, b: GraphBuilder, s: Stream, y: str, name: str) -> Stream:
+        return Stream(b.op("Add", [s.x, y], name))
+
+    def resolve(self, b: GraphBuilder, s: Stream, name: str) -> Stream:
+        return s
+
+    def out_norm(self, b: GraphBuilder, ctx: dict, s: Stream, weight: str, name: str) -> str:
+        return self.norm(b, Stream(self.real_rows(b, ctx, s.x, "/two_rows/out")), weight, name)[0]
+
+    def rotary(self, b: GraphBuilder, x: str, n_heads: int, ctx: dict, name: str) -> str:
+        # x*cos + [-x2, x1]*sin, x: [T, heads, D], cos/sin: [T, 1, D]
         x1, x2 = b.op("Split", [x, "rope_split"], name + "/Split", n_out=2, axis=-1)
         neg = b.op("Neg", [x2], name + "/Neg")
         rot = b.op("Concat", [neg, x1], name + "/Concat", axis=-1)
-        return b.op("Add", [b.op("Mul", [x, cos], name + "/MulCos"),
-                            b.op("Mul", [rot, sin], name + "/MulSin")], name + "/Add")
+        return b.op("Add", [b.op("Mul", [x, ctx["cos"]], name + "/MulCos"),
+                            b.op("Mul", [rot, ctx["sin"]], name + "/MulSin")], name + "/Add")
 
-    def _attention(self, b: _Builder, i: int, x: str, cos: str, sin: str, mask: str, slots: dict):
+    def kv_rows(self, b: GraphBuilder, k: str, v: str, name: str) -> list[str]:
+        return [b.op("Unsqueeze", [k, "axis0"], name + "/k_row"), b.op("Unsqueeze", [v, "axis0"], name + "/v_row")]
+
+    def attention(self, b: GraphBuilder, i: int, h: str, ctx: dict) -> tuple[str, str, str]:
         """GQA attention over the cache window [S, Hkv*D] with the T new rows in place; returns
         (out, new_k, new_v).
 
@@ -63,9 +85,7 @@ class PortableLayers:
         a = self.arch
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
         p = f"/layers.{i}/attn"
-        qkv = self._matmul(b, x, f"l{i}.qkv", a.hidden_size, (n_q + 2 * n_kv) * d)
-        if "two_rows" in slots:  # the attention itself runs on the T real rows
-            qkv = b.op("Slice", [qkv, "zero_1", slots["t_len"], "zero_1"], p + "/qkv_rows")
+        qkv = self.real_rows(b, ctx, self.linear(b, h, f"l{i}.qkv"), p + "/qkv_rows")  # the T real rows
         if a.qkv_bias:
             qkv = b.op("Add", [qkv, b.weight(f"l{i}.qkv_b")], p + "/qkv_bias")
         q, k, v = b.op("Split", [qkv, b.const(f"qkv_split_{i}", np.array([n_q * d, n_kv * d, n_kv * d],
@@ -74,14 +94,14 @@ class PortableLayers:
         q = b.op("Reshape", [q, "shape_q"], p + "/q_heads")  # [T, Hq, D]
         k = b.op("Reshape", [k, "shape_kv"], p + "/k_heads")  # [T, Hkv, D]
         if a.qk_norm:
-            q = self._rms_norm(b, q, f"l{i}.q_norm", p + "/q_norm", "eps")
-            k = self._rms_norm(b, k, f"l{i}.k_norm", p + "/k_norm", "eps")
-        q = self._rope(b, q, cos, sin, p + "/q_rope")
-        k = self._rope(b, k, cos, sin, p + "/k_rope")
+            q = self.rms_norm(b, q, f"l{i}.q_norm", p + "/q_norm")
+            k = self.rms_norm(b, k, f"l{i}.k_norm", p + "/k_norm")
+        q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
+        k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
         new_k = b.op("Reshape", [k, "shape_rows"], p + "/new_k")  # [T, Hkv*D]
         new_v = v  # [T, Hkv*D]
         # V_full[j] = new_v[j - past_len] for the T new slots, past_value[j] elsewhere: [S, Hkv*D]
-        v_full = b.op("Where", [slots["is_new"], b.op("Pad", [new_v, slots["pad_rows"]], p + "/v_place"),
+        v_full = b.op("Where", [ctx["is_new"], b.op("Pad", [new_v, ctx["pad_rows"]], p + "/v_place"),
                                 f"past_value_{i}"], p + "/v_full")
         # Block-diagonal queries: [Hq, T, 1, D] * head_mask[Hq, 1, Hkv, 1] -> [Hq*T, Hkv*D]
         qt = b.op("Transpose", [q], p + "/q_T", perm=[1, 0, 2])
@@ -92,31 +112,29 @@ class PortableLayers:
         # the same bits whichever Gemm computes it, so K needs no placed copy; V does, below)
         s_past = b.op("Gemm", [qbd, f"past_key_{i}"], p + "/scores_past", transB=1, alpha=scale)  # [Hq*T, S]
         s_new = b.op("Gemm", [qbd, new_k], p + "/scores_new", transB=1, alpha=scale)  # [Hq*T, T]
-        if "anc_cols" in slots:  # token trees: row r's ancestors' scores moved to the columns a chain
+        if "anc_cols" in ctx:  # token trees: row r's ancestors' scores moved to the columns a chain
             # would have them at (past_len + depth): its softmax row is the chain's bit for bit
-            s_new = b.op("GatherElements", [s_new, slots["anc_cols"]], p + "/s_depth", axis=1)
-        scores = b.op("Where", [slots["is_new_row"], b.op("Pad", [s_new, slots["pad_cols"]], p + "/s_place"),
+            s_new = b.op("GatherElements", [s_new, ctx["anc_cols"]], p + "/s_depth", axis=1)
+        scores = b.op("Where", [ctx["is_new_row"], b.op("Pad", [s_new, ctx["pad_cols"]], p + "/s_place"),
                                 s_past], p + "/scores")
-        probs = b.op("Softmax", [b.op("Add", [scores, mask], p + "/masked")], p + "/Softmax", axis=-1)
-        if "to_node" in slots:  # ... and the probabilities back to the slots the new values sit at
+        probs = b.op("Softmax", [b.op("Add", [scores, ctx["mask"]], p + "/masked")], p + "/Softmax", axis=-1)
+        if "to_node" in ctx:  # ... and the probabilities back to the slots the new values sit at
             # (node order), exact zeros for non-ancestors: the same non-zero terms in the same order
-            probs = b.op("GatherElements", [probs, slots["to_node"]], p + "/p_node", axis=1)
-        ctx = b.op("Gemm", [probs, v_full], p + "/ctx")  # [Hq*T, Hkv*D]
+            probs = b.op("GatherElements", [probs, ctx["to_node"]], p + "/p_node", axis=1)
+        att = b.op("Gemm", [probs, v_full], p + "/ctx")  # [Hq*T, Hkv*D]
         # keep each query head's own kv block: [Hq, T, Hkv, D] * head_mask, summed over Hkv
-        ctx = b.op("Reshape", [ctx, "shape_ctx4"], p + "/ctx4")
-        ctx = b.op("ReduceSum", [b.op("Mul", [ctx, "head_mask"], p + "/ctx_blocks"), "axis2"],
+        att = b.op("Reshape", [att, "shape_ctx4"], p + "/ctx4")
+        att = b.op("ReduceSum", [b.op("Mul", [att, "head_mask"], p + "/ctx_blocks"), "axis2"],
                    p + "/ctx_sum", keepdims=0)  # [Hq, T, D]
-        ctx = b.op("Reshape", [b.op("Transpose", [ctx], p + "/ctx_T", perm=[1, 0, 2]), "shape_hidden_q"],
+        att = b.op("Reshape", [b.op("Transpose", [att], p + "/ctx_T", perm=[1, 0, 2]), "shape_hidden_q"],
                    p + "/ctx_flat")  # [T, Hq*D]
-        if "two_rows" in slots:
-            ctx = b.op("Pad", [ctx, slots["two_rows"]], p + "/ctx_rows")
-        out = self._matmul(b, ctx, f"l{i}.o", n_q * d, a.hidden_size)
-        return out, new_k, new_v
+        att = self.pad_rows(b, ctx, att, p + "/ctx_rows")
+        return self.linear(b, att, f"l{i}.o"), new_k, new_v
 
-    # ---- graph ---------------------------------------------------------------------------------
-    def _prologue(self, b: _Builder) -> tuple[dict, str, str, str]:
+    # ---- once per call ---------------------------------------------------------------------------
+    def prologue(self, b: GraphBuilder) -> dict:
         """Constants, the [Hq*T, S] causal mask, the new-slot placement and rope rows of the
-        positions; returns (slots, mask, cos, sin)."""
+        positions (ctx: slots, mask, cos, sin)."""
         a = self.arch
         f = self.dtype
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
@@ -162,25 +180,22 @@ class PortableLayers:
         zero1 = b.const("zero_1", np.array([0], np.int64))
         pad_rows = b.op("Concat", ["past_len", zero1, after, zero1], "/slots/pad_rows", axis=0)  # for [T, W]
         pad_cols = b.op("Concat", [zero1, "past_len", zero1, after], "/slots/pad_cols", axis=0)  # for [Hq*T, T]
-        slots = {"is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"),  # [S, 1]
+        ctx = {"is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"),  # [S, 1]
                  "is_new_row": b.op("Unsqueeze", [is_new, "axis0"], "/slots/is_new_row"),  # [1, S]
                  "pad_rows": pad_rows, "pad_cols": pad_cols, "t_len": t_len}
         if self.opts.two_row_matmuls and self.opts.precision == "int4":
             # rows added below a [T, W] activation so that MatMulNBits sees max(T, 2) rows: [0, 0, max(2-T, 0), 0]
             extra = b.op("Max", [b.op("Sub", [b.const("two_1", np.array([2], np.int64)), t_len], "/two_rows/sub"),
                                  zero1], "/two_rows/extra")
-            slots["two_rows"] = b.op("Concat", [zero1, zero1, extra, zero1], "/two_rows/pads", axis=0)
+            ctx["two_rows"] = b.op("Concat", [zero1, zero1, extra, zero1], "/two_rows/pads", axis=0)
         if self.opts.trees:
-            slots |= self._tree_gathers(b, pos_flat, j_idx, slots["is_new_row"], pad_cols, n_q)
-        pos = pos_flat
-        cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/rope/cos"), "axis1"],
-                   "/rope/cos_unsq")  # [T, 1, D]
-        sin = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_sin"), pos], "/rope/sin"), "axis1"],
-                   "/rope/sin_unsq")
+            ctx |= self._tree_gathers(b, pos_flat, j_idx, ctx["is_new_row"], pad_cols, n_q)
+        for name in ("cos", "sin"):  # [T, 1, D]
+            rows = b.op("Gather", [b.weight(f"rope_{name}"), pos_flat], f"/rope/{name}")
+            ctx[name] = b.op("Unsqueeze", [rows, "axis1"], f"/rope/{name}_unsq")
+        return ctx | {"mask": mask}
 
-        return slots, mask, cos, sin
-
-    def _tree_gathers(self, b: _Builder, pos: str, j_idx: str, is_new_row: str, pad_cols: str, n_q: int) -> dict:
+    def _tree_gathers(self, b: GraphBuilder, pos: str, j_idx: str, is_new_row: str, pad_cols: str, n_q: int) -> dict:
         """Column maps for a token tree given as `tree_mask` [T, T] (1 where t is r or an ancestor
         of r; nodes in topological order) and positions (past_len + depth):
           anc_cols [Hq*T, T]: new-score column d of row r <- new column anc(r, d) (its ancestor at
@@ -214,20 +229,3 @@ class PortableLayers:
                        "/tree/to_node")
         return {"anc_cols": b.op("Tile", [anc_at, n_heads], "/tree/anc_cols_h"),
                 "to_node": b.op("Tile", [to_node, n_heads], "/tree/to_node_h")}
-
-    def _layer(self, b: _Builder, i, x: str, cos: str, sin: str, mask: str, slots: dict,
-               ln1: bool = True) -> tuple[str, list[str]]:
-        """One pre-norm decoder layer; returns (x, [k_row, v_row] each [1, T, Hkv*D])."""
-        a = self.arch
-        p = f"/layers.{i}"
-        h = self._rms_norm(b, x, f"l{i}.ln1", p + "/ln1", "eps") if ln1 else x
-        attn, new_k, new_v = self._attention(b, i, h, cos, sin, mask, slots)
-        x = b.op("Add", [x, attn], p + "/res1")
-        h = self._rms_norm(b, x, f"l{i}.ln2", p + "/ln2", "eps")
-        gu = self._matmul(b, h, f"l{i}.gate_up", a.hidden_size, 2 * a.intermediate_size)
-        g, u = b.op("Split", [gu, b.const(f"gu_split_{i}", np.array([a.intermediate_size] * 2, np.int64))],
-                    p + "/mlp/Split", n_out=2, axis=-1)
-        act = b.op("Mul", [b.op("Mul", [g, b.op("Sigmoid", [g], p + "/mlp/Sigmoid")], p + "/mlp/SiLU"), u],
-                   p + "/mlp/GLU")
-        x = b.op("Add", [x, self._matmul(b, act, f"l{i}.down", a.intermediate_size, a.hidden_size)], p + "/res2")
-        return x, [b.op("Unsqueeze", [new_k, "axis0"], p + "/k_row"), b.op("Unsqueeze", [new_v, "axis0"], p + "/v_row")]

@@ -1,11 +1,13 @@
-"""One training loop for drafter heads (EAGLE, Medusa) by self-distillation (torch).
+"""One training entry for every drafter (EAGLE, EAGLE-3, DFlash, Medusa) by self-distillation (torch).
 
-What every head kind shares lives here: the self-distillation shards (`eagle_data`) loaded and
-split by sequence, the target's frozen tensors, the draft vocabulary, AdamW with a linear warm-up
-and a cosine decay over all epochs, a wall-clock budget per run and an epoch budget across runs,
-`checkpoint.pt` for resuming, and the progress line. A head kind (`train_eagle`, `train_medusa`)
-supplies a `Recipe`: its batches of one epoch, the loss of one batch, its held-out estimate and
-how it writes its head folder; it builds its module and calls `fit`.
+What every kind shares lives here: its config's common fields (`BaseTrainConfig`), the
+self-distillation shards (`eagle_data`) loaded and split by sequence, the target's frozen
+tensors, a resumed run's checkpoint and draft vocabulary, AdamW with a linear warm-up and a cosine
+decay over all epochs, a wall-clock budget per run and an epoch budget across runs,
+`checkpoint.pt` for resuming, and the progress line. `train` runs that sequence; a kind
+(`train_eagle`, `train_eagle3`, `train_dflash`, `train_medusa`) gives it one function, `start`:
+from the `Run` set up so far, its module, its `Recipe` (its batches of one epoch, the loss of one
+batch, its held-out estimate, how it writes its folder) and its `Plan`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,20 +27,25 @@ CHECKPOINT = "checkpoint.pt"
 SAVE_EVERY_S = 300  # a running job writes checkpoint.pt this often (and at its end)
 
 
-# ---- data and target --------------------------------------------------------------------------------
-class DataSettings(Protocol):
-    """The fields of a kind's training config that `prepare` reads."""
+# ---- config, data and target ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BaseTrainConfig:
+    """The fields every kind's training config has (each kind's config adds its own)."""
 
-    @property
-    def data(self) -> str: ...  # shard folder(s), "DIR1,DIR2"
-    @property
-    def out(self) -> str: ...  # output folder
-    @property
-    def holdout(self) -> float: ...  # fraction of sequences held out
-    @property
-    def threads(self) -> int | None: ...  # torch threads
-    @property
-    def seed(self) -> int: ...  # split, init and data order
+    data: str  # folder(s) of eagle_data shards ("DIR1,DIR2")
+    out: str  # the drafter's folder (config.json + model.safetensors) and checkpoint.pt
+    target: str | None = None  # model source (None: default SmolLM2)
+    draft_vocab: int = 8192  # most frequent answer tokens the drafter may propose (0: full vocab)
+    minutes: float = 30.0  # wall-clock budget of this run (training resumes from checkpoint.pt)
+    epochs: float = 3.0  # passes over the data in total (across runs)
+    lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
+    holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
+    threads: int | None = None  # torch threads
+    seed: int = 0  # data order, split and init
+
+
+class TrainDataError(ValueError):
+    """Training data without (or with misaligned) features a kind needs."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,13 @@ class TrainData:
     train: np.ndarray  # sequence ids trained on (sorted)
     answer: np.ndarray  # [N] bool: the token is part of an answer (not of the prompt)
 
+    @property
+    def train_tokens(self) -> int:
+        """Tokens of the training sequences."""
+        return int(sum(self.starts[s + 1] - self.starts[s] for s in self.train))
 
-def prepare(cfg: DataSettings) -> tuple[Path, np.random.Generator, TrainData]:
+
+def prepare(cfg: BaseTrainConfig) -> tuple[Path, np.random.Generator, TrainData]:
     """Torch set up (threads, seed), the out folder made, the shards loaded and split by sequence.
     Returns (out folder, the numpy generator after the split, the data)."""
     from edgespec.export.eagle_data import load_shards
@@ -97,6 +109,21 @@ def target_tensors(target: str | None) -> TargetTensors:
     return TargetTensors(arch=arch, embed=sd["model.embed_tokens.weight"],
                          lm_head=model.lm_head.weight.detach().float().numpy(), state=sd,
                          rope_cos=cos.astype(np.float32), rope_sin=sin.astype(np.float32), tokenizer=tok)
+
+
+def load_aux(cfg: BaseTrainConfig, data: TrainData) -> np.ndarray:
+    """The shards' aux features [N, n*H] (the target's low/mid/high residual streams), checked to
+    line up with the tokens `prepare` read."""
+    from edgespec.export.eagle_data import load_aux as read_aux
+
+    try:
+        aux = read_aux(cfg.data)
+    except FileNotFoundError as e:
+        raise TrainDataError(f"{e}. Hint: make the data with DataConfig(aux=True)") from e
+    if len(aux) != len(data.tokens):  # a shard written between the two reads (data still being made)
+        raise TrainDataError(f"{cfg.data}: {len(aux)} aux rows for {len(data.tokens)} tokens; the data changed while "
+                             "it was read (still being generated?). Hint: run again once the folder holds `done`")
+    return aux
 
 
 def draft_vocab(tokens: np.ndarray, answer: np.ndarray, vocab: int, size: int) -> np.ndarray:
@@ -270,3 +297,68 @@ def fit(model: torch.nn.Module, recipe: Recipe, plan: Plan, ckpt: Checkpoint, st
     with torch.no_grad():
         est = recipe.estimate()
     print(f"{plan.tag} {recipe.save(step, epoch, est)}", file=sys.stderr)
+
+
+# ---- the entry --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """What `train` set up before a kind's `start`."""
+
+    cfg: Any  # the kind's config (a BaseTrainConfig)
+    out: Path  # the drafter's folder
+    rng: np.random.Generator  # numpy generator after the split (feature samples)
+    data: TrainData  # shards and split
+    target: TargetTensors  # the target's frozen tensors
+    state: dict | None  # checkpoint.pt's content (None: a fresh run)
+    extra: Any = None  # what the kind's `load` read before the target (aux features)
+
+    def d2t(self) -> np.ndarray:
+        """The draft vocabulary: a resumed run's, else the cfg.draft_vocab most frequent answer tokens."""
+        if self.state is not None:
+            return self.state["d2t"]
+        return draft_vocab(self.data.tokens, self.data.answer, self.target.arch.vocab_size, self.cfg.draft_vocab)
+
+    def coverage(self, d2t: np.ndarray) -> float:
+        """The fraction of answer tokens inside the draft vocabulary."""
+        return float(np.isin(self.data.tokens[self.data.answer], d2t).mean())
+
+    def token_steps(self) -> int:
+        """Optimizer steps of all epochs in batches of cfg.batch_tokens (30% slack for padding)."""
+        return max(1, int(self.cfg.epochs * self.data.train_tokens / self.cfg.batch_tokens * 1.3))
+
+    def plan(self, tag: str, unit: str, total_steps: int, warmup: int = 50, clip: float | None = 1.0,
+             ema: float = 0.95) -> Plan:
+        """The kind's schedule (Plan) at the config's learning rate and budgets."""
+        c = self.cfg
+        return Plan(tag=tag, unit=unit, lr=c.lr, warmup=warmup, total_steps=total_steps, epochs=c.epochs,
+                    minutes=c.minutes, clip=clip, ema=ema)
+
+
+@dataclass(frozen=True)
+class Start:
+    """What a kind's `start` gives `train`."""
+
+    module: torch.nn.Module  # the drafter being trained
+    recipe: Recipe  # its batches, loss, estimate and folder
+    plan: Plan  # its schedule
+    key: str  # checkpoint.pt stores the module's state_dict under this key
+    meta: dict  # stored beside it: what a resumed run rebuilds the module from (config, d2t)
+    summary: str  # the run's description, printed before training
+
+
+def train(cfg: BaseTrainConfig, start: Callable[[Run], Start], progress: bool = True,
+          load: Callable[[Any, TrainData], Any] | None = None) -> Path:
+    """Train (or continue training) a drafter: the shards split, `load`'s extra data (read before
+    the target, so a data error comes first), the target's tensors, checkpoint.pt if any, then the
+    kind's `start` and `fit`. Returns its folder."""
+    out, rng, data = prepare(cfg)
+    extra = load(cfg, data) if load is not None else None
+    tt = target_tensors(cfg.target)
+    run = Run(cfg, out, rng, data, tt, load_checkpoint(out), extra)
+    s = start(run)
+    init = getattr(cfg, "init", None)
+    note = (f"; resuming at step {run.state['step']}" if run.state is not None
+            else f"; starting from {init}" if init else "")
+    print(f"{s.plan.tag} {s.summary}{note}", file=sys.stderr)
+    fit(s.module, s.recipe, s.plan, Checkpoint(out / CHECKPOINT, s.key, s.meta), run.state, progress)
+    return out

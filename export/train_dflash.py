@@ -1,4 +1,4 @@
-"""Training a DFlash block drafter by self-distillation (torch), on `train.fit`.
+"""Training a DFlash block drafter by self-distillation (torch), on `train.train`.
 
 Data: the target's own greedy answers with its low/mid/high features (`eagle_data` shards made
 with `aux`). Each sequence trains `anchors` blocks per pass, all in one forward: block m is the
@@ -10,8 +10,7 @@ before it was right). Anchors are drawn anew every epoch, so an epoch shows new 
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,22 +29,13 @@ from edgespec.export.dflash_model import (
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    data: str  # folder(s) of eagle_data shards with aux features ("DIR1,DIR2")
-    out: str  # drafter folder (config.json + model.safetensors) and checkpoint.pt
-    target: str | None = None  # model source (None: default SmolLM2)
+class TrainConfig(trainer.BaseTrainConfig):
     block_size: int = 8  # b: the anchor + b-1 drafted tokens per call
     n_layers: int = 1  # drafter decoder layers (each starts as a copy of one of the target's last layers)
-    draft_vocab: int = 8192  # most frequent answer tokens it may propose (0: full vocabulary)
     anchors: int = 24  # blocks trained per sequence per pass
     decay: float = 0.8  # loss weight decay^(i-1) at block row i
-    minutes: float = 30.0  # wall-clock budget of this run (training resumes from checkpoint.pt)
     epochs: float = 10.0  # passes over the data in total (across runs), new anchors each pass
-    lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
     batch_tokens: int = 4096  # context tokens per optimizer step (sequences padded to the longest)
-    holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
-    threads: int | None = None  # torch threads
-    seed: int = 0  # data order, anchors and init
 
 
 def mask_token(tok, vocab_size: int) -> int:
@@ -171,26 +161,17 @@ def estimate(model: DFlashDrafter, data: trainer.TrainData, seqs: np.ndarray, au
             "mean_accepted": round(float(sum(at_least)), 4)}
 
 
-def train(cfg: TrainConfig, progress: bool = True) -> Path:
-    """Train (or continue training) a DFlash drafter; writes its folder and checkpoint.pt."""
-    from dataclasses import asdict
-
-    from edgespec.export.eagle_data import load_aux
+def _start(run: trainer.Run) -> trainer.Start:
+    """The drafter (from a checkpoint, or the target's last layers), its recipe and schedule."""
     from edgespec.export.spec import eagle3_layers
 
-    out, rng, data = trainer.prepare(cfg)
-    aux = load_aux(cfg.data)
-    if len(aux) != len(data.tokens):
-        raise ValueError(f"{cfg.data}: {len(aux)} aux rows for {len(data.tokens)} tokens; remake the data")
-    tt = trainer.target_tensors(cfg.target)
+    cfg, data, tt, state = run.cfg, run.data, run.target, run.state
     arch = tt.arch
-    state = trainer.load_checkpoint(out)
+    d2t = run.d2t()
     if state is not None:
         dc = DFlashConfig(**(state["dflash_config"] | {"target_layer_ids": tuple(state["dflash_config"]
                                                                                   ["target_layer_ids"])}))
-        d2t = state["d2t"]
     else:
-        d2t = trainer.draft_vocab(data.tokens, data.answer, arch.vocab_size, cfg.draft_vocab)
         dc = DFlashConfig(hidden_size=arch.hidden_size, n_layers=cfg.n_layers, n_heads=arch.n_heads,
                           n_kv_heads=arch.n_kv_heads, head_dim=arch.head_dim, intermediate_size=arch.intermediate_size,
                           rms_norm_eps=arch.rms_norm_eps, rope_theta=float(arch.rope_theta),
@@ -200,18 +181,18 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
                           n_target_layers=arch.n_layers)
     model = build_dflash(dc, init_arrays(arch, tt.state, d2t, dc, cfg.seed), tt.embed, tt.lm_head, tt.rope_cos,
                          tt.rope_sin)
-    coverage = float(np.isin(data.tokens[data.answer], d2t).mean())
-    n_train_tokens = int(sum(data.starts[s + 1] - data.starts[s] for s in data.train))
-    print(f"[dflash] {len(data.n_prompt)} sequences ({len(data.tokens)} tokens, {int(data.answer.sum())} answer "
-          f"tokens), {len(data.hold)} held out; block {dc.block_size}, {dc.n_layers} layer(s), draft vocab "
-          f"{dc.draft_vocab_size} covers {coverage:.1%} of answer tokens, features of target layers "
-          f"{list(dc.target_layer_ids)}" + (f"; resuming at step {state['step']}" if state is not None else ""),
-          file=sys.stderr)
-    recipe = _Recipe(model, cfg, data, aux, trainer.target_to_draft(d2t, arch.vocab_size), n_train_tokens, coverage)
-    total_steps = max(1, int(cfg.epochs * n_train_tokens / cfg.batch_tokens * 1.3))
-    plan = trainer.Plan(tag="[dflash]", unit="block row", lr=cfg.lr, warmup=50, total_steps=total_steps,
-                        epochs=cfg.epochs, minutes=cfg.minutes, clip=1.0, ema=0.95)
+    coverage = run.coverage(d2t)
+    recipe = _Recipe(model, cfg, data, run.extra, trainer.target_to_draft(d2t, arch.vocab_size), data.train_tokens,
+                     coverage)
     meta = {"dflash_config": asdict(dc) | {"target_layer_ids": list(dc.target_layer_ids)}, "d2t": d2t,
             "record": config_record(dc)}
-    trainer.fit(model, recipe, plan, trainer.Checkpoint(out / trainer.CHECKPOINT, "dflash", meta), state, progress)
-    return out
+    return trainer.Start(model, recipe, run.plan("[dflash]", "block row", run.token_steps()), "dflash", meta,
+                         f"{len(data.n_prompt)} sequences ({len(data.tokens)} tokens, {int(data.answer.sum())} answer "
+                         f"tokens), {len(data.hold)} held out; block {dc.block_size}, {dc.n_layers} layer(s), draft "
+                         f"vocab {dc.draft_vocab_size} covers {coverage:.1%} of answer tokens, features of target "
+                         f"layers {list(dc.target_layer_ids)}")
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> Path:
+    """Train (or continue training) a DFlash drafter; writes its folder and checkpoint.pt."""
+    return trainer.train(cfg, _start, progress, load=trainer.load_aux)

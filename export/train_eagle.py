@@ -4,7 +4,7 @@ Teacher-forced pairs over the target's own answers (`eagle_data`), plus a second
 test" step (EAGLE-3) in which each row is fed the head's own predicted feature, attending to the
 true rows before it and to itself: what drafting does at depth 2. Loss per step =
 SmoothL1(f^, f) + ce_weight * CE(logits, target's own next token), over the answer positions only.
-The loop, data split, schedule and resuming are `train.fit`'s.
+The loop, data split, schedule and resuming are `train.train`'s (this module gives it `_start`).
 """
 
 from __future__ import annotations
@@ -23,25 +23,15 @@ from edgespec.export.eagle_head import EagleHead, build_head, init_arrays
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    data: str  # folder of eagle_data shards
-    out: str  # head folder (config.json + model.safetensors) and checkpoint.pt
-    target: str | None = None  # model source (None: default SmolLM2)
-    draft_vocab: int = 8192  # most frequent answer tokens the head may propose (0: full vocab)
+class TrainConfig(trainer.BaseTrainConfig):
     init: str | None = None  # start from this head folder's weights and draft vocabulary (fine-tuning:
     #                          a fresh optimizer and schedule); ignored when `out` holds a checkpoint
-    minutes: float = 30.0  # wall-clock budget of this run (training resumes from checkpoint.pt)
-    epochs: float = 3.0  # passes over the data in total (across runs)
-    lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
     batch_tokens: int = 4096  # tokens per optimizer step (sequences padded to the longest)
     ce_weight: float = 1.0  # token cross-entropy weight next to the feature regression
     n_steps: int = 2  # unrolled drafting steps per row (2 = EAGLE-3's training-time test)
     feature_noise: float = 0.05  # Gaussian noise on input features, in per-dimension standard deviations
     skip_copies: bool = True  # no loss where the answer repeats an 8-gram of its own context (loops;
     #                           False: `eagle` alone learns to continue them too)
-    holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
-    threads: int | None = None  # torch threads
-    seed: int = 0  # data order and init
 
 
 def _collate(group, data: trainer.TrainData, t2d: np.ndarray, label_ids: np.ndarray):
@@ -147,45 +137,39 @@ class _EagleRecipe:
                 f"(given step 1 right); wrote {c.out}")
 
 
-def train(cfg: TrainConfig, progress: bool = True) -> Path:
-    """Train (or continue training) a head; writes the HF-layout head folder and checkpoint.pt."""
-    out, rng, data = trainer.prepare(cfg)
-    tokens, answer = data.tokens, data.answer
+def _start(run: trainer.Run) -> trainer.Start:
+    """The head (from init, a checkpoint or the target's last layer), its recipe and schedule."""
+    cfg, data, tt = run.cfg, run.data, run.target
+    tokens, answer, arch = data.tokens, data.answer, tt.arch
     copied = trainer.copied_positions(tokens, data.starts) if cfg.skip_copies else np.zeros(len(tokens), bool)
-    tt = trainer.target_tensors(cfg.target)
-    arch = tt.arch
-    state = trainer.load_checkpoint(out)
-    # a resumed run keeps its draft vocabulary; its weights come from the checkpoint below
-    if state is None and cfg.init:  # fine-tuning an existing head: its weights and draft vocabulary
+    # a resumed run keeps its draft vocabulary; its weights come from the checkpoint
+    if run.state is None and cfg.init:  # fine-tuning an existing head: its weights and draft vocabulary
         hc, arrays = read_head(cfg.init, arch.hidden_size, arch.vocab_size)
     else:
-        d2t = (state["d2t"] if state is not None
-               else trainer.draft_vocab(tokens, answer, arch.vocab_size, cfg.draft_vocab))
-        hc, arrays = init_arrays(arch, tt.state, d2t, cfg.seed)
+        hc, arrays = init_arrays(arch, tt.state, run.d2t(), cfg.seed)
     if hc.draft_vocab_size < arch.vocab_size:  # most frequent first (also a resumed head's: the weights
         # do not depend on the order, the LM-head rows are gathered from the target by d2t)
         arrays["d2t"] = trainer.by_frequency(arrays["d2t"], tokens[answer], arch.vocab_size)
         hc = replace(hc, d2t_by_frequency=True)
     head = build_head(hc, arrays, tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin)
-    coverage = float(np.isin(tokens[answer], head.d2t.numpy()).mean())
+    coverage = run.coverage(head.d2t.numpy())
     # labels: the token id itself, or vocab_size (-> -100) where the target was copying
     label_ids = np.where(copied, arch.vocab_size, tokens).astype(np.int64)
     feats = data.feats
-    sample = feats[rng.choice(len(feats), min(len(feats), 20000), replace=False)].astype(np.float32)
+    sample = feats[run.rng.choice(len(feats), min(len(feats), 20000), replace=False)].astype(np.float32)
     inv_std = torch.from_numpy(1.0 / (sample.std(0) + 1e-3))
-    n_train_tokens = int(sum(data.starts[s + 1] - data.starts[s] for s in data.train))
     print(f"[train] {int((answer & ~copied).sum())} answer tokens carry loss "
           + (f"({int((answer & copied).sum())} repeat an earlier 8-gram of their sequence: left to prompt lookup)"
              if cfg.skip_copies else "(loops included: --no-skip-copies)"), file=sys.stderr)
-    print(f"[train] {len(data.n_prompt)} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
-          f"{len(data.hold)} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of answer tokens"
-          + (f"; resuming at step {state['step']}" if state is not None
-             else f"; starting from {cfg.init}" if cfg.init else ""), file=sys.stderr)
     recipe = _EagleRecipe(head, cfg, data, trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size), label_ids,
-                          inv_std, n_train_tokens, coverage)
-    total_steps = max(1, int(cfg.epochs * n_train_tokens / cfg.batch_tokens * 1.3))  # padding slack
-    plan = trainer.Plan(tag="[train]", unit="step", lr=cfg.lr, warmup=50, total_steps=total_steps, epochs=cfg.epochs,
-                        minutes=cfg.minutes, clip=1.0, ema=0.95)
-    meta = {"head_config": asdict(hc), "d2t": head.d2t.numpy()}  # what a resumed run rebuilds the head from
-    trainer.fit(head, recipe, plan, trainer.Checkpoint(out / trainer.CHECKPOINT, "head", meta), state, progress)
-    return out
+                          inv_std, data.train_tokens, coverage)
+    return trainer.Start(head, recipe, run.plan("[train]", "step", run.token_steps()), "head",
+                         {"head_config": asdict(hc), "d2t": head.d2t.numpy()},
+                         f"{len(data.n_prompt)} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
+                         f"{len(data.hold)} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of "
+                         "answer tokens")
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> Path:
+    """Train (or continue training) a head; writes the HF-layout head folder and checkpoint.pt."""
+    return trainer.train(cfg, _start, progress)

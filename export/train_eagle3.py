@@ -6,12 +6,11 @@ fc(aux) of the true position, every later step on the head's own output of the s
 attending to the true rows before it and to its own chain (`Eagle3Head.forward`). Loss = sum over
 steps of step_decay^(s-1) * CE(logits, the target's own next token), over answer positions whose
 token is in the draft vocabulary (no feature regression). The loop, data split, schedule and
-resuming are `train.fit`'s.
+resuming are `train.train`'s (this module gives it `_start`).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -24,29 +23,15 @@ from edgespec.export.eagle3_head import Eagle3Config, Eagle3Head, build_eagle3, 
 
 
 @dataclass(frozen=True)
-class Eagle3TrainConfig:
-    data: str  # folder(s) of eagle_data shards made with aux ("DIR1,DIR2")
-    out: str  # head folder (config.json + model.safetensors) and checkpoint.pt
-    target: str | None = None  # model source (None: default SmolLM2)
-    draft_vocab: int = 8192  # most frequent answer tokens the head may propose (0: full vocab)
+class Eagle3TrainConfig(trainer.BaseTrainConfig):
     init: str | None = None  # start from this EAGLE-3 head folder (fine-tuning: fresh optimizer and
     #                          schedule); ignored when `out` holds a checkpoint
-    minutes: float = 30.0  # wall-clock budget of this run (training resumes from checkpoint.pt)
-    epochs: float = 3.0  # passes over the data in total (across runs)
-    lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
     batch_tokens: int = 4096  # tokens per optimizer step (sequences padded to the longest)
     n_steps: int = 3  # unrolled draft steps per row (training-time test)
     step_decay: float = 0.8  # loss weight of step s is step_decay^(s-1) (EAGLE-3's)
     feature_noise: float = 0.05  # Gaussian noise on the aux features, in per-dimension standard deviations
     #                              (the runtime's come from int8-activation kernels, not this fp32 model)
     skip_copies: bool = True  # no loss where the answer repeats an 8-gram of its own context
-    holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
-    threads: int | None = None  # torch threads
-    seed: int = 0  # data order and init
-
-
-class Eagle3DataError(ValueError):
-    """Training data without (or with misaligned) EAGLE-3 features."""
 
 
 def _collate(group, data: trainer.TrainData, aux: np.ndarray, t2d: np.ndarray, label_ids: np.ndarray, n_steps: int):
@@ -152,63 +137,41 @@ class _Eagle3Recipe:
                 f"{est['expected_accepted']:.2f} accepted per chain); wrote {c.out}")
 
 
-def load_aux_aligned(folder: str, n_tokens: int) -> np.ndarray:
-    """The shards' aux features, checked to line up with the tokens `load_shards` read."""
-    from edgespec.export.eagle_data import load_aux
-
-    try:
-        aux = load_aux(folder)
-    except FileNotFoundError as e:
-        raise Eagle3DataError(f"{e}. Hint: make the data with DataConfig(aux=True)") from e
-    if len(aux) != n_tokens:  # a shard written between the two reads (data still being made)
-        raise Eagle3DataError(f"{folder}: {len(aux)} aux rows for {n_tokens} tokens; the data changed while it was "
-                              "read (still being generated?). Hint: run again once the folder holds `done`")
-    return aux
+def _start(run: trainer.Run) -> trainer.Start:
+    """The head (from init, a checkpoint or the target), its recipe and schedule."""
+    cfg, data, tt, state, aux = run.cfg, run.data, run.target, run.state, run.extra
+    tokens, answer, arch = data.tokens, data.answer, tt.arch
+    copied = trainer.copied_positions(tokens, data.starts) if cfg.skip_copies else np.zeros(len(tokens), bool)
+    if state is None and cfg.init:  # fine-tuning an existing head: its weights and draft vocabulary
+        ec, arrays, _ = read_eagle3(cfg.init, arch.hidden_size, arch.vocab_size, arch.n_layers)
+    else:
+        ec, arrays = init_arrays(arch, tt.state, tt.lm_head, run.d2t(), cfg.seed)
+    if aux.shape[1] != ec.aux_width:
+        raise trainer.TrainDataError(f"{cfg.data}: aux rows of width {aux.shape[1]}, the head fuses {ec.aux_width} "
+                                     f"(layers {ec.aux_layers}); was the data made with another target?")
+    if state is not None:  # the checkpoint's d2t order is the one its lm_head rows were trained in
+        ec = replace(ec, d2t_by_frequency=bool(state["head_config"]["d2t_by_frequency"]))
+    elif ec.draft_vocab_size < arch.vocab_size:
+        arrays, ec = _frequency_ordered(arrays, ec, tokens[answer], arch.vocab_size)
+    head = build_eagle3(ec, arrays, tt.embed, tt.rope_cos, tt.rope_sin)
+    coverage = run.coverage(head.d2t.numpy())
+    label_ids = np.where(copied, arch.vocab_size, tokens).astype(np.int64)
+    sample = aux[run.rng.choice(len(aux), min(len(aux), 20000), replace=False)].astype(np.float32)
+    noise_std = torch.from_numpy(cfg.feature_noise * sample.std(0))
+    recipe = _Eagle3Recipe(head, cfg, data, aux, trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size),
+                           label_ids, noise_std, data.train_tokens, coverage)
+    return trainer.Start(head, recipe, run.plan("[train-eagle3]", "step", run.token_steps()), "head",
+                         {"head_config": asdict(ec), "d2t": head.d2t.numpy()},
+                         f"{len(data.n_prompt)} sequences ({len(tokens)} tokens, {int((answer & ~copied).sum())} "
+                         f"answer tokens carry loss), {len(data.hold)} held out; draft vocab {ec.draft_vocab_size} "
+                         f"covers {coverage:.1%} of answer tokens; {cfg.n_steps} unrolled steps")
 
 
 def train_eagle3(cfg: Eagle3TrainConfig, progress: bool = True) -> Path:
     """Train (or continue training) an EAGLE-3 head; writes the HF-layout head folder and checkpoint.pt."""
     if cfg.n_steps < 1:
         raise ValueError(f"n_steps must be >= 1 (got {cfg.n_steps})")
-    out, rng, data = trainer.prepare(cfg)
-    tokens, answer = data.tokens, data.answer
-    aux = load_aux_aligned(cfg.data, len(tokens))
-    copied = trainer.copied_positions(tokens, data.starts) if cfg.skip_copies else np.zeros(len(tokens), bool)
-    tt = trainer.target_tensors(cfg.target)
-    arch = tt.arch
-    state = trainer.load_checkpoint(out)
-    if state is None and cfg.init:  # fine-tuning an existing head: its weights and draft vocabulary
-        ec, arrays, _ = read_eagle3(cfg.init, arch.hidden_size, arch.vocab_size, arch.n_layers)
-    else:
-        d2t = (state["d2t"] if state is not None
-               else trainer.draft_vocab(tokens, answer, arch.vocab_size, cfg.draft_vocab))
-        ec, arrays = init_arrays(arch, tt.state, tt.lm_head, d2t, cfg.seed)
-    if aux.shape[1] != ec.aux_width:
-        raise Eagle3DataError(f"{cfg.data}: aux rows of width {aux.shape[1]}, the head fuses {ec.aux_width} "
-                              f"(layers {ec.aux_layers}); was the data made with another target?")
-    if state is not None:  # the checkpoint's d2t order is the one its lm_head rows were trained in
-        ec = replace(ec, d2t_by_frequency=bool(state["head_config"]["d2t_by_frequency"]))
-    elif ec.draft_vocab_size < arch.vocab_size:
-        arrays, ec = _frequency_ordered(arrays, ec, tokens[answer], arch.vocab_size)
-    head = build_eagle3(ec, arrays, tt.embed, tt.rope_cos, tt.rope_sin)
-    coverage = float(np.isin(tokens[answer], head.d2t.numpy()).mean())
-    label_ids = np.where(copied, arch.vocab_size, tokens).astype(np.int64)
-    sample = aux[rng.choice(len(aux), min(len(aux), 20000), replace=False)].astype(np.float32)
-    noise_std = torch.from_numpy(cfg.feature_noise * sample.std(0))
-    n_train_tokens = int(sum(data.starts[s + 1] - data.starts[s] for s in data.train))
-    print(f"[train-eagle3] {len(data.n_prompt)} sequences ({len(tokens)} tokens, {int((answer & ~copied).sum())} "
-          f"answer tokens carry loss), {len(data.hold)} held out; draft vocab {ec.draft_vocab_size} covers "
-          f"{coverage:.1%} of answer tokens; {cfg.n_steps} unrolled steps"
-          + (f"; resuming at step {state['step']}" if state is not None
-             else f"; starting from {cfg.init}" if cfg.init else ""), file=sys.stderr)
-    recipe = _Eagle3Recipe(head, cfg, data, aux, trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size),
-                           label_ids, noise_std, n_train_tokens, coverage)
-    total_steps = max(1, int(cfg.epochs * n_train_tokens / cfg.batch_tokens * 1.3))  # padding slack
-    plan = trainer.Plan(tag="[train-eagle3]", unit="step", lr=cfg.lr, warmup=50, total_steps=total_steps,
-                        epochs=cfg.epochs, minutes=cfg.minutes, clip=1.0, ema=0.95)
-    meta = {"head_config": asdict(ec), "d2t": head.d2t.numpy()}  # what a resumed run rebuilds the head from
-    trainer.fit(head, recipe, plan, trainer.Checkpoint(out / trainer.CHECKPOINT, "head", meta), state, progress)
-    return out
+    return trainer.train(cfg, _start, progress, load=trainer.load_aux)
 
 
 def _frequency_ordered(arrays: dict, ec: Eagle3Config, seen: np.ndarray, vocab: int) -> tuple[dict, Eagle3Config]:

@@ -3,12 +3,11 @@
 Rows are positions, independent of each other (no attention), so a batch is a random set of
 answer positions of the self-distillation data (`eagle_data` shards, the target's own greedy
 answers): loss = sum_i decay^i CE_i (Medusa's 0.8^i) against the target's continuation. The loop,
-data split, schedule and resuming are `train.fit`'s.
+data split, schedule and resuming are `train.train`'s (this module gives it `_start`).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,21 +21,12 @@ from edgespec.export.medusa_head import MedusaConfig, MedusaHeads
 
 
 @dataclass(frozen=True)
-class MedusaTrainConfig:
-    data: str  # folder(s) of eagle_data shards ("DIR1,DIR2")
-    out: str  # heads folder (config.json + model.safetensors) and checkpoint.pt
-    target: str | None = None  # model source (None: default SmolLM2)
+class MedusaTrainConfig(trainer.BaseTrainConfig):
     n_heads: int = 4  # K heads: drafts of up to K tokens per step
     n_layers: int = 1  # residual blocks per head
-    draft_vocab: int = 8192  # most frequent answer tokens the heads may propose (0: full vocab)
-    minutes: float = 30.0  # wall-clock budget of this run (training resumes from checkpoint.pt)
     epochs: float = 2.0  # passes over the answer positions in total (across runs)
-    lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
     batch_rows: int = 2048  # positions per optimizer step
     decay: float = 0.8  # loss weight of head i: decay**i (Medusa's)
-    holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
-    threads: int | None = None  # torch threads
-    seed: int = 0  # data order and split
 
 
 def _rows(data: trainer.TrainData, seqs: np.ndarray, n_heads: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,26 +119,23 @@ class _MedusaRecipe:
                 f"(fresh text only: {est['chain_fresh']}); wrote {self.cfg.out}")
 
 
-def train_medusa(cfg: MedusaTrainConfig, progress: bool = True) -> Path:
-    """Train (or continue training) Medusa heads; writes the heads folder and checkpoint.pt."""
-    out, _, data = trainer.prepare(cfg)
-    tt = trainer.target_tensors(cfg.target)
+def _start(run: trainer.Run) -> trainer.Start:
+    """The heads (random blocks, the target's LM-head rows), their recipe and schedule."""
+    cfg, data, tt = run.cfg, run.data, run.target
     arch = tt.arch
-    state = trainer.load_checkpoint(out)
-    d2t = (state["d2t"] if state is not None
-           else trainer.draft_vocab(data.tokens, data.answer, arch.vocab_size, cfg.draft_vocab))
+    d2t = run.d2t()
     mc = MedusaConfig(hidden_size=arch.hidden_size, vocab_size=arch.vocab_size, draft_vocab_size=len(d2t),
                       n_heads=cfg.n_heads, n_layers=cfg.n_layers)
     heads = MedusaHeads(mc, torch.from_numpy(tt.lm_head)[torch.from_numpy(d2t)].clone(), torch.from_numpy(d2t))
     t2d = trainer.target_to_draft(d2t, arch.vocab_size)
     rows, lab_pos = _rows(data, data.train, cfg.n_heads)
     recipe = _MedusaRecipe(heads, cfg, data, t2d, rows, _draft_labels(data, lab_pos, t2d))
-    print(f"[medusa] {len(data.n_prompt)} sequences, {len(rows)} training positions, {len(data.hold)} sequences "
-          f"held out; {cfg.n_heads} heads, draft vocab {len(d2t)}"
-          + (f"; resuming at step {state['step']}" if state else ""), file=sys.stderr)
-    plan = trainer.Plan(tag="[medusa]", unit="head", lr=cfg.lr, warmup=30,
-                        total_steps=max(1, int(cfg.epochs * recipe.n_batches)), epochs=cfg.epochs,
-                        minutes=cfg.minutes, clip=None, ema=0.9)
-    meta = {"config": asdict(mc), "d2t": heads.d2t.numpy()}  # what a resumed run rebuilds the heads from
-    trainer.fit(heads, recipe, plan, trainer.Checkpoint(out / trainer.CHECKPOINT, "heads", meta), state, progress)
-    return out
+    plan = run.plan("[medusa]", "head", max(1, int(cfg.epochs * recipe.n_batches)), warmup=30, clip=None, ema=0.9)
+    return trainer.Start(heads, recipe, plan, "heads", {"config": asdict(mc), "d2t": heads.d2t.numpy()},
+                         f"{len(data.n_prompt)} sequences, {len(rows)} training positions, {len(data.hold)} "
+                         f"sequences held out; {cfg.n_heads} heads, draft vocab {len(d2t)}")
+
+
+def train_medusa(cfg: MedusaTrainConfig, progress: bool = True) -> Path:
+    """Train (or continue training) Medusa heads; writes the heads folder and checkpoint.pt."""
+    return trainer.train(cfg, _start, progress)

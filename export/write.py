@@ -1,17 +1,21 @@
 """Writing one model into the engine folder: its weights file and ONNX graph, returned as its
-manifest entry (target and draft decoders, the EAGLE head, the fused target+EAGLE graph, Medusa)."""
+manifest entry. The target and draft decoders here (`write_model`); each drafter's module writes
+its own on the helpers below (eagle_graph.write_eagle, eagle3_graph.write_eagle3,
+dflash_graph.write_dflash, medusa_graph.write_medusa): its files (`write_drafter`), the manifest
+entry of a token head (`token_head_spec`) and where it came from (`head_info`)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
-from edgespec.engines.manifest import Architecture, HeadInfo, HeadsSpec, ModelSpec, TensorSpec, WeightSpec
+from edgespec.engines.manifest import Architecture, HeadInfo, ModelSpec, WeightSpec
 from edgespec.export import spec as es
-from edgespec.export.arch import ArchSpec
-from edgespec.export.graph import GraphOptions, LlamaGraphWriter
+from edgespec.export.graph import LlamaGraphWriter, ModelWriter
 from edgespec.export.weights import write_weights
 
 SHIPPED_HEADS = Path(__file__).parent / "heads"  # trained EAGLE / Medusa heads shipped for default models
@@ -59,70 +63,54 @@ def _trained(heads: Path, key: str) -> dict:
     return json.loads((heads / "config.json").read_text()).get(key, {})
 
 
-def write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, index_t: dict,
-                opts: GraphOptions, widths: list[int], chunk: int, draft_vocab: int | None):
-    """eagle.weights + eagle.onnx (the head reads the target's embedding in place); (graph writer,
-    manifest entry)."""
-    from edgespec.export.checkpoint import HeadFormatError, prune_draft_vocab, read_head
-    from edgespec.export.eagle_graph import EagleGraphWriter
-
-    try:
-        hc, arrays = read_head(head_dir, arch.hidden_size, arch.vocab_size)
-        trained_vocab = hc.draft_vocab_size
-        if draft_vocab is None:
-            draft_vocab = es.EAGLE_DRAFT_VOCAB if hc.d2t_by_frequency else 0
-        hc, arrays = prune_draft_vocab(hc, arrays, draft_vocab)
-    except HeadFormatError as e:
-        raise es.ExportError(str(e)) from e
-    ew = EagleGraphWriter(arch, hc, arrays, writer.reference["lm_head.weight"], opts)
-    index_e = write_weights(ew.store.arrays | {"d2t": ew.d2t}, folder / "eagle.weights")
-    model = ew.build("eagle.weights", {k: v["offset"] for k, v in index_e.items()},
-                     embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]))
-    onnx.save(model, folder / "eagle.onnx")
-    kv_dtype = ew.dtype.name
-    weights = es.weight_specs(index_e, _external(model))
-    weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
-    graph = es.token_graph("eagle.onnx", widths, chunk, n_layers=1, kv_width=ew.arch.n_kv_heads * ew.arch.head_dim,
-                           hidden_size=arch.hidden_size, vocab_size=hc.draft_vocab_size, kv_dtype=kv_dtype,
-                           trees=opts.trees, features=True, opts=ew.opts)
-    head = HeadInfo(source=str(head_dir), target_vocab_size=arch.vocab_size, trained_draft_vocab_size=trained_vocab,
-                    trained=_trained(head_dir, "eagle"))
-    spec = ModelSpec(role="eagle", kind="eagle", precision=ew.opts.precision,
-                     arch=Architecture(**(ew.arch.to_manifest() | {"n_layers": 1, "vocab_size": hc.draft_vocab_size})),
-                     kv_dtype=kv_dtype, weights_file="eagle.weights", weights=weights, graph=graph,
-                     d2t=WeightSpec.from_json(index_e["d2t"] | {"file": "eagle.weights"}), head=head)
-    return ew, spec
+def head_info(src: Path, target_vocab: int, trained_vocab: int, key: str) -> HeadInfo:
+    """Where a drafter came from: its folder and the training record its config.json keeps under `key`."""
+    return HeadInfo(source=str(src), target_vocab_size=target_vocab, trained_draft_vocab_size=trained_vocab,
+                    trained=_trained(src, key))
 
 
-def write_eagle_fused(folder: Path, target: ModelSpec, eagle: ModelSpec) -> ModelSpec:
-    """target_eagle.onnx: the target graph with the head appended, on the same weights files."""
-    from edgespec.export.eagle_graph import fuse_with_target
+@dataclass(frozen=True)
+class DrafterFiles:
+    """A drafter's <stem>.weights and <stem>.onnx, as its manifest entry names them."""
 
-    fused = fuse_with_target(onnx.load(folder / target.graph.file, load_external_data=False),
-                             onnx.load(folder / eagle.graph.file, load_external_data=False))
-    onnx.save(fused, folder / "target_eagle.onnx")
-    return es.fused_spec("target_eagle.onnx", target, eagle)
+    stem: str  # file name without suffix ("eagle", "medusa", ...)
+    model: onnx.ModelProto  # the graph written
+    index: dict[str, dict]  # the weights file's index (weights.write_weights)
+    weights: dict[str, WeightSpec]  # the initializers the graph reads (a target's embedding: in target.weights)
+
+    def spec(self, name: str) -> WeightSpec:
+        """The entry of an array of the drafter's weights file (d2t, fc_t)."""
+        return WeightSpec.from_json(self.index[name] | {"file": f"{self.stem}.weights"})
 
 
-def write_medusa(heads: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, opts: GraphOptions):
-    """medusa.weights + medusa.onnx; (graph writer, manifest entry)."""
-    from edgespec.export.checkpoint import MedusaFormatError, read_heads
-    from edgespec.export.medusa_graph import MedusaGraphWriter
+def write_drafter(w: ModelWriter, folder: Path, stem: str, extra: dict[str, np.ndarray],
+                  target: tuple[LlamaGraphWriter, dict] | None = None) -> DrafterFiles:
+    """<stem>.weights (the writer's arrays and `extra`) and <stem>.onnx. target: (its writer, its
+    weights index): the graph reads the target's embedding from target.weights in place."""
+    index = write_weights(w.store.arrays | extra, folder / f"{stem}.weights")
+    offsets = {k: v["offset"] for k, v in index.items()}
+    if target is None:
+        model = w.build(f"{stem}.weights", offsets)
+    else:
+        writer, index_t = target
+        model = w.build(f"{stem}.weights", offsets,
+                        embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]))
+    onnx.save(model, folder / f"{stem}.onnx")
+    weights = es.weight_specs(index, _external(model))
+    if target is not None:
+        weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
+    return DrafterFiles(stem, model, index, weights)
 
-    try:
-        mc, arrays = read_heads(heads, arch.hidden_size, arch.vocab_size)
-    except MedusaFormatError as e:
-        raise es.ExportError(str(e)) from e
-    mw = MedusaGraphWriter(arch, mc, arrays, writer.reference["lm_head.weight"], opts)
-    index = write_weights(mw.store.arrays | {"d2t": mw.d2t}, folder / "medusa.weights")
-    model = mw.build("medusa.weights", {k: v["offset"] for k, v in index.items()})
-    onnx.save(model, folder / "medusa.onnx")
-    head = HeadInfo(source=str(heads), target_vocab_size=arch.vocab_size,
-                    trained_draft_vocab_size=mc.draft_vocab_size, trained=_trained(heads, "medusa"))
-    spec = HeadsSpec(role="medusa", precision=mw.opts.precision, n_heads=mc.n_heads, n_layers=mc.n_layers,
-                     hidden_size=mc.hidden_size, vocab_size=mc.draft_vocab_size, file="medusa.onnx",
-                     inputs=(TensorSpec("features", (1, mc.hidden_size), mw.dtype.name),),
-                     outputs=(TensorSpec("logits", (mc.n_heads, mc.draft_vocab_size), "float32"),),
-                     weights_file="medusa.weights", weights=es.weight_specs(index, _external(model)),
-                     d2t=WeightSpec.from_json(index["d2t"] | {"file": "medusa.weights"}), head=head)
-    return mw, spec
+
+def token_head_spec(role: str, w: ModelWriter, files: DrafterFiles, widths: list[int], chunk: int, vocab: int,
+                    head: HeadInfo, aux_layers: tuple[int, ...] = (), **extra) -> ModelSpec:
+    """The manifest entry of a one-layer head on the token-graph I/O with a features input (EAGLE,
+    EAGLE-3): vocab draft tokens, fed at the target's widths. extra: more ModelSpec fields."""
+    a, kv_dtype = w.arch, w.dtype.name
+    graph = es.token_graph(f"{files.stem}.onnx", widths, chunk, n_layers=1, kv_width=a.n_kv_heads * a.head_dim,
+                           hidden_size=a.hidden_size, vocab_size=vocab, kv_dtype=kv_dtype, trees=w.opts.trees,
+                           features=True, opts=w.opts)
+    arch = Architecture(**(a.to_manifest() | {"n_layers": 1, "vocab_size": vocab}), aux_layers=aux_layers)
+    return ModelSpec(role=role, kind=role, precision=w.opts.precision, arch=arch, kv_dtype=kv_dtype,
+                     weights_file=f"{files.stem}.weights", weights=files.weights, graph=graph,
+                     d2t=files.spec("d2t"), head=head, **extra)
