@@ -125,7 +125,8 @@ def write_eagle3(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
     from edgespec.runtime.drafters.eagle3 import Eagle3Section
 
     head = token_head_spec("eagle3", ew, files, widths, chunk, ec.draft_vocab_size,
-                           head_info(head_dir, arch.vocab_size, trained_vocab, "eagle3"), aux_layers=tuple(ec.aux_layers))
+                           head_info(head_dir, arch.vocab_size, trained_vocab, "eagle3"),
+                           aux_layers=tuple(ec.aux_layers))
     return ew, Eagle3Section(head=head, fc=files.spec("fc_t"))
 
 
