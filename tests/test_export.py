@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 
 from tiny import assert_rows_bitwise_alike  # noqa: E402
 
-from edgespec.engines.manifest import ManifestError, load_manifest  # noqa: E402
+from edgespec.engines.manifest import VERSION, ManifestError, load_manifest  # noqa: E402
 from edgespec.export.arch import UnsupportedModelError  # noqa: E402
 from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
 from edgespec.export.sources import SourceError  # noqa: E402
@@ -104,10 +104,11 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
 
 def test_manifest_records_the_contract(tiny_engine):
     d = json.loads((tiny_engine / "manifest.json").read_text())
-    assert d["format"] == "edgespec.engine" and d["version"] == 2
-    assert d["tokenizer"]["eos_token_ids"] == [1] and d["tokenizer"]["chat_template_file"]
+    assert d["format"] == "edgespec.engine" and d["version"] == VERSION
+    assert d["eos_token_ids"] == [1] and d["chat_template_file"]
     assert d["source"]["sha256"] and d["source"]["kind"] == "hf"
-    g = d["models"]["target"]["graph"]  # one entry per graph: its widths, phases and I/O declared once
+    assert set(d["drafters"]) == {"draft"}  # one typed section per drafter that ships models (self:1 here)
+    g = d["target"]["graph"]  # one entry per graph: its widths, phases and I/O declared once
     assert g["widths"] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 16] and g["phases"]["prefill"] == [16]
     assert {i["name"] for i in g["inputs"]} >= {"input_ids", "positions", "past_len", "past_{kind}_{layer}"}
     assert next(i for i in g["inputs"] if i["name"] == "input_ids")["shape"] == [1, "T"]
@@ -339,6 +340,6 @@ def test_build_trt_records_its_engines_through_the_manifest(tiny_models, tmp_pat
     assert len(draft) == 2 and "tree_mask" not in draft[0].shapes and "past_key_1" not in draft[0].shapes
     after = load_manifest(folder)
     assert after.target.tensorrt == TrtInfo("target.engine", "10.9.0", "GPU T", {1: 0, 2: 1, 3: 2, 4: 3, 16: 4})
-    assert after.draft.tensorrt == TrtInfo("draft.engine", "10.9.0", "GPU T", {1: 0, 16: 1})
-    assert dataclasses.replace(after, target=before.target, draft=before.draft) == before
+    assert after.models()["draft"].tensorrt == TrtInfo("draft.engine", "10.9.0", "GPU T", {1: 0, 16: 1})
+    assert after.replace_model("target", before.target).replace_model("draft", before.models()["draft"]) == before
     assert (folder / "target.engine").read_bytes() == b"engine"
