@@ -266,7 +266,6 @@ def test_build_trt_records_its_engines_through_the_manifest(tiny_models, tmp_pat
     """build-trt with a stand-in tensorrt: one profile per width, the shapes read from the graph's
     declared inputs (T fixed, the cache window S over [kv_bucket, max_len]), the engines recorded
     in the manifest and nothing else changed."""
-    import dataclasses
     import sys
     import types
 
