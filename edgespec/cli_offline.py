@@ -45,8 +45,10 @@ def _add_export(sub) -> None:
     p.add_argument("--max-len", type=int, default=2048, help="context slots: prompt + output (default 2048)")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=8,
                    help="largest num_speculative_tokens; verify widths 2..k+1 are exported (default 8)")
-    p.add_argument("--precision", default="int4", choices=["fp32", "fp16", "int4"],
-                   help="target weights (int4 = ORT MatMulNBits, blocks of 32). Default int4")
+    p.add_argument("--precision", default="int4", choices=["fp32", "fp16", "int4", "int8"],
+                   help="target weights (int4 = ORT MatMulNBits, blocks of 32; int8 = int8 weights per output "
+                   "channel x int8 activation rows, exact int32 sums: the integer graph, whose extra verify rows "
+                   "are nearly free on CPUs with VNNI/AMX). Default int4")
     p.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens per prefill call (default 64)")
     p.add_argument("--kv-bucket", type=int, default=64,
                    help="attention reads the cache in multiples of this many slots (default 64)")
@@ -65,10 +67,11 @@ def _add_export(sub) -> None:
                    "verify rows bitwise. Some CPUs need it (ONNX Runtime 1.32's 1-row int4 kernel on AVX2 sums "
                    "differently, enough to flip greedy tokens): auto (default) probes this CPU at export; on, off "
                    "force it. Where on, 1-token calls cost more (docs/results/two-row-decode.md)")
-    p.add_argument("--graph", choices=["auto", "lean", "portable"], default="auto",
+    p.add_argument("--graph", choices=["auto", "lean", "portable", "integer"], default="auto",
                    help="graph flavour: lean (ONNX Runtime contrib ops where they keep decode and verify rows "
-                   "bitwise alike, ~2.3x fewer nodes), portable (standard ONNX ops: what TensorRT parses); auto "
-                   "(default): lean, portable for --precision fp16")
+                   "bitwise alike, ~2.3x fewer nodes), portable (standard ONNX ops: what TensorRT parses), integer "
+                   "(the lean graph with int8 x int8 linears: --precision int8); auto (default): lean, portable for "
+                   "--precision fp16, integer for --precision int8")
     p.add_argument("--host-prologue", action="store_true",
                    help="lean target/draft graphs take their per-call masks and slot indices as inputs the runtime "
                    "builds, instead of computing them from input shapes: ONNX Runtime's CUDA graph capture needs a "

@@ -237,7 +237,7 @@ def export(cfg: ExportConfig) -> Path:
                             aux_layers=(eagle3_layers(arch.n_layers)
                                         if cfg.eagle3_features or eagle3_dir or dflash_dir else ()),
                             two_row_matmuls=two_rows, flavour=cfg.flavour(),
-                            portable_ops=probe_portable_ops() if cfg.flavour() == "lean" else (),
+                            portable_ops=probe_portable_ops() if cfg.flavour() in ("lean", "integer") else (),
                             host_prologue=cfg.host_prologue)
         head_opts = dataclasses.replace(opts, host_prologue=False)  # heads and the fused graph keep their prologue
         hf_w = hf_weights(model)

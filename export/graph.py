@@ -36,14 +36,16 @@ from onnx import TensorProto, helper
 
 from edgespec.export.arch import ArchSpec
 from edgespec.export.layer_ops import LayerOps, Stream
-from edgespec.export.lean_graph import LeanOps
+from edgespec.export.lean_graph import IntegerOps, LeanOps
 from edgespec.export.portable_graph import PortableOps
 
 OPSET = 17
-FLAVOURS: dict[str, type[LayerOps]] = {"portable": PortableOps, "lean": LeanOps}  # GraphOptions.flavour -> ops
+FLAVOURS: dict[str, type[LayerOps]] = {"portable": PortableOps, "lean": LeanOps,  # GraphOptions.flavour -> ops
+                                       "integer": IntegerOps}
 
 NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.uint8): TensorProto.UINT8}
+              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.uint8): TensorProto.UINT8,
+              np.dtype(np.int8): TensorProto.INT8}
 
 
 @dataclass(frozen=True)

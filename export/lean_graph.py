@@ -37,6 +37,7 @@ import numpy as np
 from onnx import TensorProto, ValueInfoProto, helper
 
 from edgespec.export.layer_ops import LayerOps, Stream
+from edgespec.export.linears import IntegerLinears
 
 if TYPE_CHECKING:
     from edgespec.export.graph import GraphBuilder
@@ -370,3 +371,10 @@ def probe_portable_ops(hidden: int = 576, n_heads: int = 9, head_dim: int = 64, 
     if breaks(silu, [io("x", inter)], inter, [], {"x": (rng.standard_normal((1, rows, inter)) * 4).astype(np.float32)}):
         out.append("silu")
     return tuple(out)
+
+
+class IntegerOps(LeanOps):
+    """The lean layer ops over integer linears (linears.IntegerLinears: int8 weights x int8 rows,
+    exact int32 sums), the "integer" flavour of precision int8."""
+
+    LINEARS = IntegerLinears

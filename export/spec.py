@@ -10,10 +10,10 @@ from pathlib import Path
 from edgespec.engines.manifest import FUSED_PREFIX, PHASES, TOKENS, WINDOW, GraphSpec, ModelSpec, TensorSpec, WeightSpec
 from edgespec.export.graph import GraphOptions
 
-PRECISIONS = ("fp32", "fp16", "int4")
-GRAPH_FLAVOURS = ("auto", "lean", "portable")
+PRECISIONS = ("fp32", "fp16", "int4", "int8")
+GRAPH_FLAVOURS = ("auto", "lean", "portable", "integer")
 # max |ORT - PyTorch| logits allowed per precision (PyTorch runs the weights the graph really uses)
-TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3}
+TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3, "int8": 0.5}  # int8: PyTorch keeps float activations
 INT8_ACTIVATION_TOLERANCE = 3.0  # int4 with accuracy_level >= 2 quantizes activations too
 # draft tokens an exported EAGLE head keeps when its d2t is in frequency order: the head re-reads its
 # weights after every target call (they leave the cache) and its draft-vocabulary LM-head rows were
@@ -78,7 +78,10 @@ class ExportConfig:
         if self.graph == "lean" and self.precision == "fp16":
             raise ExportError("--graph lean is written for fp32 and int4; fp16 folders (TensorRT) take "
                               "--graph portable (or auto)")
-        if self.host_prologue and self.flavour() != "lean":
+        if (self.graph == "integer") != (self.precision == "int8") and self.graph != "auto":
+            raise ExportError(f"--graph {self.graph} --precision {self.precision}: the integer graph is the "
+                              "int8 precision (int8 weights x int8 rows); give --precision int8 with --graph auto")
+        if self.host_prologue and self.flavour() not in ("lean", "integer"):
             raise ExportError(f"--host-prologue needs the lean graph (got --graph {self.graph} --precision "
                               f"{self.precision}); fp16/TensorRT folders keep the portable graph: drop --host-prologue")
         if self.precision not in PRECISIONS:
@@ -99,7 +102,7 @@ class ExportConfig:
     def flavour(self) -> str:
         """The graph flavour written: portable for fp16 (the TensorRT path parses standard ops only)."""
         if self.graph == "auto":
-            return "portable" if self.precision == "fp16" else "lean"
+            return {"fp16": "portable", "int8": "integer"}.get(self.precision, "lean")
         return self.graph
 
     def widths(self) -> list[int]:
@@ -149,7 +152,7 @@ def token_graph(file: str, widths: list[int], chunk: int, *, n_layers: int, kv_w
     phases = {p: tuple(w for w in widths if phase_of(w, chunk) == p) for p in PHASES}
     flavour = opts.flavour if opts else "portable"
     return GraphSpec(file, tuple(widths), {p: ws for p, ws in phases.items() if ws}, tuple(inputs), tuple(outputs),
-                     flavour, tuple(opts.portable_ops) if opts and flavour == "lean" else ())
+                     flavour, tuple(opts.portable_ops) if opts and flavour in ("lean", "integer") else ())
 
 
 def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions) -> GraphSpec:
