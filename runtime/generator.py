@@ -30,7 +30,7 @@ from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState, chain
 from edgespec.runtime.stats import GenerationStats
-from edgespec.runtime.text import StreamDecoder, TextCodec
+from edgespec.runtime.text import TARGET, Origins, StreamDecoder, TextCodec
 from edgespec.runtime.tree import TokenTree, tree_chain_prefix
 from edgespec.runtime.verify import accept
 
@@ -60,6 +60,7 @@ class Generator:
         self._tgt_valid = 0  # target KV rows that hold self._tokens[:_tgt_valid] (prefix reuse)
         self.last_stats = GenerationStats()
         self.last_step = (0, 0)  # (drafted, accepted) of the step whose tokens were last yielded
+        self.last_origins: list[list] = []  # stream_text: [[n_chars, drafter or "target"], ...] of its last piece
         self.suffix_cache: SuffixCache | None = None  # recent requests (made when `suffix` is first used)
         self.set_drafter(self.cfg.drafter, self.cfg.k)
 
@@ -333,7 +334,7 @@ class Generator:
                     stop: list[str] | None = None) -> Iterator[str]:
         """Text pieces of generate_ids: whole characters only, cut before the first stop string
         (held back while a stop string could still be straddling two pieces)."""
-        decoder = StreamDecoder(self.codec)
+        decoder, origins = StreamDecoder(self.codec), Origins()
         eos = {int(t) for t in self.eos}
         stop = stop or []
         hold = max((len(x) for x in stop), default=1) - 1
@@ -341,21 +342,34 @@ class Generator:
         gen = self.generate_ids(ids, max_new_tokens, sampling)
         try:
             for new in gen:
-                text += decoder.push([t for t in new if int(t) not in eos])
+                n_dft = min(self.last_step[1], len(new))  # the step's kept draft tokens come first
+                for part, label in ((new[:n_dft], self._draft_label()), (new[n_dft:], TARGET)):
+                    if len(part):
+                        piece = decoder.push([t for t in part if int(t) not in eos])
+                        origins.add(len(piece), label)  # text held back by the decoder goes to the later part
+                        text += piece
                 cut = min((i for i in (text.find(x) for x in stop) if i >= 0), default=-1)
                 if cut >= 0:
                     if cut > emitted:
+                        self.last_origins = origins.take(cut)
                         yield text[emitted:cut]
                     gen.close()
                     self.last_stats.finish_reason = "stop"
                     return
                 if len(text) - hold > emitted:
+                    self.last_origins = origins.take(len(text) - hold)
                     yield text[emitted:len(text) - hold]
                     emitted = len(text) - hold
             if len(text) > emitted:
+                self.last_origins = origins.take(len(text))
                 yield text[emitted:]
         finally:
             gen.close()
+
+    def _draft_label(self) -> str:
+        """Who drafted this step's tokens: the drafter, or for hybrid the source it chose."""
+        src = self.drafter.source
+        return (self.cfg.hybrid_head if src == "head" else src) or self.drafter.name
 
     def generate(self, prompt, **kwargs) -> str:
         return "".join(self.stream(prompt, **kwargs))

@@ -4,8 +4,9 @@ The engine holds one sequence, so requests are served one at a time, in arrival 
 single worker thread (server_worker.py); a bounded queue answers 503 + Retry-After when full. A
 client that goes away, streaming or not, cancels its generation at the next step. Bodies are
 checked (server_schema.py) and size-capped before anything is tokenized, and tokenizing runs off
-the event loop, so /health answers while a large prompt is refused. Starlette + uvicorn (`serve`
-extra).
+the event loop, so /health answers while a large prompt is refused. `/` is a chat page
+(chat_page.py) that shows which tokens were drafted and kept: streamed chunks carry each piece's
+origins in an `edgespec` field. Starlette + uvicorn (`serve` extra).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from edgespec.runtime.backends import check_drafter
+from edgespec.runtime.chat_page import PAGE_HEADERS, chat_page
 from edgespec.runtime.drafters import registry, spec_of
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.server_schema import Abilities, BadRequest, Speculation, parse_request, parse_speculation
@@ -225,15 +227,17 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
                                              "code": None}}
                             yield f"data: {json.dumps(err)}\n\n"
                         elif isinstance(item, dict):
-                            last = head | {"choices": [choice(None, item["finish_reason"], True)]}
+                            last = head | {"choices": [choice(None, item["finish_reason"], True)],
+                                           "edgespec_stats": item["stats"]}
                             if req.include_usage:  # OpenAI's form: usage alone in a last chunk
                                 yield f"data: {json.dumps(last)}\n\n"
                                 last = head | {"choices": [], "usage": item["usage"]}
                             else:
                                 last["usage"] = item["usage"]
                             yield f"data: {json.dumps(last)}\n\n"
-                        else:
-                            yield f"data: {json.dumps(head | {'choices': [choice(item, None, True)]})}\n\n"
+                        else:  # a piece with its origins and running counts (an extension field)
+                            piece = head | {"choices": [choice(item[0], None, True)], "edgespec": item[1]}
+                            yield f"data: {json.dumps(piece)}\n\n"
                     yield "data: [DONE]\n\n"
                 finally:
                     job.cancel.set()  # no-op when finished; stops the generation if the client left
@@ -248,7 +252,7 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
             if isinstance(item, dict):
                 final = item
             else:
-                pieces.append(item)
+                pieces.append(item[0])
         if final is None:  # cancelled: the client has gone
             return Response(status_code=499)
         return JSONResponse(head | {"choices": [choice("".join(pieces), final["finish_reason"], False)],
@@ -279,7 +283,11 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
     async def metrics_route(request: Request):
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    async def page(request: Request):
+        return HTMLResponse(chat_page(), headers=PAGE_HEADERS)
+
     app = Starlette(routes=[
+        Route("/", page, methods=["GET"]),
         Route("/v1/chat/completions", guarded(chat_route), methods=["POST"]),
         Route("/v1/completions", guarded(completion_route), methods=["POST"]),
         Route("/v1/models", guarded(models), methods=["GET"]),

@@ -37,7 +37,7 @@ class Job:
     stop: list[str]  # stop strings
     speculation: Speculation | None  # how this request is decoded (None: the server's default then)
     loop: asyncio.AbstractEventLoop  # the event loop that reads `out`
-    out: asyncio.Queue = field(default_factory=asyncio.Queue)  # STARTED, text pieces, a final dict, END
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)  # STARTED, (text, progress) pieces, a final dict, END
     cancel: threading.Event = field(default_factory=threading.Event)  # set when the client went away
 
 
@@ -128,6 +128,14 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+def progress(g: Generator) -> dict:
+    """What a streamed piece carries besides its text (the `edgespec` field of a chunk): who made
+    each of its characters, and the request's running counts."""
+    st = g.last_stats
+    return {"origin": g.last_origins, "tokens": st.n_output, "target_calls": st.n_target_calls,
+            "drafted": int(st.n_drafted), "accepted": int(st.n_accepted)}
+
+
 class Worker(threading.Thread):
     """Runs queued jobs one at a time on the single Generator; shadow checks when idle."""
 
@@ -195,7 +203,7 @@ class Worker(threading.Thread):
                     if job.cancel.is_set():  # the client went away: stop at this step
                         self.metrics.add("edgespec:request_cancelled_total")
                         return
-                    send(job.out.put_nowait, piece)
+                    send(job.out.put_nowait, (piece, progress(g)))
             except PromptTooLongError as e:
                 raise BadRequest(str(e), None, 400, "context_length_exceeded") from e
             finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections import deque
 from datetime import datetime
 
 import jinja2
@@ -108,6 +109,43 @@ class StreamDecoder:
             self.prefix, self.read = self.read, len(self.ids)
             return full[len(prefix_text):]
         return ""
+
+
+TARGET = "target"  # origin label of a token the target chose itself (no draft, a correction or the bonus)
+
+
+class Origins:
+    """Who produced each character of a streamed text: runs [end offset, label] (a drafter's name
+    for drafted tokens the target kept, TARGET for its own), read out once per emitted piece."""
+
+    def __init__(self) -> None:
+        self.runs: deque[list] = deque()  # [end, label], ends increasing; runs read out are dropped
+        self.end = 0  # characters attributed so far
+        self.start = 0  # where the next read starts
+
+    def add(self, n_chars: int, label: str) -> None:
+        """The next n_chars characters came from `label`."""
+        if not n_chars:
+            return
+        self.end += n_chars
+        if self.runs and self.runs[-1][1] == label:
+            self.runs[-1][0] = self.end
+        else:
+            self.runs.append([self.end, label])
+
+    def take(self, stop: int) -> list[list]:
+        """[[n_chars, label], ...] of the characters from the last read up to `stop`."""
+        out, pos = [], self.start
+        for end, label in self.runs:
+            if pos >= stop:
+                break
+            if end > pos:
+                out.append([min(end, stop) - pos, label])
+                pos = min(end, stop)
+        while self.runs and self.runs[0][0] <= stop:
+            self.runs.popleft()
+        self.start = stop
+        return out
 
 
 # ANSI colours by provenance: accepted draft tokens by position (greens), correction, bonus
