@@ -31,4 +31,18 @@ def reference_model(model, writer: LlamaGraphWriter):
         if writer.n_layers < ref.config.num_hidden_layers:
             ref.model.layers = ref.model.layers[: writer.n_layers]
             ref.config.num_hidden_layers = writer.n_layers
+    if writer.opts.precision == "int8":  # the integer graph quantizes every linear's input rows too
+        for module in ref.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_pre_hook(_quantize_rows)
     return ref.eval()
+
+
+def _quantize_rows(module, args):
+    """A linear's input as the integer graph sees it: each row rounded to int8 steps of its own
+    scale max|x_r| / 127 (linears.IntegerLinears)."""
+    import torch
+
+    x = args[0]
+    scale = torch.clamp(x.abs().amax(dim=-1, keepdim=True) * np.float32(1 / 127), min=1e-30)
+    return (torch.round(x / scale) * scale,) + tuple(args[1:])

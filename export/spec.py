@@ -13,7 +13,7 @@ from edgespec.export.graph import GraphOptions
 PRECISIONS = ("fp32", "fp16", "int4", "int8")
 GRAPH_FLAVOURS = ("auto", "lean", "portable", "integer")
 # max |ORT - PyTorch| logits allowed per precision (PyTorch runs the weights the graph really uses)
-TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3, "int8": 0.5}  # int8: PyTorch keeps float activations
+TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3, "int8": 2e-3}
 INT8_ACTIVATION_TOLERANCE = 3.0  # int4 with accuracy_level >= 2 quantizes activations too
 # draft tokens an exported EAGLE head keeps when its d2t is in frequency order: the head re-reads its
 # weights after every target call (they leave the cache) and its draft-vocabulary LM-head rows were
