@@ -48,7 +48,7 @@ def test_int4_target_and_drafts(draft, tiny_models, tmp_path):
     assert m.target.precision == "int4" and m.models()["draft"].kind == draft
     assert "l0.qkv.q4" in m.target.weights
     for role in ("target", "draft"):  # int4 is checked against PyTorch running the dequantized weights
-        assert max(getattr(m, role).validation.values()) < 2e-3
+        assert max(m.models()[role].validation.values()) < 2e-3
 
 
 def test_self_draft_shares_the_target_weights_file(tiny_engine):
@@ -79,14 +79,14 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.spec import eagle3_layers
+    from edgespec.export.spec import aux_layers
 
     src = make_tiny("llama", tmp_path / "src", num_hidden_layers=6)
     out = export(ExportConfig(target=str(src), out=str(tmp_path / "e"), max_len=64, k=2, prefill_chunk=8,
                               kv_bucket=16, precision="fp32", eagle3_features=True, progress=False))
     m = load_manifest(out)
-    assert eagle3_layers(6) == (2, 3) and m.target.aux_layers == (2, 3) and m.target.aux_width == 2 * 64
-    assert eagle3_layers(30) == (2, 15, 27)
+    assert aux_layers(6) == (2, 3) and m.target.aux_layers == (2, 3) and m.target.aux_width == 2 * 64
+    assert aux_layers(30) == (2, 15, 27)
     engine = OrtModel(m, m.target)
     tokens = np.arange(5, 19)
     feats = np.zeros((14, 2 * 64), np.float32)
@@ -104,10 +104,10 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
 
 def test_manifest_records_the_contract(tiny_engine):
     d = json.loads((tiny_engine / "manifest.json").read_text())
-    assert d["format"] == "edgespec.engine" and d["version"] == 2
-    assert d["tokenizer"]["eos_token_ids"] == [1] and d["tokenizer"]["chat_template_file"]
+    assert d["format"] == "edgespec.engine" and d["version"] == 3
+    assert d["eos_token_ids"] == [1] and d["chat_template_file"]
     assert d["source"]["sha256"] and d["source"]["kind"] == "hf"
-    g = d["models"]["target"]["graph"]  # one entry per graph: its widths, phases and I/O declared once
+    g = d["target"]["graph"]  # one entry per graph: its widths, phases and I/O declared once
     assert g["widths"] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 16] and g["phases"]["prefill"] == [16]
     assert {i["name"] for i in g["inputs"]} >= {"input_ids", "positions", "past_len", "past_{kind}_{layer}"}
     assert next(i for i in g["inputs"] if i["name"] == "input_ids")["shape"] == [1, "T"]
@@ -265,7 +265,6 @@ def test_build_trt_records_its_engines_through_the_manifest(tiny_models, tmp_pat
     """build-trt with a stand-in tensorrt: one profile per width, the shapes read from the graph's
     declared inputs (T fixed, the cache window S over [kv_bucket, max_len]), the engines recorded
     in the manifest and nothing else changed."""
-    import dataclasses
     import sys
     import types
 
@@ -339,6 +338,21 @@ def test_build_trt_records_its_engines_through_the_manifest(tiny_models, tmp_pat
     assert len(draft) == 2 and "tree_mask" not in draft[0].shapes and "past_key_1" not in draft[0].shapes
     after = load_manifest(folder)
     assert after.target.tensorrt == TrtInfo("target.engine", "10.9.0", "GPU T", {1: 0, 2: 1, 3: 2, 4: 3, 16: 4})
-    assert after.draft.tensorrt == TrtInfo("draft.engine", "10.9.0", "GPU T", {1: 0, 16: 1})
-    assert dataclasses.replace(after, target=before.target, draft=before.draft) == before
+    assert after.models()["draft"].tensorrt == TrtInfo("draft.engine", "10.9.0", "GPU T", {1: 0, 16: 1})
+    assert after.replace_model("target", before.target).replace_model("draft", before.models()["draft"]) == before
     assert (folder / "target.engine").read_bytes() == b"engine"
+
+
+def test_every_drafter_that_ships_models_has_an_export_plugin():
+    """The runtime and export registries agree: each drafter with a manifest section is exported by
+    the plugin of its name; each plugin's options are ExportConfig fields, its training command a
+    CLI command."""
+    import dataclasses
+
+    from edgespec.cli_offline import COMMANDS
+    from edgespec.export.drafters import options, registry
+    from edgespec.runtime.drafters import registry as runtime_registry
+
+    assert set(registry()) == {n for n, s in runtime_registry().items() if s.section is not None}
+    assert {o.name for o in options()} <= {f.name for f in dataclasses.fields(ExportConfig)}
+    assert {f"train-{n}" for n, p in registry().items() if p.train is not None} <= set(COMMANDS)
