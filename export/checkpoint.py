@@ -1,6 +1,8 @@
-"""Head checkpoints on disk, in the Hugging Face layouts the methods publish (EAGLE-1, Medusa).
+"""Head checkpoints on disk, in the Hugging Face layouts the methods publish: what every layout
+shares (`write_checkpoint`, `_read_d2t`, `CheckpointError`) and EAGLE-1's. Other drafters' layouts
+are read and written in their own modules, on the helpers here.
 
-Both are a folder of `config.json` + `model.safetensors` (float weights in fp16). A reduced draft
+Each is a folder of `config.json` + `model.safetensors` (float weights in fp16). A reduced draft
 vocabulary is stored as EAGLE-3 does: `d2t` [Vd] int64 with target_id = i + d2t[i], and
 `draft_vocab_size` in config.json; a head over the whole vocabulary has no d2t. The embedding and
 the LM-head rows are the target's (frozen), so they are not stored.
@@ -14,12 +16,6 @@ EAGLE (`save_head`, `read_head`): config.json is a LlamaConfig with num_hidden_l
 EAGLE-3's output `norm.weight`; EAGLE-1's pytorch_model.bin is read too). Heads trained here list
 their draft tokens most frequent first (`eagle.d2t_order: "frequency"`), so an export can keep a
 prefix: a cheaper head call (`prune_draft_vocab`, `edgespec export --eagle-draft-vocab`).
-
-Medusa (`save_heads`, `read_heads`): config.json {"medusa_num_heads", "medusa_num_layers",
-"hidden_size", "vocab_size", "draft_vocab_size", "medusa": {...}}; parameter names
-"{i}.{j}.linear.{weight,bias}". Medusa's published heads also carry a full LM head per head
-("{i}.{n_layers}.weight" [V, H]); these heads share the target's rows instead (4 heads of
-SmolLM2-135M: 2.7 MB in fp16), so such checkpoints are refused by name.
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ import numpy as np
 import torch
 
 from edgespec.export.eagle_head import LAYER_NAMES, EagleHead, HeadConfig, head_state
-from edgespec.export.medusa_head import MedusaConfig, MedusaHeads, heads_state, param_names
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -44,10 +39,6 @@ class CheckpointError(ValueError):
 
 class HeadFormatError(CheckpointError):
     """An EAGLE head checkpoint that is not in the EAGLE layout or does not fit the target."""
-
-
-class MedusaFormatError(CheckpointError):
-    """A heads checkpoint that is not in the Medusa layout or does not fit the target."""
 
 
 def write_checkpoint(folder: str | Path, arrays: dict[str, np.ndarray], config: dict) -> Path:
@@ -119,8 +110,8 @@ def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[He
         raise HeadFormatError(f"{folder}: neither {WEIGHTS_FILE} nor pytorch_model.bin")
     if any(k.startswith("midlayer.") for k in w):
         raise HeadFormatError(f"{folder}: an EAGLE-3 checkpoint (midlayer.*, fused low/mid/high features), not an "
-                              "EAGLE-1/2 head (fc + layers.0). Hint: pass it as --eagle3-head (its config.json "
-                              "should declare LlamaForCausalLMEagle3)")
+                              "EAGLE-1/2 head (fc + layers.0). Hint: EAGLE-3 heads have an export flag and a "
+                              "training command of their own (`edgespec export --help`)")
     need = ["fc.weight", "layers.0.post_attention_layernorm.weight", *LAYER_NAMES.values()]
     missing = [k for k in need if k not in w]
     if missing:
@@ -156,45 +147,3 @@ def prune_draft_vocab(hc: HeadConfig, arrays: dict[str, np.ndarray], n: int) -> 
                               "its d2t is not in frequency order (heads from `edgespec train-eagle` record it "
                               "as eagle.d2t_order in config.json). Hint: --eagle-draft-vocab 0 keeps all of it")
     return replace(hc, draft_vocab_size=n), arrays | {"d2t": arrays["d2t"][:n]}
-
-
-# ---- Medusa -----------------------------------------------------------------------------------------
-def save_heads(heads: MedusaHeads, folder: str | Path, extra: dict | None = None) -> Path:
-    """config.json (`extra` joins its `medusa` section) + model.safetensors (float16 weights)."""
-    c = heads.cfg
-    config = {"medusa_num_heads": c.n_heads, "medusa_num_layers": c.n_layers, "hidden_size": c.hidden_size,
-              "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size, "torch_dtype": "float16",
-              "medusa": {"features": "final_norm", "lm_head": "target"} | (extra or {})}
-    return write_checkpoint(folder, heads_state(heads), config)
-
-
-def read_heads(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[MedusaConfig, dict[str, np.ndarray]]:
-    """Read and check a heads folder against the target's sizes: float32 arrays + d2t (absolute)."""
-    from safetensors.numpy import load_file
-
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
-        raise MedusaFormatError(f"{folder}: a Medusa heads folder holds {CONFIG_FILE} + {WEIGHTS_FILE} "
-                                "(from `edgespec train-medusa`)")
-    cfg = json.loads((folder / CONFIG_FILE).read_text())
-    if "medusa_num_heads" not in cfg:
-        raise MedusaFormatError(f"{folder}/{CONFIG_FILE} has no medusa_num_heads: not a Medusa heads folder")
-    w = load_file(str(folder / WEIGHTS_FILE))
-    K, n_layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
-    if any(k == f"{i}.{n_layers}.weight" for i in range(K) for k in w):
-        raise MedusaFormatError(f"{folder}: heads with their own LM heads ({0}.{n_layers}.weight); these "
-                                "heads share the target's LM head. Hint: train with `edgespec train-medusa`")
-    H = int(cfg["hidden_size"])
-    if H != hidden_size:
-        raise MedusaFormatError(f"{folder}: heads of hidden size {H} do not fit the target's {hidden_size}; "
-                                "were they trained for another model?")
-    if int(cfg.get("vocab_size", vocab_size)) != vocab_size:
-        raise MedusaFormatError(f"{folder}: heads vocab {cfg['vocab_size']} != target vocab {vocab_size}")
-    vd = int(cfg.get("draft_vocab_size") or vocab_size)
-    mc = MedusaConfig(hidden_size=H, vocab_size=vocab_size, draft_vocab_size=vd, n_heads=K, n_layers=n_layers)
-    need = param_names(mc)
-    missing = [k for k in need if k not in w]
-    if missing:
-        raise MedusaFormatError(f"{folder}: missing tensors {missing[:4]}; expected Medusa names i.j.linear.*")
-    d2t = _read_d2t(folder, w, vd, vocab_size, MedusaFormatError)
-    return mc, {k: w[k].astype(np.float32) for k in need} | {"d2t": d2t}

@@ -171,10 +171,10 @@ def write_dflash(dflash_dir, folder, arch: ArchSpec, writer: LlamaGraphWriter, i
         dc, arrays = read_dflash(dflash_dir, arch.hidden_size, arch.vocab_size)
     except DFlashFormatError as e:
         raise es.ExportError(str(e)) from e
-    want = tuple(ly - 1 for ly in es.eagle3_layers(arch.n_layers))
+    want = tuple(ly - 1 for ly in es.aux_layers(arch.n_layers))
     if dc.target_layer_ids != want:
         raise es.ExportError(f"{dflash_dir}: the drafter reads target layers {list(dc.target_layer_ids)}; edgespec's "
-                             f"graphs give {list(want)} (the EAGLE-3 layers). Hint: train it with `edgespec "
+                             f"graphs give {list(want)} (the aux layers). Hint: train it with `edgespec "
                              "train-dflash`")
     dw = DFlashGraphWriter(arch, dc, arrays, writer.reference["lm_head.weight"], opts)
     files = write_drafter(dw, folder, "dflash", {"d2t": dw.d2t}, target=(writer, index_t))
@@ -210,13 +210,13 @@ def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarra
     from edgespec.engines.dflash import OrtDFlash
     from edgespec.engines.manifest import load_manifest
     from edgespec.export.dflash_model import build_dflash
-    from edgespec.export.spec import eagle3_layers
+    from edgespec.export.spec import aux_layers
     from edgespec.export.validate import aux_features, compare
 
     c = dw.dcfg
     man = load_manifest(folder)
     engine = OrtDFlash(man, man.section("dflash"))
-    aux = aux_features(ref_target, tokens, eagle3_layers(c.n_target_layers))
+    aux = aux_features(ref_target, tokens, aux_layers(c.n_target_layers))
     ref = dict(dw.reference) | {"d2t": dw.d2t}
     for ours, hf in (("hidden_norm", "hidden_norm.weight"), ("norm", "norm.weight")):
         ref[hf] = dw.store.arrays[ours].astype(np.float32)

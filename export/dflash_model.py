@@ -14,7 +14,7 @@ of the anchor (the last verified token, whose target features do not exist yet):
     logits_i = rms(x_i, norm) . lm_head_d^T,  i = 1..b-1          # drafts tokens p+1 .. p+b-1
 
 The embedding and the LM-head rows are the target's (frozen, not stored). Features a_j are the
-residual stream entering the target's EAGLE-3 layers (`spec.eagle3_layers`, the graphs'
+residual stream entering the target's aux layers (`spec.aux_layers`, the graphs'
 `hidden_aux`); in DFlash's own convention (`dflash_config.target_layer_ids`, the layer whose
 output is read) they are those layers minus one.
 
@@ -25,7 +25,7 @@ mask_token_id, target_layer_ids}) + model.safetensors with their names
     layers.{i}.{input_layernorm,post_attention_layernorm}.weight,
     layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.self_attn.{q,k}_norm.weight,
     layers.{i}.mlp.{gate,up,down}_proj.weight
-plus `d2t` (EAGLE-3's draft-vocabulary offsets, most frequent first) and an `edgespec` section.
+plus `d2t` (draft-vocabulary offsets as `checkpoint` stores them, most frequent first) and an `edgespec` section.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def save_dflash(model: DFlashDrafter, folder: str | Path, record: dict | None = 
               "tie_word_embeddings": False, "torch_dtype": "float16",
               "dflash_config": {"block_size": c.block_size, "mask_token_id": c.mask_token_id,
                                 "target_layer_ids": list(c.target_layer_ids)},
-              "edgespec": {"d2t_order": "frequency", "features": "eagle3_layers"} | (record or {})}
+              "edgespec": {"d2t_order": "frequency", "features": "aux_layers"} | (record or {})}
     return write_checkpoint(folder, dflash_state(model), config)
 
 

@@ -1,7 +1,7 @@
 """EAGLE-3 head: the module (torch) and its checkpoint in the public Hugging Face EAGLE-3 layout.
 
 The head drafts from the target's multi-layer features: a = [low ; mid ; high] [3H], the residual
-stream entering layers `spec.eagle3_layers(L)` (the target graphs' `hidden_aux`). For the pair at
+stream entering layers `spec.aux_layers(L)` (the target graphs' `hidden_aux`). For the pair at
 position j (token_{j+1} follows position j):
     step 1:  g_j = fc(a_j)                                   # [3H] -> [H], no bias
     later:   g   = the head's own output of the step before (pre-norm), fed back
@@ -211,7 +211,7 @@ def read_eagle3(folder: str | Path, hidden_size: int, vocab_size: int,
     aux layers the head was trained on against those its graphs output."""
     from safetensors.numpy import load_file
 
-    from edgespec.export.spec import eagle3_layers
+    from edgespec.export import spec as es
 
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
@@ -233,7 +233,7 @@ def read_eagle3(folder: str | Path, hidden_size: int, vocab_size: int,
     n_aux = w["fc.weight"].shape[1] // H
     if w["fc.weight"].shape != (H, n_aux * H) or n_aux < 1:
         raise Eagle3FormatError(f"{folder}: fc.weight {w['fc.weight'].shape} is not [H, n*H] for H={H}")
-    default = eagle3_layers(n_layers) if n_layers else ()
+    default = es.aux_layers(n_layers) if n_layers else ()
     aux_layers = tuple((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or default)
     if len(aux_layers) != n_aux or (n_layers and default and aux_layers != default):
         raise Eagle3FormatError(f"{folder}: the head fuses layers {aux_layers} ({n_aux} feature blocks in fc); "
@@ -275,11 +275,11 @@ def init_arrays(arch, sd: dict, lm_head: np.ndarray, d2t: np.ndarray,
     random on the others); the midlayer starts as the target's layer that stream enters (its q/k/v
     on the hidden half, small random on the embedding half); norm and lm_head are the target's final
     norm and LM-head rows (lm_head [V, H]: the target's) of the draft vocabulary."""
-    from edgespec.export.spec import eagle3_layers
+    from edgespec.export.spec import aux_layers
 
     H = arch.hidden_size
     rng = np.random.default_rng(seed)
-    layers = eagle3_layers(arch.n_layers)
+    layers = aux_layers(arch.n_layers)
     src = f"model.layers.{layers[-1]}."
     ec = Eagle3Config(hidden_size=H, intermediate_size=arch.intermediate_size, num_attention_heads=arch.n_heads,
                       num_key_value_heads=arch.n_kv_heads, head_dim=arch.head_dim, rms_norm_eps=arch.rms_norm_eps,

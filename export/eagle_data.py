@@ -6,8 +6,8 @@ the way (post final norm, what the ONNX graphs output as `hidden`) are kept for 
 One shard per batch, so an interrupted run resumes at the next batch:
   shard-00012.npz  tokens [N] int32, features [N, H] float16, starts [B+1] int64 (sequence
                    boundaries), n_prompt [B] int64 (prompt tokens of each sequence), and with
-                   `aux`: aux [N, 3H] float16, the residual stream entering the EAGLE-3 layers
-                   (`spec.eagle3_layers`: low / middle / high) that EAGLE-3 and DFlash drafters read
+                   `aux`: aux [N, 3H] float16, the aux features: the residual stream entering the
+                   aux layers (`spec.aux_layers`: low / middle / high) that some drafters read
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class DataConfig:
     max_prompt: int = 384  # longer prompts are skipped
     threads: int | None = None  # torch threads (None: torch's default)
     seed: int = 0  # prompt shuffling
-    aux: bool = False  # also keep the EAGLE-3 layers' features (3H per token) for EAGLE-3 / DFlash drafters
+    aux: bool = False  # also keep the aux features (3H per token) for the drafters that read them
     n_wide: int = 0  # prompts of the wide mix (`draft_prompts`: given passages, multi-turn, math steps,
     #                  code in several languages, role play, short and long answers)
 
@@ -127,9 +127,9 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_target(cfg.target)
-    from edgespec.export.spec import eagle3_layers
+    from edgespec.export import spec as es
 
-    aux_layers = eagle3_layers(model.config.num_hidden_layers)
+    aux_layers = es.aux_layers(model.config.num_hidden_layers)
     prompts_file = out / "prompts.jsonl"
     if prompts_file.exists():  # a resumed run answers the same prompts (self-instruct ones included)
         rows = [json.loads(line) for line in prompts_file.read_text().splitlines()]
@@ -215,13 +215,14 @@ def load_shards(folder: str | Path):
 
 def load_aux(folder: str | Path) -> np.ndarray:
     """aux [N, 3H] float16 over the same shards, in the same order, as `load_shards` (data made with
-    `DataConfig.aux`): the features EAGLE-3 and DFlash drafters read."""
+    `DataConfig.aux`): the aux features some drafters read."""
     shards = [p for f in str(folder).split(",") for p in sorted(Path(f).glob("shard-*.npz")) if ".tmp" not in p.name]
     parts = []
     for p in shards:
         z = np.load(p)
         if "aux" not in z:
-            raise FileNotFoundError(f"{p} has no aux features; make the data with aux=True (train-dflash does)")
+            raise FileNotFoundError(f"{p} has no aux features; make the data with aux=True (the training commands "
+                                    "of the drafters that read them do)")
         parts.append(z["aux"])
     if not parts:
         raise FileNotFoundError(f"no shard-*.npz in {folder}")

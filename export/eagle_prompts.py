@@ -1,4 +1,4 @@
-"""Training prompts for drafter heads (EAGLE, Medusa): written here, never taken from a benchmark.
+"""Training prompts for drafters (every train-<name>): written here, never taken from a benchmark.
 
 Three kinds, so the head sees what the target really writes:
   code completion  raw text: a signature + docstring of a Python standard-library function (read

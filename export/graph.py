@@ -7,7 +7,7 @@ Hugging Face model.
 
 Each model is declared once, as a ModelWriter: its weights (`_prepare`) and its graph (`build`),
 written as calls on the flavour's layer ops (layer_ops.LayerOps; FLAVOURS below): the decoder here
-(target and draft), the EAGLE, EAGLE-3, DFlash and Medusa drafters in their own modules. Every
+(target and draft), each drafter's graph in its own module (<name>_graph.py). Every
 flavour shares the weights and the I/O: portable (portable_graph.py: standard ops, TensorRT takes
 it) and lean (lean_graph.py: ONNX Runtime's fused ops where they keep the rule, 26 nodes per layer
 instead of 62); the linears are a strategy of their own (linears.py).

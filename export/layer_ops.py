@@ -1,14 +1,15 @@
 """The op choices of a graph flavour, as one strategy every model declaration calls.
 
-A model (graph.LlamaGraphWriter, the EAGLE / EAGLE-3 heads, DFlash, Medusa) is written once as
+A model (graph.LlamaGraphWriter, each drafter's graph writer) is written once as
 calls on a LayerOps: `linear`, `norm`, `add`, `rotary`, `attention`, `mlp` and the per-call
 prologue. Each flavour implements them in its own ops and tensor layout:
   portable (portable_graph.PortableOps)  standard ONNX ops, opset 17, rows [T, H]: TensorRT parses it
   lean (lean_graph.LeanOps)              ONNX Runtime's fused ops where they keep the rule, opset 18,
                                          rows [1, T, H], a sublayer's output added by the next norm
 The linears are a strategy of their own (linears.Linears, the flavour's LINEARS), so a flavour
-with other linears only names another class. Graphs whose layers exist in one form only (DFlash's
-block attention, Medusa's blocks) take `standard()`: this flavour's linears, portable layer ops.
+with other linears only names another class. Graphs whose layers exist in one form only (a block
+drafter's attention, multi-token heads' blocks) take `standard()`: this flavour's linears, portable
+layer ops.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaG
 class MedusaGraphWriter(ModelWriter):
     def __init__(self, target_arch: ArchSpec, mc, arrays: dict[str, np.ndarray], lm_head: np.ndarray,
                  opts: GraphOptions) -> None:
-        """mc / arrays: from medusa.read_heads (float32, d2t absolute); lm_head [V, H]: the target's
+        """mc / arrays: from medusa_checkpoint.read_heads (float32, d2t absolute); lm_head [V, H]: the target's
         LM head as its engine computes with it."""
         self.mc = mc
         self.d2t = arrays["d2t"]
@@ -77,7 +77,7 @@ class MedusaGraphWriter(ModelWriter):
 def write_medusa(heads: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, opts: GraphOptions):
     """medusa.weights + medusa.onnx; (graph writer, manifest entry)."""
     from edgespec.engines.manifest import HeadsSpec, TensorSpec
-    from edgespec.export.checkpoint import MedusaFormatError, read_heads
+    from edgespec.export.medusa_checkpoint import MedusaFormatError, read_heads
     from edgespec.export.spec import ExportError
     from edgespec.export.write import head_info, write_drafter
 

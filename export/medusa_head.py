@@ -10,7 +10,7 @@ sequence. Unlike EAGLE, head i never sees d_1..d_i: acceptance falls fast with d
 what Medusa's trees (each head's top candidates, combined) are for.
 
 Parameter names (Medusa's): "{i}.{j}.linear.weight" [H, H], "{i}.{j}.linear.bias" [H] for head i,
-block j; `checkpoint.py` reads and writes the files.
+block j; `medusa_checkpoint.py` reads and writes the files.
 """
 
 from __future__ import annotations

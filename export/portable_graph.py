@@ -1,5 +1,5 @@
 """The portable flavour of the graphs: standard ONNX ops only (opset 17), which TensorRT parses;
-what fp16 folders get, and the layers of the graphs written in one form (DFlash, Medusa).
+what fp16 folders get, and the layers of the graphs written in one form (layer_ops.standard).
 
 Rows are [T, W]. Per layer: RMSNorm as Pow / ReduceMean / Add / Sqrt / Div / Mul (ORT fuses it at
 load), rotary as Split / Neg / Concat / Mul / Mul / Add on cos/sin rows gathered once per call, and

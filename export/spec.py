@@ -4,10 +4,11 @@ inputs and outputs declared once with the symbolic T and S axes)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 
 from edgespec.engines.manifest import FUSED_PREFIX, PHASES, TOKENS, WINDOW, GraphSpec, ModelSpec, TensorSpec, WeightSpec
+from edgespec.export.drafters import options, registry
 from edgespec.export.graph import GraphOptions
 
 PRECISIONS = ("fp32", "fp16", "int4", "int8")
@@ -27,19 +28,10 @@ class ExportError(ValueError):
 
 
 @dataclass(frozen=True)
-class ExportConfig:
+class CoreExportConfig:
+    """The settings of every export; each drafter's own (export/drafters/) join them in ExportConfig."""
+
     target: str | None = None  # model source: HF folder, .gguf, hub id; None = default SmolLM2
-    draft: str | None = None  # None, another model source, "self:N" (first N layers) or "self:int4"
-    eagle: str | None = "auto"  # EAGLE head folder; "auto": the shipped head when the target is the
-    #                             default model, else none; None / "none": no head
-    eagle_draft_vocab: int | None = None  # the head keeps its N most frequent draft tokens (None:
-    #                                        EAGLE_DRAFT_VOCAB when the head records that order; 0: all)
-    eagle3: str | None = None  # EAGLE-3 head folder (train-eagle3, HF EAGLE-3 layout); turns on
-    #                            eagle3_features (its fc reads the target's hidden_aux)
-    dflash: str | None = None  # DFlash block drafter folder (train-dflash, DFlash layout); turns on
-    #                            eagle3_features (it reads the target's hidden_aux)
-    medusa: str | None = "auto"  # Medusa heads folder; "auto": the shipped heads when the target is the
-    #                              default model, else none; None / "none": no heads
     out: str | None = None  # engine folder; None = engines/<target name>
     max_len: int = 2048  # KV slots (prompt + output)
     k: int = 8  # largest num_speculative_tokens: verify graphs for widths 2..k+1 are exported
@@ -51,8 +43,6 @@ class ExportConfig:
     int8_lm_head: bool = True  # int4 precision: 8-bit LM head (Q8_0 scheme, int8 activations); False: fp32
     trees: bool = True  # token-tree verify (tree_mask input) in the target and EAGLE head graphs (no
     #                     measurable decode cost, docs); False: chain-only graphs
-    eagle3_features: bool = False  # target graphs also output hidden_aux: the residual stream entering
-    #                                layers 2, L//2 and L-3, concatenated [1, T, 3H] (EAGLE-3 fusion)
     two_row_matmuls: str = "auto"  # int4: 1-token calls run the int4 matmuls on 2 rows so decode rows equal
     #                                verify rows bitwise; "auto": when this CPU's ORT needs it (probed), "on", "off"
     graph: str = "auto"  # graph flavour: "lean" (ONNX Runtime contrib ops where they keep the bitwise rule,
@@ -69,8 +59,6 @@ class ExportConfig:
             raise ExportError(f"--out {self.out} is a file, not a folder; choose another --out")
         if self.k < 1:
             raise ExportError(f"--k must be >= 1 (got {self.k})")
-        if self.eagle_draft_vocab is not None and self.eagle_draft_vocab < 0:
-            raise ExportError(f"--eagle-draft-vocab must be >= 0 (got {self.eagle_draft_vocab}; 0 keeps them all)")
         if self.two_row_matmuls not in ("auto", "on", "off"):
             raise ExportError(f"--two-row-matmuls {self.two_row_matmuls!r}: choose auto, on or off")
         if self.graph not in GRAPH_FLAVOURS:
@@ -98,6 +86,9 @@ class ExportConfig:
             raise ExportError(f"--max-len {self.max_len} must be a multiple of --kv-bucket {self.kv_bucket}")
         if self.max_len < self.k + 2:
             raise ExportError(f"--max-len {self.max_len} leaves no room for k={self.k}")
+        for plugin in registry().values():
+            if plugin.check is not None:
+                plugin.check(self)
 
     def flavour(self) -> str:
         """The graph flavour written: portable for fp16 (the TensorRT path parses standard ops only)."""
@@ -106,12 +97,21 @@ class ExportConfig:
         return self.graph
 
     def widths(self) -> list[int]:
-        """Token widths of the target and EAGLE graphs: decode 1, verify 2..k+1, the prefill chunk."""
+        """Token widths of the target graphs (and the heads fed as they are): decode 1, verify 2..k+1,
+        the prefill chunk."""
         return sorted(set(range(1, self.k + 2)) | {self.prefill_chunk})
 
-    def draft_widths(self) -> list[int]:
-        """Token widths of a draft model's graph: it drafts one token a call, after a prefill."""
-        return sorted({1, self.prefill_chunk})
+
+def _option_field(o):
+    typ = o.type if o.default is not None else (o.type | None)
+    return o.name, typ, field(default=o.default, metadata={"option": o})
+
+
+# the core fields, then every drafter's export options (export/drafters/: each module declares its own)
+ExportConfig = make_dataclass("ExportConfig", [_option_field(o) for o in options()], bases=(CoreExportConfig,),
+                              frozen=True)
+ExportConfig.__module__ = __name__
+ExportConfig.__doc__ = "Every export setting: CoreExportConfig's fields and each drafter's export options."
 
 
 def tolerance(opts: GraphOptions) -> float:
@@ -121,9 +121,11 @@ def tolerance(opts: GraphOptions) -> float:
     return TOLERANCE[opts.precision]
 
 
-def eagle3_layers(n_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's low / middle / high feature layers (as SGLang and vLLM pick them): the residual
-    stream entering layers 2, n//2 and n-3 (clamped for very shallow models)."""
+def aux_layers(n_layers: int) -> tuple[int, ...]:
+    """The aux layers: the target layers whose incoming residual stream its graphs output as
+    hidden_aux (the aux features) for the drafters that read them: low / middle / high, entering
+    layers 2, n//2 and n-3 (clamped for very shallow models), as EAGLE-3 picks them in SGLang and
+    vLLM."""
     return tuple(sorted({min(2, n_layers - 1), n_layers // 2, max(n_layers - 3, 0)}))
 
 

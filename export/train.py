@@ -1,11 +1,11 @@
-"""One training entry for every drafter (EAGLE, EAGLE-3, DFlash, Medusa) by self-distillation (torch).
+"""One training entry for every drafter that ships models, by self-distillation (torch).
 
 What every kind shares lives here: its config's common fields (`BaseTrainConfig`), the
 self-distillation shards (`eagle_data`) loaded and split by sequence, the target's frozen
 tensors, a resumed run's checkpoint and draft vocabulary, AdamW with a linear warm-up and a cosine
 decay over all epochs, a wall-clock budget per run and an epoch budget across runs,
 `checkpoint.pt` for resuming, and the progress line. `train` runs that sequence; a kind
-(`train_eagle`, `train_eagle3`, `train_dflash`, `train_medusa`) gives it one function, `start`:
+(`train_<name>.py`, run by its export/drafters/ plugin) gives it one function, `start`:
 from the `Run` set up so far, its module, its `Recipe` (its batches of one epoch, the loss of one
 batch, its held-out estimate, how it writes its folder) and its `Plan`.
 """

@@ -163,7 +163,7 @@ def estimate(model: DFlashDrafter, data: trainer.TrainData, seqs: np.ndarray, au
 
 def _start(run: trainer.Run) -> trainer.Start:
     """The drafter (from a checkpoint, or the target's last layers), its recipe and schedule."""
-    from edgespec.export.spec import eagle3_layers
+    from edgespec.export.spec import aux_layers
 
     cfg, data, tt, state = run.cfg, run.data, run.target, run.state
     arch = tt.arch
@@ -177,7 +177,7 @@ def _start(run: trainer.Run) -> trainer.Start:
                           rms_norm_eps=arch.rms_norm_eps, rope_theta=float(arch.rope_theta),
                           vocab_size=arch.vocab_size, draft_vocab_size=len(d2t), block_size=cfg.block_size,
                           mask_token_id=mask_token(tt.tokenizer, arch.vocab_size),
-                          target_layer_ids=tuple(ly - 1 for ly in eagle3_layers(arch.n_layers)),
+                          target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
                           n_target_layers=arch.n_layers)
     model = build_dflash(dc, init_arrays(arch, tt.state, d2t, dc, cfg.seed), tt.embed, tt.lm_head, tt.rope_cos,
                          tt.rope_sin)

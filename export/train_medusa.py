@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from edgespec.export import train as trainer
-from edgespec.export.checkpoint import save_heads
+from edgespec.export.medusa_checkpoint import save_heads
 from edgespec.export.medusa_head import MedusaConfig, MedusaHeads
 
 

@@ -1,9 +1,8 @@
 """Every exported graph, run through the runtime's ONNX Runtime engine, against a reference.
 
 Each model kind supplies its calls and what they must give: the decoders here (`validate_model`),
-each drafter in its module (eagle_graph.validate_eagle and validate_fused,
-eagle3_graph.validate_eagle3, dflash_graph.validate_dflash, medusa_graph.validate_medusa).
-`compare` records max |got - want| per call and refuses the export when the worst is over the
+each drafter's in its graph module (<name>_graph.validate_<name>, called by its plugin in
+export/drafters/). `compare` records max |got - want| per call and refuses the export when the worst is over the
 tolerance. Token graphs are fed as the runtime feeds them (`schedule`): one prefill chunk, then
 every other width in turn, so each width runs at a nonzero past_len over a bucketed cache.
 """
@@ -58,7 +57,7 @@ def validation_tokens(tok, n: int, vocab: int) -> np.ndarray:
 
 
 def target_features(ref_target, tokens: np.ndarray) -> np.ndarray:
-    """The target's final-norm hidden states [N, H] (what EAGLE and Medusa heads read)."""
+    """The target's final-norm hidden states [N, H] (what heads on the last features read)."""
     import torch
 
     with torch.no_grad():
@@ -66,8 +65,8 @@ def target_features(ref_target, tokens: np.ndarray) -> np.ndarray:
 
 
 def aux_features(ref_target, tokens: np.ndarray, layers: tuple[int, ...]) -> np.ndarray:
-    """The target's hidden_aux rows [N, n*H]: the residual stream entering `layers` (what EAGLE-3
-    and DFlash read)."""
+    """The target's hidden_aux rows [N, n*H]: the residual stream entering `layers` (the aux
+    features, what some drafters read)."""
     import torch
 
     with torch.no_grad():

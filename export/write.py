@@ -1,13 +1,13 @@
 """Writing one model into the engine folder: its weights file and ONNX graph, returned as its
-manifest entry. The target and draft decoders here (`write_model`); each drafter's module writes
-its own on the helpers below (eagle_graph.write_eagle, eagle3_graph.write_eagle3,
-dflash_graph.write_dflash, medusa_graph.write_medusa): its files (`write_drafter`), the manifest
-entry of a token head (`token_head_spec`) and where it came from (`head_info`)."""
+manifest entry. The target and draft decoders here (`write_model`, `host_prologue_entry`); each
+drafter's graph module (<name>_graph.py, called by its export/drafters/ plugin) writes its own on
+the helpers below: its files (`write_drafter`), the manifest entry of a token head
+(`token_head_spec`), where it came from (`head_info`) and the folder a flag names (`heads_dir`)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,7 @@ from edgespec.export import spec as es
 from edgespec.export.graph import LlamaGraphWriter, ModelWriter
 from edgespec.export.weights import write_weights
 
-SHIPPED_HEADS = Path(__file__).parent / "heads"  # trained EAGLE / Medusa heads shipped for default models
+SHIPPED_HEADS = Path(__file__).parent / "heads"  # trained drafter heads shipped for default models
 
 
 def _external(model: onnx.ModelProto) -> set[str]:
@@ -43,9 +43,16 @@ def write_model(writer: LlamaGraphWriter, folder: Path, role: str, kind: str, wi
                      weights_file=weights_file, weights=es.weight_specs(index, _external(model)), graph=graph)
 
 
+def host_prologue_entry(spec: ModelSpec, writer: LlamaGraphWriter) -> ModelSpec:
+    """A target/draft entry whose graph was written with --host-prologue declares the prologue's inputs."""
+    if not (writer.opts.host_prologue and writer.lean):  # the portable writer keeps its prologue
+        return spec
+    return replace(spec, graph=es.with_host_prologue(spec.graph, writer.arch.n_heads, writer.opts))
+
+
 def heads_dir(arg: str | None, src, suffix: str, kind: str) -> Path | None:
-    """The drafting-head folder an --eagle / --medusa argument names: none, the shipped one for the
-    default model (heads/<name><suffix>), or a folder."""
+    """The drafting-head folder a drafter's flag (--<kind>) names: none, the shipped one for the
+    default model (heads/<name><suffix>, with "auto"), or a folder."""
     if arg in (None, "none", ""):
         return None
     if arg == "auto":
@@ -73,7 +80,7 @@ def head_info(src: Path, target_vocab: int, trained_vocab: int, key: str) -> Hea
 class DrafterFiles:
     """A drafter's <stem>.weights and <stem>.onnx, as its manifest entry names them."""
 
-    stem: str  # file name without suffix ("eagle", "medusa", ...)
+    stem: str  # file name without suffix: the drafter's name
     model: onnx.ModelProto  # the graph written
     index: dict[str, dict]  # the weights file's index (weights.write_weights)
     weights: dict[str, WeightSpec]  # the initializers the graph reads (a target's embedding: in target.weights)

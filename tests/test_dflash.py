@@ -15,7 +15,7 @@ def tiny_dflash(model_dir, out, block_size: int = 5, draft_vocab: int = 48, seed
 
     from edgespec.export.arch import arch_from_config
     from edgespec.export.dflash_model import DFlashConfig, build_dflash, init_arrays, save_dflash
-    from edgespec.export.spec import eagle3_layers
+    from edgespec.export.spec import aux_layers
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     arch = arch_from_config(model.config, 256)
@@ -25,7 +25,7 @@ def tiny_dflash(model_dir, out, block_size: int = 5, draft_vocab: int = 48, seed
                       head_dim=arch.head_dim, intermediate_size=arch.intermediate_size, rms_norm_eps=arch.rms_norm_eps,
                       rope_theta=float(arch.rope_theta), vocab_size=arch.vocab_size, draft_vocab_size=draft_vocab,
                       block_size=block_size, mask_token_id=arch.vocab_size - 1,
-                      target_layer_ids=tuple(ly - 1 for ly in eagle3_layers(arch.n_layers)),
+                      target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
                       n_target_layers=arch.n_layers)
     arrays = init_arrays(arch, sd, d2t, dc, seed)
     rng = np.random.default_rng(seed + 1)

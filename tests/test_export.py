@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 
 from tiny import assert_rows_bitwise_alike  # noqa: E402
 
-from edgespec.engines.manifest import VERSION, ManifestError, load_manifest  # noqa: E402
+from edgespec.engines.manifest import ManifestError, load_manifest  # noqa: E402
 from edgespec.export.arch import UnsupportedModelError  # noqa: E402
 from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
 from edgespec.export.sources import SourceError  # noqa: E402
@@ -79,14 +79,14 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.spec import eagle3_layers
+    from edgespec.export.spec import aux_layers
 
     src = make_tiny("llama", tmp_path / "src", num_hidden_layers=6)
     out = export(ExportConfig(target=str(src), out=str(tmp_path / "e"), max_len=64, k=2, prefill_chunk=8,
                               kv_bucket=16, precision="fp32", eagle3_features=True, progress=False))
     m = load_manifest(out)
-    assert eagle3_layers(6) == (2, 3) and m.target.aux_layers == (2, 3) and m.target.aux_width == 2 * 64
-    assert eagle3_layers(30) == (2, 15, 27)
+    assert aux_layers(6) == (2, 3) and m.target.aux_layers == (2, 3) and m.target.aux_width == 2 * 64
+    assert aux_layers(30) == (2, 15, 27)
     engine = OrtModel(m, m.target)
     tokens = np.arange(5, 19)
     feats = np.zeros((14, 2 * 64), np.float32)
@@ -104,10 +104,9 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
 
 def test_manifest_records_the_contract(tiny_engine):
     d = json.loads((tiny_engine / "manifest.json").read_text())
-    assert d["format"] == "edgespec.engine" and d["version"] == VERSION
+    assert d["format"] == "edgespec.engine" and d["version"] == 3
     assert d["eos_token_ids"] == [1] and d["chat_template_file"]
     assert d["source"]["sha256"] and d["source"]["kind"] == "hf"
-    assert set(d["drafters"]) == {"draft"}  # one typed section per drafter that ships models (self:1 here)
     g = d["target"]["graph"]  # one entry per graph: its widths, phases and I/O declared once
     assert g["widths"] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 16] and g["phases"]["prefill"] == [16]
     assert {i["name"] for i in g["inputs"]} >= {"input_ids", "positions", "past_len", "past_{kind}_{layer}"}
@@ -342,3 +341,18 @@ def test_build_trt_records_its_engines_through_the_manifest(tiny_models, tmp_pat
     assert after.models()["draft"].tensorrt == TrtInfo("draft.engine", "10.9.0", "GPU T", {1: 0, 16: 1})
     assert after.replace_model("target", before.target).replace_model("draft", before.models()["draft"]) == before
     assert (folder / "target.engine").read_bytes() == b"engine"
+
+
+def test_every_drafter_that_ships_models_has_an_export_plugin():
+    """The runtime and export registries agree: each drafter with a manifest section is exported by
+    the plugin of its name; each plugin's options are ExportConfig fields, its training command a
+    CLI command."""
+    import dataclasses
+
+    from edgespec.cli_offline import COMMANDS
+    from edgespec.export.drafters import options, registry
+    from edgespec.runtime.drafters import registry as runtime_registry
+
+    assert set(registry()) == {n for n, s in runtime_registry().items() if s.section is not None}
+    assert {o.name for o in options()} <= {f.name for f in dataclasses.fields(ExportConfig)}
+    assert {f"train-{n}" for n, p in registry().items() if p.train is not None} <= set(COMMANDS)

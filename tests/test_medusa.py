@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgespec.export.checkpoint import MedusaFormatError, read_heads, save_heads  # noqa: E402
+from edgespec.export.medusa_checkpoint import MedusaFormatError, read_heads, save_heads  # noqa: E402
 from edgespec.export.medusa_head import MedusaConfig, build_heads, random_heads  # noqa: E402
 
 
