@@ -312,7 +312,7 @@ def _cmd_demo(a) -> int:
             print("edgespec demo needs the export extra to build the engine: pip install 'edgespec[export]'",
                   file=sys.stderr)
             return 2
-        export(ExportConfig(out=a.engine))
+        export(ExportConfig(out=a.engine, precision="auto"))
 
     g = _load(a, drafter="none")
     print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)

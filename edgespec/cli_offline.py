@@ -28,10 +28,12 @@ def _add_export(sub) -> None:
     p.add_argument("--max-len", type=int, default=2048, help="context slots: prompt + output (default 2048)")
     p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=8,
                    help="largest num_speculative_tokens; verify widths 2..k+1 are exported (default 8)")
-    p.add_argument("--precision", default="int4", choices=["fp32", "fp16", "int4", "int8"],
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "int4", "int8"],
                    help="target weights (int4 = ORT MatMulNBits, blocks of 32; int8 = int8 weights per output "
                    "channel x int8 activation rows, exact int32 sums: the integer graph, whose extra verify rows "
-                   "are nearly free on CPUs with VNNI/AMX). Default int4")
+                   "can be nearly free on CPUs with VNNI/AMX); auto (default): the export times int4 and int8 "
+                   "target graphs on this CPU and keeps the one that speculates faster (recorded in the manifest's "
+                   "export_probe)")
     p.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens per prefill call (default 64)")
     p.add_argument("--kv-bucket", type=int, default=64,
                    help="attention reads the cache in multiples of this many slots (default 64)")

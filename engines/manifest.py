@@ -294,6 +294,8 @@ class Manifest:
     drafters: dict[str, object] = field(default_factory=dict, metadata={"registry": SECTIONS})  # drafter name ->
     #                                      its section (the models it ships); model-free drafters have none
     files: dict[str, FileRecord] = field(default_factory=dict)  # file -> size and sha256 as exported
+    export_probe: dict = field(default_factory=dict)  # --precision auto: the candidates' width tables on the
+    #                                                   exporting CPU and the choice (export/probe.py); {}: none
     problems: dict[str, str] = field(default_factory=dict, compare=False, metadata={"json": False})  # section ->
     #                                      why its files cannot be used (set by load_manifest, never written)
 

@@ -134,6 +134,14 @@ def export(cfg: ExportConfig) -> Path:
     src = sources.resolve(cfg.target)
     out = Path(cfg.out) if cfg.out else Path("engines") / src.name
     check_out(out, cfg.force)
+    probe = {}  # --precision auto: what the per-CPU probe measured (manifest export_probe)
+    if cfg.precision == "auto" and cfg.graph != "auto":  # the graph asked for decides
+        cfg = dataclasses.replace(cfg, precision="int8" if cfg.graph == "integer" else "int4")
+    elif cfg.precision == "auto":
+        from edgespec.export.probe import choose_precision
+
+        precision, probe = choose_precision(cfg, cfg.progress)
+        cfg = dataclasses.replace(cfg, precision=precision)
     clean_stale_partials(out.parent)
     widths = cfg.widths()
     plugins = registry()
@@ -183,7 +191,7 @@ def export(cfg: ExportConfig) -> Path:
             chat_template_file=chat_file, eos_token_ids=tuple(_eos_ids(model, tok)), bos_token_id=tok.bos_token_id,
             target=target, drafters={name: s.section for name, s in shipped.items()},
             # measured on this CPU (docs): adaptive prompt lookup beat every fixed k
-            defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True))
+            defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True), export_probe=probe)
         man.save()
         if cfg.validate:
             man = _validate(man, ctx, shipped)

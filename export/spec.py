@@ -35,7 +35,8 @@ class CoreExportConfig:
     out: str | None = None  # engine folder; None = engines/<target name>
     max_len: int = 2048  # KV slots (prompt + output)
     k: int = 8  # largest num_speculative_tokens: verify graphs for widths 2..k+1 are exported
-    precision: str = "int4"  # target weights: int4 (MatMulNBits, the CPU default) | fp32 | fp16
+    precision: str = "int4"  # target weights: int4 (MatMulNBits) | int8 (integer graph) | fp32 | fp16 | auto (the
+    #                          export times int4 and int8 on this CPU and keeps the faster for speculation: probe.py)
     prefill_chunk: int = 64  # prompt tokens per prefill call (width of the prefill graph)
     kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
     int4_accuracy_level: int = 4  # MatMulNBits accuracy_level: 4 = int8 activations (fast), 0 = fp32
@@ -66,14 +67,14 @@ class CoreExportConfig:
         if self.graph == "lean" and self.precision == "fp16":
             raise ExportError("--graph lean is written for fp32 and int4; fp16 folders (TensorRT) take "
                               "--graph portable (or auto)")
-        if (self.graph == "integer") != (self.precision == "int8") and self.graph != "auto":
+        if (self.graph == "integer") != (self.precision == "int8") and "auto" not in (self.graph, self.precision):
             raise ExportError(f"--graph {self.graph} --precision {self.precision}: the integer graph is the "
                               "int8 precision (int8 weights x int8 rows); give --precision int8 with --graph auto")
         if self.host_prologue and self.flavour() not in ("lean", "integer"):
             raise ExportError(f"--host-prologue needs the lean graph (got --graph {self.graph} --precision "
                               f"{self.precision}); fp16/TensorRT folders keep the portable graph: drop --host-prologue")
-        if self.precision not in PRECISIONS:
-            raise ExportError(f"--precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.precision not in PRECISIONS + ("auto",):
+            raise ExportError(f"--precision {self.precision!r}: choose one of auto, {', '.join(PRECISIONS)}")
         if self.prefill_chunk < 1 or self.kv_bucket < 1:
             raise ExportError("--prefill-chunk and --kv-bucket must be >= 1")
         if self.max_len < self.prefill_chunk:

@@ -69,3 +69,21 @@ def test_the_integer_graph_is_the_int8_precision(graph, precision, tiny_models, 
     with pytest.raises(ExportError, match="integer graph is the int8 precision"):
         ExportConfig(target=str(tiny_models["llama"]), out=str(tmp_path / "x"), graph=graph,
                      precision=precision).check()
+
+
+def test_speculation_score_prefers_cheap_rows():
+    from edgespec.export.probe import speculation_score
+
+    flat = {1: 1.0, 2: 1.05, 3: 1.1, 5: 1.2}  # rows nearly free: wide calls pay
+    steep = {1: 1.0, 2: 1.9, 3: 2.8, 5: 4.6}  # a row costs most of a decode: plain decoding wins
+    assert speculation_score(flat) > speculation_score(steep) == 1.0
+
+
+def test_auto_precision_times_both_graphs_and_records_the_choice(tiny_models, tmp_path):
+    out = export(ExportConfig(target=str(tiny_models["llama"]), out=str(tmp_path / "e"), max_len=128, k=2,
+                              prefill_chunk=16, kv_bucket=32, precision="auto", progress=False, validate=False))
+    m = load_manifest(out)
+    probe = m.export_probe
+    assert probe["chosen"] == m.target.precision and set(probe["ms_by_width"]) == {"int4", "int8"}
+    assert set(probe["ms_by_width"]["int8"]) == {"1", "2", "3"} and probe["cpu"]
+    assert m.target.graph.flavour == ("integer" if m.target.precision == "int8" else "lean")
