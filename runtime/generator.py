@@ -149,7 +149,17 @@ class Generator:
         output, follows from the seed, the folder and the settings, not from the machine's load."""
         if self.adaptive is None:
             return None
-        return sampled_policy(self.k, self.drafter_name, self.cfg.provider)
+        return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs())
+
+    def _recorded_costs(self) -> dict[int, float] | None:
+        """Verify costs in decodes by width, as the export's probe measured them for this folder's
+        target on the CPU (manifest export_probe); None when it has none for widths 1..k+1."""
+        probe = self.manifest.export_probe if self.manifest is not None and self.cfg.provider == "cpu" else {}
+        ms = probe.get("ms_by_width", {}).get(self.manifest.target.precision, {}) if probe else {}
+        widths = range(1, self.k + 2)
+        if not all(str(w) in ms for w in widths):
+            return None
+        return {w: ms[str(w)] / ms["1"] for w in widths}
 
     def reconfigure(self, **changes) -> None:
         """Change runtime options between calls (e.g. adaptive=True, tree=TreeConfig(...)), keeping

@@ -87,3 +87,8 @@ def test_auto_precision_times_both_graphs_and_records_the_choice(tiny_models, tm
     assert probe["chosen"] == m.target.precision and set(probe["ms_by_width"]) == {"int4", "int8"}
     assert set(probe["ms_by_width"]["int8"]) == {"1", "2", "3"} and probe["cpu"]
     assert m.target.graph.flavour == ("integer" if m.target.precision == "int8" else "lean")
+    # sampled adaptive k prices verify rows with the recorded table (fixed per folder: seeds reproduce)
+    g = Generator.load(out, RuntimeConfig(drafter="ngram", k=2, adaptive=True))
+    costs = g._recorded_costs()
+    assert costs[1] == 1.0 and set(costs) == {1, 2, 3}
+    assert g._sampled_adaptive().verify_s[3] == costs[3]
