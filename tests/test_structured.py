@@ -358,3 +358,17 @@ def test_cli_bench_structured_reports_validity_and_identity(full_engine, tmp_pat
     assert [x["totals"]["identical_to_none"] for x in runs[:3]] == [3, 3, 3]
     assert all(x["totals"]["forced_tokens"] > 0 for x in runs[:3]) and runs[3]["totals"]["forced_tokens"] == 0
     assert "valid JSON" in r.stdout and all("json" in p for p in runs[0]["prompts"])
+
+
+def test_the_json_eval_prompts_carry_strict_schemas_they_quote():
+    """tools/prompts/json_eval.jsonl (bench --structured): 20+ prompts, each with a schema that
+    compiles strictly, bounded (so a small model can finish), and quoted in its prompt."""
+    from pathlib import Path
+
+    rows = [json.loads(x) for x in (Path(__file__).parent.parent / "tools/prompts/json_eval.jsonl").open()]
+    assert len(rows) >= 20 and len({r["id"] for r in rows}) == len(rows)
+    for r in rows:
+        assert grammar_from(json_schema=r["schema"]).kind == "json_schema"
+        assert json.dumps(r["schema"]) in r["messages"][-1]["content"], r["id"]
+        assert r["schema"]["additionalProperties"] is False and set(r["schema"]["required"]) == set(
+            r["schema"]["properties"]), r["id"]
