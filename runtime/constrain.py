@@ -39,6 +39,9 @@ INSTALL_HINT = "pip install 'edgespec[structured]'"
 # small model cannot wander off into whitespace. A schema's own "x-guidance" options override it.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json_schema", "json_object", "lark", "regex")
+# drafters that can draft after tokens the target has not verified yet (they read only the token
+# sequence, or run their own model over what is behind): they draft again after forced tokens
+REDRAFTERS = ("ngram", "suffix", "draft")
 # byte b of a packed mask -> its 8 tokens (bit i = token 8b + i): True where the token is forbidden
 _FORBID = np.array([[not (b >> i) & 1 for i in range(8)] for b in range(256)], bool)
 _SOURCE_LINE = re.compile(r"^\s*(\d+ \|.*|\^+)\s*$")  # a grammar error's quoted source line or caret
@@ -164,18 +167,23 @@ class Constraint:
         self._row_bytes = self.bits.strides[0]
         self._ptr = [self.bits.ctypes.data + i * self._row_bytes for i in range(n_rows)]
         self.forced = np.zeros(n_rows, bool)  # chain slot j (position j+1) holds a forced token
+        self._has_q = np.zeros(n_rows, bool)  # draft slot j's q row is in _q (else its q is one-hot)
         self._q: np.ndarray | None = None  # [n_rows, V] the drafter's q restricted (made at the first need)
         self._logits: np.ndarray | None = None  # a copy of read-only logits (engines that hand those out)
         self.matcher = None
         self.grammar: Grammar | None = None
 
     def begin(self, grammar: Grammar) -> None:
-        """A fresh matcher for one call; GrammarError when this vocabulary cannot run the grammar."""
-        m = self.llg.LLMatcher(self.tokenizer, grammar.text, log_level=0)
-        if m.is_error():
-            raise GrammarError(f"{grammar.kind}: {_one_line(m.get_error())}")
+        """A matcher at the grammar's start for one call (the last call's, reset, when its grammar
+        was the same: its lexer states are built already); GrammarError when this vocabulary
+        cannot run the grammar."""
+        m = self.matcher
+        if m is None or self.grammar is None or grammar.text != self.grammar.text or not m.reset() or m.is_error():
+            m = self.llg.LLMatcher(self.tokenizer, grammar.text, log_level=0)
+            if m.is_error():
+                raise GrammarError(f"{grammar.kind}: {_one_line(m.get_error())}")
         self.matcher, self.grammar = m, grammar
-        self.n_forced = self.n_cut = self.n_masks = 0  # the call's counters
+        self.n_forced = self.n_cut = self.n_masks = self.n_redrafts = 0  # the call's counters
         self.seconds = 0.0  # host time in shape() and accept()
         self.shape_s = 0.0  # the last shape()'s part of it
         self._n_chain = self._same = 0
@@ -245,14 +253,20 @@ class Constraint:
         self._consume(tok)
         return tok
 
-    def shape(self, prop: Proposal, seq: SeqState, cap: int) -> Proposal:
+    def shape(self, prop: Proposal, seq: SeqState, cap: int, drafter=None, k: int = 0) -> Proposal:
         """The chain to verify (module docstring): forced tokens in, forbidden drafts out, at most
-        cap tokens after the pending one. The matcher then stands after the whole chain."""
+        cap tokens after the pending one. A drafter that can draft past unverified tokens
+        (REDRAFTERS) drafts again after forced tokens its drafts missed or ran out before, up to k
+        drafts in all. The matcher then stands after the whole chain."""
         t0 = time.perf_counter()
-        m, slots = prop.n_drafted, seq.tokens[seq.n:seq.n + cap]
-        n = same = 0  # chain length; its first `same` slots hold the drafter's own tokens
+        slots = seq.tokens[seq.n:seq.n + cap]
+        # slots[base:m]: the latest proposal's tokens; slots[:same]: the chain prefix the drafter made
+        # or saw (its own state past it holds other tokens)
+        n = same = base = used = 0
+        m = prop.n_drafted
+        proposed, budget, q_src = m, k, prop.q
+        redraft = drafter is not None and drafter.name in REDRAFTERS
         self._bonus = -1
-        self._q_src = prop.q
         self.drafted = 0  # choice slots holding drafts (each is verified)
         while True:
             tok = self._forced_token()
@@ -261,15 +275,30 @@ class Constraint:
                     self._bonus = tok
                     break
                 if n == same and n < m and slots[n] == tok:
-                    same += 1
+                    same, used = same + 1, used + 1
                 slots[n] = tok
                 self.forced[n] = True
             else:
                 self._mask(n)  # row n chooses position n+1 (the bonus row when the chain ends here)
+                if (n != same or n >= m) and redraft and n > base and budget > 0:
+                    # the drafts missed a forced token or ran out before one: draft again after the chain
+                    if n != same:
+                        drafter.accepted(seq, seq.n, same)  # its rows past `same` hold other tokens
+                    n0, seq.n = seq.n, seq.n + n
+                    try:
+                        again = drafter.propose(seq, min(budget, cap - n))
+                    finally:
+                        seq.n = n0
+                    base, same, m, q_src = n, n, n + again.n_drafted, again.q
+                    proposed += again.n_drafted
+                    self.n_redrafts += 1
                 if n != same or n >= m or not self._allowed(n, int(slots[n])):
                     break
                 self.forced[n] = False
-                same += 1
+                self._has_q[n] = q_src is not None
+                if q_src is not None:  # kept now: a drafter may reuse its q buffer when it drafts again
+                    np.copyto(self._q_rows()[n], q_src[n - base])
+                same, used, budget = same + 1, used + 1, budget - 1
                 self.drafted += 1
             self._consume(slots[n])
             n += 1
@@ -277,7 +306,7 @@ class Constraint:
                 self._bonus = self.eos
                 break
         self._n_chain, self._same = n, same
-        self.cut = m - same  # drafts dropped: forbidden, or after a forced token they missed
+        self.cut = proposed - used  # drafts dropped: forbidden, or past a forced token they missed
         self.n_cut += self.cut
         self.shape_s = time.perf_counter() - t0
         self.seconds += self.shape_s
@@ -319,7 +348,7 @@ class Constraint:
     def _accept_sampled(self, logits: np.ndarray, slots: np.ndarray, sampling: SamplingConfig, rng):
         """Rejection sampling over the masked rows: a forced position's row (and q) one-hot on its
         token, so it is always kept; q' = the drafter's q restricted to the allowed tokens."""
-        n, q_src = self._n_chain, self._q_src
+        n = self._n_chain
         for j in range(n + 1):
             forced = self._bonus if j == n else (int(slots[j]) if self.forced[j] else -1)
             if forced >= 0:
@@ -328,18 +357,20 @@ class Constraint:
             else:
                 np.copyto(logits[j], -np.inf, where=self._forbidden(j))
         q = None  # one-hot q: a deterministic drafter, and forced slots
-        if q_src is not None and self._same:
-            if self._q is None:
-                self._q = np.zeros((len(self.bits), self.vocab), np.float64)
-            q = self._q[:n]
+        if any(self._has_q[j] and not self.forced[j] for j in range(n)):
+            q = self._q[:n]  # the drafts' q rows, copied in by shape()
             for j in range(n):
-                if self.forced[j]:
+                if self.forced[j] or not self._has_q[j]:
                     q[j].fill(0.0)
                     q[j, slots[j]] = 1.0
-                else:  # a draft slot (all of them lie within the drafter's own first `same`)
-                    np.copyto(q[j], q_src[j])
+                else:
                     self._restrict(q[j], j)
         return accept_sampled(slots, q, logits[:n + 1], sampling, rng)
+
+    def _q_rows(self) -> np.ndarray:
+        if self._q is None:  # [n_rows, V] float64: made at the first sampled call with a drafter's q
+            self._q = np.zeros((len(self.bits), self.vocab), np.float64)
+        return self._q
 
     def _restrict(self, q: np.ndarray, row: int) -> None:
         """q [V] restricted to row's allowed tokens and renormalised (in place)."""

@@ -206,7 +206,7 @@ class Generator:
         tgt, n_old = self.target, seq.n
         prop = self._draft(seq, k, trees=con is None)                              # draft
         if con is not None:  # forced tokens in, forbidden drafts out, each choice row's mask
-            prop = con.shape(prop, seq, min(chain_cap(tgt.widths), tgt.max_len - seq.n - 1))
+            prop = con.shape(prop, seq, min(chain_cap(tgt.widths), tgt.max_len - seq.n - 1), self.drafter, k)
         t_drafted = time.perf_counter()
         tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents)  # verify: [T, V]
         t_verified = time.perf_counter()

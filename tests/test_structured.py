@@ -125,6 +125,7 @@ def test_drafts_the_grammar_forbids_never_reach_the_verify_call():
             assert all(m.consume_token(int(t)) for t in ids[1:]), (out, past, ids)
     st = g.last_stats
     assert st.n_grammar_cut > 0 and st.n_forced > 0 and st.n_masks > 0 and st.to_dict()["grammar"] == "regex"
+    assert g.structured.n_redrafts > 0  # the draft model drafted again after the forced "e"
 
 
 def _exact(g, grammar, n, cfg):
@@ -372,3 +373,29 @@ def test_the_json_eval_prompts_carry_strict_schemas_they_quote():
         assert json.dumps(r["schema"]) in r["messages"][-1]["content"], r["id"]
         assert r["schema"]["additionalProperties"] is False and set(r["schema"]["required"]) == set(
             r["schema"]["properties"]), r["id"]
+
+
+@pytest.mark.slow
+def test_default_model_json_eval_outputs_validate_and_speculation_is_identical(default_engine):
+    """The real model on json_eval prompts: every constrained output parses and validates against
+    its schema, and speculative output equals constrained plain output for each drafter."""
+    from pathlib import Path
+
+    from edgespec.runtime.bench import json_check, load_prompts
+
+    pytest.importorskip("jsonschema")
+    g = Generator.load(default_engine, RuntimeConfig(drafter="none", k=4, adaptive=False))
+    rows = load_prompts(str(Path(__file__).parent.parent / "tools/prompts/json_eval.jsonl"), 24)[::4]
+    forced = 0
+    for r in rows:
+        grammar = grammar_from(json_schema=r["schema"])
+        ids = g.codec.encode(r["messages"])
+        g.set_drafter("none")
+        ref = _ids(g, 256, grammar=grammar, prompt=ids)
+        assert g.last_stats.finish_reason == "stop", r["id"]
+        assert json_check(g.codec.decode(ref), r["schema"]) == "valid", (r["id"], g.codec.decode(ref))
+        forced += g.last_stats.n_forced
+        for d in ("ngram", "suffix", "eagle"):
+            g.set_drafter(d, 4)
+            assert np.array_equal(_ids(g, 256, grammar=grammar, prompt=ids), ref), (r["id"], d)
+    assert forced > 0
