@@ -173,16 +173,17 @@ class Constraint:
         self.matcher = None
         self.grammar: Grammar | None = None
 
-    def begin(self, grammar: Grammar) -> None:
+    def begin(self, grammar: Grammar, greedy: bool = True) -> None:
         """A matcher at the grammar's start for one call (the last call's, reset, when its grammar
         was the same: its lexer states are built already); GrammarError when this vocabulary
-        cannot run the grammar."""
+        cannot run the grammar. greedy: a row's full mask is computed only when the target's own
+        argmax there is forbidden (sampling needs every choice row's mask)."""
         m = self.matcher
         if m is None or self.grammar is None or grammar.text != self.grammar.text or not m.reset() or m.is_error():
             m = self.llg.LLMatcher(self.tokenizer, grammar.text, log_level=0)
             if m.is_error():
                 raise GrammarError(f"{grammar.kind}: {_one_line(m.get_error())}")
-        self.matcher, self.grammar = m, grammar
+        self.matcher, self.grammar, self.greedy = m, grammar, greedy
         self.n_forced = self.n_cut = self.n_masks = self.n_redrafts = 0  # the call's counters
         self.seconds = 0.0  # host time in shape() and accept()
         self.shape_s = 0.0  # the last shape()'s part of it
@@ -215,22 +216,26 @@ class Constraint:
         return self.forbid[row, :self.vocab]
 
     def _allowed(self, row: int, tok: int) -> bool:
+        """Does row's computed mask allow tok?"""
         return bool((int(self.bits[row, tok >> 5]) >> (tok & 31)) & 1)
 
+    def _valid(self, tok: int) -> bool:
+        """May the matcher take tok now? (No mask needed: about a microsecond.)"""
+        return self.matcher.validate_tokens([int(tok)]) == 1
+
+    def _draft_allowed(self, row: int, tok: int) -> bool:
+        return self._valid(tok) if self.greedy else self._allowed(row, tok)
+
     def _argmax(self, logits: np.ndarray, row: int) -> int:
-        """The masked argmax: the plain argmax when the grammar allows it (the first maximum, so the
-        same index masking would give), else the argmax of the masked row."""
+        """The masked argmax where the matcher stands: the plain argmax when the grammar allows it
+        (the first maximum, so the same index masking would give), else the argmax of the row
+        masked (mask computed into buffer row `row`)."""
         x = int(logits.argmax())
-        if self._allowed(row, x):
+        if self._valid(x):
             return x
+        self._mask(row)
         np.copyto(logits, -np.inf, where=self._forbidden(row))
         return int(logits.argmax())
-
-    def _choose(self, logits: np.ndarray, row: int, sampling: SamplingConfig, rng) -> int:
-        if sampling.greedy:
-            return self._argmax(logits, row)
-        np.copyto(logits, -np.inf, where=self._forbidden(row))
-        return sample(probs(logits, sampling), rng)
 
     def _writable(self, logits: np.ndarray) -> np.ndarray:
         if logits.flags.writeable:
@@ -245,11 +250,15 @@ class Constraint:
     def first(self, logits: np.ndarray, sampling: SamplingConfig, rng) -> int:
         """The first output token from the prompt's last logits [V] (repetition penalty applied)."""
         tok = self._forced_token()
+        logits = self._writable(logits[None])[0]
         if tok >= 0:
             self.n_forced += 1
+        elif sampling.greedy:
+            tok = self._argmax(logits, 0)
         else:
             self._mask(0)
-            tok = self._choose(self._writable(logits[None])[0], 0, sampling, rng)
+            np.copyto(logits, -np.inf, where=self._forbidden(0))
+            tok = sample(probs(logits, sampling), rng)
         self._consume(tok)
         return tok
 
@@ -279,7 +288,8 @@ class Constraint:
                 slots[n] = tok
                 self.forced[n] = True
             else:
-                self._mask(n)  # row n chooses position n+1 (the bonus row when the chain ends here)
+                if not self.greedy:  # row n chooses position n+1 (the bonus row when the chain ends here)
+                    self._mask(n)
                 if (n != same or n >= m) and redraft and n > base and budget > 0:
                     # the drafts missed a forced token or ran out before one: draft again after the chain
                     if n != same:
@@ -292,7 +302,7 @@ class Constraint:
                     base, same, m, q_src = n, n, n + again.n_drafted, again.q
                     proposed += again.n_drafted
                     self.n_redrafts += 1
-                if n != same or n >= m or not self._allowed(n, int(slots[n])):
+                if n != same or n >= m or not self._draft_allowed(n, int(slots[n])):
                     break
                 self.forced[n] = False
                 self._has_q[n] = q_src is not None
@@ -323,18 +333,10 @@ class Constraint:
         else:
             tgt_logits = self._writable(tgt_logits)
         if sampling.greedy:
-            n_acc, nxt = n, -1
-            for j in range(n):
-                if not self.forced[j]:
-                    x = self._argmax(tgt_logits[j], j)
-                    if x != slots[j]:
-                        n_acc, nxt = j, x
-                        break
-            if nxt < 0:
-                nxt = self._bonus if self._bonus >= 0 else self._argmax(tgt_logits[n], n)
+            n_acc, nxt = self._accept_greedy(tgt_logits, slots)
         else:
             n_acc, nxt = self._accept_sampled(tgt_logits, slots, sampling, rng)
-        self.matcher.rollback(n - n_acc)
+            self.matcher.rollback(n - n_acc)
         ended = n_acc > 0 and int(slots[n_acc - 1]) in self._eos_ids  # an EOS was kept: nothing follows it
         if not ended:
             self._consume(nxt)
@@ -344,6 +346,22 @@ class Constraint:
         self.n_forced += self.forced_kept + self.forced_last
         self.seconds += time.perf_counter() - t0
         return n_acc, nxt
+
+    def _accept_greedy(self, logits: np.ndarray, slots: np.ndarray) -> tuple[int, int]:
+        """A draft is kept iff it is its row's masked argmax: the plain argmax when they agree (the
+        draft is allowed), else the masked choice where the matcher stands at that position. The
+        matcher is left after the kept tokens."""
+        n = self._n_chain
+        for j in range(n):
+            if self.forced[j] or int(logits[j].argmax()) == slots[j]:
+                continue
+            self.matcher.rollback(n - j)
+            y = self._argmax(logits[j], j)
+            if y != slots[j]:
+                return j, y
+            for t in slots[j:n]:  # the draft was the masked argmax after all: back to the chain's end
+                self._consume(t)
+        return n, (self._bonus if self._bonus >= 0 else self._argmax(logits[n], n))
 
     def _accept_sampled(self, logits: np.ndarray, slots: np.ndarray, sampling: SamplingConfig, rng):
         """Rejection sampling over the masked rows: a forced position's row (and q) one-hot on its

@@ -278,7 +278,7 @@ class Generator:
             raise PromptTooLongError(f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
                                      f"(max_len); shorten it or re-export with --max-len > {n_prompt}")
         rng = np.random.default_rng(sampling.seed)
-        con = self.constraint(grammar)
+        con = self.constraint(grammar, sampling.greedy)
         # masked rows: the token after a verified row need not be its argmax (a fused head assumes it)
         self.drafter.configure(sampling if con is None else dataclasses.replace(sampling, masked=True), rng)
         # greedy adaptive k follows measured times; under sampling that would make the RNG draws,
@@ -358,9 +358,9 @@ class Generator:
         self.constraint(fmt)  # a grammar this vocabulary cannot run fails here too
         return self.stream_text(self.codec.encode(prompt), max_new_tokens, sampling, stop, fmt)
 
-    def constraint(self, grammar: Grammar | None) -> Constraint | None:
-        """The generator's Constraint started on grammar (None: no grammar). GrammarError when the
-        grammar cannot run on this vocabulary, or llguidance is missing."""
+    def constraint(self, grammar: Grammar | None, greedy: bool = True) -> Constraint | None:
+        """The generator's Constraint started on grammar (None: no grammar) for a greedy or sampled
+        call. GrammarError when the grammar cannot run on this vocabulary, or llguidance is missing."""
         if grammar is None:
             return None
         if self.structured is None:
@@ -368,7 +368,7 @@ class Generator:
                 raise GrammarError("structured output needs the folder's tokenizer (this generator has no codec)")
             tok = grammar_tokenizer(self.codec.tokenizer, self.engines.target.vocab_size, self.eos)
             self.structured = Constraint(tok, self.engines.target.vocab_size, self.eos, max(self.engines.target.widths))
-        self.structured.begin(grammar)
+        self.structured.begin(grammar, greedy)
         return self.structured
 
     def stream_text(self, ids: np.ndarray, max_new_tokens: int, sampling: SamplingConfig,

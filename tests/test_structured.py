@@ -78,7 +78,7 @@ def _logits(g, ctx):
     return t.table[ctx[-1]] + t.table2[ctx[-2]]
 
 
-@pytest.mark.parametrize("regex", [REGEX, "(ab|ba)+c?d{2}"])
+@pytest.mark.parametrize("regex", [REGEX, "(ab|ba)+c?d{2}", "[a-g]{2}[abc]{3}e"])
 def test_constrained_plain_follows_the_rule_and_every_drafter_matches_it(regex):
     """Greedy: an oracle applies the rule token by token (forced, else masked argmax); plain and
     every drafter, several k, give exactly its output."""
