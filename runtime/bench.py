@@ -91,6 +91,7 @@ def _totals(stats: list[GenerationStats]) -> dict:
     seconds = sum(s.total_s for s in stats)
     calls = sum(s.n_target_calls for s in stats)
     drafted = sum(s.n_drafted for s in stats)
+    forced_rows = sum(s.n_forced_rows for s in stats)  # a grammar's forced tokens ride in the verify calls too
     itl = np.array([x for s in stats for x in s.itl_s]) * 1e3
     pct = {f"p{q}": float(np.percentile(itl, q)) if len(itl) else 0.0 for q in (50, 95, 99)}
     by_pos = np.zeros(64)
@@ -108,7 +109,7 @@ def _totals(stats: list[GenerationStats]) -> dict:
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
             "mean_accepted_length": sum(s.n_step_tokens for s in stats) / calls if calls else 0.0,
             # tokens per verify call incl. the pending one: the target's cost side (trees: nodes)
-            "mean_verify_width": (drafted + calls) / calls if calls else 0.0,
+            "mean_verify_width": (drafted + forced_rows + calls) / calls if calls else 0.0,
             "acceptance_rate": sum(s.n_accepted for s in stats) / drafted if drafted else 0.0,
             "itl_ms": pct, "ttft_ms": float(np.mean([s.ttft_s for s in stats]) * 1e3),
             "acceptance_by_position": [float(by_pos[i] / den[i]) for i in range(n_pos)],

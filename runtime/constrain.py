@@ -185,6 +185,7 @@ class Constraint:
                 raise GrammarError(f"{grammar.kind}: {_one_line(m.get_error())}")
         self.matcher, self.grammar, self.greedy = m, grammar, greedy
         self.n_forced = self.n_cut = self.n_masks = self.n_redrafts = 0  # the call's counters
+        self.n_forced_rows = 0  # forced tokens that rode in verify calls (kept or not)
         self.seconds = 0.0  # host time in shape() and accept()
         self.shape_s = 0.0  # the last shape()'s part of it
         self._n_chain = self._same = 0
@@ -316,6 +317,7 @@ class Constraint:
                 self._bonus = self.eos
                 break
         self._n_chain, self._same = n, same
+        self.n_forced_rows += n - self.drafted
         self.cut = proposed - used  # drafts dropped: forbidden, or past a forced token they missed
         self.n_cut += self.cut
         self.shape_s = time.perf_counter() - t0

@@ -328,7 +328,7 @@ class Generator:
             st.n_draft_calls = (dft_engine.n_calls - dft_calls0) if dft_engine is not None else 0
             st.total_s = time.perf_counter() - t_start
             if con is not None:
-                st.record_grammar(con.n_forced, con.n_cut, con.n_masks, con.seconds)
+                st.record_grammar(con)
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
             if self._uses_suffix_cache(self.drafter.name):  # the request it served becomes evidence for the next ones
                 self.suffix_cache.add(seq.tokens[:seq.n])

@@ -37,6 +37,7 @@ class GenerationStats:
     n_forced: int = 0  # tokens the grammar forced: no target choice (they still rode in a verify call for KV)
     n_grammar_cut: int = 0  # drafts dropped before verify: forbidden by the grammar, or past a missed forced token
     n_masks: int = 0  # token masks the grammar computed
+    n_forced_rows: int = 0  # forced tokens that rode in verify calls (rows beside the drafts)
     grammar_s: float = 0.0  # host time in the grammar during steps (masks, forced tokens, matcher, masked accept)
 
     def record_step(self, m: int, n_acc: int, n_emitted: int, step_s: float, n_proposed: int | None = None,
@@ -60,9 +61,10 @@ class GenerationStats:
         s[1] += n_drafted
         s[2] += n_acc
 
-    def record_grammar(self, n_forced: int, n_cut: int, n_masks: int, seconds: float) -> None:
-        """A constrained call's grammar counters (constrain.Constraint)."""
-        self.n_forced, self.n_grammar_cut, self.n_masks, self.grammar_s = n_forced, n_cut, n_masks, seconds
+    def record_grammar(self, con) -> None:
+        """A constrained call's grammar counters (a constrain.Constraint after the call)."""
+        self.n_forced, self.n_grammar_cut, self.n_masks = con.n_forced, con.n_cut, con.n_masks
+        self.n_forced_rows, self.grammar_s = con.n_forced_rows, con.seconds
 
     @property
     def acceptance_rate(self) -> float:
@@ -102,7 +104,7 @@ class GenerationStats:
                              "host": host, "grammar": self.grammar_s},
             "finish_reason": self.finish_reason,
             "grammar": self.grammar or None, "forced_tokens": self.n_forced, "grammar_cut": self.n_grammar_cut,
-            "grammar_masks": self.n_masks,
+            "grammar_masks": self.n_masks, "forced_rows": self.n_forced_rows,
             "grammar_ms_per_step": self.grammar_s * 1e3 / self.n_target_calls if self.n_target_calls else 0.0,
             "draft_sources": {k: {"steps": v[0], "drafted": v[1], "accepted": v[2]} for k, v in self.sources.items()},
         }
