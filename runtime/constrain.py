@@ -59,6 +59,19 @@ def _llg():
     return llguidance
 
 
+def _library(kind: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) of llguidance, its failures as GrammarError: its errors, and a panic of
+    its Rust code (which pyo3 raises as PanicException, a BaseException)."""
+    try:
+        return fn(*args, **kwargs)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise GrammarError(f"{kind}: {_one_line(str(e))}") from None
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise GrammarError(f"{kind}: llguidance failed on it ({_one_line(str(e))[:200]})") from None
+
+
 def _one_line(msg: str) -> str:
     return " ".join(s.strip() for s in msg.splitlines() if s.strip() and not _SOURCE_LINE.match(s))
 
@@ -93,10 +106,8 @@ def grammar_from(json_schema=None, grammar: str | None = None, regex: str | None
         if not isinstance(json_schema, dict):
             raise GrammarError(f"json_schema must be a JSON object (a schema), got {type(json_schema).__name__}")
         kind = "json_schema"
-        try:
-            text = llg.LLMatcher.grammar_from_json_schema(json_schema, defaults=JSON_OPTIONS | {"lenient": not strict})
-        except (ValueError, TypeError, RecursionError) as e:
-            raise GrammarError(f"json_schema: {_one_line(str(e))}") from None
+        options = JSON_OPTIONS | {"lenient": not strict}
+        text = _library(kind, llg.LLMatcher.grammar_from_json_schema, json_schema, defaults=options)
     elif grammar is not None:
         if not isinstance(grammar, str) or not grammar.strip():
             raise GrammarError("grammar must be a non-empty Lark grammar string")
@@ -105,7 +116,7 @@ def grammar_from(json_schema=None, grammar: str | None = None, regex: str | None
         if not isinstance(regex, str):
             raise GrammarError(f"regex must be a string, got {type(regex).__name__}")
         kind, text = "regex", llg.LLMatcher.grammar_from_regex(regex)
-    is_error, msgs = llg.LLMatcher.validate_grammar_with_warnings(text, None)
+    is_error, msgs = _library(kind, llg.LLMatcher.validate_grammar_with_warnings, text, None)
     if is_error:
         raise GrammarError(f"{'grammar' if kind == 'lark' else kind}: {_one_line(msgs[0])}")
     return Grammar(text, kind)
@@ -180,7 +191,7 @@ class Constraint:
         argmax there is forbidden (sampling needs every choice row's mask)."""
         m = self.matcher
         if m is None or self.grammar is None or grammar.text != self.grammar.text or not m.reset() or m.is_error():
-            m = self.llg.LLMatcher(self.tokenizer, grammar.text, log_level=0)
+            m = _library(grammar.kind, self.llg.LLMatcher, self.tokenizer, grammar.text, log_level=0)
             if m.is_error():
                 raise GrammarError(f"{grammar.kind}: {_one_line(m.get_error())}")
         self.matcher, self.grammar, self.greedy = m, grammar, greedy
