@@ -193,6 +193,8 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         for c in configs:
             use(*c)
             g.forget()  # every configuration prefills the prompt cold: TTFTs stay comparable
+            if g.structured is not None:  # ... and builds its grammar's matcher afresh
+                g.structured.forget()
             t0 = time.perf_counter()
             grammar = None if c[4] else grammars[i]
             out_ids = [int(t) for chunk in g.generate_ids(ids, cfg.max_new_tokens, sampling, grammar) for t in chunk]

@@ -13,7 +13,10 @@ A speculative step under the grammar (chains only; a tree drafter drafts a chain
            token (a draft that differs ends the drafts: those after it were drafted for another
            context); a draft the grammar forbids is cut with all after it (it could never be kept,
            so it costs no row); forced tokens after the last draft extend the chain, so they ride
-           in the verify call for their KV. Each choice row's mask is computed here.
+           in the verify call for their KV. A drafter that reads only tokens (prompt lookup,
+           suffix) or runs its own model over them (draft) drafts again after forced tokens its
+           drafts missed or ran out before. Drafts are checked with the matcher (greedy) or
+           against each choice row's mask (sampling, which needs the masks anyway).
   accept   forced positions are kept. Greedy keeps a draft iff it is its row's masked argmax.
            Sampling verifies with p' (masked target) and q' = the drafter's q restricted to the
            allowed tokens and renormalised: a draft that survived the cut is distributed as q',
@@ -202,6 +205,10 @@ class Constraint:
         self._n_chain = self._same = 0
         self._bonus = -1
 
+    def forget(self) -> None:
+        """Drop the matcher kept for a next call with the same grammar (its lexer states too)."""
+        self.matcher = self.grammar = None
+
     # ---- the rule ----------------------------------------------------------------------------------
     def _forced_token(self) -> int:
         """The token the grammar forces next, or -1 when the target chooses."""
@@ -302,7 +309,7 @@ class Constraint:
             else:
                 if not self.greedy:  # row n chooses position n+1 (the bonus row when the chain ends here)
                     self._mask(n)
-                if (n != same or n >= m) and redraft and n > base and budget > 0:
+                if (n != same or n >= m) and redraft and base < n < cap and budget > 0:
                     # the drafts missed a forced token or ran out before one: draft again after the chain
                     if n != same:
                         drafter.accepted(seq, seq.n, same)  # its rows past `same` hold other tokens
