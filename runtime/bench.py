@@ -146,6 +146,9 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     prompts = load_prompts(cfg.prompts, cfg.limit)
     if not prompts:
         raise ValueError("no prompts to run")
+    if cfg.structured and cfg.trees:
+        raise ValueError("--structured: a call under a grammar drafts chains, so --tree would repeat the chain rows; "
+                         "drop --tree")
     if cfg.structured and not all("schema" in p for p in prompts):
         raise ValueError(f"--structured: every prompt needs a 'schema' field (a JSON Schema); "
                          f"{cfg.prompts or 'HumanEval'} has prompts without one")
