@@ -125,6 +125,30 @@ def _add_generate(sub) -> None:
     p.add_argument("--show-acceptance", action="store_true",
                    help="colour each token by how it came: accepted draft (green, darker = later position), "
                    "target correction (red), bonus token after a fully accepted draft (blue), plain (default)")
+    _add_structured_args(p)
+
+
+def _add_structured_args(p) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="FILE",
+                   help="constrain the output to JSON valid under this JSON Schema file (one line, spaced like "
+                   "json.dumps); speculation stays lossless. Needs the structured extra (llguidance)")
+    g.add_argument("--grammar", metavar="FILE", help="constrain the output to this Lark grammar (llguidance's dialect)")
+    g.add_argument("--regex", help="constrain the output to this regular expression")
+
+
+def _grammar(a):
+    """The constraint the --json-schema / --grammar / --regex flags give (None: free text)."""
+    from edgespec.runtime.constrain import grammar_from
+
+    def read(path):
+        try:
+            return Path(path).read_text()
+        except OSError as e:
+            raise FileNotFoundError(f"{path}: {e.strerror}") from None
+
+    schema = read(a.json_schema) if a.json_schema else None
+    return grammar_from(json_schema=schema, grammar=read(a.grammar) if a.grammar else None, regex=a.regex)
 
 
 def _add_bench(sub) -> None:
@@ -146,6 +170,10 @@ def _add_bench(sub) -> None:
                    help="run every k from 1 to the largest --k (default: the folder's maximum) and plot "
                    "tok/s and mean accepted length against k (--plot)")
     p.add_argument("--plot", default="sweep_k.png", help="PNG written by --sweep-k (default sweep_k.png)")
+    p.add_argument("--structured", action="store_true",
+                   help="constrain each prompt's output to the JSON Schema in its 'schema' field (e.g. "
+                   "tools/prompts/json_eval.jsonl); adds an unconstrained plain row (the grammar's cost) and "
+                   "counts outputs that parse and validate")
 
 
 def _add_apps(sub) -> None:
@@ -241,6 +269,7 @@ def _load(a, **override):
 
 def _cmd_generate(a) -> int:
     _check_sampling(a)
+    grammar = _grammar(a)  # a bad schema fails before the model loads
     g = _load(a)
     if a.drafter is None:
         from edgespec.runtime.tune import describe_default
@@ -250,12 +279,14 @@ def _cmd_generate(a) -> int:
     if a.show_acceptance:
         from edgespec.runtime.text import show_acceptance
 
-        show_acceptance(g, prompt, a.max_new_tokens, a.temperature, a.seed, sys.stdout)
+        show_acceptance(g, prompt, a.max_new_tokens, a.temperature, a.seed, sys.stdout, grammar)
         print(g.last_stats.line(), file=sys.stderr)
         return 0
-    for piece in g.stream(prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
-                          top_p=a.top_p, seed=a.seed, stop=a.stop, repetition_penalty=a.repetition_penalty,
-                          typical_epsilon=a.typical_epsilon):
+    from edgespec.runtime.sampling import SamplingConfig
+
+    sampling = SamplingConfig(a.temperature, a.top_k, a.top_p, a.seed, a.repetition_penalty, a.typical_epsilon)
+    g.constraint(grammar)  # a grammar this vocabulary cannot run fails before anything streams
+    for piece in g.stream_text(g.codec.encode(prompt), a.max_new_tokens, sampling, a.stop, grammar):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -283,7 +314,7 @@ def _cmd_bench(a) -> int:
     cfg = BenchConfig(engine=a.engine, runtime=runtime, prompts=a.prompts, drafters=tuple(a.drafter.split(",")),
                       ks=ks, max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed, limit=a.limit,
                       adaptive=bool(a.adaptive), trees=tuple(a.tree.split(",")) if a.tree else (),
-                      command=a.command_line)
+                      command=a.command_line, structured=a.structured)
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))

@@ -7,7 +7,9 @@
 
 One step is draft -> verify -> accept -> commit over a `Proposal` (`_step`); chains and trees
 take the same path, and `verify.accept` picks the rule (greedy or lossless sampling, chain or
-tree). Prefill, stop handling, stats and streaming sit around it.
+tree). Prefill, stop handling, stats and streaming sit around it. Under a grammar (json_schema,
+grammar, regex) a `Constraint` (constrain.py) shapes each chain before the verify call and
+accepts it on masked logits.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import AdaptiveK, sampled_policy
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
+from edgespec.runtime.constrain import Constraint, Grammar, GrammarError, chain_cap, grammar_from, grammar_tokenizer
 from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
 from edgespec.runtime.drafters.suffix import SuffixCache, SuffixConfig
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
@@ -62,6 +65,7 @@ class Generator:
         self.last_step = (0, 0)  # (drafted, accepted) of the step whose tokens were last yielded
         self.last_origins: list[list] = []  # stream_text: [[n_chars, drafter or "target"], ...] of its last piece
         self.suffix_cache: SuffixCache | None = None  # recent requests (made when `suffix` is first used)
+        self.structured: Constraint | None = None  # the grammar machinery (made at the first constrained call)
         self.set_drafter(self.cfg.drafter, self.cfg.k)
 
     @classmethod
@@ -190,11 +194,11 @@ class Generator:
         self.drafter.forget()
 
     # ---- the loop ----------------------------------------------------------------------------------
-    def _draft(self, seq: SeqState, k: int) -> Proposal:
-        """Up to k drafts as a chain, or a token tree of at most cfg.tree.nodes nodes."""
+    def _draft(self, seq: SeqState, k: int, trees: bool = True) -> Proposal:
+        """Up to k drafts as a chain, or a token tree of at most cfg.tree.nodes nodes (when trees)."""
         if k == 0:
             return chain(seq, 0)
-        if self.tree is None:
+        if self.tree is None or not trees:
             return self.drafter.propose(seq, k)
         tree = self.tree
         tree.reset(seq.pending, self.target.max_len - seq.tgt_past)
@@ -202,20 +206,24 @@ class Generator:
         tree.keep_chain_prefix(tree_chain_prefix(seq.tgt_past, tree.n))
         return tree.proposal()
 
-    def _step(self, seq: SeqState, k: int, sampling: SamplingConfig, rng) -> tuple[Proposal, int, float, float]:
+    def _step(self, seq: SeqState, k: int, sampling: SamplingConfig, rng,
+              con: Constraint | None = None) -> tuple[Proposal, int, float, float]:
         """One speculative step: (its proposal, n accepted, perf_counter when drafted, when verified);
-        seq then holds the new tokens."""
+        seq then holds the new tokens. con: the call's grammar (chains; forced tokens, masked rows)."""
         tgt, n_old = self.target, seq.n
-        prop = self._draft(seq, k)                                                 # draft
+        prop = self._draft(seq, k, trees=con is None)                              # draft
+        if con is not None:  # forced tokens in, forbidden drafts out, each choice row's mask
+            prop = con.shape(prop, seq, min(chain_cap(tgt.widths), tgt.max_len - seq.n - 1), self.drafter, k)
         t_drafted = time.perf_counter()
         tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents)  # verify: [T, V]
         t_verified = time.perf_counter()
-        n_acc, nxt = accept(prop, tgt_logits, seq, sampling, rng)                  # accept
+        n_acc, nxt = (accept(prop, tgt_logits, seq, sampling, rng) if con is None  # accept
+                      else con.accept(prop, tgt_logits, seq, sampling, rng))
         rows = prop.rows()  # the accepted rows: the first n_acc+1 (chain), the tree's path
         tgt.commit(seq.tgt_past, n_acc + 1, rows)                                  # commit their K/V ...
         self._keep_features(seq.tgt_past, n_acc + 1, rows, len(prop.tokens))      # ... and hidden states
         seq.advance(n_acc, nxt)
-        self.drafter.accepted(seq, n_old, n_acc)
+        self.drafter.accepted(seq, n_old, n_acc if con is None else con.drafter_kept(n_acc))
         return prop, n_acc, t_drafted, t_verified
 
     def _keep_features(self, past: int, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
@@ -238,10 +246,11 @@ class Generator:
         for i in range(n_rows):
             feats[past + i] = hidden[rows[i]]
 
-    def _prefill(self, seq: SeqState, prompt_ids: np.ndarray, sampling: SamplingConfig, rng) -> tuple[int, int]:
+    def _prefill(self, seq: SeqState, prompt_ids: np.ndarray, sampling: SamplingConfig, rng,
+                 con: Constraint | None = None) -> tuple[int, int]:
         """The prompt into the target KV (rows kept from the previous call are reused for the
-        common prefix, e.g. a chat's earlier turns); the first token from the last logits.
-        Returns (first token, prompt tokens reused)."""
+        common prefix, e.g. a chat's earlier turns); the first token from the last logits (under
+        the grammar con, when given). Returns (first token, prompt tokens reused)."""
         n_prompt, n_cached = len(prompt_ids), 0
         if self.cfg.reuse_kv:
             old = self._tokens[:min(self._tgt_valid, n_prompt - 1)]
@@ -253,15 +262,20 @@ class Generator:
                                      hidden_out=self._tgt_features, aux_out=self._tgt_aux)
         if sampling.repetition_penalty != 1.0:
             last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]
-        first = int(last.argmax()) if sampling.greedy else sample(probs(last, sampling), rng)
+        if con is not None:
+            first = con.first(last, sampling, rng)
+        else:
+            first = int(last.argmax()) if sampling.greedy else sample(probs(last, sampling), rng)
         seq.tokens[seq.n] = first
         seq.n += 1
         self.drafter.start(seq, n_cached)
         return first, n_cached
 
     def generate_ids(self, prompt_ids: np.ndarray, max_new_tokens: int = 256,
-                     sampling: SamplingConfig = SamplingConfig()) -> Iterator[np.ndarray]:
-        """Yield the new tokens of each step (a view; copy to keep). Stats land in last_stats."""
+                     sampling: SamplingConfig = SamplingConfig(),
+                     grammar: Grammar | None = None) -> Iterator[np.ndarray]:
+        """Yield the new tokens of each step (a view; copy to keep). Stats land in last_stats.
+        grammar (constrain.grammar_from): the output follows it, speculation stays lossless."""
         sampling.check()
         check_max_new_tokens(max_new_tokens)
         tgt, n_prompt = self.target, len(prompt_ids)
@@ -271,19 +285,21 @@ class Generator:
             raise PromptTooLongError(f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
                                      f"(max_len); shorten it or re-export with --max-len > {n_prompt}")
         rng = np.random.default_rng(sampling.seed)
-        self.drafter.configure(sampling, rng)
+        con = self.constraint(grammar, sampling.greedy)
+        # masked rows: the token after a verified row need not be its argmax (a fused head assumes it)
+        self.drafter.configure(sampling if con is None else dataclasses.replace(sampling, masked=True), rng)
         # greedy adaptive k follows measured times; under sampling that would make the RNG draws,
         # and so a seeded output, depend on timing: sampled calls get the fixed-cost policy
         adaptive = self.adaptive if sampling.greedy else self._sampled_adaptive()
         st = self.last_stats = GenerationStats(drafter=self.drafter.name, k=self.k, n_prompt=n_prompt,
-                                               adaptive=adaptive is not None,
-                                               tree=self.cfg.tree.label if self.tree is not None else "")
+                                               adaptive=adaptive is not None, grammar=grammar.kind if grammar else "",
+                                               tree=self.cfg.tree.label if self.tree is not None and not con else "")
         dft_engine = self.drafter.engine
         dft_calls0 = dft_engine.n_calls if dft_engine is not None else 0
         seq = SeqState(tokens=self._tokens, n=n_prompt, n_prompt=n_prompt, tgt_past=0)
         t_start = time.perf_counter()
         try:
-            first, st.n_prompt_cached = self._prefill(seq, prompt_ids, sampling, rng)
+            first, st.n_prompt_cached = self._prefill(seq, prompt_ids, sampling, rng, con)
             st.prefill_s = st.ttft_s = time.perf_counter() - t_start
             st.n_output = 1
             self.last_step = (0, 0)
@@ -296,17 +312,20 @@ class Generator:
                     st.finish_reason = "length"
                     break
                 n_old, t0 = seq.n, time.perf_counter()
-                prop, n_acc, t1, t2 = self._step(seq, k, sampling, rng)
+                prop, n_acc, t1, t2 = self._step(seq, k, sampling, rng, con)
                 new = seq.tokens[n_old:seq.n]
                 n_emit, done = self._emit(new, max_new_tokens - st.n_output)
                 t3 = time.perf_counter()
-                st.draft_s += t1 - t0
+                st.draft_s += t1 - t0 - (con.shape_s if con else 0.0)
                 st.verify_s += t2 - t1
-                st.record_step(prop.depth, n_acc, n_emit, t3 - t_prev, prop.n_drafted)
-                if prop.n_drafted and self.drafter.source:
-                    st.record_source(self.drafter.source, prop.n_drafted, n_acc)
+                m, n_kept, n_forced = prop.n_drafted, n_acc, 0  # the drafter's share (forced tokens apart)
+                if con is not None:
+                    m, n_kept, n_forced = con.drafted, con.accepted, con.forced_kept
+                st.record_step(prop.depth if con is None else m, n_kept, n_emit, t3 - t_prev, m, n_forced)
+                if m and self.drafter.source:
+                    st.record_source(self.drafter.source, m, n_kept)
                 if adaptive:
-                    adaptive.observe(k, prop.n_drafted, n_acc, t2 - t1, t1 - t0)
+                    adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0)
                 t_prev = t3
                 st.n_output += n_emit
                 self.last_step = (prop.n_drafted, n_acc)
@@ -315,6 +334,8 @@ class Generator:
             self._tgt_valid = seq.tgt_past
             st.n_draft_calls = (dft_engine.n_calls - dft_calls0) if dft_engine is not None else 0
             st.total_s = time.perf_counter() - t_start
+            if con is not None:
+                st.record_grammar(con)
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
             if self._uses_suffix_cache(self.drafter_name):  # the request it served becomes evidence for the next ones
                 self.suffix_cache.add(seq.tokens[:seq.n])
@@ -333,15 +354,32 @@ class Generator:
     # ---- text API -----------------------------------------------------------------------------------
     def stream(self, prompt, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
-               repetition_penalty: float = 1.0, typical_epsilon: float = 0.0) -> Iterator[str]:
-        """Stream text for a raw prompt (str) or chat messages (list of {role, content})."""
+               repetition_penalty: float = 1.0, typical_epsilon: float = 0.0, json_schema=None,
+               grammar: str | None = None, regex: str | None = None) -> Iterator[str]:
+        """Stream text for a raw prompt (str) or chat messages (list of {role, content}). At most
+        one of json_schema (dict or JSON text), grammar (Lark) and regex constrains the output."""
         sampling = SamplingConfig(temperature, top_k, top_p, seed, repetition_penalty, typical_epsilon)
         sampling.check()  # here too: a bad setting fails at the call, not at the first next()
         check_max_new_tokens(max_new_tokens)
-        return self.stream_text(self.codec.encode(prompt), max_new_tokens, sampling, stop)
+        fmt = grammar_from(json_schema, grammar, regex)
+        self.constraint(fmt)  # a grammar this vocabulary cannot run fails here too
+        return self.stream_text(self.codec.encode(prompt), max_new_tokens, sampling, stop, fmt)
+
+    def constraint(self, grammar: Grammar | None, greedy: bool = True) -> Constraint | None:
+        """The generator's Constraint started on grammar (None: no grammar) for a greedy or sampled
+        call. GrammarError when the grammar cannot run on this vocabulary, or llguidance is missing."""
+        if grammar is None:
+            return None
+        if self.structured is None:
+            if self.codec is None:
+                raise GrammarError("structured output needs the folder's tokenizer (this generator has no codec)")
+            tok = grammar_tokenizer(self.codec.tokenizer, self.engines.target.vocab_size, self.eos)
+            self.structured = Constraint(tok, self.engines.target.vocab_size, self.eos, max(self.engines.target.widths))
+        self.structured.begin(grammar, greedy)
+        return self.structured
 
     def stream_text(self, ids: np.ndarray, max_new_tokens: int, sampling: SamplingConfig,
-                    stop: list[str] | None = None) -> Iterator[str]:
+                    stop: list[str] | None = None, grammar: Grammar | None = None) -> Iterator[str]:
         """Text pieces of generate_ids: whole characters only, cut before the first stop string
         (held back while a stop string could still be straddling two pieces)."""
         decoder, origins = StreamDecoder(self.codec), Origins()
@@ -349,7 +387,7 @@ class Generator:
         stop = stop or []
         hold = max((len(x) for x in stop), default=1) - 1
         text, emitted = "", 0
-        gen = self.generate_ids(ids, max_new_tokens, sampling)
+        gen = self.generate_ids(ids, max_new_tokens, sampling, grammar)
         try:
             for new in gen:
                 n_dft = min(self.last_step[1], len(new))  # the step's kept draft tokens come first

@@ -20,6 +20,8 @@ class SamplingConfig:
     repetition_penalty: float = 1.0  # > 1 discourages tokens already in the context (CTRL rule:
     #                                  positive logits divided by it, negative ones multiplied); 1 = off
     typical_epsilon: float = 0.0  # > 0: LOSSY typical acceptance with this threshold (0.09 in its paper)
+    masked: bool = False  # a grammar masks the target's logits (constrain.py): what follows a row need not
+    #                       be its argmax (set by the generator for its drafter)
 
     @property
     def greedy(self) -> bool:

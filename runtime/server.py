@@ -182,7 +182,8 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
         req = parse_request(body, chat, model_name, worker.default, ab, cfg.max_tokens_default)
         ids = await tokenize(req)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        job = Job(rid, ids, req.max_tokens, req.sampling, req.stop, req.speculation, asyncio.get_running_loop())
+        job = Job(rid, ids, req.max_tokens, req.sampling, req.stop, req.speculation, asyncio.get_running_loop(),
+                  grammar=req.grammar)
         try:
             jobs.put_nowait(job)
         except queue.Full:

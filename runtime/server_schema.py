@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from edgespec.runtime.constrain import Grammar, GrammarError, grammar_from, json_object
 from edgespec.runtime.drafters import names
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.tree import TreeConfig
@@ -66,6 +67,7 @@ class Request:
     speculation: Speculation | None  # the request's `speculative` over the default (None: no such field)
     stream: bool  # server-sent events
     include_usage: bool  # streaming: a last chunk with usage and no choices (stream_options)
+    grammar: Grammar | None = None  # what response_format constrains the output to (None: free text)
 
 
 def _number(body: dict, key: str, default, integer: bool = False, lo=None, hi=None, lo_open: bool = False,
@@ -182,9 +184,7 @@ def parse_request(body, chat: bool, model_name: str, default: Speculation, ab: A
             raise BadRequest(f"'{key}': tool calling is not supported by this server", key)
     if body.get("logprobs"):
         raise BadRequest("'logprobs' is not supported by this server", "logprobs")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise BadRequest("'response_format': only {'type': 'text'} is supported", "response_format")
+    grammar = parse_response_format(body.get("response_format"))
     if _number(body, "n", 1, integer=True) != 1:
         raise BadRequest("only n=1 is supported (one sequence at a time)", "n")
     max_tokens = _number(body, "max_completion_tokens", None, integer=True, lo=1)
@@ -208,4 +208,41 @@ def parse_request(body, chat: bool, model_name: str, default: Speculation, ab: A
         raise BadRequest(f"'stream_options' must be an object {{'include_usage': bool}}, got {opts!r}",
                          "stream_options")
     spec = parse_speculation(body["speculative"], default, ab) if body.get("speculative") is not None else None
-    return Request(prompt, n_bytes, max_tokens, sampling, stop, spec, stream, opts.get("include_usage", False))
+    return Request(prompt, n_bytes, max_tokens, sampling, stop, spec, stream, opts.get("include_usage", False),
+                   grammar)
+
+
+FORMATS = "text, json_object, json_schema, or edgespec's grammar (Lark) and regex"
+
+
+def parse_response_format(fmt) -> Grammar | None:
+    """OpenAI's response_format: {"type": "text"} (or absent): free text; {"type": "json_object"}:
+    any JSON object; {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: that
+    schema (strict: keywords llguidance does not implement are refused; else they are ignored);
+    edgespec's {"type": "grammar", "grammar": LARK} and {"type": "regex", "regex": RE}."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in ("text", "json_object", "json_schema", "grammar", "regex"):
+        raise BadRequest(f"'response_format' must be an object whose 'type' is one of {FORMATS}; got {str(fmt)[:80]}",
+                         "response_format")
+    try:
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return json_object()
+        if kind in ("grammar", "regex"):
+            if not isinstance(fmt.get(kind), str):
+                raise BadRequest(f"response_format.{kind} must be a string", f"response_format.{kind}")
+            return grammar_from(**{kind: fmt[kind]})
+        js = fmt.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+            raise BadRequest("response_format.json_schema must be an object {name, schema, strict}, with 'schema' a "
+                             f"JSON Schema object; got {str(js)[:80]}", "response_format.json_schema")
+        strict = js.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise BadRequest(f"response_format.json_schema.strict must be true or false, got {strict!r}",
+                             "response_format.json_schema.strict")
+        return grammar_from(json_schema=js.get("schema", {}), strict=bool(strict))
+    except GrammarError as e:
+        raise BadRequest(f"response_format: {e}", "response_format") from e

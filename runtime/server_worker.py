@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edgespec.runtime.constrain import Grammar, GrammarError
 from edgespec.runtime.generator import Generator, PromptTooLongError
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.server_schema import BadRequest, Speculation
@@ -39,6 +40,7 @@ class Job:
     loop: asyncio.AbstractEventLoop  # the event loop that reads `out`
     out: asyncio.Queue = field(default_factory=asyncio.Queue)  # STARTED, (text, progress) pieces, a final dict, END
     cancel: threading.Event = field(default_factory=threading.Event)  # set when the client went away
+    grammar: Grammar | None = None  # response_format's constraint (None: free text)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class ShadowCheck:
     ids: np.ndarray  # its prompt ids
     output: np.ndarray  # the ids it emitted
     sampling: SamplingConfig  # greedy; the repetition penalty as asked
+    grammar: Grammar | None = None  # its response_format constraint (the plain re-run follows it too)
 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
@@ -196,8 +199,12 @@ class Worker(threading.Thread):
             log.error("default speculation %s refused; keeping %s", self.default, self.current)
             self.default = spec = self.current
         try:
+            try:
+                g.constraint(job.grammar)  # a grammar this vocabulary cannot run: a 400 before anything streams
+            except GrammarError as e:
+                raise BadRequest(f"response_format: {e}", "response_format") from e
             send(job.out.put_nowait, STARTED)
-            pieces = g.stream_text(job.ids, job.max_tokens, job.sampling, job.stop)
+            pieces = g.stream_text(job.ids, job.max_tokens, job.sampling, job.stop, job.grammar)
             try:
                 for piece in pieces:
                     if job.cancel.is_set():  # the client went away: stop at this step
@@ -225,7 +232,7 @@ class Worker(threading.Thread):
                 or self.rng.random() >= self.shadow_rate):
             return
         output = self.gen.last_output_ids()
-        self.shadows.append(ShadowCheck(job.rid, spec, job.ids, output, job.sampling))
+        self.shadows.append(ShadowCheck(job.rid, spec, job.ids, output, job.sampling, job.grammar))
 
     def plain_ids(self, check: ShadowCheck) -> np.ndarray | None:
         """check's prompt decoded plainly (drafter none) for as many tokens as it emitted; None when
@@ -234,7 +241,7 @@ class Worker(threading.Thread):
         self._use(Speculation("none", self.default.k))
         g.forget()  # prefill afresh: no KV rows written by the speculative run's verifier
         out, n = np.empty(len(check.output), np.int64), 0
-        steps = g.generate_ids(check.ids, len(check.output), check.sampling)
+        steps = g.generate_ids(check.ids, len(check.output), check.sampling, check.grammar)
         try:
             for new in steps:
                 if not self.jobs.empty():

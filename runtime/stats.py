@@ -33,14 +33,22 @@ class GenerationStats:
     accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(MAX_POSITIONS, np.int64))
     itl_s: list = field(default_factory=list)  # per-token latency: step time / tokens of the step
     sources: dict = field(default_factory=dict)  # hybrid: source -> [steps it drafted, drafted, accepted]
+    grammar: str = ""  # what constrained the output: json_schema | json_object | lark | regex ("": nothing)
+    n_forced: int = 0  # tokens the grammar forced: no target choice (they still rode in a verify call for KV)
+    n_grammar_cut: int = 0  # drafts dropped before verify: forbidden by the grammar, or past a missed forced token
+    n_masks: int = 0  # token masks the grammar computed
+    n_forced_rows: int = 0  # forced tokens that rode in verify calls (rows beside the drafts)
+    grammar_s: float = 0.0  # host time in the grammar during steps (masks, forced tokens, matcher, masked accept)
 
-    def record_step(self, m: int, n_acc: int, n_emitted: int, step_s: float, n_proposed: int | None = None) -> None:
+    def record_step(self, m: int, n_acc: int, n_emitted: int, step_s: float, n_proposed: int | None = None,
+                    n_forced: int = 0) -> None:
         """m: draft length (a tree: its depth, so per-position counts are per depth);
-        n_proposed: tokens drafted (a tree: its nodes below the root; default m)."""
+        n_proposed: tokens drafted (a tree: its nodes below the root; default m); n_forced: a
+        grammar's forced tokens kept before the step's last token (step tokens, not drafts)."""
         self.n_target_calls += 1
         self.n_drafted += m if n_proposed is None else n_proposed
         self.n_accepted += n_acc
-        self.n_step_tokens += n_acc + 1
+        self.n_step_tokens += n_acc + 1 + n_forced
         self.drafted_at[:m] += 1
         self.accepted_at[:n_acc] += 1
         if n_emitted:
@@ -52,6 +60,11 @@ class GenerationStats:
         s[0] += 1
         s[1] += n_drafted
         s[2] += n_acc
+
+    def record_grammar(self, con) -> None:
+        """A constrained call's grammar counters (a constrain.Constraint after the call)."""
+        self.n_forced, self.n_grammar_cut, self.n_masks = con.n_forced, con.n_cut, con.n_masks
+        self.n_forced_rows, self.grammar_s = con.n_forced_rows, con.seconds
 
     @property
     def acceptance_rate(self) -> float:
@@ -77,7 +90,7 @@ class GenerationStats:
         return [float(self.accepted_at[i] / self.drafted_at[i]) for i in range(n)]
 
     def to_dict(self) -> dict:
-        host = max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s)
+        host = max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s - self.grammar_s)
         return {
             "drafter": self.drafter, "k": self.k, "adaptive": self.adaptive, "tree": self.tree,
             "prompt_tokens": self.n_prompt,
@@ -88,8 +101,11 @@ class GenerationStats:
             "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
             "acceptance_by_position": self.acceptance_by_position(),
             "time_split_s": {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,
-                             "host": host},
+                             "host": host, "grammar": self.grammar_s},
             "finish_reason": self.finish_reason,
+            "grammar": self.grammar or None, "forced_tokens": self.n_forced, "grammar_cut": self.n_grammar_cut,
+            "grammar_masks": self.n_masks, "forced_rows": self.n_forced_rows,
+            "grammar_ms_per_step": self.grammar_s * 1e3 / self.n_target_calls if self.n_target_calls else 0.0,
             "draft_sources": {k: {"steps": v[0], "drafted": v[1], "accepted": v[2]} for k, v in self.sources.items()},
         }
 
@@ -106,6 +122,8 @@ class GenerationStats:
                 f"accepted {self.n_accepted}/{self.n_drafted} ({self.acceptance_rate:.0%}) | "
                 f"mean accepted length {self.mean_accepted_length:.2f} (incl. bonus) | "
                 + (f"steps by source{src} | " if src else "") +
+                (f"grammar {self.grammar}: forced {self.n_forced} cut {self.n_grammar_cut} "
+                 f"{d['grammar_ms_per_step']:.2f} ms/step | " if self.grammar else "") +
                 f"calls tgt {self.n_target_calls} dft {self.n_draft_calls} | time prefill "
                 f"{t['prefill'] / tot:.0%} draft {t['draft'] / tot:.0%} verify {t['verify'] / tot:.0%} "
                 f"host {t['host'] / tot:.0%}")

@@ -161,13 +161,13 @@ def provenance(m: int, n_acc: int, n_tokens: int) -> list[str]:
     return kinds
 
 
-def show_acceptance(g, prompt, max_new_tokens: int, temperature: float, seed, out) -> None:
+def show_acceptance(g, prompt, max_new_tokens: int, temperature: float, seed, out, grammar=None) -> None:
     from edgespec.runtime.sampling import SamplingConfig
 
     ids = g.codec.encode(prompt)
     decoder = StreamDecoder(g.codec)
     eos = set(g.manifest.eos_token_ids)
-    for new in g.generate_ids(ids, max_new_tokens, SamplingConfig(temperature, seed=seed)):
+    for new in g.generate_ids(ids, max_new_tokens, SamplingConfig(temperature, seed=seed), grammar):
         m, n_acc = g.last_step
         for tok, kind in zip(new, provenance(m, n_acc, len(new)), strict=True):
             piece = decoder.push([] if int(tok) in eos else [tok])

@@ -212,3 +212,29 @@ def test_any_request_body_is_a_checked_request_or_a_400(body, chat):
     assert req.max_tokens >= 1 and req.n_bytes >= 0 and all(isinstance(s, str) for s in req.stop)
     spec = req.speculation
     assert spec is None or (spec.drafter in ab.drafters and (spec.drafter == "none" or 1 <= spec.k <= ab.k_max))
+
+
+SCHEMA_WORDS = st.sampled_from(["type", "properties", "items", "enum", "required", "anyOf", "oneOf", "$ref", "pattern",
+                                "minimum", "maxLength", "additionalProperties", "const", "format", "if"])
+SCHEMA = st.recursive(JSON | st.sampled_from(["object", "string", "integer", "array", "#/x", "[a-", "^a$"]),
+                      lambda kids: st.dictionaries(SCHEMA_WORDS, kids, max_size=4) | st.lists(kids, max_size=3),
+                      max_leaves=16)
+
+
+@FAST
+@given(schema=SCHEMA, strict=st.sampled_from([True, False, None, "yes"]))
+def test_any_response_format_schema_is_a_grammar_or_a_400(schema, strict):
+    """Whatever a json_schema response_format holds, parsing gives a checked grammar or a 400
+    naming the field: llguidance's errors never escape as another exception."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("llguidance")
+    from edgespec.runtime.constrain import Grammar
+    from edgespec.runtime.server_schema import BadRequest, parse_response_format
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
+    try:
+        g = parse_response_format(fmt)
+    except BadRequest as e:
+        assert e.status == 400 and e.param.startswith("response_format")
+        return
+    assert isinstance(g, Grammar) and g.kind == "json_schema"

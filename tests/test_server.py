@@ -220,7 +220,13 @@ BAD = [  # (path, body, status, param, words in the message)
     (C, _chat({"stream_options": {"include_usage": "yes"}}), 400, "stream_options", "include_usage"),
     (C, _chat({"tools": [{"type": "function"}]}), 400, "tools", "tool calling"),
     (C, _chat({"logprobs": True}), 400, "logprobs", "not supported"),
-    (C, _chat({"response_format": {"type": "json_object"}}), 400, "response_format", "text"),
+    (C, _chat({"response_format": {"type": "xml"}}), 400, "response_format", "json_schema"),
+    (C, _chat({"response_format": "json"}), 400, "response_format", "json_object"),
+    (C, _chat({"response_format": {"type": "json_schema", "json_schema": "x"}}), 400, "response_format.json_schema",
+     "{name, schema, strict}"),
+    (C, _chat({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}}), 400,
+     "response_format.json_schema.strict", "true or false"),
+    (C, _chat({"response_format": {"type": "regex", "regex": 5}}), 400, "response_format.regex", "string"),
     (C, _chat({"speculative": {"k": 99}}), 400, "speculative.k", "outside 1..8"),
     (C, _chat({"speculative": {"k": 0}}), 400, "speculative.k", "outside 1..8"),
     (C, _chat({"speculative": {"k": 2.5}}), 400, "speculative.k", "integer"),
@@ -510,3 +516,96 @@ def test_load_test_tool(server, tmp_path):
         assert rc == 0 and s["ok_200"] >= 3 and s["incomplete_200"] == 0 and s["connection_errors"] == 0, s
         assert s["ok_200"] + s["busy_503"] == s["requests"] and s["latency_p99_s"] >= s["latency_p50_s"]
     assert s["ttft_p50_s"] is not None
+
+
+# ---- response_format: structured output ---------------------------------------------------------
+# no strings: the tiny model's tokenizer decodes with a space between tokens, so the text is checked
+# with its spaces taken out
+DIGIT = {"type": "integer", "minimum": 0, "maximum": 9}
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999},
+                                           "ok": {"type": "boolean"}, "tag": {"enum": ["x", "yy"]},
+                                           "list": {"type": "array", "items": DIGIT, "maxItems": 3}},
+          "required": ["n", "ok", "tag", "list"], "additionalProperties": False}
+
+
+def _schema_format(strict: bool = True, schema: dict = SCHEMA) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "record", "schema": schema, "strict": strict}}
+
+
+def _check(text: str) -> dict:
+    value = json.loads(text.replace(" ", ""))
+    assert set(value) == {"n", "ok", "tag", "list"} and 0 <= value["n"] <= 999 and value["tag"] in ("x", "yy")
+    assert isinstance(value["ok"], bool) and len(value["list"]) <= 3
+    return value
+
+
+def test_response_format_json_schema_with_the_openai_client(server, client):
+    """The official client's response_format: the output parses and validates, equals the Python
+    API's constrained plain decoding, and streams the same text."""
+    pytest.importorskip("llguidance")
+    msgs = [{"role": "user", "content": "give me a record"}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=150, temperature=0,
+                                       response_format=_schema_format())
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop", text
+    _check(text)
+    ref = Generator.load(server[1].manifest.folder, RuntimeConfig(drafter="none"))
+    assert text == ref.generate(msgs, max_new_tokens=150, json_schema=SCHEMA)
+    assert ref.last_stats.n_forced > 0
+    chunks = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=150, temperature=0,
+                                            response_format=_schema_format(strict=False), stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    sampled = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=150, temperature=1.0, seed=3,
+                                             response_format=_schema_format())
+    if sampled.choices[0].finish_reason == "stop":
+        _check(sampled.choices[0].message.content)
+
+
+def test_response_format_json_object_and_grammar_extensions(server, client):
+    pytest.importorskip("llguidance")
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "an object"}],
+                                       max_tokens=40, temperature=0, response_format={"type": "json_object"})
+    assert r.choices[0].message.content.startswith("{")
+    body = {"prompt": PROMPT, "max_tokens": 20, "temperature": 0, "response_format": {"type": "regex",
+                                                                                     "regex": "[0-9]{2,5}"}}
+    out = httpx.post(server[0] + "/v1/completions", json=body, timeout=60).json()
+    assert out["choices"][0]["text"].replace(" ", "").isdigit() and out["edgespec_stats"]["grammar"] == "regex"
+
+
+def test_a_bad_schema_is_a_400_with_the_library_reason(client):
+    pytest.importorskip("llguidance")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5,
+                                       response_format=_schema_format(schema={"type": "object", "if": {}}))
+    assert e.value.body["param"] == "response_format" and "Unimplemented keys" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5,
+                                       response_format=_schema_format(schema={"type": "wat"}))
+    assert "Invalid type: wat" in e.value.body["message"]
+    ok = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5,
+                                        response_format=_schema_format(False, {"type": "object", "if": {}}))
+    assert ok.choices[0].message.content.startswith("{")  # not strict: the keyword is ignored
+
+
+def test_structured_requests_are_speculative_and_shadow_checked(full_server, keyed):
+    """Every drafter of the folder under response_format: greedy output identical across them and
+    to the plain re-run of the shadow check (which follows the grammar too)."""
+    pytest.importorskip("llguidance")
+    url, _, app = full_server
+    _idle(url, app)
+    checks0 = _metric(url, "edgespec:shadow_checks_total")
+    mismatches0 = _metric(url, "edgespec:shadow_mismatches_total")  # an earlier test forces one
+    msgs = [{"role": "user", "content": '{"n": 12, "ok": true, "tag": "x", "list": [1, 2]} again:'}]
+    texts = set()
+    drafters = ("draft", "eagle", "medusa", "hybrid", "suffix")
+    for drafter in drafters:
+        r = keyed.chat.completions.create(model="tiny", messages=msgs, max_tokens=150, temperature=0,
+                                          response_format=_schema_format(),
+                                          extra_body={"speculative": {"drafter": drafter, "k": 3}})
+        assert r.model_extra["edgespec_stats"]["forced_tokens"] > 0
+        texts.add(r.choices[0].message.content)
+    assert len(texts) == 1, texts
+    _check(texts.pop())
+    _idle(url, app)
+    assert _metric(url, "edgespec:shadow_checks_total") == checks0 + len(drafters)
+    assert _metric(url, "edgespec:shadow_mismatches_total") == mismatches0

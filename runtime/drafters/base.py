@@ -131,6 +131,8 @@ class DrafterSpec:
     aux_width: object = None  # (its engine(s)) -> width of the hidden_aux rows it reads; None: 0
     uses_suffix_cache: object = None  # (cfg) -> bool: it reads the process's cache of recent requests
     pairs: bool = False  # a head drafter a combinator (hybrid) may pair with a lookup
+    redrafts: bool = False  # under a grammar it drafts again after forced tokens its drafts missed (it needs
+    #                         no target features of tokens not yet verified: runtime/constrain.py)
 
     def needs(self, cfg) -> tuple[str, ...]:
         """The sections this drafter needs with this config."""

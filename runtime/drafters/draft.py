@@ -93,4 +93,4 @@ SPEC = register(DrafterSpec(
     name="draft", summary="a separate draft model run token by token with its own static KV",
     build=lambda ctx: ModelDrafter(ctx.engines.models["draft"]), section=DraftSection, load=_load,
     warm=lambda engine, widths, manifest: engine.load_widths([1, manifest.prefill_chunk]),
-    draft_cost=0.3, export_hint="--draft SRC (a model, self:N or self:int4)"))
+    draft_cost=0.3, redrafts=True, export_hint="--draft SRC (a model, self:N or self:int4)"))

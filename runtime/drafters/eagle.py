@@ -88,7 +88,7 @@ class EagleDrafter(HeadDrafter):
     def _caught_up_by_target(self, seq: SeqState, past_len: int) -> None:
         """After a target call at past_len whose rows are committed: did its head rows catch us up?"""
         p = self.sampling
-        self._fused_ready = (self.fused is not None and p.greedy and p.repetition_penalty == 1.0
+        self._fused_ready = (self.fused is not None and p.greedy and p.repetition_penalty == 1.0 and not p.masked
                              and self.dft_past == past_len)
         if self._fused_ready:
             self.dft_past = seq.n - 1

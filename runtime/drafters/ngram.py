@@ -71,6 +71,6 @@ def ngram_config(cfg) -> NgramConfig:
 SPEC = register(DrafterSpec(
     name="ngram", aliases=("prompt_lookup",),
     summary="the tokens that followed the latest earlier occurrence of the last 3/2/1 tokens in prompt + output",
-    build=lambda ctx: NgramDrafter(ngram_config(ctx.cfg)), trees=True, draft_cost=0.02,
+    build=lambda ctx: NgramDrafter(ngram_config(ctx.cfg)), trees=True, draft_cost=0.02, redrafts=True,
     options=(Option("ngram_min", int, 1, "prompt lookup: shortest suffix to match (default 1)"),
              Option("ngram_max", int, 3, "prompt lookup: longest suffix, tried first (default 3)"))))

@@ -249,7 +249,7 @@ class SuffixDrafter(Drafter):
 SPEC = register(DrafterSpec(
     name="suffix", summary="suffix decoding: the most frequent continuation of the longest match of the last tokens "
     "in the prompt + output AND in this process's recent requests",
-    build=lambda ctx: SuffixDrafter(ctx.suffix_cache), trees=True, draft_cost=0.03,
+    build=lambda ctx: SuffixDrafter(ctx.suffix_cache), trees=True, draft_cost=0.03, redrafts=True,
     uses_suffix_cache=lambda cfg: True,
     options=(Option("suffix_cache_tokens", int, 1_000_000, "suffix drafter: tokens of recent requests kept in its "
                     "cache (default 1000000)"),
