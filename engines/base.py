@@ -34,8 +34,13 @@ class Engine(Protocol):
     has_hidden: bool  # last_hidden gives the final-norm hidden states (the head drafters draft from them)
     fused_head: bool  # a target+head graph: forward takes head_next, last_head gives the head's draft
 
-    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None,
-                head_next: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        past_len: int,
+        parents: np.ndarray | None = None,
+        head_next: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Run len(token_ids) <= max(widths) tokens at positions past_len...; logits [n, V] (a view,
         valid until the next call). parents [n]: a token tree (takes_tree); head_next: the fused
         head's given next tokens (fused_head)."""
@@ -82,8 +87,13 @@ class HeadEngine(Protocol):
     d2t: np.ndarray  # [Vd] draft id -> target id
     fc_t: np.ndarray | None  # [n_aux*H, H] input projection the drafter applies to aux features (None: none)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None,
-                parents: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        past_len: int,
+        features: np.ndarray | None = None,
+        parents: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Run n (token, feature) pairs, features [n, H], at positions past_len...; logits [n, Vd]
         (a view, valid until the next call). parents [n]: a forest of drafted nodes (takes_tree)."""
         ...
@@ -148,7 +158,7 @@ def commit_host(kv: np.ndarray, new: np.ndarray, past_len: int, n_rows: int, row
     """new [L, 2, w, W] rows into a host cache kv [L, 2, S_max, W] at past_len: the first n_rows, or
     rows[:n_rows] in order (a tree's accepted path), row by row (no temporary)."""
     if rows is None:
-        kv[:, :, past_len:past_len + n_rows] = new[:, :, :n_rows]
+        kv[:, :, past_len : past_len + n_rows] = new[:, :, :n_rows]
         return
     for i, r in enumerate(rows[:n_rows]):
         kv[:, :, past_len + i] = new[:, :, r]

@@ -25,8 +25,12 @@ HOST = "host"  # bound in host memory: ORT reads it on the CPU (its value is fix
 COPY_OUT = "copy_out"  # a device buffer read back into the host array after each run
 # inputs a host-prologue graph reads on the host or not at all; binding them on the device would
 # make ORT copy them back at run start, inside the capture
-HOST_SIDE = {"two_rows_pads": "Pad's pads (fixed per width)", "n_rows": "Slice's end (fixed per width)",
-             "past_len": "unused: the host built the masks", "tree_mask": "unused: the host built the masks"}
+HOST_SIDE = {
+    "two_rows_pads": "Pad's pads (fixed per width)",
+    "n_rows": "Slice's end (fixed per width)",
+    "past_len": "unused: the host built the masks",
+    "tree_mask": "unused: the host built the masks",
+}
 PROVIDER_OPTIONS = {"enable_cuda_graph": "1"}  # CUDAExecutionProvider option that turns capture on
 RUN_GRAPH_ID = "gpu_graph_id"  # RunOptions config key: which captured graph a run records or replays
 
@@ -50,9 +54,11 @@ def wanted(asked: bool | None, provider: str, device_ops: bool, host_prologue: b
     --host-prologue graph. Asked where that does not hold: an EngineError with the way out."""
     gpu = provider == "cuda" or (provider == "cpu" and device_ops)
     if asked and (not gpu or not host_prologue):
-        raise EngineError(f"CUDA graphs need the cuda provider and a folder exported with --host-prologue (got "
-                          f"provider {provider!r}, {role} graph {'with' if host_prologue else 'without'} it). Hint: "
-                          "re-export with --host-prologue, or run with --no-cuda-graph")
+        raise EngineError(
+            f"CUDA graphs need the cuda provider and a folder exported with --host-prologue (got "
+            f"provider {provider!r}, {role} graph {'with' if host_prologue else 'without'} it). Hint: "
+            "re-export with --host-prologue, or run with --no-cuda-graph"
+        )
     return bool(gpu and host_prologue and (asked or (asked is None and provider == "cuda")))
 
 
@@ -65,8 +71,9 @@ def binding_plan(graph: GraphSpec, width: int, window: int) -> list[Placement]:
             out.append(Placement(name, t.shape_at(width, window), t.dtype, where, False))
     for t in graph.outputs:
         for name in t.names():
-            out.append(Placement(name, t.shape_at(width, window), t.dtype, RESIDENT if name == "new_kv" else COPY_OUT,
-                                 True))
+            out.append(
+                Placement(name, t.shape_at(width, window), t.dtype, RESIDENT if name == "new_kv" else COPY_OUT, True)
+            )
     return out
 
 
@@ -105,8 +112,9 @@ class GraphBuffers:
             if p.where == COPY_OUT:
                 self.ops.d2h(arrays[p.name], self.ptr(p.name, width))
 
-    def bind(self, b: ort.IOBinding, width: int, window: int, arrays: dict[str, np.ndarray], kv: DeviceKV,
-             mem: str) -> None:
+    def bind(
+        self, b: ort.IOBinding, width: int, window: int, arrays: dict[str, np.ndarray], kv: DeviceKV, mem: str
+    ) -> None:
         """Bind every tensor of a (width, window) call at its fixed address: host arrays (by graph
         name) where the plan says HOST, the device cache `kv` where RESIDENT, the staging buffers
         otherwise; mem: the ORT device name of device buffers."""
@@ -127,8 +135,9 @@ class GraphBuffers:
         ro.add_run_config_entry(RUN_GRAPH_ID, str(self.graph_id(width, window)))
         self._run_options[width, window] = ro
 
-    def run(self, session: ort.InferenceSession, b: ort.IOBinding, width: int, window: int,
-            arrays: dict[str, np.ndarray]) -> None:
+    def run(
+        self, session: ort.InferenceSession, b: ort.IOBinding, width: int, window: int, arrays: dict[str, np.ndarray]
+    ) -> None:
         """One captured call: stage the inputs, run (record or replay) its graph id, read the outputs back."""
         plan = binding_plan(self.graph, width, window)
         self.copy_in(plan, arrays, width)

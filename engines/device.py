@@ -37,8 +37,9 @@ class HostOps:
     def d2h(self, dst: np.ndarray, src_ptr: int, stream=None) -> None:
         ctypes.memmove(dst.ctypes.data, src_ptr, dst.nbytes)
 
-    def copy2d(self, dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, width: int, height: int,
-               stream=None) -> None:
+    def copy2d(
+        self, dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, width: int, height: int, stream=None
+    ) -> None:
         for r in range(height):
             ctypes.memmove(dst_ptr + r * dst_pitch, src_ptr + r * src_pitch, width)
 
@@ -88,11 +89,11 @@ class CudaOps:
         self._check(self.rt.cudaMemcpyAsync(dst.ctypes.data, src_ptr, dst.nbytes, kind, stream or 0))
         self.sync(stream)
 
-    def copy2d(self, dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, width: int, height: int,
-               stream=None) -> None:
+    def copy2d(
+        self, dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, width: int, height: int, stream=None
+    ) -> None:
         kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-        self._check(self.rt.cudaMemcpy2DAsync(dst_ptr, dst_pitch, src_ptr, src_pitch, width, height, kind,
-                                              stream or 0))
+        self._check(self.rt.cudaMemcpy2DAsync(dst_ptr, dst_pitch, src_ptr, src_pitch, width, height, kind, stream or 0))
 
     def stream(self):
         return self._check(self.rt.cudaStreamCreate())
@@ -142,8 +143,14 @@ class DeviceKV:
         rb, src = self.row_bytes, self.new_kv[width].ptr
         if rows is not None:
             for i, r in enumerate(rows[:n_rows]):
-                self.ops.copy2d(self.kv.ptr + (past_len + i) * rb, self.slots * rb, src + int(r) * rb, width * rb, rb,
-                                2 * self.n_layers)
+                self.ops.copy2d(
+                    self.kv.ptr + (past_len + i) * rb,
+                    self.slots * rb,
+                    src + int(r) * rb,
+                    width * rb,
+                    rb,
+                    2 * self.n_layers,
+                )
             self.ops.sync()
             return
         # one strided device copy: 2L row blocks of n_rows rows, into [L, 2, slots, W] at past_len

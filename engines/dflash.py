@@ -65,12 +65,17 @@ class OrtDFlash:
         key = (c, s)
         if key not in self._bindings:
             if self._session is None:
-                self._session = es.new_session(self.manifest.path(self.spec.graph.file), self._session_options,
-                                               self.provider)
+                self._session = es.new_session(
+                    self.manifest.path(self.spec.graph.file), self._session_options, self.provider
+                )
             self._bias[key] = np.zeros((self.block_size, s + c + self.block_size), self.kv.dtype)
             bind = self._session.io_binding()
-            inputs = [("block_ids", self._ids), ("ctx_aux", self._aux[c]), ("positions", self._pos[c]),
-                      ("attn_bias", self._bias[key])]
+            inputs = [
+                ("block_ids", self._ids),
+                ("ctx_aux", self._aux[c]),
+                ("positions", self._pos[c]),
+                ("attn_bias", self._bias[key]),
+            ]
             for layer in range(self.n_layers):
                 inputs += [(f"past_key_{layer}", self.kv[layer, 0, :s]), (f"past_value_{layer}", self.kv[layer, 1, :s])]
             for name, arr in inputs:
@@ -103,18 +108,18 @@ class OrtDFlash:
         aux, pos, bias = self._aux[c], self._pos[c], self._bias[(c, s)]
         aux[0, :n] = feats
         aux[0, n:] = 0  # padding rows: no key of theirs is seen
-        np.minimum(self._ar[ctx_len:ctx_len + c], self._max_pos, out=pos[0, :c])  # context rows
-        np.minimum(self._ar[ctx_len + n:ctx_len + n + b], self._max_pos, out=pos[0, c:])  # block rows
+        np.minimum(self._ar[ctx_len : ctx_len + c], self._max_pos, out=pos[0, :c])  # context rows
+        np.minimum(self._ar[ctx_len + n : ctx_len + n + b], self._max_pos, out=pos[0, c:])  # block rows
         self._ids[0, 0] = anchor
         self._ids[0, 1:] = self.mask_token_id
         # keys: cached slots [0, s) (real below ctx_len), new context rows [s, s+c) (real below
         # s+n), block rows [s+c, s+c+b) (all seen: the block is non-causal)
         bias[:, :ctx_len] = 0
         bias[:, ctx_len:s] = NEG
-        bias[:, s:s + n] = 0
-        bias[:, s + n:s + c] = NEG
-        bias[:, s + c:] = 0
+        bias[:, s : s + n] = 0
+        bias[:, s + n : s + c] = NEG
+        bias[:, s + c :] = 0
         self._session.run_with_iobinding(bind)
-        self.kv[:, :, ctx_len:ctx_len + n] = self._new_kv[c][:, :, :n]  # verified rows: kept at once
+        self.kv[:, :, ctx_len : ctx_len + n] = self._new_kv[c][:, :, :n]  # verified rows: kept at once
         self.n_calls += 1
         return self._logits[0]

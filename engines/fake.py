@@ -13,8 +13,14 @@ from edgespec.engines.base import pick_width
 
 
 class FakeModel:
-    def __init__(self, table: np.ndarray, max_len: int = 512, widths=tuple(range(1, 10)) + (16,),
-                 mix: float = 0.5, seed_table2: int = 1) -> None:
+    def __init__(
+        self,
+        table: np.ndarray,
+        max_len: int = 512,
+        widths=tuple(range(1, 10)) + (16,),
+        mix: float = 0.5,
+        seed_table2: int = 1,
+    ) -> None:
         self.vocab_size = table.shape[0]
         self.table = table.astype(np.float32)  # [V, V]: logits of the next token given the token
         rng = np.random.default_rng(seed_table2)
@@ -39,8 +45,13 @@ class FakeModel:
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None,
-                head_next: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        past_len: int,
+        parents: np.ndarray | None = None,
+        head_next: np.ndarray | None = None,
+    ) -> np.ndarray:
         """parents: a token tree (row i follows row parents[i]; -1: the committed context)."""
         n = len(token_ids)
         assert past_len + n <= self.max_len, "context overflow"
@@ -55,9 +66,9 @@ class FakeModel:
 
     def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
         if rows is None:
-            self.kv[past_len:past_len + n_rows] = self._new[:n_rows]
+            self.kv[past_len : past_len + n_rows] = self._new[:n_rows]
         else:
-            self.kv[past_len:past_len + n_rows] = self._new[rows[:n_rows]]
+            self.kv[past_len : past_len + n_rows] = self._new[rows[:n_rows]]
 
 
 def random_table(vocab: int, seed: int = 0, sharpness: float = 3.0) -> np.ndarray:
@@ -69,8 +80,9 @@ class FakeEagleHead:
     target's logits, or its own guess) with a token table; its "predicted feature" is a
     table row. Enough to exercise the eagle drafter's bookkeeping and its real q."""
 
-    def __init__(self, vocab: int, d2t: np.ndarray, max_len: int = 512, widths=tuple(range(1, 10)) + (16,),
-                 seed: int = 5) -> None:
+    def __init__(
+        self, vocab: int, d2t: np.ndarray, max_len: int = 512, widths=tuple(range(1, 10)) + (16,), seed: int = 5
+    ) -> None:
         rng = np.random.default_rng(seed)
         self.d2t = np.asarray(d2t, np.int64)
         self.vocab_size, self.hidden_size = len(self.d2t), vocab
@@ -89,8 +101,13 @@ class FakeEagleHead:
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None,
-                parents: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        past_len: int,
+        features: np.ndarray | None = None,
+        parents: np.ndarray | None = None,
+    ) -> np.ndarray:
         n = len(token_ids)
         assert features is not None and len(features) == n and past_len + n <= self.max_len
         self.n_calls += 1

@@ -34,13 +34,20 @@ class FusedHead:
     def inputs(self, width: int, n_slots: int) -> list[tuple[str, np.ndarray]]:
         """The head's inputs of a (width, window) call: its given tokens and its KV window."""
         p, kv = FUSED_PREFIX, self.head.kv
-        return [(p + "input_ids", self.ids[width]), (p + "n_given", self.given),
-                (p + "past_key_0", kv[0, 0, :n_slots]), (p + "past_value_0", kv[0, 1, :n_slots])]
+        return [
+            (p + "input_ids", self.ids[width]),
+            (p + "n_given", self.given),
+            (p + "past_key_0", kv[0, 0, :n_slots]),
+            (p + "past_value_0", kv[0, 1, :n_slots]),
+        ]
 
     def outputs(self, width: int) -> list[tuple[str, np.ndarray]]:
         p = FUSED_PREFIX
-        return [(p + "logits", self.logits[width]), (p + "new_kv", self.new_kv[width]),
-                (p + "hidden", self.hidden[width])]
+        return [
+            (p + "logits", self.logits[width]),
+            (p + "new_kv", self.new_kv[width]),
+            (p + "hidden", self.hidden[width]),
+        ]
 
     def give(self, width: int, head_next: np.ndarray | None) -> None:
         """Set the next call's given tokens (None: every row takes the target's argmax)."""

@@ -44,6 +44,7 @@ class FileRecord(Serial):
     size: int  # bytes, as export wrote the file (checked at every load: a stat)
     sha256: str  # hex digest (checked with --verify and by `edgespec check`: reads the whole file)
 
+
 def sha256_of_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -69,6 +70,7 @@ class TensorSpec(Serial):
         """The concrete shape of a call of `tokens` tokens reading `window` cache slots."""
         return tuple(tokens if d == TOKENS else window if d == WINDOW else d for d in self.shape)
 
+
 @dataclass(frozen=True)
 class GraphSpec(Serial):
     file: str  # ONNX file, relative to the folder (one graph serves every width)
@@ -85,8 +87,9 @@ class GraphSpec(Serial):
         for name, widths in self.phases.items():
             if width in widths:
                 return name
-        raise ManifestError(f"{self.file} has no graph of width {width} (has {list(self.widths)}); "
-                            "re-export with a larger --k")
+        raise ManifestError(
+            f"{self.file} has no graph of width {width} (has {list(self.widths)}); re-export with a larger --k"
+        )
 
     def input_names(self) -> tuple[str, ...]:
         return tuple(n for t in self.inputs for n in t.names())
@@ -97,6 +100,7 @@ class GraphSpec(Serial):
     def output(self, name: str) -> TensorSpec | None:
         return next((t for t in self.outputs if t.name == name), None)
 
+
 @dataclass(frozen=True)
 class WeightSpec(Serial):
     dtype: str  # numpy dtype name
@@ -104,6 +108,7 @@ class WeightSpec(Serial):
     offset: int  # byte offset in the weights file
     nbytes: int  # byte length
     file: str | None = None  # another model's weights file (an EAGLE head reads the target's embedding)
+
 
 @dataclass(frozen=True)
 class Architecture(Serial):
@@ -117,6 +122,7 @@ class Architecture(Serial):
     vocab_size: int  # logits width (an EAGLE head: its draft vocabulary)
     aux_layers: tuple[int, ...] = ()  # layers whose input residual stream hidden_aux concatenates (EAGLE-3)
 
+
 @dataclass(frozen=True)
 class TrtInfo(Serial):
     file: str  # serialized TensorRT engine, relative to the folder
@@ -124,12 +130,14 @@ class TrtInfo(Serial):
     gpu: str  # the GPU it was built for (engines only load there)
     profiles: dict[int, int]  # token width -> optimization profile index
 
+
 @dataclass(frozen=True)
 class HeadInfo(Serial):
     source: str  # the head checkpoint folder it was exported from
     target_vocab_size: int  # the target vocabulary its d2t maps into
     trained_draft_vocab_size: int  # draft tokens it was trained with (the export may keep fewer)
     trained: dict  # the training record of the checkpoint's config.json, as its trainer wrote it
+
 
 @dataclass(frozen=True)
 class ModelSpec(Serial):
@@ -194,6 +202,7 @@ class ModelSpec(Serial):
     def widths(self) -> list[int]:
         return list(self.graph.widths)
 
+
 @dataclass(frozen=True)
 class HeadsSpec(Serial):
     role: str  # the role its drafter section gives it
@@ -211,12 +220,14 @@ class HeadsSpec(Serial):
     head: HeadInfo  # where the heads came from
     validation: dict[str, float] = field(default_factory=dict)  # "heads" -> max |ORT - PyTorch| at export
 
+
 @dataclass(frozen=True)
 class Source(Serial):
     kind: str  # "default" | "hf" | "gguf" | "hub"
     path: str  # folder, .gguf file or hub id the target was read from
     sha256: str | None  # of the GGUF file or the HF folder's weights (None for a hub id)
     draft: str | None  # the --draft the folder was exported with
+
 
 @dataclass(frozen=True)
 class Tuned(Serial):
@@ -228,6 +239,7 @@ class Tuned(Serial):
     tokens_per_s: float  # the chosen setting's tok/s
     machine: str  # the CPU it ran on
     table: str  # the comparison table the choice was made from
+
 
 @dataclass(frozen=True)
 class Defaults(Serial):
@@ -341,8 +353,9 @@ class Manifest:
         """This manifest with the size and sha256 of every file its models and tokenizer read (export
         calls it last; the chat template is left out: users edit it)."""
         rels = sorted({f for files in self.role_files().values() for f in files})
-        return dataclasses.replace(self, files={rel: FileRecord(self.path(rel).stat().st_size,
-                                                                sha256_of_file(self.path(rel))) for rel in rels})
+        return dataclasses.replace(
+            self, files={rel: FileRecord(self.path(rel).stat().st_size, sha256_of_file(self.path(rel))) for rel in rels}
+        )
 
     def check_files(self, verify: bool = False) -> dict[str, str]:
         """file -> "ok", "missing", "not recorded" (an older export), or what is wrong: a size
@@ -404,8 +417,10 @@ def load_manifest(folder: str | Path, verify: bool = False, files: bool = True) 
     if not folder.is_dir():
         raise ManifestError(f"engine folder {folder} does not exist. Hint: run `edgespec export --out {folder}`")
     if not mf.exists():
-        raise ManifestError(f"{folder} has no {MANIFEST}: not an edgespec engine folder (or an export that "
-                            "did not finish). Hint: re-run `edgespec export`.")
+        raise ManifestError(
+            f"{folder} has no {MANIFEST}: not an edgespec engine folder (or an export that "
+            "did not finish). Hint: re-run `edgespec export`."
+        )
     try:
         d = json.loads(mf.read_text())
     except json.JSONDecodeError as e:
@@ -416,8 +431,10 @@ def load_manifest(folder: str | Path, verify: bool = False, files: bool = True) 
     version = d.get("version", 1)
     if version != VERSION:
         age = "an older" if isinstance(version, int) and version < VERSION else "a newer"
-        raise ManifestError(f"{folder} was exported by {age} edgespec (manifest version {version}; this edgespec "
-                            f"reads {VERSION}). Hint: re-export: edgespec export --out {folder} --force")
+        raise ManifestError(
+            f"{folder} was exported by {age} edgespec (manifest version {version}; this edgespec "
+            f"reads {VERSION}). Hint: re-export: edgespec export --out {folder} --force"
+        )
     try:
         m = Manifest.from_json(d, folder)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -438,8 +455,10 @@ def _check_files(m: Manifest, verify: bool) -> Manifest:
         rel, what = bad[0]
         what = "listed in the manifest is missing" if what == "missing" else what
         if role in ("target", "tokenizer"):
-            raise ManifestError(f"{m.folder}: {role} file {rel} {what}. Hint: re-export the folder "
-                                f"(edgespec export --out {m.folder} --force)")
+            raise ManifestError(
+                f"{m.folder}: {role} file {rel} {what}. Hint: re-export the folder "
+                f"(edgespec export --out {m.folder} --force)"
+            )
         problems.setdefault(section_of[role], f"{role} file {rel} {what}")
     return dataclasses.replace(m, problems=problems) if problems else m
 
@@ -455,8 +474,9 @@ def check_head(m: Manifest, spec: ModelSpec | HeadsSpec, what: str, hint: str) -
     if spec.d2t is None or spec.d2t.shape != (spec.vocab_size,):
         raise ManifestError(f"{m.folder}: {what} without a d2t map of {spec.vocab_size} entries; re-export")
     if spec.hidden_size != m.target.hidden_size:
-        raise ManifestError(f"{m.folder}: {what} hidden size {spec.hidden_size} != target's "
-                            f"{m.target.hidden_size}; {hint}")
+        raise ManifestError(
+            f"{m.folder}: {what} hidden size {spec.hidden_size} != target's {m.target.hidden_size}; {hint}"
+        )
 
 
 def _check(m: Manifest) -> None:

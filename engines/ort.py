@@ -43,8 +43,10 @@ class OrtProjection:
 
     # the ONNX model y = MatMul(x [R, K], w [K, N]) (opset 17, ir 8), serialized: the runtime does not
     # depend on the onnx package; a test rebuilds it with onnx.helper and compares
-    MODEL = base64.b64decode("CAgSCGVkZ2VzcGVjOmQKEQoBeAoBdxIBeSIGTWF0TXVsEgpwcm9qZWN0aW9uWhUKAXgSEAoOCAES"
-                             "CgoDEgFSCgMSAUtaFQoBdxIQCg4IARIKCgMSAUsKAxIBTmIVCgF5EhAKDggBEgoKAxIBUgoDEgFOQgQKABAR")
+    MODEL = base64.b64decode(
+        "CAgSCGVkZ2VzcGVjOmQKEQoBeAoBdxIBeSIGTWF0TXVsEgpwcm9qZWN0aW9uWhUKAXgSEAoOCAES"
+        "CgoDEgFSCgMSAUtaFQoBdxIQCg4IARIKCgMSAUsKAxIBTmIVCgF5EhAKDggBEgoKAxIBUgoDEgFOQgQKABAR"
+    )
 
     def __init__(self, w: np.ndarray) -> None:
         self.w = np.ascontiguousarray(w, np.float32)  # [K, N]
@@ -76,9 +78,18 @@ class OrtModel:
     device_ops: the device-memory calls of a GPU provider (None: engines.device.CudaOps); HostOps with
     the cpu provider runs the device code paths, CUDA-graph bindings included, on host memory (tests)."""
 
-    def __init__(self, manifest: Manifest, spec: ModelSpec, provider: str = "cpu",
-                 threads: int | None = None, prepack: bool = True, kv: np.ndarray | None = None,
-                 head: OrtModel | None = None, cuda_graph: bool | None = None, device_ops=None) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        spec: ModelSpec,
+        provider: str = "cpu",
+        threads: int | None = None,
+        prepack: bool = True,
+        kv: np.ndarray | None = None,
+        head: OrtModel | None = None,
+        cuda_graph: bool | None = None,
+        device_ops=None,
+    ) -> None:
         es.check_provider(provider)
         self.manifest, self.spec, self.provider = manifest, spec, provider
         self.max_len = manifest.max_len
@@ -98,8 +109,9 @@ class OrtModel:
         host = takes_host_prologue(spec.graph)
         self.kv_slots = cache_slots(self.max_len, self.widths, self.bucket) if host else self.max_len
         shape = (spec.n_layers, 2, self.kv_slots, spec.kv_width)  # [L, 2, S_max, Hkv*D]
-        if kv is not None and (kv.shape[:2] + kv.shape[3:] != shape[:2] + shape[3:] or kv.shape[2] < self.kv_slots
-                               or kv.dtype != dtype):
+        if kv is not None and (
+            kv.shape[:2] + kv.shape[3:] != shape[:2] + shape[3:] or kv.shape[2] < self.kv_slots or kv.dtype != dtype
+        ):
             raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {dtype})")
         if kv is not None:
             self.kv_slots = kv.shape[2]  # a fused graph on a --host-prologue target's buffer (more slots)
@@ -113,8 +125,9 @@ class OrtModel:
         self._place_cache(shape, dtype, kv, device_ops)
         self.cuda_graph = cg.wanted(cuda_graph, provider, device_ops is not None, host, spec.role)
         self._cuda_graph_asked = bool(cuda_graph)  # explicitly: a session that cannot capture is an error
-        self._graph_bufs = (cg.GraphBuffers(self.device, spec.graph, self.widths, self.kv_slots)
-                            if self.cuda_graph else None)
+        self._graph_bufs = (
+            cg.GraphBuffers(self.device, spec.graph, self.widths, self.kv_slots) if self.cuda_graph else None
+        )
         self._session: ort.InferenceSession | None = None
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._last_width = 0
@@ -140,8 +153,9 @@ class OrtModel:
         self._tree = {w: self._chain[w].copy() for w in self.widths}
         self._tree_dirty = dict.fromkeys(self.widths, False)
         # a head also takes features [1, T, H] (the target's hidden states or its own)
-        self._features = ({w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths}
-                          if spec.takes_features else None)
+        self._features = (
+            {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths} if spec.takes_features else None
+        )
 
     def _place_cache(self, shape: tuple[int, ...], dtype: np.dtype, kv: np.ndarray | None, device_ops) -> None:
         """The cache [L, 2, S_max, Hkv*D]: on the host (kv, or a new buffer), or on a GPU provider (or
@@ -170,8 +184,7 @@ class OrtModel:
                     raise
                 # ORT refuses capture when a node falls back to the CPU EP (a kernel the CUDA EP lacks):
                 # run without it rather than not at all
-                warnings.warn(f"{path}: no CUDA graph capture ({e}); running without it", RuntimeWarning,
-                              stacklevel=2)
+                warnings.warn(f"{path}: no CUDA graph capture ({e}); running without it", RuntimeWarning, stacklevel=2)
                 self.cuda_graph = False
                 self._session = es.new_session(path, self._session_options, self.provider)
         return self._session
@@ -187,8 +200,14 @@ class OrtModel:
 
     def _host_arrays(self, width: int, n_slots: int) -> dict[str, np.ndarray]:
         """The host arrays of a --host-prologue call's plain inputs and outputs (by graph name)."""
-        arrays = {"input_ids": self._ids[width], "positions": self._pos[width], "past_len": self._past,
-                  "tree_mask": self._tree[width], "logits": self._logits[width], "hidden": self._hidden[width]}
+        arrays = {
+            "input_ids": self._ids[width],
+            "positions": self._pos[width],
+            "past_len": self._past,
+            "tree_mask": self._tree[width],
+            "logits": self._logits[width],
+            "hidden": self._hidden[width],
+        }
         if self._hidden_aux is not None:
             arrays["hidden_aux"] = self._hidden_aux[width]
         return arrays | self.prologue.views(width, n_slots)
@@ -224,8 +243,14 @@ class OrtModel:
                     view = self.kv[layer, j, :n_slots]
                     b.bind_input(f"past_{kind}_{layer}", "cpu", 0, kv_dtype, view.shape, view.ctypes.data)
                 else:
-                    b.bind_input(f"past_{kind}_{layer}", self._mem, 0, kv_dtype, (n_slots, self.spec.kv_width),
-                                 self._dkv.window_ptr(layer, j))
+                    b.bind_input(
+                        f"past_{kind}_{layer}",
+                        self._mem,
+                        0,
+                        kv_dtype,
+                        (n_slots, self.spec.kv_width),
+                        self._dkv.window_ptr(layer, j),
+                    )
         outputs = [("logits", self._logits[width]), ("hidden", self._hidden[width])]
         if self._hidden_aux is not None:
             outputs.append(("hidden_aux", self._hidden_aux[width]))
@@ -240,8 +265,14 @@ class OrtModel:
         return b
 
     # ---- the two calls of the protocol ------------------------------------------------------------
-    def forward(self, token_ids: np.ndarray, past_len: int, features: np.ndarray | None = None,
-                parents: np.ndarray | None = None, head_next: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        past_len: int,
+        features: np.ndarray | None = None,
+        parents: np.ndarray | None = None,
+        head_next: np.ndarray | None = None,
+    ) -> np.ndarray:
         """features [n, H]: a head's feature input (rows past n repeat the last one).
         parents [n]: a token tree (parents[0] = -1, parents[i] < i): node i sits at position
         past_len + depth(i) and sees only its ancestors; None is the chain 0 <- 1 <- ... <- n-1.
@@ -253,7 +284,7 @@ class OrtModel:
         ids, pos = self._ids[width], self._pos[width]
         ids[0, :n] = token_ids
         ids[0, n:] = token_ids[n - 1]  # padding rows: computed, never committed or read
-        pos[0, :] = self._slot_pos[past_len:past_len + width]
+        pos[0, :] = self._slot_pos[past_len : past_len + width]
         if parents is not None:
             if not self.takes_tree:
                 raise EngineError("this engine folder's graphs verify chains only; re-export it without --no-trees")
@@ -300,8 +331,10 @@ class OrtModel:
         """Aux features [n, n_aux*H] of the last forward: the residual streams entering a few
         low/mid/high layers (targets exported with them)."""
         if self._hidden_aux is None:
-            raise EngineError("this folder's target has no hidden_aux output (aux features); re-export it with "
-                              "the drafter that reads them")
+            raise EngineError(
+                "this folder's target has no hidden_aux output (aux features); re-export it with "
+                "the drafter that reads them"
+            )
         return self._hidden_aux[self._last_width][0, :n]
 
     def last_hidden(self, n: int) -> np.ndarray:

@@ -53,8 +53,10 @@ class HostPrologue:
         self.trees = "to_node" in specs
         self.max_window = max_window
         self._specs = {n: specs[n] for n in HOST_INPUTS if n in specs}
-        self._flat = {w: {n: np.zeros(int(np.prod(t.shape_at(w, max_window))), np.dtype(t.dtype))
-                          for n, t in self._specs.items()} for w in widths}
+        self._flat = {
+            w: {n: np.zeros(int(np.prod(t.shape_at(w, max_window))), np.dtype(t.dtype)) for n, t in self._specs.items()}
+            for w in widths
+        }
         for w in widths:
             if "two_rows_pads" in self._specs:  # fixed per width: max(T, 2) rows through the int4 matmuls
                 self._flat[w]["two_rows_pads"][4] = max(2 - w, 0)
@@ -75,8 +77,10 @@ class HostPrologue:
         if key not in self._views:
             if window > self.max_window:
                 raise EngineError(f"window {window} is past the {self.max_window} slots the prologue was sized for")
-            self._views[key] = {n: self._flat[width][n][:int(np.prod(t.shape_at(width, window)))]
-                                .reshape(t.shape_at(width, window)) for n, t in self._specs.items()}
+            self._views[key] = {
+                n: self._flat[width][n][: int(np.prod(t.shape_at(width, window)))].reshape(t.shape_at(width, window))
+                for n, t in self._specs.items()
+            }
         return self._views[key]
 
     def fill(self, width: int, window: int, past_len: int, pos: np.ndarray, tree: np.ndarray) -> dict[str, np.ndarray]:
@@ -97,7 +101,7 @@ class HostPrologue:
         # pos[r] + 1 + its rank among r's non-ancestors (pos[r] + c + 1 - ancestors before c)
         np.cumsum(anc, axis=1, out=before)
         np.subtract(before, anc, out=before)  # exclusive count
-        np.add(pos[:, None], self._slot[1:width + 1], out=cols)
+        np.add(pos[:, None], self._slot[1 : width + 1], out=cols)
         np.subtract(cols, before, out=cols)
         np.copyto(cols, pos[None, :], where=anc)
         np.minimum(cols, window - 1, out=cols)
@@ -105,6 +109,6 @@ class HostPrologue:
         if self.trees:  # probability column of each slot: cols on the new slots, the identity elsewhere
             to_node = v["to_node"]
             np.copyto(to_node, self._slot[:window])
-            np.copyto(to_node[:, :, past_len:past_len + width], cols[:, None, :])
+            np.copyto(to_node[:, :, past_len : past_len + width], cols[:, None, :])
         np.add(self._slot[:width], past_len, out=v["value_slots"][0, :, 0])
         return v

@@ -57,8 +57,10 @@ def share_thread_pool(threads: int | None = None) -> int:
             raise EngineError(f"this process already shares a pool of {_SHARED_POOL} threads; cannot make it {n}")
         return n
     if _N_SESSIONS:
-        raise EngineError(f"share_thread_pool() must run before the first session; {_N_SESSIONS} exist already. "
-                          "Hint: call it right after importing edgespec")
+        raise EngineError(
+            f"share_thread_pool() must run before the first session; {_N_SESSIONS} exist already. "
+            "Hint: call it right after importing edgespec"
+        )
     ort.set_global_thread_pool_sizes(n, 1)
     _SHARED_POOL = n
     return n
@@ -89,10 +91,12 @@ def weight_bytes(manifest: Manifest, spec, w) -> np.ndarray:
     if w.offset + w.nbytes > size:
         entries = list(spec.weights.values()) + ([spec.d2t] if spec.d2t is not None else [])
         need = max(e.offset + e.nbytes for e in entries if (e.file or spec.weights_file) == rel)
-        raise WeightsFileError(f"weights file {path} is {size} bytes, but the manifest's {spec.role} tensors "
-                               f"need {need} (truncated or replaced?)",
-                               f"re-export the folder (edgespec export --out {manifest.folder} --force)")
-    return map_weights(path)[w.offset: w.offset + w.nbytes]
+        raise WeightsFileError(
+            f"weights file {path} is {size} bytes, but the manifest's {spec.role} tensors "
+            f"need {need} (truncated or replaced?)",
+            f"re-export the folder (edgespec export --out {manifest.folder} --force)",
+        )
+    return map_weights(path)[w.offset : w.offset + w.nbytes]
 
 
 def read_weight(manifest: Manifest, spec, w) -> np.ndarray:
@@ -110,8 +114,10 @@ def check_provider(provider: str) -> None:
         raise EngineError(f"provider {provider!r} unknown; choose one of {', '.join(PROVIDERS)}")
     missing = [p for p in PROVIDERS[provider][:1] if p not in ort.get_available_providers()]
     if missing:
-        raise EngineError(f"provider {provider!r} needs {missing[0]}, which this onnxruntime build "
-                          f"lacks (has {ort.get_available_providers()}). Hint: pip install onnxruntime-gpu")
+        raise EngineError(
+            f"provider {provider!r} needs {missing[0]}, which this onnxruntime build "
+            f"lacks (has {ort.get_available_providers()}). Hint: pip install onnxruntime-gpu"
+        )
 
 
 def session_options(manifest: Manifest, spec, threads: int | None, prepack: bool = True):
@@ -152,8 +158,9 @@ def new_session(path: Path, so: ort.SessionOptions, provider: str, cuda_graph: b
     try:
         return ort.InferenceSession(str(path), so, providers=providers)
     except Exception as e:  # ORT raises its own exception types; re-raise with context
-        raise EngineError(f"could not load {path}: {e}. Hint: re-export the folder with this "
-                          "edgespec/onnxruntime") from e
+        raise EngineError(
+            f"could not load {path}: {e}. Hint: re-export the folder with this edgespec/onnxruntime"
+        ) from e
 
 
 def model_session(model_bytes: bytes) -> ort.InferenceSession:

@@ -31,16 +31,20 @@ def load_trt_engine(manifest: Manifest, spec: ModelSpec, device_name: str):
     """Deserialize the model's engine after checking it was built for this TensorRT and GPU."""
     info = spec.tensorrt
     if info is None:
-        raise EngineError(f"{manifest.folder}: no TensorRT engine for the {spec.role} model. "
-                          f"Hint: edgespec build-trt --engine {manifest.folder}")
+        raise EngineError(
+            f"{manifest.folder}: no TensorRT engine for the {spec.role} model. "
+            f"Hint: edgespec build-trt --engine {manifest.folder}"
+        )
     try:
         import tensorrt as trt
     except ImportError as e:
         raise EngineError("the tensorrt backend needs the `tensorrt` Python package (NVIDIA's index)") from e
     if info.tensorrt_version != trt.__version__ or info.gpu != device_name:
-        raise EngineError(f"{info.file} was built with TensorRT {info.tensorrt_version} for "
-                          f"{info.gpu}; this is TensorRT {trt.__version__} on {device_name}. TensorRT engines "
-                          f"are tied to both: rebuild with `edgespec build-trt --engine {manifest.folder}`")
+        raise EngineError(
+            f"{info.file} was built with TensorRT {info.tensorrt_version} for "
+            f"{info.gpu}; this is TensorRT {trt.__version__} on {device_name}. TensorRT engines "
+            f"are tied to both: rebuild with `edgespec build-trt --engine {manifest.folder}`"
+        )
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     engine = runtime.deserialize_cuda_engine(manifest.path(info.file).read_bytes())
     if engine is None:
@@ -75,7 +79,7 @@ class TrtModel:
         self._chain = {w: np.tril(np.ones((w, w), np.int64)).ravel() for w in self.widths}
         for w in self.widths:
             if self.takes_tree:
-                self._host_in[w][2 * w + 1:] = self._chain[w]
+                self._host_in[w][2 * w + 1 :] = self._chain[w]
         self._tree_dirty = dict.fromkeys(self.widths, False)
         self._logits = {w: np.zeros((w, spec.vocab_size), np.float32) for w in self.widths}
         self._slot_pos = np.minimum(np.arange(self.max_len + max(self.widths)), self.max_len - 1)
@@ -121,8 +125,13 @@ class TrtModel:
             if w in self.widths:
                 self.forward(np.zeros(w, np.int64), 0)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None,
-                head_next: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        past_len: int,
+        parents: np.ndarray | None = None,
+        head_next: np.ndarray | None = None,
+    ) -> np.ndarray:
         """As OrtModel.forward (parents: a token tree, None: a chain; no fused head here)."""
         n = len(token_ids)
         w = pick_width(self.widths, n)
@@ -130,15 +139,15 @@ class TrtModel:
         host = self._host_in[w]
         host[:n] = token_ids
         host[n:w] = token_ids[n - 1]
-        host[w:2 * w] = self._slot_pos[past_len:past_len + w]
+        host[w : 2 * w] = self._slot_pos[past_len : past_len + w]
         host[2 * w] = past_len
         if parents is not None:
             if not self.takes_tree:
                 raise EngineError("this engine folder's graphs verify chains only; re-export it without --no-trees")
-            fill_tree(host[2 * w + 1:].reshape(w, w), host[w:2 * w], parents, n, past_len)
+            fill_tree(host[2 * w + 1 :].reshape(w, w), host[w : 2 * w], parents, n, past_len)
             self._tree_dirty[w] = True
         elif self._tree_dirty[w]:
-            host[2 * w + 1:] = self._chain[w]
+            host[2 * w + 1 :] = self._chain[w]
             self._tree_dirty[w] = False
         ctx = self._ctx[w]
         n_slots = window_slots(past_len, w, self.bucket, self.max_len)
@@ -177,22 +186,37 @@ class TrtModel:
         w = self._last_width
         if rows is not None:  # a tree's accepted path: one strided copy per row
             for i, r in enumerate(rows[:n_rows]):
-                self.ops.copy2d(dst_ptr=self._block_ptr(0, 0, past_len + i), dst_pitch=self.max_len * self.kv_row_bytes,
-                                src_ptr=self._bufs[w]["new_kv"].ptr + int(r) * self.kv_row_bytes,
-                                src_pitch=w * self.kv_row_bytes, width=self.kv_row_bytes, height=2 * self.n_layers,
-                                stream=self.stream)
+                self.ops.copy2d(
+                    dst_ptr=self._block_ptr(0, 0, past_len + i),
+                    dst_pitch=self.max_len * self.kv_row_bytes,
+                    src_ptr=self._bufs[w]["new_kv"].ptr + int(r) * self.kv_row_bytes,
+                    src_pitch=w * self.kv_row_bytes,
+                    width=self.kv_row_bytes,
+                    height=2 * self.n_layers,
+                    stream=self.stream,
+                )
             return
-        self.ops.copy2d(dst_ptr=self._block_ptr(0, 0, past_len), dst_pitch=self.max_len * self.kv_row_bytes,
-                        src_ptr=self._bufs[w]["new_kv"].ptr, src_pitch=w * self.kv_row_bytes,
-                        width=n_rows * self.kv_row_bytes, height=2 * self.n_layers, stream=self.stream)
+        self.ops.copy2d(
+            dst_ptr=self._block_ptr(0, 0, past_len),
+            dst_pitch=self.max_len * self.kv_row_bytes,
+            src_ptr=self._bufs[w]["new_kv"].ptr,
+            src_pitch=w * self.kv_row_bytes,
+            width=n_rows * self.kv_row_bytes,
+            height=2 * self.n_layers,
+            stream=self.stream,
+        )
 
     def last_hidden(self, n: int) -> np.ndarray:
-        raise EngineError("native TensorRT engines return no hidden states (has_hidden is False); the head "
-                          "drafters need --provider tensorrt or cuda (ONNX Runtime)")
+        raise EngineError(
+            "native TensorRT engines return no hidden states (has_hidden is False); the head "
+            "drafters need --provider tensorrt or cuda (ONNX Runtime)"
+        )
 
     def last_hidden_aux(self, n: int) -> np.ndarray:
-        raise EngineError("native TensorRT engines return no aux features (hidden_aux); the drafters that read "
-                          "them need --provider tensorrt or cuda (ONNX Runtime)")
+        raise EngineError(
+            "native TensorRT engines return no aux features (hidden_aux); the drafters that read "
+            "them need --provider tensorrt or cuda (ONNX Runtime)"
+        )
 
     def last_head(self) -> tuple[np.ndarray, np.ndarray]:
         raise EngineError("native TensorRT engines have no fused head graph (fused_head is False)")

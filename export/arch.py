@@ -55,9 +55,16 @@ class ArchSpec:
         return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
 
     def to_manifest(self) -> dict:
-        return {"model_type": self.model_type, "n_layers": self.n_layers, "n_heads": self.n_heads,
-                "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim, "hidden_size": self.hidden_size,
-                "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size}
+        return {
+            "model_type": self.model_type,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+        }
 
 
 def _rope_from_config(cfg) -> tuple[float, str, dict]:
@@ -77,9 +84,13 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
     if mt not in SUPPORTED:
         raise UnsupportedModelError(
             f"model_type {mt!r} is not supported; edgespec exports {', '.join(SUPPORTED)} "
-            "(Llama-family decoders). Hint: convert the model to one of these or open an issue.")
-    missing = [k for k in ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size",
-                           "vocab_size") if getattr(cfg, k, None) is None]
+            "(Llama-family decoders). Hint: convert the model to one of these or open an issue."
+        )
+    missing = [
+        k
+        for k in ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size")
+        if getattr(cfg, k, None) is None
+    ]
     if missing:
         raise UnsupportedModelError(f"config of {mt!r} lacks {', '.join(missing)}")
     act = getattr(cfg, "hidden_act", "silu")
@@ -96,17 +107,27 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
     window = getattr(cfg, "sliding_window", None)
     if window and getattr(cfg, "use_sliding_window", True) and max_len > window:
         raise UnsupportedModelError(
-            f"sliding_window={window} is smaller than --max-len {max_len}; export with --max-len <= {window}")
+            f"sliding_window={window} is smaller than --max-len {max_len}; export with --max-len <= {window}"
+        )
     if getattr(cfg, "attention_bias", False) and mt != "qwen2":
         raise UnsupportedModelError(f"attention_bias=True on {mt!r} (biased o_proj) is not supported")
     if n_heads % n_kv:
-        raise UnsupportedModelError(f"num_attention_heads={n_heads} is not a multiple of "
-                                    f"num_key_value_heads={n_kv}")
+        raise UnsupportedModelError(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
     return ArchSpec(
-        model_type=mt, n_layers=cfg.num_hidden_layers, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
-        hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size, vocab_size=cfg.vocab_size,
-        rms_norm_eps=float(cfg.rms_norm_eps), rope_theta=theta, rope_type=rope_type,
+        model_type=mt,
+        n_layers=cfg.num_hidden_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        vocab_size=cfg.vocab_size,
+        rms_norm_eps=float(cfg.rms_norm_eps),
+        rope_theta=theta,
+        rope_type=rope_type,
         rope_params=tuple(sorted((k, v) for k, v in extra.items() if isinstance(v, (int, float)))),
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         qkv_bias=mt == "qwen2",
-        qk_norm=mt == "qwen3", max_len=max_len)
+        qk_norm=mt == "qwen3",
+        max_len=max_len,
+    )

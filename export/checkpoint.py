@@ -62,14 +62,16 @@ def write_checkpoint(folder: str | Path, arrays: dict[str, np.ndarray], config: 
     return folder
 
 
-def _read_d2t(folder: Path, w: dict[str, np.ndarray], draft_vocab: int, vocab_size: int,
-              error: type[CheckpointError]) -> np.ndarray:
+def _read_d2t(
+    folder: Path, w: dict[str, np.ndarray], draft_vocab: int, vocab_size: int, error: type[CheckpointError]
+) -> np.ndarray:
     """The draft tokens' target ids (absolute), checked against the sizes config.json states."""
     if "d2t" in w:
         d2t = w["d2t"].astype(np.int64) + np.arange(len(w["d2t"]))
         if len(d2t) != draft_vocab or d2t.min() < 0 or d2t.max() >= vocab_size:
-            raise error(f"{folder}: d2t has {len(d2t)} entries (config: {draft_vocab}) or ids outside "
-                        f"0..{vocab_size - 1}")
+            raise error(
+                f"{folder}: d2t has {len(d2t)} entries (config: {draft_vocab}) or ids outside 0..{vocab_size - 1}"
+            )
         return d2t
     if draft_vocab == vocab_size:
         return np.arange(vocab_size, dtype=np.int64)
@@ -81,15 +83,30 @@ def save_head(head: EagleHead, folder: str | Path, extra: dict | None = None) ->
     """config.json (LlamaConfig fields + draft_vocab_size; `extra` joins its `eagle` section) +
     model.safetensors in float16."""
     c = head.cfg
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
-              "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-              "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-              "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "vocab_size": c.vocab_size,
-              "draft_vocab_size": c.draft_vocab_size, "bias": True, "hidden_act": "silu",
-              "torch_dtype": "float16",
-              "eagle": {"version": 1, "features": "final_norm", "input_layernorm": c.input_layernorm,
-                        "final_norm": c.final_norm}
-              | ({"d2t_order": "frequency"} if c.d2t_by_frequency else {}) | (extra or {})}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "bias": True,
+        "hidden_act": "silu",
+        "torch_dtype": "float16",
+        "eagle": {
+            "version": 1,
+            "features": "final_norm",
+            "input_layernorm": c.input_layernorm,
+            "final_norm": c.final_norm,
+        }
+        | ({"d2t_order": "frequency"} if c.d2t_by_frequency else {})
+        | (extra or {}),
+    }
     return write_checkpoint(folder, head_state(head), config)
 
 
@@ -99,8 +116,10 @@ def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[He
 
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists():
-        raise HeadFormatError(f"{folder}: no {CONFIG_FILE}; an EAGLE head folder holds config.json + "
-                              f"{WEIGHTS_FILE} (or pytorch_model.bin)")
+        raise HeadFormatError(
+            f"{folder}: no {CONFIG_FILE}; an EAGLE head folder holds config.json + "
+            f"{WEIGHTS_FILE} (or pytorch_model.bin)"
+        )
     cfg = json.loads((folder / CONFIG_FILE).read_text())
     if (folder / WEIGHTS_FILE).exists():
         w = load_file(str(folder / WEIGHTS_FILE))
@@ -109,26 +128,37 @@ def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[He
     else:
         raise HeadFormatError(f"{folder}: neither {WEIGHTS_FILE} nor pytorch_model.bin")
     if any(k.startswith("midlayer.") for k in w):
-        raise HeadFormatError(f"{folder}: an EAGLE-3 checkpoint (midlayer.*, fused low/mid/high features), not an "
-                              "EAGLE-1/2 head (fc + layers.0). Hint: EAGLE-3 heads have an export flag and a "
-                              "training command of their own (`edgespec export --help`)")
+        raise HeadFormatError(
+            f"{folder}: an EAGLE-3 checkpoint (midlayer.*, fused low/mid/high features), not an "
+            "EAGLE-1/2 head (fc + layers.0). Hint: EAGLE-3 heads have an export flag and a "
+            "training command of their own (`edgespec export --help`)"
+        )
     need = ["fc.weight", "layers.0.post_attention_layernorm.weight", *LAYER_NAMES.values()]
     missing = [k for k in need if k not in w]
     if missing:
         raise HeadFormatError(f"{folder}: missing tensors {missing}; expected EAGLE-1 names (fc.*, layers.0.*)")
     H = int(cfg["hidden_size"])
     if H != hidden_size or tuple(w["fc.weight"].shape) != (H, 2 * H):
-        raise HeadFormatError(f"{folder}: head hidden size {H} (fc {tuple(w['fc.weight'].shape)}) does not fit "
-                              f"the target's hidden size {hidden_size}; was it trained for another model?")
+        raise HeadFormatError(
+            f"{folder}: head hidden size {H} (fc {tuple(w['fc.weight'].shape)}) does not fit "
+            f"the target's hidden size {hidden_size}; was it trained for another model?"
+        )
     if int(cfg.get("vocab_size", vocab_size)) != vocab_size:
         raise HeadFormatError(f"{folder}: head vocab {cfg['vocab_size']} != target vocab {vocab_size}")
     n_h = int(cfg["num_attention_heads"])
-    hc = HeadConfig(hidden_size=H, intermediate_size=int(cfg["intermediate_size"]), num_attention_heads=n_h,
-                    num_key_value_heads=int(cfg.get("num_key_value_heads", n_h)),
-                    head_dim=int(cfg.get("head_dim") or H // n_h), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                    vocab_size=vocab_size, draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab_size),
-                    input_layernorm="layers.0.input_layernorm.weight" in w, final_norm="norm.weight" in w,
-                    d2t_by_frequency="d2t" in w and (cfg.get("eagle") or {}).get("d2t_order") == "frequency")
+    hc = HeadConfig(
+        hidden_size=H,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_attention_heads=n_h,
+        num_key_value_heads=int(cfg.get("num_key_value_heads", n_h)),
+        head_dim=int(cfg.get("head_dim") or H // n_h),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        vocab_size=vocab_size,
+        draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab_size),
+        input_layernorm="layers.0.input_layernorm.weight" in w,
+        final_norm="norm.weight" in w,
+        d2t_by_frequency="d2t" in w and (cfg.get("eagle") or {}).get("d2t_order") == "frequency",
+    )
     out = {k: v.astype(np.float32) for k, v in w.items() if k not in ("d2t", "t2d")}
     if "fc.bias" not in out:
         out["fc.bias"] = np.zeros(H, np.float32)
@@ -143,7 +173,9 @@ def prune_draft_vocab(hc: HeadConfig, arrays: dict[str, np.ndarray], n: int) -> 
     if n <= 0 or n >= hc.draft_vocab_size:
         return hc, arrays
     if not hc.d2t_by_frequency:
-        raise HeadFormatError(f"cannot cut this head's draft vocabulary from {hc.draft_vocab_size} to {n} tokens: "
-                              "its d2t is not in frequency order (heads from `edgespec train-eagle` record it "
-                              "as eagle.d2t_order in config.json). Hint: --eagle-draft-vocab 0 keeps all of it")
+        raise HeadFormatError(
+            f"cannot cut this head's draft vocabulary from {hc.draft_vocab_size} to {n} tokens: "
+            "its d2t is not in frequency order (heads from `edgespec train-eagle` record it "
+            "as eagle.d2t_order in config.json). Hint: --eagle-draft-vocab 0 keeps all of it"
+        )
     return replace(hc, draft_vocab_size=n), arrays | {"d2t": arrays["d2t"][:n]}

@@ -43,8 +43,15 @@ from torch import nn
 from edgespec.export.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t, write_checkpoint
 from edgespec.export.eagle_head import TorchDrafter
 
-_PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_PROJ = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 _NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
 
 
@@ -71,8 +78,15 @@ class DFlashConfig:
 
 
 class DFlashDrafter(TorchDrafter):
-    def __init__(self, cfg: DFlashConfig, embed: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor,
-                 rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
+    def __init__(
+        self,
+        cfg: DFlashConfig,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        d2t: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         H, d = cfg.hidden_size, cfg.head_dim
@@ -99,7 +113,6 @@ class DFlashDrafter(TorchDrafter):
         self.register_buffer("rope_cos", rope_cos, persistent=False)  # [max_pos, D]
         self.register_buffer("rope_sin", rope_sin, persistent=False)
 
-
     def context(self, aux: torch.Tensor) -> torch.Tensor:
         """Target features [B, N, n*H] -> the injected context rows [B, N, H]."""
         return self._norm(self.fc(aux), self.hidden_norm)
@@ -111,8 +124,15 @@ class DFlashDrafter(TorchDrafter):
         k = self._rope(self._norm(lay.k(ctx).view(B, N, c.n_kv_heads, c.head_dim), lay.k_norm), ctx_pos)
         return k, lay.v(ctx).view(B, N, c.n_kv_heads, c.head_dim)
 
-    def forward(self, ctx: torch.Tensor, ctx_pos: torch.Tensor, block_ids: torch.Tensor, block_pos: torch.Tensor,
-                see_ctx: torch.Tensor, see_block: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        ctx: torch.Tensor,
+        ctx_pos: torch.Tensor,
+        block_ids: torch.Tensor,
+        block_pos: torch.Tensor,
+        see_ctx: torch.Tensor,
+        see_block: torch.Tensor,
+    ) -> torch.Tensor:
         """ctx [B, N, H] (from `context`), ctx_pos [B, N]; block_ids / block_pos [B, Q]; see_ctx
         [B, Q, N] and see_block [B, Q, Q] bool: which rows each block row attends to (several
         blocks of one sequence train in one pass). Returns the normed outputs [B, Q, H]."""
@@ -129,8 +149,9 @@ class DFlashDrafter(TorchDrafter):
             v_b = lay.v(h).view(B, Q, c.n_kv_heads, c.head_dim)
             k = torch.cat([k_c, k_b], 1).repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hq, N+Q, D]
             v = torch.cat([v_c, v_b], 1).repeat_interleave(rep, dim=2).transpose(1, 2)
-            att = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask,
-                                                 scale=1.0 / math.sqrt(c.head_dim))
+            att = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0 / math.sqrt(c.head_dim)
+            )
             x = x + lay.o(att.transpose(1, 2).reshape(B, Q, -1))
             h = self._norm(x, lay.ln2)
             x = x + lay.down(F.silu(lay.gate(h)) * lay.up(h))
@@ -157,11 +178,23 @@ def dflash_state(model: DFlashDrafter) -> dict[str, np.ndarray]:
     return arrays | {"d2t": model.d2t.cpu().numpy().astype(np.int64)}
 
 
-def build_dflash(cfg: DFlashConfig, arrays: dict[str, np.ndarray], embed: np.ndarray, lm_head: np.ndarray,
-                 rope_cos: np.ndarray, rope_sin: np.ndarray) -> DFlashDrafter:
+def build_dflash(
+    cfg: DFlashConfig,
+    arrays: dict[str, np.ndarray],
+    embed: np.ndarray,
+    lm_head: np.ndarray,
+    rope_cos: np.ndarray,
+    rope_sin: np.ndarray,
+) -> DFlashDrafter:
     d2t = torch.from_numpy(arrays["d2t"])
-    model = DFlashDrafter(cfg, torch.from_numpy(embed), torch.from_numpy(lm_head)[d2t].clone(), d2t,
-                          torch.from_numpy(rope_cos), torch.from_numpy(rope_sin))
+    model = DFlashDrafter(
+        cfg,
+        torch.from_numpy(embed),
+        torch.from_numpy(lm_head)[d2t].clone(),
+        d2t,
+        torch.from_numpy(rope_cos),
+        torch.from_numpy(rope_sin),
+    )
     with torch.no_grad():
         for name, t in _param_map(model).items():
             t.copy_(torch.from_numpy(arrays[name]))
@@ -175,11 +208,24 @@ def init_arrays(arch, sd: dict, d2t: np.ndarray, cfg: DFlashConfig, seed: int) -
     rng = np.random.default_rng(seed)
     n = len(cfg.target_layer_ids)
     fc = rng.normal(0, 0.02, (H, n * H)).astype(np.float32)
-    fc[:, (n - 1) * H:] += np.eye(H, dtype=np.float32)
-    arrays = {"fc.weight": fc, "hidden_norm.weight": np.ones(H, np.float32),
-              "norm.weight": sd["model.norm.weight"].astype(np.float32), "d2t": d2t}
-    hf = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-          "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+    fc[:, (n - 1) * H :] += np.eye(H, dtype=np.float32)
+    arrays = {
+        "fc.weight": fc,
+        "hidden_norm.weight": np.ones(H, np.float32),
+        "norm.weight": sd["model.norm.weight"].astype(np.float32),
+        "d2t": d2t,
+    }
+    hf = (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+    )
     for i in range(cfg.n_layers):
         src = f"model.layers.{arch.n_layers - cfg.n_layers + i}."
         for name in hf:
@@ -191,16 +237,32 @@ def init_arrays(arch, sd: dict, d2t: np.ndarray, cfg: DFlashConfig, seed: int) -
 
 def save_dflash(model: DFlashDrafter, folder: str | Path, record: dict | None = None) -> Path:
     c = model.cfg
-    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "is_causal": False,
-              "attention_bias": False, "hidden_act": "silu", "hidden_size": c.hidden_size,
-              "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads,
-              "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim, "intermediate_size": c.intermediate_size,
-              "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "vocab_size": c.vocab_size,
-              "draft_vocab_size": c.draft_vocab_size, "num_target_layers": c.n_target_layers,
-              "tie_word_embeddings": False, "torch_dtype": "float16",
-              "dflash_config": {"block_size": c.block_size, "mask_token_id": c.mask_token_id,
-                                "target_layer_ids": list(c.target_layer_ids)},
-              "edgespec": {"d2t_order": "frequency", "features": "aux_layers"} | (record or {})}
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "is_causal": False,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "num_target_layers": c.n_target_layers,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "dflash_config": {
+            "block_size": c.block_size,
+            "mask_token_id": c.mask_token_id,
+            "target_layer_ids": list(c.target_layer_ids),
+        },
+        "edgespec": {"d2t_order": "frequency", "features": "aux_layers"} | (record or {}),
+    }
     return write_checkpoint(folder, dflash_state(model), config)
 
 
@@ -210,34 +272,48 @@ def read_dflash(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[
 
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
-        raise DFlashFormatError(f"{folder}: a DFlash drafter folder holds {CONFIG_FILE} + {WEIGHTS_FILE}. "
-                                "Hint: train one with `edgespec train-dflash --out DIR`")
+        raise DFlashFormatError(
+            f"{folder}: a DFlash drafter folder holds {CONFIG_FILE} + {WEIGHTS_FILE}. "
+            "Hint: train one with `edgespec train-dflash --out DIR`"
+        )
     cfg = json.loads((folder / CONFIG_FILE).read_text())
     dc = cfg.get("dflash_config") or {}
     if "DFlashDraftModel" not in cfg.get("architectures", []) or "target_layer_ids" not in dc:
-        raise DFlashFormatError(f"{folder}: config.json is not a DFlash drafter's (architectures "
-                                f"{cfg.get('architectures')}, dflash_config {sorted(dc)})")
+        raise DFlashFormatError(
+            f"{folder}: config.json is not a DFlash drafter's (architectures "
+            f"{cfg.get('architectures')}, dflash_config {sorted(dc)})"
+        )
     w = load_file(str(folder / WEIGHTS_FILE))
     H = int(cfg["hidden_size"])
     n_feat = len(dc["target_layer_ids"])
     if H != hidden_size or tuple(w["fc.weight"].shape) != (H, n_feat * H):
-        raise DFlashFormatError(f"{folder}: drafter width {H} (fc {tuple(w['fc.weight'].shape)}) does not fit the "
-                                f"target's hidden size {hidden_size}; was it trained for another model?")
+        raise DFlashFormatError(
+            f"{folder}: drafter width {H} (fc {tuple(w['fc.weight'].shape)}) does not fit the "
+            f"target's hidden size {hidden_size}; was it trained for another model?"
+        )
     if int(cfg["vocab_size"]) != vocab_size:
         raise DFlashFormatError(f"{folder}: drafter vocab {cfg['vocab_size']} != target vocab {vocab_size}")
     n_heads = int(cfg["num_attention_heads"])
-    c = DFlashConfig(hidden_size=H, n_layers=int(cfg["num_hidden_layers"]), n_heads=n_heads,
-                     n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
-                     head_dim=int(cfg.get("head_dim") or H // n_heads),
-                     intermediate_size=int(cfg["intermediate_size"]), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                     rope_theta=float(cfg.get("rope_theta", 10000.0)), vocab_size=vocab_size,
-                     draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab_size),
-                     block_size=int(dc.get("block_size", 16)), mask_token_id=int(dc["mask_token_id"]),
-                     target_layer_ids=tuple(int(x) for x in dc["target_layer_ids"]),
-                     n_target_layers=int(cfg.get("num_target_layers", 0)))
+    c = DFlashConfig(
+        hidden_size=H,
+        n_layers=int(cfg["num_hidden_layers"]),
+        n_heads=n_heads,
+        n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
+        head_dim=int(cfg.get("head_dim") or H // n_heads),
+        intermediate_size=int(cfg["intermediate_size"]),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        vocab_size=vocab_size,
+        draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab_size),
+        block_size=int(dc.get("block_size", 16)),
+        mask_token_id=int(dc["mask_token_id"]),
+        target_layer_ids=tuple(int(x) for x in dc["target_layer_ids"]),
+        n_target_layers=int(cfg.get("num_target_layers", 0)),
+    )
     need = [k for k in ("fc.weight", "hidden_norm.weight", "norm.weight") if k not in w]
-    need += [f"layers.{i}.{n}.weight" for i in range(c.n_layers) for n in _PROJ + _NORMS
-             if f"layers.{i}.{n}.weight" not in w]
+    need += [
+        f"layers.{i}.{n}.weight" for i in range(c.n_layers) for n in _PROJ + _NORMS if f"layers.{i}.{n}.weight" not in w
+    ]
     if need:
         raise DFlashFormatError(f"{folder}: missing tensors {need[:4]}{'...' if len(need) > 4 else ''}")
     out = {k: v.astype(np.float32) for k, v in w.items() if k not in ("d2t", "t2d")}

@@ -35,26 +35,98 @@ from edgespec.export.prompt_lists import load_lists
 FAMILIES = ("passage", "multiturn", "math", "roleplay", "code", "short", "long", "writing", "json")
 
 DOC_MODULES, WRITTEN_PASSAGES, PASSAGE_TASKS, LANGS, FRAMES = load_lists(
-    "wide_passage", "doc_modules", "written_passages", "passage_tasks", "langs", "frames")
-(QA, FOLLOW_UPS, OTHERS, CODE_TURNS, CODE_FOLLOW_UPS, SUMMARY_ASKS, SUMMARY_FOLLOW_UPS,
- MATH_FOLLOW_UPS) = load_lists("wide_multiturn", "qa", "follow_ups", "others", "code_turns", "code_follow_ups",
-                               "summary_asks", "summary_follow_ups", "math_follow_ups")
+    "wide_passage", "doc_modules", "written_passages", "passage_tasks", "langs", "frames"
+)
+(QA, FOLLOW_UPS, OTHERS, CODE_TURNS, CODE_FOLLOW_UPS, SUMMARY_ASKS, SUMMARY_FOLLOW_UPS, MATH_FOLLOW_UPS) = load_lists(
+    "wide_multiturn",
+    "qa",
+    "follow_ups",
+    "others",
+    "code_turns",
+    "code_follow_ups",
+    "summary_asks",
+    "summary_follow_ups",
+    "math_follow_ups",
+)
 (STEPS,) = load_lists("wide_math", "steps")
 PERSONAS, SITUATIONS, SAYS, USER_FRAMES = load_lists("wide_roleplay", "personas", "situations", "says", "user_frames")
-(LANGUAGES, PROG_TASKS, FUNCTION_FORMS, CODE_EXTRAS, SQL_TASKS, SQL_FORMS, SQL_DIALECTS, BASH_TASKS, BASH_FORMS,
- SNIPPETS, EXPLAIN_FORMS, BUGGY, BUG_FORMS, PY_TO_CONVERT, CONVERT_TARGETS, CONVERT_FORMS) = load_lists(
-    "wide_code", "languages", "prog_tasks", "function_forms", "code_extras", "sql_tasks", "sql_forms", "sql_dialects",
-    "bash_tasks", "bash_forms", "snippets", "explain_forms", "buggy", "bug_forms", "py_to_convert", "convert_targets",
-    "convert_forms")
+(
+    LANGUAGES,
+    PROG_TASKS,
+    FUNCTION_FORMS,
+    CODE_EXTRAS,
+    SQL_TASKS,
+    SQL_FORMS,
+    SQL_DIALECTS,
+    BASH_TASKS,
+    BASH_FORMS,
+    SNIPPETS,
+    EXPLAIN_FORMS,
+    BUGGY,
+    BUG_FORMS,
+    PY_TO_CONVERT,
+    CONVERT_TARGETS,
+    CONVERT_FORMS,
+) = load_lists(
+    "wide_code",
+    "languages",
+    "prog_tasks",
+    "function_forms",
+    "code_extras",
+    "sql_tasks",
+    "sql_forms",
+    "sql_dialects",
+    "bash_tasks",
+    "bash_forms",
+    "snippets",
+    "explain_forms",
+    "buggy",
+    "bug_forms",
+    "py_to_convert",
+    "convert_targets",
+    "convert_forms",
+)
 YES_NO, YES_NO_FORMS, TERMS, SHORT, COUNTRIES, FACT_FORMS, UNITS, OPPOSITES, UNIT_FORMS, BREVITY = load_lists(
-    "wide_short", "yes_no", "yes_no_forms", "terms", "short", "countries", "fact_forms", "units", "opposites",
-    "unit_forms", "brevity")
+    "wide_short",
+    "yes_no",
+    "yes_no_forms",
+    "terms",
+    "short",
+    "countries",
+    "fact_forms",
+    "units",
+    "opposites",
+    "unit_forms",
+    "brevity",
+)
 LONG_TOPICS, LONG_FORMS, AUDIENCES = load_lists("wide_long", "long_topics", "long_forms", "audiences")
-(PURPOSES, TONES, LETTER_FORMS, LETTER_ENDINGS, REVIEW_OF, STARS, REVIEW_FORMS, CREATIVE, CREATIVE_SUBJECTS,
- CONSTRAINTS) = load_lists("wide_writing", "purposes", "tones", "letter_forms", "letter_endings", "review_of",
-                           "stars", "review_forms", "creative", "creative_subjects", "constraints")
+(
+    PURPOSES,
+    TONES,
+    LETTER_FORMS,
+    LETTER_ENDINGS,
+    REVIEW_OF,
+    STARS,
+    REVIEW_FORMS,
+    CREATIVE,
+    CREATIVE_SUBJECTS,
+    CONSTRAINTS,
+) = load_lists(
+    "wide_writing",
+    "purposes",
+    "tones",
+    "letter_forms",
+    "letter_endings",
+    "review_of",
+    "stars",
+    "review_forms",
+    "creative",
+    "creative_subjects",
+    "constraints",
+)
 NAMES, PRODUCTS, ISSUES, MONTHS, MESSAGE_FORMS, TASK_FORMS = load_lists(
-    "wide_json", "names", "products", "issues", "months", "message_forms", "task_forms")
+    "wide_json", "names", "products", "issues", "months", "message_forms", "task_forms"
+)
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -111,8 +183,11 @@ def passages() -> tuple[str, ...]:
                 mod = importlib.import_module(name)
             except Exception:  # noqa: BLE001 - a module missing on this Python is just skipped
                 continue
-            objs = [mod] + [v for _, v in sorted(vars(mod).items()) if (inspect.isclass(v) or inspect.isfunction(v))
-                            and getattr(v, "__module__", None) == mod.__name__]
+            objs = [mod] + [
+                v
+                for _, v in sorted(vars(mod).items())
+                if (inspect.isclass(v) or inspect.isfunction(v)) and getattr(v, "__module__", None) == mod.__name__
+            ]
             for obj in objs:
                 doc = inspect.getdoc(obj) or ""
                 found += [(f"py:{name}:{getattr(obj, '__name__', '')}", p) for p in _paragraphs(doc)]
@@ -136,8 +211,9 @@ def passages() -> tuple[str, ...]:
 
 
 def _passage_row(rng: random.Random) -> list[dict]:
-    task = rng.choice(PASSAGE_TASKS).format(n=rng.choice((2, 3, 4)), lang=rng.choice(LANGS),
-                                            age=rng.choice((8, 10, 12)))
+    task = rng.choice(PASSAGE_TASKS).format(
+        n=rng.choice((2, 3, 4)), lang=rng.choice(LANGS), age=rng.choice((8, 10, 12))
+    )
     return [{"role": "user", "content": rng.choice(FRAMES).format(task=task, p=rng.choice(passages()))}]
 
 
@@ -159,8 +235,11 @@ def _multiturn_row(rng: random.Random) -> list[dict]:
         text, answer = _math_problem(rng)
         first, reply = text, f"The answer is {answer}."
         follow = rng.choice(MATH_FOLLOW_UPS)
-    return [{"role": "user", "content": first}, {"role": "assistant", "content": reply},
-            {"role": "user", "content": follow}]
+    return [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": follow},
+    ]
 
 
 def _math_problem(rng: random.Random) -> tuple[str, str]:
@@ -169,29 +248,43 @@ def _math_problem(rng: random.Random) -> tuple[str, str]:
     a, b, c = rng.randint(2, 60), rng.randint(2, 12), rng.randint(5, 90)
     kind = rng.randrange(8)
     if kind == 0:
-        return (f"{who} drives {a * b} km in {b} hours. At the same speed, how far does {who} go in {b + 3} hours?",
-                f"{a * (b + 3)} km")
+        return (
+            f"{who} drives {a * b} km in {b} hours. At the same speed, how far does {who} go in {b + 3} hours?",
+            f"{a * (b + 3)} km",
+        )
     if kind == 1:
-        return (f"A jacket costs {a * 5} euros. It is reduced by {c}% and then a further 10%. What is the final "
-                f"price?", f"{a * 5 * (100 - c) / 100 * 0.9:.2f} euros")
+        return (
+            f"A jacket costs {a * 5} euros. It is reduced by {c}% and then a further 10%. What is the final price?",
+            f"{a * 5 * (100 - c) / 100 * 0.9:.2f} euros",
+        )
     if kind == 2:
-        return (f"{who} is {b} years older than a sister. In {c % 10 + 1} years their ages will add up to "
-                f"{2 * a + b + 2 * (c % 10 + 1)}. How old is {who} now?", f"{a + b}")
+        return (
+            f"{who} is {b} years older than a sister. In {c % 10 + 1} years their ages will add up to "
+            f"{2 * a + b + 2 * (c % 10 + 1)}. How old is {who} now?",
+            f"{a + b}",
+        )
     if kind == 3:
         return (f"Convert {a * 3} miles per hour into metres per second.", f"{a * 3 * 1609.344 / 3600:.2f} m/s")
     if kind == 4:
         x = rng.randint(-9, 15)
         return f"Solve for x: {b}x + {c} = {b * x + c}.", f"x = {x}"
     if kind == 5:
-        return (f"One pump fills a tank in {b} hours and another in {b + a % 7 + 1} hours. How long do they take "
-                f"together?", f"{b * (b + a % 7 + 1) / (2 * b + a % 7 + 1):.2f} hours")
+        return (
+            f"One pump fills a tank in {b} hours and another in {b + a % 7 + 1} hours. How long do they take together?",
+            f"{b * (b + a % 7 + 1) / (2 * b + a % 7 + 1):.2f} hours",
+        )
     if kind == 6:
         xs = [rng.randint(40, 100) for _ in range(4)]
-        return (f"{who} scored {', '.join(map(str, xs))} on four tests. What score on the fifth test gives an "
-                f"average of {c % 30 + 70}?", f"{5 * (c % 30 + 70) - sum(xs)}")
-    return (f"A savings account pays {b / 2:.1f}% interest per year, compounded yearly. How much is "
-            f"{a * 100} dollars worth after {c % 6 + 2} years?",
-            f"{a * 100 * (1 + b / 200) ** (c % 6 + 2):.2f} dollars")
+        return (
+            f"{who} scored {', '.join(map(str, xs))} on four tests. What score on the fifth test gives an "
+            f"average of {c % 30 + 70}?",
+            f"{5 * (c % 30 + 70) - sum(xs)}",
+        )
+    return (
+        f"A savings account pays {b / 2:.1f}% interest per year, compounded yearly. How much is "
+        f"{a * 100} dollars worth after {c % 6 + 2} years?",
+        f"{a * 100 * (1 + b / 200) ** (c % 6 + 2):.2f} dollars",
+    )
 
 
 def _math_row(rng: random.Random) -> list[dict]:
@@ -203,8 +296,10 @@ def _math_row(rng: random.Random) -> list[dict]:
 def _roleplay_row(rng: random.Random) -> list[dict]:
     persona, sit, say = rng.choice(PERSONAS), rng.choice(SITUATIONS), rng.choice(SAYS)
     if rng.random() < 0.3:
-        return [{"role": "system", "content": f"You are {persona}. Stay in character."},
-                {"role": "user", "content": f"({sit}) {say}"}]
+        return [
+            {"role": "system", "content": f"You are {persona}. Stay in character."},
+            {"role": "user", "content": f"({sit}) {say}"},
+        ]
     return [{"role": "user", "content": rng.choice(USER_FRAMES).format(p=persona, s=sit, u=say)}]
 
 
@@ -245,24 +340,26 @@ def _short_row(rng: random.Random) -> list[dict]:
 
 
 def _long_row(rng: random.Random) -> list[dict]:
-    text = rng.choice(LONG_FORMS).format(w=rng.choice((300, 400, 500, 600, 800, 1000)), k=rng.choice((4, 5, 6)),
-                                         t=rng.choice(LONG_TOPICS))
+    text = rng.choice(LONG_FORMS).format(
+        w=rng.choice((300, 400, 500, 600, 800, 1000)), k=rng.choice((4, 5, 6)), t=rng.choice(LONG_TOPICS)
+    )
     return [{"role": "user", "content": text + rng.choice(AUDIENCES)}]
 
 
 def _writing_row(rng: random.Random) -> list[dict]:
     kind = rng.randrange(3)
     if kind == 0:
-        text = rng.choice(LETTER_FORMS).format(tone=rng.choice(TONES), p=rng.choice(PURPOSES),
-                                               w=rng.choice((80, 120, 150)))
+        text = rng.choice(LETTER_FORMS).format(
+            tone=rng.choice(TONES), p=rng.choice(PURPOSES), w=rng.choice((80, 120, 150))
+        )
         name = rng.choice(NAMES).split()[0]  # drawn whichever ending is picked: a seed's rows
         text += rng.choice(LETTER_ENDINGS).format(name=name)
     elif kind == 1:
         text = rng.choice(REVIEW_FORMS).format(s=rng.choice(STARS), r=rng.choice(REVIEW_OF))
     else:
-        text = "Write {f} about {s}, {c}.".format(f=rng.choice(CREATIVE), s=rng.choice(CREATIVE_SUBJECTS),
-                                                  c=rng.choice(CONSTRAINTS).format(k=rng.choice((4, 6, 8)),
-                                                                                   w=rng.choice((50, 80, 100))))
+        what, subject = rng.choice(CREATIVE), rng.choice(CREATIVE_SUBJECTS)
+        rule = rng.choice(CONSTRAINTS).format(k=rng.choice((4, 6, 8)), w=rng.choice((50, 80, 100)))
+        text = f"Write {what} about {subject}, {rule}."
     return [{"role": "user", "content": text}]
 
 
@@ -274,8 +371,17 @@ def _json_row(rng: random.Random) -> list[dict]:
     return [{"role": "user", "content": rng.choice(TASK_FORMS).format(m=message)}]
 
 
-_BUILDERS = {"passage": _passage_row, "multiturn": _multiturn_row, "math": _math_row, "roleplay": _roleplay_row,
-             "code": _code_row, "short": _short_row, "long": _long_row, "writing": _writing_row, "json": _json_row}
+_BUILDERS = {
+    "passage": _passage_row,
+    "multiturn": _multiturn_row,
+    "math": _math_row,
+    "roleplay": _roleplay_row,
+    "code": _code_row,
+    "short": _short_row,
+    "long": _long_row,
+    "writing": _writing_row,
+    "json": _json_row,
+}
 
 
 def wide_prompts(n: int, seed: int = 0) -> list[dict]:

@@ -37,10 +37,18 @@ class Eagle3GraphWriter(ModelWriter):
         self.d2t = arrays["d2t"]
         self.fc_t = np.ascontiguousarray(arrays["fc.weight"].T).astype(np.float32)  # [3H, H]
         arch = dataclasses.replace(
-            target_arch, n_layers=1, n_heads=ec.num_attention_heads, n_kv_heads=ec.num_key_value_heads,
-            head_dim=ec.head_dim, intermediate_size=ec.intermediate_size, qkv_bias=False, qk_norm=False)
-        super().__init__(arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False,
-                                                           aux_layers=()), n_layers=1)
+            target_arch,
+            n_layers=1,
+            n_heads=ec.num_attention_heads,
+            n_kv_heads=ec.num_key_value_heads,
+            head_dim=ec.head_dim,
+            intermediate_size=ec.intermediate_size,
+            qkv_bias=False,
+            qk_norm=False,
+        )
+        super().__init__(
+            arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False, aux_layers=()), n_layers=1
+        )
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         f = self.dtype
@@ -62,8 +70,9 @@ class Eagle3GraphWriter(ModelWriter):
             return len(self.d2t)
         return super()._ref_rows(hf_name)
 
-    def build(self, weights_location: str, offsets: dict[str, int],
-              embed: tuple[str, int, np.ndarray] | None = None) -> onnx.ModelProto:
+    def build(
+        self, weights_location: str, offsets: dict[str, int], embed: tuple[str, int, np.ndarray] | None = None
+    ) -> onnx.ModelProto:
         """embed: (file, offset, array) of the target's embedding table [V, H]."""
         H = self.arch.hidden_size
         ops = self.layer_ops()
@@ -71,9 +80,15 @@ class Eagle3GraphWriter(ModelWriter):
         ctx = ops.prologue(b)
         emb = ops.embed(b)  # [(1,) T, H]
         g = ops.rows_in(b, "features", H, "/feat_flat")
-        u = b.op("Concat", [ops.norm(b, Stream(emb), "l0.ln_in", "/ln_in")[0],
-                            ops.norm(b, Stream(g), "l0.ln_hidden", "/ln_hidden")[0]], "/midlayer/Concat",
-                 axis=-1)  # [(1,) T, 2H]: q/k/v read [embedding ; hidden]
+        u = b.op(
+            "Concat",
+            [
+                ops.norm(b, Stream(emb), "l0.ln_in", "/ln_in")[0],
+                ops.norm(b, Stream(g), "l0.ln_hidden", "/ln_hidden")[0],
+            ],
+            "/midlayer/Concat",
+            axis=-1,
+        )  # [(1,) T, 2H]: q/k/v read [embedding ; hidden]
         attn, k, v = ops.attention(b, 0, u, ctx)
         s = ops.add(b, Stream(g), attn, "/midlayer/res1")
         h, s = ops.norm(b, s, "l0.ln2", "/midlayer/ln2")
@@ -82,24 +97,47 @@ class Eagle3GraphWriter(ModelWriter):
         logits = ops.linear(b, normed, "lm_head_d")  # [(1,) T, Vd]
         rows = ops.kv_rows(b, k, v, "")
         feats_in = helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._token_model(ops, b, n_layers=1, new_rows=rows, logits=logits, hidden=s.x,
-                                 n_logits=len(self.d2t), weights_location=weights_location, offsets=offsets,
-                                 extra_inputs=[feats_in], locations={"embed": embed} if embed else None)
+        return self._token_model(
+            ops,
+            b,
+            n_layers=1,
+            new_rows=rows,
+            logits=logits,
+            hidden=s.x,
+            n_logits=len(self.d2t),
+            weights_location=weights_location,
+            offsets=offsets,
+            extra_inputs=[feats_in],
+            locations={"embed": embed} if embed else None,
+        )
 
     def reference_arrays(self) -> dict[str, np.ndarray]:
         """The head's arrays as the graph computes with them (int4: dequantized), fc as the runtime
         applies it: what the PyTorch head is built from for validation."""
         s = self.store.arrays
         ref = dict(self.reference) | {"d2t": self.d2t, "fc.weight": self.fc_t.T}
-        norms = (("midlayer.input_layernorm.weight", "l0.ln_in"), ("midlayer.hidden_norm.weight", "l0.ln_hidden"),
-                 ("midlayer.post_attention_layernorm.weight", "l0.ln2"), ("norm.weight", "final_norm"))
+        norms = (
+            ("midlayer.input_layernorm.weight", "l0.ln_in"),
+            ("midlayer.hidden_norm.weight", "l0.ln_hidden"),
+            ("midlayer.post_attention_layernorm.weight", "l0.ln2"),
+            ("norm.weight", "final_norm"),
+        )
         for name, key in norms:
             ref[name] = s[key].astype(np.float32)
         return ref
 
 
-def write_eagle3(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, index_t: dict,
-                 opts: GraphOptions, widths: list[int], chunk: int, draft_vocab: int | None):
+def write_eagle3(
+    head_dir: Path,
+    folder: Path,
+    arch: ArchSpec,
+    writer: LlamaGraphWriter,
+    index_t: dict,
+    opts: GraphOptions,
+    widths: list[int],
+    chunk: int,
+    draft_vocab: int | None,
+):
     """eagle3.weights + eagle3.onnx (the head reads the target's embedding in place); (graph
     writer, manifest entry). draft_vocab: keep the head's N most frequent draft tokens (None: the
     export's default for heads that record that order; 0: all)."""
@@ -116,22 +154,32 @@ def write_eagle3(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGrap
         draft_vocab = es.EAGLE_DRAFT_VOCAB if ec.d2t_by_frequency else 0
     if 0 < draft_vocab < ec.draft_vocab_size:  # a prefix of the frequency order: the kept rows are unchanged
         if not ec.d2t_by_frequency:
-            raise es.ExportError(f"cannot cut this EAGLE-3 head's draft vocabulary to {draft_vocab}: its d2t is not "
-                                 "in frequency order. Hint: --eagle-draft-vocab 0 keeps all of it")
+            raise es.ExportError(
+                f"cannot cut this EAGLE-3 head's draft vocabulary to {draft_vocab}: its d2t is not "
+                "in frequency order. Hint: --eagle-draft-vocab 0 keeps all of it"
+            )
         ec = dataclasses.replace(ec, draft_vocab_size=draft_vocab)
         arrays = arrays | {"d2t": arrays["d2t"][:draft_vocab], "lm_head.weight": arrays["lm_head.weight"][:draft_vocab]}
     ew = Eagle3GraphWriter(arch, ec, arrays, opts)
     files = write_drafter(ew, folder, "eagle3", {"d2t": ew.d2t, "fc_t": ew.fc_t}, target=(writer, index_t))
     from edgespec.runtime.drafters.eagle3 import Eagle3Section
 
-    head = token_head_spec("eagle3", ew, files, widths, chunk, ec.draft_vocab_size,
-                           head_info(head_dir, arch.vocab_size, trained_vocab, "eagle3"),
-                           aux_layers=tuple(ec.aux_layers))
+    head = token_head_spec(
+        "eagle3",
+        ew,
+        files,
+        widths,
+        chunk,
+        ec.draft_vocab_size,
+        head_info(head_dir, arch.vocab_size, trained_vocab, "eagle3"),
+        aux_layers=tuple(ec.aux_layers),
+    )
     return ew, Eagle3Section(head=head, fc=files.spec("fc_t"))
 
 
-def validate_eagle3(folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.ndarray,
-                    tol: float) -> dict[str, float]:
+def validate_eagle3(
+    folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.ndarray, tol: float
+) -> dict[str, float]:
     """The head graph, fed fc(aux) of the target's real aux features as the runtime feeds it,
     against the PyTorch head (same weights, int4 dequantized) per width."""
     import torch
@@ -149,15 +197,20 @@ def validate_eagle3(folder: Path, ew: Eagle3GraphWriter, ref_target, tokens: np.
     head = build_eagle3(ew.ec, ew.reference_arrays(), embed, cos, sin)
     n = len(tokens) - 1  # the head reads token j+1 beside the features of j
     with torch.no_grad():
-        out = head(torch.from_numpy(tokens[1:][None]), aux[:n][None], torch.arange(n)[None],
-                   torch.ones(1, n, dtype=torch.bool), n_steps=1)[0]
+        out = head(
+            torch.from_numpy(tokens[1:][None]),
+            aux[:n][None],
+            torch.arange(n)[None],
+            torch.ones(1, n, dtype=torch.bool),
+            n_steps=1,
+        )[0]
         ref = head.logits(out)[0].numpy()  # [n, Vd]
     g = aux[:n].numpy() @ ew.fc_t  # what the runtime feeds: fc applied outside the graph
 
     def calls():
         for label, past, w in schedule(man.models()["eagle3"], man.prefill_chunk, n):
-            got = engine.forward(tokens[1 + past:1 + past + w], past, features=g[past:past + w])
-            yield label, got, ref[past:past + w]
+            got = engine.forward(tokens[1 + past : 1 + past + w], past, features=g[past : past + w])
+            yield label, got, ref[past : past + w]
             engine.commit(past, w)
 
     return compare("EAGLE-3 head graph", calls(), tol, "Please report it with the head's config.json.")

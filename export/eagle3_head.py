@@ -39,12 +39,21 @@ from edgespec.export.eagle_head import TorchDrafter
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Eagle3Head attribute -> checkpoint name of the midlayer's weights
-LAYER_NAMES = {"q_proj": "midlayer.self_attn.q_proj.weight", "k_proj": "midlayer.self_attn.k_proj.weight",
-               "v_proj": "midlayer.self_attn.v_proj.weight", "o_proj": "midlayer.self_attn.o_proj.weight",
-               "gate_proj": "midlayer.mlp.gate_proj.weight", "up_proj": "midlayer.mlp.up_proj.weight",
-               "down_proj": "midlayer.mlp.down_proj.weight"}
-NORM_NAMES = {"input_ln": "midlayer.input_layernorm.weight", "hidden_ln": "midlayer.hidden_norm.weight",
-              "post_ln": "midlayer.post_attention_layernorm.weight", "norm": "norm.weight"}
+LAYER_NAMES = {
+    "q_proj": "midlayer.self_attn.q_proj.weight",
+    "k_proj": "midlayer.self_attn.k_proj.weight",
+    "v_proj": "midlayer.self_attn.v_proj.weight",
+    "o_proj": "midlayer.self_attn.o_proj.weight",
+    "gate_proj": "midlayer.mlp.gate_proj.weight",
+    "up_proj": "midlayer.mlp.up_proj.weight",
+    "down_proj": "midlayer.mlp.down_proj.weight",
+}
+NORM_NAMES = {
+    "input_ln": "midlayer.input_layernorm.weight",
+    "hidden_ln": "midlayer.hidden_norm.weight",
+    "post_ln": "midlayer.post_attention_layernorm.weight",
+    "norm": "norm.weight",
+}
 
 
 class Eagle3FormatError(CheckpointError):
@@ -71,8 +80,9 @@ class Eagle3Config:
 
 
 class Eagle3Head(TorchDrafter):
-    def __init__(self, cfg: Eagle3Config, embed: torch.Tensor, d2t: torch.Tensor, rope_cos: torch.Tensor,
-                 rope_sin: torch.Tensor) -> None:
+    def __init__(
+        self, cfg: Eagle3Config, embed: torch.Tensor, d2t: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
@@ -146,7 +156,7 @@ class Eagle3Head(TorchDrafter):
             w = torch.softmax(torch.cat([s_true, *s_own], dim=-1), dim=-1)
             ctx = w[..., :L] @ V
             for t, vc in enumerate(chain_v):
-                ctx = ctx + w[..., L + t:L + t + 1] * vc
+                ctx = ctx + w[..., L + t : L + t + 1] * vc
             outs.append(self.finish(hidden, ctx.transpose(1, 2).reshape(B, L, -1)))
         return outs
 
@@ -163,15 +173,27 @@ def head_state(head: Eagle3Head) -> dict[str, np.ndarray]:
 
 def config_json(c: Eagle3Config, extra: dict | None = None) -> dict:
     """config.json as EAGLE-3 loaders read it; `extra` joins the edgespec-only `eagle3` section."""
-    return {"architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
-            "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "vocab_size": c.vocab_size,
-            "draft_vocab_size": c.draft_vocab_size, "rope_theta": c.rope_theta, "hidden_act": "silu",
-            "tie_word_embeddings": False, "torch_dtype": "float16",
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.aux_layers), "use_aux_hidden_state": True},
-            "eagle3": {"features": "residual stream entering the aux layers"}
-            | ({"d2t_order": "frequency"} if c.d2t_by_frequency else {}) | (extra or {})}
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "rope_theta": c.rope_theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.aux_layers), "use_aux_hidden_state": True},
+        "eagle3": {"features": "residual stream entering the aux layers"}
+        | ({"d2t_order": "frequency"} if c.d2t_by_frequency else {})
+        | (extra or {}),
+    }
 
 
 def save_eagle3(head: Eagle3Head, folder: str | Path, extra: dict | None = None) -> Path:
@@ -204,8 +226,9 @@ def is_eagle3_folder(folder: str | Path) -> bool:
     return ARCHITECTURE in (cfg.get("architectures") or [])
 
 
-def read_eagle3(folder: str | Path, hidden_size: int, vocab_size: int,
-                n_layers: int | None = None) -> tuple[Eagle3Config, dict[str, np.ndarray], dict]:
+def read_eagle3(
+    folder: str | Path, hidden_size: int, vocab_size: int, n_layers: int | None = None
+) -> tuple[Eagle3Config, dict[str, np.ndarray], dict]:
     """Read and check an EAGLE-3 head against the target's sizes: (config, float32 arrays + d2t
     absolute, config.json's `eagle3` training record). n_layers: the target's depth, to check the
     aux layers the head was trained on against those its graphs output."""
@@ -215,19 +238,23 @@ def read_eagle3(folder: str | Path, hidden_size: int, vocab_size: int,
 
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
-        raise Eagle3FormatError(f"{folder}: an EAGLE-3 head folder holds {CONFIG_FILE} + {WEIGHTS_FILE} "
-                                "(from `edgespec train-eagle3` or a published EAGLE-3 head)")
+        raise Eagle3FormatError(
+            f"{folder}: an EAGLE-3 head folder holds {CONFIG_FILE} + {WEIGHTS_FILE} "
+            "(from `edgespec train-eagle3` or a published EAGLE-3 head)"
+        )
     cfg = json.loads((folder / CONFIG_FILE).read_text())
     w = load_file(str(folder / WEIGHTS_FILE))
     need = ["fc.weight", "lm_head.weight", *LAYER_NAMES.values(), *NORM_NAMES.values()]
     missing = [k for k in need if k not in w]
     if missing:
-        raise Eagle3FormatError(f"{folder}: missing tensors {missing[:4]}; expected EAGLE-3 names (fc, midlayer.*, "
-                                "norm, lm_head)")
+        raise Eagle3FormatError(
+            f"{folder}: missing tensors {missing[:4]}; expected EAGLE-3 names (fc, midlayer.*, norm, lm_head)"
+        )
     H = int(cfg["hidden_size"])
     if H != hidden_size:
-        raise Eagle3FormatError(f"{folder}: head hidden size {H} does not fit the target's {hidden_size}; "
-                                "was it trained for another model?")
+        raise Eagle3FormatError(
+            f"{folder}: head hidden size {H} does not fit the target's {hidden_size}; was it trained for another model?"
+        )
     if int(cfg.get("vocab_size", vocab_size)) != vocab_size:
         raise Eagle3FormatError(f"{folder}: head vocab {cfg['vocab_size']} != target vocab {vocab_size}")
     n_aux = w["fc.weight"].shape[1] // H
@@ -236,17 +263,26 @@ def read_eagle3(folder: str | Path, hidden_size: int, vocab_size: int,
     default = es.aux_layers(n_layers) if n_layers else ()
     aux_layers = tuple((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or default)
     if len(aux_layers) != n_aux or (n_layers and default and aux_layers != default):
-        raise Eagle3FormatError(f"{folder}: the head fuses layers {aux_layers} ({n_aux} feature blocks in fc); "
-                                f"edgespec's target graphs output the streams entering layers {default}. "
-                                "Hint: train the head with `edgespec train-eagle3` for this target")
+        raise Eagle3FormatError(
+            f"{folder}: the head fuses layers {aux_layers} ({n_aux} feature blocks in fc); "
+            f"edgespec's target graphs output the streams entering layers {default}. "
+            "Hint: train the head with `edgespec train-eagle3` for this target"
+        )
     n_h = int(cfg["num_attention_heads"])
     vd = int(cfg.get("draft_vocab_size") or vocab_size)
-    ec = Eagle3Config(hidden_size=H, intermediate_size=int(cfg["intermediate_size"]), num_attention_heads=n_h,
-                      num_key_value_heads=int(cfg.get("num_key_value_heads", n_h)),
-                      head_dim=int(cfg.get("head_dim") or H // n_h), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                      vocab_size=vocab_size, draft_vocab_size=vd, aux_layers=aux_layers,
-                      rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                      d2t_by_frequency="d2t" in w and (cfg.get("eagle3") or {}).get("d2t_order") == "frequency")
+    ec = Eagle3Config(
+        hidden_size=H,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_attention_heads=n_h,
+        num_key_value_heads=int(cfg.get("num_key_value_heads", n_h)),
+        head_dim=int(cfg.get("head_dim") or H // n_h),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        vocab_size=vocab_size,
+        draft_vocab_size=vd,
+        aux_layers=aux_layers,
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        d2t_by_frequency="d2t" in w and (cfg.get("eagle3") or {}).get("d2t_order") == "frequency",
+    )
     if w["lm_head.weight"].shape != (vd, H):
         raise Eagle3FormatError(f"{folder}: lm_head.weight {w['lm_head.weight'].shape} != [draft_vocab_size {vd}, {H}]")
     out = {k: w[k].astype(np.float32) for k in need}
@@ -254,11 +290,17 @@ def read_eagle3(folder: str | Path, hidden_size: int, vocab_size: int,
     return ec, out, dict(cfg.get("eagle3") or {})
 
 
-def build_eagle3(ec: Eagle3Config, arrays: dict[str, np.ndarray], embed: np.ndarray, rope_cos: np.ndarray,
-                 rope_sin: np.ndarray) -> Eagle3Head:
+def build_eagle3(
+    ec: Eagle3Config, arrays: dict[str, np.ndarray], embed: np.ndarray, rope_cos: np.ndarray, rope_sin: np.ndarray
+) -> Eagle3Head:
     """An Eagle3Head from checkpoint arrays and the target's embedding [V, H] / rope tables."""
-    head = Eagle3Head(ec, torch.from_numpy(embed), torch.from_numpy(arrays["d2t"]), torch.from_numpy(rope_cos),
-                      torch.from_numpy(rope_sin))
+    head = Eagle3Head(
+        ec,
+        torch.from_numpy(embed),
+        torch.from_numpy(arrays["d2t"]),
+        torch.from_numpy(rope_cos),
+        torch.from_numpy(rope_sin),
+    )
     with torch.no_grad():
         head.fc.weight.copy_(torch.from_numpy(arrays["fc.weight"]))
         head.lm_head.copy_(torch.from_numpy(arrays["lm_head.weight"]))
@@ -269,8 +311,9 @@ def build_eagle3(ec: Eagle3Config, arrays: dict[str, np.ndarray], embed: np.ndar
     return head
 
 
-def init_arrays(arch, sd: dict, lm_head: np.ndarray, d2t: np.ndarray,
-                seed: int) -> tuple[Eagle3Config, dict[str, np.ndarray]]:
+def init_arrays(
+    arch, sd: dict, lm_head: np.ndarray, d2t: np.ndarray, seed: int
+) -> tuple[Eagle3Config, dict[str, np.ndarray]]:
     """A new head. fc passes the highest aux layer's stream through (identity on that block, small
     random on the others); the midlayer starts as the target's layer that stream enters (its q/k/v
     on the hidden half, small random on the embedding half); norm and lm_head are the target's final
@@ -281,16 +324,28 @@ def init_arrays(arch, sd: dict, lm_head: np.ndarray, d2t: np.ndarray,
     rng = np.random.default_rng(seed)
     layers = aux_layers(arch.n_layers)
     src = f"model.layers.{layers[-1]}."
-    ec = Eagle3Config(hidden_size=H, intermediate_size=arch.intermediate_size, num_attention_heads=arch.n_heads,
-                      num_key_value_heads=arch.n_kv_heads, head_dim=arch.head_dim, rms_norm_eps=arch.rms_norm_eps,
-                      vocab_size=arch.vocab_size, draft_vocab_size=len(d2t), aux_layers=layers,
-                      rope_theta=arch.rope_theta)
+    ec = Eagle3Config(
+        hidden_size=H,
+        intermediate_size=arch.intermediate_size,
+        num_attention_heads=arch.n_heads,
+        num_key_value_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        rms_norm_eps=arch.rms_norm_eps,
+        vocab_size=arch.vocab_size,
+        draft_vocab_size=len(d2t),
+        aux_layers=layers,
+        rope_theta=arch.rope_theta,
+    )
     blocks = [rng.normal(0, 0.02, (H, H)) for _ in layers[:-1]] + [np.eye(H)]
-    arrays = {"fc.weight": np.concatenate(blocks, axis=1).astype(np.float32), "d2t": d2t,
-              "lm_head.weight": lm_head[d2t].astype(np.float32), "norm.weight": sd["model.norm.weight"],
-              "midlayer.input_layernorm.weight": np.ones(H, np.float32),
-              "midlayer.hidden_norm.weight": sd[src + "input_layernorm.weight"],
-              "midlayer.post_attention_layernorm.weight": sd[src + "post_attention_layernorm.weight"]}
+    arrays = {
+        "fc.weight": np.concatenate(blocks, axis=1).astype(np.float32),
+        "d2t": d2t,
+        "lm_head.weight": lm_head[d2t].astype(np.float32),
+        "norm.weight": sd["model.norm.weight"],
+        "midlayer.input_layernorm.weight": np.ones(H, np.float32),
+        "midlayer.hidden_norm.weight": sd[src + "input_layernorm.weight"],
+        "midlayer.post_attention_layernorm.weight": sd[src + "post_attention_layernorm.weight"],
+    }
     for hf in LAYER_NAMES.values():
         wt = sd[src + hf.split("midlayer.", 1)[1]]
         if hf.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):  # [out, H] -> [out, 2H]: [embed ; hidden]

@@ -64,8 +64,7 @@ def encode(tok, row: dict) -> list[int]:
 SELF_INSTRUCT = (
     "Write one question that a person might ask a helpful assistant about {t}. Write only the question.",
     "Write a short request someone could send to an AI assistant about {t}. Only the request, nothing else.",
-    "Imagine a user who needs help with something related to {t}. What would they type? Reply with "
-    "their message only.",
+    "Imagine a user who needs help with something related to {t}. What would they type? Reply with their message only.",
 )
 
 
@@ -76,8 +75,8 @@ def _left_padded(ids: list[list[int]], pad: int):
     inp = torch.full((len(ids), n_p), pad, dtype=torch.long)
     mask = torch.zeros((len(ids), n_p), dtype=torch.long)
     for r, x in enumerate(ids):
-        inp[r, n_p - len(x):] = torch.tensor(x)
-        mask[r, n_p - len(x):] = 1
+        inp[r, n_p - len(x) :] = torch.tensor(x)
+        mask[r, n_p - len(x) :] = 1
     return inp, mask
 
 
@@ -99,12 +98,19 @@ def self_instruct(model, tok, n: int, batch: int, seed: int, progress: bool = Tr
             break
         asks = [rng.choice(SELF_INSTRUCT).format(t=rng.choice(TOPICS)) for _ in range(n - len(out))]
         for i in range(0, len(asks), batch):
-            ids = [encode(tok, {"messages": [{"role": "user", "content": a}]}) for a in asks[i:i + batch]]
+            ids = [encode(tok, {"messages": [{"role": "user", "content": a}]}) for a in asks[i : i + batch]]
             inp, mask = _left_padded(ids, pad)
             with torch.inference_mode():  # sampled, for variety; the answers to them are greedy
-                g = model.generate(input_ids=inp, attention_mask=mask, max_new_tokens=48, do_sample=True,
-                                   temperature=0.9, top_p=0.95, pad_token_id=pad)
-            for row in g[:, inp.shape[1]:]:
+                g = model.generate(
+                    input_ids=inp,
+                    attention_mask=mask,
+                    max_new_tokens=48,
+                    do_sample=True,
+                    temperature=0.9,
+                    top_p=0.95,
+                    pad_token_id=pad,
+                )
+            for row in g[:, inp.shape[1] :]:
                 text = tok.decode(row, skip_special_tokens=True).strip().strip('"').split("\n")[0].strip()
                 words = len(text.split())
                 if 4 <= words <= 60 and text.lower() not in seen and not text.lower().startswith(("sure", "here")):
@@ -134,8 +140,7 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
     if prompts_file.exists():  # a resumed run answers the same prompts (self-instruct ones included)
         rows = [json.loads(line) for line in prompts_file.read_text().splitlines()]
     else:
-        rows = build_prompts(cfg.n_general, cfg.n_code_chat, cfg.n_completion, cfg.seed, cfg.n_everyday,
-                             cfg.n_tasks)
+        rows = build_prompts(cfg.n_general, cfg.n_code_chat, cfg.n_completion, cfg.seed, cfg.n_everyday, cfg.n_tasks)
         if cfg.n_wide:
             from edgespec.export.draft_prompts import wide_prompts
 
@@ -150,7 +155,7 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
     ids = [encode(tok, r) for r in rows]
     order = sorted((i for i in range(len(ids)) if len(ids[i]) <= cfg.max_prompt), key=lambda i: len(ids[i]))
-    batches = [order[i:i + cfg.batch] for i in range(0, len(order), cfg.batch)]
+    batches = [order[i : i + cfg.batch] for i in range(0, len(order), cfg.batch)]
     t0, n_tok = time.perf_counter(), 0
     for b, idx in enumerate(batches):
         path = out / f"shard-{b:05d}.npz"
@@ -159,37 +164,56 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
         inp, mask = _left_padded([ids[i] for i in idx], pad)
         n_p = inp.shape[1]
         with torch.inference_mode():
-            g = model.generate(input_ids=inp, attention_mask=mask, max_new_tokens=cfg.max_new_tokens,
-                               do_sample=False, pad_token_id=pad, output_hidden_states=True,
-                               return_dict_in_generate=True)
+            g = model.generate(
+                input_ids=inp,
+                attention_mask=mask,
+                max_new_tokens=cfg.max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+                output_hidden_states=True,
+                return_dict_in_generate=True,
+            )
         # features: step 0 holds the prompt positions, every later step one new position
         feats = torch.cat([g.hidden_states[0][-1]] + [h[-1] for h in g.hidden_states[1:]], dim=1)
         # hidden_states[l] is the stream entering layer l (0: the embeddings), the graphs' hidden_aux
-        aux = (torch.cat([torch.cat([h[l] for l in aux_layers], dim=-1) for h in g.hidden_states], dim=1)
-               if cfg.aux else None)  # [B, t, 3H]
+        aux = (
+            torch.cat([torch.cat([h[l] for l in aux_layers], dim=-1) for h in g.hidden_states], dim=1)
+            if cfg.aux
+            else None
+        )  # [B, t, 3H]
         toks, fts, auxs, starts, n_prompt = [], [], [], [0], []
         for r, i in enumerate(idx):
             new = g.sequences[r, n_p:].tolist()
             n_new = next((j + 1 for j, t in enumerate(new) if t in eos), len(new))
             seq = ids[i] + new[:n_new]
-            f = feats[r, n_p - len(ids[i]):n_p - len(ids[i]) + len(seq)]
-            seq = seq[:f.shape[0]]  # the last generated token has no feature yet
+            f = feats[r, n_p - len(ids[i]) : n_p - len(ids[i]) + len(seq)]
+            seq = seq[: f.shape[0]]  # the last generated token has no feature yet
             toks.append(np.array(seq, np.int32))
             fts.append(f.float().numpy().astype(np.float16))
             if aux is not None:
-                auxs.append(aux[r, n_p - len(ids[i]):n_p - len(ids[i]) + len(seq)].float().numpy().astype(np.float16))
+                auxs.append(aux[r, n_p - len(ids[i]) : n_p - len(ids[i]) + len(seq)].float().numpy().astype(np.float16))
             starts.append(starts[-1] + len(seq))
             n_prompt.append(len(ids[i]))
         tmp = path.with_suffix(".tmp.npz")
         extra = {"aux": np.concatenate(auxs)} if auxs else {}
-        np.savez(tmp, tokens=np.concatenate(toks), features=np.concatenate(fts),
-                 starts=np.array(starts, np.int64), n_prompt=np.array(n_prompt, np.int64), **extra)
+        np.savez(
+            tmp,
+            tokens=np.concatenate(toks),
+            features=np.concatenate(fts),
+            starts=np.array(starts, np.int64),
+            n_prompt=np.array(n_prompt, np.int64),
+            **extra,
+        )
         tmp.rename(path)
         n_tok += starts[-1]
         if progress:
             dt = time.perf_counter() - t0
-            print(f"[data] batch {b + 1}/{len(batches)}: {starts[-1]} tokens, {n_tok / dt:.0f} tok/s overall, "
-                  f"{dt / 60:.1f} min", file=sys.stderr, flush=True)
+            print(
+                f"[data] batch {b + 1}/{len(batches)}: {starts[-1]} tokens, {n_tok / dt:.0f} tok/s overall, "
+                f"{dt / 60:.1f} min",
+                file=sys.stderr,
+                flush=True,
+            )
     (out / "done").write_text(f"{len(batches)} batches\n")
     return out
 
@@ -221,8 +245,10 @@ def load_aux(folder: str | Path) -> np.ndarray:
     for p in shards:
         z = np.load(p)
         if "aux" not in z:
-            raise FileNotFoundError(f"{p} has no aux features; make the data with aux=True (the training commands "
-                                    "of the drafters that read them do)")
+            raise FileNotFoundError(
+                f"{p} has no aux features; make the data with aux=True (the training commands "
+                "of the drafters that read them do)"
+            )
         parts.append(z["aux"])
     if not parts:
         raise FileNotFoundError(f"no shard-*.npz in {folder}")

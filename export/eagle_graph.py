@@ -34,16 +34,24 @@ _LAYER = "layers.0."
 
 
 class EagleGraphWriter(ModelWriter):
-    def __init__(self, target_arch: ArchSpec, head_cfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray,
-                 opts: GraphOptions) -> None:
+    def __init__(
+        self, target_arch: ArchSpec, head_cfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray, opts: GraphOptions
+    ) -> None:
         """head_cfg / arrays: from eagle.read_head (float32, d2t absolute); lm_head [V, H]: the
         target's LM head as its engine computes with it."""
         self.head_cfg = head_cfg
         self.d2t = arrays["d2t"]
         self._lm_rows = lm_head[self.d2t]  # [Vd, H]
         arch = dataclasses.replace(
-            target_arch, n_layers=1, n_heads=head_cfg.num_attention_heads, n_kv_heads=head_cfg.num_key_value_heads,
-            head_dim=head_cfg.head_dim, intermediate_size=head_cfg.intermediate_size, qkv_bias=False, qk_norm=False)
+            target_arch,
+            n_layers=1,
+            n_heads=head_cfg.num_attention_heads,
+            n_kv_heads=head_cfg.num_key_value_heads,
+            head_dim=head_cfg.head_dim,
+            intermediate_size=head_cfg.intermediate_size,
+            qkv_bias=False,
+            qk_norm=False,
+        )
         super().__init__(arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False), n_layers=1)
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
@@ -69,8 +77,9 @@ class EagleGraphWriter(ModelWriter):
             return len(self.d2t)
         return super()._ref_rows(hf_name)
 
-    def build(self, weights_location: str, offsets: dict[str, int],
-              embed: tuple[str, int, np.ndarray] | None = None) -> onnx.ModelProto:
+    def build(
+        self, weights_location: str, offsets: dict[str, int], embed: tuple[str, int, np.ndarray] | None = None
+    ) -> onnx.ModelProto:
         """embed: (file, offset, array) of the target's embedding table [V, H]."""
         H = self.arch.hidden_size
         ops = self.layer_ops()
@@ -87,9 +96,19 @@ class EagleGraphWriter(ModelWriter):
             x = ops.resolve(b, s, "/res2").x
         logits = ops.linear(b, x, "lm_head_d")  # [(1,) T, Vd]
         feats_in = helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._token_model(ops, b, n_layers=1, new_rows=rows, logits=logits, hidden=x, n_logits=len(self.d2t),
-                                 weights_location=weights_location, offsets=offsets, extra_inputs=[feats_in],
-                                 locations={"embed": embed} if embed else None)
+        return self._token_model(
+            ops,
+            b,
+            n_layers=1,
+            new_rows=rows,
+            logits=logits,
+            hidden=x,
+            n_logits=len(self.d2t),
+            weights_location=weights_location,
+            offsets=offsets,
+            extra_inputs=[feats_in],
+            locations={"embed": embed} if embed else None,
+        )
 
 
 def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.ModelProto:
@@ -107,8 +126,13 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
     eagle/logits [1, T, Vd], eagle/new_kv [1, 2, T, Hkv*D] and eagle/hidden [1, T, H]. The target's
     ops are untouched (its outputs must stay bitwise those of the plain graph: the exporter checks)."""
     p = FUSED_PREFIX
-    shared = {"positions": "positions", "past_len": "past_len", "tree_mask": "tree_mask",
-              "features": "hidden", "input_ids": p + "ids"}
+    shared = {
+        "positions": "positions",
+        "past_len": "past_len",
+        "tree_mask": "tree_mask",
+        "features": "hidden",
+        "input_ids": p + "ids",
+    }
 
     def rename(name: str) -> str:
         return shared.get(name, p + name) if name else name
@@ -118,18 +142,28 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
     g.name = "edgespec_decoder_eagle"
     # the head's input token of each row: given (n_given first rows) or the target's argmax
     T = "T"
-    g.input.extend([helper.make_tensor_value_info(p + "input_ids", onnx.TensorProto.INT64, [1, T]),
-                    helper.make_tensor_value_info(p + "n_given", onnx.TensorProto.INT64, [1])])
-    g.initializer.extend([helper.make_tensor(p + "c0", onnx.TensorProto.INT64, [], [0]),
-                          helper.make_tensor(p + "c1", onnx.TensorProto.INT64, [], [1])])
-    g.node.extend([
-        helper.make_node("ArgMax", ["logits"], [p + "argmax"], name=p + "ArgMax", axis=-1, keepdims=0),  # [1, T]
-        helper.make_node("Shape", ["input_ids"], [p + "shape"], name=p + "Shape"),
-        helper.make_node("Gather", [p + "shape", p + "c1"], [p + "T"], name=p + "T", axis=0),  # scalar T
-        helper.make_node("Range", [p + "c0", p + "T", p + "c1"], [p + "rows"], name=p + "Range"),  # [T]
-        helper.make_node("Less", [p + "rows", p + "n_given"], [p + "is_given"], name=p + "Less"),
-        helper.make_node("Where", [p + "is_given", p + "input_ids", p + "argmax"], [p + "ids"], name=p + "Where"),
-    ])
+    g.input.extend(
+        [
+            helper.make_tensor_value_info(p + "input_ids", onnx.TensorProto.INT64, [1, T]),
+            helper.make_tensor_value_info(p + "n_given", onnx.TensorProto.INT64, [1]),
+        ]
+    )
+    g.initializer.extend(
+        [
+            helper.make_tensor(p + "c0", onnx.TensorProto.INT64, [], [0]),
+            helper.make_tensor(p + "c1", onnx.TensorProto.INT64, [], [1]),
+        ]
+    )
+    g.node.extend(
+        [
+            helper.make_node("ArgMax", ["logits"], [p + "argmax"], name=p + "ArgMax", axis=-1, keepdims=0),  # [1, T]
+            helper.make_node("Shape", ["input_ids"], [p + "shape"], name=p + "Shape"),
+            helper.make_node("Gather", [p + "shape", p + "c1"], [p + "T"], name=p + "T", axis=0),  # scalar T
+            helper.make_node("Range", [p + "c0", p + "T", p + "c1"], [p + "rows"], name=p + "Range"),  # [T]
+            helper.make_node("Less", [p + "rows", p + "n_given"], [p + "is_given"], name=p + "Less"),
+            helper.make_node("Where", [p + "is_given", p + "input_ids", p + "argmax"], [p + "ids"], name=p + "Where"),
+        ]
+    )
     for node in head.graph.node:
         n = g.node.add()
         n.CopyFrom(node)
@@ -140,8 +174,10 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
         t = g.initializer.add()
         t.CopyFrom(init)
         t.name = rename(init.name)
-    for kind, values in ((g.input, [x for x in head.graph.input if x.name not in shared]),
-                         (g.output, head.graph.output)):
+    for kind, values in (
+        (g.input, [x for x in head.graph.input if x.name not in shared]),
+        (g.output, head.graph.output),
+    ):
         for x in values:
             io = kind.add()
             io.CopyFrom(x)
@@ -151,8 +187,17 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
     return model
 
 
-def write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, index_t: dict,
-                opts: GraphOptions, widths: list[int], chunk: int, draft_vocab: int | None):
+def write_eagle(
+    head_dir: Path,
+    folder: Path,
+    arch: ArchSpec,
+    writer: LlamaGraphWriter,
+    index_t: dict,
+    opts: GraphOptions,
+    widths: list[int],
+    chunk: int,
+    draft_vocab: int | None,
+):
     """eagle.weights + eagle.onnx (the head reads the target's embedding in place); (graph writer,
     manifest entry). draft_vocab: keep the head's N most frequent draft tokens (None: the export's
     default for heads that record that order; 0: all)."""
@@ -169,14 +214,23 @@ def write_eagle(head_dir: Path, folder: Path, arch: ArchSpec, writer: LlamaGraph
         raise es.ExportError(str(e)) from e
     ew = EagleGraphWriter(arch, hc, arrays, writer.reference["lm_head.weight"], opts)
     files = write_drafter(ew, folder, "eagle", {"d2t": ew.d2t}, target=(writer, index_t))
-    return ew, token_head_spec("eagle", ew, files, widths, chunk, hc.draft_vocab_size,
-                               head_info(head_dir, arch.vocab_size, trained_vocab, "eagle"))
+    return ew, token_head_spec(
+        "eagle",
+        ew,
+        files,
+        widths,
+        chunk,
+        hc.draft_vocab_size,
+        head_info(head_dir, arch.vocab_size, trained_vocab, "eagle"),
+    )
 
 
 def write_eagle_fused(folder: Path, target: ModelSpec, eagle: ModelSpec) -> ModelSpec:
     """target_eagle.onnx: the target graph with the head appended, on the same weights files."""
-    fused = fuse_with_target(onnx.load(folder / target.graph.file, load_external_data=False),
-                             onnx.load(folder / eagle.graph.file, load_external_data=False))
+    fused = fuse_with_target(
+        onnx.load(folder / target.graph.file, load_external_data=False),
+        onnx.load(folder / eagle.graph.file, load_external_data=False),
+    )
     onnx.save(fused, folder / "target_eagle.onnx")
     return es.fused_spec("target_eagle.onnx", target, eagle)
 
@@ -194,9 +248,11 @@ def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.nd
     man = load_manifest(folder)
     engine = OrtModel(man, man.models()["eagle"])
     feats = target_features(ref_target, tokens)  # [N, H]
-    ref_arrays = dict(ew.reference) | {"fc.bias": ew.store.arrays["fc_b"].astype(np.float32), "d2t": ew.d2t,
-                                       "layers.0.post_attention_layernorm.weight":
-                                           ew.store.arrays["l0.ln2"].astype(np.float32)}
+    ref_arrays = dict(ew.reference) | {
+        "fc.bias": ew.store.arrays["fc_b"].astype(np.float32),
+        "d2t": ew.d2t,
+        "layers.0.post_attention_layernorm.weight": ew.store.arrays["l0.ln2"].astype(np.float32),
+    }
     if ew.head_cfg.input_layernorm:
         ref_arrays["layers.0.input_layernorm.weight"] = ew.store.arrays["l0.ln1"].astype(np.float32)
     if ew.head_cfg.final_norm:
@@ -207,14 +263,19 @@ def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.nd
     head.lm_head = torch.from_numpy(ew.reference["lm_head_d"])  # the rows the graph uses (int4: dequantized)
     n = len(tokens) - 1  # the head reads token j+1 beside feature j
     with torch.no_grad():
-        pred = head(torch.from_numpy(tokens[1:][None]), torch.from_numpy(feats[:n][None]),
-                    torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool), n_steps=1)[0]
+        pred = head(
+            torch.from_numpy(tokens[1:][None]),
+            torch.from_numpy(feats[:n][None]),
+            torch.arange(n)[None],
+            torch.ones(1, n, dtype=torch.bool),
+            n_steps=1,
+        )[0]
         ref = head.logits(pred)[0].numpy()  # [n, Vd]
 
     def calls():
         for label, past, w in schedule(man.models()["eagle"], man.prefill_chunk, n):
-            got = engine.forward(tokens[1 + past:1 + past + w], past, features=feats[past:past + w])
-            yield label, got, ref[past:past + w]
+            got = engine.forward(tokens[1 + past : 1 + past + w], past, features=feats[past : past + w])
+            yield label, got, ref[past : past + w]
             engine.commit(past, w)
 
     return compare("EAGLE head graph", calls(), tol, "Please report it with the head's config.json.")
@@ -239,13 +300,15 @@ def validate_fused(folder: Path, tokens: np.ndarray, tol: float) -> dict[str, fl
 
     def calls():
         for label, past, w in schedule(man.target, man.prefill_chunk, len(tokens)):
-            ids, nxt = tokens[past:past + w], tokens[past + 1:past + w + 1]
+            ids, nxt = tokens[past : past + w], tokens[past + 1 : past + w + 1]
             n = len(nxt)  # rows whose next token is known (the very last row's is not)
             want = plain.forward(ids, past).copy()
             got = fused.forward(ids, past, head_next=nxt)
             if not np.array_equal(got, want):
-                raise _NotBitwise(f"the fused target+EAGLE graph's logits at {label} differ from the plain "
-                                  f"target's by {np.abs(got - want).max():.3g}")
+                raise _NotBitwise(
+                    f"the fused target+EAGLE graph's logits at {label} differ from the plain "
+                    f"target's by {np.abs(got - want).max():.3g}"
+                )
             head_want = head.forward(nxt, past, features=plain.last_hidden(n))
             yield f"head_{label}", fused.last_head_logits(n), head_want
             if n < w:
@@ -254,8 +317,13 @@ def validate_fused(folder: Path, tokens: np.ndarray, tol: float) -> dict[str, fl
                 e.commit(past, w)
 
     try:
-        return compare("fused target+EAGLE graph", calls(), tol, "Please report it.",
-                       what="max |head logits - the head's own graph's|")
+        return compare(
+            "fused target+EAGLE graph",
+            calls(),
+            tol,
+            "Please report it.",
+            what="max |head logits - the head's own graph's|",
+        )
     except _NotBitwise as e:
         print(f"edgespec: warning: {e}; left out (eagle uses separate head calls)", file=sys.stderr)
         return None

@@ -24,10 +24,15 @@ import torch.nn.functional as F
 from torch import nn
 
 # EagleHead attribute -> checkpoint name of the decoder layer's projections
-LAYER_NAMES = {"q_proj": "layers.0.self_attn.q_proj.weight", "k_proj": "layers.0.self_attn.k_proj.weight",
-               "v_proj": "layers.0.self_attn.v_proj.weight", "o_proj": "layers.0.self_attn.o_proj.weight",
-               "gate_proj": "layers.0.mlp.gate_proj.weight", "up_proj": "layers.0.mlp.up_proj.weight",
-               "down_proj": "layers.0.mlp.down_proj.weight"}
+LAYER_NAMES = {
+    "q_proj": "layers.0.self_attn.q_proj.weight",
+    "k_proj": "layers.0.self_attn.k_proj.weight",
+    "v_proj": "layers.0.self_attn.v_proj.weight",
+    "o_proj": "layers.0.self_attn.o_proj.weight",
+    "gate_proj": "layers.0.mlp.gate_proj.weight",
+    "up_proj": "layers.0.mlp.up_proj.weight",
+    "down_proj": "layers.0.mlp.down_proj.weight",
+}
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -70,8 +75,15 @@ class HeadConfig:
 
 
 class EagleHead(TorchDrafter):
-    def __init__(self, cfg: HeadConfig, embed: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor,
-                 rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
+    def __init__(
+        self,
+        cfg: HeadConfig,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        d2t: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
@@ -152,8 +164,11 @@ class EagleHead(TorchDrafter):
 def head_state(head: EagleHead) -> dict[str, np.ndarray]:
     """The head's own parameters under EAGLE checkpoint names (float32 numpy) + its d2t (target
     ids of the draft tokens): what `build_head` takes back."""
-    out = {"fc.weight": head.fc.weight, "fc.bias": head.fc.bias,
-           "layers.0.post_attention_layernorm.weight": head.post_ln}
+    out = {
+        "fc.weight": head.fc.weight,
+        "fc.bias": head.fc.bias,
+        "layers.0.post_attention_layernorm.weight": head.post_ln,
+    }
     out |= {hf: getattr(head, attr).weight for attr, hf in LAYER_NAMES.items()}
     if head.input_ln is not None:
         out["layers.0.input_layernorm.weight"] = head.input_ln
@@ -163,12 +178,24 @@ def head_state(head: EagleHead) -> dict[str, np.ndarray]:
     return arrays | {"d2t": head.d2t.cpu().numpy().astype(np.int64)}
 
 
-def build_head(hc: HeadConfig, arrays: dict[str, np.ndarray], embed: np.ndarray, lm_head: np.ndarray,
-               rope_cos: np.ndarray, rope_sin: np.ndarray) -> EagleHead:
+def build_head(
+    hc: HeadConfig,
+    arrays: dict[str, np.ndarray],
+    embed: np.ndarray,
+    lm_head: np.ndarray,
+    rope_cos: np.ndarray,
+    rope_sin: np.ndarray,
+) -> EagleHead:
     """An EagleHead from checkpoint arrays and the target's embedding / LM head [V, H] / rope tables."""
     d2t = torch.from_numpy(arrays["d2t"])
-    head = EagleHead(hc, torch.from_numpy(embed), torch.from_numpy(lm_head)[d2t].clone(), d2t,
-                     torch.from_numpy(rope_cos), torch.from_numpy(rope_sin))
+    head = EagleHead(
+        hc,
+        torch.from_numpy(embed),
+        torch.from_numpy(lm_head)[d2t].clone(),
+        d2t,
+        torch.from_numpy(rope_cos),
+        torch.from_numpy(rope_sin),
+    )
     with torch.no_grad():
         head.fc.weight.copy_(torch.from_numpy(arrays["fc.weight"]))
         head.fc.bias.copy_(torch.from_numpy(arrays["fc.bias"]))
@@ -188,14 +215,27 @@ def init_arrays(arch, sd: dict, d2t: np.ndarray, seed: int) -> tuple[HeadConfig,
     H = arch.hidden_size
     rng = np.random.default_rng(seed)
     last = f"model.layers.{arch.n_layers - 1}."
-    hc = HeadConfig(hidden_size=H, intermediate_size=arch.intermediate_size, num_attention_heads=arch.n_heads,
-                    num_key_value_heads=arch.n_kv_heads, head_dim=arch.head_dim, rms_norm_eps=arch.rms_norm_eps,
-                    vocab_size=arch.vocab_size, draft_vocab_size=len(d2t), input_layernorm=True, final_norm=True)
+    hc = HeadConfig(
+        hidden_size=H,
+        intermediate_size=arch.intermediate_size,
+        num_attention_heads=arch.n_heads,
+        num_key_value_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        rms_norm_eps=arch.rms_norm_eps,
+        vocab_size=arch.vocab_size,
+        draft_vocab_size=len(d2t),
+        input_layernorm=True,
+        final_norm=True,
+    )
     fc = np.concatenate([rng.normal(0, 0.02, (H, H)), np.eye(H)], axis=1).astype(np.float32)
-    arrays = {"fc.weight": fc, "fc.bias": np.zeros(H, np.float32), "d2t": d2t,
-              "layers.0.post_attention_layernorm.weight": sd[last + "post_attention_layernorm.weight"],
-              "layers.0.input_layernorm.weight": sd[last + "input_layernorm.weight"],
-              "norm.weight": sd["model.norm.weight"]}
+    arrays = {
+        "fc.weight": fc,
+        "fc.bias": np.zeros(H, np.float32),
+        "d2t": d2t,
+        "layers.0.post_attention_layernorm.weight": sd[last + "post_attention_layernorm.weight"],
+        "layers.0.input_layernorm.weight": sd[last + "input_layernorm.weight"],
+        "norm.weight": sd["model.norm.weight"],
+    }
     for hf in LAYER_NAMES.values():
         arrays[hf] = sd[last + hf.split("layers.0.", 1)[1]]
     return hc, arrays

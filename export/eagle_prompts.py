@@ -29,16 +29,72 @@ import textwrap
 from edgespec.export.prompt_lists import load_lists
 
 STDLIB_MODULES, CODE_TASKS, CODE, STDLIB_FORMS = load_lists(
-    "eagle_code", "stdlib_modules", "code_tasks", "code", "stdlib_forms")
+    "eagle_code", "stdlib_modules", "code_tasks", "code", "stdlib_forms"
+)
 TOPICS, GENERAL = load_lists("eagle_general", "topics", "general")
 EVERYDAY_SITUATIONS, EVERYDAY, ASKS = load_lists("eagle_everyday", "everyday_situations", "everyday", "asks")
-(HOWTO, HOWTO_FORMS, WHY, WHY_FORMS, DIFFERENCES, DIFFERENCE_FORMS, FORMS, SUBJECTS, BRAINSTORM, BRAINSTORM_FORMS,
- SENTENCES, REWRITE_FORMS, REVIEWS, SENTIMENT_FORMS, THINGS, WHO, RECOMMEND_FORMS, GOALS, PLAN_FORMS, PLAN_SPANS,
- WORDS, WORD_FORMS, CHOICES, CHOICE_FORMS, ROLES, ROLE_ASKS, ANIMALS, ANIMAL_FORMS, SUMMARY_FORMS) = load_lists(
-    "eagle_tasks", "howto", "howto_forms", "why", "why_forms", "differences", "difference_forms", "forms", "subjects",
-    "brainstorm", "brainstorm_forms", "sentences", "rewrite_forms", "reviews", "sentiment_forms", "things", "who",
-    "recommend_forms", "goals", "plan_forms", "plan_spans", "words", "word_forms", "choices", "choice_forms", "roles",
-    "role_asks", "animals", "animal_forms", "summary_forms")
+(
+    HOWTO,
+    HOWTO_FORMS,
+    WHY,
+    WHY_FORMS,
+    DIFFERENCES,
+    DIFFERENCE_FORMS,
+    FORMS,
+    SUBJECTS,
+    BRAINSTORM,
+    BRAINSTORM_FORMS,
+    SENTENCES,
+    REWRITE_FORMS,
+    REVIEWS,
+    SENTIMENT_FORMS,
+    THINGS,
+    WHO,
+    RECOMMEND_FORMS,
+    GOALS,
+    PLAN_FORMS,
+    PLAN_SPANS,
+    WORDS,
+    WORD_FORMS,
+    CHOICES,
+    CHOICE_FORMS,
+    ROLES,
+    ROLE_ASKS,
+    ANIMALS,
+    ANIMAL_FORMS,
+    SUMMARY_FORMS,
+) = load_lists(
+    "eagle_tasks",
+    "howto",
+    "howto_forms",
+    "why",
+    "why_forms",
+    "differences",
+    "difference_forms",
+    "forms",
+    "subjects",
+    "brainstorm",
+    "brainstorm_forms",
+    "sentences",
+    "rewrite_forms",
+    "reviews",
+    "sentiment_forms",
+    "things",
+    "who",
+    "recommend_forms",
+    "goals",
+    "plan_forms",
+    "plan_spans",
+    "words",
+    "word_forms",
+    "choices",
+    "choice_forms",
+    "roles",
+    "role_asks",
+    "animals",
+    "animal_forms",
+    "summary_forms",
+)
 
 PROSE = tuple(x for x in SENTENCES if x[0].isupper())  # the well-formed ones, for summaries
 
@@ -63,12 +119,16 @@ def _task(rng: random.Random, kind: int) -> str:
         return rng.choice(SENTIMENT_FORMS).format(r=rng.choice(REVIEWS))
     if kind == 7:
         a, b, c = rng.randint(2, 90), rng.randint(2, 12), rng.randint(5, 95)
-        return rng.choice((f"If a train travels {a * b} km in {b} hours, what is its average speed?",
-                           f"I have {a + c} apples and give away {c}. How many are left?",
-                           f"What is {c}% of {a * 10}? Show your working.",
-                           f"A rectangle is {b} m wide and {a} m long. What are its area and perimeter?",
-                           f"Convert {a} miles to kilometres.",
-                           f"A shirt costs {a} dollars and is {c}% off. What is the new price?"))
+        return rng.choice(
+            (
+                f"If a train travels {a * b} km in {b} hours, what is its average speed?",
+                f"I have {a + c} apples and give away {c}. How many are left?",
+                f"What is {c}% of {a * 10}? Show your working.",
+                f"A rectangle is {b} m wide and {a} m long. What are its area and perimeter?",
+                f"Convert {a} miles to kilometres.",
+                f"A shirt costs {a} dollars and is {c}% off. What is the new price?",
+            )
+        )
     if kind == 8:
         return rng.choice(RECOMMEND_FORMS).format(n=n, t=rng.choice(THINGS), w=rng.choice(WHO))
     if kind == 9:
@@ -124,10 +184,14 @@ def _stdlib_functions(rng: random.Random, limit: int) -> list[tuple[str, str, st
     return out[:limit]
 
 
-
-
-def build_prompts(n_general: int = 900, n_code_chat: int = 500, n_completion: int = 600,
-                  seed: int = 0, n_everyday: int = 0, n_tasks: int = 0) -> list[dict]:
+def build_prompts(
+    n_general: int = 900,
+    n_code_chat: int = 500,
+    n_completion: int = 600,
+    seed: int = 0,
+    n_everyday: int = 0,
+    n_tasks: int = 0,
+) -> list[dict]:
     """A shuffled list of {"id", "prompt"} (raw completion) or {"id", "messages"} (chat)."""
     rng = random.Random(seed)
     rows: list[dict] = task_prompts(n_tasks, seed)
@@ -140,15 +204,17 @@ def build_prompts(n_general: int = 900, n_code_chat: int = 500, n_completion: in
         rows.append({"id": f"everyday-{i}", "messages": [{"role": "user", "content": text}]})
     for i in range(n_general):
         t, u = rng.sample(TOPICS, 2)
-        rows.append({"id": f"chat-{i}", "messages": [{"role": "user",
-                                                      "content": rng.choice(GENERAL).format(t=t, u=u)}]})
+        rows.append(
+            {"id": f"chat-{i}", "messages": [{"role": "user", "content": rng.choice(GENERAL).format(t=t, u=u)}]}
+        )
     funcs = _stdlib_functions(rng, n_completion + n_code_chat)
     for i in range(n_code_chat):
         if i % 2 and funcs:
             mod, sig, doc = funcs[(n_completion + i) % len(funcs)]
             first = doc.split("\n")[0].rstrip(".")
-            text = rng.choice(STDLIB_FORMS).format(task=first[0].lower() + first[1:], call=sig[4:-1], mod=mod,
-                                                   name=sig[4:sig.index("(")])
+            text = rng.choice(STDLIB_FORMS).format(
+                task=first[0].lower() + first[1:], call=sig[4:-1], mod=mod, name=sig[4 : sig.index("(")]
+            )
         else:
             text = rng.choice(CODE).format(c=rng.choice(CODE_TASKS))
         rows.append({"id": f"code-chat-{i}", "messages": [{"role": "user", "content": text}]})

@@ -95,8 +95,10 @@ def check_out(out: Path, force: bool) -> None:
     if not force:
         raise ExportError(f"{out} already exists; pass --force to replace it (or choose another --out)")
     if any(out.iterdir()) and not mf.is_engine_folder(out):
-        raise ExportError(f"--force will not replace {out}: it is not an edgespec engine folder (no edgespec "
-                          f"{mf.MANIFEST}) and holds {_describe(out)}. Hint: choose another --out, or move it away")
+        raise ExportError(
+            f"--force will not replace {out}: it is not an edgespec engine folder (no edgespec "
+            f"{mf.MANIFEST}) and holds {_describe(out)}. Hint: choose another --out, or move it away"
+        )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -121,8 +123,10 @@ def clean_stale_partials(parent: Path) -> list[Path]:
             continue
         size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20
         shutil.rmtree(p, ignore_errors=True)
-        print(f"edgespec: removed {p} ({size:.0f} MiB), left by an export (pid {pid}) that did not finish",
-              file=sys.stderr)
+        print(
+            f"edgespec: removed {p} ({size:.0f} MiB), left by an export (pid {pid}) that did not finish",
+            file=sys.stderr,
+        )
         removed.append(p)
     return removed
 
@@ -159,39 +163,76 @@ def export(cfg: ExportConfig) -> Path:
         if max_pos and cfg.max_len > max_pos:
             raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
         arch = arch_from_config(model.config, cfg.max_len)
-        two_rows = cfg.precision == "int4" and (cfg.two_row_matmuls == "on" or cfg.two_row_matmuls == "auto" and
-                                                one_row_int4_differs(accuracy_level=cfg.int4_accuracy_level))
-        opts = GraphOptions(cfg.precision, int4_accuracy_level=cfg.int4_accuracy_level,
-                            int4_lm_head=cfg.int4_lm_head, int8_lm_head=cfg.int8_lm_head, trees=cfg.trees,
-                            aux_layers=aux_layers(arch.n_layers) if reads_aux else (),
-                            two_row_matmuls=two_rows, flavour=cfg.flavour(),
-                            portable_ops=probe_portable_ops() if cfg.flavour() in ("lean", "integer") else (),
-                            host_prologue=cfg.host_prologue)
+        two_rows = cfg.precision == "int4" and (
+            cfg.two_row_matmuls == "on"
+            or cfg.two_row_matmuls == "auto"
+            and one_row_int4_differs(accuracy_level=cfg.int4_accuracy_level)
+        )
+        opts = GraphOptions(
+            cfg.precision,
+            int4_accuracy_level=cfg.int4_accuracy_level,
+            int4_lm_head=cfg.int4_lm_head,
+            int8_lm_head=cfg.int8_lm_head,
+            trees=cfg.trees,
+            aux_layers=aux_layers(arch.n_layers) if reads_aux else (),
+            two_row_matmuls=two_rows,
+            flavour=cfg.flavour(),
+            portable_ops=probe_portable_ops() if cfg.flavour() in ("lean", "integer") else (),
+            host_prologue=cfg.host_prologue,
+        )
         hf_w = hf_weights(model)
         writer = LlamaGraphWriter(arch, hf_w, opts)
         index_t = write_weights(writer.store.arrays, tmp / "target.weights")
         progress.step("wrote target.weights")
-        target = host_prologue_entry(write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk,
-                                                 "target.weights", index_t), writer)
+        target = host_prologue_entry(
+            write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk, "target.weights", index_t), writer
+        )
         progress.step("graph target.onnx")
         chat_file = _write_tokenizer(tok, tmp)
         progress.step("tokenizer")
 
-        ctx = ExportContext(cfg=cfg, folder=tmp, model=model, arch=arch, hf_w=hf_w, tok=tok, writer=writer,
-                            index_t=index_t, opts=opts, head_opts=dataclasses.replace(opts, host_prologue=False),
-                            widths=widths, target=target, step=progress.step)
+        ctx = ExportContext(
+            cfg=cfg,
+            folder=tmp,
+            model=model,
+            arch=arch,
+            hf_w=hf_w,
+            tok=tok,
+            writer=writer,
+            index_t=index_t,
+            opts=opts,
+            head_opts=dataclasses.replace(opts, host_prologue=False),
+            widths=widths,
+            target=target,
+            step=progress.step,
+        )
         shipped = {name: plugins[name].write(ctx, source) for name, source in shipping.items()}
         man = mf.Manifest(
-            folder=tmp, name=out.name, edgespec_version=__version__,
+            folder=tmp,
+            name=out.name,
+            edgespec_version=__version__,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            source=mf.Source(kind=src.kind, path=src.path, draft=cfg.draft,
-                             sha256=sources.sha256_of(src.path) if src.kind != "hub" else None),
-            max_len=cfg.max_len, kv_bucket=cfg.kv_bucket, prefill_chunk=cfg.prefill_chunk,
-            num_speculative_tokens=cfg.k, two_row_matmuls=two_rows, tokenizer_file="tokenizer.json",
-            chat_template_file=chat_file, eos_token_ids=tuple(_eos_ids(model, tok)), bos_token_id=tok.bos_token_id,
-            target=target, drafters={name: s.section for name, s in shipped.items()},
+            source=mf.Source(
+                kind=src.kind,
+                path=src.path,
+                draft=cfg.draft,
+                sha256=sources.sha256_of(src.path) if src.kind != "hub" else None,
+            ),
+            max_len=cfg.max_len,
+            kv_bucket=cfg.kv_bucket,
+            prefill_chunk=cfg.prefill_chunk,
+            num_speculative_tokens=cfg.k,
+            two_row_matmuls=two_rows,
+            tokenizer_file="tokenizer.json",
+            chat_template_file=chat_file,
+            eos_token_ids=tuple(_eos_ids(model, tok)),
+            bos_token_id=tok.bos_token_id,
+            target=target,
+            drafters={name: s.section for name, s in shipped.items()},
             # measured on this CPU (docs): adaptive prompt lookup beat every fixed k
-            defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True), export_probe=probe)
+            defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True),
+            export_probe=probe,
+        )
         man.save()
         if cfg.validate:
             man = _validate(man, ctx, shipped)

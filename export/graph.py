@@ -40,12 +40,19 @@ from edgespec.export.lean_graph import IntegerOps, LeanOps
 from edgespec.export.portable_graph import PortableOps
 
 OPSET = 17
-FLAVOURS: dict[str, type[LayerOps]] = {"portable": PortableOps, "lean": LeanOps,  # GraphOptions.flavour -> ops
-                                       "integer": IntegerOps}
+FLAVOURS: dict[str, type[LayerOps]] = {
+    "portable": PortableOps,
+    "lean": LeanOps,  # GraphOptions.flavour -> ops
+    "integer": IntegerOps,
+}
 
-NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
-              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.uint8): TensorProto.UINT8,
-              np.dtype(np.int8): TensorProto.INT8}
+NP_TO_ONNX = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int8): TensorProto.INT8,
+}
 
 
 @dataclass(frozen=True)
@@ -85,8 +92,13 @@ class WeightStore:
         return name
 
 
-def external_initializers(names, store: WeightStore, weights_location: str, offsets: dict[str, int],
-                          locations: dict[str, tuple[str, int, np.ndarray]] | None = None) -> list[TensorProto]:
+def external_initializers(
+    names,
+    store: WeightStore,
+    weights_location: str,
+    offsets: dict[str, int],
+    locations: dict[str, tuple[str, int, np.ndarray]] | None = None,
+) -> list[TensorProto]:
     """Initializers of the named weights, each pointing at its bytes in a weights file: the model's
     own (`offsets` into `weights_location`) or another model's (`locations`: name -> (file,
     offset, array of the same dtype and shape))."""
@@ -115,8 +127,7 @@ class GraphBuilder:
 
     def op(self, op_type: str, inputs: list[str], name: str, n_out: int = 1, domain: str = "", **attrs):
         outs = [f"{name}_out{i}" if n_out > 1 else f"{name}_out" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain or None,
-                                           **attrs))
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain or None, **attrs))
         return outs if n_out > 1 else outs[0]
 
     def const(self, name: str, arr: np.ndarray) -> str:
@@ -124,8 +135,7 @@ class GraphBuilder:
         if name in self._const_names:
             return name
         self._const_names.add(name)
-        self.consts.append(helper.make_tensor(name, NP_TO_ONNX[arr.dtype], arr.shape,
-                                              arr.flatten().tolist()))
+        self.consts.append(helper.make_tensor(name, NP_TO_ONNX[arr.dtype], arr.shape, arr.flatten().tolist()))
         return name
 
     def weight(self, name: str) -> str:
@@ -137,8 +147,9 @@ class ModelWriter:
     """One model's weights (HF-named numpy arrays [out, in] in, a WeightStore out) and graph.
     Subclasses declare `_prepare` (the weights) and `build` (the graph, on `layer_ops()`)."""
 
-    def __init__(self, arch: ArchSpec, hf_weights: dict[str, np.ndarray], opts: GraphOptions,
-                 n_layers: int | None = None) -> None:
+    def __init__(
+        self, arch: ArchSpec, hf_weights: dict[str, np.ndarray], opts: GraphOptions, n_layers: int | None = None
+    ) -> None:
         self.arch = arch
         self.opts = opts
         self.n_layers = n_layers or arch.n_layers  # fewer layers: a self-speculative draft
@@ -169,7 +180,7 @@ class ModelWriter:
         rows = 0
         for n in hf_names:
             k = self._ref_rows(n)
-            self.reference[n] = used[rows: rows + k].astype(np.float32)
+            self.reference[n] = used[rows : rows + k].astype(np.float32)
             rows += k
 
     def _ref_rows(self, hf_name: str) -> int:
@@ -184,23 +195,45 @@ class ModelWriter:
             return a.vocab_size
         return a.hidden_size
 
-    def _model(self, b: GraphBuilder, graph_name: str, inputs: list, outputs: list, weights_location: str,
-               offsets: dict[str, int], locations: dict[str, tuple[str, int, np.ndarray]] | None = None,
-               opset: int = OPSET) -> onnx.ModelProto:
+    def _model(
+        self,
+        b: GraphBuilder,
+        graph_name: str,
+        inputs: list,
+        outputs: list,
+        weights_location: str,
+        offsets: dict[str, int],
+        locations: dict[str, tuple[str, int, np.ndarray]] | None = None,
+        opset: int = OPSET,
+    ) -> onnx.ModelProto:
         """The model of b's nodes; initializers point into the weights file (or another model's:
         locations)."""
         inits = external_initializers(b.used_weights, self.store, weights_location, offsets, locations)
         graph = helper.make_graph(b.nodes, graph_name, inputs, outputs, initializer=b.consts + inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
-                                                        helper.make_opsetid("com.microsoft", 1)],
-                                  producer_name="edgespec")
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
+            producer_name="edgespec",
+        )
         model.ir_version = 8
         return model
 
-    def _token_model(self, ops: LayerOps, b: GraphBuilder, *, n_layers: int, new_rows: list[str], logits: str,
-                     hidden: str, n_logits: int, weights_location: str, offsets: dict[str, int],
-                     extra_inputs: list | None = None, extra_outputs: list | None = None,
-                     locations: dict[str, tuple[str, int, np.ndarray]] | None = None) -> onnx.ModelProto:
+    def _token_model(
+        self,
+        ops: LayerOps,
+        b: GraphBuilder,
+        *,
+        n_layers: int,
+        new_rows: list[str],
+        logits: str,
+        hidden: str,
+        n_logits: int,
+        weights_location: str,
+        offsets: dict[str, int],
+        extra_inputs: list | None = None,
+        extra_outputs: list | None = None,
+        locations: dict[str, tuple[str, int, np.ndarray]] | None = None,
+    ) -> onnx.ModelProto:
         """A token graph (graph I/O above): outputs logits [1, T, n_logits], new_kv [L, 2, T, Hkv*D],
         hidden [1, T, H]."""
         a = self.arch
@@ -209,31 +242,56 @@ class ModelWriter:
         if f != np.float32:
             logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
         kv = b.op("Concat", new_rows, "/new_kv/Concat", axis=0)  # [2L, T, Hkv*D]
-        b.nodes.append(helper.make_node("Reshape", [kv, b.const("shape_new_kv", np.array(
-            [L, 2, -1, kv_w], np.int64))], ["new_kv"], name="/new_kv/Reshape"))
-        b.nodes.append(helper.make_node("Reshape", [logits, b.const("shape_logits", np.array(
-            [1, -1, n_logits], np.int64))], ["logits"], name="/logits/Reshape"))
-        b.nodes.append(helper.make_node("Reshape", [hidden, b.const("shape_hidden", np.array(
-            [1, -1, a.hidden_size], np.int64))], ["hidden"], name="/hidden/Reshape"))
+        b.nodes.append(
+            helper.make_node(
+                "Reshape",
+                [kv, b.const("shape_new_kv", np.array([L, 2, -1, kv_w], np.int64))],
+                ["new_kv"],
+                name="/new_kv/Reshape",
+            )
+        )
+        b.nodes.append(
+            helper.make_node(
+                "Reshape",
+                [logits, b.const("shape_logits", np.array([1, -1, n_logits], np.int64))],
+                ["logits"],
+                name="/logits/Reshape",
+            )
+        )
+        b.nodes.append(
+            helper.make_node(
+                "Reshape",
+                [hidden, b.const("shape_hidden", np.array([1, -1, a.hidden_size], np.int64))],
+                ["hidden"],
+                name="/hidden/Reshape",
+            )
+        )
 
         kv_type = NP_TO_ONNX[f]
         T = "T"
-        inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, T]),
-                  helper.make_tensor_value_info("positions", TensorProto.INT64, [1, T]),
-                  helper.make_tensor_value_info("past_len", TensorProto.INT64, [1])] + (extra_inputs or [])
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, T]),
+            helper.make_tensor_value_info("positions", TensorProto.INT64, [1, T]),
+            helper.make_tensor_value_info("past_len", TensorProto.INT64, [1]),
+        ] + (extra_inputs or [])
         if self.opts.trees:
             inputs.append(helper.make_tensor_value_info("tree_mask", TensorProto.INT64, [T, T]))
         for i in range(L):
-            inputs += [helper.make_tensor_value_info(f"past_key_{i}", kv_type, ["S", kv_w]),
-                       helper.make_tensor_value_info(f"past_value_{i}", kv_type, ["S", kv_w])]
-        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, n_logits]),
-                   helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
-                   helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size])] + (extra_outputs or [])
+            inputs += [
+                helper.make_tensor_value_info(f"past_key_{i}", kv_type, ["S", kv_w]),
+                helper.make_tensor_value_info(f"past_value_{i}", kv_type, ["S", kv_w]),
+            ]
+        outputs = [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, n_logits]),
+            helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
+            helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size]),
+        ] + (extra_outputs or [])
         return self._model(b, "edgespec_decoder", inputs, outputs, weights_location, offsets, locations, ops.OPSET)
 
 
-def decoder_layer(ops: LayerOps, b: GraphBuilder, i: int, s: Stream, ctx: dict,
-                  ln1: bool = True) -> tuple[Stream, list[str]]:
+def decoder_layer(
+    ops: LayerOps, b: GraphBuilder, i: int, s: Stream, ctx: dict, ln1: bool = True
+) -> tuple[Stream, list[str]]:
     """One pre-norm decoder layer on the stream; returns (the stream, [k rows, v rows])."""
     p = f"/layers.{i}"
     if ln1:
@@ -300,9 +358,25 @@ class LlamaGraphWriter(ModelWriter):
         if aux:
             n_aux = len(aux) * a.hidden_size
             cat = b.op("Concat", aux, "/hidden_aux/Concat", axis=-1)  # [(1,) T, n*H]
-            b.nodes.append(helper.make_node("Reshape", [cat, b.const("shape_aux", np.array([1, -1, n_aux], np.int64))],
-                                            ["hidden_aux"], name="/hidden_aux/Reshape"))
+            b.nodes.append(
+                helper.make_node(
+                    "Reshape",
+                    [cat, b.const("shape_aux", np.array([1, -1, n_aux], np.int64))],
+                    ["hidden_aux"],
+                    name="/hidden_aux/Reshape",
+                )
+            )
             extra_out.append(helper.make_tensor_value_info("hidden_aux", NP_TO_ONNX[self.dtype], [1, "T", n_aux]))
-        return self._token_model(ops, b, n_layers=self.n_layers, new_rows=new_rows, logits=logits, hidden=hidden,
-                                 n_logits=a.vocab_size, weights_location=weights_location, offsets=offsets,
-                                 extra_inputs=ops.extra_inputs(), extra_outputs=extra_out)
+        return self._token_model(
+            ops,
+            b,
+            n_layers=self.n_layers,
+            new_rows=new_rows,
+            logits=logits,
+            hidden=hidden,
+            n_logits=a.vocab_size,
+            weights_location=weights_location,
+            offsets=offsets,
+            extra_inputs=ops.extra_inputs(),
+            extra_outputs=extra_out,
+        )

@@ -83,8 +83,9 @@ class LayerOps:
         """x * sigmoid(x)."""
         return b.op("Mul", [x, b.op("Sigmoid", [x], sigmoid_name)], name)
 
-    def mlp(self, b: GraphBuilder, i: int, h: str, name: str, names: tuple[str, ...] = MLP_NAMES,
-            sized: bool = True) -> str:
+    def mlp(
+        self, b: GraphBuilder, i: int, h: str, name: str, names: tuple[str, ...] = MLP_NAMES, sized: bool = True
+    ) -> str:
         """SwiGLU of layer i: down(silu(gate) * up), gate and up one packed linear; returns its
         output (not yet added to the stream). names: its Split, Sigmoid, SiLU and product nodes
         under `name`; sized: the Split names its sizes (else: two equal halves)."""

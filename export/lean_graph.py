@@ -50,8 +50,11 @@ def host_prologue_inputs(n_heads: int, dtype: str, trees: bool, two_rows: bool) 
     """(name, shape, dtype) of the inputs a --host-prologue graph takes instead of computing them
     (T: the call's width, S: the cache window, S >= past_len + T). Per-head rows come as [T, Hq, W]
     (row t*Hq + h of the prologue once flattened): the manifest's shapes are ints, T and S."""
-    out = [("mask_past", (1, "S"), dtype), ("mask_new", ("T", n_heads, "T"), dtype),
-           ("score_cols", ("T", n_heads, "T"), "int64")]
+    out = [
+        ("mask_past", (1, "S"), dtype),
+        ("mask_new", ("T", n_heads, "T"), dtype),
+        ("score_cols", ("T", n_heads, "T"), "int64"),
+    ]
     if trees:
         out.append(("to_node", ("T", n_heads, "S"), "int64"))
     out.append(("value_slots", (1, "T", 1), "int64"))
@@ -122,7 +125,7 @@ class LeanOps(LayerOps):
         for h in range(n_q):
             g = h // (n_q // n_kv)
             head_mask[h, g, 0] = 1
-            ctx_idx[h * d:(h + 1) * d] = h * kv_w + g * d + np.arange(d)
+            ctx_idx[h * d : (h + 1) * d] = h * kv_w + g * d + np.arange(d)
         b.const("head_mask", head_mask)
         b.const("ctx_idx", ctx_idx)
         b.const("tile_heads", np.array([1, n_q, 1], np.int64))
@@ -141,8 +144,9 @@ class LeanOps(LayerOps):
             return b.op("Reshape", [tiled, shape], name + "/rows")
 
         cached = b.op("Less", [j_idx, "past_len"], "/mask/cached")  # [S]
-        mask_past = b.op("Unsqueeze", [b.op("Where", [cached, zero_f, ninf], "/mask/past_bias"), "axis0"],
-                         "/mask/past")  # [1, S]
+        mask_past = b.op(
+            "Unsqueeze", [b.op("Where", [cached, zero_f, ninf], "/mask/past_bias"), "axis0"], "/mask/past"
+        )  # [1, S]
         row_t = b.op("Unsqueeze", [t_idx, "axis0"], "/T/row")  # [1, T]
         if self.opts.trees:  # 1 where column node c is row node r or one of its ancestors
             anc = b.op("Cast", ["tree_mask"], "/tree/anc", to=TensorProto.BOOL)
@@ -150,26 +154,46 @@ class LeanOps(LayerOps):
             anc = b.op("LessOrEqual", [row_t, b.op("Unsqueeze", [t_idx, "axis1"], "/T/col")], "/chain/anc")
         mask_new = b.op("Where", [anc, zero_f, ninf], "/mask/new_bias")  # [T, T]
         # non-ancestor c of row r goes to column pos[r] + 1 + (its rank among r's non-ancestors)
-        n_anc_before = b.op("CumSum", [b.op("Cast", [anc], "/cols/anc_i", to=TensorProto.INT64), "one_i"],
-                            "/cols/anc_before", exclusive=1)  # [T, T]
-        after_row = b.op("Add", [b.op("Unsqueeze", [pos, "axis1"], "/cols/pos_col"),
-                                 b.op("Add", [row_t, "one_i"], "/cols/c_plus_1")], "/cols/after_row")
+        n_anc_before = b.op(
+            "CumSum",
+            [b.op("Cast", [anc], "/cols/anc_i", to=TensorProto.INT64), "one_i"],
+            "/cols/anc_before",
+            exclusive=1,
+        )  # [T, T]
+        after_row = b.op(
+            "Add",
+            [b.op("Unsqueeze", [pos, "axis1"], "/cols/pos_col"), b.op("Add", [row_t, "one_i"], "/cols/c_plus_1")],
+            "/cols/after_row",
+        )
         non_anc = b.op("Sub", [after_row, n_anc_before], "/cols/non_anc")
         cols = b.op("Where", [anc, b.op("Unsqueeze", [pos, "axis0"], "/cols/pos_row"), non_anc], "/cols/chain")
         last_slot = b.op("Sub", [s_len, "one_i"], "/S/last")
         cols = b.op("Min", [cols, last_slot], "/cols/in_window")  # [T, T]
-        ctx = {"t_len": t_len, "mask_past": mask_past, "mask_new": per_head(mask_new, t_len, "/mask/new"),
-               "cols": per_head(cols, t_len, "/cols")}
+        ctx = {
+            "t_len": t_len,
+            "mask_past": mask_past,
+            "mask_new": per_head(mask_new, t_len, "/mask/new"),
+            "cols": per_head(cols, t_len, "/cols"),
+        }
         if self.opts.trees:
             # probabilities back to node order: slot past_len + c <- column cols[r, c]
             rest = b.op("Sub", [b.op("Sub", [s_len, "past_len"], "/to_node/rest"), t_len], "/to_node/after")
             pads = b.op("Concat", ["zero_1", "past_len", "zero_1", rest], "/to_node/pads", axis=0)
             rel = b.op("Sub", [j_idx, "past_len"], "/to_node/rel")
-            is_new = b.op("And", [b.op("GreaterOrEqual", [rel, "zero_i"], "/to_node/ge"),
-                                  b.op("Less", [rel, t_len], "/to_node/lt")], "/to_node/is_new")
-            to_node = b.op("Where", [b.op("Unsqueeze", [is_new, "axis0"], "/to_node/is_new_row"),
-                                     b.op("Pad", [cols, pads], "/to_node/place"),
-                                     b.op("Unsqueeze", [j_idx, "axis0"], "/to_node/identity")], "/to_node/T")
+            is_new = b.op(
+                "And",
+                [b.op("GreaterOrEqual", [rel, "zero_i"], "/to_node/ge"), b.op("Less", [rel, t_len], "/to_node/lt")],
+                "/to_node/is_new",
+            )
+            to_node = b.op(
+                "Where",
+                [
+                    b.op("Unsqueeze", [is_new, "axis0"], "/to_node/is_new_row"),
+                    b.op("Pad", [cols, pads], "/to_node/place"),
+                    b.op("Unsqueeze", [j_idx, "axis0"], "/to_node/identity"),
+                ],
+                "/to_node/T",
+            )
             ctx["to_node"] = per_head(to_node, s_len, "/to_node")
         n_in = b.op("Min", [t_len, b.op("Sub", [s_len, "past_len"], "/v/room")], "/v/n_in")  # [1]
         slots = b.op("Slice", [b.op("Add", [t_idx, "past_len"], "/v/slots_all"), "zero_1", n_in], "/v/slots_in")
@@ -177,10 +201,14 @@ class LeanOps(LayerOps):
         ctx["v_slots"] = b.op("Unsqueeze", [slots, b.const("axes_0_2", np.array([0, 2], np.int64))], "/v/slots")
         if self.opts.two_row_matmuls and self.opts.precision == "int4":
             # rows added below a [1, T, W] activation so MatMulNBits sees max(T, 2) rows
-            extra = b.op("Max", [b.op("Sub", [b.const("two_1", np.array([2], np.int64)), t_len], "/two_rows/sub"),
-                                 "zero_1"], "/two_rows/extra")
-            ctx["two_rows"] = b.op("Concat", ["zero_1", "zero_1", "zero_1", "zero_1", extra, "zero_1"],
-                                   "/two_rows/pads", axis=0)
+            extra = b.op(
+                "Max",
+                [b.op("Sub", [b.const("two_1", np.array([2], np.int64)), t_len], "/two_rows/sub"), "zero_1"],
+                "/two_rows/extra",
+            )
+            ctx["two_rows"] = b.op(
+                "Concat", ["zero_1", "zero_1", "zero_1", "zero_1", extra, "zero_1"], "/two_rows/pads", axis=0
+            )
         return self._rope_rows(b, ctx)
 
     def extra_inputs(self) -> list[ValueInfoProto]:
@@ -190,9 +218,10 @@ class LeanOps(LayerOps):
         from edgespec.export.graph import NP_TO_ONNX
 
         two_rows = self.opts.two_row_matmuls and self.opts.precision == "int4"
-        return [helper.make_tensor_value_info(name, NP_TO_ONNX[np.dtype(dt)], list(shape))
-                for name, shape, dt in host_prologue_inputs(self.arch.n_heads, self.dtype.name, self.opts.trees,
-                                                            two_rows)]
+        return [
+            helper.make_tensor_value_info(name, NP_TO_ONNX[np.dtype(dt)], list(shape))
+            for name, shape, dt in host_prologue_inputs(self.arch.n_heads, self.dtype.name, self.opts.trees, two_rows)
+        ]
 
     def _host_inputs(self, b: GraphBuilder) -> dict:
         """The prologue's outputs read from graph inputs: no Shape, Range, CumSum or data-dependent
@@ -232,14 +261,22 @@ class LeanOps(LayerOps):
             x = b.op("Add", [x, delta], name + "/residual")
         elif delta is not None:
             out, total = name + "/SkipSLN_out", name + "/SkipSLN_sum"
-            b.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [delta, x, w], [out, "", "", total],
-                                            name=name + "/SkipSLN", domain="com.microsoft",
-                                            epsilon=self.arch.rms_norm_eps))
+            b.nodes.append(
+                helper.make_node(
+                    "SkipSimplifiedLayerNormalization",
+                    [delta, x, w],
+                    [out, "", "", total],
+                    name=name + "/SkipSLN",
+                    domain="com.microsoft",
+                    epsilon=self.arch.rms_norm_eps,
+                )
+            )
             return out, Stream(total)
         if not self._fused("norm"):
             return self.rms_norm(b, x, weight, name, axes="axes_last"), Stream(x)
-        return b.op("SimplifiedLayerNormalization", [x, w], name + "/SLN", axis=-1,
-                    epsilon=self.arch.rms_norm_eps), Stream(x)
+        return b.op(
+            "SimplifiedLayerNormalization", [x, w], name + "/SLN", axis=-1, epsilon=self.arch.rms_norm_eps
+        ), Stream(x)
 
     def add(self, b: GraphBuilder, s: Stream, y: str, name: str) -> Stream:
         assert s.delta is None, "one sublayer output pending at a time"
@@ -259,27 +296,45 @@ class LeanOps(LayerOps):
     def rotary(self, b: GraphBuilder, x: str, n_heads: int, ctx: dict, name: str) -> str:
         """Rotate x [1, T, heads*D] by the positions."""
         if self._fused("rotary"):
-            return b.op("RotaryEmbedding", [x, "positions", b.weight("rope_cos_half"), b.weight("rope_sin_half")],
-                        name + "/RotaryEmbedding", domain="com.microsoft", num_heads=n_heads, interleaved=0)
+            return b.op(
+                "RotaryEmbedding",
+                [x, "positions", b.weight("rope_cos_half"), b.weight("rope_sin_half")],
+                name + "/RotaryEmbedding",
+                domain="com.microsoft",
+                num_heads=n_heads,
+                interleaved=0,
+            )
         d = self.arch.head_dim
-        x4 = b.op("Reshape", [x, b.const(f"shape_heads_{n_heads}", np.array([1, -1, n_heads, d], np.int64))],
-                  name + "/heads")
-        x1, x2 = b.op("Split", [x4, b.const("rope_split", np.array([d // 2, d // 2], np.int64))], name + "/Split",
-                      n_out=2, axis=-1)
+        x4 = b.op(
+            "Reshape", [x, b.const(f"shape_heads_{n_heads}", np.array([1, -1, n_heads, d], np.int64))], name + "/heads"
+        )
+        x1, x2 = b.op(
+            "Split",
+            [x4, b.const("rope_split", np.array([d // 2, d // 2], np.int64))],
+            name + "/Split",
+            n_out=2,
+            axis=-1,
+        )
         rot = b.op("Concat", [b.op("Neg", [x2], name + "/Neg"), x1], name + "/Concat", axis=-1)
-        y = b.op("Add", [b.op("Mul", [x4, ctx["cos"]], name + "/MulCos"),
-                         b.op("Mul", [rot, ctx["sin"]], name + "/MulSin")], name + "/Add")
-        return b.op("Reshape", [y, b.const(f"shape_flat_{n_heads}", np.array([1, -1, n_heads * d], np.int64))],
-                    name + "/flat")
+        y = b.op(
+            "Add",
+            [b.op("Mul", [x4, ctx["cos"]], name + "/MulCos"), b.op("Mul", [rot, ctx["sin"]], name + "/MulSin")],
+            name + "/Add",
+        )
+        return b.op(
+            "Reshape", [y, b.const(f"shape_flat_{n_heads}", np.array([1, -1, n_heads * d], np.int64))], name + "/flat"
+        )
 
     def _qk_norm(self, b: GraphBuilder, x: str, weight: str, n_heads: int, name: str) -> str:
         """Qwen3's per-head RMSNorm of q or k [1, T, heads*D]."""
         d = self.arch.head_dim
-        x4 = b.op("Reshape", [x, b.const(f"shape_heads_{n_heads}", np.array([1, -1, n_heads, d], np.int64))],
-                  name + "/heads")
+        x4 = b.op(
+            "Reshape", [x, b.const(f"shape_heads_{n_heads}", np.array([1, -1, n_heads, d], np.int64))], name + "/heads"
+        )
         y, _ = self.norm(b, Stream(x4), weight, name)
-        return b.op("Reshape", [y, b.const(f"shape_flat_{n_heads}", np.array([1, -1, n_heads * d], np.int64))],
-                    name + "/flat")
+        return b.op(
+            "Reshape", [y, b.const(f"shape_flat_{n_heads}", np.array([1, -1, n_heads * d], np.int64))], name + "/flat"
+        )
 
     def attention(self, b: GraphBuilder, i: int, h: str, ctx: dict) -> tuple[str, str, str]:
         """(out [1, T, H], new k rows, new v rows [1, T, Hkv*D]). Block-diagonal queries as in the
@@ -298,12 +353,20 @@ class LeanOps(LayerOps):
             k = self._qk_norm(b, k, f"l{i}.k_norm", n_kv, p + "/k_norm")
         q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
         k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
-        qbd = b.op("Reshape", [b.op("Mul", [b.op("Reshape", [q, "shape_q4"], p + "/q4"), "head_mask"], p + "/q_blocks"),
-                               "shape_rows"], p + "/qbd")  # [T*Hq, Hkv*D]
+        qbd = b.op(
+            "Reshape",
+            [b.op("Mul", [b.op("Reshape", [q, "shape_q4"], p + "/q4"), "head_mask"], p + "/q_blocks"), "shape_rows"],
+            p + "/qbd",
+        )  # [T*Hq, Hkv*D]
         scale = 1.0 / float(np.sqrt(d))
         s_past = b.op("Gemm", [qbd, f"past_key_{i}", ctx["mask_past"]], p + "/scores_past", transB=1, alpha=scale)
-        s_new = b.op("Gemm", [qbd, b.op("Reshape", [k, "shape_rows"], p + "/k_rows"), ctx["mask_new"]],
-                     p + "/scores_new", transB=1, alpha=scale)  # [T*Hq, T]
+        s_new = b.op(
+            "Gemm",
+            [qbd, b.op("Reshape", [k, "shape_rows"], p + "/k_rows"), ctx["mask_new"]],
+            p + "/scores_new",
+            transB=1,
+            alpha=scale,
+        )  # [T*Hq, T]
         scores = b.op("ScatterElements", [s_past, ctx["cols"], s_new], p + "/scores", axis=1, reduction="max")
         probs = b.op("Softmax", [scores], p + "/Softmax", axis=-1)
         if "to_node" in ctx:
@@ -313,8 +376,9 @@ class LeanOps(LayerOps):
             v_in = b.op("Slice", [v, "zero_1", ctx["n_in"], "axis1"], p + "/v_in")  # rows inside the window
         v_full = b.op("ScatterND", [f"past_value_{i}", ctx["v_slots"], v_in], p + "/v_full")  # [S, Hkv*D]
         ctx_rows = b.op("Gemm", [probs, v_full], p + "/ctx")  # [T*Hq, Hkv*D]
-        out = b.op("Gather", [b.op("Reshape", [ctx_rows, "shape_ctx"], p + "/ctx_heads"), "ctx_idx"], p + "/ctx_own",
-                   axis=2)  # [1, T, Hq*D]
+        out = b.op(
+            "Gather", [b.op("Reshape", [ctx_rows, "shape_ctx"], p + "/ctx_heads"), "ctx_idx"], p + "/ctx_own", axis=2
+        )  # [1, T, Hq*D]
         out = self.pad_rows(b, ctx, out, p + "/ctx_rows")
         return self.linear(b, out, f"l{i}.o"), k, v
 
@@ -322,8 +386,9 @@ class LeanOps(LayerOps):
         return [k, v]
 
 
-def probe_portable_ops(hidden: int = 576, n_heads: int = 9, head_dim: int = 64, inter: int = 1536,
-                       rows: int = 9) -> tuple[str, ...]:
+def probe_portable_ops(
+    hidden: int = 576, n_heads: int = 9, head_dim: int = 64, inter: int = 1536, rows: int = 9
+) -> tuple[str, ...]:
     """The fused ops of LEAN_OPS that break the rule on this CPU's ONNX Runtime: each run alone on
     random rows, one row at a time against all rows in one call (all bitwise alike on ORT 1.32,
     AVX-512 Xeon and EPYC alike; docs/design.md). The export writes those in portable form."""
@@ -340,32 +405,42 @@ def probe_portable_ops(hidden: int = 576, n_heads: int = 9, head_dim: int = 64, 
 
     def breaks(node, inputs, width: int, inits, feeds: dict[str, np.ndarray]) -> bool:
         graph = helper.make_graph([node], "probe", inputs, [io("y", width)], initializer=inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", LEAN_OPSET),
-                                                        helper.make_opsetid("com.microsoft", 1)])
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", LEAN_OPSET), helper.make_opsetid("com.microsoft", 1)]
+        )
         model.ir_version = 8
         sess = model_session(model.SerializeToString())
         wide = sess.run(None, feeds)[0]
-        return any(not np.array_equal(sess.run(None, {k: v[:, i:i + 1] for k, v in feeds.items()})[0][0, 0],
-                                      wide[0, i]) for i in range(rows))
+        return any(
+            not np.array_equal(sess.run(None, {k: v[:, i : i + 1] for k, v in feeds.items()})[0][0, 0], wide[0, i])
+            for i in range(rows)
+        )
 
     x = (rng.standard_normal((1, rows, hidden)) * 3).astype(np.float32)
     skip = rng.standard_normal((1, rows, hidden)).astype(np.float32)
     gamma = init("w", rng.standard_normal(hidden).astype(np.float32))
     out = []
-    norm = helper.make_node("SkipSimplifiedLayerNormalization", ["x", "s", "w"], ["y"], domain="com.microsoft",
-                            epsilon=1e-5)
+    norm = helper.make_node(
+        "SkipSimplifiedLayerNormalization", ["x", "s", "w"], ["y"], domain="com.microsoft", epsilon=1e-5
+    )
     plain = helper.make_node("SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-5)
-    if (breaks(norm, [io("x", hidden), io("s", hidden)], hidden, [gamma], {"x": x, "s": skip})
-            or breaks(plain, [io("x", hidden)], hidden, [gamma], {"x": x})):
+    if breaks(norm, [io("x", hidden), io("s", hidden)], hidden, [gamma], {"x": x, "s": skip}) or breaks(
+        plain, [io("x", hidden)], hidden, [gamma], {"x": x}
+    ):
         out.append("norm")
     width = n_heads * head_dim
     ang = np.arange(4096)[:, None] / 10000 ** (np.arange(0, head_dim, 2) / head_dim)
-    rope = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft",
-                            num_heads=n_heads, interleaved=0)
+    rope = helper.make_node(
+        "RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft", num_heads=n_heads, interleaved=0
+    )
     pos = (np.arange(rows) + 100)[None].astype(np.int64)
-    if breaks(rope, [io("x", width), helper.make_tensor_value_info("pos", TensorProto.INT64, [1, "T"])], width,
-              [init("cos", np.cos(ang).astype(np.float32)), init("sin", np.sin(ang).astype(np.float32))],
-              {"x": rng.standard_normal((1, rows, width)).astype(np.float32), "pos": pos}):
+    if breaks(
+        rope,
+        [io("x", width), helper.make_tensor_value_info("pos", TensorProto.INT64, [1, "T"])],
+        width,
+        [init("cos", np.cos(ang).astype(np.float32)), init("sin", np.sin(ang).astype(np.float32))],
+        {"x": rng.standard_normal((1, rows, width)).astype(np.float32), "pos": pos},
+    ):
         out.append("rotary")
     silu = helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft", alpha=1.0)
     if breaks(silu, [io("x", inter)], inter, [], {"x": (rng.standard_normal((1, rows, inter)) * 4).astype(np.float32)}):

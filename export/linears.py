@@ -51,7 +51,8 @@ class Linears:
         bits = self.bits(name)
         if bits:
             codes, scales, zero_points, used = (quantize_int8 if bits == 8 else quantize_int4)(
-                w_out_in, self.opts.int4_block_size)
+                w_out_in, self.opts.int4_block_size
+            )
             self.store.add(f"{name}.q{bits}", codes)
             self.store.add(name + ".scales", scales)
             self.store.add(name + ".zp", zero_points)
@@ -68,10 +69,17 @@ class Linears:
         n_out, n_in = self.shapes[name]
         bits = self.bits(name)
         if bits:
-            return b.op("MatMulNBits", [x, b.weight(f"{name}.q{bits}"), b.weight(name + ".scales"),
-                                        b.weight(name + ".zp")],
-                        name + "/MatMulNBits", domain="com.microsoft", K=n_in, N=n_out, bits=bits,
-                        block_size=self.opts.int4_block_size, accuracy_level=self.opts.int4_accuracy_level)
+            return b.op(
+                "MatMulNBits",
+                [x, b.weight(f"{name}.q{bits}"), b.weight(name + ".scales"), b.weight(name + ".zp")],
+                name + "/MatMulNBits",
+                domain="com.microsoft",
+                K=n_in,
+                N=n_out,
+                bits=bits,
+                block_size=self.opts.int4_block_size,
+                accuracy_level=self.opts.int4_accuracy_level,
+            )
         if name in self.tied:
             if stream_3d:
                 x = b.op("Reshape", [x, b.const("shape_hidden_rows", np.array([-1, n_in], np.int64))], f"{name}/rows")
@@ -112,10 +120,16 @@ class IntegerLinears(Linears):
         key = (id(b), x)
         if key not in self._rows:
             p = f"{x}/rowq"
-            amax = b.op("ReduceMax", [b.op("Abs", [x], p + "/abs"), b.const("rowq_axis", np.array([-1], np.int64))],
-                        p + "/amax", keepdims=1)
-            inv127, tiny = b.const("rowq_inv127", np.array(1 / 127, np.float32)), b.const("rowq_tiny", np.array(1e-30,
-                                                                                                             np.float32))
+            amax = b.op(
+                "ReduceMax",
+                [b.op("Abs", [x], p + "/abs"), b.const("rowq_axis", np.array([-1], np.int64))],
+                p + "/amax",
+                keepdims=1,
+            )
+            inv127, tiny = (
+                b.const("rowq_inv127", np.array(1 / 127, np.float32)),
+                b.const("rowq_tiny", np.array(1e-30, np.float32)),
+            )
             scale = b.op("Max", [b.op("Mul", [amax, inv127], p + "/div127"), tiny], p + "/scale")
             rounded = b.op("Round", [b.op("Div", [x, scale], p + "/div")], p + "/round")
             offset = b.const("rowq_offset", np.array(128, np.float32))
@@ -125,9 +139,18 @@ class IntegerLinears(Linears):
 
     def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
         u8, row_scale = self._quantized_rows(b, x)
-        y = b.op("MatMulIntegerToFloat", [u8, b.weight(f"{name}.i8"), b.const("rowq_one", np.array(1, np.float32)),
-                                          b.weight(f"{name}.wscale"), b.const("rowq_zp", np.array(128, np.uint8))],
-                 name + "/MatMulIntegerToFloat", domain="com.microsoft")  # [.., N] = s_w[n] * exact int32
+        y = b.op(
+            "MatMulIntegerToFloat",
+            [
+                u8,
+                b.weight(f"{name}.i8"),
+                b.const("rowq_one", np.array(1, np.float32)),
+                b.weight(f"{name}.wscale"),
+                b.const("rowq_zp", np.array(128, np.uint8)),
+            ],
+            name + "/MatMulIntegerToFloat",
+            domain="com.microsoft",
+        )  # [.., N] = s_w[n] * exact int32
         return b.op("Mul", [y, row_scale], name + "/row_scale")
 
 
@@ -141,15 +164,32 @@ def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int =
 
     rng = np.random.default_rng(0)
     codes, scales, zp, _ = quantize_int4(rng.standard_normal((n, k)).astype(np.float32), block_size)
-    node = helper.make_node("MatMulNBits", ["x", "w", "s", "z"], ["y"], domain="com.microsoft", K=k, N=n, bits=4,
-                            block_size=block_size, accuracy_level=accuracy_level)
-    inits = [helper.make_tensor(name, NP_TO_ONNX[a.dtype], a.shape, a.tobytes(), raw=True)
-             for name, a in (("w", codes), ("s", scales), ("z", zp))]
-    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                    helper.make_opsetid("com.microsoft", 1)])
+    node = helper.make_node(
+        "MatMulNBits",
+        ["x", "w", "s", "z"],
+        ["y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=block_size,
+        accuracy_level=accuracy_level,
+    )
+    inits = [
+        helper.make_tensor(name, NP_TO_ONNX[a.dtype], a.shape, a.tobytes(), raw=True)
+        for name, a in (("w", codes), ("s", scales), ("z", zp))
+    ]
+    graph = helper.make_graph(
+        [node],
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
+        initializer=inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    )
     sess = model_session(model.SerializeToString())
     x = rng.standard_normal((8, k)).astype(np.float32)
     wide = sess.run(None, {"x": x})[0]
-    return any(not np.array_equal(sess.run(None, {"x": x[i:i + 1]})[0][0], wide[i]) for i in range(len(x)))
+    return any(not np.array_equal(sess.run(None, {"x": x[i : i + 1]})[0][0], wide[i]) for i in range(len(x)))

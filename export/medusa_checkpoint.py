@@ -27,9 +27,15 @@ class MedusaFormatError(CheckpointError):
 def save_heads(heads: MedusaHeads, folder: str | Path, extra: dict | None = None) -> Path:
     """config.json (`extra` joins its `medusa` section) + model.safetensors (float16 weights)."""
     c = heads.cfg
-    config = {"medusa_num_heads": c.n_heads, "medusa_num_layers": c.n_layers, "hidden_size": c.hidden_size,
-              "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size, "torch_dtype": "float16",
-              "medusa": {"features": "final_norm", "lm_head": "target"} | (extra or {})}
+    config = {
+        "medusa_num_heads": c.n_heads,
+        "medusa_num_layers": c.n_layers,
+        "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "torch_dtype": "float16",
+        "medusa": {"features": "final_norm", "lm_head": "target"} | (extra or {}),
+    }
     return write_checkpoint(folder, heads_state(heads), config)
 
 
@@ -39,20 +45,25 @@ def read_heads(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[M
 
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
-        raise MedusaFormatError(f"{folder}: a Medusa heads folder holds {CONFIG_FILE} + {WEIGHTS_FILE} "
-                                "(from `edgespec train-medusa`)")
+        raise MedusaFormatError(
+            f"{folder}: a Medusa heads folder holds {CONFIG_FILE} + {WEIGHTS_FILE} (from `edgespec train-medusa`)"
+        )
     cfg = json.loads((folder / CONFIG_FILE).read_text())
     if "medusa_num_heads" not in cfg:
         raise MedusaFormatError(f"{folder}/{CONFIG_FILE} has no medusa_num_heads: not a Medusa heads folder")
     w = load_file(str(folder / WEIGHTS_FILE))
     K, n_layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
     if any(k == f"{i}.{n_layers}.weight" for i in range(K) for k in w):
-        raise MedusaFormatError(f"{folder}: heads with their own LM heads ({0}.{n_layers}.weight); these "
-                                "heads share the target's LM head. Hint: train with `edgespec train-medusa`")
+        raise MedusaFormatError(
+            f"{folder}: heads with their own LM heads ({0}.{n_layers}.weight); these "
+            "heads share the target's LM head. Hint: train with `edgespec train-medusa`"
+        )
     H = int(cfg["hidden_size"])
     if H != hidden_size:
-        raise MedusaFormatError(f"{folder}: heads of hidden size {H} do not fit the target's {hidden_size}; "
-                                "were they trained for another model?")
+        raise MedusaFormatError(
+            f"{folder}: heads of hidden size {H} do not fit the target's {hidden_size}; "
+            "were they trained for another model?"
+        )
     if int(cfg.get("vocab_size", vocab_size)) != vocab_size:
         raise MedusaFormatError(f"{folder}: heads vocab {cfg['vocab_size']} != target vocab {vocab_size}")
     vd = int(cfg.get("draft_vocab_size") or vocab_size)

@@ -24,8 +24,9 @@ from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaG
 
 
 class MedusaGraphWriter(ModelWriter):
-    def __init__(self, target_arch: ArchSpec, mc, arrays: dict[str, np.ndarray], lm_head: np.ndarray,
-                 opts: GraphOptions) -> None:
+    def __init__(
+        self, target_arch: ArchSpec, mc, arrays: dict[str, np.ndarray], lm_head: np.ndarray, opts: GraphOptions
+    ) -> None:
         """mc / arrays: from medusa_checkpoint.read_heads (float32, d2t absolute); lm_head [V, H]: the target's
         LM head as its engine computes with it."""
         self.mc = mc
@@ -56,22 +57,33 @@ class MedusaGraphWriter(ModelWriter):
         # block 0 of all heads at once: SiLU(f W^T + b) reshaped [K, H], plus the residual f
         y = b.op("Add", [ops.linear(b, feat, "blocks0"), b.weight("blocks0_b")], "/blocks0/bias")
         y = ops.silu(b, y, "/blocks0/Sigmoid", "/blocks0/SiLU")
-        h = b.op("Add", [b.op("Reshape", [y, b.const("shape_heads", np.array([K, H], np.int64))], "/blocks0/heads"),
-                         feat], "/blocks0/res")  # [K, H]
+        h = b.op(
+            "Add",
+            [b.op("Reshape", [y, b.const("shape_heads", np.array([K, H], np.int64))], "/blocks0/heads"), feat],
+            "/blocks0/res",
+        )  # [K, H]
         for j in range(1, self.mc.n_layers):  # per head: [K, 1, H] x [K, H, H], float weights
             h3 = b.op("Reshape", [h, b.const(f"shape_k1h_{j}", np.array([K, 1, H], np.int64))], f"/blocks{j}/in")
-            y = b.op("Add", [b.op("MatMul", [h3, b.weight(f"blocks{j}")], f"/blocks{j}/MatMul"),
-                             b.weight(f"blocks{j}_b")], f"/blocks{j}/bias")
+            y = b.op(
+                "Add",
+                [b.op("MatMul", [h3, b.weight(f"blocks{j}")], f"/blocks{j}/MatMul"), b.weight(f"blocks{j}_b")],
+                f"/blocks{j}/bias",
+            )
             y = ops.silu(b, y, f"/blocks{j}/Sigmoid", f"/blocks{j}/SiLU")
             h = b.op("Reshape", [b.op("Add", [h3, y], f"/blocks{j}/res"), "shape_heads"], f"/blocks{j}/out")
         logits = ops.linear(b, h, "lm_head_d")  # [K, Vd]
         if self.dtype != np.float32:
             logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
         b.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/logits"))
-        return self._model(b, "edgespec_medusa",
-                           [helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, H])],
-                           [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [K, Vd])],
-                           weights_location, offsets, opset=ops.OPSET)
+        return self._model(
+            b,
+            "edgespec_medusa",
+            [helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, H])],
+            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [K, Vd])],
+            weights_location,
+            offsets,
+            opset=ops.OPSET,
+        )
 
 
 def write_medusa(heads: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWriter, opts: GraphOptions):
@@ -87,17 +99,27 @@ def write_medusa(heads: Path, folder: Path, arch: ArchSpec, writer: LlamaGraphWr
         raise ExportError(str(e)) from e
     mw = MedusaGraphWriter(arch, mc, arrays, writer.reference["lm_head.weight"], opts)
     files = write_drafter(mw, folder, "medusa", {"d2t": mw.d2t})
-    spec = HeadsSpec(role="medusa", precision=mw.opts.precision, n_heads=mc.n_heads, n_layers=mc.n_layers,
-                     hidden_size=mc.hidden_size, vocab_size=mc.draft_vocab_size, file="medusa.onnx",
-                     inputs=(TensorSpec("features", (1, mc.hidden_size), mw.dtype.name),),
-                     outputs=(TensorSpec("logits", (mc.n_heads, mc.draft_vocab_size), "float32"),),
-                     weights_file="medusa.weights", weights=files.weights, d2t=files.spec("d2t"),
-                     head=head_info(heads, arch.vocab_size, mc.draft_vocab_size, "medusa"))
+    spec = HeadsSpec(
+        role="medusa",
+        precision=mw.opts.precision,
+        n_heads=mc.n_heads,
+        n_layers=mc.n_layers,
+        hidden_size=mc.hidden_size,
+        vocab_size=mc.draft_vocab_size,
+        file="medusa.onnx",
+        inputs=(TensorSpec("features", (1, mc.hidden_size), mw.dtype.name),),
+        outputs=(TensorSpec("logits", (mc.n_heads, mc.draft_vocab_size), "float32"),),
+        weights_file="medusa.weights",
+        weights=files.weights,
+        d2t=files.spec("d2t"),
+        head=head_info(heads, arch.vocab_size, mc.draft_vocab_size, "medusa"),
+    )
     return mw, spec
 
 
-def validate_medusa(folder: Path, mw: MedusaGraphWriter, ref_target, tokens: np.ndarray,
-                    tol: float) -> dict[str, float]:
+def validate_medusa(
+    folder: Path, mw: MedusaGraphWriter, ref_target, tokens: np.ndarray, tol: float
+) -> dict[str, float]:
     """The Medusa heads graph against the PyTorch heads (same dequantized weights) on 8 of the
     target's real features."""
     import torch

@@ -43,8 +43,9 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.cfg = cfg
         H = cfg.hidden_size
-        self.blocks = nn.ModuleList(nn.ModuleList(nn.Linear(H, H) for _ in range(cfg.n_layers))
-                                    for _ in range(cfg.n_heads))
+        self.blocks = nn.ModuleList(
+            nn.ModuleList(nn.Linear(H, H) for _ in range(cfg.n_layers)) for _ in range(cfg.n_heads)
+        )
         for lin in self.linears():  # every head starts as the target's own next-token head
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)

@@ -61,8 +61,11 @@ class PortableOps(LayerOps):
         x1, x2 = b.op("Split", [x, "rope_split"], name + "/Split", n_out=2, axis=-1)
         neg = b.op("Neg", [x2], name + "/Neg")
         rot = b.op("Concat", [neg, x1], name + "/Concat", axis=-1)
-        return b.op("Add", [b.op("Mul", [x, ctx["cos"]], name + "/MulCos"),
-                            b.op("Mul", [rot, ctx["sin"]], name + "/MulSin")], name + "/Add")
+        return b.op(
+            "Add",
+            [b.op("Mul", [x, ctx["cos"]], name + "/MulCos"), b.op("Mul", [rot, ctx["sin"]], name + "/MulSin")],
+            name + "/Add",
+        )
 
     def kv_rows(self, b: GraphBuilder, k: str, v: str, name: str) -> list[str]:
         return [b.op("Unsqueeze", [k, "axis0"], name + "/k_row"), b.op("Unsqueeze", [v, "axis0"], name + "/v_row")]
@@ -88,9 +91,13 @@ class PortableOps(LayerOps):
         qkv = self.real_rows(b, ctx, self.linear(b, h, f"l{i}.qkv"), p + "/qkv_rows")  # the T real rows
         if a.qkv_bias:
             qkv = b.op("Add", [qkv, b.weight(f"l{i}.qkv_b")], p + "/qkv_bias")
-        q, k, v = b.op("Split", [qkv, b.const(f"qkv_split_{i}", np.array([n_q * d, n_kv * d, n_kv * d],
-                                                                          np.int64))],
-                       p + "/Split", n_out=3, axis=-1)
+        q, k, v = b.op(
+            "Split",
+            [qkv, b.const(f"qkv_split_{i}", np.array([n_q * d, n_kv * d, n_kv * d], np.int64))],
+            p + "/Split",
+            n_out=3,
+            axis=-1,
+        )
         q = b.op("Reshape", [q, "shape_q"], p + "/q_heads")  # [T, Hq, D]
         k = b.op("Reshape", [k, "shape_kv"], p + "/k_heads")  # [T, Hkv, D]
         if a.qk_norm:
@@ -101,8 +108,11 @@ class PortableOps(LayerOps):
         new_k = b.op("Reshape", [k, "shape_rows"], p + "/new_k")  # [T, Hkv*D]
         new_v = v  # [T, Hkv*D]
         # V_full[j] = new_v[j - past_len] for the T new slots, past_value[j] elsewhere: [S, Hkv*D]
-        v_full = b.op("Where", [ctx["is_new"], b.op("Pad", [new_v, ctx["pad_rows"]], p + "/v_place"),
-                                f"past_value_{i}"], p + "/v_full")
+        v_full = b.op(
+            "Where",
+            [ctx["is_new"], b.op("Pad", [new_v, ctx["pad_rows"]], p + "/v_place"), f"past_value_{i}"],
+            p + "/v_full",
+        )
         # Block-diagonal queries: [Hq, T, 1, D] * head_mask[Hq, 1, Hkv, 1] -> [Hq*T, Hkv*D]
         qt = b.op("Transpose", [q], p + "/q_T", perm=[1, 0, 2])
         qt = b.op("Unsqueeze", [qt, "axis2"], p + "/q_unsq")
@@ -115,8 +125,9 @@ class PortableOps(LayerOps):
         if "anc_cols" in ctx:  # token trees: row r's ancestors' scores moved to the columns a chain
             # would have them at (past_len + depth): its softmax row is the chain's bit for bit
             s_new = b.op("GatherElements", [s_new, ctx["anc_cols"]], p + "/s_depth", axis=1)
-        scores = b.op("Where", [ctx["is_new_row"], b.op("Pad", [s_new, ctx["pad_cols"]], p + "/s_place"),
-                                s_past], p + "/scores")
+        scores = b.op(
+            "Where", [ctx["is_new_row"], b.op("Pad", [s_new, ctx["pad_cols"]], p + "/s_place"), s_past], p + "/scores"
+        )
         probs = b.op("Softmax", [b.op("Add", [scores, ctx["mask"]], p + "/masked")], p + "/Softmax", axis=-1)
         if "to_node" in ctx:  # ... and the probabilities back to the slots the new values sit at
             # (node order), exact zeros for non-ancestors: the same non-zero terms in the same order
@@ -124,10 +135,12 @@ class PortableOps(LayerOps):
         att = b.op("Gemm", [probs, v_full], p + "/ctx")  # [Hq*T, Hkv*D]
         # keep each query head's own kv block: [Hq, T, Hkv, D] * head_mask, summed over Hkv
         att = b.op("Reshape", [att, "shape_ctx4"], p + "/ctx4")
-        att = b.op("ReduceSum", [b.op("Mul", [att, "head_mask"], p + "/ctx_blocks"), "axis2"],
-                   p + "/ctx_sum", keepdims=0)  # [Hq, T, D]
-        att = b.op("Reshape", [b.op("Transpose", [att], p + "/ctx_T", perm=[1, 0, 2]), "shape_hidden_q"],
-                   p + "/ctx_flat")  # [T, Hq*D]
+        att = b.op(
+            "ReduceSum", [b.op("Mul", [att, "head_mask"], p + "/ctx_blocks"), "axis2"], p + "/ctx_sum", keepdims=0
+        )  # [Hq, T, D]
+        att = b.op(
+            "Reshape", [b.op("Transpose", [att], p + "/ctx_T", perm=[1, 0, 2]), "shape_hidden_q"], p + "/ctx_flat"
+        )  # [T, Hq*D]
         att = self.pad_rows(b, ctx, att, p + "/ctx_rows")
         return self.linear(b, att, f"l{i}.o"), new_k, new_v
 
@@ -165,28 +178,43 @@ class PortableOps(LayerOps):
         j_idx = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/mask/S_scalar"), "one_i"], "/mask/slots")
         pos_flat = b.op("Reshape", ["positions", b.const("shape_T", np.array([-1], np.int64))], "/pos_flat")
         last_visible = b.op("Unsqueeze", [pos_flat, "axis1"], "/mask/last")  # [T, 1]
-        hidden_slot = b.op("Greater", [b.op("Unsqueeze", [j_idx, "axis0"], "/mask/j_row"), last_visible],
-                           "/mask/hidden")  # [T, S]
-        bias = b.op("Where", [hidden_slot, b.const("ninf_f", np.array(NEG_INF[f.name], f)),
-                              b.const("zero_f", np.array(0.0, f))], "/mask/bias")
-        mask = b.op("Tile", [bias, b.const("tile_heads", np.array([n_q, 1], np.int64))],
-                    "/mask/rows")  # [Hq*T, S], row = h*T + t
+        hidden_slot = b.op(
+            "Greater", [b.op("Unsqueeze", [j_idx, "axis0"], "/mask/j_row"), last_visible], "/mask/hidden"
+        )  # [T, S]
+        bias = b.op(
+            "Where",
+            [hidden_slot, b.const("ninf_f", np.array(NEG_INF[f.name], f)), b.const("zero_f", np.array(0.0, f))],
+            "/mask/bias",
+        )
+        mask = b.op(
+            "Tile", [bias, b.const("tile_heads", np.array([n_q, 1], np.int64))], "/mask/rows"
+        )  # [Hq*T, S], row = h*T + t
         # the new rows' slots: row index j - past_len, valid for past_len <= j < past_len + T
         rel = b.op("Sub", [j_idx, "past_len"], "/slots/rel")  # [S]
-        is_new = b.op("And", [b.op("GreaterOrEqual", [rel, "zero_i"], "/slots/ge"),
-                              b.op("Less", [rel, t_len], "/slots/lt")], "/slots/is_new")
+        is_new = b.op(
+            "And",
+            [b.op("GreaterOrEqual", [rel, "zero_i"], "/slots/ge"), b.op("Less", [rel, t_len], "/slots/lt")],
+            "/slots/is_new",
+        )
         # the T new rows padded out to the window: past_len before, S - past_len - T after
         after = b.op("Sub", [b.op("Sub", [s_len, "past_len"], "/slots/rest"), t_len], "/slots/after")  # [1]
         zero1 = b.const("zero_1", np.array([0], np.int64))
         pad_rows = b.op("Concat", ["past_len", zero1, after, zero1], "/slots/pad_rows", axis=0)  # for [T, W]
         pad_cols = b.op("Concat", [zero1, "past_len", zero1, after], "/slots/pad_cols", axis=0)  # for [Hq*T, T]
-        ctx = {"is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"),  # [S, 1]
-                 "is_new_row": b.op("Unsqueeze", [is_new, "axis0"], "/slots/is_new_row"),  # [1, S]
-                 "pad_rows": pad_rows, "pad_cols": pad_cols, "t_len": t_len}
+        ctx = {
+            "is_new": b.op("Unsqueeze", [is_new, "axis1"], "/slots/is_new_col"),  # [S, 1]
+            "is_new_row": b.op("Unsqueeze", [is_new, "axis0"], "/slots/is_new_row"),  # [1, S]
+            "pad_rows": pad_rows,
+            "pad_cols": pad_cols,
+            "t_len": t_len,
+        }
         if self.opts.two_row_matmuls and self.opts.precision == "int4":
             # rows added below a [T, W] activation so that MatMulNBits sees max(T, 2) rows: [0, 0, max(2-T, 0), 0]
-            extra = b.op("Max", [b.op("Sub", [b.const("two_1", np.array([2], np.int64)), t_len], "/two_rows/sub"),
-                                 zero1], "/two_rows/extra")
+            extra = b.op(
+                "Max",
+                [b.op("Sub", [b.const("two_1", np.array([2], np.int64)), t_len], "/two_rows/sub"), zero1],
+                "/two_rows/extra",
+            )
             ctx["two_rows"] = b.op("Concat", [zero1, zero1, extra, zero1], "/two_rows/pads", axis=0)
         if self.opts.trees:
             ctx |= self._tree_gathers(b, pos_flat, j_idx, ctx["is_new_row"], pad_cols, n_q)
@@ -212,20 +240,41 @@ class PortableOps(LayerOps):
         t_len = b.op("Shape", [depth], "/tree/T")
         t_idx = b.op("Range", ["zero_i", b.op("Squeeze", [t_len], "/tree/T_scalar"), "one_i"], "/tree/t")
         # anc_at[r, d] = sum_t [t anc of r][depth(t) == d] * t  (exact small integers in a float matmul)
-        at_depth = b.op("Cast", [b.op("Equal", [b.op("Unsqueeze", [depth, "axis1"], "/tree/d_col"),
-                                                 b.op("Unsqueeze", [t_idx, "axis0"], "/tree/d_row")], "/tree/eq")],
-                        "/tree/onehot", to=TensorProto.FLOAT)  # [t, d]
-        anc_t = b.op("Mul", [b.op("Cast", [anc], "/tree/anc_f", to=TensorProto.FLOAT),
-                             b.op("Cast", [b.op("Unsqueeze", [t_idx, "axis0"], "/tree/t_row")], "/tree/t_f",
-                                  to=TensorProto.FLOAT)], "/tree/anc_t")  # [r, t]
-        anc_at = b.op("Cast", [b.op("MatMul", [anc_t, at_depth], "/tree/anc_at_f")], "/tree/anc_at",
-                      to=TensorProto.INT64)  # [r, d]
+        at_depth = b.op(
+            "Cast",
+            [
+                b.op(
+                    "Equal",
+                    [
+                        b.op("Unsqueeze", [depth, "axis1"], "/tree/d_col"),
+                        b.op("Unsqueeze", [t_idx, "axis0"], "/tree/d_row"),
+                    ],
+                    "/tree/eq",
+                )
+            ],
+            "/tree/onehot",
+            to=TensorProto.FLOAT,
+        )  # [t, d]
+        anc_t = b.op(
+            "Mul",
+            [
+                b.op("Cast", [anc], "/tree/anc_f", to=TensorProto.FLOAT),
+                b.op("Cast", [b.op("Unsqueeze", [t_idx, "axis0"], "/tree/t_row")], "/tree/t_f", to=TensorProto.FLOAT),
+            ],
+            "/tree/anc_t",
+        )  # [r, t]
+        anc_at = b.op(
+            "Cast", [b.op("MatMul", [anc_t, at_depth], "/tree/anc_at_f")], "/tree/anc_at", to=TensorProto.INT64
+        )  # [r, d]
         n_heads = b.const("tile_tree", np.array([n_q, 1], np.int64))
         j_row = b.op("Unsqueeze", [j_idx, "axis0"], "/tree/j_row")  # [1, S]
         d_slot = b.op("Add", [b.op("Unsqueeze", [depth, "axis0"], "/tree/depth_row"), "past_len"], "/tree/d_slot")
         zero_slot = b.op("Sub", [b.op("Add", ["past_len", t_len], "/tree/end"), "one_i"], "/tree/zero_slot")  # [1]
         node_cols = b.op("Where", [anc, d_slot, zero_slot], "/tree/node_cols")  # [r, t]
-        to_node = b.op("Where", [is_new_row, b.op("Pad", [node_cols, pad_cols], "/tree/d_place"), j_row],
-                       "/tree/to_node")
-        return {"anc_cols": b.op("Tile", [anc_at, n_heads], "/tree/anc_cols_h"),
-                "to_node": b.op("Tile", [to_node, n_heads], "/tree/to_node_h")}
+        to_node = b.op(
+            "Where", [is_new_row, b.op("Pad", [node_cols, pad_cols], "/tree/d_place"), j_row], "/tree/to_node"
+        )
+        return {
+            "anc_cols": b.op("Tile", [anc_at, n_heads], "/tree/anc_cols_h"),
+            "to_node": b.op("Tile", [to_node, n_heads], "/tree/to_node_h"),
+        }

@@ -38,7 +38,7 @@ ROUNDS = 12  # timed rounds per width (after two warm-up rounds)
 def speculation_score(costs: dict[int, float], acceptance: float = ACCEPTANCE) -> float:
     """Expected tokens per second of the best k given call costs (seconds) by width."""
     a = acceptance
-    return max((1 - a ** w) / (1 - a) / c for w, c in costs.items())
+    return max((1 - a**w) / (1 - a) / c for w, c in costs.items())
 
 
 def _cpu() -> str:
@@ -64,7 +64,7 @@ def _time_widths(folders: dict[str, Path], widths: list[int]) -> dict[str, dict[
         ids = (np.arange(past, dtype=np.int64) * 7919) % (m.target.vocab_size - 2) + 1
         for pos in range(0, past, m.prefill_chunk):
             n = min(m.prefill_chunk, past - pos)
-            e.forward(ids[pos:pos + n], pos)
+            e.forward(ids[pos : pos + n], pos)
             e.commit(pos, n)
         engines[name] = e
     probe = np.full(max(widths), 42, np.int64)
@@ -88,8 +88,9 @@ def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
     try:
         folders = {}
         for p in CANDIDATES:
-            target_only = dataclasses.replace(cfg, precision=p, out=str(scratch / p), validate=False, progress=False,
-                                              force=False, **_no_drafters(cfg))
+            target_only = dataclasses.replace(
+                cfg, precision=p, out=str(scratch / p), validate=False, progress=False, force=False, **_no_drafters(cfg)
+            )
             folders[p] = export(target_only)
         costs = _time_widths(folders, widths)
     finally:
@@ -97,14 +98,22 @@ def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
     scores = {p: speculation_score(c) for p, c in costs.items()}
     best = max(scores, key=scores.get)
     chosen = best if scores[best] > MARGIN * scores[CANDIDATES[0]] else CANDIDATES[0]
-    record = {"cpu": _cpu(), "past": PAST, "acceptance": ACCEPTANCE, "margin": MARGIN, "chosen": chosen,
-              "ms_by_width": {p: {str(w): round(s * 1e3, 3) for w, s in c.items()} for p, c in costs.items()},
-              "score_tokens_per_s": {p: round(s, 2) for p, s in scores.items()}}
+    record = {
+        "cpu": _cpu(),
+        "past": PAST,
+        "acceptance": ACCEPTANCE,
+        "margin": MARGIN,
+        "chosen": chosen,
+        "ms_by_width": {p: {str(w): round(s * 1e3, 3) for w, s in c.items()} for p, c in costs.items()},
+        "score_tokens_per_s": {p: round(s, 2) for p, s in scores.items()},
+    }
     if progress:
         import sys
 
-        table = ", ".join(f"{p}: T=1 {c[1] * 1e3:.1f} ms, T={widths[-1]} {c[widths[-1]] * 1e3:.1f} ms, "
-                          f"{scores[p]:.0f} tok/s" for p, c in costs.items())
+        table = ", ".join(
+            f"{p}: T=1 {c[1] * 1e3:.1f} ms, T={widths[-1]} {c[widths[-1]] * 1e3:.1f} ms, {scores[p]:.0f} tok/s"
+            for p, c in costs.items()
+        )
         print(f"edgespec: precision probe on {record['cpu']}: {table} -> {chosen}", file=sys.stderr)
     return chosen, record
 

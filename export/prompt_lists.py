@@ -25,9 +25,13 @@ def load_lists(family: str, *names: str) -> tuple[tuple, ...]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"prompt lists {path} not found. Hint: reinstall edgespec (package data "
-                                "edgespec.export: prompt_data/*.json)") from None
+        raise FileNotFoundError(
+            f"prompt lists {path} not found. Hint: reinstall edgespec (package data "
+            "edgespec.export: prompt_data/*.json)"
+        ) from None
     if set(data) != set(names):
-        raise ValueError(f"{path}: holds lists {sorted(data)}, the code reads {sorted(names)}. Hint: add or "
-                         "remove the list in both places")
+        raise ValueError(
+            f"{path}: holds lists {sorted(data)}, the code reads {sorted(names)}. Hint: add or "
+            "remove the list in both places"
+        )
     return tuple(_frozen(data[n]) for n in names)

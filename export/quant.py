@@ -15,8 +15,7 @@ def _blocks(w_out_in: np.ndarray, block_size: int, what: str) -> np.ndarray:
     return w.reshape(n_out, n_in // block_size, block_size)
 
 
-def quantize_int4(w_out_in: np.ndarray, block_size: int = 32
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def quantize_int4(w_out_in: np.ndarray, block_size: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Quantize a linear weight [N=out, K=in] for MatMulNBits (bits=4, with zero points).
 
     Per block of `block_size` input weights (range widened to include 0, so the zero point is a
@@ -45,8 +44,7 @@ def quantize_int4(w_out_in: np.ndarray, block_size: int = 32
     return packed, scales[..., 0].astype(np.float32), zp_packed, deq
 
 
-def quantize_int8(w_out_in: np.ndarray, block_size: int = 32
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def quantize_int8(w_out_in: np.ndarray, block_size: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Quantize a linear weight [N=out, K=in] for MatMulNBits with bits=8, symmetric per block:
     scale = max|w| / 127, q = round(w / scale) in [-127, 127], stored as q + 128 with zero point 128.
     This is GGUF's Q8_0 (blocks of 32, one scale each), so a Q8_0 tensor comes back unchanged.

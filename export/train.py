@@ -81,9 +81,20 @@ def prepare(cfg: BaseTrainConfig) -> tuple[Path, np.random.Generator, TrainData]
     n_hold = max(1, int(n_seq * cfg.holdout))
     answer = np.zeros(len(tokens), bool)
     for s in range(n_seq):
-        answer[starts[s] + n_prompt[s]:starts[s + 1]] = True
-    return out, rng, TrainData(tokens=tokens, feats=feats, starts=starts, n_prompt=n_prompt,
-                               hold=np.sort(perm[:n_hold]), train=np.sort(perm[n_hold:]), answer=answer)
+        answer[starts[s] + n_prompt[s] : starts[s + 1]] = True
+    return (
+        out,
+        rng,
+        TrainData(
+            tokens=tokens,
+            feats=feats,
+            starts=starts,
+            n_prompt=n_prompt,
+            hold=np.sort(perm[:n_hold]),
+            train=np.sort(perm[n_hold:]),
+            answer=answer,
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -106,9 +117,15 @@ def target_tensors(target: str | None) -> TargetTensors:
     arch = arch_from_config(model.config, 2048)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     cos, sin = arch.rope_tables()
-    return TargetTensors(arch=arch, embed=sd["model.embed_tokens.weight"],
-                         lm_head=model.lm_head.weight.detach().float().numpy(), state=sd,
-                         rope_cos=cos.astype(np.float32), rope_sin=sin.astype(np.float32), tokenizer=tok)
+    return TargetTensors(
+        arch=arch,
+        embed=sd["model.embed_tokens.weight"],
+        lm_head=model.lm_head.weight.detach().float().numpy(),
+        state=sd,
+        rope_cos=cos.astype(np.float32),
+        rope_sin=sin.astype(np.float32),
+        tokenizer=tok,
+    )
 
 
 def load_aux(cfg: BaseTrainConfig, data: TrainData) -> np.ndarray:
@@ -121,8 +138,10 @@ def load_aux(cfg: BaseTrainConfig, data: TrainData) -> np.ndarray:
     except FileNotFoundError as e:
         raise TrainDataError(f"{e}. Hint: make the data with DataConfig(aux=True)") from e
     if len(aux) != len(data.tokens):  # a shard written between the two reads (data still being made)
-        raise TrainDataError(f"{cfg.data}: {len(aux)} aux rows for {len(data.tokens)} tokens; the data changed while "
-                             "it was read (still being generated?). Hint: run again once the folder holds `done`")
+        raise TrainDataError(
+            f"{cfg.data}: {len(aux)} aux rows for {len(data.tokens)} tokens; the data changed while "
+            "it was read (still being generated?). Hint: run again once the folder holds `done`"
+        )
     return aux
 
 
@@ -158,7 +177,7 @@ def copied_positions(tokens: np.ndarray, starts: np.ndarray, n: int = 8) -> np.n
         seen: set = set()
         seq = tokens[a:b].tolist()
         for i in range(n - 1, len(seq)):
-            key = tuple(seq[i - n + 1:i + 1])
+            key = tuple(seq[i - n + 1 : i + 1])
             out[a + i] = key in seen
             seen.add(key)
     return out
@@ -204,8 +223,9 @@ class Checkpoint:
 
     def save(self, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, epoch: float) -> None:
         tmp = self.path.with_suffix(".tmp")
-        torch.save({self.key: model.state_dict(), "opt": opt.state_dict(), "step": step, "epoch": epoch}
-                   | self.meta, tmp)
+        torch.save(
+            {self.key: model.state_dict(), "opt": opt.state_dict(), "step": step, "epoch": epoch} | self.meta, tmp
+        )
         tmp.rename(self.path)
 
     def restore(self, state: dict, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, float]:
@@ -253,8 +273,9 @@ class Plan:
         return self.lr * warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / self.total_steps)))
 
 
-def fit(model: torch.nn.Module, recipe: Recipe, plan: Plan, ckpt: Checkpoint, state: dict | None,
-        progress: bool = True) -> None:
+def fit(
+    model: torch.nn.Module, recipe: Recipe, plan: Plan, ckpt: Checkpoint, state: dict | None, progress: bool = True
+) -> None:
     """Train from `state` (a checkpoint.pt's content; None: from the start) until `plan.epochs` or
     `plan.minutes`, whichever comes first, saving the state every few minutes and at the end; then
     the held-out estimate, and the head folder written by the recipe."""
@@ -281,9 +302,13 @@ def fit(model: torch.nn.Module, recipe: Recipe, plan: Plan, ckpt: Checkpoint, st
             n_seen += n_rows
             elapsed = time.perf_counter() - t0
             if progress and step % 10 == 0:
-                print(f"{plan.tag} step {step}/{plan.total_steps} epoch {epoch:.2f} lr {lr:.2e} loss {loss.item():.3f} "
-                      f"top-1 per {plan.unit} {' '.join(f'{a:.3f}' for a in ema)} {n_seen / elapsed:.0f} rows/s "
-                      f"{elapsed / 60:.1f} min", file=sys.stderr, flush=True)
+                print(
+                    f"{plan.tag} step {step}/{plan.total_steps} epoch {epoch:.2f} lr {lr:.2e} loss {loss.item():.3f} "
+                    f"top-1 per {plan.unit} {' '.join(f'{a:.3f}' for a in ema)} {n_seen / elapsed:.0f} rows/s "
+                    f"{elapsed / 60:.1f} min",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if time.perf_counter() - last_save > SAVE_EVERY_S:
                 ckpt.save(model, opt, step, epoch)
                 last_save = time.perf_counter()
@@ -326,12 +351,22 @@ class Run:
         """Optimizer steps of all epochs in batches of cfg.batch_tokens (30% slack for padding)."""
         return max(1, int(self.cfg.epochs * self.data.train_tokens / self.cfg.batch_tokens * 1.3))
 
-    def plan(self, tag: str, unit: str, total_steps: int, warmup: int = 50, clip: float | None = 1.0,
-             ema: float = 0.95) -> Plan:
+    def plan(
+        self, tag: str, unit: str, total_steps: int, warmup: int = 50, clip: float | None = 1.0, ema: float = 0.95
+    ) -> Plan:
         """The kind's schedule (Plan) at the config's learning rate and budgets."""
         c = self.cfg
-        return Plan(tag=tag, unit=unit, lr=c.lr, warmup=warmup, total_steps=total_steps, epochs=c.epochs,
-                    minutes=c.minutes, clip=clip, ema=ema)
+        return Plan(
+            tag=tag,
+            unit=unit,
+            lr=c.lr,
+            warmup=warmup,
+            total_steps=total_steps,
+            epochs=c.epochs,
+            minutes=c.minutes,
+            clip=clip,
+            ema=ema,
+        )
 
 
 @dataclass(frozen=True)
@@ -346,8 +381,12 @@ class Start:
     summary: str  # the run's description, printed before training
 
 
-def train(cfg: BaseTrainConfig, start: Callable[[Run], Start], progress: bool = True,
-          load: Callable[[Any, TrainData], Any] | None = None) -> Path:
+def train(
+    cfg: BaseTrainConfig,
+    start: Callable[[Run], Start],
+    progress: bool = True,
+    load: Callable[[Any, TrainData], Any] | None = None,
+) -> Path:
     """Train (or continue training) a drafter: the shards split, `load`'s extra data (read before
     the target, so a data error comes first), the target's tensors, checkpoint.pt if any, then the
     kind's `start` and `fit`. Returns its folder."""
@@ -357,8 +396,13 @@ def train(cfg: BaseTrainConfig, start: Callable[[Run], Start], progress: bool = 
     run = Run(cfg, out, rng, data, tt, load_checkpoint(out), extra)
     s = start(run)
     init = getattr(cfg, "init", None)
-    note = (f"; resuming at step {run.state['step']}" if run.state is not None
-            else f"; starting from {init}" if init else "")
+    note = (
+        f"; resuming at step {run.state['step']}"
+        if run.state is not None
+        else f"; starting from {init}"
+        if init
+        else ""
+    )
     print(f"{s.plan.tag} {s.summary}{note}", file=sys.stderr)
     fit(s.module, s.recipe, s.plan, Checkpoint(out / CHECKPOINT, s.key, s.meta), run.state, progress)
     return out

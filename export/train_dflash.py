@@ -48,8 +48,15 @@ def mask_token(tok, vocab_size: int) -> int:
     return vocab_size - 1
 
 
-def collate(group, data: trainer.TrainData, aux: np.ndarray, t2d: np.ndarray, cfg: DFlashConfig, n_anchors: int,
-            rng: np.random.Generator | None):
+def collate(
+    group,
+    data: trainer.TrainData,
+    aux: np.ndarray,
+    t2d: np.ndarray,
+    cfg: DFlashConfig,
+    n_anchors: int,
+    rng: np.random.Generator | None,
+):
     """Tensors for `DFlashDrafter.forward` + labels [B, M*b] (draft ids, -100: no loss). rng None:
     anchors at every answer position (up to n_anchors, evenly spread) for a stable estimate."""
     b = cfg.block_size
@@ -80,8 +87,8 @@ def collate(group, data: trainer.TrainData, aux: np.ndarray, t2d: np.ndarray, cf
             ids[r, m * b] = toks[p]
             pos[r, rows] = p + np.arange(b)
             see_ctx[r, rows, :p] = True
-            follow = toks[p + 1:p + b]
-            labels[r, m * b + 1:m * b + 1 + len(follow)] = t2d[follow]
+            follow = toks[p + 1 : p + b]
+            labels[r, m * b + 1 : m * b + 1 + len(follow)] = t2d[follow]
     ctx_pos = np.broadcast_to(np.arange(N), (B, N)).copy()
     t = torch.from_numpy
     return t(x_aux), t(ctx_pos), t(ids), t(pos), t(see_ctx), t(see_block), t(labels)
@@ -127,8 +134,9 @@ class _Recipe:
 
     def loss(self, item):
         group, seed = item
-        batch = collate(group, self.data, self.aux, self.t2d, self.model.cfg, self.cfg.anchors,
-                        np.random.default_rng(seed))
+        batch = collate(
+            group, self.data, self.aux, self.t2d, self.model.cfg, self.cfg.anchors, np.random.default_rng(seed)
+        )
         loss, accs, n, _ = block_losses(self.model, batch, self.cfg.decay)
         return loss, accs, n
 
@@ -137,17 +145,27 @@ class _Recipe:
 
     def save(self, step: int, epoch: float, est: dict) -> str:
         c = self.cfg
-        record = {"trained_steps": step, "epochs": round(epoch, 3), "train_tokens": self.train_tokens,
-                  "data": str(c.data), "holdout": est, "draft_vocab_coverage": round(self.coverage, 4),
-                  "decay": c.decay, "anchors": c.anchors}
+        record = {
+            "trained_steps": step,
+            "epochs": round(epoch, 3),
+            "train_tokens": self.train_tokens,
+            "data": str(c.data),
+            "holdout": est,
+            "draft_vocab_coverage": round(self.coverage, 4),
+            "decay": c.decay,
+            "anchors": c.anchors,
+        }
         save_dflash(self.model, c.out, record)
-        return (f"held-out mean accepted length {est['mean_accepted']:.3f} of {self.model.cfg.block_size - 1} "
-                f"drafts per block (teacher-forced context); wrote {c.out}")
+        return (
+            f"held-out mean accepted length {est['mean_accepted']:.3f} of {self.model.cfg.block_size - 1} "
+            f"drafts per block (teacher-forced context); wrote {c.out}"
+        )
 
 
 @torch.no_grad()
-def estimate(model: DFlashDrafter, data: trainer.TrainData, seqs: np.ndarray, aux: np.ndarray, t2d: np.ndarray,
-             anchors: int = 32) -> dict:
+def estimate(
+    model: DFlashDrafter, data: trainer.TrainData, seqs: np.ndarray, aux: np.ndarray, t2d: np.ndarray, anchors: int = 32
+) -> dict:
     """Held-out, greedy: P(the first i drafts of a block are all right), i = 1..b-1, and the mean
     number of leading right drafts per block (accepted length minus the bonus token)."""
     b = model.cfg.block_size
@@ -157,8 +175,11 @@ def estimate(model: DFlashDrafter, data: trainer.TrainData, seqs: np.ndarray, au
         counts += block_losses(model, batch, 1.0)[3]
     n = int(counts.sum())
     at_least = [float(counts[i:].sum()) / max(n, 1) for i in range(1, b)]
-    return {"blocks": n, "p_first_i_right": [round(x, 4) for x in at_least],
-            "mean_accepted": round(float(sum(at_least)), 4)}
+    return {
+        "blocks": n,
+        "p_first_i_right": [round(x, 4) for x in at_least],
+        "mean_accepted": round(float(sum(at_least)), 4),
+    }
 
 
 def _start(run: trainer.Run) -> trainer.Start:
@@ -169,28 +190,49 @@ def _start(run: trainer.Run) -> trainer.Start:
     arch = tt.arch
     d2t = run.d2t()
     if state is not None:
-        dc = DFlashConfig(**(state["dflash_config"] | {"target_layer_ids": tuple(state["dflash_config"]
-                                                                                  ["target_layer_ids"])}))
+        dc = DFlashConfig(
+            **(state["dflash_config"] | {"target_layer_ids": tuple(state["dflash_config"]["target_layer_ids"])})
+        )
     else:
-        dc = DFlashConfig(hidden_size=arch.hidden_size, n_layers=cfg.n_layers, n_heads=arch.n_heads,
-                          n_kv_heads=arch.n_kv_heads, head_dim=arch.head_dim, intermediate_size=arch.intermediate_size,
-                          rms_norm_eps=arch.rms_norm_eps, rope_theta=float(arch.rope_theta),
-                          vocab_size=arch.vocab_size, draft_vocab_size=len(d2t), block_size=cfg.block_size,
-                          mask_token_id=mask_token(tt.tokenizer, arch.vocab_size),
-                          target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
-                          n_target_layers=arch.n_layers)
-    model = build_dflash(dc, init_arrays(arch, tt.state, d2t, dc, cfg.seed), tt.embed, tt.lm_head, tt.rope_cos,
-                         tt.rope_sin)
+        dc = DFlashConfig(
+            hidden_size=arch.hidden_size,
+            n_layers=cfg.n_layers,
+            n_heads=arch.n_heads,
+            n_kv_heads=arch.n_kv_heads,
+            head_dim=arch.head_dim,
+            intermediate_size=arch.intermediate_size,
+            rms_norm_eps=arch.rms_norm_eps,
+            rope_theta=float(arch.rope_theta),
+            vocab_size=arch.vocab_size,
+            draft_vocab_size=len(d2t),
+            block_size=cfg.block_size,
+            mask_token_id=mask_token(tt.tokenizer, arch.vocab_size),
+            target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
+            n_target_layers=arch.n_layers,
+        )
+    model = build_dflash(
+        dc, init_arrays(arch, tt.state, d2t, dc, cfg.seed), tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin
+    )
     coverage = run.coverage(d2t)
-    recipe = _Recipe(model, cfg, data, run.extra, trainer.target_to_draft(d2t, arch.vocab_size), data.train_tokens,
-                     coverage)
-    meta = {"dflash_config": asdict(dc) | {"target_layer_ids": list(dc.target_layer_ids)}, "d2t": d2t,
-            "record": config_record(dc)}
-    return trainer.Start(model, recipe, run.plan("[dflash]", "block row", run.token_steps()), "dflash", meta,
-                         f"{len(data.n_prompt)} sequences ({len(data.tokens)} tokens, {int(data.answer.sum())} answer "
-                         f"tokens), {len(data.hold)} held out; block {dc.block_size}, {dc.n_layers} layer(s), draft "
-                         f"vocab {dc.draft_vocab_size} covers {coverage:.1%} of answer tokens, features of target "
-                         f"layers {list(dc.target_layer_ids)}")
+    recipe = _Recipe(
+        model, cfg, data, run.extra, trainer.target_to_draft(d2t, arch.vocab_size), data.train_tokens, coverage
+    )
+    meta = {
+        "dflash_config": asdict(dc) | {"target_layer_ids": list(dc.target_layer_ids)},
+        "d2t": d2t,
+        "record": config_record(dc),
+    }
+    return trainer.Start(
+        model,
+        recipe,
+        run.plan("[dflash]", "block row", run.token_steps()),
+        "dflash",
+        meta,
+        f"{len(data.n_prompt)} sequences ({len(data.tokens)} tokens, {int(data.answer.sum())} answer "
+        f"tokens), {len(data.hold)} held out; block {dc.block_size}, {dc.n_layers} layer(s), draft "
+        f"vocab {dc.draft_vocab_size} covers {coverage:.1%} of answer tokens, features of target "
+        f"layers {list(dc.target_layer_ids)}",
+    )
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> Path:

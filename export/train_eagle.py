@@ -46,19 +46,23 @@ def _collate(group, data: trainer.TrainData, t2d: np.ndarray, label_ids: np.ndar
     for r, s in enumerate(group):
         a, b = int(starts[s]), int(starts[s + 1])
         n = b - a
-        tok_in[r, :n - 1] = tokens[a + 1:b]
+        tok_in[r, : n - 1] = tokens[a + 1 : b]
         f_in[r, :n] = feats[a:b]
-        valid[r, :n - 1] = True
-        lab = t2d[label_ids[a + 2:b]]  # row j predicts token_{j+2}
+        valid[r, : n - 1] = True
+        lab = t2d[label_ids[a + 2 : b]]  # row j predicts token_{j+2}
         lab[: max(0, int(data.n_prompt[s]) - 2)] = -100  # prompt tokens: context only, no loss
-        labels[r, :n - 2] = lab
+        labels[r, : n - 2] = lab
     pos = np.broadcast_to(np.arange(L), (B, L)).copy()
-    return (torch.from_numpy(tok_in), torch.from_numpy(f_in), torch.from_numpy(pos), torch.from_numpy(valid),
-            torch.from_numpy(labels))
+    return (
+        torch.from_numpy(tok_in),
+        torch.from_numpy(f_in),
+        torch.from_numpy(pos),
+        torch.from_numpy(valid),
+        torch.from_numpy(labels),
+    )
 
 
-def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std: torch.Tensor,
-                 noise: float = 0.0):
+def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std: torch.Tensor, noise: float = 0.0):
     tok_in, f_in, pos, valid, labels = batch
     L = tok_in.shape[1]
     feats = f_in[:, :L]
@@ -67,13 +71,13 @@ def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std
     preds = head(tok_in, feats, pos, valid, n_steps)
     total, stats = 0.0, []
     for s, pred in enumerate(preds, start=1):
-        lab = labels[:, s - 1:s - 1 + L]  # step s row j: token_{j+s+1}
+        lab = labels[:, s - 1 : s - 1 + L]  # step s row j: token_{j+s+1}
         mask = lab >= 0
         if s > 1:
             mask = mask & torch.roll(valid, -(s - 1), dims=1)
         if not mask.any():
             continue
-        target = f_in[:, s:s + L]
+        target = f_in[:, s : s + L]
         # per-dimension scaled: a few feature dims are ~30x the others and would own the loss
         reg = F.smooth_l1_loss(pred[mask] * inv_std, target[mask] * inv_std)
         logits = head.logits(pred[mask])
@@ -85,8 +89,9 @@ def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std
 
 
 @torch.no_grad()
-def estimate(head: EagleHead, data: trainer.TrainData, seqs: np.ndarray, t2d: np.ndarray,
-             label_ids: np.ndarray) -> dict:
+def estimate(
+    head: EagleHead, data: trainer.TrainData, seqs: np.ndarray, t2d: np.ndarray, label_ids: np.ndarray
+) -> dict:
     """Held-out top-1 of step 1 and of step 2 where step 1 was right (the chain's first two
     acceptance rates under greedy drafting, teacher-forced context)."""
     n1 = n1_ok = n2 = n2_ok = 0
@@ -95,9 +100,9 @@ def estimate(head: EagleHead, data: trainer.TrainData, seqs: np.ndarray, t2d: np
         L = tok_in.shape[1]
         p1, p2 = head(tok_in, f_in[:, :L], pos, valid, 2)
         a1 = head.logits(p1).argmax(-1) == labels[:, :L]
-        a2 = head.logits(p2).argmax(-1) == labels[:, 1:1 + L]
+        a2 = head.logits(p2).argmax(-1) == labels[:, 1 : 1 + L]
         m1 = labels[:, :L] >= 0
-        m2 = (labels[:, 1:1 + L] >= 0) & a1
+        m2 = (labels[:, 1 : 1 + L] >= 0) & a1
         n1 += int(m1.sum())
         n1_ok += int((a1 & m1).sum())
         n2 += int(m2.sum())
@@ -130,11 +135,19 @@ class _EagleRecipe:
 
     def save(self, step: int, epoch: float, est: dict) -> str:
         c = self.cfg
-        record = {"trained_steps": step, "epochs": round(epoch, 3), "train_tokens": self.train_tokens,
-                  "data": str(c.data), "holdout": est, "draft_vocab_coverage": round(self.coverage, 4)}
+        record = {
+            "trained_steps": step,
+            "epochs": round(epoch, 3),
+            "train_tokens": self.train_tokens,
+            "data": str(c.data),
+            "holdout": est,
+            "draft_vocab_coverage": round(self.coverage, 4),
+        }
         save_head(self.head, c.out, record | ({"init": str(c.init)} if c.init else {}))
-        return (f"held-out top-1 step 1 {est['top1_step1']:.3f}, step 2 {est['top1_step2']:.3f} "
-                f"(given step 1 right); wrote {c.out}")
+        return (
+            f"held-out top-1 step 1 {est['top1_step1']:.3f}, step 2 {est['top1_step2']:.3f} "
+            f"(given step 1 right); wrote {c.out}"
+        )
 
 
 def _start(run: trainer.Run) -> trainer.Start:
@@ -158,16 +171,35 @@ def _start(run: trainer.Run) -> trainer.Start:
     feats = data.feats
     sample = feats[run.rng.choice(len(feats), min(len(feats), 20000), replace=False)].astype(np.float32)
     inv_std = torch.from_numpy(1.0 / (sample.std(0) + 1e-3))
-    print(f"[train] {int((answer & ~copied).sum())} answer tokens carry loss "
-          + (f"({int((answer & copied).sum())} repeat an earlier 8-gram of their sequence: left to prompt lookup)"
-             if cfg.skip_copies else "(loops included: --no-skip-copies)"), file=sys.stderr)
-    recipe = _EagleRecipe(head, cfg, data, trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size), label_ids,
-                          inv_std, data.train_tokens, coverage)
-    return trainer.Start(head, recipe, run.plan("[train]", "step", run.token_steps()), "head",
-                         {"head_config": asdict(hc), "d2t": head.d2t.numpy()},
-                         f"{len(data.n_prompt)} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
-                         f"{len(data.hold)} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of "
-                         "answer tokens")
+    print(
+        f"[train] {int((answer & ~copied).sum())} answer tokens carry loss "
+        + (
+            f"({int((answer & copied).sum())} repeat an earlier 8-gram of their sequence: left to prompt lookup)"
+            if cfg.skip_copies
+            else "(loops included: --no-skip-copies)"
+        ),
+        file=sys.stderr,
+    )
+    recipe = _EagleRecipe(
+        head,
+        cfg,
+        data,
+        trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size),
+        label_ids,
+        inv_std,
+        data.train_tokens,
+        coverage,
+    )
+    return trainer.Start(
+        head,
+        recipe,
+        run.plan("[train]", "step", run.token_steps()),
+        "head",
+        {"head_config": asdict(hc), "d2t": head.d2t.numpy()},
+        f"{len(data.n_prompt)} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
+        f"{len(data.hold)} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of "
+        "answer tokens",
+    )
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> Path:

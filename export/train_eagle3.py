@@ -46,15 +46,20 @@ def _collate(group, data: trainer.TrainData, aux: np.ndarray, t2d: np.ndarray, l
     for r, s in enumerate(group):
         a, b = int(starts[s]), int(starts[s + 1])
         n = b - a
-        tok_in[r, :n - 1] = tokens[a + 1:b]
-        a_in[r, :n - 1] = aux[a:b - 1]
-        valid[r, :n - 1] = True
-        lab = t2d[label_ids[a + 2:b]]  # row j predicts token_{j+2}
+        tok_in[r, : n - 1] = tokens[a + 1 : b]
+        a_in[r, : n - 1] = aux[a : b - 1]
+        valid[r, : n - 1] = True
+        lab = t2d[label_ids[a + 2 : b]]  # row j predicts token_{j+2}
         lab[: max(0, int(data.n_prompt[s]) - 2)] = -100  # prompt tokens: context only, no loss
-        labels[r, :n - 2] = lab
+        labels[r, : n - 2] = lab
     pos = np.broadcast_to(np.arange(L), (B, L)).copy()
-    return (torch.from_numpy(tok_in), torch.from_numpy(a_in), torch.from_numpy(pos), torch.from_numpy(valid),
-            torch.from_numpy(labels))
+    return (
+        torch.from_numpy(tok_in),
+        torch.from_numpy(a_in),
+        torch.from_numpy(pos),
+        torch.from_numpy(valid),
+        torch.from_numpy(labels),
+    )
 
 
 def _step_losses(head: Eagle3Head, batch, n_steps: int, decay: float, noise_std: torch.Tensor | None = None):
@@ -66,7 +71,7 @@ def _step_losses(head: Eagle3Head, batch, n_steps: int, decay: float, noise_std:
     outs = head(tok_in, a_in, pos, valid, n_steps)
     total, stats = 0.0, []
     for s, out in enumerate(outs, start=1):
-        lab = labels[:, s - 1:s - 1 + L]  # step s row j: token_{j+s+1}
+        lab = labels[:, s - 1 : s - 1 + L]  # step s row j: token_{j+s+1}
         mask = (lab >= 0) & torch.roll(valid, -(s - 1), dims=1)
         if not mask.any():
             continue
@@ -78,8 +83,15 @@ def _step_losses(head: Eagle3Head, batch, n_steps: int, decay: float, noise_std:
 
 
 @torch.no_grad()
-def estimate(head: Eagle3Head, data: trainer.TrainData, aux: np.ndarray, seqs: np.ndarray, t2d: np.ndarray,
-             label_ids: np.ndarray, n_steps: int) -> dict:
+def estimate(
+    head: Eagle3Head,
+    data: trainer.TrainData,
+    aux: np.ndarray,
+    seqs: np.ndarray,
+    t2d: np.ndarray,
+    label_ids: np.ndarray,
+    n_steps: int,
+) -> dict:
     """Held-out teacher-forced acceptance by position: top-1 of step s where steps 1..s-1 were all
     right (the chain's acceptance rates under greedy drafting); keys as train_eagle's
     (top1_step1, top1_step2, ...) so the two heads compare directly."""
@@ -91,7 +103,7 @@ def estimate(head: Eagle3Head, data: trainer.TrainData, aux: np.ndarray, seqs: n
         outs = head(tok_in, a_in, pos, valid, n_steps)
         chain = labels[:, :L] >= 0  # rows whose chain is still all right (and scored)
         for i, out in enumerate(outs):
-            lab = labels[:, i:i + L]
+            lab = labels[:, i : i + L]
             m = chain & (lab >= 0)
             right = head.logits(out).argmax(-1) == lab
             n[i] += int(m.sum())
@@ -119,8 +131,9 @@ class _Eagle3Recipe:
     def loss(self, group):
         c = self.cfg
         batch = _collate(group, self.data, self.aux, self.t2d, self.label_ids, c.n_steps)
-        loss, stats = _step_losses(self.head, batch, c.n_steps, c.step_decay,
-                                   self.noise_std if c.feature_noise else None)
+        loss, stats = _step_losses(
+            self.head, batch, c.n_steps, c.step_decay, self.noise_std if c.feature_noise else None
+        )
         return loss, [s[1] for s in stats], sum(s[2] for s in stats[:1])
 
     def estimate(self) -> dict:
@@ -128,13 +141,22 @@ class _Eagle3Recipe:
 
     def save(self, step: int, epoch: float, est: dict) -> str:
         c = self.cfg
-        record = {"trained_steps": step, "epochs": round(epoch, 3), "train_tokens": self.train_tokens,
-                  "data": str(c.data), "n_steps": c.n_steps, "holdout": est,
-                  "draft_vocab_coverage": round(self.coverage, 4), "lm_head": "trained (from the target's rows)"}
+        record = {
+            "trained_steps": step,
+            "epochs": round(epoch, 3),
+            "train_tokens": self.train_tokens,
+            "data": str(c.data),
+            "n_steps": c.n_steps,
+            "holdout": est,
+            "draft_vocab_coverage": round(self.coverage, 4),
+            "lm_head": "trained (from the target's rows)",
+        }
         save_eagle3(self.head, c.out, record | ({"init": str(c.init)} if c.init else {}))
         steps = ", ".join(f"{est[f'top1_step{i + 1}']:.3f}" for i in range(c.n_steps))
-        return (f"held-out top-1 by position {steps} (each given the ones before right; "
-                f"{est['expected_accepted']:.2f} accepted per chain); wrote {c.out}")
+        return (
+            f"held-out top-1 by position {steps} (each given the ones before right; "
+            f"{est['expected_accepted']:.2f} accepted per chain); wrote {c.out}"
+        )
 
 
 def _start(run: trainer.Run) -> trainer.Start:
@@ -147,8 +169,10 @@ def _start(run: trainer.Run) -> trainer.Start:
     else:
         ec, arrays = init_arrays(arch, tt.state, tt.lm_head, run.d2t(), cfg.seed)
     if aux.shape[1] != ec.aux_width:
-        raise trainer.TrainDataError(f"{cfg.data}: aux rows of width {aux.shape[1]}, the head fuses {ec.aux_width} "
-                                     f"(layers {ec.aux_layers}); was the data made with another target?")
+        raise trainer.TrainDataError(
+            f"{cfg.data}: aux rows of width {aux.shape[1]}, the head fuses {ec.aux_width} "
+            f"(layers {ec.aux_layers}); was the data made with another target?"
+        )
     if state is not None:  # the checkpoint's d2t order is the one its lm_head rows were trained in
         ec = replace(ec, d2t_by_frequency=bool(state["head_config"]["d2t_by_frequency"]))
     elif ec.draft_vocab_size < arch.vocab_size:
@@ -158,13 +182,27 @@ def _start(run: trainer.Run) -> trainer.Start:
     label_ids = np.where(copied, arch.vocab_size, tokens).astype(np.int64)
     sample = aux[run.rng.choice(len(aux), min(len(aux), 20000), replace=False)].astype(np.float32)
     noise_std = torch.from_numpy(cfg.feature_noise * sample.std(0))
-    recipe = _Eagle3Recipe(head, cfg, data, aux, trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size),
-                           label_ids, noise_std, data.train_tokens, coverage)
-    return trainer.Start(head, recipe, run.plan("[train-eagle3]", "step", run.token_steps()), "head",
-                         {"head_config": asdict(ec), "d2t": head.d2t.numpy()},
-                         f"{len(data.n_prompt)} sequences ({len(tokens)} tokens, {int((answer & ~copied).sum())} "
-                         f"answer tokens carry loss), {len(data.hold)} held out; draft vocab {ec.draft_vocab_size} "
-                         f"covers {coverage:.1%} of answer tokens; {cfg.n_steps} unrolled steps")
+    recipe = _Eagle3Recipe(
+        head,
+        cfg,
+        data,
+        aux,
+        trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size),
+        label_ids,
+        noise_std,
+        data.train_tokens,
+        coverage,
+    )
+    return trainer.Start(
+        head,
+        recipe,
+        run.plan("[train-eagle3]", "step", run.token_steps()),
+        "head",
+        {"head_config": asdict(ec), "d2t": head.d2t.numpy()},
+        f"{len(data.n_prompt)} sequences ({len(tokens)} tokens, {int((answer & ~copied).sum())} "
+        f"answer tokens carry loss), {len(data.hold)} held out; draft vocab {ec.draft_vocab_size} "
+        f"covers {coverage:.1%} of answer tokens; {cfg.n_steps} unrolled steps",
+    )
 
 
 def train_eagle3(cfg: Eagle3TrainConfig, progress: bool = True) -> Path:

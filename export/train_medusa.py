@@ -59,14 +59,15 @@ def _losses(heads: MedusaHeads, f: torch.Tensor, lab: torch.Tensor, decay: float
             accs.append(0.0)
             continue
         li = logits[m, i]
-        total = total + decay ** i * F.cross_entropy(li, lab[m, i])
+        total = total + decay**i * F.cross_entropy(li, lab[m, i])
         accs.append(float((li.argmax(-1) == lab[m, i]).float().mean()))
     return total, accs
 
 
 @torch.no_grad()
-def estimate(heads: MedusaHeads, data: trainer.TrainData, seqs: np.ndarray, t2d: np.ndarray,
-             copied: np.ndarray) -> dict:
+def estimate(
+    heads: MedusaHeads, data: trainer.TrainData, seqs: np.ndarray, t2d: np.ndarray, copied: np.ndarray
+) -> dict:
     """Held-out top-1 of each head, and the chain's acceptance: the fraction of positions where
     heads 0..i are all right (what a greedy chain of i+1 drafts keeps), over all answer positions
     and over those whose first label is not a copy of an earlier 8-gram (fresh text)."""
@@ -75,13 +76,17 @@ def estimate(heads: MedusaHeads, data: trainer.TrainData, seqs: np.ndarray, t2d:
     labels = _draft_labels(data, lab_pos, t2d)
     ok = np.zeros((len(rows), K), bool)
     for a in range(0, len(rows), 4096):
-        f = torch.from_numpy(data.feats[rows[a:a + 4096]].astype(np.float32))
-        ok[a:a + 4096] = (heads.logits(heads(f)).argmax(-1).numpy() == labels[a:a + 4096])
+        f = torch.from_numpy(data.feats[rows[a : a + 4096]].astype(np.float32))
+        ok[a : a + 4096] = heads.logits(heads(f)).argmax(-1).numpy() == labels[a : a + 4096]
     top1 = [round(float(ok[labels[:, i] >= 0, i].mean()), 3) for i in range(K)]
     chain = np.cumprod(ok, axis=1)
     fresh = ~copied[rows + 2]
-    return {"top1": top1, "chain": [round(float(c), 3) for c in chain.mean(0)],
-            "chain_fresh": [round(float(c), 3) for c in chain[fresh].mean(0)], "positions": len(rows)}
+    return {
+        "top1": top1,
+        "chain": [round(float(c), 3) for c in chain.mean(0)],
+        "chain_fresh": [round(float(c), 3) for c in chain[fresh].mean(0)],
+        "positions": len(rows),
+    }
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class _MedusaRecipe:
     def batches(self, epoch: float):
         order = np.random.default_rng(self.cfg.seed + int(epoch)).permutation(len(self.rows))
         b = self.cfg.batch_rows
-        return [order[i * b:(i + 1) * b] for i in range(self.n_batches)]
+        return [order[i * b : (i + 1) * b] for i in range(self.n_batches)]
 
     def loss(self, idx):
         f = torch.from_numpy(self.data.feats[self.rows[idx]].astype(np.float32))
@@ -112,11 +117,21 @@ class _MedusaRecipe:
         return estimate(self.heads, self.data, self.data.hold, self.t2d, copied)
 
     def save(self, step: int, epoch: float, est: dict) -> str:
-        save_heads(self.heads, self.cfg.out, {"trained_steps": step, "epochs": round(epoch, 3),
-                                              "train_positions": len(self.rows), "data": str(self.cfg.data),
-                                              "holdout": est})
-        return (f"held-out top-1 per head {est['top1']}, chain acceptance {est['chain']} "
-                f"(fresh text only: {est['chain_fresh']}); wrote {self.cfg.out}")
+        save_heads(
+            self.heads,
+            self.cfg.out,
+            {
+                "trained_steps": step,
+                "epochs": round(epoch, 3),
+                "train_positions": len(self.rows),
+                "data": str(self.cfg.data),
+                "holdout": est,
+            },
+        )
+        return (
+            f"held-out top-1 per head {est['top1']}, chain acceptance {est['chain']} "
+            f"(fresh text only: {est['chain_fresh']}); wrote {self.cfg.out}"
+        )
 
 
 def _start(run: trainer.Run) -> trainer.Start:
@@ -124,16 +139,27 @@ def _start(run: trainer.Run) -> trainer.Start:
     cfg, data, tt = run.cfg, run.data, run.target
     arch = tt.arch
     d2t = run.d2t()
-    mc = MedusaConfig(hidden_size=arch.hidden_size, vocab_size=arch.vocab_size, draft_vocab_size=len(d2t),
-                      n_heads=cfg.n_heads, n_layers=cfg.n_layers)
+    mc = MedusaConfig(
+        hidden_size=arch.hidden_size,
+        vocab_size=arch.vocab_size,
+        draft_vocab_size=len(d2t),
+        n_heads=cfg.n_heads,
+        n_layers=cfg.n_layers,
+    )
     heads = MedusaHeads(mc, torch.from_numpy(tt.lm_head)[torch.from_numpy(d2t)].clone(), torch.from_numpy(d2t))
     t2d = trainer.target_to_draft(d2t, arch.vocab_size)
     rows, lab_pos = _rows(data, data.train, cfg.n_heads)
     recipe = _MedusaRecipe(heads, cfg, data, t2d, rows, _draft_labels(data, lab_pos, t2d))
     plan = run.plan("[medusa]", "head", max(1, int(cfg.epochs * recipe.n_batches)), warmup=30, clip=None, ema=0.9)
-    return trainer.Start(heads, recipe, plan, "heads", {"config": asdict(mc), "d2t": heads.d2t.numpy()},
-                         f"{len(data.n_prompt)} sequences, {len(rows)} training positions, {len(data.hold)} "
-                         f"sequences held out; {cfg.n_heads} heads, draft vocab {len(d2t)}")
+    return trainer.Start(
+        heads,
+        recipe,
+        plan,
+        "heads",
+        {"config": asdict(mc), "d2t": heads.d2t.numpy()},
+        f"{len(data.n_prompt)} sequences, {len(rows)} training positions, {len(data.hold)} "
+        f"sequences held out; {cfg.n_heads} heads, draft vocab {len(d2t)}",
+    )
 
 
 def train_medusa(cfg: MedusaTrainConfig, progress: bool = True) -> Path:

@@ -28,8 +28,10 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
     try:
         import tensorrt as trt
     except ImportError as e:
-        raise TrtBuildError("building TensorRT engines needs the `tensorrt` package (from NVIDIA's index; "
-                            "PyPI's tensorrt-cu* wheels are stubs that download it at install time)") from e
+        raise TrtBuildError(
+            "building TensorRT engines needs the `tensorrt` package (from NVIDIA's index; "
+            "PyPI's tensorrt-cu* wheels are stubs that download it at install time)"
+        ) from e
     from edgespec.engines.device import CudaOps
 
     folder = Path(folder)
@@ -43,12 +45,16 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
         if spec is None:
             continue
         if spec.precision == "int4":
-            raise TrtBuildError(f"the {role} model is int4 (ORT MatMulNBits), which TensorRT cannot parse; "
-                                "export with --precision fp16 for TensorRT")
+            raise TrtBuildError(
+                f"the {role} model is int4 (ORT MatMulNBits), which TensorRT cannot parse; "
+                "export with --precision fp16 for TensorRT"
+            )
         if spec.graph.flavour != "portable":
-            raise TrtBuildError(f"the {role} graph is the {spec.graph.flavour} flavour (ONNX Runtime contrib ops), "
-                                "which TensorRT cannot parse; export with --precision fp16 (--graph auto or "
-                                "portable) for TensorRT")
+            raise TrtBuildError(
+                f"the {role} graph is the {spec.graph.flavour} flavour (ONNX Runtime contrib ops), "
+                "which TensorRT cannot parse; export with --precision fp16 (--graph auto or "
+                "portable) for TensorRT"
+            )
         builder = trt.Builder(logger)
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         parser = trt.OnnxParser(network, logger)

@@ -20,15 +20,15 @@ from edgespec.export.spec import ExportError
 ORT_VS_PYTORCH = "max |ORT - PyTorch| logits"
 
 
-def compare(name: str, calls: Iterable[tuple[str, np.ndarray, np.ndarray]], tol: float, hint: str,
-            what: str = ORT_VS_PYTORCH) -> dict[str, float]:
+def compare(
+    name: str, calls: Iterable[tuple[str, np.ndarray, np.ndarray]], tol: float, hint: str, what: str = ORT_VS_PYTORCH
+) -> dict[str, float]:
     """max |got - want| of each (label, got, want) call, taken before the next call runs; an
     ExportError naming the worst call when it is over `tol`."""
     diffs = {label: float(np.abs(got - want).max()) for label, got, want in calls}
     worst = max(diffs, key=diffs.get)
     if diffs[worst] > tol:
-        raise ExportError(f"{name} at {worst}: {what} = {diffs[worst]:.3g} > tolerance {tol:g} (all: {diffs}). "
-                          f"{hint}")
+        raise ExportError(f"{name} at {worst}: {what} = {diffs[worst]:.3g} > tolerance {tol:g} (all: {diffs}). {hint}")
     return diffs
 
 
@@ -46,10 +46,12 @@ def schedule(spec: ModelSpec, chunk: int, n_tokens: int) -> list[tuple[str, int,
 
 def validation_tokens(tok, n: int, vocab: int) -> np.ndarray:
     """n token ids of mixed code and prose (a deterministic pattern for tiny test vocabularies)."""
-    text = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n"
-            "        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
-            "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens cheaply "
-            "and verifies them in one pass of the target model. ") * 8
+    text = (
+        'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n'
+        "        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+        "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens cheaply "
+        "and verifies them in one pass of the target model. "
+    ) * 8
     ids = [i for i in tok(text)["input_ids"] if i < vocab]
     if len(ids) < n:  # tiny test vocabularies: fill with a deterministic pattern
         ids = list(np.random.default_rng(0).integers(0, vocab, n))
@@ -88,8 +90,9 @@ def validate_model(folder: Path, role: str, ref_model, tokens: np.ndarray, tol: 
 
     def calls():
         for label, past, w in schedule(spec, man.prefill_chunk, len(tokens)):
-            yield label, engine.forward(tokens[past:past + w], past), ref[past:past + w]
+            yield label, engine.forward(tokens[past : past + w], past), ref[past : past + w]
             engine.commit(past, w)
 
-    return compare(f"{role} graph", calls(), tol, "The export is not trustworthy; please report it with the "
-                   "model config.")
+    return compare(
+        f"{role} graph", calls(), tol, "The export is not trustworthy; please report it with the model config."
+    )

@@ -20,7 +20,6 @@ def write_weights(arrays: dict[str, np.ndarray], path: Path) -> dict[str, dict]:
             f.write(b"\0" * pad)
             offset += pad
             f.write(arr.tobytes())
-            index[name] = {"dtype": arr.dtype.name, "shape": list(arr.shape), "offset": offset,
-                           "nbytes": arr.nbytes}
+            index[name] = {"dtype": arr.dtype.name, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes}
             offset += arr.nbytes
     return index

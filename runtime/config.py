@@ -36,14 +36,19 @@ class CoreConfig:
 
     def resolve(self, defaults) -> CoreConfig:
         """This config with every None filled from a folder's manifest defaults, then edgespec's."""
+
         def pick(mine, folder, fallback):
             return mine if mine is not None else (folder if folder is not None else fallback)
 
         folder_opts = defaults.options or {}
         opts = {o.name: pick(getattr(self, o.name), folder_opts.get(o.name), o.fallback) for o in self.options()}
         return dataclasses.replace(
-            self, drafter=pick(self.drafter, defaults.drafter, "ngram"), k=pick(self.k, defaults.k, 4),
-            adaptive=pick(self.adaptive, defaults.adaptive, False), **opts)
+            self,
+            drafter=pick(self.drafter, defaults.drafter, "ngram"),
+            k=pick(self.k, defaults.k, 4),
+            adaptive=pick(self.adaptive, defaults.adaptive, False),
+            **opts,
+        )
 
     @classmethod
     def options(cls) -> tuple:
@@ -52,8 +57,10 @@ class CoreConfig:
 
     def check(self) -> None:
         if self.provider not in PROVIDERS or (self.draft_provider or "cpu") not in PROVIDERS:
-            raise ValueError(f"provider {self.provider!r} / draft provider {self.draft_provider!r}: choose from "
-                             f"{', '.join(PROVIDERS)}")
+            raise ValueError(
+                f"provider {self.provider!r} / draft provider {self.draft_provider!r}: choose from "
+                f"{', '.join(PROVIDERS)}"
+            )
         if self.drafter is not None:
             spec_of(self.drafter)  # an unknown name fails here, before anything loads
         if self.k is not None and self.k < 0:
@@ -84,8 +91,9 @@ def _option_field(o):
 
 
 # the core fields, then every registered drafter's options (one comment each, in the drafter's module)
-RuntimeConfig = dataclasses.make_dataclass("RuntimeConfig", [_option_field(o) for o in options()],
-                                           bases=(CoreConfig,), frozen=True)
+RuntimeConfig = dataclasses.make_dataclass(
+    "RuntimeConfig", [_option_field(o) for o in options()], bases=(CoreConfig,), frozen=True
+)
 RuntimeConfig.__module__ = __name__
 RuntimeConfig.__doc__ = "Every runtime option: CoreConfig's fields and each registered drafter's options."
 

@@ -87,14 +87,16 @@ class Grammar:
     kind: str  # json_schema | json_object | lark | regex
 
 
-def grammar_from(json_schema=None, grammar: str | None = None, regex: str | None = None,
-                 strict: bool = True) -> Grammar | None:
+def grammar_from(
+    json_schema=None, grammar: str | None = None, regex: str | None = None, strict: bool = True
+) -> Grammar | None:
     """The Grammar of at most one of: a JSON Schema (dict, or its JSON text), a Lark grammar
     (llguidance's dialect), a regex. None when none is given. strict=False ignores JSON Schema
     keywords the library does not implement instead of refusing them (OpenAI's strict: false).
     Raises GrammarError (one line, the library's reason)."""
-    given = [name for name, v in (("json_schema", json_schema), ("grammar", grammar), ("regex", regex))
-             if v is not None]
+    given = [
+        name for name, v in (("json_schema", json_schema), ("grammar", grammar), ("regex", regex)) if v is not None
+    ]
     if not given:
         return None
     if len(given) > 1:
@@ -160,8 +162,12 @@ def grammar_tokenizer(tokenizer, vocab_size: int, eos_ids):
     except ValueError:
         n = tokenizer.get_vocab_size(with_added_tokens=True)
         special = sorted({i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special} | set(eos))
-        table = TokenTable([tokenizer.decode([i], skip_special_tokens=False).encode() for i in range(n)], eos[0],
-                           special, lambda s: tokenizer.encode(s, add_special_tokens=False).ids)
+        table = TokenTable(
+            [tokenizer.decode([i], skip_special_tokens=False).encode() for i in range(n)],
+            eos[0],
+            special,
+            lambda s: tokenizer.encode(s, add_special_tokens=False).ids,
+        )
         return llg.LLTokenizer(llg.TokenizerWrapper(table), n_vocab=vocab_size, eos_token=eos)
 
 
@@ -232,7 +238,7 @@ class Constraint:
         if not self._unpacked[row]:
             np.take(_FORBID, self.bits[row].view(np.uint8), axis=0, out=self.forbid[row].reshape(-1, 8))
             self._unpacked[row] = True
-        return self.forbid[row, :self.vocab]
+        return self.forbid[row, : self.vocab]
 
     def _allowed(self, row: int, tok: int) -> bool:
         """Does row's computed mask allow tok?"""
@@ -261,7 +267,7 @@ class Constraint:
             return logits
         if self._logits is None or self._logits.shape[0] < len(logits):
             self._logits = np.empty((len(self.bits), logits.shape[-1]), np.float32)
-        out = self._logits[:len(logits)]
+        out = self._logits[: len(logits)]
         out[:] = logits
         return out
 
@@ -287,7 +293,7 @@ class Constraint:
         DrafterSpec says `redrafts`) drafts again after forced tokens its drafts missed or ran out
         before, up to k drafts in all. The matcher then stands after the whole chain."""
         t0 = time.perf_counter()
-        slots = seq.tokens[seq.n:seq.n + cap]
+        slots = seq.tokens[seq.n : seq.n + cap]
         # slots[base:m]: the latest proposal's tokens; slots[:same]: the chain prefix the drafter made
         # or saw (its own state past it holds other tokens)
         n = same = base = used = 0
@@ -342,12 +348,13 @@ class Constraint:
         self.seconds += self.shape_s
         return chain(seq, n)
 
-    def accept(self, prop: Proposal, tgt_logits: np.ndarray, seq: SeqState, sampling: SamplingConfig,
-               rng) -> tuple[int, int]:
+    def accept(
+        self, prop: Proposal, tgt_logits: np.ndarray, seq: SeqState, sampling: SamplingConfig, rng
+    ) -> tuple[int, int]:
         """(n accepted, the step's last token) for the chain of shape() verified as tgt_logits
         [n+1, V]; the matcher then stands after the accepted tokens and that last one."""
         t0 = time.perf_counter()
-        n, slots = self._n_chain, seq.tokens[seq.n:seq.n + self._n_chain]
+        n, slots = self._n_chain, seq.tokens[seq.n : seq.n + self._n_chain]
         if sampling.repetition_penalty != 1.0:  # row i's context: tokens[:n + i]
             tgt_logits = penalize(tgt_logits, seq.tokens, seq.n, sampling.repetition_penalty)
         else:
@@ -403,7 +410,7 @@ class Constraint:
                     q[j, slots[j]] = 1.0
                 else:
                     self._restrict(q[j], j)
-        return accept_sampled(slots, q, logits[:n + 1], sampling, rng)
+        return accept_sampled(slots, q, logits[: n + 1], sampling, rng)
 
     def _q_rows(self) -> np.ndarray:
         if self._q is None:  # [n_rows, V] float64: made at the first sampled call with a drafter's q

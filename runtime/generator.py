@@ -43,8 +43,13 @@ class PromptTooLongError(ValueError):
 
 
 class Generator:
-    def __init__(self, manifest: Manifest | None, engines: Engines, cfg: RuntimeConfig = RuntimeConfig(),
-                 codec: TextCodec | None = None) -> None:
+    def __init__(
+        self,
+        manifest: Manifest | None,
+        engines: Engines,
+        cfg: RuntimeConfig = RuntimeConfig(),
+        codec: TextCodec | None = None,
+    ) -> None:
         self.manifest, self.engines, self.codec = manifest, engines, codec
         self.cfg = cfg.resolve(manifest.defaults if manifest is not None else NoDefaults())
         tgt = engines.target
@@ -76,8 +81,9 @@ class Generator:
         engines = make_engines(manifest, cfg)
         resolved = cfg.resolve(manifest.defaults)
         if cfg.drafter is None and set(spec_of(resolved.drafter).needs(resolved)) & set(engines.broken):
-            warnings.warn(f"{folder}: the folder's default drafter is disabled (above); using ngram", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"{folder}: the folder's default drafter is disabled (above); using ngram", RuntimeWarning, stacklevel=2
+            )
             cfg = dataclasses.replace(cfg, drafter="ngram")
             resolved = cfg.resolve(manifest.defaults)
         check_drafter(resolved.drafter, engines, cfg.provider, resolved)
@@ -86,10 +92,14 @@ class Generator:
         g.target.load_widths(widths)  # only the engine this drafter verifies with gets a session now
         if manifest.target.precision == "int4" and cfg.provider == "cpu" and not manifest.two_row_matmuls:
             if not decode_rows_match_verify_rows(g.target):  # a folder exported on a CPU that did not need it
-                warnings.warn(f"{folder}: on this CPU a 1-token call computes other bits than the same token in a "
-                              "verify call, so greedy speculative output can drift from plain decoding. Hint: "
-                              "re-export the folder on this machine (`edgespec export --two-row-matmuls auto` "
-                              "pads 1-token calls where the CPU needs it)", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"{folder}: on this CPU a 1-token call computes other bits than the same token in a "
+                    "verify call, so greedy speculative output can drift from plain decoding. Hint: "
+                    "re-export the folder on this machine (`edgespec export --two-row-matmuls auto` "
+                    "pads 1-token calls where the CPU needs it)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         g.warm_drafter(widths)
         return g
 
@@ -115,14 +125,17 @@ class Generator:
         while k_max + 2 in tgt.widths:
             k_max += 1
         if name != "none" and not 1 <= k <= k_max:
-            raise ValueError(f"k={k} outside 1..{k_max}: this folder has verify graphs up to "
-                             f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k")
+            raise ValueError(
+                f"k={k} outside 1..{k_max}: this folder has verify graphs up to "
+                f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k"
+            )
         c = self.cfg
         check_drafter(name, self.engines, c.provider, c)
         spec = spec_of(name)
         if spec.suffix_cache(c) and self.suffix_cache is None:
-            self.suffix_cache = SuffixCache(SuffixConfig(max_tokens=c.suffix_cache_tokens, file=c.suffix_cache),
-                                            self.engines.target.vocab_size)
+            self.suffix_cache = SuffixCache(
+                SuffixConfig(max_tokens=c.suffix_cache_tokens, file=c.suffix_cache), self.engines.target.vocab_size
+            )
         ctx = BuildContext(self.engines, c, self._tgt_features, self._tgt_aux, self.suffix_cache)
         self.drafter: Drafter = make_drafter(name, ctx)
         self.drafter_name = spec.name  # the registered name (an alias resolved)
@@ -137,8 +150,10 @@ class Generator:
                 grows = registry()[need].tree_engines
                 verifying += grows(self.engines.models[need]) if grows is not None else []
             if not all(e.takes_tree for e in verifying):
-                raise ValueError("this engine folder's graphs verify chains only (exported with --no-trees); "
-                                 "token trees need a folder re-exported without --no-trees")
+                raise ValueError(
+                    "this engine folder's graphs verify chains only (exported with --no-trees); "
+                    "token trees need a folder re-exported without --no-trees"
+                )
             self.tree = TokenTree(c.tree.nodes)
         self.adaptive = None
         if c.adaptive and self.k > 0 and self.tree is None:
@@ -206,22 +221,26 @@ class Generator:
         tree.keep_chain_prefix(tree_chain_prefix(seq.tgt_past, tree.n))
         return tree.proposal()
 
-    def _step(self, seq: SeqState, k: int, sampling: SamplingConfig, rng,
-              con: Constraint | None = None) -> tuple[Proposal, int, float, float]:
+    def _step(
+        self, seq: SeqState, k: int, sampling: SamplingConfig, rng, con: Constraint | None = None
+    ) -> tuple[Proposal, int, float, float]:
         """One speculative step: (its proposal, n accepted, perf_counter when drafted, when verified);
         seq then holds the new tokens. con: the call's grammar (chains; forced tokens, masked rows)."""
         tgt, n_old = self.target, seq.n
-        prop = self._draft(seq, k, trees=con is None)                              # draft
+        prop = self._draft(seq, k, trees=con is None)  # draft
         if con is not None:  # forced tokens in, forbidden drafts out, each choice row's mask
             prop = con.shape(prop, seq, min(chain_cap(tgt.widths), tgt.max_len - seq.n - 1), self.drafter, k)
         t_drafted = time.perf_counter()
         tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents)  # verify: [T, V]
         t_verified = time.perf_counter()
-        n_acc, nxt = (accept(prop, tgt_logits, seq, sampling, rng) if con is None  # accept
-                      else con.accept(prop, tgt_logits, seq, sampling, rng))
+        n_acc, nxt = (
+            accept(prop, tgt_logits, seq, sampling, rng)
+            if con is None  # accept
+            else con.accept(prop, tgt_logits, seq, sampling, rng)
+        )
         rows = prop.rows()  # the accepted rows: the first n_acc+1 (chain), the tree's path
-        tgt.commit(seq.tgt_past, n_acc + 1, rows)                                  # commit their K/V ...
-        self._keep_features(seq.tgt_past, n_acc + 1, rows, len(prop.tokens))      # ... and hidden states
+        tgt.commit(seq.tgt_past, n_acc + 1, rows)  # commit their K/V ...
+        self._keep_features(seq.tgt_past, n_acc + 1, rows, len(prop.tokens))  # ... and hidden states
         seq.advance(n_acc, nxt)
         self.drafter.accepted(seq, n_old, n_acc if con is None else con.drafter_kept(n_acc))
         return prop, n_acc, t_drafted, t_verified
@@ -231,7 +250,7 @@ class Generator:
         aux = self._tgt_aux
         if aux is not None:  # (the aux-feature drafters' input)
             if rows is None:
-                aux[past:past + n_rows] = self.target.last_hidden_aux(n_rows)
+                aux[past : past + n_rows] = self.target.last_hidden_aux(n_rows)
             else:
                 got = self.target.last_hidden_aux(n_call)
                 for i in range(n_rows):
@@ -240,26 +259,28 @@ class Generator:
         if feats is None:
             return
         if rows is None:
-            feats[past:past + n_rows] = self.target.last_hidden(n_rows)
+            feats[past : past + n_rows] = self.target.last_hidden(n_rows)
             return
         hidden = self.target.last_hidden(n_call)
         for i in range(n_rows):
             feats[past + i] = hidden[rows[i]]
 
-    def _prefill(self, seq: SeqState, prompt_ids: np.ndarray, sampling: SamplingConfig, rng,
-                 con: Constraint | None = None) -> tuple[int, int]:
+    def _prefill(
+        self, seq: SeqState, prompt_ids: np.ndarray, sampling: SamplingConfig, rng, con: Constraint | None = None
+    ) -> tuple[int, int]:
         """The prompt into the target KV (rows kept from the previous call are reused for the
         common prefix, e.g. a chat's earlier turns); the first token from the last logits (under
         the grammar con, when given). Returns (first token, prompt tokens reused)."""
         n_prompt, n_cached = len(prompt_ids), 0
         if self.cfg.reuse_kv:
-            old = self._tokens[:min(self._tgt_valid, n_prompt - 1)]
-            diff = np.flatnonzero(old != prompt_ids[:len(old)])
+            old = self._tokens[: min(self._tgt_valid, n_prompt - 1)]
+            diff = np.flatnonzero(old != prompt_ids[: len(old)])
             n_cached = int(diff[0]) if len(diff) else len(old)
         self._tgt_valid = n_cached
         seq.tokens[:n_prompt] = prompt_ids
-        seq.tgt_past, last = prefill(self.target, seq.tokens[n_cached:n_prompt], n_cached,
-                                     hidden_out=self._tgt_features, aux_out=self._tgt_aux)
+        seq.tgt_past, last = prefill(
+            self.target, seq.tokens[n_cached:n_prompt], n_cached, hidden_out=self._tgt_features, aux_out=self._tgt_aux
+        )
         if sampling.repetition_penalty != 1.0:
             last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]
         if con is not None:
@@ -271,9 +292,13 @@ class Generator:
         self.drafter.start(seq, n_cached)
         return first, n_cached
 
-    def generate_ids(self, prompt_ids: np.ndarray, max_new_tokens: int = 256,
-                     sampling: SamplingConfig = SamplingConfig(),
-                     grammar: Grammar | None = None) -> Iterator[np.ndarray]:
+    def generate_ids(
+        self,
+        prompt_ids: np.ndarray,
+        max_new_tokens: int = 256,
+        sampling: SamplingConfig = SamplingConfig(),
+        grammar: Grammar | None = None,
+    ) -> Iterator[np.ndarray]:
         """Yield the new tokens of each step (a view; copy to keep). Stats land in last_stats.
         grammar (constrain.grammar_from): the output follows it, speculation stays lossless."""
         sampling.check()
@@ -282,8 +307,10 @@ class Generator:
         if n_prompt == 0:
             raise ValueError("empty prompt")
         if n_prompt + 1 > tgt.max_len:
-            raise PromptTooLongError(f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
-                                     f"(max_len); shorten it or re-export with --max-len > {n_prompt}")
+            raise PromptTooLongError(
+                f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
+                f"(max_len); shorten it or re-export with --max-len > {n_prompt}"
+            )
         rng = np.random.default_rng(sampling.seed)
         con = self.constraint(grammar, sampling.greedy)
         # masked rows: the token after a verified row need not be its argmax (a fused head assumes it)
@@ -291,9 +318,14 @@ class Generator:
         # greedy adaptive k follows measured times; under sampling that would make the RNG draws,
         # and so a seeded output, depend on timing: sampled calls get the fixed-cost policy
         adaptive = self.adaptive if sampling.greedy else self._sampled_adaptive()
-        st = self.last_stats = GenerationStats(drafter=self.drafter.name, k=self.k, n_prompt=n_prompt,
-                                               adaptive=adaptive is not None, grammar=grammar.kind if grammar else "",
-                                               tree=self.cfg.tree.label if self.tree is not None and not con else "")
+        st = self.last_stats = GenerationStats(
+            drafter=self.drafter.name,
+            k=self.k,
+            n_prompt=n_prompt,
+            adaptive=adaptive is not None,
+            grammar=grammar.kind if grammar else "",
+            tree=self.cfg.tree.label if self.tree is not None and not con else "",
+        )
         dft_engine = self.drafter.engine
         dft_calls0 = dft_engine.n_calls if dft_engine is not None else 0
         seq = SeqState(tokens=self._tokens, n=n_prompt, n_prompt=n_prompt, tgt_past=0)
@@ -303,7 +335,7 @@ class Generator:
             st.prefill_s = st.ttft_s = time.perf_counter() - t_start
             st.n_output = 1
             self.last_step = (0, 0)
-            yield seq.tokens[seq.n - 1:seq.n]
+            yield seq.tokens[seq.n - 1 : seq.n]
             done = first in self.eos or max_new_tokens <= 1
             t_prev = time.perf_counter()
             while not done:
@@ -313,7 +345,7 @@ class Generator:
                     break
                 n_old, t0 = seq.n, time.perf_counter()
                 prop, n_acc, t1, t2 = self._step(seq, k, sampling, rng, con)
-                new = seq.tokens[n_old:seq.n]
+                new = seq.tokens[n_old : seq.n]
                 n_emit, done = self._emit(new, max_new_tokens - st.n_output)
                 t3 = time.perf_counter()
                 st.draft_s += t1 - t0 - (con.shape_s if con else 0.0)
@@ -338,12 +370,12 @@ class Generator:
                 st.record_grammar(con)
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
             if self._uses_suffix_cache(self.drafter_name):  # the request it served becomes evidence for the next ones
-                self.suffix_cache.add(seq.tokens[:seq.n])
+                self.suffix_cache.add(seq.tokens[: seq.n])
 
     def last_output_ids(self) -> np.ndarray:
         """A copy of the ids the last generate_ids call emitted (its prompt excluded)."""
         st = self.last_stats
-        return self._tokens[st.n_prompt:st.n_prompt + st.n_output].copy()
+        return self._tokens[st.n_prompt : st.n_prompt + st.n_output].copy()
 
     def _emit(self, new: np.ndarray, room: int) -> tuple[int, bool]:
         """(tokens of `new` to emit, done?): up to and including the first EOS, at most `room`."""
@@ -352,10 +384,21 @@ class Generator:
         return n_emit, len(hit) > 0 or n_emit >= room
 
     # ---- text API -----------------------------------------------------------------------------------
-    def stream(self, prompt, max_new_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int | None = None, stop: list[str] | None = None,
-               repetition_penalty: float = 1.0, typical_epsilon: float = 0.0, json_schema=None,
-               grammar: str | None = None, regex: str | None = None) -> Iterator[str]:
+    def stream(
+        self,
+        prompt,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        repetition_penalty: float = 1.0,
+        typical_epsilon: float = 0.0,
+        json_schema=None,
+        grammar: str | None = None,
+        regex: str | None = None,
+    ) -> Iterator[str]:
         """Stream text for a raw prompt (str) or chat messages (list of {role, content}). At most
         one of json_schema (dict or JSON text), grammar (Lark) and regex constrains the output."""
         sampling = SamplingConfig(temperature, top_k, top_p, seed, repetition_penalty, typical_epsilon)
@@ -378,8 +421,14 @@ class Generator:
         self.structured.begin(grammar, greedy)
         return self.structured
 
-    def stream_text(self, ids: np.ndarray, max_new_tokens: int, sampling: SamplingConfig,
-                    stop: list[str] | None = None, grammar: Grammar | None = None) -> Iterator[str]:
+    def stream_text(
+        self,
+        ids: np.ndarray,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        stop: list[str] | None = None,
+        grammar: Grammar | None = None,
+    ) -> Iterator[str]:
         """Text pieces of generate_ids: whole characters only, cut before the first stop string
         (held back while a stop string could still be straddling two pieces)."""
         decoder, origins = StreamDecoder(self.codec), Origins()
@@ -406,7 +455,7 @@ class Generator:
                     return
                 if len(text) - hold > emitted:
                     self.last_origins = origins.take(len(text) - hold)
-                    yield text[emitted:len(text) - hold]
+                    yield text[emitted : len(text) - hold]
                     emitted = len(text) - hold
             if len(text) > emitted:
                 self.last_origins = origins.take(len(text))

@@ -36,9 +36,13 @@ class GpuSampler:
     def summary(self) -> dict:
         if not self.util:
             return {}
-        return {"gpu_util_mean_pct": sum(self.util) / len(self.util), "gpu_util_max_pct": max(self.util),
-                "gpu_mem_used_max_mib": max(self.mem_mib), "samples": len(self.util),
-                "gpu": self.nvml.nvmlDeviceGetName(self.handle)}
+        return {
+            "gpu_util_mean_pct": sum(self.util) / len(self.util),
+            "gpu_util_max_pct": max(self.util),
+            "gpu_mem_used_max_mib": max(self.mem_mib),
+            "samples": len(self.util),
+            "gpu": self.nvml.nvmlDeviceGetName(self.handle),
+        }
 
 
 def maybe_sampler(provider: str):

@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def prefill(engine, tokens: np.ndarray, past: int, hidden_out: np.ndarray | None = None,
-            features: np.ndarray | None = None, aux_out: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
+def prefill(
+    engine,
+    tokens: np.ndarray,
+    past: int,
+    hidden_out: np.ndarray | None = None,
+    features: np.ndarray | None = None,
+    aux_out: np.ndarray | None = None,
+) -> tuple[int, np.ndarray | None]:
     """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
     commit them; return (new past length, logits [V] of the last token, None if no tokens).
 
@@ -18,18 +24,18 @@ def prefill(engine, tokens: np.ndarray, past: int, hidden_out: np.ndarray | None
     widest = max(engine.widths)
     logits = None
     for i in range(0, len(tokens), widest):
-        chunk = tokens[i:i + widest]
+        chunk = tokens[i : i + widest]
         if features is not None:
-            logits = engine.forward(chunk, past, features=features[i:i + widest])
+            logits = engine.forward(chunk, past, features=features[i : i + widest])
         elif engine.fused_head:
-            logits = engine.forward(chunk, past, head_next=tokens[i + 1:i + 1 + widest])
+            logits = engine.forward(chunk, past, head_next=tokens[i + 1 : i + 1 + widest])
         else:
             logits = engine.forward(chunk, past)
         engine.commit(past, len(chunk))
         if hidden_out is not None:
-            hidden_out[past:past + len(chunk)] = engine.last_hidden(len(chunk))
+            hidden_out[past : past + len(chunk)] = engine.last_hidden(len(chunk))
         if aux_out is not None:
-            aux_out[past:past + len(chunk)] = engine.last_hidden_aux(len(chunk))
+            aux_out[past : past + len(chunk)] = engine.last_hidden_aux(len(chunk))
         past += len(chunk)
     return past, (logits[-1] if logits is not None else None)
 

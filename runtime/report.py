@@ -85,8 +85,10 @@ def write_html(report: dict, path: str) -> None:
     cfg, mach = report["config"], report["machine"]
     imgs = plots(report)
     figs = "".join(f'<figure><img alt="{html.escape(k)}" src="{v}"></figure>' for k, v in imgs.items())
-    meta = "".join(f"<li><b>{html.escape(str(k))}</b>: {html.escape(str(v))}</li>"
-                   for k, v in list(cfg.items()) + list(mach.items()))
+    meta = "".join(
+        f"<li><b>{html.escape(str(k))}</b>: {html.escape(str(v))}</li>"
+        for k, v in list(cfg.items()) + list(mach.items())
+    )
     doc = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>edgespec bench report</title>
 <style>
@@ -132,7 +134,8 @@ def sweep_plot(report: dict, path: str) -> None:
     for ax in (ax1, ax2):
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{report['config']['engine']} - {report['config']['prompts']} - {report['machine']['cpu']}",
-                 fontsize=8)
+    fig.suptitle(
+        f"{report['config']['engine']} - {report['config']['prompts']} - {report['machine']['cpu']}", fontsize=8
+    )
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -98,5 +98,3 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from p [V] by inverse CDF (one uniform, no allocation beyond the cumsum)."""
     c = np.cumsum(p)
     return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
-
-

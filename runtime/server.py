@@ -58,9 +58,11 @@ class ServeConfig:
         if not 0.0 <= self.shadow_rate <= 1.0 or not math.isfinite(self.shadow_rate):
             raise ValueError(f"--shadow-rate {self.shadow_rate}: give a fraction in [0, 1] (0 = off)")
         if self.max_body_bytes < 1024 or self.max_prompt_tokens < 0 or self.queue_size < 1:
-            raise ValueError(f"--max-body-bytes {self.max_body_bytes} (>= 1024), --max-prompt-tokens "
-                             f"{self.max_prompt_tokens} (>= 0, 0 = the context), --queue-size {self.queue_size} "
-                             "(>= 1; Python's 0 would mean unbounded): one is out of range")
+            raise ValueError(
+                f"--max-body-bytes {self.max_body_bytes} (>= 1024), --max-prompt-tokens "
+                f"{self.max_prompt_tokens} (>= 0, 0 = the context), --queue-size {self.queue_size} "
+                "(>= 1; Python's 0 would mean unbounded): one is out of range"
+            )
         if self.api_key is not None and (not self.api_key or not self.api_key.isascii()):
             raise ValueError("--api-key must be a non-empty ASCII string")
 
@@ -103,14 +105,19 @@ async def read_json(request: Request, limit: int):
     """The body as JSON, refused with 413 past `limit` bytes (by Content-Length, else while reading)."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
-        raise BadRequest(f"request body is {int(length)} bytes; this server takes at most {limit} "
-                         "(serve --max-body-bytes)", None, 413, "request_too_large")
+        raise BadRequest(
+            f"request body is {int(length)} bytes; this server takes at most {limit} (serve --max-body-bytes)",
+            None,
+            413,
+            "request_too_large",
+        )
     chunks, n = [], 0
     async for chunk in request.stream():
         n += len(chunk)
         if n > limit:
-            raise BadRequest(f"request body is over {limit} bytes (serve --max-body-bytes)", None, 413,
-                             "request_too_large")
+            raise BadRequest(
+                f"request body is over {limit} bytes (serve --max-body-bytes)", None, 413, "request_too_large"
+            )
         chunks.append(chunk)
     try:
         return json.loads(b"".join(chunks))
@@ -143,13 +150,20 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
 
     def guarded(handler):
         """handler behind the API key (when one is set): `Authorization: Bearer KEY`."""
+
         async def route(request: Request):
             if key:
                 scheme, _, token = request.headers.get("authorization", "").partition(" ")
                 if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
-                    return error(BadRequest("missing or wrong API key: send the header 'Authorization: Bearer "
-                                            "KEY' (serve --api-key)", None, 401, "invalid_api_key"),
-                                 **{"WWW-Authenticate": "Bearer"})
+                    return error(
+                        BadRequest(
+                            "missing or wrong API key: send the header 'Authorization: Bearer KEY' (serve --api-key)",
+                            None,
+                            401,
+                            "invalid_api_key",
+                        ),
+                        **{"WWW-Authenticate": "Bearer"},
+                    )
             try:
                 return await handler(request)
             except BadRequest as e:
@@ -157,14 +171,19 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
             except Exception as e:  # a bug of ours: logged here, a JSON 500 there
                 log.exception("%s %s failed", request.method, request.url.path)
                 return error(BadRequest(f"internal error: {type(e).__name__}: {e}", None, 500))
+
         return route
 
     async def tokenize(req) -> np.ndarray:
         at_least = -(-req.n_bytes // bytes_per_token)
         if at_least > prompt_limit:  # refused by size alone: nothing to tokenize
-            raise BadRequest(f"prompt is {req.n_bytes} bytes, so at least {at_least} tokens; this server takes "
-                             f"prompts up to {prompt_limit} tokens (engine context {ab.context}, prompt + output)",
-                             "messages", 400, "context_length_exceeded")
+            raise BadRequest(
+                f"prompt is {req.n_bytes} bytes, so at least {at_least} tokens; this server takes "
+                f"prompts up to {prompt_limit} tokens (engine context {ab.context}, prompt + output)",
+                "messages",
+                400,
+                "context_length_exceeded",
+            )
         try:
             ids = await asyncio.to_thread(gen.codec.encode, req.prompt)  # releases the GIL (TextCodec.encode)
         except TemplateError as e:
@@ -172,9 +191,13 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
         if not len(ids):
             raise BadRequest("the prompt tokenizes to nothing: give some text", "prompt")
         if len(ids) > prompt_limit:
-            raise BadRequest(f"prompt has {len(ids)} tokens; this server takes prompts up to {prompt_limit} "
-                             f"tokens (engine context {ab.context}, prompt + output)", "messages", 400,
-                             "context_length_exceeded")
+            raise BadRequest(
+                f"prompt has {len(ids)} tokens; this server takes prompts up to {prompt_limit} "
+                f"tokens (engine context {ab.context}, prompt + output)",
+                "messages",
+                400,
+                "context_length_exceeded",
+            )
         return ids
 
     async def completions(request: Request, chat: bool):
@@ -182,14 +205,24 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
         req = parse_request(body, chat, model_name, worker.default, ab, cfg.max_tokens_default)
         ids = await tokenize(req)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        job = Job(rid, ids, req.max_tokens, req.sampling, req.stop, req.speculation, asyncio.get_running_loop(),
-                  grammar=req.grammar)
+        job = Job(
+            rid,
+            ids,
+            req.max_tokens,
+            req.sampling,
+            req.stop,
+            req.speculation,
+            asyncio.get_running_loop(),
+            grammar=req.grammar,
+        )
         try:
             jobs.put_nowait(job)
         except queue.Full:
             metrics.add("edgespec:request_rejected_total")
-            return error(BadRequest(f"server busy: {cfg.queue_size} requests already queued", None, 503,
-                                    "server_busy"), **{"Retry-After": "1"})
+            return error(
+                BadRequest(f"server busy: {cfg.queue_size} requests already queued", None, 503, "server_busy"),
+                **{"Retry-After": "1"},
+            )
         watcher = asyncio.create_task(watch_disconnect(request, job))  # also while queued
         try:
             return await respond(chat, req, job)
@@ -206,8 +239,12 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
             return Response(status_code=499)  # the client has gone: nobody reads this
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
-        head = {"id": job.rid, "object": obj + (".chunk" if chat and req.stream else ""), "created": created,
-                "model": model_name}
+        head = {
+            "id": job.rid,
+            "object": obj + (".chunk" if chat and req.stream else ""),
+            "created": created,
+            "model": model_name,
+        }
 
         def choice(text: str | None, finish, delta: bool):
             if chat:
@@ -217,6 +254,7 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
             return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
 
         if req.stream:
+
             async def events():
                 try:
                     if chat:
@@ -224,12 +262,13 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
                         yield f"data: {json.dumps(head | {'choices': [role]})}\n\n"
                     while (item := await job.out.get()) is not END:
                         if isinstance(item, Exception):
-                            err = {"error": {"message": str(item), "type": "server_error", "param": None,
-                                             "code": None}}
+                            err = {"error": {"message": str(item), "type": "server_error", "param": None, "code": None}}
                             yield f"data: {json.dumps(err)}\n\n"
                         elif isinstance(item, dict):
-                            last = head | {"choices": [choice(None, item["finish_reason"], True)],
-                                           "edgespec_stats": item["stats"]}
+                            last = head | {
+                                "choices": [choice(None, item["finish_reason"], True)],
+                                "edgespec_stats": item["stats"],
+                            }
                             if req.include_usage:  # OpenAI's form: usage alone in a last chunk
                                 yield f"data: {json.dumps(last)}\n\n"
                                 last = head | {"choices": [], "usage": item["usage"]}
@@ -256,8 +295,14 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
                 pieces.append(item[0])
         if final is None:  # cancelled: the client has gone
             return Response(status_code=499)
-        return JSONResponse(head | {"choices": [choice("".join(pieces), final["finish_reason"], False)],
-                                    "usage": final["usage"], "edgespec_stats": final["stats"]})
+        return JSONResponse(
+            head
+            | {
+                "choices": [choice("".join(pieces), final["finish_reason"], False)],
+                "usage": final["usage"],
+                "edgespec_stats": final["stats"],
+            }
+        )
 
     async def chat_route(request: Request):
         return await completions(request, chat=True)
@@ -266,8 +311,9 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
         return await completions(request, chat=False)
 
     async def models(request: Request):
-        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                                         "owned_by": "edgespec"}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "edgespec"}]}
+        )
 
     async def speculation(request: Request):
         """GET: the default speculation and what the folder offers; POST {drafter, k, tree}: a new
@@ -275,8 +321,10 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
         if request.method == "POST":
             body = await read_json(request, cfg.max_body_bytes)
             worker.default = parse_speculation(body, worker.default, ab, "speculation")
-        return JSONResponse(worker.default.to_dict() | {"drafters": list(ab.drafters), "k_max": ab.k_max,
-                                                        "tree_drafters": list(ab.tree_drafters)})
+        return JSONResponse(
+            worker.default.to_dict()
+            | {"drafters": list(ab.drafters), "k_max": ab.k_max, "tree_drafters": list(ab.tree_drafters)}
+        )
 
     async def health(request: Request):
         return JSONResponse({"status": "ok", "queued": jobs.qsize()})
@@ -287,15 +335,17 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
     async def page(request: Request):
         return HTMLResponse(chat_page(), headers=PAGE_HEADERS)
 
-    app = Starlette(routes=[
-        Route("/", page, methods=["GET"]),
-        Route("/v1/chat/completions", guarded(chat_route), methods=["POST"]),
-        Route("/v1/completions", guarded(completion_route), methods=["POST"]),
-        Route("/v1/models", guarded(models), methods=["GET"]),
-        Route("/admin/speculation", guarded(speculation), methods=["GET", "POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics_route, methods=["GET"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/", page, methods=["GET"]),
+            Route("/v1/chat/completions", guarded(chat_route), methods=["POST"]),
+            Route("/v1/completions", guarded(completion_route), methods=["POST"]),
+            Route("/v1/models", guarded(models), methods=["GET"]),
+            Route("/admin/speculation", guarded(speculation), methods=["GET", "POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics_route, methods=["GET"]),
+        ]
+    )
     app.state.metrics = metrics
     app.state.jobs = jobs
     app.state.worker = worker

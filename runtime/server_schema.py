@@ -17,8 +17,13 @@ from edgespec.runtime.tree import TreeConfig
 
 # message roles the chat template is given ("developer" is OpenAI's newer name for "system")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-ERROR_TYPES = {401: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error",
-               500: "server_error", 503: "overloaded"}
+ERROR_TYPES = {
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "overloaded",
+}
 
 
 class BadRequest(ValueError):
@@ -29,8 +34,14 @@ class BadRequest(ValueError):
         self.param, self.status, self.code = param, status, code
 
     def body(self) -> dict:
-        return {"error": {"message": str(self), "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": str(self),
+                "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 @dataclass(frozen=True)
@@ -70,8 +81,16 @@ class Request:
     grammar: Grammar | None = None  # what response_format constrains the output to (None: free text)
 
 
-def _number(body: dict, key: str, default, integer: bool = False, lo=None, hi=None, lo_open: bool = False,
-            param: str | None = None):
+def _number(
+    body: dict,
+    key: str,
+    default,
+    integer: bool = False,
+    lo=None,
+    hi=None,
+    lo_open: bool = False,
+    param: str | None = None,
+):
     """body[key] checked: a finite number (an integer when asked) in [lo, hi] ((lo, hi] when lo_open)."""
     v, param = body.get(key), param or key
     if v is None:
@@ -94,14 +113,20 @@ def _content(c, param: str) -> str:
     if isinstance(c, str):
         return c
     if not isinstance(c, list) or not c:
-        raise BadRequest(f"{param} must be a string or a non-empty list of text parts, got {c!r} (no tool calls "
-                         "here, so null content is not taken)", param)
+        raise BadRequest(
+            f"{param} must be a string or a non-empty list of text parts, got {c!r} (no tool calls "
+            "here, so null content is not taken)",
+            param,
+        )
     texts = []
     for j, part in enumerate(c):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text" or not isinstance(part.get("text"), str):
-            raise BadRequest(f"{param}[{j}] must be {{'type': 'text', 'text': str}}, got {str(part)[:80]}: this "
-                             "server serves a text-only model", f"{param}[{j}]")
+            raise BadRequest(
+                f"{param}[{j}] must be {{'type': 'text', 'text': str}}, got {str(part)[:80]}: this "
+                "server serves a text-only model",
+                f"{param}[{j}]",
+            )
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -115,8 +140,10 @@ def _messages(msgs) -> list[dict]:
             raise BadRequest(f"messages[{i}] must be an object {{role, content}}, got {str(m)[:80]}", f"messages[{i}]")
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            raise BadRequest(f"messages[{i}].role {role!r}: choose one of {', '.join(ROLES)} (no tool messages "
-                             "here)", f"messages[{i}].role")
+            raise BadRequest(
+                f"messages[{i}].role {role!r}: choose one of {', '.join(ROLES)} (no tool messages here)",
+                f"messages[{i}].role",
+            )
         out.append({"role": ROLES[role], "content": _content(m.get("content"), f"messages[{i}].content")})
     return out
 
@@ -130,12 +157,17 @@ def parse_speculation(spec, default: Speculation, ab: Abilities, param: str = "s
     if drafter not in names():
         raise BadRequest(f"{param}.drafter {drafter!r}: choose one of {', '.join(ab.drafters)}", f"{param}.drafter")
     if drafter not in ab.drafters:
-        raise BadRequest(f"{param}.drafter {drafter!r} is not available in this engine folder (it has "
-                         f"{', '.join(ab.drafters)})", f"{param}.drafter")
+        raise BadRequest(
+            f"{param}.drafter {drafter!r} is not available in this engine folder (it has {', '.join(ab.drafters)})",
+            f"{param}.drafter",
+        )
     k = _number(spec, "k", default.k, integer=True, param=f"{param}.k")
     if drafter != "none" and not 1 <= k <= ab.k_max:
-        raise BadRequest(f"{param}.k={k} outside 1..{ab.k_max}: this folder has verify graphs up to "
-                         f"num_speculative_tokens={ab.k_max}", f"{param}.k")
+        raise BadRequest(
+            f"{param}.k={k} outside 1..{ab.k_max}: this folder has verify graphs up to "
+            f"num_speculative_tokens={ab.k_max}",
+            f"{param}.k",
+        )
     tree = default.tree if "tree" not in spec else spec["tree"]
     if tree in (None, "", "none"):
         tree = TreeConfig()
@@ -146,18 +178,25 @@ def parse_speculation(spec, default: Speculation, ab: Abilities, param: str = "s
         except ValueError as e:
             raise BadRequest(f"{param}.tree: {e}", f"{param}.tree") from e
     elif not isinstance(tree, TreeConfig):
-        raise BadRequest(f"{param}.tree must be a string NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]], e.g. "
-                         f"'6:5:1:1', or null for chains; got {tree!r}", f"{param}.tree")
+        raise BadRequest(
+            f"{param}.tree must be a string NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]], e.g. "
+            f"'6:5:1:1', or null for chains; got {tree!r}",
+            f"{param}.tree",
+        )
     if tree.nodes and drafter not in ab.tree_drafters:
         if "tree" in spec:
-            raise BadRequest(f"{param}.tree: drafter {drafter!r} cannot draft token trees with this folder (these "
-                             f"can: {', '.join(ab.tree_drafters) or 'none'})", f"{param}.tree")
+            raise BadRequest(
+                f"{param}.tree: drafter {drafter!r} cannot draft token trees with this folder (these "
+                f"can: {', '.join(ab.tree_drafters) or 'none'})",
+                f"{param}.tree",
+            )
         tree = TreeConfig()  # the default's tree belongs to a tree drafter; this one drafts chains
     return Speculation(drafter, k, tree if drafter != "none" else TreeConfig())
 
 
-def parse_request(body, chat: bool, model_name: str, default: Speculation, ab: Abilities,
-                  max_tokens_default: int) -> Request:
+def parse_request(
+    body, chat: bool, model_name: str, default: Speculation, ab: Abilities, max_tokens_default: int
+) -> Request:
     """The checked request of a chat (`messages`) or completions (`prompt`) body."""
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
@@ -165,8 +204,9 @@ def parse_request(body, chat: bool, model_name: str, default: Speculation, ab: A
     if model is not None and not isinstance(model, str):
         raise BadRequest(f"'model' must be a string, got {model!r}", "model")
     if model not in (None, model_name):
-        raise BadRequest(f"model {model!r} not found; this server serves {model_name!r}", "model", 404,
-                         "model_not_found")
+        raise BadRequest(
+            f"model {model!r} not found; this server serves {model_name!r}", "model", 404, "model_not_found"
+        )
     if chat:
         prompt = _messages(body.get("messages"))
         n_bytes = sum(len(m["content"].encode()) for m in prompt)
@@ -190,12 +230,13 @@ def parse_request(body, chat: bool, model_name: str, default: Speculation, ab: A
     max_tokens = _number(body, "max_completion_tokens", None, integer=True, lo=1)
     if max_tokens is None:
         max_tokens = _number(body, "max_tokens", max_tokens_default, integer=True, lo=1)
-    sampling = SamplingConfig(temperature=_number(body, "temperature", 1.0, lo=0.0, hi=2.0),
-                              top_k=_number(body, "top_k", 0, integer=True, lo=0),
-                              top_p=_number(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
-                              seed=_number(body, "seed", None, integer=True, lo=0),
-                              repetition_penalty=_number(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0,
-                                                         lo_open=True))
+    sampling = SamplingConfig(
+        temperature=_number(body, "temperature", 1.0, lo=0.0, hi=2.0),
+        top_k=_number(body, "top_k", 0, integer=True, lo=0),
+        top_p=_number(body, "top_p", 1.0, lo=0.0, hi=1.0, lo_open=True),
+        seed=_number(body, "seed", None, integer=True, lo=0),
+        repetition_penalty=_number(body, "repetition_penalty", 1.0, lo=0.0, hi=10.0, lo_open=True),
+    )
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
@@ -205,11 +246,11 @@ def parse_request(body, chat: bool, model_name: str, default: Speculation, ab: A
         raise BadRequest(f"'stream' must be true or false, got {stream!r}", "stream")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
-        raise BadRequest(f"'stream_options' must be an object {{'include_usage': bool}}, got {opts!r}",
-                         "stream_options")
+        raise BadRequest(
+            f"'stream_options' must be an object {{'include_usage': bool}}, got {opts!r}", "stream_options"
+        )
     spec = parse_speculation(body["speculative"], default, ab) if body.get("speculative") is not None else None
-    return Request(prompt, n_bytes, max_tokens, sampling, stop, spec, stream, opts.get("include_usage", False),
-                   grammar)
+    return Request(prompt, n_bytes, max_tokens, sampling, stop, spec, stream, opts.get("include_usage", False), grammar)
 
 
 FORMATS = "text, json_object, json_schema, or edgespec's grammar (Lark) and regex"
@@ -224,8 +265,10 @@ def parse_response_format(fmt) -> Grammar | None:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind not in ("text", "json_object", "json_schema", "grammar", "regex"):
-        raise BadRequest(f"'response_format' must be an object whose 'type' is one of {FORMATS}; got {str(fmt)[:80]}",
-                         "response_format")
+        raise BadRequest(
+            f"'response_format' must be an object whose 'type' is one of {FORMATS}; got {str(fmt)[:80]}",
+            "response_format",
+        )
     try:
         if kind == "text":
             return None
@@ -237,12 +280,17 @@ def parse_response_format(fmt) -> Grammar | None:
             return grammar_from(**{kind: fmt[kind]})
         js = fmt.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
-            raise BadRequest("response_format.json_schema must be an object {name, schema, strict}, with 'schema' a "
-                             f"JSON Schema object; got {str(js)[:80]}", "response_format.json_schema")
+            raise BadRequest(
+                "response_format.json_schema must be an object {name, schema, strict}, with 'schema' a "
+                f"JSON Schema object; got {str(js)[:80]}",
+                "response_format.json_schema",
+            )
         strict = js.get("strict")
         if strict is not None and not isinstance(strict, bool):
-            raise BadRequest(f"response_format.json_schema.strict must be true or false, got {strict!r}",
-                             "response_format.json_schema.strict")
+            raise BadRequest(
+                f"response_format.json_schema.strict must be true or false, got {strict!r}",
+                "response_format.json_schema.strict",
+            )
         return grammar_from(json_schema=js.get("schema", {}), strict=bool(strict))
     except GrammarError as e:
         raise BadRequest(f"response_format: {e}", "response_format") from e

@@ -78,8 +78,11 @@ class Histogram:
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
         lines += [f'{self.name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts, strict=True)]
-        lines += [f'{self.name}_bucket{{le="+Inf"}} {self.n}', f"{self.name}_sum {self.total}",
-                  f"{self.name}_count {self.n}"]
+        lines += [
+            f'{self.name}_bucket{{le="+Inf"}} {self.n}',
+            f"{self.name}_sum {self.total}",
+            f"{self.name}_count {self.n}",
+        ]
         return lines
 
 
@@ -88,17 +91,22 @@ class Metrics:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.counters = {"edgespec:request_success_total": 0, "edgespec:request_rejected_total": 0,
-                         "edgespec:request_cancelled_total": 0, "edgespec:prompt_tokens_total": 0,
-                         "edgespec:generation_tokens_total": 0, "edgespec:spec_decode_num_drafts_total": 0,
-                         "edgespec:spec_decode_num_draft_tokens_total": 0,
-                         "edgespec:spec_decode_num_accepted_tokens_total": 0,
-                         "edgespec:shadow_checks_total": 0, "edgespec:shadow_mismatches_total": 0}
+        self.counters = {
+            "edgespec:request_success_total": 0,
+            "edgespec:request_rejected_total": 0,
+            "edgespec:request_cancelled_total": 0,
+            "edgespec:prompt_tokens_total": 0,
+            "edgespec:generation_tokens_total": 0,
+            "edgespec:spec_decode_num_drafts_total": 0,
+            "edgespec:spec_decode_num_draft_tokens_total": 0,
+            "edgespec:spec_decode_num_accepted_tokens_total": 0,
+            "edgespec:shadow_checks_total": 0,
+            "edgespec:shadow_mismatches_total": 0,
+        }
         self.verify_calls = 0
         self.verify_tokens = 0
         self.ttft = Histogram("edgespec:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
-        self.itl = Histogram("edgespec:inter_token_latency_seconds", "Per-token latency after the first.",
-                             ITL_BUCKETS)
+        self.itl = Histogram("edgespec:inter_token_latency_seconds", "Per-token latency after the first.", ITL_BUCKETS)
 
     def add(self, name: str, v: int = 1) -> None:
         with self.lock:
@@ -124,9 +132,12 @@ class Metrics:
             for name, v in self.counters.items():
                 lines += [f"# TYPE {name} counter", f"{name} {v}"]
             mal = self.verify_tokens / self.verify_calls if self.verify_calls else 0.0
-            lines += ["# HELP edgespec:spec_decode_mean_acceptance_length Tokens per target verify call, "
-                      "bonus token included.", "# TYPE edgespec:spec_decode_mean_acceptance_length gauge",
-                      f"edgespec:spec_decode_mean_acceptance_length {mal}"]
+            lines += [
+                "# HELP edgespec:spec_decode_mean_acceptance_length Tokens per target verify call, "
+                "bonus token included.",
+                "# TYPE edgespec:spec_decode_mean_acceptance_length gauge",
+                f"edgespec:spec_decode_mean_acceptance_length {mal}",
+            ]
             lines += self.ttft.render() + self.itl.render()
         return "\n".join(lines) + "\n"
 
@@ -135,15 +146,27 @@ def progress(g: Generator) -> dict:
     """What a streamed piece carries besides its text (the `edgespec` field of a chunk): who made
     each of its characters, and the request's running counts."""
     st = g.last_stats
-    return {"origin": g.last_origins, "tokens": st.n_output, "target_calls": st.n_target_calls,
-            "drafted": int(st.n_drafted), "accepted": int(st.n_accepted)}
+    return {
+        "origin": g.last_origins,
+        "tokens": st.n_output,
+        "target_calls": st.n_target_calls,
+        "drafted": int(st.n_drafted),
+        "accepted": int(st.n_accepted),
+    }
 
 
 class Worker(threading.Thread):
     """Runs queued jobs one at a time on the single Generator; shadow checks when idle."""
 
-    def __init__(self, gen: Generator, jobs: queue.Queue, metrics: Metrics, default: Speculation,
-                 shadow_rate: float = 0.0, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        gen: Generator,
+        jobs: queue.Queue,
+        metrics: Metrics,
+        default: Speculation,
+        shadow_rate: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
         super().__init__(daemon=True)
         self.gen, self.jobs, self.metrics = gen, jobs, metrics
         self.default = default  # the server's default; /admin/speculation replaces it between jobs
@@ -221,15 +244,22 @@ class Worker(threading.Thread):
             self._use(self.default)
         self.metrics.record(st)
         self.metrics.add("edgespec:request_success_total")
-        usage = {"prompt_tokens": st.n_prompt, "completion_tokens": st.n_output,
-                 "total_tokens": st.n_prompt + st.n_output}
+        usage = {
+            "prompt_tokens": st.n_prompt,
+            "completion_tokens": st.n_output,
+            "total_tokens": st.n_prompt + st.n_output,
+        }
         send(job.out.put_nowait, {"finish_reason": st.finish_reason, "usage": usage, "stats": st.to_dict()})
 
     # ---- quality watch ------------------------------------------------------------------------------
     def _maybe_shadow(self, job: Job, spec: Speculation) -> None:
         """Keep a sampled greedy speculative request for a plain re-run when the server is idle."""
-        if (not self.shadow_rate or not job.sampling.greedy or spec.drafter == "none"
-                or self.rng.random() >= self.shadow_rate):
+        if (
+            not self.shadow_rate
+            or not job.sampling.greedy
+            or spec.drafter == "none"
+            or self.rng.random() >= self.shadow_rate
+        ):
             return
         output = self.gen.last_output_ids()
         self.shadows.append(ShadowCheck(job.rid, spec, job.ids, output, job.sampling, job.grammar))
@@ -247,7 +277,7 @@ class Worker(threading.Thread):
                 if not self.jobs.empty():
                     return None
                 m = min(len(new), len(out) - n)
-                out[n:n + m] = new[:m]
+                out[n : n + m] = new[:m]
                 n += m
         finally:
             steps.close()
@@ -268,7 +298,14 @@ class Worker(threading.Thread):
         if pos is not None:
             self.metrics.add("edgespec:shadow_mismatches_total")
             s = check.speculation
-            log.warning("shadow check: request %s (%s, k=%d%s) differs from plain greedy decoding at output "
-                        "token %d: %s vs plain %s", check.rid, s.drafter, s.k,
-                        f", tree {s.tree.label}" if s.tree.nodes else "", pos,
-                        check.output[pos:pos + 4].tolist(), plain[pos:pos + 4].tolist())
+            log.warning(
+                "shadow check: request %s (%s, k=%d%s) differs from plain greedy decoding at output "
+                "token %d: %s vs plain %s",
+                check.rid,
+                s.drafter,
+                s.k,
+                f", tree {s.tree.label}" if s.tree.nodes else "",
+                pos,
+                check.output[pos : pos + 4].tolist(),
+                plain[pos : pos + 4].tolist(),
+            )

@@ -20,11 +20,11 @@ class SeqState:
 
     def draft_slots(self, m: int) -> np.ndarray:
         """Where a drafter writes m proposed tokens (right after the pending token)."""
-        return self.tokens[self.n:self.n + m]
+        return self.tokens[self.n : self.n + m]
 
     def verify_window(self, m: int) -> np.ndarray:
         """[pending, d_1..d_m]: the target's input for one verify call (a view, no copy)."""
-        return self.tokens[self.n - 1:self.n + m]
+        return self.tokens[self.n - 1 : self.n + m]
 
     def advance(self, n_acc: int, next_token: int) -> None:
         """After a verify whose n_acc accepted tokens sit at tokens[n:n + n_acc]: append the

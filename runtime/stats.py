@@ -40,8 +40,9 @@ class GenerationStats:
     n_forced_rows: int = 0  # forced tokens that rode in verify calls (rows beside the drafts)
     grammar_s: float = 0.0  # host time in the grammar during steps (masks, forced tokens, matcher, masked accept)
 
-    def record_step(self, m: int, n_acc: int, n_emitted: int, step_s: float, n_proposed: int | None = None,
-                    n_forced: int = 0) -> None:
+    def record_step(
+        self, m: int, n_acc: int, n_emitted: int, step_s: float, n_proposed: int | None = None, n_forced: int = 0
+    ) -> None:
         """m: draft length (a tree: its depth, so per-position counts are per depth);
         n_proposed: tokens drafted (a tree: its nodes below the root; default m); n_forced: a
         grammar's forced tokens kept before the step's last token (step tokens, not drafts)."""
@@ -92,19 +93,37 @@ class GenerationStats:
     def to_dict(self) -> dict:
         host = max(0.0, self.total_s - self.prefill_s - self.draft_s - self.verify_s - self.grammar_s)
         return {
-            "drafter": self.drafter, "k": self.k, "adaptive": self.adaptive, "tree": self.tree,
+            "drafter": self.drafter,
+            "k": self.k,
+            "adaptive": self.adaptive,
+            "tree": self.tree,
             "prompt_tokens": self.n_prompt,
-            "prompt_tokens_cached": self.n_prompt_cached, "tokens": self.n_output,
-            "seconds": self.total_s, "tokens_per_s": self.tokens_per_s, "ttft_ms": self.ttft_s * 1e3,
-            "itl_ms": self.itl_ms(), "target_calls": self.n_target_calls, "draft_calls": self.n_draft_calls,
-            "drafted": int(self.n_drafted), "accepted": int(self.n_accepted),
-            "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
+            "prompt_tokens_cached": self.n_prompt_cached,
+            "tokens": self.n_output,
+            "seconds": self.total_s,
+            "tokens_per_s": self.tokens_per_s,
+            "ttft_ms": self.ttft_s * 1e3,
+            "itl_ms": self.itl_ms(),
+            "target_calls": self.n_target_calls,
+            "draft_calls": self.n_draft_calls,
+            "drafted": int(self.n_drafted),
+            "accepted": int(self.n_accepted),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
             "acceptance_by_position": self.acceptance_by_position(),
-            "time_split_s": {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,
-                             "host": host, "grammar": self.grammar_s},
+            "time_split_s": {
+                "prefill": self.prefill_s,
+                "draft": self.draft_s,
+                "verify": self.verify_s,
+                "host": host,
+                "grammar": self.grammar_s,
+            },
             "finish_reason": self.finish_reason,
-            "grammar": self.grammar or None, "forced_tokens": self.n_forced, "grammar_cut": self.n_grammar_cut,
-            "grammar_masks": self.n_masks, "forced_rows": self.n_forced_rows,
+            "grammar": self.grammar or None,
+            "forced_tokens": self.n_forced,
+            "grammar_cut": self.n_grammar_cut,
+            "grammar_masks": self.n_masks,
+            "forced_rows": self.n_forced_rows,
             "grammar_ms_per_step": self.grammar_s * 1e3 / self.n_target_calls if self.n_target_calls else 0.0,
             "draft_sources": {k: {"steps": v[0], "drafted": v[1], "accepted": v[2]} for k, v in self.sources.items()},
         }
@@ -116,14 +135,20 @@ class GenerationStats:
         ad = " adaptive" if self.adaptive else ""
         shape = f"tree {self.tree}" if self.tree else f"k={self.k}{ad}"
         src = "".join(f" {k} {v[0]}" for k, v in self.sources.items())
-        return (f"[{self.drafter} {shape}] {self.n_output} tok in {self.total_s:.2f}s = "
-                f"{self.tokens_per_s:.1f} tok/s | TTFT {d['ttft_ms']:.0f} ms | ITL p50 {d['itl_ms']['p50']:.1f} "
-                f"p95 {d['itl_ms']['p95']:.1f} p99 {d['itl_ms']['p99']:.1f} ms | "
-                f"accepted {self.n_accepted}/{self.n_drafted} ({self.acceptance_rate:.0%}) | "
-                f"mean accepted length {self.mean_accepted_length:.2f} (incl. bonus) | "
-                + (f"steps by source{src} | " if src else "") +
-                (f"grammar {self.grammar}: forced {self.n_forced} cut {self.n_grammar_cut} "
-                 f"{d['grammar_ms_per_step']:.2f} ms/step | " if self.grammar else "") +
-                f"calls tgt {self.n_target_calls} dft {self.n_draft_calls} | time prefill "
-                f"{t['prefill'] / tot:.0%} draft {t['draft'] / tot:.0%} verify {t['verify'] / tot:.0%} "
-                f"host {t['host'] / tot:.0%}")
+        return (
+            f"[{self.drafter} {shape}] {self.n_output} tok in {self.total_s:.2f}s = "
+            f"{self.tokens_per_s:.1f} tok/s | TTFT {d['ttft_ms']:.0f} ms | ITL p50 {d['itl_ms']['p50']:.1f} "
+            f"p95 {d['itl_ms']['p95']:.1f} p99 {d['itl_ms']['p99']:.1f} ms | "
+            f"accepted {self.n_accepted}/{self.n_drafted} ({self.acceptance_rate:.0%}) | "
+            f"mean accepted length {self.mean_accepted_length:.2f} (incl. bonus) | "
+            + (f"steps by source{src} | " if src else "")
+            + (
+                f"grammar {self.grammar}: forced {self.n_forced} cut {self.n_grammar_cut} "
+                f"{d['grammar_ms_per_step']:.2f} ms/step | "
+                if self.grammar
+                else ""
+            )
+            + f"calls tgt {self.n_target_calls} dft {self.n_draft_calls} | time prefill "
+            f"{t['prefill'] / tot:.0%} draft {t['draft'] / tot:.0%} verify {t['verify'] / tot:.0%} "
+            f"host {t['host'] / tot:.0%}"
+        )

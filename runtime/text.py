@@ -32,8 +32,10 @@ class TextCodec:
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception for every parse failure
-            raise TokenizerError(f"tokenizer {path} cannot be read ({e}). Hint: re-export the folder "
-                                 f"(edgespec export --out {manifest.folder} --force)") from None
+            raise TokenizerError(
+                f"tokenizer {path} cannot be read ({e}). Hint: re-export the folder "
+                f"(edgespec export --out {manifest.folder} --force)"
+            ) from None
         self.eos_token_ids = manifest.eos_token_ids
         self.bos_token_id = manifest.bos_token_id
         self._template = None
@@ -47,16 +49,19 @@ class TextCodec:
         """Compile the chat template; a broken one only fails chat calls (raw prompts never use it),
         so its error is kept and raised by render_chat."""
         path = manifest.path(manifest.chat_template_file)
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             self._template = env.from_string(path.read_text())
         except (OSError, UnicodeDecodeError, jinja2.TemplateSyntaxError) as e:
             where = f" line {e.lineno}" if isinstance(e, jinja2.TemplateSyntaxError) else ""
-            return (f"chat template {path}{where} cannot be used ({type(e).__name__}: {e}). Hint: fix the file or "
-                    f"re-export the folder; raw-text prompts still work")
+            return (
+                f"chat template {path}{where} cannot be used ({type(e).__name__}: {e}). Hint: fix the file or "
+                f"re-export the folder; raw-text prompts still work"
+            )
         return None
 
     def encode(self, prompt) -> np.ndarray:
@@ -73,13 +78,17 @@ class TextCodec:
             raise TemplateError(self._template_error)
         if self._template is None:
             raise TemplateError("this engine folder has no chat template; pass raw text instead of messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m
-                                                     for m in messages):
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in messages
+        ):
             raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True,
-                                         bos_token=self._token(self.bos_token_id), eos_token=self._token(
-                                             self.eos_token_ids[0] if self.eos_token_ids else None))
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=True,
+                bos_token=self._token(self.bos_token_id),
+                eos_token=self._token(self.eos_token_ids[0] if self.eos_token_ids else None),
+            )
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template failed: {e}") from e
         except (TypeError, ValueError, KeyError, AttributeError) as e:  # e.g. content of a type it cannot join
@@ -103,11 +112,11 @@ class StreamDecoder:
 
     def push(self, new_ids) -> str:
         self.ids.extend(int(i) for i in new_ids)
-        prefix_text = self.codec.decode(self.ids[self.prefix:self.read])
-        full = self.codec.decode(self.ids[self.prefix:])
+        prefix_text = self.codec.decode(self.ids[self.prefix : self.read])
+        full = self.codec.decode(self.ids[self.prefix :])
         if len(full) > len(prefix_text) and not full.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
-            return full[len(prefix_text):]
+            return full[len(prefix_text) :]
         return ""
 
 
@@ -171,9 +180,14 @@ def show_acceptance(g, prompt, max_new_tokens: int, temperature: float, seed, ou
         m, n_acc = g.last_step
         for tok, kind in zip(new, provenance(m, n_acc, len(new)), strict=True):
             piece = decoder.push([] if int(tok) in eos else [tok])
-            colour = (_POS[min(int(kind[5:]), len(_POS) - 1)] if kind.startswith("draft")
-                      else {"correction": CORRECTION, "bonus": BONUS}.get(kind, ""))
+            colour = (
+                _POS[min(int(kind[5:]), len(_POS) - 1)]
+                if kind.startswith("draft")
+                else {"correction": CORRECTION, "bonus": BONUS}.get(kind, "")
+            )
             out.write(f"{colour}{piece}{RESET if colour else ''}")
         out.flush()
-    out.write(f"\n{_POS[0]}accepted draft{RESET} (darker = later position)  {CORRECTION}target correction"
-              f"{RESET}  {BONUS}bonus{RESET}  plain = no draft\n")
+    out.write(
+        f"\n{_POS[0]}accepted draft{RESET} (darker = later position)  {CORRECTION}target correction"
+        f"{RESET}  {BONUS}bonus{RESET}  plain = no draft\n"
+    )

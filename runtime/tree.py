@@ -26,7 +26,7 @@ class TreeConfig:
 
     @classmethod
     def parse(cls, spec: str) -> TreeConfig:
-        """"NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]]", e.g. "9:4:2:2" (the CLI's --tree)."""
+        """ "NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]]", e.g. "9:4:2:2" (the CLI's --tree)."""
         parts = spec.split(":")
         try:
             ints = [int(x) for x in parts[:4]]
@@ -44,8 +44,10 @@ class TreeConfig:
 
     def check(self, max_width: int) -> None:
         if self.nodes and not 2 <= self.nodes <= max_width:
-            raise ValueError(f"tree of {self.nodes} nodes: need 2..{max_width} (the folder's widest verify graph "
-                             "is k+1). Hint: re-export with a larger --k or use fewer nodes")
+            raise ValueError(
+                f"tree of {self.nodes} nodes: need 2..{max_width} (the folder's widest verify graph "
+                "is k+1). Hint: re-export with a larger --k or use fewer nodes"
+            )
         if self.nodes and (self.depth < 1 or self.branch < 1 or self.beam < 1):
             raise ValueError(f"bad tree settings {self}: depth, branch and beam must be >= 1")
 
@@ -92,7 +94,7 @@ class TokenTree:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depth[:self.n].max()) if self.n else 0
+        return int(self.depth[: self.n].max()) if self.n else 0
 
     def keep_chain_prefix(self, n_chain: int) -> None:
         """Prune to a tree whose nodes 0..n_chain-1 are a chain (node i at depth i) and whose other
@@ -108,13 +110,17 @@ class TokenTree:
             if keep[i]:
                 new[i] = m
                 self.tokens[m], self.parents[m], self.depth[m], self.score[m] = (
-                    self.tokens[i], new[p], self.depth[i], self.score[i])
+                    self.tokens[i],
+                    new[p],
+                    self.depth[i],
+                    self.score[i],
+                )
                 m += 1
         self.n = m
 
     def proposal(self) -> Proposal:
         """The drafted tree as the verify call takes it (views of the buffers)."""
-        return Proposal(self.tokens[:self.n], self.parents[:self.n], None, self, self.max_depth)
+        return Proposal(self.tokens[: self.n], self.parents[: self.n], None, self, self.max_depth)
 
 
 TREE_BLOCK = 128  # the context blocks ORT's CPU attention GEMM sums separately (measured, tests/test_tree.py)

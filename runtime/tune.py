@@ -36,8 +36,16 @@ def tune(cfg: TuneConfig, out=sys.stdout) -> Defaults:
     man = load_manifest(cfg.engine)
     drafters = list(shipped(man, cfg.runtime))  # every drafter the folder can run (model-free ones included)
     ks = tuple(k for k in cfg.ks if k <= man.num_speculative_tokens) or (1,)
-    bench = BenchConfig(engine=cfg.engine, runtime=cfg.runtime, prompts=cfg.prompts, drafters=tuple(drafters), ks=ks,
-                        max_new_tokens=cfg.max_new_tokens, limit=cfg.limit, adaptive=True)
+    bench = BenchConfig(
+        engine=cfg.engine,
+        runtime=cfg.runtime,
+        prompts=cfg.prompts,
+        drafters=tuple(drafters),
+        ks=ks,
+        max_new_tokens=cfg.max_new_tokens,
+        limit=cfg.limit,
+        adaptive=True,
+    )
     report = run_bench(bench, out=out)
     runs = report["runs"]
     plain = next(r for r in runs if r["drafter"] == "none")["totals"]
@@ -46,20 +54,30 @@ def tune(cfg: TuneConfig, out=sys.stdout) -> Defaults:
     lossless = [r for r in runs if r["totals"]["identical_to_none"] == r["totals"]["n_prompts"]]
     best = max(lossless, key=lambda r: r["totals"]["tokens_per_s"])
     speedup = best["totals"]["tokens_per_s"] / max(plain["tokens_per_s"], 1e-9)
-    tuned = Tuned(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  prompts=report["config"]["prompts"], n_prompts=plain["n_prompts"], prefill_share=prefill_share,
-                  speedup_vs_none=speedup, tokens_per_s=best["totals"]["tokens_per_s"],
-                  machine=report["machine"]["cpu"], table=format_table(report))
-    decision = Defaults(drafter=best["drafter"], k=best["k"] or man.defaults.k, adaptive=bool(best.get("adaptive")),
-                        tuned=tuned)
+    tuned = Tuned(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        prompts=report["config"]["prompts"],
+        n_prompts=plain["n_prompts"],
+        prefill_share=prefill_share,
+        speedup_vs_none=speedup,
+        tokens_per_s=best["totals"]["tokens_per_s"],
+        machine=report["machine"]["cpu"],
+        table=format_table(report),
+    )
+    decision = Defaults(
+        drafter=best["drafter"], k=best["k"] or man.defaults.k, adaptive=bool(best.get("adaptive")), tuned=tuned
+    )
     kind = "decode-heavy" if prefill_share < 0.5 else "prefill-heavy"
     print(f"\nworkload: {kind} (prefill {prefill_share:.0%} of plain decoding time)", file=out)
     if best["drafter"] == "none":
         print("decision: plain decoding; no lossless speculative setting was faster here", file=out)
     else:
         ad = " adaptive" if decision.adaptive else ""
-        print(f"decision: drafter {best['drafter']} k={best['k']}{ad}, {speedup:.2f}x plain decoding, "
-              "output identical to plain on every prompt", file=out)
+        print(
+            f"decision: drafter {best['drafter']} k={best['k']}{ad}, {speedup:.2f}x plain decoding, "
+            "output identical to plain on every prompt",
+            file=out,
+        )
     if cfg.write:
         _write_defaults(cfg.engine, decision)
         print(f"recorded as the default of {cfg.engine}", file=out)
@@ -75,6 +93,9 @@ def describe_default(manifest: Manifest) -> str:
     d = manifest.defaults
     t = d.tuned
     ad = " adaptive" if d.adaptive else ""
-    where = (f"tuned {t.date[:10]} on {t.n_prompts} prompts, {t.speedup_vs_none:.2f}x plain"
-             if t else "export default; run `edgespec tune` to choose for your prompts")
+    where = (
+        f"tuned {t.date[:10]} on {t.n_prompts} prompts, {t.speedup_vs_none:.2f}x plain"
+        if t
+        else "export default; run `edgespec tune` to choose for your prompts"
+    )
     return f"drafter {d.drafter} k={d.k}{ad} ({where})"

@@ -33,8 +33,9 @@ from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState
 
 
-def accept(prop: Proposal, tgt_logits: np.ndarray, seq: SeqState, sampling: SamplingConfig,
-           rng: np.random.Generator) -> tuple[int, int]:
+def accept(
+    prop: Proposal, tgt_logits: np.ndarray, seq: SeqState, sampling: SamplingConfig, rng: np.random.Generator
+) -> tuple[int, int]:
     """(n accepted, the target's next token) for a proposal verified as tgt_logits [T, V]. The
     accepted drafts end up at seq.tokens[seq.n:seq.n + n accepted]; a tree's path in tree.path."""
     if prop.parents is not None:
@@ -58,8 +59,13 @@ def accept_greedy(draft: np.ndarray, tgt_logits: np.ndarray) -> tuple[int, int]:
     return n, int(tgt_ids[n])
 
 
-def accept_sampled(draft: np.ndarray, dft_probs: np.ndarray | None, tgt_logits: np.ndarray,
-                   cfg: SamplingConfig, rng: np.random.Generator) -> tuple[int, int]:
+def accept_sampled(
+    draft: np.ndarray,
+    dft_probs: np.ndarray | None,
+    tgt_logits: np.ndarray,
+    cfg: SamplingConfig,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
     """(n accepted, next token) by rejection sampling; dft_probs [m, V] or None (one-hot q)."""
     p = probs(tgt_logits, cfg)  # [m+1, V]
     if cfg.typical_epsilon > 0:
@@ -92,8 +98,9 @@ def accept_typical(draft: np.ndarray, p: np.ndarray, eps: float, rng: np.random.
     return len(draft), sample(p[len(draft)], rng)
 
 
-def accept_tree_greedy(tree, tgt_logits: np.ndarray, tokens: np.ndarray, n: int,
-                       repetition_penalty: float = 1.0) -> tuple[int, int]:
+def accept_tree_greedy(
+    tree, tgt_logits: np.ndarray, tokens: np.ndarray, n: int, repetition_penalty: float = 1.0
+) -> tuple[int, int]:
     """(n accepted, next token); tree.path[:n_acc+1] = the accepted nodes, root first, and their
     tokens are written at tokens[n:] (tokens[:n] is the context before them)."""
     cur, n_acc = 0, 0
@@ -112,8 +119,9 @@ def accept_tree_greedy(tree, tgt_logits: np.ndarray, tokens: np.ndarray, n: int,
         tree.path[n_acc] = cur
 
 
-def accept_tree_sampled(tree, tgt_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator,
-                        tokens: np.ndarray, n: int) -> tuple[int, int]:
+def accept_tree_sampled(
+    tree, tgt_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator, tokens: np.ndarray, n: int
+) -> tuple[int, int]:
     """Lossless tree acceptance (module docstring). tokens[:n] is the context before the root's
     successor; accepted tokens are written at tokens[n:] as the walk goes (the repetition
     penalty of a row sees its own path)."""

@@ -39,9 +39,11 @@ class FakeContext:
         e = self.engine
         w = self.shape["input_ids"][1]
         assert e.profiles[w] == self.profile, "context runs another width than its profile"
-        feed = {"input_ids": _view(self.addr["input_ids"], (1, w), np.int64),
-                "positions": _view(self.addr["positions"], (1, w), np.int64),
-                "past_len": _view(self.addr["past_len"], (1,), np.int64)}
+        feed = {
+            "input_ids": _view(self.addr["input_ids"], (1, w), np.int64),
+            "positions": _view(self.addr["positions"], (1, w), np.int64),
+            "past_len": _view(self.addr["past_len"], (1,), np.int64),
+        }
         if "tree_mask" in self.addr:
             feed["tree_mask"] = _view(self.addr["tree_mask"], (w, w), np.int64)
         for name in e.kv_inputs:

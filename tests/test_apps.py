@@ -40,9 +40,25 @@ def test_provenance_of_each_step():
 
 
 def test_generate_show_acceptance(tiny_engine):
-    res = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(tiny_engine), "--prompt",
-                          "hello hello hello hello", "--max-new-tokens", "20", "--show-acceptance", "--drafter",
-                          "ngram"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgespec.cli",
+            "generate",
+            "--engine",
+            str(tiny_engine),
+            "--prompt",
+            "hello hello hello hello",
+            "--max-new-tokens",
+            "20",
+            "--show-acceptance",
+            "--drafter",
+            "ngram",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert "\033[38;5;" in res.stdout and "accepted draft" in res.stdout
 
@@ -50,17 +66,35 @@ def test_generate_show_acceptance(tiny_engine):
 def test_bench_html_report_renders(tiny_engine, tmp_path):
     pytest.importorskip("matplotlib")
     html = tmp_path / "r.html"
-    res = subprocess.run([sys.executable, "-m", "edgespec.cli", "bench", "--engine", str(tiny_engine), "--prompts",
-                          str(_prompts(tmp_path)), "--drafter", "none,ngram", "--k", "2,4", "--max-new-tokens", "16",
-                          "--html", str(html)], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgespec.cli",
+            "bench",
+            "--engine",
+            str(tiny_engine),
+            "--prompts",
+            str(_prompts(tmp_path)),
+            "--drafter",
+            "none,ngram",
+            "--k",
+            "2,4",
+            "--max-new-tokens",
+            "16",
+            "--html",
+            str(html),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     doc = html.read_text()
     assert doc.count("data:image/png;base64,") == 3 and "<table>" in doc and "speedup vs none" in doc
     if shutil.which("chromium") is None:
         pytest.skip("chromium not installed: rendered check skipped (apt-get install chromium)")
     png = tmp_path / "r.png"
-    subprocess.run(["bash", str(ROOT / "tools/screenshot_report.sh"), str(html), str(png)], check=True,
-                   timeout=120)
+    subprocess.run(["bash", str(ROOT / "tools/screenshot_report.sh"), str(html), str(png)], check=True, timeout=120)
     assert png.stat().st_size > 20_000  # a page with plots, not a blank one
 
 

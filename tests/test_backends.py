@@ -21,8 +21,11 @@ from edgespec.runtime.drafters import names, spec_of
 from edgespec.runtime.generator import Generator
 
 DRAFTERS = names()
-FEATURE_DRAFTERS = tuple(d for d in DRAFTERS if spec_of(d).needs_features(_Cfg()) or any(
-    spec_of(n).aux_width is not None for n in spec_of(d).needs(_Cfg())))
+FEATURE_DRAFTERS = tuple(
+    d
+    for d in DRAFTERS
+    if spec_of(d).needs_features(_Cfg()) or any(spec_of(n).aux_width is not None for n in spec_of(d).needs(_Cfg()))
+)
 
 PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7])
 GPU_EP = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
@@ -36,9 +39,22 @@ def full_engine(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("full")
     head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
     heads_dir, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4, n_layers=1)
-    return export(ExportConfig(target=str(tiny_models["llama"]), draft="self:1", eagle=str(head_dir),
-                               medusa=str(heads_dir), out=str(root / "engine"), max_len=256, k=4, prefill_chunk=16,
-                               kv_bucket=32, precision="fp32", trees=True, progress=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            draft="self:1",
+            eagle=str(head_dir),
+            medusa=str(heads_dir),
+            out=str(root / "engine"),
+            max_len=256,
+            k=4,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +67,23 @@ def eagle3_engine(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("e3")
     head_dir, _, _ = _tiny_eagle3_head(tiny_models["llama"], root / "head3")
     dflash_dir = tiny_dflash(tiny_models["llama"], root / "dflash")
-    return export(ExportConfig(target=str(tiny_models["llama"]), eagle="none", medusa="none", eagle3=str(head_dir),
-                               dflash=str(dflash_dir),
-                               out=str(root / "engine"), max_len=256, k=4, prefill_chunk=16, kv_bucket=32,
-                               precision="fp32", trees=True, progress=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            eagle="none",
+            medusa="none",
+            eagle3=str(head_dir),
+            dflash=str(dflash_dir),
+            out=str(root / "engine"),
+            max_len=256,
+            k=4,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+        )
+    )
 
 
 def _fake_trt(monkeypatch) -> None:
@@ -78,15 +107,18 @@ def _ids(g: Generator) -> list[int]:
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
-@pytest.mark.parametrize("provider", ["cpu", "trt", pytest.param("cuda", marks=pytest.mark.gpu),
-                                      pytest.param("tensorrt", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    "provider",
+    ["cpu", "trt", pytest.param("cuda", marks=pytest.mark.gpu), pytest.param("tensorrt", marks=pytest.mark.gpu)],
+)
 def test_backend_serves_or_refuses_each_drafter(full_engine, request, monkeypatch, provider, drafter):
     if provider in GPU_EP and GPU_EP[provider] not in ort.get_available_providers():
         pytest.skip(f"{provider} needs onnxruntime-gpu and an NVIDIA GPU")
     if provider == "trt":
         _fake_trt(monkeypatch)
-    cfg = RuntimeConfig(provider=provider, drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0,
-                        medusa_min_confidence=0.0)
+    cfg = RuntimeConfig(
+        provider=provider, drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0, medusa_min_confidence=0.0
+    )
     if provider == "trt" and drafter in FEATURE_DRAFTERS:
         with pytest.raises(ValueError, match=rf"drafter '{drafter}' cannot run on provider 'trt'.*Hint: use "):
             Generator.load(full_engine, cfg)

@@ -21,9 +21,18 @@ from edgespec.runtime.text import TARGET, Origins  # noqa: E402
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 # root in a container: no sandbox; nothing that reaches out (updates, sync, QUIC probes)
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--window-size=1100,800")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1100,800",
+)
 WAIT_S = 30  # the longest any page state is waited for
 
 
@@ -41,8 +50,13 @@ def keyed(server):
 
 def _plain(client, messages, max_tokens: int) -> str:
     """What plain greedy decoding answers (the page's greedy answer must be the same text)."""
-    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, temperature=0,
-                                       extra_body={"speculative": {"drafter": "none"}})
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"speculative": {"drafter": "none"}},
+    )
     return r.choices[0].message.content
 
 
@@ -62,8 +76,16 @@ def test_origins_read_out_per_piece():
 
 def test_stream_chunks_carry_origins_and_counts(keyed):
     msgs = [{"role": "user", "content": PROMPT}]
-    chunks = list(keyed.chat.completions.create(model="tiny", messages=msgs, max_tokens=40, temperature=0,
-                                                stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        keyed.chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     pieces = [c for c in chunks if c.choices and c.choices[0].delta.content]
     text = "".join(c.choices[0].delta.content for c in pieces)
     assert text == _plain(keyed, msgs, 40)  # greedy speculative text is plain decoding's
@@ -216,8 +238,11 @@ def test_chat_streams_coloured_tokens_and_live_stats(server, keyed, browser):
     # a second turn carries the first: the answer is plain decoding's for the whole conversation
     first = shown
     answer2 = page.ask("and again")
-    msgs = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": _plain(
-        keyed, [{"role": "user", "content": PROMPT}], 40)}, {"role": "user", "content": "and again"}]
+    msgs = [
+        {"role": "user", "content": PROMPT},
+        {"role": "assistant", "content": _plain(keyed, [{"role": "user", "content": PROMPT}], 40)},
+        {"role": "user", "content": "and again"},
+    ]
     assert answer2.find_element(page.By.CSS_SELECTOR, ".text").text == _plain(keyed, msgs, 40).strip()
     assert len(page.answers()) == 2 and page.answers()[0].find_element(page.By.CSS_SELECTOR, ".text").text == first
     page.el("new-chat").click()
@@ -239,7 +264,8 @@ def test_settings_choose_the_drafter_k_and_tree(server, browser):
     answer = page.ask("x")
     assert "draft k=2" in answer.find_element(page.By.CSS_SELECTOR, ".meta").text
     assert {s.get_attribute("data-origin") for s in answer.find_elements(page.By.CSS_SELECTOR, ".tok.draft")} <= {
-        "draft"}
+        "draft"
+    }
     tree_drafter = offer["tree_drafters"][0]  # the tiny folder is exported with trees
     page.el("new-chat").click()
     page.choose("drafter", tree_drafter)

@@ -22,15 +22,18 @@ TABLE = random_table(V, seed=11, sharpness=1.0)
 def _fake_sections() -> dict:
     """Fake engines for the drafter sections the fakes cover (the others' own tests use theirs)."""
     noisy = TABLE + np.random.default_rng(2).standard_normal(TABLE.shape).astype(np.float32)
-    return {"draft": FakeModel(noisy, max_len=64),
-            "eagle": EagleEngines(FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64), None),
-            "medusa": FakeHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)}
+    return {
+        "draft": FakeModel(noisy, max_len=64),
+        "eagle": EagleEngines(FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64), None),
+        "medusa": FakeHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3),
+    }
 
 
 def _gen(drafter: str) -> Generator:
     opts = {o.name: 0.0 for o in RuntimeConfig.options() if o.name.endswith("min_confidence")}
-    return Generator(None, Engines(FakeModel(TABLE, max_len=64), _fake_sections()),
-                     RuntimeConfig(drafter=drafter, k=3, **opts))
+    return Generator(
+        None, Engines(FakeModel(TABLE, max_len=64), _fake_sections()), RuntimeConfig(drafter=drafter, k=3, **opts)
+    )
 
 
 def _covered() -> list[str]:

@@ -33,8 +33,13 @@ def test_greedy_speculative_identical_on_humaneval_prompts(gen):
     for p in prompts:
         gen.set_drafter("none")
         ref = _ids(gen, p["prompt"], 96)
-        for drafter, ks in (("ngram", (1, 2, 4, 8)), ("draft", (3,)), ("eagle", (2, 5)), ("hybrid", (5,)),
-                            ("medusa", (4,))):
+        for drafter, ks in (
+            ("ngram", (1, 2, 4, 8)),
+            ("draft", (3,)),
+            ("eagle", (2, 5)),
+            ("hybrid", (5,)),
+            ("medusa", (4,)),
+        ):
             for k in ks:
                 gen.set_drafter(drafter, k)
                 assert _ids(gen, p["prompt"], 96) == ref, f"{p['id']}: {drafter} k={k} diverged"
@@ -49,8 +54,10 @@ def test_greedy_trees_identical_on_humaneval_prompts(default_engine, gen):
     gen.set_drafter("none")
     refs = [_ids(gen, p["prompt"], 96) for p in prompts]
     for drafter, spec in (("ngram", "9:8:1:1"), ("eagle", "9:4:2:2"), ("hybrid", "7:3:3:2"), ("medusa", "8:4:3:2")):
-        t = Generator.load(default_engine, RuntimeConfig(drafter=drafter, k=8, adaptive=False, eagle_min_confidence=0.0,
-                           tree=TreeConfig.parse(spec)))
+        t = Generator.load(
+            default_engine,
+            RuntimeConfig(drafter=drafter, k=8, adaptive=False, eagle_min_confidence=0.0, tree=TreeConfig.parse(spec)),
+        )
         for p, ref in zip(prompts, refs, strict=True):
             assert _ids(t, p["prompt"], 96) == ref, f"{p['id']}: {drafter} tree {spec} diverged"
         assert t.last_stats.n_drafted > 0
@@ -81,8 +88,10 @@ def test_fused_target_head_graph_drafts_like_separate_head_calls(default_engine,
     which moves a chain cut-off now and then; tests/test_eagle.py checks step for step in fp32.)"""
     m = gen.manifest
     assert m.models().get("eagle_fused") is not None and max(m.models().get("eagle_fused").validation.values()) < 1e-3
-    fused, separate = (Generator.load(default_engine, RuntimeConfig(drafter="eagle", k=3, adaptive=False, fuse_head=f))
-                       for f in (True, False))
+    fused, separate = (
+        Generator.load(default_engine, RuntimeConfig(drafter="eagle", k=3, adaptive=False, fuse_head=f))
+        for f in (True, False)
+    )
     assert fused.target is fused.engines.get("eagle").fused and separate.target is separate.engines.target
     for p in load_prompts(None, 2):
         ids = gen.codec.encode(p["prompt"])
@@ -118,7 +127,7 @@ def test_decode_and_verify_rows_agree_numerically(gen):
     tgt.commit(0, 32)
     wide = tgt.forward(ids[32:40], 32).copy()  # [8, V]
     for i in range(8):
-        one = tgt.forward(ids[32 + i:33 + i], 32 + i)
+        one = tgt.forward(ids[32 + i : 33 + i], 32 + i)
         tgt.commit(32 + i, 1)
         assert np.array_equal(one[0], wide[i]), f"row {i}: max diff {np.abs(one[0] - wide[i]).max()}"
 
@@ -146,6 +155,7 @@ one = p.memory_info().rss
 e.load_widths(m.target.widths())
 print(one, p.memory_info().rss)
 """
-    one, all_ = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                        check=True).stdout.split())
+    one, all_ = map(
+        int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
     assert all_ <= 1.2 * one, f"RSS {one / 2**20:.0f} MiB with one width, {all_ / 2**20:.0f} MiB with all"

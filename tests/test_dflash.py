@@ -21,12 +21,22 @@ def tiny_dflash(model_dir, out, block_size: int = 5, draft_vocab: int = 48, seed
     arch = arch_from_config(model.config, 256)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     d2t = np.random.default_rng(seed).permutation(arch.vocab_size)[:draft_vocab].astype(np.int64)
-    dc = DFlashConfig(hidden_size=arch.hidden_size, n_layers=1, n_heads=arch.n_heads, n_kv_heads=arch.n_kv_heads,
-                      head_dim=arch.head_dim, intermediate_size=arch.intermediate_size, rms_norm_eps=arch.rms_norm_eps,
-                      rope_theta=float(arch.rope_theta), vocab_size=arch.vocab_size, draft_vocab_size=draft_vocab,
-                      block_size=block_size, mask_token_id=arch.vocab_size - 1,
-                      target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
-                      n_target_layers=arch.n_layers)
+    dc = DFlashConfig(
+        hidden_size=arch.hidden_size,
+        n_layers=1,
+        n_heads=arch.n_heads,
+        n_kv_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        intermediate_size=arch.intermediate_size,
+        rms_norm_eps=arch.rms_norm_eps,
+        rope_theta=float(arch.rope_theta),
+        vocab_size=arch.vocab_size,
+        draft_vocab_size=draft_vocab,
+        block_size=block_size,
+        mask_token_id=arch.vocab_size - 1,
+        target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
+        n_target_layers=arch.n_layers,
+    )
     arrays = init_arrays(arch, sd, d2t, dc, seed)
     rng = np.random.default_rng(seed + 1)
     for k, v in arrays.items():
@@ -53,10 +63,33 @@ def tiny_drafter(tiny_target, tmp_path_factory):
     from edgespec.export.train_dflash import TrainConfig, train
 
     root = tmp_path_factory.mktemp("dfdata")
-    data = generate_data(DataConfig(out=str(root / "data"), target=str(tiny_target), n_general=12, n_code_chat=6,
-                                    n_completion=6, max_new_tokens=24, batch=12, aux=True), progress=False)
-    return train(TrainConfig(data=str(data), out=str(root / "dflash"), target=str(tiny_target), block_size=6,
-                             draft_vocab=64, anchors=6, minutes=0.5, epochs=2, batch_tokens=512), progress=False)
+    data = generate_data(
+        DataConfig(
+            out=str(root / "data"),
+            target=str(tiny_target),
+            n_general=12,
+            n_code_chat=6,
+            n_completion=6,
+            max_new_tokens=24,
+            batch=12,
+            aux=True,
+        ),
+        progress=False,
+    )
+    return train(
+        TrainConfig(
+            data=str(data),
+            out=str(root / "dflash"),
+            target=str(tiny_target),
+            block_size=6,
+            draft_vocab=64,
+            anchors=6,
+            minutes=0.5,
+            epochs=2,
+            batch_tokens=512,
+        ),
+        progress=False,
+    )
 
 
 def test_checkpoint_is_in_the_dflash_layout(tiny_drafter):
@@ -70,8 +103,14 @@ def test_checkpoint_is_in_the_dflash_layout(tiny_drafter):
     w = load_file(str(tiny_drafter / "model.safetensors"))
     H = cfg["hidden_size"]
     assert w["fc.weight"].shape == (H, 3 * H)
-    assert {"hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_norm.weight", "layers.0.self_attn.k_norm.weight",
-            "layers.0.mlp.gate_proj.weight", "d2t"} <= set(w)
+    assert {
+        "hidden_norm.weight",
+        "norm.weight",
+        "layers.0.self_attn.q_norm.weight",
+        "layers.0.self_attn.k_norm.weight",
+        "layers.0.mlp.gate_proj.weight",
+        "d2t",
+    } <= set(w)
     dc, arrays = read_dflash(tiny_drafter, H, 256)
     assert dc.block_size == 6 and len(arrays["d2t"]) == 64 == dc.draft_vocab_size
     assert "holdout" in cfg["edgespec"] and len(cfg["edgespec"]["holdout"]["p_first_i_right"]) == 5
@@ -90,9 +129,21 @@ def dflash_engine(tiny_target, tiny_drafter, tmp_path_factory):
     from edgespec.export.exporter import ExportConfig, export
 
     out = tmp_path_factory.mktemp("dfeng") / "tiny-dflash"
-    return export(ExportConfig(target=str(tiny_target), dflash=str(tiny_drafter), eagle="none", medusa="none",
-                               out=str(out), max_len=256, k=4, prefill_chunk=16, kv_bucket=32, precision="fp32",
-                               progress=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_target),
+            dflash=str(tiny_drafter),
+            eagle="none",
+            medusa="none",
+            out=str(out),
+            max_len=256,
+            k=4,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            progress=False,
+        )
+    )
 
 
 def test_export_validates_the_graph_against_pytorch(dflash_engine):
@@ -113,8 +164,9 @@ def test_greedy_dflash_output_is_plain_output(dflash_engine, drafter, k):
 
     rng = np.random.default_rng(3)
     plain = Generator.load(dflash_engine, RuntimeConfig(drafter="none"))
-    spec = Generator.load(dflash_engine, RuntimeConfig(drafter=drafter, k=k, eagle_min_confidence=0.0,
-                                                        hybrid_head="dflash"))
+    spec = Generator.load(
+        dflash_engine, RuntimeConfig(drafter=drafter, k=k, eagle_min_confidence=0.0, hybrid_head="dflash")
+    )
     drafted = 0
     for n in (5, 23, 40):
         prompt = rng.integers(2, 256, n)
@@ -158,8 +210,11 @@ def test_dflash_sampling_keeps_the_target_distribution():
     table = random_table(ts.V, seed=11, sharpness=1.0)
     # the confidence cut depends on the block's logits only: lossless either way; hybrid: its head
     for drafter, cut in (("dflash", 0.0), ("dflash", 0.3), ("hybrid", 0.0)):
-        g = Generator(None, Engines(te3._AuxTarget(table, 64), {"dflash": FakeDFlash(ts.V, [0, 2, 3, 5, 6])}),
-                      RuntimeConfig(drafter=drafter, k=3, eagle_min_confidence=cut, hybrid_head="dflash"))
+        g = Generator(
+            None,
+            Engines(te3._AuxTarget(table, 64), {"dflash": FakeDFlash(ts.V, [0, 2, 3, 5, 6])}),
+            RuntimeConfig(drafter=drafter, k=3, eagle_min_confidence=cut, hybrid_head="dflash"),
+        )
         p = ts._chi2_pvalue(ts._sample_counts(g), ts._exact_tokens_23(g))
         assert p > 1e-3, f"{drafter} (cut {cut}): chi-square p = {p:.2g}: samples do not follow the target"
         assert g.last_stats.n_drafted > 0

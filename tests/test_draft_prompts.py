@@ -11,10 +11,25 @@ import pytest
 from edgespec.export import draft_prompts as dp
 
 EVAL = Path(__file__).parent.parent / "tools/prompts/drafts_eval.jsonl"
-CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
-              "translation", "summarization", "qa", "math_reasoning", "retrieval"}
-SLOT = re.compile(r"\{(?:t|n|k|w|p|l|c|s|u|q|f|m|r|a|b|lang|age|task|tone|other|small|big|name|product|date|"
-                  r"order|issue)\}")
+CATEGORIES = {
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+    "translation",
+    "summarization",
+    "qa",
+    "math_reasoning",
+    "retrieval",
+}
+SLOT = re.compile(
+    r"\{(?:t|n|k|w|p|l|c|s|u|q|f|m|r|a|b|lang|age|task|tone|other|small|big|name|product|date|"
+    r"order|issue)\}"
+)
 
 
 def _text(row: dict) -> str:
@@ -23,7 +38,7 @@ def _text(row: dict) -> str:
 
 def _windows(text: str, n: int = 8) -> set[tuple[str, ...]]:
     words = re.findall(r"[a-z0-9']+", text.lower())
-    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +127,20 @@ def test_eval_set_shares_no_8_word_window_with_training_prompts(wide):
     hits = [(r["id"], " ".join(w)) for r in _eval_rows() for w in _windows(_text(r)) & seen]
     assert not hits, hits[:5]
     # nor any multi-word slot of the training templates (a story subject, a how-to, a task, a topic)
-    slots = (ep.HOWTO + ep.WHY + ep.SUBJECTS + ep.BRAINSTORM + ep.GOALS + dp.PROG_TASKS + dp.SQL_TASKS
-             + dp.BASH_TASKS + dp.LONG_TOPICS + dp.PURPOSES + dp.CREATIVE_SUBJECTS + dp.PERSONAS)
+    slots = (
+        ep.HOWTO
+        + ep.WHY
+        + ep.SUBJECTS
+        + ep.BRAINSTORM
+        + ep.GOALS
+        + dp.PROG_TASKS
+        + dp.SQL_TASKS
+        + dp.BASH_TASKS
+        + dp.LONG_TOPICS
+        + dp.PURPOSES
+        + dp.CREATIVE_SUBJECTS
+        + dp.PERSONAS
+    )
     evals = [_text(r).lower() for r in _eval_rows()]
     assert not [(s, e[:60]) for s in slots if len(s.split()) >= 3 for e in evals if s.lower() in e]
 

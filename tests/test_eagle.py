@@ -16,8 +16,9 @@ from edgespec.export.eagle_head import build_head, init_arrays  # noqa: E402
 from edgespec.export.train import draft_vocab  # noqa: E402
 
 
-def _tiny_head(model_dir, out, draft_vocab: int | None = None, seed: int = 0, noise: float = 0.0,
-               by_frequency: bool = False):
+def _tiny_head(
+    model_dir, out, draft_vocab: int | None = None, seed: int = 0, noise: float = 0.0, by_frequency: bool = False
+):
     """A head for a tiny target, saved in the EAGLE layout (random, or a copy of the last layer)."""
     from transformers import AutoModelForCausalLM
 
@@ -49,8 +50,14 @@ def test_checkpoint_layout_round_trip(tiny_models, tmp_path):
 
     folder, head, arch = _tiny_head(tiny_models["llama"], tmp_path / "head", draft_vocab=40, noise=0.02)
     names = set(load_file(str(folder / "model.safetensors")))
-    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight",
-            "layers.0.post_attention_layernorm.weight", "d2t"} <= names
+    assert {
+        "fc.weight",
+        "fc.bias",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.0.mlp.down_proj.weight",
+        "layers.0.post_attention_layernorm.weight",
+        "d2t",
+    } <= names
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == 40
     hc, arrays = read_head(folder, arch.hidden_size, arch.vocab_size)
@@ -71,23 +78,37 @@ def test_reads_an_eagle1_checkpoint_without_input_norm(tiny_models, tmp_path):
     arch = arch_from_config(AutoConfig.from_pretrained(tiny_models["llama"]), 256)
     H, I, d = arch.hidden_size, arch.intermediate_size, arch.head_dim
     g = torch.Generator().manual_seed(0)
-    sd = {"fc.weight": torch.randn(H, 2 * H, generator=g) * 0.05, "fc.bias": torch.zeros(H),
-          "embed_tokens.weight": torch.randn(arch.vocab_size, H, generator=g),
-          "layers.0.self_attn.q_proj.weight": torch.randn(arch.n_heads * d, H, generator=g) * 0.05,
-          "layers.0.self_attn.k_proj.weight": torch.randn(arch.n_kv_heads * d, H, generator=g) * 0.05,
-          "layers.0.self_attn.v_proj.weight": torch.randn(arch.n_kv_heads * d, H, generator=g) * 0.05,
-          "layers.0.self_attn.o_proj.weight": torch.randn(H, arch.n_heads * d, generator=g) * 0.05,
-          "layers.0.mlp.gate_proj.weight": torch.randn(I, H, generator=g) * 0.05,
-          "layers.0.mlp.up_proj.weight": torch.randn(I, H, generator=g) * 0.05,
-          "layers.0.mlp.down_proj.weight": torch.randn(H, I, generator=g) * 0.05,
-          "layers.0.post_attention_layernorm.weight": torch.ones(H)}
+    sd = {
+        "fc.weight": torch.randn(H, 2 * H, generator=g) * 0.05,
+        "fc.bias": torch.zeros(H),
+        "embed_tokens.weight": torch.randn(arch.vocab_size, H, generator=g),
+        "layers.0.self_attn.q_proj.weight": torch.randn(arch.n_heads * d, H, generator=g) * 0.05,
+        "layers.0.self_attn.k_proj.weight": torch.randn(arch.n_kv_heads * d, H, generator=g) * 0.05,
+        "layers.0.self_attn.v_proj.weight": torch.randn(arch.n_kv_heads * d, H, generator=g) * 0.05,
+        "layers.0.self_attn.o_proj.weight": torch.randn(H, arch.n_heads * d, generator=g) * 0.05,
+        "layers.0.mlp.gate_proj.weight": torch.randn(I, H, generator=g) * 0.05,
+        "layers.0.mlp.up_proj.weight": torch.randn(I, H, generator=g) * 0.05,
+        "layers.0.mlp.down_proj.weight": torch.randn(H, I, generator=g) * 0.05,
+        "layers.0.post_attention_layernorm.weight": torch.ones(H),
+    }
     folder = tmp_path / "eagle1"
     folder.mkdir()
     torch.save(sd, folder / "pytorch_model.bin")
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": H, "intermediate_size": I,
-        "num_attention_heads": arch.n_heads, "num_key_value_heads": arch.n_kv_heads, "num_hidden_layers": 1,
-        "rms_norm_eps": 1e-6, "vocab_size": arch.vocab_size, "bias": True}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": H,
+                "intermediate_size": I,
+                "num_attention_heads": arch.n_heads,
+                "num_key_value_heads": arch.n_kv_heads,
+                "num_hidden_layers": 1,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": arch.vocab_size,
+                "bias": True,
+            }
+        )
+    )
     hc, arrays = read_head(folder, H, arch.vocab_size)
     assert not hc.input_layernorm and hc.draft_vocab_size == arch.vocab_size
     assert np.array_equal(arrays["d2t"], np.arange(arch.vocab_size))
@@ -126,10 +147,18 @@ def test_export_cuts_the_draft_vocab_and_stays_identical(tiny_models, tmp_path):
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    head_dir, _, _ = _tiny_head(tiny_models["llama"], tmp_path / "head", draft_vocab=48, noise=0.01,
-                                by_frequency=True)
-    common = dict(target=str(tiny_models["llama"]), eagle=str(head_dir), max_len=256, k=4, prefill_chunk=16,
-                  kv_bucket=32, precision="fp32", medusa=None, progress=False)
+    head_dir, _, _ = _tiny_head(tiny_models["llama"], tmp_path / "head", draft_vocab=48, noise=0.01, by_frequency=True)
+    common = dict(
+        target=str(tiny_models["llama"]),
+        eagle=str(head_dir),
+        max_len=256,
+        k=4,
+        prefill_chunk=16,
+        kv_bucket=32,
+        precision="fp32",
+        medusa=None,
+        progress=False,
+    )
     out = export(ExportConfig(out=str(tmp_path / "engine"), eagle_draft_vocab=20, **common))
     m = load_manifest(out)
     assert m.models().get("eagle").vocab_size == 20 and m.models().get("eagle").head.trained_draft_vocab_size == 48
@@ -150,9 +179,20 @@ def eagle_engine(tiny_models, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("eagle")
     head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
-    return export(ExportConfig(target=str(tiny_models["llama"]), eagle=str(head_dir), out=str(root / "engine"),
-                               max_len=256, k=6, prefill_chunk=16, kv_bucket=32, precision="fp32", trees=True,
-                               progress=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            eagle=str(head_dir),
+            out=str(root / "engine"),
+            max_len=256,
+            k=6,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+        )
+    )
 
 
 def test_export_lists_and_validates_the_head(eagle_engine):
@@ -173,12 +213,34 @@ def test_cli_bench_eagle_on_the_shared_thread_pool(eagle_engine, tmp_path):
     import sys
 
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": str(i), "prompt": f"{i} {i + 1} {i + 2} {i} {i + 1}"}) + "\n"
-                               for i in range(3)))
+    prompts.write_text(
+        "".join(json.dumps({"id": str(i), "prompt": f"{i} {i + 1} {i + 2} {i} {i + 1}"}) + "\n" for i in range(3))
+    )
     out = tmp_path / "b.json"
-    res = subprocess.run([sys.executable, "-m", "edgespec.cli", "bench", "--engine", str(eagle_engine), "--prompts",
-                          str(prompts), "--drafter", "none,eagle,hybrid", "--k", "3", "--max-new-tokens", "16",
-                          "--eagle-min-confidence", "0", "--json", str(out)], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgespec.cli",
+            "bench",
+            "--engine",
+            str(eagle_engine),
+            "--prompts",
+            str(prompts),
+            "--drafter",
+            "none,eagle,hybrid",
+            "--k",
+            "3",
+            "--max-new-tokens",
+            "16",
+            "--eagle-min-confidence",
+            "0",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     runs = json.loads(out.read_text())["runs"]
     assert [r["totals"]["identical_to_none"] for r in runs] == [3, 3, 3]
@@ -212,8 +274,9 @@ def test_eagle_greedy_identical_to_plain(eagle_engine, drafter, fuse_head):
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    g = Generator.load(eagle_engine, RuntimeConfig(drafter="none", k=1, adaptive=False, eagle_min_confidence=0.0,
-                       fuse_head=fuse_head))
+    g = Generator.load(
+        eagle_engine, RuntimeConfig(drafter="none", k=1, adaptive=False, eagle_min_confidence=0.0, fuse_head=fuse_head)
+    )
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 60, n) for n in (5, 23, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 48)]) for p in prompts]
@@ -250,20 +313,30 @@ def test_fused_head_drafts_what_separate_head_calls_draft(eagle_engine):
 
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 60, n) for n in (6, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
-    for drafter, tree in (("eagle", TreeConfig()), ("hybrid", TreeConfig()),
-                          ("eagle", TreeConfig(nodes=6, depth=3, branch=2, beam=2))):
-        gens = [Generator.load(eagle_engine, RuntimeConfig(drafter=drafter, k=4, adaptive=False,
-                                                           eagle_min_confidence=0.0,
-                               fuse_head=f, tree=tree)) for f in (True, False)]
+    for drafter, tree in (
+        ("eagle", TreeConfig()),
+        ("hybrid", TreeConfig()),
+        ("eagle", TreeConfig(nodes=6, depth=3, branch=2, beam=2)),
+    ):
+        gens = [
+            Generator.load(
+                eagle_engine,
+                RuntimeConfig(drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0, fuse_head=f, tree=tree),
+            )
+            for f in (True, False)
+        ]
         assert gens[0].target is not gens[0].engines.target and gens[1].target is gens[1].engines.target
         fused, separate = (_run(g, prompts, 40) for g in gens)
         assert fused[:2] == separate[:2], (drafter, tree)
         if drafter == "eagle":  # (hybrid: prompt lookup matches everywhere in these prompts)
             assert sum(fused[2]) < sum(separate[2]), (fused[2], separate[2])
     for sampling in (SamplingConfig(temperature=0.8, seed=3), SamplingConfig(repetition_penalty=1.3)):
-        gens = [Generator.load(eagle_engine, RuntimeConfig(drafter="eagle", k=3, adaptive=False,
-                                                           eagle_min_confidence=0.0,
-                               fuse_head=f)) for f in (True, False)]
+        gens = [
+            Generator.load(
+                eagle_engine, RuntimeConfig(drafter="eagle", k=3, adaptive=False, eagle_min_confidence=0.0, fuse_head=f)
+            )
+            for f in (True, False)
+        ]
         assert _run(gens[0], prompts, 30, sampling=sampling)[:2] == _run(gens[1], prompts, 30, sampling=sampling)[:2]
 
 
@@ -280,8 +353,9 @@ def test_tree_greedy_identical_to_plain(eagle_engine, drafter):
     prompts = [rng.integers(3, 60, n) for n in (7, 110)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 40)]) for p in prompts]
     for tree in (TreeConfig(nodes=7, depth=3, branch=2, beam=2), TreeConfig(nodes=5, depth=4, branch=3, beam=1)):
-        t = Generator.load(eagle_engine, RuntimeConfig(drafter=drafter, k=6, adaptive=False, eagle_min_confidence=0.0,
-                                                       tree=tree))
+        t = Generator.load(
+            eagle_engine, RuntimeConfig(drafter=drafter, k=6, adaptive=False, eagle_min_confidence=0.0, tree=tree)
+        )
         for p, ref in zip(prompts, plain, strict=True):
             out = np.concatenate([x.copy() for x in t.generate_ids(p, 40)])
             assert np.array_equal(out, ref), (drafter, tree, p)
@@ -312,8 +386,23 @@ def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
     from edgespec.runtime.generator import Generator
 
     head = tmp_path / "head"
-    args = ["train-eagle", "--target", str(tiny_models["llama"]), "--out", str(head), "--prompts", "24",
-            "--max-new-tokens", "12", "--gen-batch", "12", "--minutes", "0.5", "--draft-vocab", "64"]
+    args = [
+        "train-eagle",
+        "--target",
+        str(tiny_models["llama"]),
+        "--out",
+        str(head),
+        "--prompts",
+        "24",
+        "--max-new-tokens",
+        "12",
+        "--gen-batch",
+        "12",
+        "--minutes",
+        "0.5",
+        "--draft-vocab",
+        "64",
+    ]
     assert main(args + ["--epochs", "1"]) == 0
     assert (head / "data" / "done").exists() and (head / "checkpoint.pt").exists()
     step1 = torch.load(head / "checkpoint.pt", weights_only=False)["step"]
@@ -322,8 +411,26 @@ def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 64 and "holdout" in cfg["eagle"] and cfg["eagle"]["d2t_order"] == "frequency"
     tuned = tmp_path / "tuned"  # fine-tuning from it: same draft vocabulary, its own fresh run
-    assert main(args[:3] + ["--out", str(tuned), "--data", str(head / "data"), "--init", str(head),
-                            "--epochs", "1", "--minutes", "0.2", "--lr", "3e-4"]) == 0
+    assert (
+        main(
+            args[:3]
+            + [
+                "--out",
+                str(tuned),
+                "--data",
+                str(head / "data"),
+                "--init",
+                str(head),
+                "--epochs",
+                "1",
+                "--minutes",
+                "0.2",
+                "--lr",
+                "3e-4",
+            ]
+        )
+        == 0
+    )
     tuned_cfg = json.loads((tuned / "config.json").read_text())
     assert tuned_cfg["eagle"]["init"] == str(head) and tuned_cfg["draft_vocab_size"] == 64
     from safetensors.numpy import load_file
@@ -331,9 +438,30 @@ def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
     d2t = [load_file(str(f / "model.safetensors"))["d2t"] + np.arange(64) for f in (head, tuned)]
     assert sorted(d2t[0]) == sorted(d2t[1])
     out = tmp_path / "engine"
-    assert main(["export", "--target", str(tiny_models["llama"]), "--eagle", str(head), "--out", str(out),
-                 "--max-len", "256", "--k", "4", "--prefill-chunk", "16", "--kv-bucket", "32",
-                 "--precision", "int4"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--target",
+                str(tiny_models["llama"]),
+                "--eagle",
+                str(head),
+                "--out",
+                str(out),
+                "--max-len",
+                "256",
+                "--k",
+                "4",
+                "--prefill-chunk",
+                "16",
+                "--kv-bucket",
+                "32",
+                "--precision",
+                "int4",
+            ]
+        )
+        == 0
+    )
     g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
     prompt = np.arange(40, 70)
     ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])

@@ -62,8 +62,19 @@ def tiny_data(tiny_target, tmp_path_factory):
     from edgespec.export.eagle_data import DataConfig, generate_data
 
     out = tmp_path_factory.mktemp("e3data") / "data"
-    return generate_data(DataConfig(out=str(out), target=str(tiny_target), n_general=12, n_code_chat=6,
-                                    n_completion=6, max_new_tokens=24, batch=12, aux=True), progress=False)
+    return generate_data(
+        DataConfig(
+            out=str(out),
+            target=str(tiny_target),
+            n_general=12,
+            n_code_chat=6,
+            n_completion=6,
+            max_new_tokens=24,
+            batch=12,
+            aux=True,
+        ),
+        progress=False,
+    )
 
 
 def test_checkpoint_layout_round_trip(tiny_target, tmp_path):
@@ -104,16 +115,17 @@ def test_unrolled_step_equals_a_step_on_its_own_output(tiny_target, tmp_path):
     with torch.no_grad():
         outs = head(tokens, aux, pos, valid, 3)
         j = 3  # the chain after row j: rows 0..j true, then steps 2 and 3 as their own rows
-        hid = head.fc(aux[:, :j + 1])
-        h2 = outs[0][:, j:j + 1]
-        chain_tok = torch.cat([tokens[:, :j + 1], tokens[:, j + 1:j + 3]], dim=1)
+        hid = head.fc(aux[:, : j + 1])
+        h2 = outs[0][:, j : j + 1]
+        chain_tok = torch.cat([tokens[:, : j + 1], tokens[:, j + 1 : j + 3]], dim=1)
         for s in (1, 2):
             seq_h = torch.cat([hid, h2], dim=1)
-            q, k, v = head.qkv(chain_tok[:, :j + 1 + s], seq_h, torch.arange(j + 1 + s)[None])
+            q, k, v = head.qkv(chain_tok[:, : j + 1 + s], seq_h, torch.arange(j + 1 + s)[None])
             ctx = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), head._expand(k), head._expand(v), is_causal=True)
+                q.transpose(1, 2), head._expand(k), head._expand(v), is_causal=True
+            )
             out = head.finish(seq_h, ctx.transpose(1, 2).reshape(1, j + 1 + s, -1))[:, -1:]
-            torch.testing.assert_close(out, outs[s][:, j:j + 1], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(out, outs[s][:, j : j + 1], atol=1e-4, rtol=1e-4)
             h2 = torch.cat([h2, out], dim=1)
 
 
@@ -122,8 +134,19 @@ def test_train_eagle3_cli_end_to_end(tiny_target, tiny_data, tmp_path):
     from edgespec.cli import main
 
     head = tmp_path / "head"
-    args = ["train-eagle3", "--target", str(tiny_target), "--data", str(tiny_data), "--out", str(head),
-            "--minutes", "0.3", "--draft-vocab", "64"]
+    args = [
+        "train-eagle3",
+        "--target",
+        str(tiny_target),
+        "--data",
+        str(tiny_data),
+        "--out",
+        str(head),
+        "--minutes",
+        "0.3",
+        "--draft-vocab",
+        "64",
+    ]
     assert main(args + ["--epochs", "1"]) == 0
     step1 = torch.load(head / "checkpoint.pt", weights_only=False)["step"]
     assert main(args + ["--epochs", "2"]) == 0
@@ -143,9 +166,22 @@ def eagle3_engine(tiny_target, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("e3engine")
     head_dir, _, _ = _tiny_head(tiny_target, root / "head", noise=0.05)
-    return export(ExportConfig(target=str(tiny_target), eagle="none", medusa="none", eagle3=str(head_dir),
-                               out=str(root / "engine"), max_len=256, k=6, prefill_chunk=16, kv_bucket=32,
-                               precision="fp32", trees=True, progress=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_target),
+            eagle="none",
+            medusa="none",
+            eagle3=str(head_dir),
+            out=str(root / "engine"),
+            max_len=256,
+            k=6,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+        )
+    )
 
 
 def test_export_lists_and_validates_the_head(eagle3_engine):
@@ -170,9 +206,22 @@ def test_portable_graph_matches_pytorch(tiny_target, tmp_path):
     from edgespec.runtime.generator import Generator
 
     head_dir, _, _ = _tiny_head(tiny_target, tmp_path / "head", noise=0.05)
-    out = export(ExportConfig(target=str(tiny_target), eagle=str(head_dir), medusa="none", out=str(tmp_path / "e"),
-                              max_len=128, k=3, prefill_chunk=16, kv_bucket=32, precision="int4", graph="portable",
-                              trees=False, progress=False))  # (an EAGLE-3 folder given to --eagle)
+    out = export(
+        ExportConfig(
+            target=str(tiny_target),
+            eagle=str(head_dir),
+            medusa="none",
+            out=str(tmp_path / "e"),
+            max_len=128,
+            k=3,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="int4",
+            graph="portable",
+            trees=False,
+            progress=False,
+        )
+    )  # (an EAGLE-3 folder given to --eagle)
     m = load_manifest(out)
     assert m.models().get("eagle") is None and m.models()["eagle3"].graph.flavour == "portable"
     g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
@@ -196,8 +245,16 @@ def test_eagle3_greedy_identical_to_plain(eagle3_engine):
         for p, ref in zip(prompts, plain, strict=True):
             assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(p, 48)]), ref), (k, p)
         assert g.last_stats.n_drafted > 0
-    t = Generator.load(eagle3_engine, RuntimeConfig(drafter="eagle3", k=6, adaptive=False, eagle_min_confidence=0.0,
-                                                    tree=TreeConfig(nodes=7, depth=3, branch=2, beam=2)))
+    t = Generator.load(
+        eagle3_engine,
+        RuntimeConfig(
+            drafter="eagle3",
+            k=6,
+            adaptive=False,
+            eagle_min_confidence=0.0,
+            tree=TreeConfig(nodes=7, depth=3, branch=2, beam=2),
+        ),
+    )
     for p, ref in zip(prompts, plain, strict=True):
         assert np.array_equal(np.concatenate([x.copy() for x in t.generate_ids(p, 48)]), ref), ("tree", p)
     assert t.last_stats.n_drafted > t.last_stats.n_target_calls
@@ -230,7 +287,7 @@ def test_runtime_drafts_what_the_trained_module_drafts(eagle3_engine, tiny_targe
     head = build_eagle3(ec, arrays, model.model.embed_tokens.weight.detach().float().numpy(), cos, sin)
     n = seq.n  # tokens[n-1] is pending: rows j = 0..n-2 are the verified pairs
     with torch.no_grad():
-        hs = model(torch.from_numpy(seq.tokens[:n - 1][None]), output_hidden_states=True).hidden_states
+        hs = model(torch.from_numpy(seq.tokens[: n - 1][None]), output_hidden_states=True).hidden_states
         aux = torch.cat([hs[layer][0] for layer in ec.aux_layers], dim=-1)
         aux = torch.cat([aux, torch.zeros(2, aux.shape[1])])[None]  # rows for the chain's steps (not valid)
         tok = torch.from_numpy(np.concatenate([seq.tokens[1:n], [0, 0]]))[None]
@@ -265,8 +322,16 @@ def test_drafter_eagle3_needs_the_head(tiny_target, tmp_path):
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    common = dict(target=str(tiny_target), medusa="none", max_len=64, k=2, prefill_chunk=16, kv_bucket=32,
-                  precision="fp32", progress=False)
+    common = dict(
+        target=str(tiny_target),
+        medusa="none",
+        max_len=64,
+        k=2,
+        prefill_chunk=16,
+        kv_bucket=32,
+        precision="fp32",
+        progress=False,
+    )
     out = export(ExportConfig(eagle="none", out=str(tmp_path / "plain"), **common))
     with pytest.raises(ValueError, match="--eagle3-head"):
         Generator.load(out, RuntimeConfig(drafter="eagle3"))
@@ -283,8 +348,8 @@ class _AuxTarget:
 
         class Target(FakeModel):
             def last_hidden_aux(self, n):
-                self._aux[:n, :self.vocab_size] = self._logits[:n]
-                self._aux[:n, self.vocab_size:] = -self._logits[:n]
+                self._aux[:n, : self.vocab_size] = self._logits[:n]
+                self._aux[:n, self.vocab_size :] = -self._logits[:n]
                 return self._aux[:n]
 
         t = Target(table, max_len=max_len)
@@ -307,8 +372,11 @@ def test_eagle3_sampling_keeps_the_target_distribution():
     for tree in (ts.TreeConfig(), ts.TREE):
         head = FakeEagleHead(ts.V, d2t=[0, 2, 3, 5, 6], max_len=64)
         head.fc_t = np.random.default_rng(4).standard_normal((2 * ts.V, ts.V)).astype(np.float32) * 0.5
-        g = Generator(None, Engines(_AuxTarget(table, 64), {"eagle3": head}),
-                      RuntimeConfig(drafter="eagle3", k=3, tree=tree, eagle_min_confidence=0.0))
+        g = Generator(
+            None,
+            Engines(_AuxTarget(table, 64), {"eagle3": head}),
+            RuntimeConfig(drafter="eagle3", k=3, tree=tree, eagle_min_confidence=0.0),
+        )
         p = ts._chi2_pvalue(ts._sample_counts(g), ts._exact_tokens_23(g))
         assert p > 1e-3, f"eagle3 {tree}: chi-square p = {p:.2g}: samples do not follow the target"
         assert g.last_stats.n_drafted > 0
@@ -326,9 +394,21 @@ def test_one_folder_holds_both_heads(tiny_target, tmp_path):
 
     e1, _, _ = test_eagle._tiny_head(tiny_target, tmp_path / "e1", draft_vocab=48, noise=0.01)
     e3, _, _ = _tiny_head(tiny_target, tmp_path / "e3", noise=0.05)
-    out = export(ExportConfig(target=str(tiny_target), eagle=str(e1), eagle3=str(e3), medusa="none",
-                              out=str(tmp_path / "engine"), max_len=256, k=4, prefill_chunk=16, kv_bucket=32,
-                              precision="fp32", progress=False))
+    out = export(
+        ExportConfig(
+            target=str(tiny_target),
+            eagle=str(e1),
+            eagle3=str(e3),
+            medusa="none",
+            out=str(tmp_path / "engine"),
+            max_len=256,
+            k=4,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            progress=False,
+        )
+    )
     g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, eagle_min_confidence=0.0))
     assert {"eagle", "hybrid", "eagle3"} <= set(shipped(g.manifest, g.cfg))
     assert g.manifest.models().get("eagle_fused") is not None
@@ -349,10 +429,15 @@ def test_projection_model_is_a_matmul():
 
     from edgespec.engines.ort import OrtProjection
 
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "projection",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["R", "K"]),
-                           helper.make_tensor_value_info("w", TensorProto.FLOAT, ["K", "N"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", "N"])])
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "projection",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["R", "K"]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, ["K", "N"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["R", "N"])],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], producer_name="edgespec")
     m.ir_version = 8
     assert m.SerializeToString() == OrtProjection.MODEL

@@ -17,8 +17,11 @@ from edgespec.export.sources import SourceError  # noqa: E402
 
 def _export(src, out, **kw):
     kw.setdefault("precision", "fp32")
-    return export(ExportConfig(target=str(src), out=str(out), max_len=128, k=3, prefill_chunk=16, kv_bucket=32,
-                               progress=False, **kw))
+    return export(
+        ExportConfig(
+            target=str(src), out=str(out), max_len=128, k=3, prefill_chunk=16, kv_bucket=32, progress=False, **kw
+        )
+    )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
@@ -34,17 +37,27 @@ def test_tiny_architectures_export_and_match_pytorch(arch, tiny_models, tmp_path
 def test_llama3_rope_scaling_and_untied_head(tmp_path):
     from tiny import make_tiny
 
-    src = make_tiny("llama", tmp_path / "src", tie_word_embeddings=False, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32})
+    src = make_tiny(
+        "llama",
+        tmp_path / "src",
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    )
     m = load_manifest(_export(src, tmp_path / "out"))
     assert max(m.target.validation.values()) < 1e-4
 
 
 @pytest.mark.parametrize("draft", ["self:1", "self:int4"])
 def test_int4_target_and_drafts(draft, tiny_models, tmp_path):
-    m = load_manifest(_export(tiny_models["llama"], tmp_path / "e", precision="int4", draft=draft,
-                              int4_accuracy_level=0))
+    m = load_manifest(
+        _export(tiny_models["llama"], tmp_path / "e", precision="int4", draft=draft, int4_accuracy_level=0)
+    )
     assert m.target.precision == "int4" and m.models()["draft"].kind == draft
     assert "l0.qkv.q4" in m.target.weights
     for role in ("target", "draft"):  # int4 is checked against PyTorch running the dequantized weights
@@ -63,8 +76,12 @@ def test_graph_runs_in_a_plain_onnxruntime_session_with_static_shapes(tiny_engin
 
     m = load_manifest(tiny_engine)
     sess = ort.InferenceSession(str(tiny_engine / m.target.graph.file))
-    feed = {"input_ids": np.array([[5, 6, 7, 8]]), "positions": np.arange(4)[None], "past_len": np.array([0]),
-            "tree_mask": np.tril(np.ones((4, 4), np.int64))}  # a chain
+    feed = {
+        "input_ids": np.array([[5, 6, 7, 8]]),
+        "positions": np.arange(4)[None],
+        "past_len": np.array([0]),
+        "tree_mask": np.tril(np.ones((4, 4), np.int64)),
+    }  # a chain
     for i in range(m.target.n_layers):
         feed[f"past_key_{i}"] = feed[f"past_value_{i}"] = np.zeros((32, m.target.kv_width), np.float32)
     logits, new_kv, hidden = sess.run(None, feed)
@@ -82,8 +99,19 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
     from edgespec.export.spec import aux_layers
 
     src = make_tiny("llama", tmp_path / "src", num_hidden_layers=6)
-    out = export(ExportConfig(target=str(src), out=str(tmp_path / "e"), max_len=64, k=2, prefill_chunk=8,
-                              kv_bucket=16, precision="fp32", eagle3_features=True, progress=False))
+    out = export(
+        ExportConfig(
+            target=str(src),
+            out=str(tmp_path / "e"),
+            max_len=64,
+            k=2,
+            prefill_chunk=8,
+            kv_bucket=16,
+            precision="fp32",
+            eagle3_features=True,
+            progress=False,
+        )
+    )
     m = load_manifest(out)
     assert aux_layers(6) == (2, 3) and m.target.aux_layers == (2, 3) and m.target.aux_width == 2 * 64
     assert aux_layers(30) == (2, 15, 27)
@@ -94,7 +122,7 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
     for chunk in (tokens[:8], tokens[8:11], tokens[11:]):  # prefill, then verify-width calls
         engine.forward(chunk, past)
         engine.commit(past, len(chunk))
-        feats[past:past + len(chunk)] = engine.last_hidden_aux(len(chunk))
+        feats[past : past + len(chunk)] = engine.last_hidden_aux(len(chunk))
         past += len(chunk)
     with torch.no_grad():
         hs = AutoModelForCausalLM.from_pretrained(src)(torch.from_numpy(tokens[None]), output_hidden_states=True)
@@ -125,16 +153,30 @@ def test_manifest_declares_each_graphs_io_in_graph_order(tiny_engine):
         assert [o.name for o in g.output] == list(spec.graph.output_names()), spec.role
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"k": 0}, "--k must be >= 1"),
-    ({"max_len": 8, "prefill_chunk": 16}, "smaller than the prefill chunk"),
-    ({"precision": "int3"}, "--precision"),
-    ({"max_len": 100}, "multiple of --kv-bucket"),
-    ({"kv_bucket": 24, "max_len": 120}, "multiple of 16"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"k": 0}, "--k must be >= 1"),
+        ({"max_len": 8, "prefill_chunk": 16}, "smaller than the prefill chunk"),
+        ({"precision": "int3"}, "--precision"),
+        ({"max_len": 100}, "multiple of --kv-bucket"),
+        ({"kv_bucket": 24, "max_len": 120}, "multiple of 16"),
+    ],
+)
 def test_bad_arguments_are_refused_clearly(kw, match, tiny_models, tmp_path):
-    args = dict(target=str(tiny_models["llama"]), out=str(tmp_path / "x"), max_len=128, k=3, prefill_chunk=16,
-                kv_bucket=32, progress=False, precision="fp32") | kw
+    args = (
+        dict(
+            target=str(tiny_models["llama"]),
+            out=str(tmp_path / "x"),
+            max_len=128,
+            k=3,
+            prefill_chunk=16,
+            kv_bucket=32,
+            progress=False,
+            precision="fp32",
+        )
+        | kw
+    )
     with pytest.raises(ExportError, match=match):
         export(ExportConfig(**args))
     assert not (tmp_path / "x").exists()
@@ -208,16 +250,25 @@ def test_separate_draft_model(tiny_models, tmp_path):
 
 
 @pytest.mark.parametrize("graph", ["lean", "portable"])
-@pytest.mark.parametrize("precision, level, two_rows", [("fp32", 0, "auto"), ("int4", 4, "auto"), ("int4", 4, "on"),
-                                                       ("int4", 1, "on")])
+@pytest.mark.parametrize(
+    "precision, level, two_rows", [("fp32", 0, "auto"), ("int4", 4, "auto"), ("int4", 4, "on"), ("int4", 1, "on")]
+)
 def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, two_rows, graph, tiny_models, tmp_path):
     """Batch invariance: a token's logits are the same bits in a prefill, verify or decode call
     ("on": with 1-token calls padded to 2 rows, what the export does on CPUs whose 1-row int4
     kernel sums differently, so that path runs on every machine), in both graph flavours."""
     import onnx
 
-    m = load_manifest(_export(tiny_models["qwen2"], tmp_path / "e", precision=precision, int4_accuracy_level=level,
-                              two_row_matmuls=two_rows, graph=graph))
+    m = load_manifest(
+        _export(
+            tiny_models["qwen2"],
+            tmp_path / "e",
+            precision=precision,
+            int4_accuracy_level=level,
+            two_row_matmuls=two_rows,
+            graph=graph,
+        )
+    )
     assert m.target.graph.flavour == graph
     if two_rows == "on":
         ops = [n.name for n in onnx.load(m.path("target.onnx"), load_external_data=False).graph.node]
@@ -252,10 +303,12 @@ def test_int4_export_after_the_thread_pool_is_shared(tiny_models, tmp_path):
     import subprocess
     import sys
 
-    code = ("from edgespec.engines.ort import share_thread_pool; share_thread_pool(); "
-            "from edgespec.export.exporter import ExportConfig, export; "
-            f"export(ExportConfig(target={str(tiny_models['llama'])!r}, out={str(tmp_path / 'e')!r}, max_len=128, "
-            "k=2, prefill_chunk=16, kv_bucket=32, precision='int4', progress=False))")
+    code = (
+        "from edgespec.engines.ort import share_thread_pool; share_thread_pool(); "
+        "from edgespec.export.exporter import ExportConfig, export; "
+        f"export(ExportConfig(target={str(tiny_models['llama'])!r}, out={str(tmp_path / 'e')!r}, max_len=128, "
+        "k=2, prefill_chunk=16, kv_bucket=32, precision='int4', progress=False))"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     assert load_manifest(tmp_path / "e").target.precision == "int4"
@@ -321,20 +374,28 @@ def test_build_trt_records_its_engines_through_the_manifest(tiny_models, tmp_pat
             return b"engine"
 
     trt = types.SimpleNamespace(
-        __version__="10.9.0", Logger=type("Logger", (), {"WARNING": 0, "__init__": lambda self, level: None}),
-        Builder=Builder, NetworkDefinitionCreationFlag=types.SimpleNamespace(STRONGLY_TYPED=0),
+        __version__="10.9.0",
+        Logger=type("Logger", (), {"WARNING": 0, "__init__": lambda self, level: None}),
+        Builder=Builder,
+        NetworkDefinitionCreationFlag=types.SimpleNamespace(STRONGLY_TYPED=0),
         MemoryPoolType=types.SimpleNamespace(WORKSPACE=0),
-        OnnxParser=lambda network, logger: types.SimpleNamespace(parse_from_file=lambda path: True, num_errors=0))
+        OnnxParser=lambda network, logger: types.SimpleNamespace(parse_from_file=lambda path: True, num_errors=0),
+    )
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     monkeypatch.setattr(device, "CudaOps", lambda: types.SimpleNamespace(device_name=lambda: "GPU T"))
     assert build_trt(folder)["profiles"] == {"1": 0, "2": 1, "3": 2, "4": 3, "16": 4}
     target, draft = built[0], built[1]
     kv = before.target.kv_width
-    assert target[3].shapes == {"input_ids": ((1, 4),) * 3, "positions": ((1, 4),) * 3, "past_len": ((1,),) * 3,
-                                "tree_mask": ((4, 4),) * 3, "past_key_0": ((32, kv), (128, kv), (128, kv)),
-                                "past_value_0": ((32, kv), (128, kv), (128, kv)),
-                                "past_key_1": ((32, kv), (128, kv), (128, kv)),
-                                "past_value_1": ((32, kv), (128, kv), (128, kv))}
+    assert target[3].shapes == {
+        "input_ids": ((1, 4),) * 3,
+        "positions": ((1, 4),) * 3,
+        "past_len": ((1,),) * 3,
+        "tree_mask": ((4, 4),) * 3,
+        "past_key_0": ((32, kv), (128, kv), (128, kv)),
+        "past_value_0": ((32, kv), (128, kv), (128, kv)),
+        "past_key_1": ((32, kv), (128, kv), (128, kv)),
+        "past_value_1": ((32, kv), (128, kv), (128, kv)),
+    }
     assert len(draft) == 2 and "tree_mask" not in draft[0].shapes and "past_key_1" not in draft[0].shapes
     after = load_manifest(folder)
     assert after.target.tensorrt == TrtInfo("target.engine", "10.9.0", "GPU T", {1: 0, 2: 1, 3: 2, 4: 3, 16: 4})

@@ -102,9 +102,11 @@ def gen(tiny_engine):
     return Generator.load(tiny_engine, RuntimeConfig(drafter="ngram", k=3))
 
 
-@pytest.mark.parametrize("kw, match", [({"max_new_tokens": 0}, "max_new_tokens=0"),
-                                       ({"max_new_tokens": -5}, "max_new_tokens=-5")]
-                         + [(kw, match) for kw, match in BAD_SAMPLING if "top_k" not in kw])
+@pytest.mark.parametrize(
+    "kw, match",
+    [({"max_new_tokens": 0}, "max_new_tokens=0"), ({"max_new_tokens": -5}, "max_new_tokens=-5")]
+    + [(kw, match) for kw, match in BAD_SAMPLING if "top_k" not in kw],
+)
 def test_python_api_refuses_at_the_call(gen, kw, match):
     with pytest.raises(ValueError, match=match):
         gen.stream("hello hello", **kw)  # raised by the call itself, before any iteration
@@ -132,15 +134,18 @@ def test_cli_generate_refuses_bad_settings(tiny_engine, capsys, extra, match):
     assert rc == 2 and match in _one_line_error(err, "generate")
 
 
-@pytest.mark.parametrize("cmd, extra, match", [
-    ("chat", ["--temperature", "nan"], "temperature=nan"),
-    ("chat", ["--max-new-tokens", "0"], "max_new_tokens=0"),
-    ("bench", ["--temperature", "inf"], "temperature=inf"),
-    ("bench", ["--max-new-tokens", "-1"], "max_new_tokens=-1"),
-    ("bench", ["--k", "two"], "--k 'two'"),
-    ("demo", ["--max-new-tokens", "0"], "max_new_tokens=0"),
-    ("tune", ["--max-new-tokens", "0"], "max_new_tokens=0"),
-])
+@pytest.mark.parametrize(
+    "cmd, extra, match",
+    [
+        ("chat", ["--temperature", "nan"], "temperature=nan"),
+        ("chat", ["--max-new-tokens", "0"], "max_new_tokens=0"),
+        ("bench", ["--temperature", "inf"], "temperature=inf"),
+        ("bench", ["--max-new-tokens", "-1"], "max_new_tokens=-1"),
+        ("bench", ["--k", "two"], "--k 'two'"),
+        ("demo", ["--max-new-tokens", "0"], "max_new_tokens=0"),
+        ("tune", ["--max-new-tokens", "0"], "max_new_tokens=0"),
+    ],
+)
 def test_cli_other_commands_refuse_bad_settings_before_loading(tiny_engine, capsys, cmd, extra, match):
     rc, err = _cli(capsys, cmd, "--engine", tiny_engine, *extra)
     assert rc == 2 and match in _one_line_error(err, cmd)
@@ -152,8 +157,15 @@ def test_cli_serve_port_is_checked_by_argparse(tiny_engine, capsys, port):
     assert rc == 2 and "argument --port" in _one_line_error(err, "serve")
 
 
-@pytest.mark.parametrize("arg, match", [("-1", "must be >= 0"), ("nan", "must be a finite number"),
-                                        ("inf", "must be a finite number"), ("warm", "give a number")])
+@pytest.mark.parametrize(
+    "arg, match",
+    [
+        ("-1", "must be >= 0"),
+        ("nan", "must be a finite number"),
+        ("inf", "must be a finite number"),
+        ("warm", "give a number"),
+    ],
+)
 def test_chat_temperature_command_refuses_at_the_command(gen, arg, match):
     settings = ChatSettings(temperature=0.5)
     msg = handle_command(f"/temperature {arg}", gen, settings, [])
@@ -163,6 +175,7 @@ def test_chat_temperature_command_refuses_at_the_command(gen, arg, match):
 
 
 # ---- broken folder files ----------------------------------------------------------------------
+
 
 def _strip_records(folder: Path) -> None:
     """The folder as an export older than the file records wrote it."""
@@ -219,6 +232,7 @@ def test_truncated_target_weights_name_the_file_and_sizes(tiny_engine, tmp_path,
 
 # ---- file records: export writes them, load checks sizes, --verify and `check` hashes ---------
 
+
 def test_export_records_each_files_size_and_sha256(tiny_engine):
     m = load_manifest(tiny_engine)
     listed = {f for files in m.role_files().values() for f in files}
@@ -263,6 +277,7 @@ def test_check_command_on_a_folder_without_records(tiny_engine, tmp_path, capsys
 
 # ---- broken optional models: the drafter is off, the target loads ----------------------------
 
+
 @pytest.fixture(scope="module")
 def draft_engine(tiny_models, tmp_path_factory):
     """A tiny folder whose draft model has its own weights file (an optional model's file)."""
@@ -272,8 +287,20 @@ def draft_engine(tiny_models, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("draft_engine")
     other = make_tiny("llama", root / "d", seed=3, num_hidden_layers=1)
-    return export(ExportConfig(target=str(tiny_models["llama"]), draft=str(other), out=str(root / "e"), max_len=128,
-                               k=3, prefill_chunk=16, kv_bucket=32, precision="fp32", progress=False, validate=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            draft=str(other),
+            out=str(root / "e"),
+            max_len=128,
+            k=3,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            progress=False,
+            validate=False,
+        )
+    )
 
 
 @pytest.mark.parametrize("records", [True, False])
@@ -312,8 +339,10 @@ def _default_folder_copy(src: Path, tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("broken, drafters", [("eagle.weights", ("eagle", "hybrid")), ("medusa.weights", ("medusa",)),
-                                              ("medusa.onnx", ("medusa",))])
+@pytest.mark.parametrize(
+    "broken, drafters",
+    [("eagle.weights", ("eagle", "hybrid")), ("medusa.weights", ("medusa",)), ("medusa.onnx", ("medusa",))],
+)
 def test_a_broken_head_disables_its_drafters_only(default_engine, tmp_path, broken, drafters):
     folder = _default_folder_copy(default_engine, tmp_path)
     m = load_manifest(folder)
@@ -345,11 +374,24 @@ def test_a_truncated_head_without_records_disables_its_drafters(default_engine, 
 
 # ---- export: --out, --force, stale temporaries --------------------------------------------------
 
+
 def _export(tiny_models, out, **kw):
     from edgespec.export.exporter import ExportConfig, export
 
-    return export(ExportConfig(target=str(tiny_models["llama"]), out=str(out), max_len=128, k=2, prefill_chunk=16,
-                               kv_bucket=32, precision="fp32", progress=False, validate=False, **kw))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            out=str(out),
+            max_len=128,
+            k=2,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            progress=False,
+            validate=False,
+            **kw,
+        )
+    )
 
 
 def test_export_out_naming_a_file_is_refused_before_it_runs(tiny_models, tmp_path, capsys):
@@ -366,8 +408,11 @@ def test_force_replaces_only_engine_folders_or_empty_ones(tiny_models, tmp_path,
     mine = tmp_path / "mine"
     (mine / "sub").mkdir(parents=True)
     (mine / "thesis.tex").write_text("years of work")
-    with pytest.raises(ExportError, match=r"--force will not replace .*mine: it is not an edgespec engine folder .*"
-                                          r"holds 1 files, 1 folders \(sub/, thesis.tex\)"):
+    with pytest.raises(
+        ExportError,
+        match=r"--force will not replace .*mine: it is not an edgespec engine folder .*"
+        r"holds 1 files, 1 folders \(sub/, thesis.tex\)",
+    ):
         _export(tiny_models, mine, force=True)
     assert (mine / "thesis.tex").read_text() == "years of work"
     rc, err = _cli(capsys, "export", "--target", tiny_models["llama"], "--out", mine, "--force", "--no-validate")
@@ -410,9 +455,11 @@ def test_cli_errors_end_without_a_traceback_in_a_real_process(tiny_engine, tmp_p
     """The same one-line errors from a fresh `python -m edgespec.cli` (no test harness around main)."""
     folder = _copy(tiny_engine, tmp_path / "e")
     _truncate(folder / "tokenizer.json", 100)
-    for argv in (["generate", "--engine", str(tiny_engine), "--prompt", "x", "--temperature", "nan"],
-                 ["generate", "--engine", str(folder), "--prompt", "x"],
-                 ["serve", "--engine", str(tiny_engine), "--port", "-1"]):
+    for argv in (
+        ["generate", "--engine", str(tiny_engine), "--prompt", "x", "--temperature", "nan"],
+        ["generate", "--engine", str(folder), "--prompt", "x"],
+        ["serve", "--engine", str(tiny_engine), "--port", "-1"],
+    ):
         res = subprocess.run([sys.executable, "-m", "edgespec.cli", *argv], capture_output=True, text=True)
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
         assert f"edgespec {argv[0]}: error: " in res.stderr

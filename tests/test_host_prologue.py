@@ -16,8 +16,21 @@ from edgespec.engines.manifest import load_manifest  # noqa: E402
 from edgespec.engines.ort import OrtModel  # noqa: E402
 from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
 
-SHAPE_OPS = {"Shape", "Range", "CumSum", "Tile", "Less", "LessOrEqual", "GreaterOrEqual", "Min", "Max", "Sub",
-             "Squeeze", "And", "Cast"}  # what the in-graph prologue computes its masks and indices with
+SHAPE_OPS = {
+    "Shape",
+    "Range",
+    "CumSum",
+    "Tile",
+    "Less",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "Min",
+    "Max",
+    "Sub",
+    "Squeeze",
+    "And",
+    "Cast",
+}  # what the in-graph prologue computes its masks and indices with
 MAX_LEN = 128
 
 
@@ -34,13 +47,26 @@ def folders(tiny_models, tmp_path_factory):
     probe, ex.probe_portable_ops = ex.probe_portable_ops, lambda: ()  # every fused op (the probe costs CPU)
     out = {}
     try:
-        for precision, extra in (("fp32", dict(draft="self:1", eagle=str(head_dir))),
-                                 ("int4", dict(two_row_matmuls="on"))):
+        for precision, extra in (
+            ("fp32", dict(draft="self:1", eagle=str(head_dir))),
+            ("int4", dict(two_row_matmuls="on")),
+        ):
             for host in (False, True):
-                out[precision, host] = export(ExportConfig(
-                    target=str(tiny_models["llama"]), out=str(root / f"{precision}-{int(host)}"), max_len=MAX_LEN,
-                    k=4, prefill_chunk=16, kv_bucket=32, precision=precision, trees=True, progress=False,
-                    host_prologue=host, **extra))
+                out[precision, host] = export(
+                    ExportConfig(
+                        target=str(tiny_models["llama"]),
+                        out=str(root / f"{precision}-{int(host)}"),
+                        max_len=MAX_LEN,
+                        k=4,
+                        prefill_chunk=16,
+                        kv_bucket=32,
+                        precision=precision,
+                        trees=True,
+                        progress=False,
+                        host_prologue=host,
+                        **extra,
+                    )
+                )
     finally:
         ex.probe_portable_ops = probe
     return out
@@ -60,13 +86,13 @@ def _calls():
     toks = rng.integers(0, 256, MAX_LEN + 8)
     yield 0, toks[:16], None, True
     for w in (2, 3, 4):
-        yield 16, toks[16:16 + w], None, False
+        yield 16, toks[16 : 16 + w], None, False
     yield 16, toks[16:20], np.array([-1, 0, 0, 1]), False
     yield 16, toks[16:20], np.array([-1, 0, 1, 1]), False
     for past in range(16, 24):
-        yield past, toks[past:past + 1], None, True
+        yield past, toks[past : past + 1], None, True
     for past in range(24, 120, 16):
-        yield past, toks[past:past + 16], None, True
+        yield past, toks[past : past + 16], None, True
     yield 120, toks[120:124], None, True
     yield 124, toks[124:127], None, False  # width 4: one padding row at slot 127
     yield 124, toks[124:126], np.array([-1, 0]), False  # width 2 tree
@@ -150,9 +176,18 @@ def test_manifest_declares_the_inputs_in_graph_order(folders):
         assert "mask_past" not in spec.graph.input_names(), spec.role
 
 
-@pytest.mark.parametrize("drafter,tree,fuse_head", [
-    ("ngram", None, False), ("ngram", (5, 3, 2, 2), False), ("draft", None, False), ("eagle", None, False),
-    ("eagle", None, True), ("eagle", (5, 3, 2, 2), False), ("eagle", (5, 3, 2, 2), True)])
+@pytest.mark.parametrize(
+    "drafter,tree,fuse_head",
+    [
+        ("ngram", None, False),
+        ("ngram", (5, 3, 2, 2), False),
+        ("draft", None, False),
+        ("eagle", None, False),
+        ("eagle", None, True),
+        ("eagle", (5, 3, 2, 2), False),
+        ("eagle", (5, 3, 2, 2), True),
+    ],
+)
 def test_greedy_speculative_equals_plain(folders, drafter, tree, fuse_head):
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
@@ -163,8 +198,14 @@ def test_greedy_speculative_equals_plain(folders, drafter, tree, fuse_head):
     prompts = [rng.integers(3, 60, n) for n in (5, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     plain_g = Generator.load(folders["fp32", False], RuntimeConfig(drafter="none", k=1, adaptive=False))
     plain = [np.concatenate([x.copy() for x in plain_g.generate_ids(p, 40)]) for p in prompts]
-    cfg = RuntimeConfig(drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0, fuse_head=fuse_head,
-                        tree=TreeConfig(*tree) if tree else TreeConfig())
+    cfg = RuntimeConfig(
+        drafter=drafter,
+        k=4,
+        adaptive=False,
+        eagle_min_confidence=0.0,
+        fuse_head=fuse_head,
+        tree=TreeConfig(*tree) if tree else TreeConfig(),
+    )
     g = Generator.load(folder, cfg)
     if fuse_head:  # the fused graph (in-graph prologue) on the host-prologue target's larger KV buffer
         assert g.engines.get("eagle").fused.kv is g.engines.target.kv and g.engines.target.prologue is not None
@@ -206,8 +247,12 @@ def test_cuda_graph_binding_plan(folders):
 
     e = OrtModel(m, m.target)
     bufs = cg.GraphBuffers(HostOps(), graph, e.widths, e.kv_slots)
-    ptrs = {(p.name, w): bufs.ptr(p.name, w) for w in e.widths for p in cg.binding_plan(graph, w, 32)
-            if p.where in (cg.COPY_IN, cg.COPY_OUT)}
+    ptrs = {
+        (p.name, w): bufs.ptr(p.name, w)
+        for w in e.widths
+        for p in cg.binding_plan(graph, w, 32)
+        if p.where in (cg.COPY_IN, cg.COPY_OUT)
+    }
     assert all(bufs.ptr(n, w) == ptr for (n, w), ptr in ptrs.items())  # fixed addresses, any window
     assert len(set(ptrs.values())) == len(ptrs)
     ids = {bufs.graph_id(w, s) for w in (1, 4) for s in (32, 64)}
@@ -217,10 +262,10 @@ def test_cuda_graph_binding_plan(folders):
     plan = cg.binding_plan(graph, 4, 32)
     arrays = e._host_arrays(4, 32)
     bufs.copy_in(plan, arrays, 4)
-    staged = bufs._bufs["score_cols", 4].host[:arrays["score_cols"].nbytes].view(np.int64)
+    staged = bufs._bufs["score_cols", 4].host[: arrays["score_cols"].nbytes].view(np.int64)
     assert np.array_equal(staged, arrays["score_cols"].ravel())
     want = arrays["logits"].copy()
     arrays["logits"][:] = 0
-    bufs._bufs["logits", 4].host[:want.nbytes] = want.ravel().view(np.uint8)
+    bufs._bufs["logits", 4].host[: want.nbytes] = want.ravel().view(np.uint8)
     bufs.copy_out(plan, arrays, 4)
     assert np.array_equal(arrays["logits"], want)

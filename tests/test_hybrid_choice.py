@@ -21,8 +21,11 @@ def _gen(k: int = 4, drafter: str = "hybrid", **cfg) -> Generator:
     table = random_table(V, seed=0)
     target = FakeModel(table, max_len=256)
     head = FakeEagleHead(V, d2t=np.arange(V), max_len=256)
-    return Generator(None, Engines(target, {"eagle": EagleEngines(head, None)}),
-                     RuntimeConfig(drafter=drafter, k=k, eagle_min_confidence=0.0, **cfg))
+    return Generator(
+        None,
+        Engines(target, {"eagle": EagleEngines(head, None)}),
+        RuntimeConfig(drafter=drafter, k=k, eagle_min_confidence=0.0, **cfg),
+    )
 
 
 def _run(g: Generator, prompt, n: int, **kw) -> list[int]:
@@ -35,6 +38,7 @@ def _prompts():
 
 
 # ---- the choice, on fake estimates -----------------------------------------------------------------
+
 
 def test_larger_estimate_wins_and_a_tie_goes_to_suffix():
     assert SourcePicker.pick(2.0, 2.5) == HEAD
@@ -71,6 +75,7 @@ def test_sampled_head_estimate_is_its_running_accepted_length():
 
 
 # ---- the drafter ------------------------------------------------------------------------------------
+
 
 def test_hybrid_is_the_suffix_choice_by_default_and_ngram_on_request():
     assert isinstance(_gen().drafter, SuffixHeadHybrid)
@@ -180,6 +185,7 @@ def test_seeded_sampling_reproduces_with_the_same_cache():
 
 # ---- ORT engines (tiny llama + a tiny EAGLE head) ----------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def eagle_engine(tiny_models, tmp_path_factory):
     from test_eagle import _tiny_head
@@ -188,9 +194,20 @@ def eagle_engine(tiny_models, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hybrid")
     head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
-    return export(ExportConfig(target=str(tiny_models["llama"]), eagle=str(head_dir), out=str(root / "engine"),
-                               max_len=256, k=6, prefill_chunk=16, kv_bucket=32, precision="fp32", trees=True,
-                               progress=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            eagle=str(head_dir),
+            out=str(root / "engine"),
+            max_len=256,
+            k=6,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+        )
+    )
 
 
 @pytest.mark.parametrize("fuse_head", [True, False])

@@ -20,9 +20,22 @@ PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7], np.int64)
 @pytest.fixture(scope="module")
 def int8_engine(tiny_models, tmp_path_factory):
     out = tmp_path_factory.mktemp("int8") / "e"
-    return export(ExportConfig(target=str(tiny_models["llama"]), draft="self:1", out=str(out), max_len=128, k=4,
-                               prefill_chunk=16, kv_bucket=32, precision="int8", trees=True, progress=False,
-                               eagle="none", medusa="none"))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            draft="self:1",
+            out=str(out),
+            max_len=128,
+            k=4,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="int8",
+            trees=True,
+            progress=False,
+            eagle="none",
+            medusa="none",
+        )
+    )
 
 
 def test_manifest_graph_and_validation(int8_engine):
@@ -67,8 +80,9 @@ def test_trees_are_plain_output(int8_engine):
 @pytest.mark.parametrize("graph, precision", [("integer", "int4"), ("lean", "int8"), ("portable", "int8")])
 def test_the_integer_graph_is_the_int8_precision(graph, precision, tiny_models, tmp_path):
     with pytest.raises(ExportError, match="integer graph is the int8 precision"):
-        ExportConfig(target=str(tiny_models["llama"]), out=str(tmp_path / "x"), graph=graph,
-                     precision=precision).check()
+        ExportConfig(
+            target=str(tiny_models["llama"]), out=str(tmp_path / "x"), graph=graph, precision=precision
+        ).check()
 
 
 def test_speculation_score_prefers_cheap_rows():
@@ -80,8 +94,19 @@ def test_speculation_score_prefers_cheap_rows():
 
 
 def test_auto_precision_times_both_graphs_and_records_the_choice(tiny_models, tmp_path):
-    out = export(ExportConfig(target=str(tiny_models["llama"]), out=str(tmp_path / "e"), max_len=128, k=2,
-                              prefill_chunk=16, kv_bucket=32, precision="auto", progress=False, validate=False))
+    out = export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            out=str(tmp_path / "e"),
+            max_len=128,
+            k=2,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="auto",
+            progress=False,
+            validate=False,
+        )
+    )
     m = load_manifest(out)
     probe = m.export_probe
     assert probe["chosen"] == m.target.precision and set(probe["ms_by_width"]) == {"int4", "int8"}

@@ -22,8 +22,19 @@ def _export(src, out, monkeypatch=None, portable_ops=None, **kw):
         import edgespec.export.exporter as ex
 
         monkeypatch.setattr(ex, "probe_portable_ops", lambda: portable_ops)
-    args = dict(target=str(src), out=str(out), max_len=128, k=3, prefill_chunk=16, kv_bucket=32, progress=False,
-                precision="fp32") | kw
+    args = (
+        dict(
+            target=str(src),
+            out=str(out),
+            max_len=128,
+            k=3,
+            prefill_chunk=16,
+            kv_bucket=32,
+            progress=False,
+            precision="fp32",
+        )
+        | kw
+    )
     return export(ExportConfig(**args))
 
 
@@ -31,8 +42,9 @@ def _layer_ops(folder, layer: int = 1) -> collections.Counter:
     import onnx
 
     g = onnx.load(str(folder / "target.onnx"), load_external_data=False).graph
-    return collections.Counter(n.op_type for n in g.node
-                               if n.name.startswith(f"/layers.{layer}/") or n.name.startswith(f"l{layer}."))
+    return collections.Counter(
+        n.op_type for n in g.node if n.name.startswith(f"/layers.{layer}/") or n.name.startswith(f"l{layer}.")
+    )
 
 
 def _rows_bitwise_alike(folder) -> None:
@@ -42,8 +54,9 @@ def _rows_bitwise_alike(folder) -> None:
 
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 @pytest.mark.parametrize("portable_ops", [(), ("norm",), ("rotary",), ("silu",), LEAN_OPS])
-def test_each_fused_op_and_its_portable_form_keep_rows_bitwise(precision, portable_ops, tiny_models, tmp_path,
-                                                               monkeypatch):
+def test_each_fused_op_and_its_portable_form_keep_rows_bitwise(
+    precision, portable_ops, tiny_models, tmp_path, monkeypatch
+):
     folder = _export(tiny_models["qwen2"], tmp_path / "e", monkeypatch, portable_ops, precision=precision)
     m = load_manifest(folder)
     assert m.target.graph.flavour == "lean" and m.target.graph.portable_ops == portable_ops
@@ -81,10 +94,10 @@ def test_chain_graphs_and_trees_in_both_flavours(tiny_models, tmp_path):
             seq = rng.integers(3, 256, past + 6).astype(np.int64)
             prefill(e, seq[:past], 0)
             ref = []
-            for i, t in enumerate(seq[past:past + 4]):
+            for i, t in enumerate(seq[past : past + 4]):
                 ref.append(e.forward(np.array([t]), past + i)[0].copy())
                 e.commit(past + i, 1)
-            tokens, parents, on_path = random_tree(rng, seq[past:past + 4], 4, 256, tree_chain_prefix(past, 4))
+            tokens, parents, on_path = random_tree(rng, seq[past : past + 4], 4, 256, tree_chain_prefix(past, 4))
             logits = e.forward(tokens, past, parents=parents)
             for d, node in enumerate(on_path):
                 assert np.array_equal(logits[node], ref[d]), (graph, past, d)
@@ -101,12 +114,12 @@ def test_rows_padded_past_the_last_slot_are_dropped(tiny_models, tmp_path):
     e.forward(toks[:16], 0)
     e.commit(0, 16)
     for past in range(16, 50, 16):
-        e.forward(toks[past:past + 16], past)
+        e.forward(toks[past : past + 16], past)
         e.commit(past, 16)
     wide = e.forward(toks[50:60], 50).copy()  # width 16 at past 50: 66 slots > max_len 64
     assert e._last_width == 16
     for i in range(10):
-        one = e.forward(toks[50 + i:51 + i], 50 + i)
+        one = e.forward(toks[50 + i : 51 + i], 50 + i)
         e.commit(50 + i, 1)
         assert np.array_equal(one[0], wide[i]), i
 

@@ -35,7 +35,7 @@ def test_plain_decoding_is_the_table_argmax_chain():
     seq = list(PROMPT)
     for _ in range(20):
         seq.append(int((t.table[seq[-1]] + t.table2[seq[-2]]).argmax()))
-    assert out.tolist() == seq[len(PROMPT):]
+    assert out.tolist() == seq[len(PROMPT) :]
     assert g.last_stats.n_target_calls == 19 and g.last_stats.mean_accepted_length == 1.0
 
 
@@ -59,8 +59,11 @@ def test_greedy_tree_equals_plain(drafter, nodes, depth, branch, beam):
 
     ref = run(make("none", 0), PROMPT, 120)
     table = random_table(V, seed=0)
-    g = Generator(None, Engines(FakeModel(table)), RuntimeConfig(drafter=drafter, k=4,
-                                                          tree=TreeConfig(nodes, depth, branch, beam)))
+    g = Generator(
+        None,
+        Engines(FakeModel(table)),
+        RuntimeConfig(drafter=drafter, k=4, tree=TreeConfig(nodes, depth, branch, beam)),
+    )
     out = run(g, PROMPT, 120)
     assert out.tolist() == ref.tolist()
     # only accepted rows were committed, compacted in sequence order

@@ -30,22 +30,38 @@ from edgespec.runtime.drafters.draft import DraftSection
 from edgespec.runtime.drafters.eagle import EagleSection
 from edgespec.runtime.drafters.medusa import MedusaSection
 
-FILES = ("target.weights", "target.onnx", "eagle.weights", "eagle.onnx", "target_eagle.onnx", "medusa.weights",
-         "medusa.onnx", "tokenizer.json")
+FILES = (
+    "target.weights",
+    "target.onnx",
+    "eagle.weights",
+    "eagle.onnx",
+    "target_eagle.onnx",
+    "medusa.weights",
+    "medusa.onnx",
+    "tokenizer.json",
+)
 
 
 def _graph(file: str, n_layers: int, features: bool = False, aux: int = 0) -> GraphSpec:
-    inputs = [TensorSpec("input_ids", (1, "T"), "int64"), TensorSpec("positions", (1, "T"), "int64"),
-              TensorSpec("past_len", (1,), "int64"), TensorSpec("tree_mask", ("T", "T"), "int64")]
+    inputs = [
+        TensorSpec("input_ids", (1, "T"), "int64"),
+        TensorSpec("positions", (1, "T"), "int64"),
+        TensorSpec("past_len", (1,), "int64"),
+        TensorSpec("tree_mask", ("T", "T"), "int64"),
+    ]
     if features:
         inputs.append(TensorSpec("features", (1, "T", 64), "float32"))
     inputs.append(TensorSpec("past_{kind}_{layer}", ("S", 32), "float32", layers=n_layers))
-    outputs = [TensorSpec("logits", (1, "T", 256), "float32"), TensorSpec("new_kv", (n_layers, 2, "T", 32), "float32"),
-               TensorSpec("hidden", (1, "T", 64), "float32")]
+    outputs = [
+        TensorSpec("logits", (1, "T", 256), "float32"),
+        TensorSpec("new_kv", (n_layers, 2, "T", 32), "float32"),
+        TensorSpec("hidden", (1, "T", 64), "float32"),
+    ]
     if aux:
         outputs.append(TensorSpec("hidden_aux", (1, "T", aux), "float32"))
-    return GraphSpec(file, (1, 2, 3, 16), {"prefill": (16,), "decode": (1,), "verify": (2, 3)}, tuple(inputs),
-                     tuple(outputs))
+    return GraphSpec(
+        file, (1, 2, 3, 16), {"prefill": (16,), "decode": (1,), "verify": (2, 3)}, tuple(inputs), tuple(outputs)
+    )
 
 
 def _manifest(folder) -> Manifest:
@@ -55,33 +71,83 @@ def _manifest(folder) -> Manifest:
     (folder / "chat_template.jinja").write_text("{{ messages }}")
     w = WeightSpec("float32", (256, 64), 0, 65536)
     arch = Architecture("llama", 2, 4, 2, 16, 64, 128, 256, aux_layers=(1,))
-    target = ModelSpec(role="target", kind="target", precision="fp32", arch=arch, kv_dtype="float32",
-                       weights_file="target.weights", weights={"embed": w}, graph=_graph("target.onnx", 2, aux=64),
-                       validation={"decode_t1": 1e-7}, tensorrt=TrtInfo("target.engine", "10.9.0", "GPU", {1: 0, 2: 1}))
-    draft = dataclasses.replace(target, role="draft", kind="self:1", arch=dataclasses.replace(arch, n_layers=1),
-                                graph=_graph("target.onnx", 1), tensorrt=None)
+    target = ModelSpec(
+        role="target",
+        kind="target",
+        precision="fp32",
+        arch=arch,
+        kv_dtype="float32",
+        weights_file="target.weights",
+        weights={"embed": w},
+        graph=_graph("target.onnx", 2, aux=64),
+        validation={"decode_t1": 1e-7},
+        tensorrt=TrtInfo("target.engine", "10.9.0", "GPU", {1: 0, 2: 1}),
+    )
+    draft = dataclasses.replace(
+        target,
+        role="draft",
+        kind="self:1",
+        arch=dataclasses.replace(arch, n_layers=1),
+        graph=_graph("target.onnx", 1),
+        tensorrt=None,
+    )
     d2t = WeightSpec("int64", (48,), 64, 384, "eagle.weights")
     head = HeadInfo("heads/h", 256, 64, {"steps": 10})
-    eagle = ModelSpec(role="eagle", kind="eagle", precision="fp32",
-                      arch=Architecture("llama", 1, 4, 2, 16, 64, 128, 48), kv_dtype="float32",
-                      weights_file="eagle.weights",
-                      weights={"fc_b": w, "embed": dataclasses.replace(w, file="target.weights")},
-                      graph=_graph("eagle.onnx", 1, features=True), d2t=d2t, head=head)
-    fused = dataclasses.replace(target, role="eagle_fused", kind="target+eagle", tensorrt=None,
-                                graph=dataclasses.replace(target.graph, file="target_eagle.onnx"))
-    medusa = HeadsSpec(role="medusa", precision="fp32", n_heads=3, n_layers=1, hidden_size=64, vocab_size=48,
-                       file="medusa.onnx", inputs=(TensorSpec("features", (1, 64), "float32"),),
-                       outputs=(TensorSpec("logits", (3, 48), "float32"),), weights_file="medusa.weights",
-                       weights={"lm_head_d": w}, d2t=dataclasses.replace(d2t, file="medusa.weights"), head=head,
-                       validation={"heads": 1e-7})
+    eagle = ModelSpec(
+        role="eagle",
+        kind="eagle",
+        precision="fp32",
+        arch=Architecture("llama", 1, 4, 2, 16, 64, 128, 48),
+        kv_dtype="float32",
+        weights_file="eagle.weights",
+        weights={"fc_b": w, "embed": dataclasses.replace(w, file="target.weights")},
+        graph=_graph("eagle.onnx", 1, features=True),
+        d2t=d2t,
+        head=head,
+    )
+    fused = dataclasses.replace(
+        target,
+        role="eagle_fused",
+        kind="target+eagle",
+        tensorrt=None,
+        graph=dataclasses.replace(target.graph, file="target_eagle.onnx"),
+    )
+    medusa = HeadsSpec(
+        role="medusa",
+        precision="fp32",
+        n_heads=3,
+        n_layers=1,
+        hidden_size=64,
+        vocab_size=48,
+        file="medusa.onnx",
+        inputs=(TensorSpec("features", (1, 64), "float32"),),
+        outputs=(TensorSpec("logits", (3, 48), "float32"),),
+        weights_file="medusa.weights",
+        weights={"lm_head_d": w},
+        d2t=dataclasses.replace(d2t, file="medusa.weights"),
+        head=head,
+        validation={"heads": 1e-7},
+    )
     tuned = Tuned("2025-01-01", None, 8, 0.1, 1.2, 50.0, "some CPU", "| table |")
-    return Manifest(folder=folder, name="tiny", edgespec_version="0.1.0", created="2025-01-01T00:00:00+00:00",
-                    source=Source("hf", "/models/tiny", "ab12", "self:1"), max_len=128, kv_bucket=32, prefill_chunk=16,
-                    num_speculative_tokens=2, two_row_matmuls=True, tokenizer_file="tokenizer.json",
-                    chat_template_file="chat_template.jinja", eos_token_ids=(1, 2), bos_token_id=None, target=target,
-                    drafters={"draft": DraftSection(draft), "eagle": EagleSection(eagle, fused),
-                              "medusa": MedusaSection(medusa)},
-                    defaults=Defaults(k=2, adaptive=True, options={"eagle_min_confidence": 0.3}, tuned=tuned))
+    return Manifest(
+        folder=folder,
+        name="tiny",
+        edgespec_version="0.1.0",
+        created="2025-01-01T00:00:00+00:00",
+        source=Source("hf", "/models/tiny", "ab12", "self:1"),
+        max_len=128,
+        kv_bucket=32,
+        prefill_chunk=16,
+        num_speculative_tokens=2,
+        two_row_matmuls=True,
+        tokenizer_file="tokenizer.json",
+        chat_template_file="chat_template.jinja",
+        eos_token_ids=(1, 2),
+        bos_token_id=None,
+        target=target,
+        drafters={"draft": DraftSection(draft), "eagle": EagleSection(eagle, fused), "medusa": MedusaSection(medusa)},
+        defaults=Defaults(k=2, adaptive=True, options={"eagle_min_confidence": 0.3}, tuned=tuned),
+    )
 
 
 def test_json_round_trip_is_equal(tmp_path):
@@ -90,8 +156,7 @@ def test_json_round_trip_is_equal(tmp_path):
     assert Manifest.from_json(d, tmp_path) == m
     assert d["version"] == VERSION and d["target"]["tensorrt"]["profiles"] == {"1": 0, "2": 1}
     assert set(d["drafters"]) == {"draft", "eagle", "medusa"}  # one typed section per drafter that ships models
-    bare = dataclasses.replace(m, drafters={}, chat_template_file=None,
-                               defaults=Defaults(k=4, adaptive=False))
+    bare = dataclasses.replace(m, drafters={}, chat_template_file=None, defaults=Defaults(k=4, adaptive=False))
     assert Manifest.from_json(json.loads(json.dumps(bare.to_json())), tmp_path) == bare
 
 
@@ -113,8 +178,16 @@ def test_graph_io_is_declared_once_per_graph(tmp_path):
     kv = m.target.graph.inputs[-1]
     assert kv.names() == ("past_key_0", "past_value_0", "past_key_1", "past_value_1")
     assert kv.shape_at(4, 64) == (64, 32) and m.target.graph.inputs[0].shape_at(4, 64) == (1, 4)
-    assert m.target.graph.input_names() == ("input_ids", "positions", "past_len", "tree_mask", "past_key_0",
-                                            "past_value_0", "past_key_1", "past_value_1")
+    assert m.target.graph.input_names() == (
+        "input_ids",
+        "positions",
+        "past_len",
+        "tree_mask",
+        "past_key_0",
+        "past_value_0",
+        "past_key_1",
+        "past_value_1",
+    )
     assert [m.target.graph.phase(w) for w in m.target.widths()] == ["decode", "verify", "verify", "prefill"]
     with pytest.raises(ManifestError, match="no graph of width 5"):
         m.target.graph.phase(5)
@@ -132,8 +205,11 @@ def test_a_folder_of_an_older_edgespec_says_re_export(version, tmp_path):
     else:
         d["version"] = version
     (tmp_path / MANIFEST).write_text(json.dumps(d))
-    with pytest.raises(ManifestError, match=r"exported by an older edgespec \(manifest version 1; this edgespec "
-                                            rf"reads {VERSION}\)\. Hint: re-export: edgespec export --out .* --force"):
+    with pytest.raises(
+        ManifestError,
+        match=r"exported by an older edgespec \(manifest version 1; this edgespec "
+        rf"reads {VERSION}\)\. Hint: re-export: edgespec export --out .* --force",
+    ):
         load_manifest(tmp_path)
 
 

@@ -21,8 +21,9 @@ def _tiny_heads(model_dir, out, draft_vocab: int = 48, n_heads: int = 3, n_layer
     arch = arch_from_config(model.config, 256)
     V = arch.vocab_size
     d2t = np.sort(np.random.default_rng(seed).choice(V, draft_vocab, False)) if draft_vocab < V else np.arange(V)
-    mc = MedusaConfig(hidden_size=arch.hidden_size, vocab_size=V, draft_vocab_size=len(d2t), n_heads=n_heads,
-                      n_layers=n_layers)
+    mc = MedusaConfig(
+        hidden_size=arch.hidden_size, vocab_size=V, draft_vocab_size=len(d2t), n_heads=n_heads, n_layers=n_layers
+    )
     lm = model.lm_head.weight.detach().float().numpy()
     heads = build_heads(mc, random_heads(mc, d2t, seed), lm)
     save_heads(heads, out)
@@ -56,10 +57,17 @@ def test_heads_with_their_own_lm_heads_are_refused(tiny_models, tmp_path):
     H, V = 16, 64
     folder = tmp_path / "medusa1"
     folder.mkdir()
-    save_file({"0.0.linear.weight": np.zeros((H, H), np.float32), "0.0.linear.bias": np.zeros(H, np.float32),
-               "0.1.weight": np.zeros((V, H), np.float32)}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 1, "medusa_num_layers": 1,
-                                                    "hidden_size": H, "vocab_size": V}))
+    save_file(
+        {
+            "0.0.linear.weight": np.zeros((H, H), np.float32),
+            "0.0.linear.bias": np.zeros(H, np.float32),
+            "0.1.weight": np.zeros((V, H), np.float32),
+        },
+        str(folder / "model.safetensors"),
+    )
+    (folder / "config.json").write_text(
+        json.dumps({"medusa_num_heads": 1, "medusa_num_layers": 1, "hidden_size": H, "vocab_size": V})
+    )
     with pytest.raises(MedusaFormatError, match="own LM heads"):
         read_heads(folder, H, V)
 
@@ -70,9 +78,21 @@ def medusa_engine(tiny_models, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("medusa")
     heads_dir, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4, n_layers=2)
-    return export(ExportConfig(target=str(tiny_models["llama"]), eagle="none", medusa=str(heads_dir),
-                               out=str(root / "engine"), max_len=256, k=6, prefill_chunk=16, kv_bucket=32,
-                               precision="fp32", trees=True, progress=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            eagle="none",
+            medusa=str(heads_dir),
+            out=str(root / "engine"),
+            max_len=256,
+            k=6,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+        )
+    )
 
 
 def test_export_lists_and_validates_the_heads(medusa_engine):
@@ -113,8 +133,9 @@ def test_medusa_cut_off_shortens_chains_and_a_folder_without_heads_says_so(medus
     prompt = np.arange(3, 30)
     drafted = {}
     for conf in (0.0, 0.5):
-        g = Generator.load(medusa_engine, RuntimeConfig(drafter="none", k=4, adaptive=False,
-                                                        medusa_min_confidence=conf))
+        g = Generator.load(
+            medusa_engine, RuntimeConfig(drafter="none", k=4, adaptive=False, medusa_min_confidence=conf)
+        )
         ref = np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)])
         g.set_drafter("medusa", 4)
         assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(prompt, 40)]), ref)
@@ -133,8 +154,21 @@ def test_train_medusa_recipe_end_to_end(tiny_models, tmp_path):
     from edgespec.runtime.generator import Generator
 
     heads = tmp_path / "heads"
-    args = ["train-medusa", "--target", str(tiny_models["llama"]), "--out", str(heads), "--prompts", "24",
-            "--minutes", "0.5", "--draft-vocab", "64", "--heads", "3"]
+    args = [
+        "train-medusa",
+        "--target",
+        str(tiny_models["llama"]),
+        "--out",
+        str(heads),
+        "--prompts",
+        "24",
+        "--minutes",
+        "0.5",
+        "--draft-vocab",
+        "64",
+        "--heads",
+        "3",
+    ]
     assert main(args + ["--epochs", "1"]) == 0
     assert (heads / "data" / "done").exists() and (heads / "checkpoint.pt").exists()
     step1 = torch.load(heads / "checkpoint.pt", weights_only=False)["step"]
@@ -143,9 +177,32 @@ def test_train_medusa_recipe_end_to_end(tiny_models, tmp_path):
     cfg = json.loads((heads / "config.json").read_text())
     assert cfg["medusa_num_heads"] == 3 and len(cfg["medusa"]["holdout"]["top1"]) == 3
     out = tmp_path / "engine"
-    assert main(["export", "--target", str(tiny_models["llama"]), "--eagle", "none", "--medusa", str(heads),
-                 "--out", str(out), "--max-len", "256", "--k", "4", "--prefill-chunk", "16", "--kv-bucket", "32",
-                 "--precision", "int4"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--target",
+                str(tiny_models["llama"]),
+                "--eagle",
+                "none",
+                "--medusa",
+                str(heads),
+                "--out",
+                str(out),
+                "--max-len",
+                "256",
+                "--k",
+                "4",
+                "--prefill-chunk",
+                "16",
+                "--kv-bucket",
+                "32",
+                "--precision",
+                "int4",
+            ]
+        )
+        == 0
+    )
     # tiny heads are never sure: no cut-off
     g = Generator.load(out, RuntimeConfig(drafter="none", adaptive=False, medusa_min_confidence=0.0))
     prompt = np.arange(40, 70)

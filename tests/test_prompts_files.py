@@ -68,8 +68,9 @@ def test_edit_sessions_grow_turn_by_turn(edit_rows):
             assert c[0] == p[0], f"{cur['id']}: the first message (the pasted file) must stay"
             # the previous conversation, less its oldest (answer, request) pairs when it outgrew the budget
             kept = c[:-2]
-            assert any(kept == p[:1] + p[1 + 2 * j:] for j in range(len(p) // 2 + 1)), \
+            assert any(kept == p[:1] + p[1 + 2 * j :] for j in range(len(p) // 2 + 1)), (
                 f"{cur['id']}: does not continue {prev['id']}"
+            )
             assert kept[-1] == p[-1], f"{cur['id']}: must answer {prev['id']}'s request"
 
 

@@ -27,8 +27,10 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 # logits as a model could emit them, and worse: a few distinct values (ties), -inf (masked
 # tokens), huge magnitudes; every row keeps at least one finite value (a row of -inf has no
 # distribution: no model emits one)
-LOGIT = st.one_of(st.sampled_from([0.0, 1.0, -1.0, 3.0, -np.inf, 1e30, -1e30, 3e38, -3e38]),
-                  st.floats(-50, 50, allow_nan=False, width=32))
+LOGIT = st.one_of(
+    st.sampled_from([0.0, 1.0, -1.0, 3.0, -np.inf, 1e30, -1e30, 3e38, -3e38]),
+    st.floats(-50, 50, allow_nan=False, width=32),
+)
 
 
 @st.composite
@@ -49,9 +51,13 @@ def chain_case(draw):
     return draft, tgt
 
 
-SAMPLING = st.builds(SamplingConfig, temperature=st.sampled_from([1e-3, 0.3, 1.0, 2.0, 1e3]),
-                     top_k=st.sampled_from([0, 1, 2, 5]), top_p=st.sampled_from([1.0, 0.9, 0.5, 1e-6]),
-                     seed=st.integers(0, 2**32 - 1))
+SAMPLING = st.builds(
+    SamplingConfig,
+    temperature=st.sampled_from([1e-3, 0.3, 1.0, 2.0, 1e3]),
+    top_k=st.sampled_from([0, 1, 2, 5]),
+    top_p=st.sampled_from([1.0, 0.9, 0.5, 1e-6]),
+    seed=st.integers(0, 2**32 - 1),
+)
 
 
 @FAST
@@ -71,8 +77,16 @@ def q_rows(draw, draft: np.ndarray, vocab: int) -> np.ndarray | None:
     """A draft model's distributions, or None (a deterministic drafter: one-hot q)."""
     if draw(st.booleans()):
         return None
-    w = np.array(draw(st.lists(st.sampled_from([0.0, 0.0, 1e-300, 1e-9, 0.2, 1.0, 7.0]), min_size=len(draft) * vocab,
-                               max_size=len(draft) * vocab)), np.float64).reshape(len(draft), vocab)
+    w = np.array(
+        draw(
+            st.lists(
+                st.sampled_from([0.0, 0.0, 1e-300, 1e-9, 0.2, 1.0, 7.0]),
+                min_size=len(draft) * vocab,
+                max_size=len(draft) * vocab,
+            )
+        ),
+        np.float64,
+    ).reshape(len(draft), vocab)
     w[np.arange(len(draft)), draft] += draw(st.sampled_from([0.0, 1e-12, 1.0]))  # q(x) may even be 0
     sums = w.sum(axis=1, keepdims=True)
     return np.divide(w, sums, out=np.full_like(w, 1.0 / vocab), where=sums > 0)
@@ -117,10 +131,10 @@ def test_accept_with_a_repetition_penalty_matches_the_penalized_rows(case, penal
     m = len(draft)
     ctx = np.array([0, 1, 1, draft[0] if m else 0], np.int64)
     tokens = np.zeros(len(ctx) + m + 2, np.int64)
-    tokens[:len(ctx)] = ctx
-    tokens[len(ctx):len(ctx) + m] = draft
+    tokens[: len(ctx)] = ctx
+    tokens[len(ctx) : len(ctx) + m] = draft
     seq = SeqState(tokens=tokens, n=len(ctx), n_prompt=len(ctx), tgt_past=len(ctx) - 1)
-    prop = Proposal(tokens[len(ctx) - 1:len(ctx) + m], depth=m)
+    prop = Proposal(tokens[len(ctx) - 1 : len(ctx) + m], depth=m)
     cfg = SamplingConfig(temperature=0.0 if greedy else 0.8, repetition_penalty=penalty, seed=seed)
     n, nxt = accept(prop, tgt, seq, cfg, np.random.default_rng(seed))
     rows = penalize(tgt, tokens, len(ctx), penalty) if penalty != 1.0 else tgt
@@ -144,7 +158,7 @@ def tree_case(draw):
 
 def _check_path(tree: TokenTree, n_acc: int, tokens: np.ndarray, n: int) -> None:
     """path[:n_acc+1] runs from the root down parent links, and its tokens were written in order."""
-    path = tree.path[:n_acc + 1]
+    path = tree.path[: n_acc + 1]
     assert path[0] == 0 and 0 <= n_acc < tree.n
     for i in range(1, n_acc + 1):
         assert tree.parents[path[i]] == path[i - 1]
@@ -158,7 +172,7 @@ def test_tree_greedy_follows_the_argmax_down_a_chain(case):
     tokens = np.zeros(32, np.int64)
     n_acc, nxt = accept_tree_greedy(tree, tgt, tokens, 3)
     _check_path(tree, n_acc, tokens, 3)
-    path = tree.path[:n_acc + 1]
+    path = tree.path[: n_acc + 1]
     for i in range(1, n_acc + 1):  # each step took the target's argmax at the node above
         assert tree.tokens[path[i]] == tgt[path[i - 1]].argmax()
     assert nxt == tgt[path[n_acc]].argmax() and tree.child(int(path[n_acc]), nxt) < 0  # stopped: no such child
@@ -181,16 +195,39 @@ def test_tree_sampled_path_is_a_chain_and_next_has_mass(case, cfg):
 
 
 # ---- the server's request schema ----------------------------------------------------------------
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats(allow_nan=True)
-                    | st.text(max_size=20), lambda kids: st.lists(kids, max_size=4)
-                    | st.dictionaries(st.text(max_size=12), kids, max_size=4), max_leaves=12)
-KEYS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-        "seed", "stop", "stream", "stream_options", "speculative", "n", "repetition_penalty", "response_format"]
-MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", 7, None]),
-                                 "content": JSON | st.lists(st.fixed_dictionaries(
-                                     {"type": st.sampled_from(["text", "image_url"]), "text": JSON}), max_size=3)})
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=4),
+    max_leaves=12,
+)
+KEYS = [
+    "model",
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "speculative",
+    "n",
+    "repetition_penalty",
+    "response_format",
+]
+MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["user", "system", "assistant", "tool", 7, None]),
+        "content": JSON
+        | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": JSON}), max_size=3),
+    }
+)
 BODY = st.dictionaries(st.sampled_from(KEYS), JSON, max_size=8) | st.fixed_dictionaries(
-    {"messages": st.lists(MESSAGE, max_size=3)}, optional={k: JSON for k in KEYS[2:]})
+    {"messages": st.lists(MESSAGE, max_size=3)}, optional={k: JSON for k in KEYS[2:]}
+)
 
 
 @FAST
@@ -214,11 +251,30 @@ def test_any_request_body_is_a_checked_request_or_a_400(body, chat):
     assert spec is None or (spec.drafter in ab.drafters and (spec.drafter == "none" or 1 <= spec.k <= ab.k_max))
 
 
-SCHEMA_WORDS = st.sampled_from(["type", "properties", "items", "enum", "required", "anyOf", "oneOf", "$ref", "pattern",
-                                "minimum", "maxLength", "additionalProperties", "const", "format", "if"])
-SCHEMA = st.recursive(JSON | st.sampled_from(["object", "string", "integer", "array", "#/x", "[a-", "^a$"]),
-                      lambda kids: st.dictionaries(SCHEMA_WORDS, kids, max_size=4) | st.lists(kids, max_size=3),
-                      max_leaves=16)
+SCHEMA_WORDS = st.sampled_from(
+    [
+        "type",
+        "properties",
+        "items",
+        "enum",
+        "required",
+        "anyOf",
+        "oneOf",
+        "$ref",
+        "pattern",
+        "minimum",
+        "maxLength",
+        "additionalProperties",
+        "const",
+        "format",
+        "if",
+    ]
+)
+SCHEMA = st.recursive(
+    JSON | st.sampled_from(["object", "string", "integer", "array", "#/x", "[a-", "^a$"]),
+    lambda kids: st.dictionaries(SCHEMA_WORDS, kids, max_size=4) | st.lists(kids, max_size=3),
+    max_leaves=16,
+)
 
 
 @FAST

@@ -20,28 +20,61 @@ def rt():
 
 
 def _run(drafter: str, k: int, tok_s: float, mal: float, width: float, same: int, **extra) -> dict:
-    totals = {"tokens_per_s": tok_s, "mean_accepted_length": mal, "mean_verify_width": width,
-              "identical_to_none": same, "n_prompts": 3}
+    totals = {
+        "tokens_per_s": tok_s,
+        "mean_accepted_length": mal,
+        "mean_verify_width": width,
+        "identical_to_none": same,
+        "n_prompts": 3,
+    }
     return {"drafter": drafter, "k": k, "adaptive": False, "totals": totals, "prompts": [{}, {}, {}]} | extra
 
 
 NEW = {  # a bench JSON of the current layout, cut to what the tool reads
-    "config": {"engine": "engines/x", "prompts": "tools/prompts/chat_eval.jsonl",
-               "drafters": ["none", "ngram", "hybrid"], "k": [2, 4], "max_new_tokens": 128, "temperature": 0.0,
-               "seed": 0, "adaptive": True,
-               "hybrid_lookup": "suffix", "trees": ["6:5:1:1:0.4"], "fused_head": True, "precision": "int4",
-               "date": "2027-01-02T03:04:05Z", "limit": 3,
-               "command": "edgespec bench --prompts tools/prompts/chat_eval.jsonl --limit 3 --json b.json",
-               "folder": {"defaults": {"drafter": "ngram", "k": 8, "adaptive": True, "tuned": None},
-                          "graph_flavour": "lean", "portable_ops": ["rotary"], "host_prologue": False,
-                          "two_row_matmuls": True, "drafters": ["none", "ngram", "hybrid"],
-                          "exported": "2027-01-01T00:00:00+00:00", "exported_by": "0.1.0"}},
-    "machine": {"cpu": "Example CPU 9000", "logical_cpus": 4, "cpu_cores": 2, "provider": "cpu",
-                "onnxruntime": "1.32.0", "cpu_isa": ["avx2", "avx512f", "avx512_vnni"], "edgespec": "0.1.0"},
-    "runs": [_run("none", 0, 50.0, 1.0, 1.0, 3), _run("ngram", 2, 60.0, 1.4, 2.0, 3),
-             _run("ngram", 4, 55.0, 1.5, 3.0, 3), _run("hybrid", 4, 65.0, 1.9, 2.9, 2),
-             _run("hybrid", 4, 70.0, 2.0, 2.5, 3, adaptive=True), _run("hybrid", 4, 52.0, 1.8, 3.1, 3,
-                                                                       tree="6:5:1:1:0.4")],
+    "config": {
+        "engine": "engines/x",
+        "prompts": "tools/prompts/chat_eval.jsonl",
+        "drafters": ["none", "ngram", "hybrid"],
+        "k": [2, 4],
+        "max_new_tokens": 128,
+        "temperature": 0.0,
+        "seed": 0,
+        "adaptive": True,
+        "hybrid_lookup": "suffix",
+        "trees": ["6:5:1:1:0.4"],
+        "fused_head": True,
+        "precision": "int4",
+        "date": "2027-01-02T03:04:05Z",
+        "limit": 3,
+        "command": "edgespec bench --prompts tools/prompts/chat_eval.jsonl --limit 3 --json b.json",
+        "folder": {
+            "defaults": {"drafter": "ngram", "k": 8, "adaptive": True, "tuned": None},
+            "graph_flavour": "lean",
+            "portable_ops": ["rotary"],
+            "host_prologue": False,
+            "two_row_matmuls": True,
+            "drafters": ["none", "ngram", "hybrid"],
+            "exported": "2027-01-01T00:00:00+00:00",
+            "exported_by": "0.1.0",
+        },
+    },
+    "machine": {
+        "cpu": "Example CPU 9000",
+        "logical_cpus": 4,
+        "cpu_cores": 2,
+        "provider": "cpu",
+        "onnxruntime": "1.32.0",
+        "cpu_isa": ["avx2", "avx512f", "avx512_vnni"],
+        "edgespec": "0.1.0",
+    },
+    "runs": [
+        _run("none", 0, 50.0, 1.0, 1.0, 3),
+        _run("ngram", 2, 60.0, 1.4, 2.0, 3),
+        _run("ngram", 4, 55.0, 1.5, 3.0, 3),
+        _run("hybrid", 4, 65.0, 1.9, 2.9, 2),
+        _run("hybrid", 4, 70.0, 2.0, 2.5, 3, adaptive=True),
+        _run("hybrid", 4, 52.0, 1.8, 3.1, 3, tree="6:5:1:1:0.4"),
+    ],
 }
 
 
@@ -57,12 +90,16 @@ def _old() -> dict:
 
 def test_table_rows_speedups_and_selection(rt):
     rows = rt.table(NEW, ["none", "hybrid"]).splitlines()
-    assert rows[0] == ("| drafter | k | tok/s | speedup vs none | mean accepted length (incl. bonus) | mean verify "
-                       "width | identical to none |")
-    assert rows[2:] == ["| none | 0 | 50.0 | 1.00x | 1.00 | 1.00 | 3/3 |",
-                        "| hybrid | 4 | 65.0 | 1.30x | 1.90 | 2.90 | 2/3 |",
-                        "| hybrid | <=4 adaptive | 70.0 | 1.40x | 2.00 | 2.50 | 3/3 |",
-                        "| hybrid | tree 6:5:1:1:0.4 | 52.0 | 1.04x | 1.80 | 3.10 | 3/3 |"]
+    assert rows[0] == (
+        "| drafter | k | tok/s | speedup vs none | mean accepted length (incl. bonus) | mean verify "
+        "width | identical to none |"
+    )
+    assert rows[2:] == [
+        "| none | 0 | 50.0 | 1.00x | 1.00 | 1.00 | 3/3 |",
+        "| hybrid | 4 | 65.0 | 1.30x | 1.90 | 2.90 | 2/3 |",
+        "| hybrid | <=4 adaptive | 70.0 | 1.40x | 2.00 | 2.50 | 3/3 |",
+        "| hybrid | tree 6:5:1:1:0.4 | 52.0 | 1.04x | 1.80 | 3.10 | 3/3 |",
+    ]
     assert len(rt.table(NEW).splitlines()) == 2 + 6
     sampled = copy.deepcopy(NEW)
     sampled["config"]["temperature"] = 0.7
@@ -73,30 +110,42 @@ def test_table_rows_speedups_and_selection(rt):
 
 def test_caption_states_what_the_json_records(rt):
     cap = " ".join(rt.caption(NEW, "docs/b.json").split())
-    for part in ("3 prompts of `tools/prompts/chat_eval.jsonl`, greedy, 128 new tokens",
-                 "hybrid pairs the EAGLE head with suffix decoding",
-                 "folder defaults drafter ngram, k 8 adaptive; lean graph (kept portable: rotary), two-row int4 decode",
-                 "Example CPU 9000 (avx2, avx512f, avx512_vnni, no AMX), 2 cores, 4 logical CPUs",
-                 "edgespec 0.1.0", "Run on 2027-01-02 (UTC).",
-                 "```bash edgespec bench --prompts tools/prompts/chat_eval.jsonl --limit 3 --json b.json ```"):
+    for part in (
+        "3 prompts of `tools/prompts/chat_eval.jsonl`, greedy, 128 new tokens",
+        "hybrid pairs the EAGLE head with suffix decoding",
+        "folder defaults drafter ngram, k 8 adaptive; lean graph (kept portable: rotary), two-row int4 decode",
+        "Example CPU 9000 (avx2, avx512f, avx512_vnni, no AMX), 2 cores, 4 logical CPUs",
+        "edgespec 0.1.0",
+        "Run on 2027-01-02 (UTC).",
+        "```bash edgespec bench --prompts tools/prompts/chat_eval.jsonl --limit 3 --json b.json ```",
+    ):
         assert part in cap, part
     assert "not recorded" not in cap and "rebuilt" not in cap
 
 
 def test_caption_of_an_older_json_says_what_is_missing_and_rebuilds_the_command(rt):
     cap = " ".join(rt.caption(_old(), "docs/b.json", note="Measured on an older machine.").split())
-    for part in ("folder defaults and graph flavour not recorded", "ISA extensions not recorded",
-                 "Date not recorded", "Measured on an older machine.", "rebuilt from the JSON's config"):
+    for part in (
+        "folder defaults and graph flavour not recorded",
+        "ISA extensions not recorded",
+        "Date not recorded",
+        "Measured on an older machine.",
+        "rebuilt from the JSON's config",
+    ):
         assert part in cap, part
     cmd, recorded = rt.command(_old(), "docs/b.json")
     assert not recorded
-    assert cmd == ("edgespec bench --engine engines/x --prompts tools/prompts/chat_eval.jsonl --limit 3 --drafter "
-                   "none,ngram,hybrid --k 2,4 --adaptive --tree 6:5:1:1:0.4 --json docs/b.json")
+    assert cmd == (
+        "edgespec bench --engine engines/x --prompts tools/prompts/chat_eval.jsonl --limit 3 --drafter "
+        "none,ngram,hybrid --k 2,4 --adaptive --tree 6:5:1:1:0.4 --json docs/b.json"
+    )
     humaneval = _old()
     humaneval["config"] |= {"prompts": "HumanEval[:20]", "temperature": 1.0}
-    assert rt.command(humaneval, "b.json")[0] == ("edgespec bench --engine engines/x --drafter none,ngram,hybrid "
-                                                   "--k 2,4 --adaptive --tree 6:5:1:1:0.4 --temperature 1.0 --seed 0 "
-                                                   "--json b.json")
+    assert rt.command(humaneval, "b.json")[0] == (
+        "edgespec bench --engine engines/x --drafter none,ngram,hybrid "
+        "--k 2,4 --adaptive --tree 6:5:1:1:0.4 --temperature 1.0 --seed 0 "
+        "--json b.json"
+    )
 
 
 def test_readme_block_written_regenerated_and_checked(rt, tmp_path):

@@ -49,8 +49,17 @@ def test_stream_text_and_stats(gen):
     text = "".join(gen.stream(PROMPT, max_new_tokens=30))
     assert isinstance(text, str) and len(text) > 0
     d = gen.last_stats.to_dict()
-    for key in ("ttft_ms", "itl_ms", "tokens_per_s", "acceptance_rate", "mean_accepted_length",
-                "acceptance_by_position", "target_calls", "draft_calls", "time_split_s"):
+    for key in (
+        "ttft_ms",
+        "itl_ms",
+        "tokens_per_s",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "acceptance_by_position",
+        "target_calls",
+        "draft_calls",
+        "time_split_s",
+    ):
         assert key in d
     assert d["tokens"] == 30 and "incl. bonus" in gen.last_stats.line()
 
@@ -66,7 +75,7 @@ def test_stop_strings_cut_the_text(gen):
     full = "".join(gen.stream(PROMPT, max_new_tokens=40))
     stop = full[10:13]
     cut = "".join(gen.stream(PROMPT, max_new_tokens=40, stop=[stop]))
-    assert cut == full[:full.find(stop)] and gen.last_stats.finish_reason == "stop"
+    assert cut == full[: full.find(stop)] and gen.last_stats.finish_reason == "stop"
 
 
 def test_prompt_past_the_context_is_refused(gen):
@@ -117,19 +126,41 @@ def test_thread_pool_is_shared_only_before_the_first_session(tiny_engine):
 
 
 def test_runtime_never_imports_torch_or_transformers():
-    code = ("import sys, edgespec, edgespec.runtime.generator, edgespec.runtime.bench, edgespec.engines.ort, "
-            "edgespec.cli; bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad)")
+    code = (
+        "import sys, edgespec, edgespec.runtime.generator, edgespec.runtime.bench, edgespec.engines.ort, "
+        "edgespec.cli; bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_cli_generate_and_bench(tiny_engine, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"id": "a", "prompt": PROMPT}) + "\n"
-                       + json.dumps({"id": "b", "messages": [{"role": "user", "content": "hi hi"}]}) + "\n")
+    prompts.write_text(
+        json.dumps({"id": "a", "prompt": PROMPT})
+        + "\n"
+        + json.dumps({"id": "b", "messages": [{"role": "user", "content": "hi hi"}]})
+        + "\n"
+    )
     out = tmp_path / "b.json"
-    cmd = [sys.executable, "-m", "edgespec.cli", "bench", "--engine", str(tiny_engine), "--prompts", str(prompts),
-           "--drafter", "none,ngram,draft", "--k", "2,4", "--max-new-tokens", "20", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgespec.cli",
+        "bench",
+        "--engine",
+        str(tiny_engine),
+        "--prompts",
+        str(prompts),
+        "--drafter",
+        "none,ngram,draft",
+        "--k",
+        "2,4",
+        "--max-new-tokens",
+        "20",
+        "--json",
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "speedup vs none" in res.stdout
@@ -142,8 +173,15 @@ def test_cli_generate_and_bench(tiny_engine, tmp_path):
     assert {"cpu", "cpu_cores", "cpu_isa", "onnxruntime", "edgespec"} <= set(rep["machine"])
     for run in rep["runs"]:
         assert {"drafter", "k", "totals", "prompts"} <= set(run)
-        assert {"tokens", "seconds", "tokens_per_s", "mean_accepted_length", "acceptance_rate", "itl_ms",
-                "ttft_ms"} <= set(run["totals"])
+        assert {
+            "tokens",
+            "seconds",
+            "tokens_per_s",
+            "mean_accepted_length",
+            "acceptance_rate",
+            "itl_ms",
+            "ttft_ms",
+        } <= set(run["totals"])
         assert run["totals"]["identical_to_none"] == 2
         assert {"id", "output_ids", "tokens", "seconds"} <= set(run["prompts"][0])
     # the CLI runs every session on one shared pool; a pool per session gives the same tokens
@@ -152,11 +190,28 @@ def test_cli_generate_and_bench(tiny_engine, tmp_path):
     assert res.returncode == 0, res.stderr
     ids = [[p["output_ids"] for p in run["prompts"]] for run in json.loads(out.read_text())["runs"]]
     assert ids == [[p["output_ids"] for p in run["prompts"]] for run in json.loads(own.read_text())["runs"]]
-    gen = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(tiny_engine),
-                          "--prompt", PROMPT, "--max-new-tokens", "10"], capture_output=True, text=True)
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgespec.cli",
+            "generate",
+            "--engine",
+            str(tiny_engine),
+            "--prompt",
+            PROMPT,
+            "--max-new-tokens",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert gen.returncode == 0 and "tok/s" in gen.stderr
-    bad = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(tmp_path / "none"),
-                          "--prompt", "x"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(tmp_path / "none"), "--prompt", "x"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -167,14 +222,44 @@ def test_tune_records_the_fastest_lossless_setting(tiny_engine, tmp_path):
     shutil.copytree(tiny_engine, folder)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": i, "prompt": PROMPT[i:]}) + "\n" for i in range(3)))
-    res = subprocess.run([sys.executable, "-m", "edgespec.cli", "tune", "--engine", str(folder), "--prompts",
-                          str(prompts), "--limit", "3", "--max-new-tokens", "24"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgespec.cli",
+            "tune",
+            "--engine",
+            str(folder),
+            "--prompts",
+            str(prompts),
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "24",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert "workload:" in res.stdout and "decision:" in res.stdout
     m = load_manifest(folder)
     assert m.defaults.drafter in ("none", "ngram", "suffix", "draft") and m.defaults.tuned.table
     g = Generator.load(folder)
     assert g.drafter.name == m.defaults.drafter
-    gen = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(folder), "--prompt", "hi",
-                          "--max-new-tokens", "4"], capture_output=True, text=True)
+    gen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgespec.cli",
+            "generate",
+            "--engine",
+            str(folder),
+            "--prompt",
+            "hi",
+            "--max-new-tokens",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert "tuned" in gen.stderr

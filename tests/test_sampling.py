@@ -29,9 +29,11 @@ def _gen(drafter: str, tree: TreeConfig = TreeConfig()) -> Generator:
     draft = FakeModel(table + np.random.default_rng(2).standard_normal(table.shape).astype(np.float32), max_len=64)
     head = FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64)  # a reduced draft vocabulary: q = 0 elsewhere
     heads = FakeHeads(V, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)
-    return Generator(None, Engines(target, {"draft": draft, "eagle": EagleEngines(head, None), "medusa": heads}),
-                     RuntimeConfig(drafter=drafter, k=3, tree=tree, eagle_min_confidence=0.0,
-                                   medusa_min_confidence=0.0))
+    return Generator(
+        None,
+        Engines(target, {"draft": draft, "eagle": EagleEngines(head, None), "medusa": heads}),
+        RuntimeConfig(drafter=drafter, k=3, tree=tree, eagle_min_confidence=0.0, medusa_min_confidence=0.0),
+    )
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "hybrid", "medusa"])
@@ -53,8 +55,9 @@ def _exact_tokens_23(g: Generator, cfg: SamplingConfig = CFG) -> np.ndarray:
         if cfg.repetition_penalty != 1.0:
             seen = np.unique(np.concatenate([PROMPT, np.array(ctx, np.int64)]))
             logits = logits.copy()
-            logits[seen] = np.where(logits[seen] > 0, logits[seen] / cfg.repetition_penalty,
-                                    logits[seen] * cfg.repetition_penalty)
+            logits[seen] = np.where(
+                logits[seen] > 0, logits[seen] / cfg.repetition_penalty, logits[seen] * cfg.repetition_penalty
+            )
         return probs(logits, cfg)
 
     p1 = nxt(PROMPT[-1], PROMPT[-2])

@@ -29,11 +29,15 @@ def _run(g: Generator, n: int, sampling: SamplingConfig, prompt=PROMPT) -> list[
 def _fake(drafter: str, adaptive: bool = True, k: int = 6, table=None) -> Generator:
     table = random_table(V, seed=0, sharpness=1.5) if table is None else table
     noisy = table + np.random.default_rng(5).standard_normal(table.shape).astype(np.float32)
-    return Generator(None, Engines(FakeModel(table), {"draft": FakeModel(noisy)}),
-                     RuntimeConfig(drafter=drafter, k=k, adaptive=adaptive))
+    return Generator(
+        None,
+        Engines(FakeModel(table), {"draft": FakeModel(noisy)}),
+        RuntimeConfig(drafter=drafter, k=k, adaptive=adaptive),
+    )
 
 
 # ---- the policy -------------------------------------------------------------------------------------
+
 
 def test_policy_ignores_timings_and_follows_accepted_counts():
     a = sampled_policy(8, "ngram", "cpu")
@@ -81,13 +85,14 @@ def test_greedy_policy_still_follows_measured_times():
 
 # ---- the loop ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("drafter", ["ngram", "suffix", "draft"])
 def test_same_seed_same_output_whatever_the_timing(drafter, monkeypatch):
     g = _fake(drafter)
     a = _run(g, 80, T07)
     assert g.last_stats.adaptive and g.last_stats.n_drafted > 0
     assert _run(g, 80, T07) == a or drafter == "suffix"  # suffix: the cache now holds the first answer
-    monkeypatch.setattr(Generator, "verify_costs", lambda self, widths, repeats=3: {w: 10.0 ** w for w in widths})
+    monkeypatch.setattr(Generator, "verify_costs", lambda self, widths, repeats=3: {w: 10.0**w for w in widths})
     other = _fake(drafter)  # other measured costs: the greedy policy would differ, the sampled one may not
     assert _run(other, 80, T07) == a
     assert _run(other, 80, dataclasses.replace(T07, seed=12)) != a

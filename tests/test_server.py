@@ -77,9 +77,23 @@ def full_engine(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("full")
     head, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
     heads, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4)
-    return export(ExportConfig(target=str(tiny_models["llama"]), draft="self:1", eagle=str(head), medusa=str(heads),
-                               out=str(root / "engine"), max_len=256, k=6, prefill_chunk=16, kv_bucket=32,
-                               precision="fp32", trees=True, progress=False, validate=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            draft="self:1",
+            eagle=str(head),
+            medusa=str(heads),
+            out=str(root / "engine"),
+            max_len=256,
+            k=6,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+            validate=False,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,26 +125,38 @@ def test_chat_completion_matches_the_python_api(server, client):
 
 def test_content_parts_are_joined_text(client):
     parts = [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]
-    a = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=8,
-                                       temperature=0)
-    b = client.chat.completions.create(model="tiny", messages=[{"role": "developer", "content": "be brief"},
-                                                               {"role": "user", "content": "hi\nthere"}],
-                                       max_tokens=8, temperature=0)
-    c = client.chat.completions.create(model="tiny", messages=[{"role": "system", "content": "be brief"},
-                                                               {"role": "user", "content": "hi\nthere"}],
-                                       max_tokens=8, temperature=0)
-    ref = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi\nthere"}],
-                                         max_tokens=8, temperature=0)
+    a = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=8, temperature=0
+    )
+    b = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi\nthere"}],
+        max_tokens=8,
+        temperature=0,
+    )
+    c = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi\nthere"}],
+        max_tokens=8,
+        temperature=0,
+    )
+    ref = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi\nthere"}], max_tokens=8, temperature=0
+    )
     assert a.choices[0].message.content == ref.choices[0].message.content
     assert b.choices[0].message.content == c.choices[0].message.content  # developer is system
 
 
 def test_streaming_chat_and_completion(client):
-    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hey"}],
-                                                 max_tokens=16, temperature=0, stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hey"}], max_tokens=16, temperature=0, stream=True
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    full = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hey"}],
-                                          max_tokens=16, temperature=0)
+    full = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hey"}], max_tokens=16, temperature=0
+    )
     assert text == full.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == "length"
     stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, stream=True)
@@ -140,29 +166,52 @@ def test_streaming_chat_and_completion(client):
 
 
 def test_streaming_usage_comes_last_as_openai_sends_it(client):
-    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hey"}],
-                                                 max_tokens=10, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hey"}],
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
     assert chunks[-1].usage.total_tokens == chunks[-1].usage.prompt_tokens + 10
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-2].usage is None
     assert all(c.usage is None for c in chunks[:-1])
-    comp = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, stream=True,
-                                          stream_options={"include_usage": True}))
+    comp = list(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert comp[-1].choices == [] and comp[-1].usage.completion_tokens == 6
 
 
 def test_speculative_extension_field_and_metrics(server, client):
     before = httpx.get(server[0] + "/metrics").text
-    client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0,
-                              extra_body={"speculative": {"drafter": "draft", "k": 3}})
+    client.completions.create(
+        model="tiny",
+        prompt=PROMPT,
+        max_tokens=30,
+        temperature=0,
+        extra_body={"speculative": {"drafter": "draft", "k": 3}},
+    )
     after = httpx.get(server[0] + "/metrics").text
 
     def val(text, name):
         return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
 
-    for name in ("edgespec:spec_decode_num_draft_tokens_total", "edgespec:spec_decode_num_drafts_total",
-                 "edgespec:request_success_total"):
+    for name in (
+        "edgespec:spec_decode_num_draft_tokens_total",
+        "edgespec:spec_decode_num_drafts_total",
+        "edgespec:request_success_total",
+    ):
         assert val(after, name) > val(before, name), name
     assert "edgespec:time_to_first_token_seconds_bucket" in after
     assert val(after, "edgespec:spec_decode_mean_acceptance_length") >= 1.0
@@ -188,8 +237,13 @@ BAD = [  # (path, body, status, param, words in the message)
     (C, json.dumps({"messages": ["hi"]}).encode(), 400, "messages[0]", "object"),
     (C, _chat(content=None), 400, "messages[0].content", "null content"),
     (C, _chat(content=[]), 400, "messages[0].content", "non-empty list"),
-    (C, _chat(content=[{"type": "image_url", "image_url": {"url": "http://x"}}]), 400, "messages[0].content[0]",
-     "text-only"),
+    (
+        C,
+        _chat(content=[{"type": "image_url", "image_url": {"url": "http://x"}}]),
+        400,
+        "messages[0].content[0]",
+        "text-only",
+    ),
     (C, _chat(content=[{"type": "text", "text": 5}]), 400, "messages[0].content[0]", "text"),
     (C, json.dumps({"messages": [{"role": 5, "content": "x"}]}).encode(), 400, "messages[0].role", "choose one"),
     (C, json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, "messages[0].role", "wizard"),
@@ -222,10 +276,20 @@ BAD = [  # (path, body, status, param, words in the message)
     (C, _chat({"logprobs": True}), 400, "logprobs", "not supported"),
     (C, _chat({"response_format": {"type": "xml"}}), 400, "response_format", "json_schema"),
     (C, _chat({"response_format": "json"}), 400, "response_format", "json_object"),
-    (C, _chat({"response_format": {"type": "json_schema", "json_schema": "x"}}), 400, "response_format.json_schema",
-     "{name, schema, strict}"),
-    (C, _chat({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}}), 400,
-     "response_format.json_schema.strict", "true or false"),
+    (
+        C,
+        _chat({"response_format": {"type": "json_schema", "json_schema": "x"}}),
+        400,
+        "response_format.json_schema",
+        "{name, schema, strict}",
+    ),
+    (
+        C,
+        _chat({"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}}),
+        400,
+        "response_format.json_schema.strict",
+        "true or false",
+    ),
     (C, _chat({"response_format": {"type": "regex", "regex": 5}}), 400, "response_format.regex", "string"),
     (C, _chat({"speculative": {"k": 99}}), 400, "speculative.k", "outside 1..8"),
     (C, _chat({"speculative": {"k": 0}}), 400, "speculative.k", "outside 1..8"),
@@ -271,8 +335,9 @@ def test_openai_client_raises_bad_request_with_the_field(client):
 def test_disconnect_mid_stream_stops_the_generation(server, client):
     url, gen, app = server
     before = _metric(url, "edgespec:request_cancelled_total")
-    with httpx.stream("POST", url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 200,
-                                                             "temperature": 0, "stream": True}) as r:
+    with httpx.stream(
+        "POST", url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
+    ) as r:
         for _ in zip(range(3), r.iter_lines(), strict=False):
             pass
     time.sleep(1.0)
@@ -300,8 +365,10 @@ def test_disconnect_cancels_a_non_streaming_request(server, client, monkeypatch)
     body = json.dumps({"prompt": PROMPT, "max_tokens": 200, "temperature": 0}).encode()
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         time.sleep(0.5)  # generating now; then the client goes away
     t0 = time.perf_counter()
     r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=5, temperature=0)
@@ -341,8 +408,12 @@ def test_api_key_guards_v1_and_admin_but_not_health(full_server):
     url = full_server[0]
     assert httpx.get(url + "/health").status_code == 200
     assert httpx.get(url + "/metrics").status_code == 200
-    for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("GET", "/admin/speculation"),
-                         ("POST", "/admin/speculation")):
+    for method, path in (
+        ("GET", "/v1/models"),
+        ("POST", "/v1/completions"),
+        ("GET", "/admin/speculation"),
+        ("POST", "/admin/speculation"),
+    ):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             r = httpx.request(method, url + path, headers=headers, json={"prompt": "x"})
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, headers)
@@ -378,11 +449,19 @@ def _used(client, **extra) -> tuple:
     return st["drafter"], st["k"], st["tree"]
 
 
-SPECS = [{"drafter": "none"}, {"drafter": "ngram", "k": 3}, {"drafter": "suffix", "k": 3},
-         {"drafter": "draft", "k": 2}, {"drafter": "eagle", "k": 4}, {"drafter": "hybrid", "k": 4},
-         {"drafter": "medusa", "k": 3}, {"drafter": "eagle", "tree": "6:5:1:1"},
-         {"drafter": "medusa", "tree": "6:3:2:2"}, {"drafter": "ngram", "tree": "5:4:2:1"},
-         {"drafter": "hybrid", "k": 6, "tree": "7:4:2:2"}]
+SPECS = [
+    {"drafter": "none"},
+    {"drafter": "ngram", "k": 3},
+    {"drafter": "suffix", "k": 3},
+    {"drafter": "draft", "k": 2},
+    {"drafter": "eagle", "k": 4},
+    {"drafter": "hybrid", "k": 4},
+    {"drafter": "medusa", "k": 3},
+    {"drafter": "eagle", "tree": "6:5:1:1"},
+    {"drafter": "medusa", "tree": "6:3:2:2"},
+    {"drafter": "ngram", "tree": "5:4:2:1"},
+    {"drafter": "hybrid", "k": 6, "tree": "7:4:2:2"},
+]
 
 
 def test_every_drafter_the_folder_ships_per_request(full_server, keyed):
@@ -391,8 +470,9 @@ def test_every_drafter_the_folder_ships_per_request(full_server, keyed):
     checks0 = _metric(url, "edgespec:shadow_checks_total")
     texts = {}
     for spec in SPECS:
-        r = keyed.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
-                                     extra_body={"speculative": spec})
+        r = keyed.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"speculative": spec}
+        )
         st = r.model_extra["edgespec_stats"]
         assert st["drafter"] == spec["drafter"] and st["tree"] == spec.get("tree", ""), (spec, st)
         texts[json.dumps(spec)] = r.choices[0].text
@@ -415,8 +495,9 @@ def test_admin_sets_the_default_drafter_without_a_restart(full_server, keyed):
         st = keyed.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0).model_extra
         assert st["edgespec_stats"]["drafter"] == "eagle" and st["edgespec_stats"]["tree"] == "6:5:1:1"
         # a request's own choice still wins, and a tree-less drafter drops the default's tree
-        st = keyed.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0,
-                                      extra_body={"speculative": {"drafter": "draft"}}).model_extra
+        st = keyed.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"speculative": {"drafter": "draft"}}
+        ).model_extra
         assert st["edgespec_stats"]["drafter"] == "draft" and st["edgespec_stats"]["k"] == 3
         bad = httpx.post(url + "/admin/speculation", headers=h, json={"drafter": "medusa", "k": 40})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "speculation.k"
@@ -444,8 +525,13 @@ def test_shadow_mismatch_is_counted_and_logged(full_server, keyed, monkeypatch, 
     monkeypatch.setattr(worker, "plain_ids", tampered)
     before = _metric(url, "edgespec:shadow_mismatches_total")
     with caplog.at_level(logging.WARNING, logger="edgespec.serve"):
-        r = keyed.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
-                                     extra_body={"speculative": {"drafter": "medusa", "k": 2}})
+        r = keyed.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            extra_body={"speculative": {"drafter": "medusa", "k": 2}},
+        )
         deadline = time.time() + 30
         while _metric(url, "edgespec:shadow_mismatches_total") == before and time.time() < deadline:
             time.sleep(0.1)
@@ -496,8 +582,12 @@ def test_big_bodies_are_refused_before_tokenizing_and_health_stays_up(full_serve
 
 
 def test_serve_flags_are_checked_before_loading(tiny_engine):
-    res = subprocess.run([sys.executable, "-m", "edgespec.cli", "serve", "--engine", str(tiny_engine),
-                          "--shadow-rate", "1.5"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "edgespec.cli", "serve", "--engine", str(tiny_engine), "--shadow-rate", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "--shadow-rate 1.5" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -510,8 +600,9 @@ def test_load_test_tool(server, tmp_path):
     assert load_test.percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0
     out = tmp_path / "load.json"
     for stream in ([], ["--stream"]):
-        rc = load_test.main(["--url", server[0], "--clients", "3", "--seconds", "1.5", "--max-tokens", "8",
-                             "--json", str(out)] + stream)
+        rc = load_test.main(
+            ["--url", server[0], "--clients", "3", "--seconds", "1.5", "--max-tokens", "8", "--json", str(out)] + stream
+        )
         s = json.loads(out.read_text())
         assert rc == 0 and s["ok_200"] >= 3 and s["incomplete_200"] == 0 and s["connection_errors"] == 0, s
         assert s["ok_200"] + s["busy_503"] == s["requests"] and s["latency_p99_s"] >= s["latency_p50_s"]
@@ -522,10 +613,17 @@ def test_load_test_tool(server, tmp_path):
 # no strings: the tiny model's tokenizer decodes with a space between tokens, so the text is checked
 # with its spaces taken out
 DIGIT = {"type": "integer", "minimum": 0, "maximum": 9}
-SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999},
-                                           "ok": {"type": "boolean"}, "tag": {"enum": ["x", "yy"]},
-                                           "list": {"type": "array", "items": DIGIT, "maxItems": 3}},
-          "required": ["n", "ok", "tag", "list"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "ok": {"type": "boolean"},
+        "tag": {"enum": ["x", "yy"]},
+        "list": {"type": "array", "items": DIGIT, "maxItems": 3},
+    },
+    "required": ["n", "ok", "tag", "list"],
+    "additionalProperties": False,
+}
 
 
 def _schema_format(strict: bool = True, schema: dict = SCHEMA) -> dict:
@@ -544,30 +642,47 @@ def test_response_format_json_schema_with_the_openai_client(server, client):
     API's constrained plain decoding, and streams the same text."""
     pytest.importorskip("llguidance")
     msgs = [{"role": "user", "content": "give me a record"}]
-    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=150, temperature=0,
-                                       response_format=_schema_format())
+    r = client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=150, temperature=0, response_format=_schema_format()
+    )
     text = r.choices[0].message.content
     assert r.choices[0].finish_reason == "stop", text
     _check(text)
     ref = Generator.load(server[1].manifest.folder, RuntimeConfig(drafter="none"))
     assert text == ref.generate(msgs, max_new_tokens=150, json_schema=SCHEMA)
     assert ref.last_stats.n_forced > 0
-    chunks = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=150, temperature=0,
-                                            response_format=_schema_format(strict=False), stream=True)
+    chunks = client.chat.completions.create(
+        model="tiny",
+        messages=msgs,
+        max_tokens=150,
+        temperature=0,
+        response_format=_schema_format(strict=False),
+        stream=True,
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
-    sampled = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=150, temperature=1.0, seed=3,
-                                             response_format=_schema_format())
+    sampled = client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=150, temperature=1.0, seed=3, response_format=_schema_format()
+    )
     if sampled.choices[0].finish_reason == "stop":
         _check(sampled.choices[0].message.content)
 
 
 def test_response_format_json_object_and_grammar_extensions(server, client):
     pytest.importorskip("llguidance")
-    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "an object"}],
-                                       max_tokens=40, temperature=0, response_format={"type": "json_object"})
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "an object"}],
+        max_tokens=40,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
     assert r.choices[0].message.content.startswith("{")
-    body = {"prompt": PROMPT, "max_tokens": 20, "temperature": 0, "response_format": {"type": "regex",
-                                                                                     "regex": "[0-9]{2,5}"}}
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 20,
+        "temperature": 0,
+        "response_format": {"type": "regex", "regex": "[0-9]{2,5}"},
+    }
     out = httpx.post(server[0] + "/v1/completions", json=body, timeout=60).json()
     assert out["choices"][0]["text"].replace(" ", "").isdigit() and out["edgespec_stats"]["grammar"] == "regex"
 
@@ -575,15 +690,27 @@ def test_response_format_json_object_and_grammar_extensions(server, client):
 def test_a_bad_schema_is_a_400_with_the_library_reason(client):
     pytest.importorskip("llguidance")
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5,
-                                       response_format=_schema_format(schema={"type": "object", "if": {}}))
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=5,
+            response_format=_schema_format(schema={"type": "object", "if": {}}),
+        )
     assert e.value.body["param"] == "response_format" and "Unimplemented keys" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5,
-                                       response_format=_schema_format(schema={"type": "wat"}))
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "x"}],
+            max_tokens=5,
+            response_format=_schema_format(schema={"type": "wat"}),
+        )
     assert "Invalid type: wat" in e.value.body["message"]
-    ok = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5,
-                                        response_format=_schema_format(False, {"type": "object", "if": {}}))
+    ok = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=5,
+        response_format=_schema_format(False, {"type": "object", "if": {}}),
+    )
     assert ok.choices[0].message.content.startswith("{")  # not strict: the keyword is ignored
 
 
@@ -599,9 +726,14 @@ def test_structured_requests_are_speculative_and_shadow_checked(full_server, key
     texts = set()
     drafters = ("draft", "eagle", "medusa", "hybrid", "suffix")
     for drafter in drafters:
-        r = keyed.chat.completions.create(model="tiny", messages=msgs, max_tokens=150, temperature=0,
-                                          response_format=_schema_format(),
-                                          extra_body={"speculative": {"drafter": drafter, "k": 3}})
+        r = keyed.chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            max_tokens=150,
+            temperature=0,
+            response_format=_schema_format(),
+            extra_body={"speculative": {"drafter": drafter, "k": 3}},
+        )
         assert r.model_extra["edgespec_stats"]["forced_tokens"] > 0
         texts.add(r.choices[0].message.content)
     assert len(texts) == 1, texts

@@ -50,8 +50,11 @@ def _fake_gen(drafter: str, k: int = 3) -> Generator:
     draft = FakeModel(table + np.random.default_rng(2).standard_normal(table.shape).astype(np.float32), max_len=64)
     head = FakeEagleHead(8, d2t=[0, 2, 3, 5, 6], max_len=64)  # q = 0 off its draft vocabulary
     heads = FakeHeads(8, d2t=[0, 1, 3, 4, 6, 7], n_heads=3)
-    g = Generator(None, Engines(target, {"draft": draft, "eagle": EagleEngines(head, None), "medusa": heads}),
-                  RuntimeConfig(drafter=drafter, k=k, eagle_min_confidence=0.0, medusa_min_confidence=0.0))
+    g = Generator(
+        None,
+        Engines(target, {"draft": draft, "eagle": EagleEngines(head, None), "medusa": heads}),
+        RuntimeConfig(drafter=drafter, k=k, eagle_min_confidence=0.0, medusa_min_confidence=0.0),
+    )
     g.eos = np.array([EOS])
     g.structured = Constraint(grammar_tokenizer(_fake_tokenizer(), 8, [EOS]), 8, [EOS], max(target.widths))
     return g
@@ -122,7 +125,7 @@ def test_drafts_the_grammar_forbids_never_reach_the_verify_call():
         n_prompt = len(PROMPT)
         for past, ids in calls[1:]:  # after the prefill: [pending, chain...]
             m = llg.LLMatcher(g.structured.tokenizer, grammar.text)
-            assert all(m.consume_token(int(t)) for t in out[:past - n_prompt + 1])
+            assert all(m.consume_token(int(t)) for t in out[: past - n_prompt + 1])
             assert all(m.consume_token(int(t)) for t in ids[1:]), (out, past, ids)
     st = g.last_stats
     assert st.n_grammar_cut > 0 and st.n_forced > 0 and st.n_masks > 0 and st.to_dict()["grammar"] == "regex"
@@ -136,7 +139,7 @@ def _exact(g, grammar, n, cfg):
 
     def walk(ctx, m, prob):
         if len(ctx) == len(PROMPT) + n:
-            dist[tuple(ctx[len(PROMPT):])] = prob
+            dist[tuple(ctx[len(PROMPT) :])] = prob
             return
         forced = _rule(m)
         options = [(forced, 1.0)] if forced >= 0 else []
@@ -200,17 +203,20 @@ def test_an_unrestricted_q_is_caught(monkeypatch):
 
 
 # ---- grammars, errors ----------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, words", [
-    ({"json_schema": {"type": "foo"}}, "Invalid type: foo"),
-    ({"json_schema": "{not json"}, "not JSON"),
-    ({"json_schema": [1]}, "JSON object"),
-    ({"json_schema": {"type": "object", "if": {}}}, "Unimplemented keys"),
-    ({"json_schema": {"$ref": "#/nowhere"}}, "does not exist"),
-    ({"grammar": "start: foo"}, 'unknown name: "foo"'),
-    ({"grammar": ""}, "non-empty"),
-    ({"regex": "a(b"}, "unclosed group"),
-    ({"regex": "a", "grammar": "start: 'a'"}, "one output constraint"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"json_schema": {"type": "foo"}}, "Invalid type: foo"),
+        ({"json_schema": "{not json"}, "not JSON"),
+        ({"json_schema": [1]}, "JSON object"),
+        ({"json_schema": {"type": "object", "if": {}}}, "Unimplemented keys"),
+        ({"json_schema": {"$ref": "#/nowhere"}}, "does not exist"),
+        ({"grammar": "start: foo"}, 'unknown name: "foo"'),
+        ({"grammar": ""}, "non-empty"),
+        ({"regex": "a(b"}, "unclosed group"),
+        ({"regex": "a", "grammar": "start: 'a'"}, "one output constraint"),
+    ],
+)
 def test_a_bad_grammar_is_one_line_with_the_library_reason(kwargs, words):
     with pytest.raises(GrammarError) as e:
         grammar_from(**kwargs)
@@ -237,8 +243,12 @@ def test_a_byte_level_bpe_tokenizer_is_read_natively_and_ff_tokens_come_whole():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     text = ['{"name": "Ann", "age": 31}', '{"name": "Bob", "age": 4}', "name age city"] * 20
-    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, special_tokens=["</s>"],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        text,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     lt = grammar_tokenizer(tok, tok.get_vocab_size(), [tok.token_to_id("</s>")])
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     m = llg.LLMatcher(lt, grammar_from(json_schema=schema).text)
@@ -247,13 +257,23 @@ def test_a_byte_level_bpe_tokenizer_is_read_natively_and_ff_tokens_come_whole():
 
 
 # ---- tiny exported engines ------------------------------------------------------------------------
-SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
-    "tags": {"type": "array", "items": {"enum": ["x", "yy", "zzz"]}, "maxItems": 3}, "ok": {"type": "boolean"}},
-    "required": ["name", "n", "tags", "ok"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"enum": ["x", "yy", "zzz"]}, "maxItems": 3},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "n", "tags", "ok"],
+    "additionalProperties": False,
+}
 LARK = 'start: "call " NAME "(" ARG ("," ARG)* ")"\nNAME: /[a-z]{1,6}/\nARG: /[0-9]{1,3}/'
-TINY_PROMPTS = ['{"name": "ab", "n": 12, "tags": ["x"], "ok": true} {"name": "cd", "n": 3, "tags": [], "ok": ',
-                "call f(1,2) call gg(33) call ", "hello world hello"]
+TINY_PROMPTS = [
+    '{"name": "ab", "n": 12, "tags": ["x"], "ok": true} {"name": "cd", "n": 3, "tags": [], "ok": ',
+    "call f(1,2) call gg(33) call ",
+    "hello world hello",
+]
 
 
 @pytest.fixture(scope="module")
@@ -267,9 +287,23 @@ def full_engine(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("structured")
     head, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
     heads, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4)
-    return export(ExportConfig(target=str(tiny_models["llama"]), draft="self:1", eagle=str(head), medusa=str(heads),
-                               out=str(root / "engine"), max_len=256, k=6, prefill_chunk=16, kv_bucket=32,
-                               precision="fp32", trees=True, progress=False, validate=False))
+    return export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            draft="self:1",
+            eagle=str(head),
+            medusa=str(heads),
+            out=str(root / "engine"),
+            max_len=256,
+            k=6,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+            validate=False,
+        )
+    )
 
 
 def _conforms(g, grammar, ids) -> bool:
@@ -279,10 +313,15 @@ def _conforms(g, grammar, ids) -> bool:
 
 @pytest.mark.parametrize("kind", ["json_schema", "lark", "regex"])
 def test_tiny_speculative_equals_constrained_plain_for_every_drafter(full_engine, kind):
-    grammar = {"json_schema": lambda: grammar_from(json_schema=SCHEMA), "lark": lambda: grammar_from(grammar=LARK),
-               "regex": lambda: grammar_from(regex=r"(hello|world|call)( (hello|world|call|f|gg)){2,6}\.")}[kind]()
-    g = Generator.load(full_engine, RuntimeConfig(drafter="none", k=4, adaptive=False, eagle_min_confidence=0.0,
-                                                  medusa_min_confidence=0.0))
+    grammar = {
+        "json_schema": lambda: grammar_from(json_schema=SCHEMA),
+        "lark": lambda: grammar_from(grammar=LARK),
+        "regex": lambda: grammar_from(regex=r"(hello|world|call)( (hello|world|call|f|gg)){2,6}\."),
+    }[kind]()
+    g = Generator.load(
+        full_engine,
+        RuntimeConfig(drafter="none", k=4, adaptive=False, eagle_min_confidence=0.0, medusa_min_confidence=0.0),
+    )
     prompts = [g.codec.encode(p) for p in TINY_PROMPTS]
     plain = [_ids(g, 60, grammar=grammar, prompt=p) for p in prompts]
     assert all(_conforms(g, grammar, out) for out in plain)
@@ -333,10 +372,25 @@ def test_cli_generate_with_a_schema_file_and_a_bad_one(full_engine, tmp_path):
     good, bad = tmp_path / "s.json", tmp_path / "bad.json"
     good.write_text(json.dumps(SCHEMA))
     bad.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "wat"}}}))
-    base = [sys.executable, "-m", "edgespec.cli", "generate", "--engine", str(full_engine), "--prompt",
-            TINY_PROMPTS[0], "--drafter", "ngram", "--k", "3", "--max-new-tokens", "80"]
-    r = subprocess.run(base + ["--json-schema", str(good), "--json", str(tmp_path / "st.json")], capture_output=True,
-                       text=True)
+    base = [
+        sys.executable,
+        "-m",
+        "edgespec.cli",
+        "generate",
+        "--engine",
+        str(full_engine),
+        "--prompt",
+        TINY_PROMPTS[0],
+        "--drafter",
+        "ngram",
+        "--k",
+        "3",
+        "--max-new-tokens",
+        "80",
+    ]
+    r = subprocess.run(
+        base + ["--json-schema", str(good), "--json", str(tmp_path / "st.json")], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     assert "grammar json_schema" in r.stderr and json.loads((tmp_path / "st.json").read_text())["forced_tokens"] > 0
     r = subprocess.run(base + ["--json-schema", str(bad)], capture_output=True, text=True)
@@ -347,16 +401,41 @@ def test_cli_generate_with_a_schema_file_and_a_bad_one(full_engine, tmp_path):
 
 def test_cli_bench_structured_reports_validity_and_identity(full_engine, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": str(i), "prompt": p, "schema": SCHEMA}) + "\n"
-                               for i, p in enumerate(TINY_PROMPTS)))
+    prompts.write_text(
+        "".join(json.dumps({"id": str(i), "prompt": p, "schema": SCHEMA}) + "\n" for i, p in enumerate(TINY_PROMPTS))
+    )
     out = tmp_path / "b.json"
-    r = subprocess.run([sys.executable, "-m", "edgespec.cli", "bench", "--engine", str(full_engine), "--prompts",
-                        str(prompts), "--drafter", "none,ngram,eagle", "--k", "3", "--max-new-tokens", "40",
-                        "--structured", "--json", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgespec.cli",
+            "bench",
+            "--engine",
+            str(full_engine),
+            "--prompts",
+            str(prompts),
+            "--drafter",
+            "none,ngram,eagle",
+            "--k",
+            "3",
+            "--max-new-tokens",
+            "40",
+            "--structured",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     runs = json.loads(out.read_text())["runs"]
-    assert [(x["drafter"], x["constrained"]) for x in runs] == [("none", True), ("ngram", True), ("eagle", True),
-                                                                ("none", False)]
+    assert [(x["drafter"], x["constrained"]) for x in runs] == [
+        ("none", True),
+        ("ngram", True),
+        ("eagle", True),
+        ("none", False),
+    ]
     assert [x["totals"]["identical_to_none"] for x in runs[:3]] == [3, 3, 3]
     assert all(x["totals"]["forced_tokens"] > 0 for x in runs[:3]) and runs[3]["totals"]["forced_tokens"] == 0
     assert "valid JSON" in r.stdout and all("json" in p for p in runs[0]["prompts"])
@@ -373,7 +452,8 @@ def test_the_json_eval_prompts_carry_strict_schemas_they_quote():
         assert grammar_from(json_schema=r["schema"]).kind == "json_schema"
         assert json.dumps(r["schema"]) in r["messages"][-1]["content"], r["id"]
         assert r["schema"]["additionalProperties"] is False and set(r["schema"]["required"]) == set(
-            r["schema"]["properties"]), r["id"]
+            r["schema"]["properties"]
+        ), r["id"]
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from edgespec.runtime.generator import Generator
 
 def _brute(tokens: np.ndarray, pattern: np.ndarray) -> list[int]:
     n = len(pattern)
-    return sorted(i + n for i in range(len(tokens) - n) if (tokens[i:i + n] == pattern).all())
+    return sorted(i + n for i in range(len(tokens) - n) if (tokens[i : i + n] == pattern).all())
 
 
 @pytest.mark.parametrize("vocab", [50, 70_000])  # 16-bit and 32-bit keys
@@ -27,7 +27,7 @@ def test_occurrences_match_brute_force_across_index_and_tail(vocab):
     for n in (1, 2, 3, 5, DEPTH):
         for _ in range(20):
             start = rng.integers(0, len(cache) - n)
-            pattern = cache.tokens[start:start + n]
+            pattern = cache.tokens[start : start + n]
             if (pattern == SEP).any():
                 continue
             assert sorted(cache.occurrences(pattern).tolist()) == _brute(cache.tokens, pattern), (n, pattern)

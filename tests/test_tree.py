@@ -17,11 +17,21 @@ def tree_model(request, tmp_path_factory):
     from edgespec.export.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("tree")
-    src = make_tiny("llama", root / "src", hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
-                    head_dim=64)
+    src = make_tiny("llama", root / "src", hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_dim=64)
     out = root / request.param
-    export(ExportConfig(target=str(src), out=str(out), max_len=320, k=4, prefill_chunk=16,
-                        kv_bucket=32, precision=request.param, trees=True, progress=False))
+    export(
+        ExportConfig(
+            target=str(src),
+            out=str(out),
+            max_len=320,
+            k=4,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision=request.param,
+            trees=True,
+            progress=False,
+        )
+    )
     m = load_manifest(out)
     return OrtModel(m, m.target)
 
@@ -63,13 +73,13 @@ def test_tree_rows_equal_chain_rows_bitwise(tree_model, past):
     m = tree_model
     rng = np.random.default_rng(past)
     seq = rng.integers(3, m.vocab_size, past + 8).astype(np.int64)
-    path = seq[past:past + 5]  # root (the pending token) + 4 tokens
+    path = seq[past : past + 5]  # root (the pending token) + 4 tokens
     prefill(m, seq[:past], 0)
     ref = []
     for i, t in enumerate(path):  # the chain, one decode at a time
         ref.append(m.forward(np.array([t]), past + i)[0].copy())
         m.commit(past + i, 1)
-    ref_next = m.forward(seq[past + 5:past + 6], past + 5)[0].copy()
+    ref_next = m.forward(seq[past + 5 : past + 6], past + 5)[0].copy()
     # across a multiple of 128 slots the attention GEMM sums in separate blocks: the nodes before
     # the boundary must be a chain there (what the runtime's trees do: runtime.tree.tree_chain_prefix)
     n_chain = tree_chain_prefix(past, 14)
@@ -78,7 +88,7 @@ def test_tree_rows_equal_chain_rows_bitwise(tree_model, past):
     for d, node in enumerate(on_path):
         assert np.array_equal(logits[node], ref[d]), f"depth {d} (node {node}) differs from the chain"
     m.commit(past, len(on_path), rows=on_path)  # compaction: the path's K/V into consecutive slots
-    assert np.array_equal(m.forward(seq[past + 5:past + 6], past + 5)[0], ref_next)
+    assert np.array_equal(m.forward(seq[past + 5 : past + 6], past + 5)[0], ref_next)
     # a chain call after the tree sees the chain mask again
     chain = m.forward(path, past).copy()
     assert np.array_equal(chain[-1], ref[-1])
@@ -93,8 +103,19 @@ def test_chain_only_folders_have_no_tree_ops_and_refuse_trees(tiny_models, tmp_p
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.tree import TreeConfig
 
-    out = export(ExportConfig(target=str(tiny_models["llama"]), out=str(tmp_path / "e"), max_len=64, k=4,
-                              prefill_chunk=8, kv_bucket=16, precision="fp32", trees=False, progress=False))
+    out = export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            out=str(tmp_path / "e"),
+            max_len=64,
+            k=4,
+            prefill_chunk=8,
+            kv_bucket=16,
+            precision="fp32",
+            trees=False,
+            progress=False,
+        )
+    )
     g = onnx.load(str(out / "target.onnx"), load_external_data=False)
     assert "tree_mask" not in {i.name for i in g.graph.input}
     assert not any(n.op_type == "GatherElements" for n in g.graph.node)

@@ -31,8 +31,8 @@ def test_trt_backend_logits_match_ort(trt_target, tiny_engine):
     ref = OrtModel(m, m.target)
     toks = np.arange(40, 90)
     for past, w in ((0, 16), (16, 9), (25, 1), (26, 5)):
-        a = trt.forward(toks[past:past + w], past).copy()
-        b = ref.forward(toks[past:past + w], past)
+        a = trt.forward(toks[past : past + w], past).copy()
+        b = ref.forward(toks[past : past + w], past)
         assert np.array_equal(a, b), (past, w)
         trt.commit(past, w)
         ref.commit(past, w)

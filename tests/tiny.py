@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def tokenizer_files(folder: Path) -> None:
@@ -25,9 +27,19 @@ def make_tiny(model_type: str, folder: Path, seed: int = 0, **overrides) -> Path
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    kw = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=1024, eos_token_id=1, bos_token_id=None,
-              pad_token_id=0, tie_word_embeddings=model_type == "llama")
+    kw = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=1,
+        bos_token_id=None,
+        pad_token_id=0,
+        tie_word_embeddings=model_type == "llama",
+    )
     if model_type == "qwen3":
         kw["head_dim"] = 32  # Qwen3 decouples head_dim from hidden_size / heads
     kw.update(overrides)
@@ -55,9 +67,9 @@ def assert_rows_bitwise_alike(m, label="") -> None:
     e.commit(0, 16)
     rows = {16: e.forward(toks[16:32], 16).copy()}  # prefill width
     for w in (4, 3, 2):
-        rows[w] = e.forward(toks[16:16 + w], 16).copy()
+        rows[w] = e.forward(toks[16 : 16 + w], 16).copy()
     for i in range(4):
-        one = e.forward(toks[16 + i:17 + i], 16 + i)
+        one = e.forward(toks[16 + i : 17 + i], 16 + i)
         e.commit(16 + i, 1)
         for w, r in rows.items():
             if i < w:

@@ -26,9 +26,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4, help="passes over the prompts (default 4)")
     p.add_argument("--drafter", default="none", help="drafter for both (default none: plain decoding)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--calls", action="store_true",
-                   help="instead: median seconds of single target calls (256-token prefill, then width 1 and 2 "
-                   "at past 256), the folders alternating, 30 rounds")
+    p.add_argument(
+        "--calls",
+        action="store_true",
+        help="instead: median seconds of single target calls (256-token prefill, then width 1 and 2 "
+        "at past 256), the folders alternating, 30 rounds",
+    )
     a = p.parse_args()
     gens = [(f, Generator.load(f, RuntimeConfig(drafter=a.drafter, adaptive=False))) for f in (a.a, a.b)]
     if a.calls:
@@ -38,7 +41,7 @@ def main() -> None:
     outputs: dict[tuple[str, int], list[int]] = {}
     for r in range(a.rounds):
         for i, prompt in enumerate(ids):
-            for f, g in (gens if (i + r) % 2 == 0 else gens[::-1]):
+            for f, g in gens if (i + r) % 2 == 0 else gens[::-1]:
                 out = [int(t) for x in g.generate_ids(prompt, a.max_new_tokens) for t in x]
                 outputs[f, i] = out
                 n = len(out)
@@ -62,7 +65,7 @@ def call_costs(gens, rounds: int = 30) -> None:
     ids = np.arange(100, 356)
     res = {f: {"prefill 256": [], "decode T=1": [], "verify T=2": []} for f, _ in gens}
     for r in range(rounds):
-        for f, g in (gens if r % 2 else gens[::-1]):
+        for f, g in gens if r % 2 else gens[::-1]:
             t0 = time.perf_counter()
             prefill(g.target, ids, 0)
             times = [time.perf_counter()]

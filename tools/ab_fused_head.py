@@ -33,9 +33,10 @@ def main() -> None:
     a = p.parse_args()
     share_thread_pool()
     ks = [int(x) for x in a.k.split(",")]
-    gens = {fused: Generator.load(a.engine, RuntimeConfig(drafter=a.drafter, k=max(ks), adaptive=False,
-                                                          fuse_head=fused))
-            for fused in (True, False)}
+    gens = {
+        fused: Generator.load(a.engine, RuntimeConfig(drafter=a.drafter, k=max(ks), adaptive=False, fuse_head=fused))
+        for fused in (True, False)
+    }
     if gens[True].engines.get("eagle").fused is None:
         raise SystemExit(f"{a.engine} has no fused target+EAGLE graph; re-export it with this edgespec")
     prompts = load_prompts(a.prompts, a.limit)
@@ -46,7 +47,7 @@ def main() -> None:
         for i, prompt in enumerate(ids):
             for k in ks:
                 outs = {}
-                for f in ((True, False) if (i + r + k) % 2 == 0 else (False, True)):
+                for f in (True, False) if (i + r + k) % 2 == 0 else (False, True):
                     g = gens[f]
                     g.set_drafter(a.drafter, k)
                     g.forget()
@@ -58,13 +59,16 @@ def main() -> None:
                     t[2] += st.n_draft_calls
                 same[k] += outs[True] == outs[False]
     print(f"{a.drafter} on {len(ids)} prompts x {a.rounds} round(s), {a.max_new_tokens} new tokens, {a.engine}")
-    print("| k | fused tok/s | separate tok/s | fused / separate | head calls per token fused / separate "
-          "| same tokens |")
+    print(
+        "| k | fused tok/s | separate tok/s | fused / separate | head calls per token fused / separate | same tokens |"
+    )
     print("|---|---|---|---|---|---|")
     for k in ks:
         (nf, sf, cf), (ns, ss, cs) = totals[True, k], totals[False, k]
-        print(f"| {k} | {nf / sf:.1f} | {ns / ss:.1f} | {nf / sf / (ns / ss):.3f}x | {cf / nf:.2f} / {cs / ns:.2f} "
-              f"| {same[k]}/{len(ids) * a.rounds} |")
+        print(
+            f"| {k} | {nf / sf:.1f} | {ns / ss:.1f} | {nf / sf / (ns / ss):.3f}x | {cf / nf:.2f} / {cs / ns:.2f} "
+            f"| {same[k]}/{len(ids) * a.rounds} |"
+        )
 
 
 if __name__ == "__main__":

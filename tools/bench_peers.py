@@ -63,18 +63,27 @@ def llama_cpp_systems(gguf: str, threads: int) -> tuple[list[System], str]:
     except ImportError:
         return [], "llama-cpp-python not installed (pip install 'edgespec[peers]'; it compiles llama.cpp)"
     plain = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, verbose=False, seed=0)
-    lookup = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, verbose=False, seed=0,
-                   draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
+    lookup = Llama(
+        model_path=gguf,
+        n_ctx=2048,
+        n_threads=threads,
+        verbose=False,
+        seed=0,
+        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10),
+    )
 
     def runner(llm):
         def run(prompt, n):
             llm.reset()
             out = llm.create_completion(prompt, max_tokens=n, temperature=0.0, top_k=1)
             return llm.tokenize(out["choices"][0]["text"].encode(), add_bos=False)
+
         return run
 
-    return [System("llama.cpp plain", runner(plain), "Q4_1 GGUF"),
-            System("llama.cpp prompt-lookup", runner(lookup), "Q4_1 GGUF, num_pred_tokens=10")], ""
+    return [
+        System("llama.cpp plain", runner(plain), "Q4_1 GGUF"),
+        System("llama.cpp prompt-lookup", runner(lookup), "Q4_1 GGUF, num_pred_tokens=10"),
+    ], ""
 
 
 def transformers_systems(gguf: str, threads: int, hf_draft: str | None) -> tuple[list[System], str]:
@@ -95,13 +104,22 @@ def transformers_systems(gguf: str, threads: int, hf_draft: str | None) -> tuple
         def run(prompt, n):
             ids = tok(prompt, return_tensors="pt")
             with torch.no_grad():
-                out = model.generate(**ids, max_new_tokens=n, min_new_tokens=n if n == 1 else 0, do_sample=False,
-                                     pad_token_id=tok.eos_token_id, **kw)
-            return out[0, ids["input_ids"].shape[1]:].tolist()
+                out = model.generate(
+                    **ids,
+                    max_new_tokens=n,
+                    min_new_tokens=n if n == 1 else 0,
+                    do_sample=False,
+                    pad_token_id=tok.eos_token_id,
+                    **kw,
+                )
+            return out[0, ids["input_ids"].shape[1] :].tolist()
+
         return run
 
-    systems = [System("transformers plain", runner(), "fp32 (dequantized GGUF)"),
-               System("transformers prompt-lookup", runner(prompt_lookup_num_tokens=10), "fp32, 10 tokens")]
+    systems = [
+        System("transformers plain", runner(), "fp32 (dequantized GGUF)"),
+        System("transformers prompt-lookup", runner(prompt_lookup_num_tokens=10), "fp32, 10 tokens"),
+    ]
     if draft is not None:
         systems.append(System("transformers assisted", runner(assistant_model=draft), f"draft {hf_draft}"))
     return systems, ""
@@ -134,8 +152,11 @@ def ortgenai_systems(folder: str | None) -> tuple[list[System], str]:
     systems = [System("onnxruntime-genai plain", run, "its builder's int4 model")]
     if hasattr(og.GeneratorParams, "set_speculative_options"):  # 0.18+: n-gram speculation
         spec = {"ngram_size": 3, "max_draft_tokens": 8, "ngram_chained_lookup": True}
-        systems.append(System("onnxruntime-genai ngram", lambda p, n: run(p, n, spec),
-                              "ngram_size 3, chained lookup, k<=8 adaptive"))
+        systems.append(
+            System(
+                "onnxruntime-genai ngram", lambda p, n: run(p, n, spec), "ngram_size 3, chained lookup, k<=8 adaptive"
+            )
+        )
     return systems, ""
 
 
@@ -150,8 +171,16 @@ def measure(systems: list[System], prompts: list[dict], n_new: int) -> None:
             t0 = time.perf_counter()
             ids = s.run(p["prompt"], n_new)
             dt = time.perf_counter() - t0
-            s.calls.append({"id": p["id"], "tokens": len(ids), "seconds": dt, "ttft_s": ttft,
-                            "itl_s": (dt - ttft) / max(len(ids) - 1, 1), "output_ids": ids})
+            s.calls.append(
+                {
+                    "id": p["id"],
+                    "tokens": len(ids),
+                    "seconds": dt,
+                    "ttft_s": ttft,
+                    "itl_s": (dt - ttft) / max(len(ids) - 1, 1),
+                    "output_ids": ids,
+                }
+            )
         print(f"  [{i + 1}/{len(prompts)}] {p['id']}", flush=True)
 
 
@@ -161,11 +190,18 @@ def summarize(systems: list[System]) -> list[dict]:
         tokens = sum(c["tokens"] for c in s.calls)
         secs = sum(c["seconds"] for c in s.calls)
         itl = np.array([c["itl_s"] for c in s.calls]) * 1e3
-        rows.append({"system": s.name, "note": s.note, "tokens": tokens, "seconds": secs,
-                     "tokens_per_s": tokens / secs, "itl_ms": {"p50": float(np.percentile(itl, 50)),
-                                                                "p99": float(np.percentile(itl, 99))},
-                     "ttft_ms": float(np.mean([c["ttft_s"] for c in s.calls]) * 1e3),
-                     "prompts": [{k: c[k] for k in ("id", "tokens", "seconds", "output_ids")} for c in s.calls]})
+        rows.append(
+            {
+                "system": s.name,
+                "note": s.note,
+                "tokens": tokens,
+                "seconds": secs,
+                "tokens_per_s": tokens / secs,
+                "itl_ms": {"p50": float(np.percentile(itl, 50)), "p99": float(np.percentile(itl, 99))},
+                "ttft_ms": float(np.mean([c["ttft_s"] for c in s.calls]) * 1e3),
+                "prompts": [{k: c[k] for k in ("id", "tokens", "seconds", "output_ids")} for c in s.calls],
+            }
+        )
     return rows
 
 
@@ -173,8 +209,9 @@ def mark_identity(rows: list[dict]) -> None:
     """For each speculative system, on how many prompts its output equals the same system's plain."""
     plain = {r["system"].rsplit(" ", 1)[0]: r for r in rows if r["system"].endswith((" plain", " none"))}
     for r in rows:
-        base = plain.get(r["system"].split(" ")[0] if r["system"].startswith("edgespec") else
-                         r["system"].rsplit(" ", 1)[0])
+        base = plain.get(
+            r["system"].split(" ")[0] if r["system"].startswith("edgespec") else r["system"].rsplit(" ", 1)[0]
+        )
         if base is None or base is r:
             continue
         same = sum(a["output_ids"] == b["output_ids"] for a, b in zip(r["prompts"], base["prompts"], strict=True))
@@ -184,13 +221,18 @@ def mark_identity(rows: list[dict]) -> None:
 def table(rows: list[dict]) -> str:
     ref_llama = next((r["tokens_per_s"] for r in rows if r["system"] == "llama.cpp plain"), None)
     ref_none = next((r["tokens_per_s"] for r in rows if r["system"] == "edgespec none"), None)
-    out = ["| system | tok/s | ITL p50 / p99 ms | TTFT ms | vs llama.cpp plain | vs edgespec none | "
-           "output = its plain | note |", "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| system | tok/s | ITL p50 / p99 ms | TTFT ms | vs llama.cpp plain | vs edgespec none | "
+        "output = its plain | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         a = f"{r['tokens_per_s'] / ref_llama:.2f}x" if ref_llama else "-"
         b = f"{r['tokens_per_s'] / ref_none:.2f}x" if ref_none else "-"
-        out.append(f"| {r['system']} | {r['tokens_per_s']:.1f} | {r['itl_ms']['p50']:.1f} / {r['itl_ms']['p99']:.1f} "
-                   f"| {r['ttft_ms']:.0f} | {a} | {b} | {r.get('identical_to_plain', '-')} | {r['note']} |")
+        out.append(
+            f"| {r['system']} | {r['tokens_per_s']:.1f} | {r['itl_ms']['p50']:.1f} / {r['itl_ms']['p99']:.1f} "
+            f"| {r['ttft_ms']:.0f} | {a} | {b} | {r.get('identical_to_plain', '-')} | {r['note']} |"
+        )
     return "\n".join(out)
 
 
@@ -213,8 +255,11 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", default="engines/smollm2-135m-instruct")
-    ap.add_argument("--edgespec", default="none,ngram:4,ngram:8:adaptive",
-                    help="edgespec configurations: drafter[:k[:adaptive]], comma-separated")
+    ap.add_argument(
+        "--edgespec",
+        default="none,ngram:4,ngram:8:adaptive",
+        help="edgespec configurations: drafter[:k[:adaptive]], comma-separated",
+    )
     ap.add_argument("--gguf", help="GGUF for llama.cpp / transformers (default: the default model's)")
     ap.add_argument("--hf-draft", help="HF folder of a draft model for transformers' assisted generation")
     ap.add_argument("--ortgenai-model", help="onnxruntime-genai model folder (its builder's output)")
@@ -229,8 +274,10 @@ def main(argv: list[str] | None = None) -> None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            ap.error("--png needs matplotlib, which is not installed. Hint: pip install 'edgespec[report]', "
-                     "or leave out --png")
+            ap.error(
+                "--png needs matplotlib, which is not installed. Hint: pip install 'edgespec[report]', "
+                "or leave out --png"
+            )
     if a.gguf is None:
         from edgespec.export.sources import default_gguf
 
@@ -238,9 +285,11 @@ def main(argv: list[str] | None = None) -> None:
     prompts = load_prompts(None, a.limit)
     systems = edgespec_systems(a.engine, a.edgespec.split(","))
     skipped = {}
-    for name, make in (("llama.cpp", lambda: llama_cpp_systems(a.gguf, a.threads)),
-                       ("transformers", lambda: transformers_systems(a.gguf, a.threads, a.hf_draft)),
-                       ("ortgenai", lambda: ortgenai_systems(a.ortgenai_model))):
+    for name, make in (
+        ("llama.cpp", lambda: llama_cpp_systems(a.gguf, a.threads)),
+        ("transformers", lambda: transformers_systems(a.gguf, a.threads, a.hf_draft)),
+        ("ortgenai", lambda: ortgenai_systems(a.ortgenai_model)),
+    ):
         if name in a.skip.split(","):
             skipped[name] = "skipped by --skip"
             continue
@@ -260,8 +309,12 @@ def main(argv: list[str] | None = None) -> None:
         with open(a.json, "w") as f:
             json.dump({"config": vars(a), "machine": mach, "skipped": skipped, "rows": rows}, f, indent=1)
     if a.png:
-        plot(rows, a.png, f"SmolLM2-135M-Instruct, HumanEval[:{a.limit}], {a.max_new_tokens} tokens, {mach['cpu']}, "
-                          f"{mach['logical_cpus']} CPUs")
+        plot(
+            rows,
+            a.png,
+            f"SmolLM2-135M-Instruct, HumanEval[:{a.limit}], {a.max_new_tokens} tokens, {mach['cpu']}, "
+            f"{mach['logical_cpus']} CPUs",
+        )
 
 
 if __name__ == "__main__":

@@ -23,17 +23,31 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TURNS = ("What does speculative decoding do? Answer in two sentences.",
-         "Fix the typos: a smal model drafts tokens and the big model cheks them all in one cal.")
+TURNS = (
+    "What does speculative decoding do? Answer in two sentences.",
+    "Fix the typos: a smal model drafts tokens and the big model cheks them all in one cal.",
+)
 DEMO = (  # (question, the answer the tiny model memorizes); no newlines: its tokenizer has none
-    (TURNS[0], "A small drafter guesses the next few tokens, and the big model checks all of the guesses in one "
-               "call. It keeps every guess it would have written itself, so the text is the same as without "
-               "the drafter, only faster."),
+    (
+        TURNS[0],
+        "A small drafter guesses the next few tokens, and the big model checks all of the guesses in one "
+        "call. It keeps every guess it would have written itself, so the text is the same as without "
+        "the drafter, only faster.",
+    ),
     (TURNS[1], "A small model drafts tokens and the big model checks them all in one call."),
 )
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--hide-scrollbars")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+)
 MAX_STEPS = 3000  # training steps at most before giving up on memorizing DEMO
 WAIT_S = 120  # the longest one answer is waited for
 
@@ -51,8 +65,9 @@ def demo_engine(root: Path) -> Path:
     from edgespec.export.exporter import ExportConfig, export
 
     torch.set_num_threads(1)  # a tiny model: more threads only wait on each other on a busy machine
-    hf = make_tiny("llama", root / "hf", hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                   max_position_embeddings=1024)
+    hf = make_tiny(
+        "llama", root / "hf", hidden_size=128, intermediate_size=384, num_hidden_layers=2, max_position_embeddings=1024
+    )
     spec = json.loads((hf / "tokenizer.json").read_text())
     spec["decoder"] = {"type": "Fuse"}  # one character a token: joined as they are (not with spaces)
     (hf / "tokenizer.json").write_text(json.dumps(spec))
@@ -63,15 +78,16 @@ def demo_engine(root: Path) -> Path:
     for question, answer in DEMO:
         history.append({"role": "user", "content": question})
         prompt = template.render(messages=history, add_generation_prompt=True)
-        cases.append((tok.encode(prompt, add_special_tokens=False).ids,
-                      tok.encode(answer, add_special_tokens=False).ids + [1]))
+        cases.append(
+            (tok.encode(prompt, add_special_tokens=False).ids, tok.encode(answer, add_special_tokens=False).ids + [1])
+        )
         history.append({"role": "assistant", "content": answer})
     n = max(len(p) + len(a) for p, a in cases)
     ids = torch.zeros(len(cases), n, dtype=torch.long)
     labels = torch.full((len(cases), n), -100)
     for i, (p, a) in enumerate(cases):
-        ids[i, :len(p) + len(a)] = torch.tensor(p + a)
-        labels[i, :len(p) + len(a)] = ids[i, :len(p) + len(a)]
+        ids[i, : len(p) + len(a)] = torch.tensor(p + a)
+        labels[i, : len(p) + len(a)] = ids[i, : len(p) + len(a)]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     for step in range(MAX_STEPS):
         loss = model(input_ids=ids, labels=labels).loss
@@ -85,8 +101,20 @@ def demo_engine(root: Path) -> Path:
     else:
         raise SystemExit(f"the tiny model did not memorize the demo in {MAX_STEPS} steps")
     model.eval().save_pretrained(hf)
-    return export(ExportConfig(target=str(hf), draft="self:1", out=str(root / "tiny-memorized"), max_len=1024, k=8,
-                               prefill_chunk=16, kv_bucket=32, precision="fp32", trees=True, progress=False))
+    return export(
+        ExportConfig(
+            target=str(hf),
+            draft="self:1",
+            out=str(root / "tiny-memorized"),
+            max_len=1024,
+            k=8,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+        )
+    )
 
 
 def _greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -94,9 +122,10 @@ def _greedy(model, prompt: list[int], n: int) -> list[int]:
 
     ids = torch.tensor([prompt])
     with torch.no_grad():  # an explicit mask: id 0 (the tokenizer's unknown, e.g. a newline) is no padding here
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                             eos_token_id=1, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, eos_token_id=1, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def start_chromium(width: int, height: int):

@@ -1,6 +1,6 @@
 """TTFT of a 5-turn chat with and without cross-turn KV reuse (same engine, one process).
 
-    python tools/chat_ttft.py --engine engines/smollm2-135m-instruct
+python tools/chat_ttft.py --engine engines/smollm2-135m-instruct
 """
 
 from __future__ import annotations

@@ -47,9 +47,11 @@ def logits_parity(folder_gpu: str, folder_cpu: str, provider: str) -> dict:
     toks = np.arange(1000, 1200)
     out, past = {}, 0
     for w in (64, 9, 5, 1):
-        a, b = gpu.forward(toks[past:past + w], past).copy(), cpu.forward(toks[past:past + w], past)
-        out[f"t{w}"] = {"max_abs_diff": float(np.abs(a - b).max()),
-                        "argmax_agree": float((a.argmax(-1) == b.argmax(-1)).mean())}
+        a, b = gpu.forward(toks[past : past + w], past).copy(), cpu.forward(toks[past : past + w], past)
+        out[f"t{w}"] = {
+            "max_abs_diff": float(np.abs(a - b).max()),
+            "argmax_agree": float((a.argmax(-1) == b.argmax(-1)).mean()),
+        }
         gpu.commit(past, w)
         cpu.commit(past, w)
         past += w
@@ -75,7 +77,7 @@ def cuda_graph_timing(folder: str, calls: int = 30) -> dict:
         e.commit(0, 64)
         row = {"cuda_graph": e.cuda_graph}
         for w, label in ((1, "decode"), (5, "verify5")):
-            ids = toks[64:64 + w]
+            ids = toks[64 : 64 + w]
             for _ in range(3):  # ORT: a plain run, then the capture, then replays
                 e.forward(ids, 64)
             times = []
@@ -91,8 +93,9 @@ def cuda_graph_timing(folder: str, calls: int = 30) -> dict:
     out["speedup"] = {k: round(out["off"][k] / out["on"][k], 3) for k in ("decode_ms_p50", "verify5_ms_p50")}
     texts = {}
     for mode in ("on", "off"):
-        g = Generator.load(folder, RuntimeConfig(provider="cuda", drafter="ngram", k=4, adaptive=False,
-                                                 cuda_graph=mode == "on"))
+        g = Generator.load(
+            folder, RuntimeConfig(provider="cuda", drafter="ngram", k=4, adaptive=False, cuda_graph=mode == "on")
+        )
         t0, n, ids = time.perf_counter(), 0, []
         for pr in load_prompts(None, 2):
             new = np.concatenate([x.copy() for x in g.generate_ids(g.codec.encode(pr["prompt"]), 64)])
@@ -132,10 +135,30 @@ def main() -> None:
         from edgespec.export.exporter import ExportConfig, export
 
         target = a.gguf
-        export(ExportConfig(target=target, out=str(fp16), precision="fp16", draft="self:8", max_len=1024, k=8,
-                            force=True, progress=False))
-        export(ExportConfig(target=target, out=str(fp32), precision="fp32", max_len=1024, k=8, force=True,
-                            progress=False, host_prologue=True))  # logits: the bits of the in-graph prologue's
+        export(
+            ExportConfig(
+                target=target,
+                out=str(fp16),
+                precision="fp16",
+                draft="self:8",
+                max_len=1024,
+                k=8,
+                force=True,
+                progress=False,
+            )
+        )
+        export(
+            ExportConfig(
+                target=target,
+                out=str(fp32),
+                precision="fp32",
+                max_len=1024,
+                k=8,
+                force=True,
+                progress=False,
+                host_prologue=True,
+            )
+        )  # logits: the bits of the in-graph prologue's
     if "CUDAExecutionProvider" in report.get("environment", {}).get("providers", []):
         with stage(report, "cuda_graph"):
             report["cuda_graph"].update(cuda_graph_timing(str(fp32)))
@@ -157,8 +180,17 @@ def main() -> None:
         with stage(report, f"bench_{b}"):
             from edgespec.runtime.bench import BenchConfig, run_bench
 
-            rep = run_bench(BenchConfig(engine=str(fp16), drafters=("none", "ngram", "draft"), ks=(4, 8),
-                                        max_new_tokens=a.max_new_tokens, limit=a.limit, provider=b, adaptive=True))
+            rep = run_bench(
+                BenchConfig(
+                    engine=str(fp16),
+                    drafters=("none", "ngram", "draft"),
+                    ks=(4, 8),
+                    max_new_tokens=a.max_new_tokens,
+                    limit=a.limit,
+                    provider=b,
+                    adaptive=True,
+                )
+            )
             for r in rep["runs"]:
                 r.pop("prompts")
             report[f"bench_{b}"].update(rep)
@@ -178,15 +210,19 @@ def main() -> None:
         draft.model.layers = draft.model.layers[:8]
         draft.config.num_hidden_layers = 8
         rows = {}
-        for name, kw in (("plain", {}), ("prompt_lookup", {"prompt_lookup_num_tokens": 10}),
-                         ("assisted_self8", {"assistant_model": draft})):
+        for name, kw in (
+            ("plain", {}),
+            ("prompt_lookup", {"prompt_lookup_num_tokens": 10}),
+            ("assisted_self8", {"assistant_model": draft}),
+        ):
             toks, secs = 0, 0.0
             for pr in load_prompts(None, a.limit):
                 ids = tok(pr["prompt"], return_tensors="pt").to("cuda")
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                out = model.generate(**ids, max_new_tokens=a.max_new_tokens, do_sample=False,
-                                     pad_token_id=tok.eos_token_id, **kw)
+                out = model.generate(
+                    **ids, max_new_tokens=a.max_new_tokens, do_sample=False, pad_token_id=tok.eos_token_id, **kw
+                )
                 torch.cuda.synchronize()
                 secs += time.perf_counter() - t0
                 toks += out.shape[1] - ids["input_ids"].shape[1]

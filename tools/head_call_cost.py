@@ -54,8 +54,10 @@ def main() -> None:
             times["target"].append(t1 - t0)
             times[f"{name} after target"].append(t2 - t1)
             times[f"{name} warm"].append(t3 - t2)
-    print(f"{a.engine}, thread pool {a.thread_pool}, {a.rounds} rounds, median ms: "
-          + ", ".join(f"{k} {1000 * float(np.median(v)):.3f}" for k, v in times.items()))
+    print(
+        f"{a.engine}, thread pool {a.thread_pool}, {a.rounds} rounds, median ms: "
+        + ", ".join(f"{k} {1000 * float(np.median(v)):.3f}" for k, v in times.items())
+    )
 
 
 if __name__ == "__main__":

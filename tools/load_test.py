@@ -77,8 +77,12 @@ class Client(threading.Thread):
 
     def one(self, prompt: str) -> dict:
         a = self.a
-        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": a.max_tokens,
-                "temperature": a.temperature, "stream": a.stream}
+        body = {
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": a.max_tokens,
+            "temperature": a.temperature,
+            "stream": a.stream,
+        }
         if a.stream:
             body["stream_options"] = {"include_usage": True}
         headers = {"Content-Type": "application/json"}
@@ -98,8 +102,12 @@ class Client(threading.Thread):
                 data = json.loads(r.read())
                 choice = (data.get("choices") or [{}])[0]
                 why = check_usage(data.get("usage"), choice.get("finish_reason"), a.max_tokens)
-                return {"status": 200, "s": time.perf_counter() - t0, "incomplete": why,
-                        "tokens": (data.get("usage") or {}).get("completion_tokens", 0)}
+                return {
+                    "status": 200,
+                    "s": time.perf_counter() - t0,
+                    "incomplete": why,
+                    "tokens": (data.get("usage") or {}).get("completion_tokens", 0),
+                }
             return self.read_stream(r, t0)
         except (OSError, http.client.HTTPException, ValueError) as e:
             return {"status": "error", "s": time.perf_counter() - t0, "error": f"{type(e).__name__}: {e}"}
@@ -124,8 +132,13 @@ class Client(threading.Thread):
                 finish = c.get("finish_reason") or finish
             usage = chunk.get("usage") or usage
         why = check_usage(usage, finish, self.a.max_tokens) or (None if done else "no [DONE]")
-        return {"status": 200, "s": time.perf_counter() - t0, "ttft": ttft, "incomplete": why,
-                "tokens": (usage or {}).get("completion_tokens", 0)}
+        return {
+            "status": 200,
+            "s": time.perf_counter() - t0,
+            "ttft": ttft,
+            "incomplete": why,
+            "tokens": (usage or {}).get("completion_tokens", 0),
+        }
 
 
 def summarize(rows: list[dict], seconds: float) -> dict:
@@ -133,14 +146,22 @@ def summarize(rows: list[dict], seconds: float) -> dict:
     lat = [r["s"] for r in ok]
     ttft = [r["ttft"] for r in ok if r.get("ttft") is not None]
     bad = [r["incomplete"] for r in ok if r.get("incomplete")]
-    return {"requests": len(rows), "ok_200": len(ok), "busy_503": sum(r["status"] == 503 for r in rows),
-            "other_status": sum(r["status"] not in (200, 503, "error") for r in rows),
-            "connection_errors": sum(r["status"] == "error" for r in rows), "incomplete_200": len(bad),
-            "incomplete_examples": bad[:3], "latency_p50_s": percentile(lat, 0.5),
-            "latency_p99_s": percentile(lat, 0.99), "ttft_p50_s": percentile(ttft, 0.5) if ttft else None,
-            "ttft_p99_s": percentile(ttft, 0.99) if ttft else None, "wall_s": seconds,
-            "completion_tokens_per_s": sum(r.get("tokens", 0) for r in ok) / seconds,
-            "errors": sorted({r["error"] for r in rows if r["status"] == "error"})[:3]}
+    return {
+        "requests": len(rows),
+        "ok_200": len(ok),
+        "busy_503": sum(r["status"] == 503 for r in rows),
+        "other_status": sum(r["status"] not in (200, 503, "error") for r in rows),
+        "connection_errors": sum(r["status"] == "error" for r in rows),
+        "incomplete_200": len(bad),
+        "incomplete_examples": bad[:3],
+        "latency_p50_s": percentile(lat, 0.5),
+        "latency_p99_s": percentile(lat, 0.99),
+        "ttft_p50_s": percentile(ttft, 0.5) if ttft else None,
+        "ttft_p99_s": percentile(ttft, 0.99) if ttft else None,
+        "wall_s": seconds,
+        "completion_tokens_per_s": sum(r.get("tokens", 0) for r in ok) / seconds,
+        "errors": sorted({r["error"] for r in rows if r["status"] == "error"})[:3],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,12 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     u = urlsplit(a.url)
     if u.scheme != "http" or u.hostname not in LOOPBACK:
-        print(f"load_test: {a.url}: only http on {', '.join(LOOPBACK)} is allowed (this machine's own server)",
-              file=sys.stderr)
+        print(
+            f"load_test: {a.url}: only http on {', '.join(LOOPBACK)} is allowed (this machine's own server)",
+            file=sys.stderr,
+        )
         return 2
     if not (1 <= a.clients <= MAX_CLIENTS and 0 < a.seconds <= MAX_SECONDS and 1 <= a.max_tokens <= MAX_TOKENS):
-        print(f"load_test: need 1 <= --clients <= {MAX_CLIENTS}, 0 < --seconds <= {MAX_SECONDS}, "
-              f"1 <= --max-tokens <= {MAX_TOKENS}", file=sys.stderr)
+        print(
+            f"load_test: need 1 <= --clients <= {MAX_CLIENTS}, 0 < --seconds <= {MAX_SECONDS}, "
+            f"1 <= --max-tokens <= {MAX_TOKENS}",
+            file=sys.stderr,
+        )
         return 2
     path = (u.path.rstrip("/") or "") + "/v1/chat/completions"
     results: list[dict] = []
@@ -174,14 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     for c in clients:
         c.join()
     s = summarize(results, time.monotonic() - t0)
-    s["config"] = {"url": a.url, "clients": a.clients, "seconds": a.seconds, "max_tokens": a.max_tokens,
-                   "temperature": a.temperature, "stream": a.stream}
-    print(f"{s['requests']} requests in {s['wall_s']:.1f} s from {a.clients} clients: {s['ok_200']} x 200, "
-          f"{s['busy_503']} x 503, {s['other_status']} other, {s['connection_errors']} connection errors; "
-          f"{s['incomplete_200']} incomplete 200s")
-    print(f"latency of 200s: p50 {s['latency_p50_s']:.2f} s, p99 {s['latency_p99_s']:.2f} s"
-          + (f"; TTFT p50 {s['ttft_p50_s']:.3f} s, p99 {s['ttft_p99_s']:.3f} s" if s["ttft_p50_s"] else "")
-          + f"; {s['completion_tokens_per_s']:.1f} completion tok/s")
+    s["config"] = {
+        "url": a.url,
+        "clients": a.clients,
+        "seconds": a.seconds,
+        "max_tokens": a.max_tokens,
+        "temperature": a.temperature,
+        "stream": a.stream,
+    }
+    print(
+        f"{s['requests']} requests in {s['wall_s']:.1f} s from {a.clients} clients: {s['ok_200']} x 200, "
+        f"{s['busy_503']} x 503, {s['other_status']} other, {s['connection_errors']} connection errors; "
+        f"{s['incomplete_200']} incomplete 200s"
+    )
+    print(
+        f"latency of 200s: p50 {s['latency_p50_s']:.2f} s, p99 {s['latency_p99_s']:.2f} s"
+        + (f"; TTFT p50 {s['ttft_p50_s']:.3f} s, p99 {s['ttft_p99_s']:.3f} s" if s["ttft_p50_s"] else "")
+        + f"; {s['completion_tokens_per_s']:.1f} completion tok/s"
+    )
     for ex in s["incomplete_examples"] + s["errors"]:
         print(f"  e.g. {ex}")
     if a.json:

@@ -57,7 +57,7 @@ def restock(items, name, amount):
     return None
 '''
 
-JS_FILE = '''\
+JS_FILE = """\
 // Shopping cart helpers used by the checkout page.
 
 const TAX_RATE = 0.2;
@@ -80,9 +80,9 @@ function totalWithTax(cart) {
 }
 
 module.exports = { addItem, subtotal, totalWithTax };
-'''
+"""
 
-README_SECTION = '''\
+README_SECTION = """\
 ## Installation
 
 Install the tool with pip:
@@ -100,7 +100,8 @@ anything it does not recognize where it is.
 
 - `--dry-run`: print what would move, move nothing.
 - `--by-date`: sort into year/month folders instead of by type.
-'''
+"""
+
 
 @dataclass(frozen=True)
 class Session:
@@ -117,31 +118,52 @@ class Session:
 # limit), which no user would keep chatting with.
 CODE_ASK = " Reply with the whole updated file in one code block."
 SESSIONS = (
-    Session("Here is my Python module `inventory.py`:", "python", PYTHON_FILE, (
-        "Rename the function `total_value` to `stock_value`.",
-        "Add a one-line docstring to every function.",
-        "In `restock`, raise a ValueError when `amount` is not positive or no item has that name, "
-        "instead of returning None.",
-        "Give `low_stock` a parameter `limit` that defaults to `LOW_STOCK`.",
-        "Add a pytest test for `stock_value` at the end of the file.",
-        "Turn the functions into a class `Inventory` that keeps the items as an attribute.",
-    ), CODE_ASK, True),
-    Session("Here is my JavaScript file `cart.js`:", "javascript", JS_FILE, (
-        "Rename `subtotal` to `cartSubtotal` and export it under the new name.",
-        "Add a JSDoc comment above each function.",
-        "Make `addItem` throw an Error when the item has no price or its qty is not a positive number.",
-        "Give `totalWithTax` a second parameter `rate` that defaults to `TAX_RATE`.",
-        "Add a function `removeItem(cart, name)` that removes every item with that name, and export it.",
-        "Rewrite the functions as arrow functions assigned to `const`.",
-    ), CODE_ASK, True),
-    Session("Here is the Installation section of my project's README.md:", "markdown", README_SECTION, (
-        "Rename the tool from `tidyfiles` to `sortdir` everywhere in the section.",
-        "Add a `--recursive` option to the list: it also sorts the files in subfolders.",
-        "Add a short Requirements paragraph at the top: Python 3.9 or newer, no other dependencies.",
-        "Turn the options list into a Markdown table with the columns Option and Description.",
-        "Add an Example subsection that shows a dry run on ~/Downloads and what it prints.",
-        "Use fenced code blocks marked bash instead of the indented code blocks.",
-    ), " Show the whole updated file.", False),
+    Session(
+        "Here is my Python module `inventory.py`:",
+        "python",
+        PYTHON_FILE,
+        (
+            "Rename the function `total_value` to `stock_value`.",
+            "Add a one-line docstring to every function.",
+            "In `restock`, raise a ValueError when `amount` is not positive or no item has that name, "
+            "instead of returning None.",
+            "Give `low_stock` a parameter `limit` that defaults to `LOW_STOCK`.",
+            "Add a pytest test for `stock_value` at the end of the file.",
+            "Turn the functions into a class `Inventory` that keeps the items as an attribute.",
+        ),
+        CODE_ASK,
+        True,
+    ),
+    Session(
+        "Here is my JavaScript file `cart.js`:",
+        "javascript",
+        JS_FILE,
+        (
+            "Rename `subtotal` to `cartSubtotal` and export it under the new name.",
+            "Add a JSDoc comment above each function.",
+            "Make `addItem` throw an Error when the item has no price or its qty is not a positive number.",
+            "Give `totalWithTax` a second parameter `rate` that defaults to `TAX_RATE`.",
+            "Add a function `removeItem(cart, name)` that removes every item with that name, and export it.",
+            "Rewrite the functions as arrow functions assigned to `const`.",
+        ),
+        CODE_ASK,
+        True,
+    ),
+    Session(
+        "Here is the Installation section of my project's README.md:",
+        "markdown",
+        README_SECTION,
+        (
+            "Rename the tool from `tidyfiles` to `sortdir` everywhere in the section.",
+            "Add a `--recursive` option to the list: it also sorts the files in subfolders.",
+            "Add a short Requirements paragraph at the top: Python 3.9 or newer, no other dependencies.",
+            "Turn the options list into a Markdown table with the columns Option and Description.",
+            "Add an Example subsection that shows a dry run on ~/Downloads and what it prints.",
+            "Use fenced code blocks marked bash instead of the indented code blocks.",
+        ),
+        " Show the whole updated file.",
+        False,
+    ),
 )
 
 
@@ -167,8 +189,12 @@ def build(g: Generator, max_new_tokens: int, budget: int) -> list[dict]:
                 messages = [{"role": "user", "content": first_message(session)}]
             else:  # the target answers the previous request; that answer stays in the conversation
                 answer = g.generate(messages, max_new_tokens=max_new_tokens)
-                messages = fit(g, messages + [{"role": "assistant", "content": answer},
-                                              {"role": "user", "content": request + session.ask}], budget)
+                messages = fit(
+                    g,
+                    messages
+                    + [{"role": "assistant", "content": answer}, {"role": "user", "content": request + session.ask}],
+                    budget,
+                )
             n = len(g.codec.encode(messages))
             rows.append({"id": f"edit-session-{s}-{t}", "category": "edit_session", "messages": messages})
             print(f"edit-session-{s}-{t}: {len(messages)} messages, {n} prompt tokens", flush=True)
@@ -186,8 +212,10 @@ def main() -> None:
     g = Generator.load(a.engine, RuntimeConfig(drafter="none", threads=a.threads))
     room = g.manifest.max_len - a.max_new_tokens
     if a.budget > room:
-        raise SystemExit(f"--budget {a.budget} + --max-new-tokens {a.max_new_tokens} exceeds the folder's "
-                         f"max_len {g.manifest.max_len}. Hint: lower --budget to {room} or less")
+        raise SystemExit(
+            f"--budget {a.budget} + --max-new-tokens {a.max_new_tokens} exceeds the folder's "
+            f"max_len {g.manifest.max_len}. Hint: lower --budget to {room} or less"
+        )
     rows = build(g, a.max_new_tokens, a.budget)
     with open(a.out, "w") as f:
         for r in rows:

@@ -65,12 +65,12 @@ def _calls(engine: OrtModel, past: int, widths: tuple[int, ...], n: int) -> dict
     prefill(engine, ids[:past], 0)
     for w in widths:  # warm-up: bindings, first-run allocations
         for _ in range(3):
-            engine.forward(ids[past:past + w], past)
+            engine.forward(ids[past : past + w], past)
     times: dict[int, list[float]] = {w: [] for w in widths}
     for w in widths:
         for _ in range(n):
             t0 = time.perf_counter()
-            engine.forward(ids[past:past + w], past)
+            engine.forward(ids[past : past + w], past)
             times[w].append(time.perf_counter() - t0)
     return times
 
@@ -79,15 +79,16 @@ def _kernel_times(trace: list[dict], widths: tuple[int, ...], n: int) -> dict[in
     """Per width: {"run": model_run µs per call, "ops": op -> (µs per call, nodes per call)} of its
     n timed calls (the trace ends with n calls per width, in `widths` order)."""
     runs = [e for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    kernels = sorted((e for e in trace if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")),
-                     key=lambda e: e["ts"])
+    kernels = sorted(
+        (e for e in trace if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
+    )
     starts = [e["ts"] for e in kernels]
     out, end = {}, len(runs)
     for w in reversed(widths):
-        mine, end = runs[end - n:end], end - n
+        mine, end = runs[end - n : end], end - n
         ops: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
         for r in mine:
-            for e in kernels[bisect.bisect_left(starts, r["ts"]):bisect.bisect_right(starts, r["ts"] + r["dur"])]:
+            for e in kernels[bisect.bisect_left(starts, r["ts"]) : bisect.bisect_right(starts, r["ts"] + r["dur"])]:
                 ops[e["args"]["op_name"]][0] += e["dur"] / n
                 ops[e["args"]["op_name"]][1] += 1 / n
         out[w] = {"run": statistics.median(r["dur"] for r in mine), "ops": dict(ops)}
@@ -102,14 +103,14 @@ def width_table(folders: list[Path], widths: list[int], past: int, rounds: int, 
     for e in engines:
         prefill(e, ids[:past], 0)
         for w in widths:
-            e.forward(ids[past:past + w], past)
+            e.forward(ids[past : past + w], past)
     times = {(i, w): [] for i in range(len(engines)) for w in widths}
     for r in range(rounds):
         for w in widths:
             order = range(len(engines)) if r % 2 else reversed(range(len(engines)))
             for i in order:
                 t0 = time.perf_counter()
-                engines[i].forward(ids[past:past + w], past)
+                engines[i].forward(ids[past : past + w], past)
                 times[i, w].append(time.perf_counter() - t0)
     print(f"One call by width, past {past}, median of {rounds} (ms):\n")
     print("| folder | " + " | ".join(f"T={w}" for w in widths) + " |\n|---|" + "---:|" * len(widths))
@@ -135,22 +136,28 @@ def profile(folder: Path, past: int, width: int, calls: int, threads: int | None
 
     g = onnx.load(folder / man.target.graph.file, load_external_data=False).graph
     spec = man.target.graph
-    print(f"## {folder.name}: target graph `{spec.file}`, flavour {spec.flavour}"
-          + (f" (portable: {', '.join(spec.portable_ops)})" if spec.portable_ops else "")
-          + f", {L} layers, past {past}\n")
+    print(
+        f"## {folder.name}: target graph `{spec.file}`, flavour {spec.flavour}"
+        + (f" (portable: {', '.join(spec.portable_ops)})" if spec.portable_ops else "")
+        + f", {L} layers, past {past}\n"
+    )
     print("| graph | nodes | per layer | outside layers |\n|---|---:|---:|---:|")
     for what, nodes in (("file", [n.name for n in g.node]), ("as ORT runs it", [n.name for n in optimized.node])):
         n, per, out = node_counts(nodes, L)
         print(f"| {what} | {n} | {per:.1f} | {out} |")
     print()
-    print("| call | wall ms | profiled: wall ms | model_run ms | kernels ms | ORT overhead ms | host ms | nodes run |\n"
-          "|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| call | wall ms | profiled: wall ms | model_run ms | kernels ms | ORT overhead ms | host ms | nodes run |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
     for w in widths:
         kern = sum(t for t, _ in k[w]["ops"].values())
         nodes = sum(c for _, c in k[w]["ops"].values())
         run = k[w]["run"]
-        print(f"| T={w} | {wall[w] / 1e3:.2f} | {prof_wall[w] / 1e3:.2f} | {run / 1e3:.2f} | {kern / 1e3:.2f} | "
-              f"{(run - kern) / 1e3:.2f} | {(prof_wall[w] - run) / 1e3:.2f} | {nodes:.0f} |")
+        print(
+            f"| T={w} | {wall[w] / 1e3:.2f} | {prof_wall[w] / 1e3:.2f} | {run / 1e3:.2f} | {kern / 1e3:.2f} | "
+            f"{(run - kern) / 1e3:.2f} | {(prof_wall[w] - run) / 1e3:.2f} | {nodes:.0f} |"
+        )
     print()
     W = width
     print(f"| op | nodes | T=1 µs | T={W} µs | extra row µs |\n|---|---:|---:|---:|---:|")
@@ -162,9 +169,11 @@ def profile(folder: Path, past: int, width: int, calls: int, threads: int | None
     mm = {w: sum(k[w]["ops"].get(o, (0.0, 0))[0] for o in MATMULS) for w in widths}
     row_wall = (wall[W] - wall[1]) / (W - 1)
     row_mm = (mm[W] - mm[1]) / (W - 1)
-    print(f"\nAn extra verify row: {row_wall:.0f} µs of wall time, {row_mm:.0f} µs of it in the matmuls "
-          f"({', '.join(MATMULS)}): {row_wall / max(row_mm, 1e-9):.2f}x what its matmuls cost. "
-          f"A decode: {wall[1] / 1e3:.2f} ms, {mm[1] / 1e3:.2f} ms of it in the matmuls.\n")
+    print(
+        f"\nAn extra verify row: {row_wall:.0f} µs of wall time, {row_mm:.0f} µs of it in the matmuls "
+        f"({', '.join(MATMULS)}): {row_wall / max(row_mm, 1e-9):.2f}x what its matmuls cost. "
+        f"A decode: {wall[1] / 1e3:.2f} ms, {mm[1] / 1e3:.2f} ms of it in the matmuls.\n"
+    )
 
 
 def main() -> None:
@@ -174,8 +183,12 @@ def main() -> None:
     p.add_argument("--width", type=int, default=5, help="verify width (default 5)")
     p.add_argument("--calls", type=int, default=20, help="timed calls per width (default 20)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: physical cores)")
-    p.add_argument("--width-table", default="", metavar="W,W,..",
-                   help="also time one call of each of these widths (e.g. 1,2,3,5,9,64), folders alternating")
+    p.add_argument(
+        "--width-table",
+        default="",
+        metavar="W,W,..",
+        help="also time one call of each of these widths (e.g. 1,2,3,5,9,64), folders alternating",
+    )
     p.add_argument("--no-profile", action="store_true", help="only the width table")
     a = p.parse_args()
     folders = [Path(f) for f in a.folders]

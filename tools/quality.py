@@ -41,12 +41,12 @@ def teacher_forced_logprobs(folder: str, ids: np.ndarray, keep_full: bool) -> tu
     chunk, window = m.prefill_chunk, m.max_len - 1
     lp_next, full = [], []
     for w0 in range(0, len(ids) - 1, window):
-        seg = ids[w0:w0 + window + 1]
+        seg = ids[w0 : w0 + window + 1]
         past = 0
         rows = []
         while past < len(seg) - 1:
             n = min(chunk, len(seg) - 1 - past)
-            logits = eng.forward(seg[past:past + n], past)[:n].astype(np.float64)  # [n, V]
+            logits = eng.forward(seg[past : past + n], past)[:n].astype(np.float64)  # [n, V]
             eng.commit(past, n)
             past += n
             z = logits - logits.max(axis=1, keepdims=True)
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
 
     texts = [Path(t) for t in a.text] if a.text else _default_texts()
     codec = TextCodec(load_manifest(a.reference))
-    ids = np.concatenate([codec.encode(t.read_text(errors="replace")) for t in texts])[:a.max_tokens].astype(np.int64)
+    ids = np.concatenate([codec.encode(t.read_text(errors="replace")) for t in texts])[: a.max_tokens].astype(np.int64)
     _, ref_full = teacher_forced_logprobs(a.reference, ids, keep_full=True)
     ref_top = ref_full.argmax(axis=1)
     rows = []
@@ -80,17 +80,27 @@ def main(argv=None) -> int:
         p_ref = np.exp(ref_full.astype(np.float64))
         kl = float((p_ref * (ref_full - full)).sum(axis=1).mean())
         m = load_manifest(folder)
-        rows.append({"folder": folder, "precision": m.target.precision, "graph": m.target.graph.flavour,
-                     "top1_agreement": float((full.argmax(axis=1) == ref_top).mean()), "kl_to_reference": kl,
-                     "perplexity": float(np.exp(-lp.mean()))})
+        rows.append(
+            {
+                "folder": folder,
+                "precision": m.target.precision,
+                "graph": m.target.graph.flavour,
+                "top1_agreement": float((full.argmax(axis=1) == ref_top).mean()),
+                "kl_to_reference": kl,
+                "perplexity": float(np.exp(-lp.mean())),
+            }
+        )
     print(f"{len(ids)} tokens of {', '.join(t.name for t in texts)}; reference {a.reference}")
     print(f"{'folder':40} {'precision':>9} {'graph':>8} {'top-1 agree':>12} {'KL(ref||x)':>11} {'perplexity':>11}")
     for r in rows:
-        print(f"{r['folder']:40} {r['precision']:>9} {r['graph']:>8} {r['top1_agreement']:12.4f} "
-              f"{r['kl_to_reference']:11.5f} {r['perplexity']:11.3f}")
+        print(
+            f"{r['folder']:40} {r['precision']:>9} {r['graph']:>8} {r['top1_agreement']:12.4f} "
+            f"{r['kl_to_reference']:11.5f} {r['perplexity']:11.3f}"
+        )
     if a.json:
-        Path(a.json).write_text(json.dumps({"tokens": len(ids), "texts": [str(t) for t in texts], "rows": rows},
-                                           indent=1))
+        Path(a.json).write_text(
+            json.dumps({"tokens": len(ids), "texts": [str(t) for t in texts], "rows": rows}, indent=1)
+        )
     return 0
 
 

@@ -49,9 +49,14 @@ def table(report: dict, drafters: list[str] | None = None) -> str:
         if drafters and r["drafter"] not in drafters:
             continue
         t = r["totals"]
-        cells = [r["drafter"], _k(r), f"{t['tokens_per_s']:.1f}", f"{t['tokens_per_s'] / base:.2f}x",
-                 f"{t['mean_accepted_length']:.2f}", f"{t['mean_verify_width']:.2f}" if "mean_verify_width" in t
-                 else "-"]
+        cells = [
+            r["drafter"],
+            _k(r),
+            f"{t['tokens_per_s']:.1f}",
+            f"{t['tokens_per_s'] / base:.2f}x",
+            f"{t['mean_accepted_length']:.2f}",
+            f"{t['mean_verify_width']:.2f}" if "mean_verify_width" in t else "-",
+        ]
         cells += [f"{t['identical_to_none']}/{t['n_prompts']}"] if greedy else []
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -91,8 +96,10 @@ def _machine(m: dict) -> str:
         isa_text = ", ".join(isa) if isa else "no AVX2, AVX-512 or AMX flags"
         isa_text += "" if not isa or any(f.startswith("amx") for f in isa) else ", no AMX"
     version = f"edgespec {m['edgespec']}" if "edgespec" in m else f"edgespec version {NOT_RECORDED}"
-    return (f"{m['cpu']} ({isa_text}), {cores}{m['logical_cpus']} logical CPUs, {m['provider']} provider, "
-            f"onnxruntime {m['onnxruntime']}, {version}")
+    return (
+        f"{m['cpu']} ({isa_text}), {cores}{m['logical_cpus']} logical CPUs, {m['provider']} provider, "
+        f"onnxruntime {m['onnxruntime']}, {version}"
+    )
 
 
 def _folder(c: dict) -> str:
@@ -106,8 +113,10 @@ def _folder(c: dict) -> str:
     graph += f" (kept portable: {', '.join(f['portable_ops'])})" if f["portable_ops"] else ""
     graph += ", host prologue" if f["host_prologue"] else ""
     graph += ", two-row int4 decode" if f["two_row_matmuls"] else ""
-    return (f"folder defaults drafter {d['drafter']}, k {d['k']} {adaptive}{tuned}; {graph}; exported "
-            f"{f['exported'][:10]} by edgespec {f['exported_by']}")
+    return (
+        f"folder defaults drafter {d['drafter']}, k {d['k']} {adaptive}{tuned}; {graph}; exported "
+        f"{f['exported'][:10]} by edgespec {f['exported_by']}"
+    )
 
 
 def caption(report: dict, json_path: str, note: str = "") -> str:
@@ -121,25 +130,45 @@ def caption(report: dict, json_path: str, note: str = "") -> str:
     date = f"Run on {c['date'][:10]} (UTC)" if c.get("date") else f"Date {NOT_RECORDED}"
     engine = f"Engine `{c['engine']}`" + (f" ({', '.join(extras)})" if extras else "")
     cmd, recorded = command(report, json_path)
-    text = (f"{n_prompts(report)} {prompts}, {sampling}, {c['max_new_tokens']} new tokens, every configuration "
-            f"interleaved prompt by prompt. {engine}; {_folder(c)}. Machine: {_machine(report['machine'])}. "
-            f"{date}. Data: [{json_path}]({json_path}). {note} Made by"
-            + ("" if recorded else " (rebuilt from the JSON's config, which records no command)") + ":")
-    return "\n".join([textwrap.fill(" ".join(text.split()), 100, break_on_hyphens=False, break_long_words=False),
-                      "", "```bash", cmd, "```"])
+    text = (
+        f"{n_prompts(report)} {prompts}, {sampling}, {c['max_new_tokens']} new tokens, every configuration "
+        f"interleaved prompt by prompt. {engine}; {_folder(c)}. Machine: {_machine(report['machine'])}. "
+        f"{date}. Data: [{json_path}]({json_path}). {note} Made by"
+        + ("" if recorded else " (rebuilt from the JSON's config, which records no command)")
+        + ":"
+    )
+    return "\n".join(
+        [
+            textwrap.fill(" ".join(text.split()), 100, break_on_hyphens=False, break_long_words=False),
+            "",
+            "```bash",
+            cmd,
+            "```",
+        ]
+    )
 
 
 def block(report: dict, json_path: str, drafters: list[str] | None, note: str) -> str:
-    options = {"json": json_path} | ({"drafters": ",".join(drafters)} if drafters else {}) | (
-        {"note": note} if note else {})
-    return (f"<!-- results:begin {json.dumps(options, ensure_ascii=False)} -->\n" + caption(report, json_path, note)
-            + "\n\n" + table(report, drafters) + "\n<!-- results:end -->")
+    options = (
+        {"json": json_path} | ({"drafters": ",".join(drafters)} if drafters else {}) | ({"note": note} if note else {})
+    )
+    return (
+        f"<!-- results:begin {json.dumps(options, ensure_ascii=False)} -->\n"
+        + caption(report, json_path, note)
+        + "\n\n"
+        + table(report, drafters)
+        + "\n<!-- results:end -->"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("json", nargs="?", help="bench JSON, relative to the repository root (default: the one the "
-                   "README's begin marker names, with its options)")
+    p.add_argument(
+        "json",
+        nargs="?",
+        help="bench JSON, relative to the repository root (default: the one the "
+        "README's begin marker names, with its options)",
+    )
     p.add_argument("--drafters", help="comma-separated drafters whose rows to show (default: every row)")
     p.add_argument("--note", default="", help="a sentence for the caption: what the JSON does not record")
     p.add_argument("--readme", default=str(ROOT / "README.md"), help="the file holding the markers")
@@ -153,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     text = readme.read_text()
     found = BEGIN.search(text)
     if found is None:
-        raise SystemExit(f"{readme}: no <!-- results:begin --> ... <!-- results:end --> markers. Hint: add both "
-                         "lines where the table belongs")
+        raise SystemExit(
+            f"{readme}: no <!-- results:begin --> ... <!-- results:end --> markers. Hint: add both "
+            "lines where the table belongs"
+        )
     if a.json is None:  # regenerate from what the marker names; --check and --readme stay as given
         saved = json.loads(found.group("options") or "{}")
         if "json" not in saved:
@@ -162,11 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         a.json, a.drafters, a.note = saved["json"], saved.get("drafters"), saved.get("note", "")
     report = json.loads((ROOT / a.json).read_text())
     drafters = a.drafters.split(",") if a.drafters else None
-    new = text[:found.start()] + block(report, a.json, drafters, a.note) + text[found.end():]
+    new = text[: found.start()] + block(report, a.json, drafters, a.note) + text[found.end() :]
     if a.check:
         if new != text:
-            print(f"{readme}: the results table differs from {a.json}. Hint: python tools/results_table.py",
-                  file=sys.stderr)
+            print(
+                f"{readme}: the results table differs from {a.json}. Hint: python tools/results_table.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     readme.write_text(new)

@@ -21,9 +21,18 @@ import json
 import sys
 import time
 
-PROMPTS = ["def add(a, b):", "The capital of France is", "List three colours:", "import numpy as np\n",
-           "Write a haiku about the sea.", "for i in range(10):", "Explain recursion in one sentence.",
-           "class Stack:\n    def __init__(self):", "2 + 2 =", "Translate 'good morning' to Spanish."]
+PROMPTS = [
+    "def add(a, b):",
+    "The capital of France is",
+    "List three colours:",
+    "import numpy as np\n",
+    "Write a haiku about the sea.",
+    "for i in range(10):",
+    "Explain recursion in one sentence.",
+    "class Stack:\n    def __init__(self):",
+    "2 + 2 =",
+    "Translate 'good morning' to Spanish.",
+]
 
 
 def _rss_mb(proc) -> float:
@@ -80,8 +89,17 @@ def _without_arena() -> None:
     es.session_options = options
 
 
-def soak(engine: str, n: int, every: int, warmup: int, max_new_tokens: int, k: int, trim: bool,
-         arena: bool = True, only: tuple[str, ...] = ()) -> dict:
+def soak(
+    engine: str,
+    n: int,
+    every: int,
+    warmup: int,
+    max_new_tokens: int,
+    k: int,
+    trim: bool,
+    arena: bool = True,
+    only: tuple[str, ...] = (),
+) -> dict:
     import psutil
 
     from edgespec.runtime.config import RuntimeConfig
@@ -101,16 +119,23 @@ def soak(engine: str, n: int, every: int, warmup: int, max_new_tokens: int, k: i
         except ValueError as e:
             print(f"soak: skipping drafter {d}: {e}", file=sys.stderr)
     rss_loaded = _rss_mb(proc)
-    print(f"soak: {engine}, drafters {', '.join(drafters)}, {n} generations of <= {max_new_tokens} tokens "
-          f"after {warmup} warm-up ones; RSS {rss_start:.0f} MB before load, {rss_loaded:.0f} MB loaded",
-          file=sys.stderr)
+    print(
+        f"soak: {engine}, drafters {', '.join(drafters)}, {n} generations of <= {max_new_tokens} tokens "
+        f"after {warmup} warm-up ones; RSS {rss_start:.0f} MB before load, {rss_loaded:.0f} MB loaded",
+        file=sys.stderr,
+    )
     samples, tokens, t0 = [], 0, time.perf_counter()
 
     def sample(i: int) -> None:
         gc.collect()
-        row = {"generations": i, "rss_mb": round(_rss_mb(proc), 1), **_rss_split_mb(),
-               "weights_mapped_mb": _mapped_weights_mb(), "py_blocks": sys.getallocatedblocks(),
-               "seconds": round(time.perf_counter() - t0, 1)}
+        row = {
+            "generations": i,
+            "rss_mb": round(_rss_mb(proc), 1),
+            **_rss_split_mb(),
+            "weights_mapped_mb": _mapped_weights_mb(),
+            "py_blocks": sys.getallocatedblocks(),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
         if trim:
             row["trimmed"] = _trim()
             row["rss_after_trim_mb"] = round(_rss_mb(proc), 1)
@@ -118,8 +143,10 @@ def soak(engine: str, n: int, every: int, warmup: int, max_new_tokens: int, k: i
         extra = f", after malloc_trim {row['rss_after_trim_mb']:.1f} MB" if trim else ""
         mapped = ", ".join(f"{k} {v:.1f}" for k, v in row["weights_mapped_mb"].items())
         split = f" (anon {row['anon_mb']:.1f}, file {row['file_mb']:.1f}: {mapped})" if "anon_mb" in row else ""
-        print(f"  {i:5d} generations: RSS {row['rss_mb']:.1f} MB{split}{extra}, Python blocks {row['py_blocks']}",
-              file=sys.stderr)
+        print(
+            f"  {i:5d} generations: RSS {row['rss_mb']:.1f} MB{split}{extra}, Python blocks {row['py_blocks']}",
+            file=sys.stderr,
+        )
 
     for i in range(warmup + n):
         if i == warmup:
@@ -129,8 +156,9 @@ def soak(engine: str, n: int, every: int, warmup: int, max_new_tokens: int, k: i
         text = PROMPTS[(i // len(drafters)) % len(PROMPTS)]
         prompt = [{"role": "user", "content": text}] if (i // 2) % 2 else text
         sampled = i % 2 == 1
-        g.generate(prompt, max_new_tokens=max_new_tokens, temperature=0.8 if sampled else 0.0,
-                   seed=i if sampled else None)
+        g.generate(
+            prompt, max_new_tokens=max_new_tokens, temperature=0.8 if sampled else 0.0, seed=i if sampled else None
+        )
         tokens += g.last_stats.n_output
         done = i + 1 - warmup
         if done > 0 and done % every == 0:
@@ -153,14 +181,25 @@ def soak(engine: str, n: int, every: int, warmup: int, max_new_tokens: int, k: i
         "tokens": tokens,
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    print(f"soak: RSS {base['rss_mb']:.1f} -> {last['rss_mb']:.1f} MB after warm-up ({summary['growth_mb']:+.1f} MB; "
-          f"second half {summary['growth_second_half_mb']:+.1f} MB"
-          + (f"; after malloc_trim {summary['growth_after_trim_mb']:+.1f} MB" if trim else "")
-          + f"; anonymous {summary['anon_growth_mb']:+.1f} MB, mapped files {summary['file_growth_mb']:+.1f} MB), "
-          f"Python blocks {summary['py_blocks_growth']:+d}, {tokens} tokens in {summary['seconds']:.0f} s",
-          file=sys.stderr)
-    config = {"engine": engine, "n": n, "every": every, "warmup": warmup, "max_new_tokens": max_new_tokens, "k": k,
-              "trim": trim, "arena": arena, "drafters": drafters}
+    print(
+        f"soak: RSS {base['rss_mb']:.1f} -> {last['rss_mb']:.1f} MB after warm-up ({summary['growth_mb']:+.1f} MB; "
+        f"second half {summary['growth_second_half_mb']:+.1f} MB"
+        + (f"; after malloc_trim {summary['growth_after_trim_mb']:+.1f} MB" if trim else "")
+        + f"; anonymous {summary['anon_growth_mb']:+.1f} MB, mapped files {summary['file_growth_mb']:+.1f} MB), "
+        f"Python blocks {summary['py_blocks_growth']:+d}, {tokens} tokens in {summary['seconds']:.0f} s",
+        file=sys.stderr,
+    )
+    config = {
+        "engine": engine,
+        "n": n,
+        "every": every,
+        "warmup": warmup,
+        "max_new_tokens": max_new_tokens,
+        "k": k,
+        "trim": trim,
+        "arena": arena,
+        "drafters": drafters,
+    }
     return {"config": config, "samples": samples, "summary": summary}
 
 
@@ -169,16 +208,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="engines/smollm2-135m-instruct")
     ap.add_argument("--n", type=int, default=2000, help="generations after the warm-up (default 2000)")
     ap.add_argument("--every", type=int, default=100, help="sample RSS every this many generations (default 100)")
-    ap.add_argument("--warmup", type=int, default=0,
-                    help="generations before the baseline sample (default: 4 rounds over the drafters)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="generations before the baseline sample (default: 4 rounds over the drafters)",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens of every drafter (default 4)")
-    ap.add_argument("--trim", action="store_true", help="run glibc malloc_trim(0) at each sample, RSS read "
-                    "before and after (tells allocator-retained memory from a leak)")
-    ap.add_argument("--no-arena", action="store_true", help="diagnostic: sessions without ONNX Runtime's CPU "
-                    "memory arena (slower; shows how much of the growth is the arena)")
-    ap.add_argument("--drafters", help="comma-separated drafters to cycle through (default: every one the folder "
-                    "ships)")
+    ap.add_argument(
+        "--trim",
+        action="store_true",
+        help="run glibc malloc_trim(0) at each sample, RSS read "
+        "before and after (tells allocator-retained memory from a leak)",
+    )
+    ap.add_argument(
+        "--no-arena",
+        action="store_true",
+        help="diagnostic: sessions without ONNX Runtime's CPU "
+        "memory arena (slower; shows how much of the growth is the arena)",
+    )
+    ap.add_argument(
+        "--drafters", help="comma-separated drafters to cycle through (default: every one the folder ships)"
+    )
     ap.add_argument("--json", help="write samples and summary here")
     a = ap.parse_args(argv)
     if a.n < 1 or a.every < 1 or a.max_new_tokens < 1 or a.warmup < 0:

@@ -55,8 +55,10 @@ def main() -> None:
     ms = np.array(times) * 1e3
     mib = (cache._keys.nbytes + cache._pos.nbytes + cache.tokens.nbytes) / 2**20
     print(f"cache {len(cache):,} tokens ({mib:.0f} MiB with its index); re-index {t_index:.2f} s")
-    print(f"propose(k=8): median {np.median(ms):.3f} ms, p95 {np.percentile(ms, 95):.3f} ms over {a.steps} steps; "
-          f"{drafted / a.steps:.2f} tokens drafted per step")
+    print(
+        f"propose(k=8): median {np.median(ms):.3f} ms, p95 {np.percentile(ms, 95):.3f} ms over {a.steps} steps; "
+        f"{drafted / a.steps:.2f} tokens drafted per step"
+    )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def width_table(folders: list[str], past: int, widths: list[int], repeats: int) 
         pos = 0
         while pos < past:  # a real context of `past` rows
             n = min(m.prefill_chunk, past - pos)
-            e.forward(ids[pos:pos + n], pos)
+            e.forward(ids[pos : pos + n], pos)
             e.commit(pos, n)
             pos += n
         engines[f] = e
@@ -62,8 +62,11 @@ def main() -> None:
         print(f"{f:34}" + "".join(f"{row[w] * 1e3:8.2f} ({row[w] / row[widths[0]]:4.2f})" for w in widths))
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"past": a.past, "table_ms": {f: {w: v * 1e3 for w, v in r.items()} for f, r in table.items()}},
-                      fh, indent=1)
+            json.dump(
+                {"past": a.past, "table_ms": {f: {w: v * 1e3 for w, v in r.items()} for f, r in table.items()}},
+                fh,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -14,8 +14,18 @@ import pkgutil
 
 from edgespec.export.drafters.base import ExportContext, ExportOption, ExportPlugin, Shipped, TrainCommand
 
-__all__ = ["ExportContext", "ExportOption", "ExportPlugin", "Shipped", "TrainCommand", "register", "unregister",
-           "registry", "options", "sources"]
+__all__ = [
+    "ExportContext",
+    "ExportOption",
+    "ExportPlugin",
+    "Shipped",
+    "TrainCommand",
+    "register",
+    "unregister",
+    "registry",
+    "options",
+    "sources",
+]
 
 _REGISTRY: dict[str, ExportPlugin] = {}
 _loaded = False
@@ -72,7 +82,8 @@ def sources(cfg, src) -> dict[str, object]:
             if other == name or not isinstance(folder, Path) or not p.claims(folder):
                 continue
             if found[name] is not None:
-                raise ExportError(f"{plugins[other].flag} {folder} is {p.title} and {p.flag} names another; pass it "
-                                  f"once, as {p.flag}")
+                raise ExportError(
+                    f"{plugins[other].flag} {folder} is {p.title} and {p.flag} names another; pass it once, as {p.flag}"
+                )
             found[name], found[other] = folder, None
     return {name: s for name, s in found.items() if s is not None}

@@ -12,22 +12,40 @@ def add_common(p, what: str, minutes: float, epochs: float) -> None:
     """The flags of every training command (data, budget, optimizer); `what` is what it writes."""
     p.add_argument("--target", help="HF folder, .gguf or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True, help=f"{what} folder to write (and resume from)")
-    p.add_argument("--data", help="self-distillation data folder (default: <out>/data, made first); several "
-                   "folders made earlier: DIR1,DIR2 (trained on together, nothing generated)")
-    p.add_argument("--prompts", type=int, default=3600, help="prompts the target answers when making data "
-                   "(default 3600: 18%% general chat, 20%% everyday chat, 22%% instruction-taxonomy tasks, 10%% "
-                   "questions the target writes itself, 14%% programming chat, 16%% code completion)")
-    p.add_argument("--wide-prompts", type=int, default=0, metavar="N",
-                   help="also N prompts of the wide mix when making data (given passages to summarize / extract from / "
-                   "translate, multi-turn follow-ups, step-by-step math, role play, code in ten languages, short and "
-                   "long answers, JSON extraction; export/draft_prompts.py). Default 0")
+    p.add_argument(
+        "--data",
+        help="self-distillation data folder (default: <out>/data, made first); several "
+        "folders made earlier: DIR1,DIR2 (trained on together, nothing generated)",
+    )
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=3600,
+        help="prompts the target answers when making data "
+        "(default 3600: 18%% general chat, 20%% everyday chat, 22%% instruction-taxonomy tasks, 10%% "
+        "questions the target writes itself, 14%% programming chat, 16%% code completion)",
+    )
+    p.add_argument(
+        "--wide-prompts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N prompts of the wide mix when making data (given passages to summarize / extract from / "
+        "translate, multi-turn follow-ups, step-by-step math, role play, code in ten languages, short and "
+        "long answers, JSON extraction; export/draft_prompts.py). Default 0",
+    )
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when making data (default 192)")
     p.add_argument("--gen-batch", type=int, default=48, help="prompts generated together (default 48)")
-    p.add_argument("--minutes", type=float, default=minutes,
-                   help=f"training time budget of this run (default {minutes:g})")
+    p.add_argument(
+        "--minutes", type=float, default=minutes, help=f"training time budget of this run (default {minutes:g})"
+    )
     p.add_argument("--epochs", type=float, default=epochs, help=f"passes over the data in total (default {epochs:g})")
-    p.add_argument("--draft-vocab", type=int, default=8192,
-                   help=f"most frequent answer tokens the {what} may propose; 0 = full vocabulary (default 8192)")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=8192,
+        help=f"most frequent answer tokens the {what} may propose; 0 = full vocabulary (default 8192)",
+    )
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
 
@@ -51,8 +69,23 @@ def _make_data(folder: str, a, aux: bool = False) -> None:
     from edgespec.export.eagle_data import DataConfig, generate_data
 
     n = a.prompts
-    mix = {"n_general": n * 18 // 100, "n_everyday": n * 20 // 100, "n_tasks": n * 22 // 100,
-           "n_self_instruct": n * 10 // 100, "n_code_chat": n * 14 // 100}
-    generate_data(DataConfig(out=folder, target=a.target, n_completion=n - sum(mix.values()),
-                             max_new_tokens=a.max_new_tokens, batch=a.gen_batch,
-                             threads=a.threads, aux=aux, n_wide=a.wide_prompts, **mix))
+    mix = {
+        "n_general": n * 18 // 100,
+        "n_everyday": n * 20 // 100,
+        "n_tasks": n * 22 // 100,
+        "n_self_instruct": n * 10 // 100,
+        "n_code_chat": n * 14 // 100,
+    }
+    generate_data(
+        DataConfig(
+            out=folder,
+            target=a.target,
+            n_completion=n - sum(mix.values()),
+            max_new_tokens=a.max_new_tokens,
+            batch=a.gen_batch,
+            threads=a.threads,
+            aux=aux,
+            n_wide=a.wide_prompts,
+            **mix,
+        )
+    )

@@ -17,8 +17,9 @@ def _source(cfg, src) -> Path | None:
         return None
     path = Path(cfg.dflash)
     if not path.is_dir():
-        raise ExportError(f"--dflash {cfg.dflash}: not a folder. Hint: train one with `edgespec train-dflash "
-                          f"--out {cfg.dflash}`")
+        raise ExportError(
+            f"--dflash {cfg.dflash}: not a folder. Hint: train one with `edgespec train-dflash --out {cfg.dflash}`"
+        )
     return path
 
 
@@ -26,8 +27,9 @@ def _write(ctx, folder: Path) -> Shipped:
     from edgespec.export.dflash_graph import write_dflash
 
     cfg = ctx.cfg
-    dw, section = write_dflash(folder, ctx.folder, ctx.arch, ctx.writer, ctx.index_t, ctx.head_opts,
-                               sorted({cfg.k + 1, cfg.prefill_chunk}))  # context rows: a step's, a prompt chunk's
+    dw, section = write_dflash(
+        folder, ctx.folder, ctx.arch, ctx.writer, ctx.index_t, ctx.head_opts, sorted({cfg.k + 1, cfg.prefill_chunk})
+    )  # context rows: a step's, a prompt chunk's
     ctx.step("DFlash drafter")
     return Shipped(section, dw)
 
@@ -59,24 +61,59 @@ def _train(a) -> int:
     data = ready_data(a, aux=True)
     if data is None:
         return 2
-    train(TrainConfig(data=data, out=a.out, target=a.target, block_size=a.block, n_layers=a.layers,
-                      draft_vocab=a.draft_vocab, anchors=a.anchors, minutes=a.minutes, epochs=a.epochs, lr=a.lr,
-                      threads=a.threads))
+    train(
+        TrainConfig(
+            data=data,
+            out=a.out,
+            target=a.target,
+            block_size=a.block,
+            n_layers=a.layers,
+            draft_vocab=a.draft_vocab,
+            anchors=a.anchors,
+            minutes=a.minutes,
+            epochs=a.epochs,
+            lr=a.lr,
+            threads=a.threads,
+        )
+    )
     return 0
 
 
-PLUGIN = register(ExportPlugin(
-    name="dflash", flag="--dflash", order=8, steps=2, source=_source, write=_write, validate=_validate,
-    reads_aux=lambda cfg, folder: folder is not None,
-    options=(ExportOption("dflash", str, None, "DFlash block drafter folder (DFlash layout, from `edgespec "
-                          "train-dflash`) to include; the target graphs then also output the aux features it reads "
-                          "(drafter dflash: one drafter call per step drafts a whole block)", metavar="DIR"),),
-    train=TrainCommand(
-        help="train a DFlash block drafter for a target by self-distillation",
-        description="Trains a DFlash drafter (a few non-causal decoder layers that draft a block of --block tokens in "
-        "ONE call, reading the target's low/mid/high layer features of the verified prefix as injected keys/values; "
-        "the target's embedding and LM head rows) on self-distillation data that holds those features (made first "
-        "when --data holds none). Each pass trains --anchors random blocks per answer. Resumable: run again with the "
-        "same --out to continue. Writes config.json + model.safetensors in the public DFlash layout for `edgespec "
-        "export --dflash`.",
-        arguments=_train_arguments, run=_train, module="edgespec.export.train_dflash")))
+PLUGIN = register(
+    ExportPlugin(
+        name="dflash",
+        flag="--dflash",
+        order=8,
+        steps=2,
+        source=_source,
+        write=_write,
+        validate=_validate,
+        reads_aux=lambda cfg, folder: folder is not None,
+        options=(
+            ExportOption(
+                "dflash",
+                str,
+                None,
+                "DFlash block drafter folder (DFlash layout, from `edgespec "
+                "train-dflash`) to include; the target graphs then also output the aux features it reads "
+                "(drafter dflash: one drafter call per step drafts a whole block)",
+                metavar="DIR",
+            ),
+        ),
+        train=TrainCommand(
+            help="train a DFlash block drafter for a target by self-distillation",
+            description="Trains a DFlash drafter (a few non-causal decoder layers that draft a block of --block "
+            "tokens in "
+            "ONE call, reading the target's low/mid/high layer features of the verified prefix as injected "
+            "keys/values; "
+            "the target's embedding and LM head rows) on self-distillation data that holds those features (made first "
+            "when --data holds none). Each pass trains --anchors random blocks per answer. Resumable: run again with "
+            "the "
+            "same --out to continue. Writes config.json + model.safetensors in the public DFlash layout for `edgespec "
+            "export --dflash`.",
+            arguments=_train_arguments,
+            run=_train,
+            module="edgespec.export.train_dflash",
+        ),
+    )
+)

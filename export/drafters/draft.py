@@ -14,13 +14,17 @@ def _check_same_tokenizer(tok_t, tok_d, vocab_t: int, vocab_d: int) -> None:
     from edgespec.export.spec import ExportError
 
     if vocab_t != vocab_d:
-        raise ExportError(f"draft vocab size {vocab_d} != target vocab size {vocab_t}: a draft must share "
-                          "the target's tokenizer. Hint: pick a draft from the same model family.")
+        raise ExportError(
+            f"draft vocab size {vocab_d} != target vocab size {vocab_t}: a draft must share "
+            "the target's tokenizer. Hint: pick a draft from the same model family."
+        )
     vt, vd = tok_t.get_vocab(), tok_d.get_vocab()
     if vt != vd:
         n_diff = sum(1 for k, v in vt.items() if vd.get(k) != v)
-        raise ExportError(f"draft tokenizer differs from the target's in {n_diff} of {len(vt)} entries; "
-                          "a draft must share the target's tokenizer.")
+        raise ExportError(
+            f"draft tokenizer differs from the target's in {n_diff} of {len(vt)} entries; "
+            "a draft must share the target's tokenizer."
+        )
 
 
 def draft_writer(spec: str, ctx, opts):
@@ -35,17 +39,22 @@ def draft_writer(spec: str, ctx, opts):
     if spec.startswith("self:"):
         what = spec.split(":", 1)[1]
         if what in PRECISIONS:
-            own = GraphOptions(what, int4_accuracy_level=opts.int4_accuracy_level,
-                               flavour="portable" if what == "fp16" else opts.flavour, portable_ops=opts.portable_ops,
-                               host_prologue=opts.host_prologue and what != "fp16")
+            own = GraphOptions(
+                what,
+                int4_accuracy_level=opts.int4_accuracy_level,
+                flavour="portable" if what == "fp16" else opts.flavour,
+                portable_ops=opts.portable_ops,
+                host_prologue=opts.host_prologue and what != "fp16",
+            )
             return LlamaGraphWriter(arch, ctx.hf_w, own), ctx.model, spec
         try:
             n = int(what)
         except ValueError:
             raise ExportError(f"--draft {spec!r}: use self:N (first N layers) or self:int4") from None
         if not 1 <= n < arch.n_layers:
-            raise ExportError(f"--draft self:{n}: N must be in 1..{arch.n_layers - 1} (the target has "
-                              f"{arch.n_layers} layers)")
+            raise ExportError(
+                f"--draft self:{n}: N must be in 1..{arch.n_layers - 1} (the target has {arch.n_layers} layers)"
+            )
         return LlamaGraphWriter(arch, ctx.hf_w, opts, n_layers=n), ctx.model, spec
     dsrc = sources.resolve(spec)
     dmodel, dtok = sources.load(dsrc)
@@ -80,12 +89,28 @@ def _validate(ctx, state, tokens) -> dict:
     from edgespec.export.validate import validate_model
 
     writer, model = state
-    return {"draft": validate_model(ctx.folder, "draft", reference_model(model, writer), tokens,
-                                    tolerance(writer.opts))}
+    return {
+        "draft": validate_model(ctx.folder, "draft", reference_model(model, writer), tokens, tolerance(writer.opts))
+    }
 
 
-PLUGIN = register(ExportPlugin(
-    name="draft", flag="--draft", order=3, steps=2,
-    source=lambda cfg, src: cfg.draft, write=_write, validate=_validate,
-    options=(ExportOption("draft", str, None, "draft: another model with the same tokenizer, self:N (the target's "
-                          "first N layers + its norm and LM head), or self:int4 (the target quantized to int4)"),)))
+PLUGIN = register(
+    ExportPlugin(
+        name="draft",
+        flag="--draft",
+        order=3,
+        steps=2,
+        source=lambda cfg, src: cfg.draft,
+        write=_write,
+        validate=_validate,
+        options=(
+            ExportOption(
+                "draft",
+                str,
+                None,
+                "draft: another model with the same tokenizer, self:N (the target's "
+                "first N layers + its norm and LM head), or self:int4 (the target quantized to int4)",
+            ),
+        ),
+    )
+)

@@ -13,8 +13,13 @@ from edgespec.export.drafters._train import add_common, ready_data
 
 # the draft-vocabulary cut; heads of other drafters that keep a frequency-ordered d2t read it too
 DRAFT_VOCAB_OPTION = ExportOption(
-    "eagle_draft_vocab", int, None, "keep the EAGLE head's N most frequent draft tokens (a cheaper head call; needs "
-    "a head from train-eagle, which records that order); default 4096 for such heads, 0 keeps all", metavar="N")
+    "eagle_draft_vocab",
+    int,
+    None,
+    "keep the EAGLE head's N most frequent draft tokens (a cheaper head call; needs "
+    "a head from train-eagle, which records that order); default 4096 for such heads, 0 keeps all",
+    metavar="N",
+)
 
 
 def _source(cfg, src):
@@ -36,15 +41,25 @@ def _write(ctx, head_dir) -> Shipped:
     from edgespec.export.write import write_model
     from edgespec.runtime.drafters.eagle import EagleSection
 
-    ew, eagle = write_eagle(head_dir, ctx.folder, ctx.arch, ctx.writer, ctx.index_t, ctx.head_opts, ctx.widths,
-                            ctx.chunk, ctx.cfg.eagle_draft_vocab)
+    ew, eagle = write_eagle(
+        head_dir,
+        ctx.folder,
+        ctx.arch,
+        ctx.writer,
+        ctx.index_t,
+        ctx.head_opts,
+        ctx.widths,
+        ctx.chunk,
+        ctx.cfg.eagle_draft_vocab,
+    )
     ctx.step("EAGLE head")
     fuse_onto = ctx.target
     if ctx.opts.host_prologue:  # the fused graph is the target's with its own prologue
         in_graph = copy.copy(ctx.writer)
         in_graph.opts = ctx.head_opts
-        fuse_onto = write_model(in_graph, ctx.folder, "target_prologue", "target", ctx.widths, ctx.chunk,
-                                "target.weights", ctx.index_t)
+        fuse_onto = write_model(
+            in_graph, ctx.folder, "target_prologue", "target", ctx.widths, ctx.chunk, "target.weights", ctx.index_t
+        )
     fused = write_eagle_fused(ctx.folder, fuse_onto, eagle)
     if fuse_onto is not ctx.target:
         (ctx.folder / fuse_onto.graph.file).unlink()
@@ -58,21 +73,31 @@ def _validate(ctx, ew, tokens) -> dict:
     from edgespec.export.spec import tolerance
 
     tol = tolerance(ew.opts)
-    report = {"eagle": validate_eagle(ctx.folder, ew, ctx.reference_target(), tokens, tol),
-              "eagle_fused": validate_fused(ctx.folder, tokens, tol)}
+    report = {
+        "eagle": validate_eagle(ctx.folder, ew, ctx.reference_target(), tokens, tol),
+        "eagle_fused": validate_fused(ctx.folder, tokens, tol),
+    }
     ctx.step("validated EAGLE head")
     return report
 
 
 def _train_arguments(p) -> None:
     add_common(p, "head", minutes=35.0, epochs=5.0)
-    p.add_argument("--init", metavar="HEAD_DIR", help="fine-tune: start from this head's weights and draft "
-                   "vocabulary (e.g. the shipped one, on your own data; a lower --lr such as 3e-4 suits), with a "
-                   "fresh optimizer and schedule")
-    p.add_argument("--skip-copies", action=argparse.BooleanOptionalAction, default=True,
-                   help="no loss where the answer repeats an 8-gram of its own context (the target's loops, "
-                   "which prompt lookup drafts for free); --no-skip-copies trains on them too, so `eagle` "
-                   "alone learns to continue loops (default: skip)")
+    p.add_argument(
+        "--init",
+        metavar="HEAD_DIR",
+        help="fine-tune: start from this head's weights and draft "
+        "vocabulary (e.g. the shipped one, on your own data; a lower --lr such as 3e-4 suits), with a "
+        "fresh optimizer and schedule",
+    )
+    p.add_argument(
+        "--skip-copies",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="no loss where the answer repeats an 8-gram of its own context (the target's loops, "
+        "which prompt lookup drafts for free); --no-skip-copies trains on them too, so `eagle` "
+        "alone learns to continue loops (default: skip)",
+    )
 
 
 def _train(a) -> int:
@@ -81,22 +106,54 @@ def _train(a) -> int:
     data = ready_data(a)
     if data is None:
         return 2
-    train(TrainConfig(data=data, out=a.out, target=a.target, draft_vocab=a.draft_vocab, minutes=a.minutes,
-                      epochs=a.epochs, lr=a.lr, threads=a.threads, skip_copies=a.skip_copies, init=a.init))
+    train(
+        TrainConfig(
+            data=data,
+            out=a.out,
+            target=a.target,
+            draft_vocab=a.draft_vocab,
+            minutes=a.minutes,
+            epochs=a.epochs,
+            lr=a.lr,
+            threads=a.threads,
+            skip_copies=a.skip_copies,
+            init=a.init,
+        )
+    )
     return 0
 
 
-PLUGIN = register(ExportPlugin(
-    name="eagle", flag="--eagle", order=4, steps=3, source=_source, write=_write, validate=_validate, check=_check,
-    options=(ExportOption("eagle", str, "auto", "EAGLE head folder (HF layout, from `edgespec train-eagle` or a "
-                          "published EAGLE-1 head) to include; 'auto' (default): the head shipped with edgespec when "
-                          "the target is the default model; 'none': no head"),
-             DRAFT_VOCAB_OPTION),
-    train=TrainCommand(
-        help="train an EAGLE head for a target by self-distillation (CPU or GPU)",
-        description="Step 1 (skipped when --data already holds shards): the target answers a built-in prompt set "
-        "(chat, programming requests, stdlib code completion; no benchmark data) in batches, keeping its hidden "
-        "states. Step 2: train the head on those answers (feature regression + the target's own next token, two "
-        "unrolled draft steps). Resumable: run again with the same --out to continue. Writes config.json + "
-        "model.safetensors (EAGLE checkpoint layout) for `edgespec export --eagle`.",
-        arguments=_train_arguments, run=_train, module="edgespec.export.train_eagle")))
+PLUGIN = register(
+    ExportPlugin(
+        name="eagle",
+        flag="--eagle",
+        order=4,
+        steps=3,
+        source=_source,
+        write=_write,
+        validate=_validate,
+        check=_check,
+        options=(
+            ExportOption(
+                "eagle",
+                str,
+                "auto",
+                "EAGLE head folder (HF layout, from `edgespec train-eagle` or a "
+                "published EAGLE-1 head) to include; 'auto' (default): the head shipped with edgespec when "
+                "the target is the default model; 'none': no head",
+            ),
+            DRAFT_VOCAB_OPTION,
+        ),
+        train=TrainCommand(
+            help="train an EAGLE head for a target by self-distillation (CPU or GPU)",
+            description="Step 1 (skipped when --data already holds shards): the target answers a built-in prompt set "
+            "(chat, programming requests, stdlib code completion; no benchmark data) in batches, keeping its hidden "
+            "states. Step 2: train the head on those answers (feature regression + the target's own next token, two "
+            "unrolled draft steps). Resumable: run again with the same --out to continue. Writes config.json + "
+            "model.safetensors (EAGLE checkpoint layout) for `edgespec export --eagle`.",
+            arguments=_train_arguments,
+            run=_train,
+            module="edgespec.export.train_eagle",
+        ),
+    )
+)

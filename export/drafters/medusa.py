@@ -43,22 +43,53 @@ def _train(a) -> int:
     data = ready_data(a)
     if data is None:
         return 2
-    train_medusa(MedusaTrainConfig(data=data, out=a.out, target=a.target, n_heads=a.heads, n_layers=a.layers,
-                                   draft_vocab=a.draft_vocab, minutes=a.minutes, epochs=a.epochs, lr=a.lr,
-                                   threads=a.threads))
+    train_medusa(
+        MedusaTrainConfig(
+            data=data,
+            out=a.out,
+            target=a.target,
+            n_heads=a.heads,
+            n_layers=a.layers,
+            draft_vocab=a.draft_vocab,
+            minutes=a.minutes,
+            epochs=a.epochs,
+            lr=a.lr,
+            threads=a.threads,
+        )
+    )
     return 0
 
 
-PLUGIN = register(ExportPlugin(
-    name="medusa", flag="--medusa", order=9, steps=2, source=_source, write=_write, validate=_validate,
-    options=(ExportOption("medusa", str, "auto", "Medusa heads folder (from `edgespec train-medusa`) to include; "
-                          "'auto' (default): the heads shipped with edgespec when the target is the default model; "
-                          "'none': no heads"),),
-    train=TrainCommand(
-        help="train Medusa heads for a target by self-distillation (CPU or GPU)",
-        description="Trains K Medusa heads (head i: a residual SiLU block on the target's last feature, through the "
-        "target's own LM head rows of a draft vocabulary, predicting the token i+2 places ahead) on the same "
-        "self-distillation data as train-eagle: the target's own answers to a built-in prompt set, with its hidden "
-        "states (made first when --data holds none). Resumable: run again with the same --out to continue. Writes "
-        "config.json + model.safetensors for `edgespec export --medusa`.",
-        arguments=_train_arguments, run=_train, module="edgespec.export.train_medusa")))
+PLUGIN = register(
+    ExportPlugin(
+        name="medusa",
+        flag="--medusa",
+        order=9,
+        steps=2,
+        source=_source,
+        write=_write,
+        validate=_validate,
+        options=(
+            ExportOption(
+                "medusa",
+                str,
+                "auto",
+                "Medusa heads folder (from `edgespec train-medusa`) to include; "
+                "'auto' (default): the heads shipped with edgespec when the target is the default model; "
+                "'none': no heads",
+            ),
+        ),
+        train=TrainCommand(
+            help="train Medusa heads for a target by self-distillation (CPU or GPU)",
+            description="Trains K Medusa heads (head i: a residual SiLU block on the target's last feature, through "
+            "the "
+            "target's own LM head rows of a draft vocabulary, predicting the token i+2 places ahead) on the same "
+            "self-distillation data as train-eagle: the target's own answers to a built-in prompt set, with its hidden "
+            "states (made first when --data holds none). Resumable: run again with the same --out to continue. Writes "
+            "config.json + model.safetensors for `edgespec export --medusa`.",
+            arguments=_train_arguments,
+            run=_train,
+            module="edgespec.export.train_medusa",
+        ),
+    )
+)

@@ -14,8 +14,23 @@ import pkgutil
 
 from edgespec.runtime.drafters.base import BuildContext, Drafter, DrafterSpec, LoadContext, Option, penalized
 
-__all__ = ["BuildContext", "Drafter", "DrafterSpec", "LoadContext", "Option", "penalized", "register", "registry",
-           "spec_of", "names", "tree_names", "options", "shipped", "make_drafter", "UnknownDrafterError"]
+__all__ = [
+    "BuildContext",
+    "Drafter",
+    "DrafterSpec",
+    "LoadContext",
+    "Option",
+    "penalized",
+    "register",
+    "registry",
+    "spec_of",
+    "names",
+    "tree_names",
+    "options",
+    "shipped",
+    "make_drafter",
+    "UnknownDrafterError",
+]
 
 _REGISTRY: dict[str, DrafterSpec] = {}
 _ALIASES: dict[str, str] = {}
@@ -59,8 +74,12 @@ def registry() -> dict[str, DrafterSpec]:
         _loaded = True
         mods = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name != "base"]
         loaded = [importlib.import_module(f"{__name__}.{m}") for m in mods]
-        order = {spec.name: getattr(mod, "ORDER", 100) for mod in loaded for spec in _REGISTRY.values()
-                 if spec.build.__module__ == mod.__name__}
+        order = {
+            spec.name: getattr(mod, "ORDER", 100)
+            for mod in loaded
+            for spec in _REGISTRY.values()
+            if spec.build.__module__ == mod.__name__
+        }
         ordered = sorted(_REGISTRY.values(), key=lambda s: (order.get(s.name, 100), s.name))
         _REGISTRY.clear()
         _REGISTRY.update({s.name: s for s in ordered})

@@ -66,7 +66,7 @@ class HeadDrafter(Drafter):
         cands = []
         for u in frontier:
             row = row_of(u)
-            top = np.argpartition(row, -cfg.branch)[-cfg.branch:]
+            top = np.argpartition(row, -cfg.branch)[-cfg.branch :]
             np.exp(np.subtract(row, row.max(), out=self._exp), out=self._exp)
             z = float(self._exp.sum())
             cands.extend((tree.score[u] * float(self._exp[t]) / z, u, int(self.d2t[t])) for t in top)

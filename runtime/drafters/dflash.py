@@ -41,8 +41,10 @@ class DFlashSection:
     def check(self, m: Manifest) -> None:
         check_head(m, self.model, "DFlash drafter", "re-export with --dflash")
         if self.feature_width != m.target.aux_width:
-            raise ManifestError(f"{m.folder}: DFlash drafter (features {self.feature_width} wide) does not fit the "
-                                f"target (hidden_aux {m.target.aux_width} wide); re-export with --dflash")
+            raise ManifestError(
+                f"{m.folder}: DFlash drafter (features {self.feature_width} wide) does not fit the "
+                f"target (hidden_aux {m.target.aux_width} wide); re-export with --dflash"
+            )
 
 
 class DFlashDrafter(HeadDrafter):
@@ -69,7 +71,7 @@ class DFlashDrafter(HeadDrafter):
         self.expected = 0.0
         if k <= 0:
             return chain(seq, 0)
-        logits = self.dflash.draft(self.tgt_aux[self.ctx_len:n - 1], self.ctx_len, int(seq.tokens[n - 1]))
+        logits = self.dflash.draft(self.tgt_aux[self.ctx_len : n - 1], self.ctx_len, int(seq.tokens[n - 1]))
         self.ctx_len = n - 1
         slots = seq.draft_slots(k)
         path = 1.0  # the drafter's probability of d_1..d_{i+1} all being right
@@ -92,11 +94,21 @@ def _load(manifest: Manifest, section: DFlashSection, ctx):
     return OrtDFlash(manifest, section, ctx.head_provider, ctx.threads)
 
 
-SPEC = register(DrafterSpec(
-    name="dflash", summary="a DFlash block drafter: ONE call drafts a whole block from [last token, MASK...] with "
-    "the target's low/mid/high features injected as keys/values",
-    build=lambda ctx: DFlashDrafter(ctx.engines.models["dflash"], ctx.aux, ctx.target_vocab,
-                                    ctx.cfg.eagle_min_confidence),
-    section=DFlashSection, load=_load, pairs=True, warm=lambda engine, widths, manifest: engine.load(), draft_cost=0.1,
-    aux_width=lambda engine: engine.feature_width, options=(MIN_CONFIDENCE_OPTION,),
-    export_hint="--dflash DIR (from `edgespec train-dflash`)"))
+SPEC = register(
+    DrafterSpec(
+        name="dflash",
+        summary="a DFlash block drafter: ONE call drafts a whole block from [last token, MASK...] with "
+        "the target's low/mid/high features injected as keys/values",
+        build=lambda ctx: DFlashDrafter(
+            ctx.engines.models["dflash"], ctx.aux, ctx.target_vocab, ctx.cfg.eagle_min_confidence
+        ),
+        section=DFlashSection,
+        load=_load,
+        pairs=True,
+        warm=lambda engine, widths, manifest: engine.load(),
+        draft_cost=0.1,
+        aux_width=lambda engine: engine.feature_width,
+        options=(MIN_CONFIDENCE_OPTION,),
+        export_hint="--dflash DIR (from `edgespec train-dflash`)",
+    )
+)

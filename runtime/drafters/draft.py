@@ -45,7 +45,7 @@ class ModelDrafter(Drafter):
 
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         past = min(self.dft_past, n_cached)
-        self.dft_past, _ = prefill(self.engine, seq.tokens[past:seq.n - 1], past)
+        self.dft_past, _ = prefill(self.engine, seq.tokens[past : seq.n - 1], past)
 
     def forget(self) -> None:
         self.dft_past = 0
@@ -60,12 +60,12 @@ class ModelDrafter(Drafter):
         k = min(k, self.engine.max_len - self.dft_past - 2)
         if k <= 0:
             return chain(seq, 0)
-        behind = seq.tokens[self.dft_past:seq.n]  # the pending token (+ the last bonus token) ...
+        behind = seq.tokens[self.dft_past : seq.n]  # the pending token (+ the last bonus token) ...
         if len(behind) > 2:  # ... or many, after steps that drafted nothing: one chunked call
             self.dft_past, logits = prefill(self.engine, behind, self.dft_past)
         else:
             for i in range(len(behind)):
-                logits = self._step(behind[i:i + 1])
+                logits = self._step(behind[i : i + 1])
         slots = seq.draft_slots(k)
         for i in range(k):
             logits = penalized(logits, seq, i, self.sampling)
@@ -75,7 +75,7 @@ class ModelDrafter(Drafter):
                 self._q[i] = probs(logits, self.sampling)
                 slots[i] = sample(self._q[i], self.rng)
             if i + 1 < k:
-                logits = self._step(slots[i:i + 1])
+                logits = self._step(slots[i : i + 1])
         return chain(seq, k, None if self.sampling.greedy else self._q[:k])
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
@@ -89,8 +89,16 @@ def _load(manifest: Manifest, section: DraftSection, ctx):
     return make_engine(manifest, section.model, ctx.model_provider, ctx.threads, ctx.cuda_graph)
 
 
-SPEC = register(DrafterSpec(
-    name="draft", summary="a separate draft model run token by token with its own static KV",
-    build=lambda ctx: ModelDrafter(ctx.engines.models["draft"]), section=DraftSection, load=_load,
-    warm=lambda engine, widths, manifest: engine.load_widths([1, manifest.prefill_chunk]),
-    draft_cost=0.3, redrafts=True, export_hint="--draft SRC (a model, self:N or self:int4)"))
+SPEC = register(
+    DrafterSpec(
+        name="draft",
+        summary="a separate draft model run token by token with its own static KV",
+        build=lambda ctx: ModelDrafter(ctx.engines.models["draft"]),
+        section=DraftSection,
+        load=_load,
+        warm=lambda engine, widths, manifest: engine.load_widths([1, manifest.prefill_chunk]),
+        draft_cost=0.3,
+        redrafts=True,
+        export_hint="--draft SRC (a model, self:N or self:int4)",
+    )
+)

@@ -36,8 +36,10 @@ class EagleSection:
         check_head(m, self.head, "EAGLE head", "re-export with a head trained for this target")
         f = self.fused
         if f is not None and (f.widths() != m.target.widths() or f.vocab_size != m.target.vocab_size):
-            raise ManifestError(f"{m.folder}: the fused target+EAGLE graph has widths {f.widths()}, the target "
-                                f"{m.target.widths()}; re-export")
+            raise ManifestError(
+                f"{m.folder}: the fused target+EAGLE graph has widths {f.widths()}, the target "
+                f"{m.target.widths()}; re-export"
+            )
 
 
 @dataclass
@@ -70,8 +72,9 @@ class EagleDrafter(HeadDrafter):
 
     name = "eagle"
 
-    def __init__(self, head, tgt_features: np.ndarray, target_vocab: int, min_confidence: float = 0.0,
-                 fused=None) -> None:
+    def __init__(
+        self, head, tgt_features: np.ndarray, target_vocab: int, min_confidence: float = 0.0, fused=None
+    ) -> None:
         super().__init__(head.d2t, target_vocab, min_confidence, 64)
         self.head = self.engine = head
         self.tgt_features = tgt_features
@@ -88,8 +91,13 @@ class EagleDrafter(HeadDrafter):
     def _caught_up_by_target(self, seq: SeqState, past_len: int) -> None:
         """After a target call at past_len whose rows are committed: did its head rows catch us up?"""
         p = self.sampling
-        self._fused_ready = (self.fused is not None and p.greedy and p.repetition_penalty == 1.0 and not p.masked
-                             and self.dft_past == past_len)
+        self._fused_ready = (
+            self.fused is not None
+            and p.greedy
+            and p.repetition_penalty == 1.0
+            and not p.masked
+            and self.dft_past == past_len
+        )
         if self._fused_ready:
             self.dft_past = seq.n - 1
 
@@ -106,7 +114,7 @@ class EagleDrafter(HeadDrafter):
         features; at least the pending token's); its last row drafts d_1. Returns those logits
         [Vd] and writes that row's predicted feature into feat_out [H]."""
         n, head, j0 = seq.n, self.head, self.dft_past
-        self.dft_past, logits = prefill(head, seq.tokens[j0 + 1:n], j0, features=self.tgt_features[j0:n - 1])
+        self.dft_past, logits = prefill(head, seq.tokens[j0 + 1 : n], j0, features=self.tgt_features[j0 : n - 1])
         feat_out[:] = head.last_hidden((n - 2 - j0) % max(head.widths) + 1)[-1]  # last row of the last chunk
         return logits
 
@@ -136,7 +144,7 @@ class EagleDrafter(HeadDrafter):
                 break
             self.expected += path
             if i + 1 < k:  # speculative row at slot n-1+i: (f^, d_{i+1})
-                logits = head.forward(slots[i:i + 1], n - 1 + i, features=self._feat)[-1]
+                logits = head.forward(slots[i : i + 1], n - 1 + i, features=self._feat)[-1]
                 head.commit(n - 1 + i, 1)
                 self._feat[0] = head.last_hidden(1)[0]
         return chain(seq, k, None if self.sampling.greedy or k == 0 else self._q[:k])
@@ -157,7 +165,7 @@ class EagleDrafter(HeadDrafter):
         frontier = [0]
         for d in range(1, cfg.depth + 1):
             added = self._add_children(tree, frontier, lambda u, lg=logits: lg[rows_of[u]], cfg)
-            frontier = added[:cfg.beam]  # the best of them grow the next depth
+            frontier = added[: cfg.beam]  # the best of them grow the next depth
             if not frontier or tree.n >= tree.limit or d == cfg.depth:
                 break
             # the head over drafted nodes 1..n-1: row i-1 = (f^ of i's parent, token i) at depth(i)
@@ -165,8 +173,9 @@ class EagleDrafter(HeadDrafter):
             for i in range(1, tree.n):
                 self._tree_in[i - 1] = feat[tree.parents[i]]
                 self._tree_par[i - 1] = tree.parents[i] - 1  # depth-1 nodes are the forest's roots
-            logits = head.forward(tree.tokens[1:tree.n], n - 1, features=self._tree_in[:m],
-                                  parents=self._tree_par[:m])
+            logits = head.forward(
+                tree.tokens[1 : tree.n], n - 1, features=self._tree_in[:m], parents=self._tree_par[:m]
+            )
             hidden = head.last_hidden(m)
             for c in frontier:
                 feat[c] = hidden[c - 1]
@@ -190,23 +199,46 @@ def _load(manifest: Manifest, section: EagleSection, ctx) -> EagleEngines:
 
 def build_eagle(ctx) -> EagleDrafter:
     e = ctx.engines.models["eagle"]
-    return EagleDrafter(e.head, ctx.features, ctx.target_vocab, ctx.cfg.eagle_min_confidence,
-                        e.fused if ctx.cfg.fuse_head else None)
+    return EagleDrafter(
+        e.head, ctx.features, ctx.target_vocab, ctx.cfg.eagle_min_confidence, e.fused if ctx.cfg.fuse_head else None
+    )
 
 
 MIN_CONFIDENCE_OPTION = Option(
-    "eagle_min_confidence", float, None, "eagle/hybrid (and the other chain-cutting head drafters): stop a draft "
+    "eagle_min_confidence",
+    float,
+    None,
+    "eagle/hybrid (and the other chain-cutting head drafters): stop a draft "
     "chain when the head's own probability of the chain so far (the product of its per-token probabilities) is "
-    f"below this (default: the folder's, else {MIN_CONFIDENCE})", fallback=MIN_CONFIDENCE)
+    f"below this (default: the folder's, else {MIN_CONFIDENCE})",
+    fallback=MIN_CONFIDENCE,
+)
 
-SPEC = register(DrafterSpec(
-    name="eagle", summary="an EAGLE head (one decoder layer) drafting from the target's own hidden states",
-    build=build_eagle, section=EagleSection, load=_load,
-    warm=lambda e, widths, manifest: e.head.load_widths(widths),
-    reads_features=lambda cfg: True, trees=True, tree_engines=lambda e: [e.head], draft_cost=0.1, pairs=True,
-    export_hint="--eagle HEAD_DIR (the default model's export includes one)",
-    options=(MIN_CONFIDENCE_OPTION,
-             Option("fuse_head", bool, True, "eagle/hybrid on the CPU (default on): verify with the folder's "
-                    "target+EAGLE graph, which runs the head inside the verify call, so under greedy decoding its "
-                    "first draft needs no head call of its own; --no-fuse-head: separate head calls (also used when "
-                    "the folder has no such graph)"))))
+SPEC = register(
+    DrafterSpec(
+        name="eagle",
+        summary="an EAGLE head (one decoder layer) drafting from the target's own hidden states",
+        build=build_eagle,
+        section=EagleSection,
+        load=_load,
+        warm=lambda e, widths, manifest: e.head.load_widths(widths),
+        reads_features=lambda cfg: True,
+        trees=True,
+        tree_engines=lambda e: [e.head],
+        draft_cost=0.1,
+        pairs=True,
+        export_hint="--eagle HEAD_DIR (the default model's export includes one)",
+        options=(
+            MIN_CONFIDENCE_OPTION,
+            Option(
+                "fuse_head",
+                bool,
+                True,
+                "eagle/hybrid on the CPU (default on): verify with the folder's "
+                "target+EAGLE graph, which runs the head inside the verify call, so under greedy decoding its "
+                "first draft needs no head call of its own; --no-fuse-head: separate head calls (also used when "
+                "the folder has no such graph)",
+            ),
+        ),
+    )
+)

@@ -30,9 +30,11 @@ class Eagle3Section:
         head, target = self.head, m.target
         check_head(m, head, "EAGLE-3 head", "re-export with --eagle3-head")
         if head.aux_layers != target.aux_layers or self.fc.shape != (target.aux_width, target.hidden_size):
-            raise ManifestError(f"{m.folder}: EAGLE-3 head (layers {head.aux_layers}, fc {self.fc.shape}) does not "
-                                f"fit the target (hidden size {target.hidden_size}, hidden_aux of layers "
-                                f"{target.aux_layers}); re-export with --eagle3-head")
+            raise ManifestError(
+                f"{m.folder}: EAGLE-3 head (layers {head.aux_layers}, fc {self.fc.shape}) does not "
+                f"fit the target (hidden size {target.hidden_size}, hidden_aux of layers "
+                f"{target.aux_layers}); re-export with --eagle3-head"
+            )
 
 
 class Eagle3Drafter(EagleDrafter):
@@ -54,7 +56,7 @@ class Eagle3Drafter(EagleDrafter):
 
     def _catch_up(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
         j0, n = self.dft_past, seq.n
-        self.fc(self.tgt_aux[j0:n - 1], self.tgt_features[j0:n - 1])  # g_j = fc(a_j)
+        self.fc(self.tgt_aux[j0 : n - 1], self.tgt_features[j0 : n - 1])  # g_j = fc(a_j)
         return super()._catch_up(seq, feat_out)
 
 
@@ -67,12 +69,23 @@ def _load(manifest: Manifest, section: Eagle3Section, ctx):
     return head
 
 
-SPEC = register(DrafterSpec(
-    name="eagle3", summary="an EAGLE-3 head: the target's low/mid/high layer features fused by fc, one decoder "
-    "layer, its own draft-vocabulary LM head",
-    build=lambda ctx: Eagle3Drafter(ctx.engines.models["eagle3"], ctx.aux, ctx.target_vocab,
-                                    ctx.cfg.eagle_min_confidence),
-    section=Eagle3Section, load=_load, warm=lambda head, widths, manifest: head.load_widths(widths),
-    trees=True, tree_engines=lambda head: [head], draft_cost=0.1, pairs=True, aux_width=lambda head: head.fc_t.shape[0],
-    options=(MIN_CONFIDENCE_OPTION,),
-    export_hint="--eagle3-head HEAD_DIR (from `edgespec train-eagle3`)"))
+SPEC = register(
+    DrafterSpec(
+        name="eagle3",
+        summary="an EAGLE-3 head: the target's low/mid/high layer features fused by fc, one decoder "
+        "layer, its own draft-vocabulary LM head",
+        build=lambda ctx: Eagle3Drafter(
+            ctx.engines.models["eagle3"], ctx.aux, ctx.target_vocab, ctx.cfg.eagle_min_confidence
+        ),
+        section=Eagle3Section,
+        load=_load,
+        warm=lambda head, widths, manifest: head.load_widths(widths),
+        trees=True,
+        tree_engines=lambda head: [head],
+        draft_cost=0.1,
+        pairs=True,
+        aux_width=lambda head: head.fc_t.shape[0],
+        options=(MIN_CONFIDENCE_OPTION,),
+        export_hint="--eagle3-head HEAD_DIR (from `edgespec train-eagle3`)",
+    )
+)

@@ -194,7 +194,7 @@ class SuffixHeadHybrid(Drafter):
             elif self._m[0]:
                 pk.observe(SUFFIX, self._size, self._pred[0], n_acc)
             return
-        came = seq.tokens[n_old:seq.n]  # the kept drafts and the target's own token
+        came = seq.tokens[n_old : seq.n]  # the kept drafts and the target's own token
         for i, source in enumerate((SUFFIX, HEAD)):
             m = self._m[i]
             if m:
@@ -263,13 +263,35 @@ def _build(ctx) -> Drafter:
     return SuffixHeadHybrid(SuffixDrafter(ctx.suffix_cache), head)
 
 
-SPEC = register(DrafterSpec(
-    name="hybrid", summary="per step, suffix decoding or a head drafter, whichever is expected to keep more tokens "
-    "(--hybrid-lookup ngram: prompt lookup where the context has a match, the head elsewhere)",
-    build=_build, requires=lambda cfg: _head(cfg).needs(cfg), reads_features=lambda cfg: _head(cfg).needs_features(cfg),
-    trees=True, draft_cost=0.1, uses_suffix_cache=lambda cfg: cfg.hybrid_lookup == "suffix",
-    options=(Option("hybrid_lookup", str, "suffix", "what the hybrid drafter pairs its head with: suffix (default: "
-                    "per step, suffix decoding or the head, whichever is expected to keep more tokens) or ngram "
-                    "(prompt lookup wherever it matches, the head elsewhere)", choices=LOOKUPS),
-             Option("hybrid_head", str, "eagle", "the head drafter hybrid pairs the lookup with: "
-                    "any registered head drafter (default eagle; the folder must ship it)", choices=head_names))))
+SPEC = register(
+    DrafterSpec(
+        name="hybrid",
+        summary="per step, suffix decoding or a head drafter, whichever is expected to keep more tokens "
+        "(--hybrid-lookup ngram: prompt lookup where the context has a match, the head elsewhere)",
+        build=_build,
+        requires=lambda cfg: _head(cfg).needs(cfg),
+        reads_features=lambda cfg: _head(cfg).needs_features(cfg),
+        trees=True,
+        draft_cost=0.1,
+        uses_suffix_cache=lambda cfg: cfg.hybrid_lookup == "suffix",
+        options=(
+            Option(
+                "hybrid_lookup",
+                str,
+                "suffix",
+                "what the hybrid drafter pairs its head with: suffix (default: "
+                "per step, suffix decoding or the head, whichever is expected to keep more tokens) or ngram "
+                "(prompt lookup wherever it matches, the head elsewhere)",
+                choices=LOOKUPS,
+            ),
+            Option(
+                "hybrid_head",
+                str,
+                "eagle",
+                "the head drafter hybrid pairs the lookup with: "
+                "any registered head drafter (default eagle; the folder must ship it)",
+                choices=head_names,
+            ),
+        ),
+    )
+)

@@ -60,7 +60,7 @@ class MedusaDrafter(HeadDrafter):
         logits = self.heads.forward(self.tgt_features[seq.n - 2])  # [K, Vd]
         frontier = [0]
         for d in range(1, min(cfg.depth, self.heads.n_heads) + 1):
-            frontier = self._add_children(tree, frontier, lambda u, d=d: logits[d - 1], cfg)[:cfg.beam]
+            frontier = self._add_children(tree, frontier, lambda u, d=d: logits[d - 1], cfg)[: cfg.beam]
             if not frontier or tree.n >= tree.limit:
                 break
 
@@ -71,13 +71,30 @@ def _load(manifest: Manifest, section: MedusaSection, ctx):
     return OrtHeads(manifest, section.heads, ctx.head_provider, ctx.threads)
 
 
-SPEC = register(DrafterSpec(
-    name="medusa", summary="K Medusa heads on the target's last hidden state, one small call for all K drafts",
-    build=lambda ctx: MedusaDrafter(ctx.engines.models["medusa"], ctx.features, ctx.target_vocab,
-                                    ctx.cfg.medusa_min_confidence),
-    section=MedusaSection, load=_load, warm=lambda heads, widths, manifest: heads.load(),
-    reads_features=lambda cfg: True, trees=True, draft_cost=0.03, max_chain=lambda heads: heads.n_heads,
-    export_hint="--medusa HEADS_DIR (the default model's export includes them)",
-    options=(Option("medusa_min_confidence", float, None, "medusa: stop a draft chain at the first head whose "
-                    f"probability of its token is below this (default: the folder's, else {MIN_CONFIDENCE})",
-                    fallback=MIN_CONFIDENCE),)))
+SPEC = register(
+    DrafterSpec(
+        name="medusa",
+        summary="K Medusa heads on the target's last hidden state, one small call for all K drafts",
+        build=lambda ctx: MedusaDrafter(
+            ctx.engines.models["medusa"], ctx.features, ctx.target_vocab, ctx.cfg.medusa_min_confidence
+        ),
+        section=MedusaSection,
+        load=_load,
+        warm=lambda heads, widths, manifest: heads.load(),
+        reads_features=lambda cfg: True,
+        trees=True,
+        draft_cost=0.03,
+        max_chain=lambda heads: heads.n_heads,
+        export_hint="--medusa HEADS_DIR (the default model's export includes them)",
+        options=(
+            Option(
+                "medusa_min_confidence",
+                float,
+                None,
+                "medusa: stop a draft chain at the first head whose "
+                f"probability of its token is below this (default: the folder's, else {MIN_CONFIDENCE})",
+                fallback=MIN_CONFIDENCE,
+            ),
+        ),
+    )
+)

@@ -38,8 +38,8 @@ class NgramDrafter(Drafter):
         j + size <= n - 1, so at least one token follows the match."""
         toks, n = seq.tokens, seq.n
         for size in range(min(self.cfg.max_n, n - 1), self.cfg.min_n - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(toks[:n - 1], size)  # [n-size, size]
-            hits = np.flatnonzero((windows == toks[n - size:n]).all(axis=1))
+            windows = np.lib.stride_tricks.sliding_window_view(toks[: n - 1], size)  # [n-size, size]
+            hits = np.flatnonzero((windows == toks[n - size : n]).all(axis=1))
             if len(hits):
                 yield size, hits
 
@@ -47,7 +47,7 @@ class NgramDrafter(Drafter):
         for size, hits in self._matches(seq):  # the most recent occurrence of the longest suffix
             start = int(hits[-1]) + size
             m = min(k, seq.n - start)
-            seq.draft_slots(m)[:] = seq.tokens[start:start + m]
+            seq.draft_slots(m)[:] = seq.tokens[start : start + m]
             return chain(seq, m)
         return chain(seq, 0)
 
@@ -68,9 +68,18 @@ def ngram_config(cfg) -> NgramConfig:
     return NgramConfig(cfg.ngram_min, cfg.ngram_max)
 
 
-SPEC = register(DrafterSpec(
-    name="ngram", aliases=("prompt_lookup",),
-    summary="the tokens that followed the latest earlier occurrence of the last 3/2/1 tokens in prompt + output",
-    build=lambda ctx: NgramDrafter(ngram_config(ctx.cfg)), trees=True, draft_cost=0.02, redrafts=True,
-    options=(Option("ngram_min", int, 1, "prompt lookup: shortest suffix to match (default 1)"),
-             Option("ngram_max", int, 3, "prompt lookup: longest suffix, tried first (default 3)"))))
+SPEC = register(
+    DrafterSpec(
+        name="ngram",
+        aliases=("prompt_lookup",),
+        summary="the tokens that followed the latest earlier occurrence of the last 3/2/1 tokens in prompt + output",
+        build=lambda ctx: NgramDrafter(ngram_config(ctx.cfg)),
+        trees=True,
+        draft_cost=0.02,
+        redrafts=True,
+        options=(
+            Option("ngram_min", int, 1, "prompt lookup: shortest suffix to match (default 1)"),
+            Option("ngram_max", int, 3, "prompt lookup: longest suffix, tried first (default 3)"),
+        ),
+    )
+)

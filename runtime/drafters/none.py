@@ -11,6 +11,10 @@ class NoDrafter(Drafter):
     name = "none"
 
 
-SPEC = register(DrafterSpec(
-    name="none", summary="nothing: plain decoding, one T=1 target call per token (the baseline)",
-    build=lambda ctx: NoDrafter()))
+SPEC = register(
+    DrafterSpec(
+        name="none",
+        summary="nothing: plain decoding, one T=1 target call per token (the baseline)",
+        build=lambda ctx: NoDrafter(),
+    )
+)

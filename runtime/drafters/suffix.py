@@ -56,7 +56,7 @@ class SuffixCache:
         self._keys = np.zeros(0, f"S{DEPTH * self._dtype.itemsize}")  # [n_sorted] sorted suffix keys
         self._pos = np.zeros(0, np.int64)  # [n_sorted] start of each key's suffix in tokens
         if cfg.file and Path(cfg.file).exists():
-            self.tokens = np.load(cfg.file).astype(np.int64)[-cfg.max_tokens:]
+            self.tokens = np.load(cfg.file).astype(np.int64)[-cfg.max_tokens :]
             self._reindex()
 
     def __len__(self) -> int:
@@ -101,8 +101,10 @@ class SuffixCache:
         """[lo, hi) of the sorted keys that start with pattern (len <= DEPTH)."""
         enc = (np.asarray(pattern, np.int64) + 1).astype(self._dtype).tobytes()
         width = DEPTH * self._dtype.itemsize
-        return (int(np.searchsorted(self._keys, np.bytes_(enc), side="left")),
-                int(np.searchsorted(self._keys, np.bytes_(enc + b"\xff" * (width - len(enc))), side="right")))
+        return (
+            int(np.searchsorted(self._keys, np.bytes_(enc), side="left")),
+            int(np.searchsorted(self._keys, np.bytes_(enc + b"\xff" * (width - len(enc))), side="right")),
+        )
 
     def count(self, pattern: np.ndarray) -> bool:
         """Does pattern occur in the cache (followed by a token)?"""
@@ -112,7 +114,7 @@ class SuffixCache:
     def _tail_hits(self, pattern: np.ndarray) -> np.ndarray:
         """Positions after each occurrence of pattern in the unsorted tail (the sorted part ends
         with a separator, so no match spans both)."""
-        n, tail = len(pattern), self.tokens[self._n_sorted:]
+        n, tail = len(pattern), self.tokens[self._n_sorted :]
         if len(tail) <= n:
             return np.zeros(0, np.int64)
         windows = np.lib.stride_tricks.sliding_window_view(tail[:-1], n)
@@ -152,8 +154,9 @@ class _Match:
 
     def after(self, seq_tokens: np.ndarray, cache_tokens: np.ndarray, token: int) -> _Match:
         """The occurrences of pattern + token."""
-        return _Match(self.here[seq_tokens[self.here] == token] + 1,
-                      self.cached[cache_tokens[self.cached] == token] + 1)
+        return _Match(
+            self.here[seq_tokens[self.here] == token] + 1, self.cached[cache_tokens[self.cached] == token] + 1
+        )
 
 
 class SuffixDrafter(Drafter):
@@ -178,7 +181,7 @@ class SuffixDrafter(Drafter):
         top = min(DEPTH, n - 1)
         if top < self.cfg.min_match:
             return 0, None
-        cand = np.flatnonzero(toks[:n - 1] == toks[n - 1])  # earlier places of the last token
+        cand = np.flatnonzero(toks[: n - 1] == toks[n - 1])  # earlier places of the last token
         agree = np.ones(len(cand), np.int64)  # tokens that agree, counted backwards from each
         alive = np.ones(len(cand), bool)
         for d in range(1, top):
@@ -191,14 +194,14 @@ class SuffixDrafter(Drafter):
         lo, hi, size_cache = max(size_here + 1, self.cfg.min_match), top, 0
         while lo <= hi:  # the cache may match longer than the sequence does
             mid = (lo + hi) // 2
-            if self.cache.count(toks[n - mid:n]):
+            if self.cache.count(toks[n - mid : n]):
                 lo, size_cache = mid + 1, mid
             else:
                 hi = mid - 1
         size = max(size_here, size_cache)
         if size < self.cfg.min_match:
             return 0, None
-        return size, _Match(cand[agree >= size] + 1, self.cache.occurrences(toks[n - size:n]))
+        return size, _Match(cand[agree >= size] + 1, self.cache.occurrences(toks[n - size : n]))
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         size, match = self._longest(seq)
@@ -230,7 +233,7 @@ class SuffixDrafter(Drafter):
             for u, mu in frontier:
                 ids, cnt = mu.followers(seq.tokens, seq.n, ctoks)
                 total = cnt.sum()
-                top = zip(ids[:cfg.branch], cnt[:cfg.branch], strict=True)
+                top = zip(ids[: cfg.branch], cnt[: cfg.branch], strict=True)
                 cands.extend((tree.score[u] * c / total, u, int(t), mu) for t, c in top)
             cands.sort(key=lambda c: -c[0])
             frontier = []
@@ -246,12 +249,29 @@ class SuffixDrafter(Drafter):
                 return
 
 
-SPEC = register(DrafterSpec(
-    name="suffix", summary="suffix decoding: the most frequent continuation of the longest match of the last tokens "
-    "in the prompt + output AND in this process's recent requests",
-    build=lambda ctx: SuffixDrafter(ctx.suffix_cache), trees=True, draft_cost=0.03, redrafts=True,
-    uses_suffix_cache=lambda cfg: True,
-    options=(Option("suffix_cache_tokens", int, 1_000_000, "suffix drafter: tokens of recent requests kept in its "
-                    "cache (default 1000000)"),
-             Option("suffix_cache", str, None, "suffix drafter: load its cache of recent requests from this .npy file "
-                    "and keep it saved there"))))
+SPEC = register(
+    DrafterSpec(
+        name="suffix",
+        summary="suffix decoding: the most frequent continuation of the longest match of the last tokens "
+        "in the prompt + output AND in this process's recent requests",
+        build=lambda ctx: SuffixDrafter(ctx.suffix_cache),
+        trees=True,
+        draft_cost=0.03,
+        redrafts=True,
+        uses_suffix_cache=lambda cfg: True,
+        options=(
+            Option(
+                "suffix_cache_tokens",
+                int,
+                1_000_000,
+                "suffix drafter: tokens of recent requests kept in its cache (default 1000000)",
+            ),
+            Option(
+                "suffix_cache",
+                str,
+                None,
+                "suffix drafter: load its cache of recent requests from this .npy file and keep it saved there",
+            ),
+        ),
+    )
+)
