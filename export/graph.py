@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from edgespec.export.arch import ArchSpec
 from edgespec.export.layer_ops import LayerOps, Stream
@@ -112,6 +112,18 @@ def external_initializers(
             entry.key, entry.value = key, val
         inits.append(t)
     return inits
+
+
+def _axes_as_attributes(b: GraphBuilder) -> None:
+    """ReduceMax nodes written with their axes as an input (opset 18) take them as an attribute
+    instead, for a graph of an older opset (the integer linears' row quantization is written once
+    for every flavour)."""
+    consts = {c.name: c for c in b.consts}
+    for node in b.nodes:
+        if node.op_type == "ReduceMax" and len(node.input) == 2 and node.input[1] in consts:
+            axes = numpy_helper.to_array(consts[node.input[1]]).tolist()
+            del node.input[1]
+            node.attribute.append(helper.make_attribute("axes", axes))
 
 
 class GraphBuilder:
@@ -209,6 +221,8 @@ class ModelWriter:
         """The model of b's nodes; initializers point into the weights file (or another model's:
         locations)."""
         inits = external_initializers(b.used_weights, self.store, weights_location, offsets, locations)
+        if opset < 18:
+            _axes_as_attributes(b)
         graph = helper.make_graph(b.nodes, graph_name, inputs, outputs, initializer=b.consts + inits)
         model = helper.make_model(
             graph,
