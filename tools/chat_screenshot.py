@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TURNS = (
     "What does speculative decoding do? Answer in two sentences.",
-    "Fix the typos: a smal model drafts tokens and the big model cheks them all in one cal.",
+    "Write a Python function that reverses a string, with a docstring.",
 )
 DEMO = (  # (question, the answer the tiny model memorizes); no newlines: its tokenizer has none
     (
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "docs" / "chat_page.png"))
     p.add_argument("--width", type=int, default=1100)
     p.add_argument("--height", type=int, default=700)
-    p.add_argument("--max-tokens", type=int, default=400)
+    p.add_argument("--max-tokens", type=int, default=160)
     a = p.parse_args(argv)
 
     import uvicorn
