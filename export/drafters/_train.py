@@ -89,3 +89,17 @@ def _make_data(folder: str, a, aux: bool = False) -> None:
             **mix,
         )
     )
+
+
+def common_fields(a, data: str) -> dict:
+    """The BaseTrainConfig fields every train-<name> command takes from its flags (add_common)."""
+    return {
+        "data": data,
+        "out": a.out,
+        "target": a.target,
+        "draft_vocab": a.draft_vocab,
+        "minutes": a.minutes,
+        "epochs": a.epochs,
+        "lr": a.lr,
+        "threads": a.threads,
+    }

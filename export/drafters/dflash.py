@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, TrainCommand, register
-from edgespec.export.drafters._train import add_common, ready_data
+from edgespec.export.drafters._train import add_common, common_fields, ready_data
 
 
 def _source(cfg, src) -> Path | None:
@@ -63,17 +63,10 @@ def _train(a) -> int:
         return 2
     train(
         TrainConfig(
-            data=data,
-            out=a.out,
-            target=a.target,
+            **common_fields(a, data),
             block_size=a.block,
             n_layers=a.layers,
-            draft_vocab=a.draft_vocab,
             anchors=a.anchors,
-            minutes=a.minutes,
-            epochs=a.epochs,
-            lr=a.lr,
-            threads=a.threads,
         )
     )
     return 0

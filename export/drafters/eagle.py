@@ -9,7 +9,7 @@ import argparse
 import copy
 
 from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, TrainCommand, register
-from edgespec.export.drafters._train import add_common, ready_data
+from edgespec.export.drafters._train import add_common, common_fields, ready_data
 
 # the draft-vocabulary cut; heads of other drafters that keep a frequency-ordered d2t read it too
 DRAFT_VOCAB_OPTION = ExportOption(
@@ -108,14 +108,7 @@ def _train(a) -> int:
         return 2
     train(
         TrainConfig(
-            data=data,
-            out=a.out,
-            target=a.target,
-            draft_vocab=a.draft_vocab,
-            minutes=a.minutes,
-            epochs=a.epochs,
-            lr=a.lr,
-            threads=a.threads,
+            **common_fields(a, data),
             skip_copies=a.skip_copies,
             init=a.init,
         )

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, TrainCommand, register
-from edgespec.export.drafters._train import add_common, ready_data
+from edgespec.export.drafters._train import add_common, common_fields, ready_data
 from edgespec.export.drafters.eagle import DRAFT_VOCAB_OPTION
 
 
@@ -89,14 +89,7 @@ def _train(a) -> int:
         return 2
     train_eagle3(
         Eagle3TrainConfig(
-            data=data,
-            out=a.out,
-            target=a.target,
-            draft_vocab=a.draft_vocab,
-            minutes=a.minutes,
-            epochs=a.epochs,
-            lr=a.lr,
-            threads=a.threads,
+            **common_fields(a, data),
             skip_copies=a.skip_copies,
             init=a.init,
             n_steps=a.steps,

@@ -4,7 +4,7 @@ or the heads shipped for the default model) as one graph of all K heads (export/
 from __future__ import annotations
 
 from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, TrainCommand, register
-from edgespec.export.drafters._train import add_common, ready_data
+from edgespec.export.drafters._train import add_common, common_fields, ready_data
 
 
 def _source(cfg, src):
@@ -45,16 +45,9 @@ def _train(a) -> int:
         return 2
     train_medusa(
         MedusaTrainConfig(
-            data=data,
-            out=a.out,
-            target=a.target,
+            **common_fields(a, data),
             n_heads=a.heads,
             n_layers=a.layers,
-            draft_vocab=a.draft_vocab,
-            minutes=a.minutes,
-            epochs=a.epochs,
-            lr=a.lr,
-            threads=a.threads,
         )
     )
     return 0
