@@ -97,3 +97,22 @@ def test_a_toy_drafter_passes_with_its_registry_entry_only(toy):
     _greedy_identical(toy)
     pytest.importorskip("scipy")
     _keeps_distribution(toy)
+
+
+def test_a_broken_section_turns_off_only_the_drafters_that_need_it():
+    """hybrid needs the section of the head it pairs with (--hybrid-head), not EAGLE-1's."""
+    engines = Engines(FakeModel(TABLE, max_len=64), {"eagle3": object()}, broken={"eagle": "eagle.weights is short"})
+    assert "disabled" in engines.why_off("eagle", RuntimeConfig())
+    assert "disabled" in engines.why_off("hybrid", RuntimeConfig())  # default --hybrid-head eagle
+    assert engines.why_off("hybrid", RuntimeConfig(hybrid_head="eagle3")) is None
+    assert engines.why_off("eagle3", RuntimeConfig()) is None and engines.why_off("ngram", RuntimeConfig()) is None
+
+
+def test_every_registered_drafter_is_in_the_cli_help(capsys):
+    from edgespec.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(f"{name}:" in out for name in reg.names()), out
+    assert all("--" + o.name.replace("_", "-") in out for o in RuntimeConfig.options())
