@@ -303,6 +303,14 @@ class ModelWriter:
         return self._model(b, "edgespec_decoder", inputs, outputs, weights_location, offsets, locations, ops.OPSET)
 
 
+def _times(ops: LayerOps, b: GraphBuilder, x: str, factor: float, const: str, name: str) -> str:
+    """x times a scalar (Granite's multipliers: an elementwise Mul, the same for every row), the
+    constant named `const`; x itself for 1.0."""
+    if factor == 1.0:
+        return x
+    return b.op("Mul", [x, b.const(const, np.array(factor, ops.dtype))], name)
+
+
 def decoder_layer(
     ops: LayerOps, b: GraphBuilder, i: int, s: Stream, ctx: dict, ln1: bool = True
 ) -> tuple[Stream, list[str]]:
@@ -313,10 +321,12 @@ def decoder_layer(
     else:
         s = ops.resolve(b, s, p + "/res2")
         h = s.x
+    r = ops.arch.residual_multiplier
     attn, k, v = ops.attention(b, i, h, ctx)
-    s = ops.add(b, s, attn, p + "/res1")
+    s = ops.add(b, s, _times(ops, b, attn, r, "residual_multiplier", p + "/res1_mult"), p + "/res1")
     h, s = ops.norm(b, s, f"l{i}.ln2", p + "/ln2")
-    s = ops.add(b, s, ops.mlp(b, i, h, p + "/mlp"), p + "/res2")
+    mlp = ops.mlp(b, i, h, p + "/mlp")
+    s = ops.add(b, s, _times(ops, b, mlp, r, "residual_multiplier", p + "/res2_mult"), p + "/res2")
     return s, ops.kv_rows(b, k, v, p)
 
 
@@ -358,7 +368,8 @@ class LlamaGraphWriter(ModelWriter):
         ops = self.layer_ops()
         b = GraphBuilder(self.store, self.dtype)
         ctx = ops.prologue(b)
-        s = Stream(ops.pad_rows(b, ctx, ops.embed(b), "/two_rows/embed"))  # two-row calls: a zero row below
+        x = _times(ops, b, ops.embed(b), a.embedding_multiplier, "embedding_multiplier", "/embed/mult")
+        s = Stream(ops.pad_rows(b, ctx, x, "/two_rows/embed"))  # two-row calls: a zero row below
         new_rows, aux = [], []
         for i in range(self.n_layers):
             if i in self.opts.aux_layers:
@@ -368,6 +379,9 @@ class LlamaGraphWriter(ModelWriter):
             new_rows += rows
         hidden = ops.out_norm(b, ctx, s, "final_norm", "/final_norm")  # [(1,) T, H]
         logits = ops.linear(b, hidden, "lm_head")  # [(1,) T, V]
+        if a.logits_scaling != 1.0:  # Granite: a Div, as the model computes it
+            scaling = b.const("logits_scaling", np.array(a.logits_scaling, ops.dtype))
+            logits = b.op("Div", [logits, scaling], "/logits/scaling")
         extra_out = []
         if aux:
             n_aux = len(aux) * a.hidden_size

@@ -358,7 +358,7 @@ class LeanOps(LayerOps):
             [b.op("Mul", [b.op("Reshape", [q, "shape_q4"], p + "/q4"), "head_mask"], p + "/q_blocks"), "shape_rows"],
             p + "/qbd",
         )  # [T*Hq, Hkv*D]
-        scale = 1.0 / float(np.sqrt(d))
+        scale = a.attn_scale
         s_past = b.op("Gemm", [qbd, f"past_key_{i}", ctx["mask_past"]], p + "/scores_past", transB=1, alpha=scale)
         s_new = b.op(
             "Gemm",

@@ -117,7 +117,7 @@ class PortableOps(LayerOps):
         qt = b.op("Transpose", [q], p + "/q_T", perm=[1, 0, 2])
         qt = b.op("Unsqueeze", [qt, "axis2"], p + "/q_unsq")
         qbd = b.op("Reshape", [b.op("Mul", [qt, "head_mask"], p + "/q_blocks"), "shape_qbd"], p + "/qbd")
-        scale = 1.0 / float(np.sqrt(d))
+        scale = a.attn_scale
         # scores over the window, the new keys' columns placed at their slots (each dot product is
         # the same bits whichever Gemm computes it, so K needs no placed copy; V does, below)
         s_past = b.op("Gemm", [qbd, f"past_key_{i}"], p + "/scores_past", transB=1, alpha=scale)  # [Hq*T, S]
