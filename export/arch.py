@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "granite")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3")
 ROPE_TYPES = ("default", "llama3", "linear")
 
 
@@ -127,6 +127,12 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
         )
     if getattr(cfg, "attention_bias", False) and mt != "qwen2":
         raise UnsupportedModelError(f"attention_bias=True on {mt!r} (biased o_proj) is not supported")
+    partial = float(extra.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) or 1.0)
+    if partial != 1.0:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor={partial} is not supported (rotary over the whole head only); "
+            "Hint: export a model with partial_rotary_factor=1.0"
+        )
     if n_heads % n_kv:
         raise UnsupportedModelError(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
     return ArchSpec(

@@ -197,6 +197,10 @@ class ModelWriter:
 
     def _ref_rows(self, hf_name: str) -> int:
         a = self.arch
+        if "qkv_proj" in hf_name:  # Phi-3's fused q/k/v
+            return (a.n_heads + 2 * a.n_kv_heads) * a.head_dim
+        if "gate_up_proj" in hf_name:  # Phi-3's fused gate/up
+            return 2 * a.intermediate_size
         if "q_proj" in hf_name:
             return a.n_heads * a.head_dim
         if "k_proj" in hf_name or "v_proj" in hf_name:
@@ -344,8 +348,11 @@ class LlamaGraphWriter(ModelWriter):
             p = f"model.layers.{i}."
             self.store.add(f"l{i}.ln1", w[p + "input_layernorm.weight"].astype(f))
             self.store.add(f"l{i}.ln2", w[p + "post_attention_layernorm.weight"].astype(f))
-            qkv = np.concatenate([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], axis=0)
-            self._linear(f"l{i}.qkv", qkv, [p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+            if p + "self_attn.qkv_proj.weight" in w:  # Phi-3: q, k, v rows already packed in this order
+                self._linear(f"l{i}.qkv", w[p + "self_attn.qkv_proj.weight"], p + "self_attn.qkv_proj.weight")
+            else:
+                qkv = np.concatenate([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], axis=0)
+                self._linear(f"l{i}.qkv", qkv, [p + f"self_attn.{n}_proj.weight" for n in "qkv"])
             if a.qkv_bias:
                 b = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
                 self.store.add(f"l{i}.qkv_b", b.astype(f))
@@ -353,8 +360,11 @@ class LlamaGraphWriter(ModelWriter):
                 self.store.add(f"l{i}.q_norm", w[p + "self_attn.q_norm.weight"].astype(f))
                 self.store.add(f"l{i}.k_norm", w[p + "self_attn.k_norm.weight"].astype(f))
             self._linear(f"l{i}.o", w[p + "self_attn.o_proj.weight"], p + "self_attn.o_proj.weight")
-            gate_up = np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
-            self._linear(f"l{i}.gate_up", gate_up, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+            if p + "mlp.gate_up_proj.weight" in w:  # Phi-3: gate rows then up rows, already packed
+                self._linear(f"l{i}.gate_up", w[p + "mlp.gate_up_proj.weight"], p + "mlp.gate_up_proj.weight")
+            else:
+                gate_up = np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+                self._linear(f"l{i}.gate_up", gate_up, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
             self._linear(f"l{i}.down", w[p + "mlp.down_proj.weight"], p + "mlp.down_proj.weight")
         self.layer_ops().store_tables()
 

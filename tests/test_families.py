@@ -1,4 +1,4 @@
-"""Model families beyond Llama/Qwen: tiny random Granite models exported fp32 in
+"""Model families beyond Llama/Qwen: tiny random Granite and Phi-3 models exported fp32 in
 both flavours, checked against transformers (validation and greedy ids), row parity, and
 speculative == plain for the n-gram, suffix and self:1 drafters."""
 
@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 from tiny import assert_rows_bitwise_alike, make_tiny  # noqa: E402
 
 from edgespec.engines.manifest import load_manifest  # noqa: E402
-from edgespec.export.arch import arch_from_config  # noqa: E402
+from edgespec.export.arch import UnsupportedModelError, arch_from_config  # noqa: E402
 from edgespec.export.exporter import ExportConfig, export  # noqa: E402
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
@@ -17,6 +17,7 @@ from edgespec.runtime.generator import Generator  # noqa: E402
 # each family with the config fields that make it differ from Llama set away from their neutral value
 FAMILIES = {
     "granite": dict(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.4, logits_scaling=2.0),
+    "phi3": dict(),  # fused qkv_proj and gate_up_proj in the checkpoint
 }
 PROMPT = "hello hello world, hello world again and again; hello"
 N_NEW = 40
@@ -80,9 +81,16 @@ def test_family_exports_matches_transformers_and_keeps_the_rule(family, graph, f
             assert _ids(g, N_NEW, drafter, k) == plain, f"{family}/{graph}: {drafter} k={k} diverged"
 
 
-def test_family_specific_config():
+def test_family_specific_refusals():
     from transformers import AutoConfig
 
+    with pytest.raises(UnsupportedModelError, match="partial_rotary_factor=0.5"):
+        arch_from_config(AutoConfig.for_model("phi3", partial_rotary_factor=0.5), 128)
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.0] * 48}
+    with pytest.raises(UnsupportedModelError, match="rope type 'longrope'"):
+        arch_from_config(
+            AutoConfig.for_model("phi3", rope_scaling=longrope, original_max_position_embeddings=4096), 128
+        )
     a = arch_from_config(AutoConfig.for_model("granite", attention_multiplier=0.5, head_dim=64), 128)
     assert a.attn_scale == 0.5 and arch_from_config(AutoConfig.for_model("llama"), 128).attn_scale == pytest.approx(
         128**-0.5, rel=1e-12
