@@ -7,13 +7,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "smollm3")
 ROPE_TYPES = ("default", "llama3", "linear")
 
 
 # A drafter head's layers are plain Llama layers whatever the target's family (dataclasses.replace
 # an ArchSpec with these).
-PLAIN_LAYERS = dict(embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=None, logits_scaling=1.0)
+PLAIN_LAYERS = dict(
+    embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=None, logits_scaling=1.0, nope_layers=()
+)
 
 
 class UnsupportedModelError(ValueError):
@@ -42,6 +44,7 @@ class ArchSpec:
     residual_multiplier: float = 1.0  # each sublayer's output times this before the residual add (Granite)
     attention_multiplier: float | None = None  # attention scores' scale (Granite); None: 1/sqrt(head_dim)
     logits_scaling: float = 1.0  # logits divided by this (Granite)
+    nope_layers: tuple[int, ...] = ()  # layers whose q/k are not rotated (SmolLM3's NoPE layers)
 
     @property
     def attn_scale(self) -> float:
@@ -133,6 +136,10 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
             f"partial_rotary_factor={partial} is not supported (rotary over the whole head only); "
             "Hint: export a model with partial_rotary_factor=1.0"
         )
+    nope = ()
+    if mt == "smollm3":
+        flags = getattr(cfg, "no_rope_layers", None) or []
+        nope = tuple(i for i in range(cfg.num_hidden_layers) if i < len(flags) and not flags[i])
     if n_heads % n_kv:
         raise UnsupportedModelError(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
     return ArchSpec(
@@ -156,4 +163,5 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
         residual_multiplier=float(getattr(cfg, "residual_multiplier", 1.0)) if mt == "granite" else 1.0,
         attention_multiplier=float(cfg.attention_multiplier) if mt == "granite" else None,
         logits_scaling=float(getattr(cfg, "logits_scaling", 1.0)) if mt == "granite" else 1.0,
+        nope_layers=nope,
     )

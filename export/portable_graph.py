@@ -103,8 +103,9 @@ class PortableOps(LayerOps):
         if a.qk_norm:
             q = self.rms_norm(b, q, f"l{i}.q_norm", p + "/q_norm")
             k = self.rms_norm(b, k, f"l{i}.k_norm", p + "/k_norm")
-        q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
-        k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
+        if i not in a.nope_layers:
+            q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
+            k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
         new_k = b.op("Reshape", [k, "shape_rows"], p + "/new_k")  # [T, Hkv*D]
         new_v = v  # [T, Hkv*D]
         # V_full[j] = new_v[j - past_len] for the T new slots, past_value[j] elsewhere: [S, Hkv*D]

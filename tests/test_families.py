@@ -1,4 +1,4 @@
-"""Model families beyond Llama/Qwen: tiny random Granite and Phi-3 models exported fp32 in
+"""Model families beyond Llama/Qwen: tiny random Granite, Phi-3 and SmolLM3 models exported fp32 in
 both flavours, checked against transformers (validation and greedy ids), row parity, and
 speculative == plain for the n-gram, suffix and self:1 drafters."""
 
@@ -18,6 +18,7 @@ from edgespec.runtime.generator import Generator  # noqa: E402
 FAMILIES = {
     "granite": dict(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.4, logits_scaling=2.0),
     "phi3": dict(),  # fused qkv_proj and gate_up_proj in the checkpoint
+    "smollm3": dict(no_rope_layers=[0, 1]),  # layer 0 (the self:1 draft) without rope, layer 1 with
 }
 PROMPT = "hello hello world, hello world again and again; hello"
 N_NEW = 40
@@ -91,6 +92,8 @@ def test_family_specific_refusals():
         arch_from_config(
             AutoConfig.for_model("phi3", rope_scaling=longrope, original_max_position_embeddings=4096), 128
         )
+    a = arch_from_config(AutoConfig.for_model("smollm3", num_hidden_layers=8), 128)
+    assert a.nope_layers == (3, 7)  # a NoPE layer every 4th (no_rope_layer_interval)
     a = arch_from_config(AutoConfig.for_model("granite", attention_multiplier=0.5, head_dim=64), 128)
     assert a.attn_scale == 0.5 and arch_from_config(AutoConfig.for_model("llama"), 128).attn_scale == pytest.approx(
         128**-0.5, rel=1e-12
