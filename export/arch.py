@@ -7,8 +7,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "smollm3")
 ROPE_TYPES = ("default", "llama3", "linear")
+
+
+# A drafter head's layers are plain Llama layers whatever the target's family (dataclasses.replace
+# an ArchSpec with these).
+PLAIN_LAYERS = dict(
+    embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=None, logits_scaling=1.0, nope_layers=()
+)
 
 
 class UnsupportedModelError(ValueError):
@@ -33,6 +40,18 @@ class ArchSpec:
     qkv_bias: bool  # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool  # per-head RMSNorm on q and k before RoPE (Qwen3)
     max_len: int  # positions the rope tables cover (the export's max context)
+    embedding_multiplier: float = 1.0  # embedding rows times this (Granite)
+    residual_multiplier: float = 1.0  # each sublayer's output times this before the residual add (Granite)
+    attention_multiplier: float | None = None  # attention scores' scale (Granite); None: 1/sqrt(head_dim)
+    logits_scaling: float = 1.0  # logits divided by this (Granite)
+    nope_layers: tuple[int, ...] = ()  # layers whose q/k are not rotated (SmolLM3's NoPE layers)
+
+    @property
+    def attn_scale(self) -> float:
+        """The factor of q.k in attention."""
+        if self.attention_multiplier is not None:
+            return float(self.attention_multiplier)
+        return 1.0 / float(np.sqrt(self.head_dim))
 
     def rope_tables(self) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin [max_len, head_dim] in HF's rotate_half layout (halves duplicated)."""
@@ -111,6 +130,16 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
         )
     if getattr(cfg, "attention_bias", False) and mt != "qwen2":
         raise UnsupportedModelError(f"attention_bias=True on {mt!r} (biased o_proj) is not supported")
+    partial = float(extra.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) or 1.0)
+    if partial != 1.0:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor={partial} is not supported (rotary over the whole head only); "
+            "Hint: export a model with partial_rotary_factor=1.0"
+        )
+    nope = ()
+    if mt == "smollm3":
+        flags = getattr(cfg, "no_rope_layers", None) or []
+        nope = tuple(i for i in range(cfg.num_hidden_layers) if i < len(flags) and not flags[i])
     if n_heads % n_kv:
         raise UnsupportedModelError(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
     return ArchSpec(
@@ -130,4 +159,9 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
         qkv_bias=mt == "qwen2",
         qk_norm=mt == "qwen3",
         max_len=max_len,
+        embedding_multiplier=float(getattr(cfg, "embedding_multiplier", 1.0)) if mt == "granite" else 1.0,
+        residual_multiplier=float(getattr(cfg, "residual_multiplier", 1.0)) if mt == "granite" else 1.0,
+        attention_multiplier=float(cfg.attention_multiplier) if mt == "granite" else None,
+        logits_scaling=float(getattr(cfg, "logits_scaling", 1.0)) if mt == "granite" else 1.0,
+        nope_layers=nope,
     )

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.export.arch import ArchSpec
+from edgespec.export.arch import PLAIN_LAYERS, ArchSpec
 from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter
 from edgespec.export.layer_ops import Stream
 
@@ -48,6 +48,7 @@ class DFlashGraphWriter(ModelWriter):
             intermediate_size=dcfg.intermediate_size,
             qkv_bias=False,
             qk_norm=False,
+            **PLAIN_LAYERS,
         )
         super().__init__(
             arch,

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from edgespec.export.arch import ArchSpec
+from edgespec.export.arch import PLAIN_LAYERS, ArchSpec
 from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter
 from edgespec.export.layer_ops import Stream
 
@@ -45,6 +45,7 @@ class Eagle3GraphWriter(ModelWriter):
             intermediate_size=ec.intermediate_size,
             qkv_bias=False,
             qk_norm=False,
+            **PLAIN_LAYERS,
         )
         super().__init__(
             arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False, aux_layers=()), n_layers=1

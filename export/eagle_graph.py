@@ -26,7 +26,7 @@ from onnx import helper
 
 from edgespec.engines.manifest import FUSED_PREFIX, ModelSpec
 from edgespec.export import spec as es
-from edgespec.export.arch import ArchSpec
+from edgespec.export.arch import PLAIN_LAYERS, ArchSpec
 from edgespec.export.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter, decoder_layer
 from edgespec.export.layer_ops import Stream
 
@@ -51,6 +51,7 @@ class EagleGraphWriter(ModelWriter):
             intermediate_size=head_cfg.intermediate_size,
             qkv_bias=False,
             qk_norm=False,
+            **PLAIN_LAYERS,
         )
         super().__init__(arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False), n_layers=1)
 

@@ -197,6 +197,10 @@ class ModelWriter:
 
     def _ref_rows(self, hf_name: str) -> int:
         a = self.arch
+        if "qkv_proj" in hf_name:  # Phi-3's fused q/k/v
+            return (a.n_heads + 2 * a.n_kv_heads) * a.head_dim
+        if "gate_up_proj" in hf_name:  # Phi-3's fused gate/up
+            return 2 * a.intermediate_size
         if "q_proj" in hf_name:
             return a.n_heads * a.head_dim
         if "k_proj" in hf_name or "v_proj" in hf_name:
@@ -303,6 +307,14 @@ class ModelWriter:
         return self._model(b, "edgespec_decoder", inputs, outputs, weights_location, offsets, locations, ops.OPSET)
 
 
+def _times(ops: LayerOps, b: GraphBuilder, x: str, factor: float, const: str, name: str) -> str:
+    """x times a scalar (Granite's multipliers: an elementwise Mul, the same for every row), the
+    constant named `const`; x itself for 1.0."""
+    if factor == 1.0:
+        return x
+    return b.op("Mul", [x, b.const(const, np.array(factor, ops.dtype))], name)
+
+
 def decoder_layer(
     ops: LayerOps, b: GraphBuilder, i: int, s: Stream, ctx: dict, ln1: bool = True
 ) -> tuple[Stream, list[str]]:
@@ -313,10 +325,12 @@ def decoder_layer(
     else:
         s = ops.resolve(b, s, p + "/res2")
         h = s.x
+    r = ops.arch.residual_multiplier
     attn, k, v = ops.attention(b, i, h, ctx)
-    s = ops.add(b, s, attn, p + "/res1")
+    s = ops.add(b, s, _times(ops, b, attn, r, "residual_multiplier", p + "/res1_mult"), p + "/res1")
     h, s = ops.norm(b, s, f"l{i}.ln2", p + "/ln2")
-    s = ops.add(b, s, ops.mlp(b, i, h, p + "/mlp"), p + "/res2")
+    mlp = ops.mlp(b, i, h, p + "/mlp")
+    s = ops.add(b, s, _times(ops, b, mlp, r, "residual_multiplier", p + "/res2_mult"), p + "/res2")
     return s, ops.kv_rows(b, k, v, p)
 
 
@@ -334,8 +348,11 @@ class LlamaGraphWriter(ModelWriter):
             p = f"model.layers.{i}."
             self.store.add(f"l{i}.ln1", w[p + "input_layernorm.weight"].astype(f))
             self.store.add(f"l{i}.ln2", w[p + "post_attention_layernorm.weight"].astype(f))
-            qkv = np.concatenate([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], axis=0)
-            self._linear(f"l{i}.qkv", qkv, [p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+            if p + "self_attn.qkv_proj.weight" in w:  # Phi-3: q, k, v rows already packed in this order
+                self._linear(f"l{i}.qkv", w[p + "self_attn.qkv_proj.weight"], p + "self_attn.qkv_proj.weight")
+            else:
+                qkv = np.concatenate([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], axis=0)
+                self._linear(f"l{i}.qkv", qkv, [p + f"self_attn.{n}_proj.weight" for n in "qkv"])
             if a.qkv_bias:
                 b = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
                 self.store.add(f"l{i}.qkv_b", b.astype(f))
@@ -343,8 +360,11 @@ class LlamaGraphWriter(ModelWriter):
                 self.store.add(f"l{i}.q_norm", w[p + "self_attn.q_norm.weight"].astype(f))
                 self.store.add(f"l{i}.k_norm", w[p + "self_attn.k_norm.weight"].astype(f))
             self._linear(f"l{i}.o", w[p + "self_attn.o_proj.weight"], p + "self_attn.o_proj.weight")
-            gate_up = np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
-            self._linear(f"l{i}.gate_up", gate_up, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+            if p + "mlp.gate_up_proj.weight" in w:  # Phi-3: gate rows then up rows, already packed
+                self._linear(f"l{i}.gate_up", w[p + "mlp.gate_up_proj.weight"], p + "mlp.gate_up_proj.weight")
+            else:
+                gate_up = np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+                self._linear(f"l{i}.gate_up", gate_up, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
             self._linear(f"l{i}.down", w[p + "mlp.down_proj.weight"], p + "mlp.down_proj.weight")
         self.layer_ops().store_tables()
 
@@ -358,7 +378,8 @@ class LlamaGraphWriter(ModelWriter):
         ops = self.layer_ops()
         b = GraphBuilder(self.store, self.dtype)
         ctx = ops.prologue(b)
-        s = Stream(ops.pad_rows(b, ctx, ops.embed(b), "/two_rows/embed"))  # two-row calls: a zero row below
+        x = _times(ops, b, ops.embed(b), a.embedding_multiplier, "embedding_multiplier", "/embed/mult")
+        s = Stream(ops.pad_rows(b, ctx, x, "/two_rows/embed"))  # two-row calls: a zero row below
         new_rows, aux = [], []
         for i in range(self.n_layers):
             if i in self.opts.aux_layers:
@@ -368,6 +389,9 @@ class LlamaGraphWriter(ModelWriter):
             new_rows += rows
         hidden = ops.out_norm(b, ctx, s, "final_norm", "/final_norm")  # [(1,) T, H]
         logits = ops.linear(b, hidden, "lm_head")  # [(1,) T, V]
+        if a.logits_scaling != 1.0:  # Granite: a Div, as the model computes it
+            scaling = b.const("logits_scaling", np.array(a.logits_scaling, ops.dtype))
+            logits = b.op("Div", [logits, scaling], "/logits/scaling")
         extra_out = []
         if aux:
             n_aux = len(aux) * a.hidden_size

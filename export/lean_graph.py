@@ -351,14 +351,15 @@ class LeanOps(LayerOps):
         if a.qk_norm:
             q = self._qk_norm(b, q, f"l{i}.q_norm", n_q, p + "/q_norm")
             k = self._qk_norm(b, k, f"l{i}.k_norm", n_kv, p + "/k_norm")
-        q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
-        k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
+        if i not in a.nope_layers:
+            q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
+            k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
         qbd = b.op(
             "Reshape",
             [b.op("Mul", [b.op("Reshape", [q, "shape_q4"], p + "/q4"), "head_mask"], p + "/q_blocks"), "shape_rows"],
             p + "/qbd",
         )  # [T*Hq, Hkv*D]
-        scale = 1.0 / float(np.sqrt(d))
+        scale = a.attn_scale
         s_past = b.op("Gemm", [qbd, f"past_key_{i}", ctx["mask_past"]], p + "/scores_past", transB=1, alpha=scale)
         s_new = b.op(
             "Gemm",

@@ -103,8 +103,9 @@ class PortableOps(LayerOps):
         if a.qk_norm:
             q = self.rms_norm(b, q, f"l{i}.q_norm", p + "/q_norm")
             k = self.rms_norm(b, k, f"l{i}.k_norm", p + "/k_norm")
-        q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
-        k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
+        if i not in a.nope_layers:
+            q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
+            k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
         new_k = b.op("Reshape", [k, "shape_rows"], p + "/new_k")  # [T, Hkv*D]
         new_v = v  # [T, Hkv*D]
         # V_full[j] = new_v[j - past_len] for the T new slots, past_value[j] elsewhere: [S, Hkv*D]
@@ -117,7 +118,7 @@ class PortableOps(LayerOps):
         qt = b.op("Transpose", [q], p + "/q_T", perm=[1, 0, 2])
         qt = b.op("Unsqueeze", [qt, "axis2"], p + "/q_unsq")
         qbd = b.op("Reshape", [b.op("Mul", [qt, "head_mask"], p + "/q_blocks"), "shape_qbd"], p + "/qbd")
-        scale = 1.0 / float(np.sqrt(d))
+        scale = a.attn_scale
         # scores over the window, the new keys' columns placed at their slots (each dot product is
         # the same bits whichever Gemm computes it, so K needs no placed copy; V does, below)
         s_past = b.op("Gemm", [qbd, f"past_key_{i}"], p + "/scores_past", transB=1, alpha=scale)  # [Hq*T, S]
