@@ -11,6 +11,7 @@ from pathlib import Path
 
 from edgespec import cli_offline as offline
 from edgespec.cli_args import add_apps, add_bench, add_generate, add_runtime_args, add_tune
+from edgespec.cli_offline import DEFAULT_ENGINE
 
 DEMO_PROMPT = [
     {
@@ -68,6 +69,8 @@ def _cmd_chat(a) -> int:
 
     settings = ChatSettings(a.temperature, a.max_new_tokens)
     settings.check()
+    if not _default_engine_ready(a, "chat"):
+        return 2
     g = _load(a)
     chat_loop(g, settings)
     return 0
@@ -93,8 +96,30 @@ def _cmd_serve(a) -> int:
         shadow_rate=a.shadow_rate,
     )
     cfg.check()  # before the model loads
+    if not _default_engine_ready(a, "serve"):
+        return 2
     serve(_load(a), cfg)
     return 0
+
+
+def _default_engine_ready(a, cmd: str, always: bool = False) -> bool:
+    """Export the default model into a.engine first when that folder has no engine yet (the
+    default folder, or any folder for `demo`); False when it cannot be built (no export extra)."""
+    if (Path(a.engine) / "manifest.json").exists() or not (always or a.engine == DEFAULT_ENGINE):
+        return True
+    print(
+        f"edgespec {cmd}: no engine at {a.engine}; exporting the default model first (about a minute)", file=sys.stderr
+    )
+    try:
+        from edgespec.export.exporter import ExportConfig, export
+    except ImportError:
+        print(
+            f"edgespec {cmd} needs the export extra to build the engine: pip install 'edgespec[export]'",
+            file=sys.stderr,
+        )
+        return False
+    export(ExportConfig(out=a.engine, precision="auto"))
+    return True
 
 
 def _load(a, **override):
@@ -183,20 +208,8 @@ def _cmd_bench(a) -> int:
 
 def _cmd_demo(a) -> int:
     _check_sampling(a)
-    if not (Path(a.engine) / "manifest.json").exists():
-        print(
-            f"edgespec demo: no engine at {a.engine}; exporting the default model first (about a minute)",
-            file=sys.stderr,
-        )
-        try:
-            from edgespec.export.exporter import ExportConfig, export
-        except ImportError:
-            print(
-                "edgespec demo needs the export extra to build the engine: pip install 'edgespec[export]'",
-                file=sys.stderr,
-            )
-            return 2
-        export(ExportConfig(out=a.engine, precision="auto"))
+    if not _default_engine_ready(a, "demo", always=True):
+        return 2
 
     g = _load(a, drafter="none")
     print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)

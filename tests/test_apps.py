@@ -102,3 +102,20 @@ def _prompts(tmp_path):
     p = tmp_path / "p.jsonl"
     p.write_text(json.dumps({"id": 1, "prompt": "hello hello world hello world"}) + "\n")
     return p
+
+
+def test_serve_and_chat_export_the_default_model_when_its_folder_is_missing(tmp_path, monkeypatch):
+    """A fresh machine: `edgespec serve` (like `demo`) builds the default folder first; another
+    folder that does not exist is an error as before, and nothing is exported for it."""
+    import argparse
+
+    import edgespec.cli as cli
+    from edgespec.export import exporter
+
+    made = []
+    monkeypatch.setattr(exporter, "export", lambda cfg: made.append((cfg.out, cfg.precision)))
+    monkeypatch.setattr(cli, "DEFAULT_ENGINE", str(tmp_path / "default"))
+    assert cli._default_engine_ready(argparse.Namespace(engine=str(tmp_path / "default")), "serve")
+    assert made == [(str(tmp_path / "default"), "auto")]
+    assert cli._default_engine_ready(argparse.Namespace(engine=str(tmp_path / "other")), "serve")
+    assert len(made) == 1  # not the default folder: Generator.load then says it does not exist
