@@ -166,10 +166,12 @@ def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[He
     return hc, out
 
 
-def prune_draft_vocab(hc: HeadConfig, arrays: dict[str, np.ndarray], n: int) -> tuple[HeadConfig, dict]:
-    """The head over its n most frequent draft tokens (n <= 0 or >= its size: unchanged). Nothing
-    to retrain: the LM-head rows are the target's, so the kept tokens' logits are the same; the
-    head's argmax can no longer land on a dropped (rare) token, and each call streams fewer rows."""
+def prune_draft_vocab(hc, arrays: dict[str, np.ndarray], n: int, rows: tuple[str, ...] = ("d2t",)) -> tuple:
+    """The head over its n most frequent draft tokens (n <= 0 or >= its size: unchanged); hc is
+    any head config with draft_vocab_size and d2t_by_frequency, rows the arrays indexed by draft
+    token (a head with its own LM head lists it too). Nothing to retrain: the kept rows are
+    unchanged, so the kept tokens' logits are the same; the head's argmax can no longer land on a
+    dropped (rare) token, and each call streams fewer rows."""
     if n <= 0 or n >= hc.draft_vocab_size:
         return hc, arrays
     if not hc.d2t_by_frequency:
@@ -178,4 +180,4 @@ def prune_draft_vocab(hc: HeadConfig, arrays: dict[str, np.ndarray], n: int) -> 
             "its d2t is not in frequency order (heads from `edgespec train-eagle` record it "
             "as eagle.d2t_order in config.json). Hint: --eagle-draft-vocab 0 keeps all of it"
         )
-    return replace(hc, draft_vocab_size=n), arrays | {"d2t": arrays["d2t"][:n]}
+    return replace(hc, draft_vocab_size=n), arrays | {k: arrays[k][:n] for k in rows}

@@ -143,6 +143,7 @@ def write_eagle3(
     writer, manifest entry). draft_vocab: keep the head's N most frequent draft tokens (None: the
     export's default for heads that record that order; 0: all)."""
     from edgespec.export import spec as es
+    from edgespec.export.checkpoint import HeadFormatError, prune_draft_vocab
     from edgespec.export.eagle3_head import Eagle3FormatError, read_eagle3
     from edgespec.export.write import head_info, token_head_spec, write_drafter
 
@@ -153,14 +154,10 @@ def write_eagle3(
     trained_vocab = ec.draft_vocab_size
     if draft_vocab is None:
         draft_vocab = es.EAGLE_DRAFT_VOCAB if ec.d2t_by_frequency else 0
-    if 0 < draft_vocab < ec.draft_vocab_size:  # a prefix of the frequency order: the kept rows are unchanged
-        if not ec.d2t_by_frequency:
-            raise es.ExportError(
-                f"cannot cut this EAGLE-3 head's draft vocabulary to {draft_vocab}: its d2t is not "
-                "in frequency order. Hint: --eagle-draft-vocab 0 keeps all of it"
-            )
-        ec = dataclasses.replace(ec, draft_vocab_size=draft_vocab)
-        arrays = arrays | {"d2t": arrays["d2t"][:draft_vocab], "lm_head.weight": arrays["lm_head.weight"][:draft_vocab]}
+    try:
+        ec, arrays = prune_draft_vocab(ec, arrays, draft_vocab, rows=("d2t", "lm_head.weight"))
+    except HeadFormatError as e:
+        raise es.ExportError(str(e)) from e
     ew = Eagle3GraphWriter(arch, ec, arrays, opts)
     files = write_drafter(ew, folder, "eagle3", {"d2t": ew.d2t, "fc_t": ew.fc_t}, target=(writer, index_t))
     from edgespec.runtime.drafters.eagle3 import Eagle3Section
