@@ -68,19 +68,14 @@ def unregister(name: str) -> None:
 
 
 def registry() -> dict[str, DrafterSpec]:
-    """name -> spec of every drafter, in the package's order (each module's ORDER, then by name)."""
+    """name -> spec of every drafter, in listing order (DrafterSpec.order, then by name)."""
     global _loaded
     if not _loaded:
         _loaded = True
-        mods = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name != "base"]
-        loaded = [importlib.import_module(f"{__name__}.{m}") for m in mods]
-        order = {
-            spec.name: getattr(mod, "ORDER", 100)
-            for mod in loaded
-            for spec in _REGISTRY.values()
-            if spec.build.__module__ == mod.__name__
-        }
-        ordered = sorted(_REGISTRY.values(), key=lambda s: (order.get(s.name, 100), s.name))
+        for m in pkgutil.iter_modules(__path__):
+            if not m.name.startswith("_") and m.name != "base":
+                importlib.import_module(f"{__name__}.{m.name}")
+        ordered = sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name))
         _REGISTRY.clear()
         _REGISTRY.update({s.name: s for s in ordered})
     return _REGISTRY

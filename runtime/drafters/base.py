@@ -126,6 +126,7 @@ class DrafterSpec:
     tree_engines: object = None  # (its engine(s)) -> engines whose graphs must take trees for --tree
     draft_cost: float = 0.0  # one drafted token, in decodes (the sampled adaptive policy)
     options: tuple[Option, ...] = ()  # the RuntimeConfig fields / CLI flags it owns
+    order: int = 100  # position in listings (CLI help, the server, tune): the baseline first
     export_hint: str = ""  # the export flag that ships its models, for errors ("" for model-free drafters)
     max_chain: object = None  # (its engine(s)) -> the longest chain it drafts; None: any k
     aux_width: object = None  # (its engine(s)) -> width of the hidden_aux rows it reads; None: 0

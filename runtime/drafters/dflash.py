@@ -22,8 +22,6 @@ from edgespec.runtime.drafters._head import HeadDrafter
 from edgespec.runtime.drafters.eagle import MIN_CONFIDENCE_OPTION
 from edgespec.runtime.state import Proposal, SeqState, chain
 
-ORDER = 8
-
 
 @dataclass(frozen=True)
 class DFlashSection:
@@ -97,6 +95,7 @@ def _load(manifest: Manifest, section: DFlashSection, ctx):
 SPEC = register(
     DrafterSpec(
         name="dflash",
+        order=8,
         summary="a DFlash block drafter: ONE call drafts a whole block from [last token, MASK...] with "
         "the target's low/mid/high features injected as keys/values",
         build=lambda ctx: DFlashDrafter(

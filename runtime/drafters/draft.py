@@ -14,8 +14,6 @@ from edgespec.runtime.prefill import prefill
 from edgespec.runtime.sampling import probs, sample
 from edgespec.runtime.state import Proposal, SeqState, chain
 
-ORDER = 3
-
 
 @dataclass(frozen=True)
 class DraftSection:
@@ -92,6 +90,7 @@ def _load(manifest: Manifest, section: DraftSection, ctx):
 SPEC = register(
     DrafterSpec(
         name="draft",
+        order=3,
         summary="a separate draft model run token by token with its own static KV",
         build=lambda ctx: ModelDrafter(ctx.engines.models["draft"]),
         section=DraftSection,

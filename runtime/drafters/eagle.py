@@ -14,7 +14,6 @@ from edgespec.runtime.drafters._head import HeadDrafter
 from edgespec.runtime.prefill import prefill
 from edgespec.runtime.state import SeqState, chain
 
-ORDER = 4
 # chain cut-off on the head's path probability (the product of its confidences so far): a verify
 # row costs a good part of a decode on a CPU, so rows unlikely to be kept do not pay
 MIN_CONFIDENCE = 0.25
@@ -217,6 +216,7 @@ MIN_CONFIDENCE_OPTION = Option(
 SPEC = register(
     DrafterSpec(
         name="eagle",
+        order=4,
         summary="an EAGLE head (one decoder layer) drafting from the target's own hidden states",
         build=build_eagle,
         section=EagleSection,

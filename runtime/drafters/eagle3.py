@@ -12,8 +12,6 @@ from edgespec.runtime.drafters import DrafterSpec, register
 from edgespec.runtime.drafters.eagle import MIN_CONFIDENCE_OPTION, EagleDrafter
 from edgespec.runtime.state import SeqState
 
-ORDER = 7
-
 
 @dataclass(frozen=True)
 class Eagle3Section:
@@ -72,6 +70,7 @@ def _load(manifest: Manifest, section: Eagle3Section, ctx):
 SPEC = register(
     DrafterSpec(
         name="eagle3",
+        order=7,
         summary="an EAGLE-3 head: the target's low/mid/high layer features fused by fc, one decoder "
         "layer, its own draft-vocabulary LM head",
         build=lambda ctx: Eagle3Drafter(

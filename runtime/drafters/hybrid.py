@@ -36,7 +36,6 @@ from edgespec.runtime.drafters.suffix import DEPTH, SuffixDrafter
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.state import Proposal, SeqState, chain
 
-ORDER = 5
 SUFFIX, HEAD = "suffix", "head"  # the sources, as the stats name them
 MAX_DRAFT = 64  # chain tokens kept per source (k is bounded by the folder's verify widths)
 
@@ -266,6 +265,7 @@ def _build(ctx) -> Drafter:
 SPEC = register(
     DrafterSpec(
         name="hybrid",
+        order=5,
         summary="per step, suffix decoding or a head drafter, whichever is expected to keep more tokens "
         "(--hybrid-lookup ngram: prompt lookup where the context has a match, the head elsewhere)",
         build=_build,

@@ -12,7 +12,6 @@ from edgespec.runtime.drafters import DrafterSpec, Option, register
 from edgespec.runtime.drafters._head import HeadDrafter
 from edgespec.runtime.state import SeqState, chain
 
-ORDER = 6
 MIN_CONFIDENCE = 0.4  # chain cut-off on each head's own probability (docs/results)
 
 
@@ -74,6 +73,7 @@ def _load(manifest: Manifest, section: MedusaSection, ctx):
 SPEC = register(
     DrafterSpec(
         name="medusa",
+        order=6,
         summary="K Medusa heads on the target's last hidden state, one small call for all K drafts",
         build=lambda ctx: MedusaDrafter(
             ctx.engines.models["medusa"], ctx.features, ctx.target_vocab, ctx.cfg.medusa_min_confidence

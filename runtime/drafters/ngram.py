@@ -10,7 +10,6 @@ import numpy as np
 from edgespec.runtime.drafters import Drafter, DrafterSpec, Option, register
 from edgespec.runtime.state import Proposal, SeqState, chain
 
-ORDER = 1
 MAX_TREE_MATCHES = 8  # earlier occurrences an n-gram tree merges (per suffix length)
 
 
@@ -71,6 +70,7 @@ def ngram_config(cfg) -> NgramConfig:
 SPEC = register(
     DrafterSpec(
         name="ngram",
+        order=1,
         aliases=("prompt_lookup",),
         summary="the tokens that followed the latest earlier occurrence of the last 3/2/1 tokens in prompt + output",
         build=lambda ctx: NgramDrafter(ngram_config(ctx.cfg)),

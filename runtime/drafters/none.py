@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from edgespec.runtime.drafters import Drafter, DrafterSpec, register
 
-ORDER = 0  # listed first: the baseline
-
 
 class NoDrafter(Drafter):
     name = "none"
@@ -14,6 +12,7 @@ class NoDrafter(Drafter):
 SPEC = register(
     DrafterSpec(
         name="none",
+        order=0,
         summary="nothing: plain decoding, one T=1 target call per token (the baseline)",
         build=lambda ctx: NoDrafter(),
     )

@@ -28,7 +28,6 @@ import numpy as np
 from edgespec.runtime.drafters import Drafter, DrafterSpec, Option, register
 from edgespec.runtime.state import Proposal, SeqState, chain
 
-ORDER = 2
 DEPTH = 12  # longest pattern matched in the cache (tokens); longer contexts match on their last DEPTH
 SEP = -1  # between cached requests: no match runs across two of them
 
@@ -252,6 +251,7 @@ class SuffixDrafter(Drafter):
 SPEC = register(
     DrafterSpec(
         name="suffix",
+        order=2,
         summary="suffix decoding: the most frequent continuation of the longest match of the last tokens "
         "in the prompt + output AND in this process's recent requests",
         build=lambda ctx: SuffixDrafter(ctx.suffix_cache),
