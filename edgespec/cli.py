@@ -188,6 +188,7 @@ def _cmd_bench(a) -> int:
         trees=tuple(a.tree.split(",")) if a.tree else (),
         command=a.command_line,
         structured=a.structured,
+        raw=a.raw_prompts,
     )
     report = run_bench(cfg)
     if a.json:

@@ -176,6 +176,12 @@ def add_bench(sub) -> None:
     )
     add_runtime_args(p)
     p.add_argument("--prompts", help='JSONL: {"id", "prompt"} (raw) or {"id", "messages"} (chat) per line')
+    p.add_argument(
+        "--raw-prompts",
+        action="store_true",
+        help="run chat lines as raw text (the messages' contents as paragraphs): for folders without a chat "
+        "template, such as a pretrained model's (gemma3-270m)",
+    )
     p.add_argument("--drafter", default="none,ngram", help="comma-separated drafters (default none,ngram)")
     p.add_argument("--k", help="k, or comma-separated k values (default 4; with --sweep-k, the largest k)")
     p.add_argument("--max-new-tokens", type=int, default=128)

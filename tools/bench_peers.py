@@ -18,6 +18,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -263,6 +264,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gguf", help="GGUF for llama.cpp / transformers (default: the default model's)")
     ap.add_argument("--hf-draft", help="HF folder of a draft model for transformers' assisted generation")
     ap.add_argument("--ortgenai-model", help="onnxruntime-genai model folder (its builder's output)")
+    ap.add_argument("--prompts", help="JSONL prompt file (runtime.bench.load_prompts; default: HumanEval)")
+    ap.add_argument(
+        "--raw-prompts",
+        action="store_true",
+        help="chat lines as raw text (their contents as paragraphs): every system then reads the same text",
+    )
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
@@ -282,7 +289,9 @@ def main(argv: list[str] | None = None) -> None:
         from edgespec.export.sources import default_gguf
 
         a.gguf = str(default_gguf())
-    prompts = load_prompts(None, a.limit)
+    prompts = load_prompts(a.prompts, a.limit, raw=a.raw_prompts)
+    if any("prompt" not in p for p in prompts):
+        ap.error("the peers read raw text only; pass --raw-prompts to run chat lines as raw text")
     systems = edgespec_systems(a.engine, a.edgespec.split(","))
     skipped = {}
     for name, make in (
@@ -312,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
         plot(
             rows,
             a.png,
-            f"SmolLM2-135M-Instruct, HumanEval[:{a.limit}], {a.max_new_tokens} tokens, {mach['cpu']}, "
+            f"{Path(a.engine).name}, {Path(a.prompts).stem if a.prompts else 'HumanEval'}[:{a.limit}], "
+            f"{a.max_new_tokens} tokens, {mach['cpu']}, "
             f"{mach['logical_cpus']} CPUs",
         )
 
