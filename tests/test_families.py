@@ -19,6 +19,19 @@ FAMILIES = {
     "granite": dict(embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.4, logits_scaling=2.0),
     "phi3": dict(),  # fused qkv_proj and gate_up_proj in the checkpoint
     "smollm3": dict(no_rope_layers=[0, 1]),  # layer 0 (the self:1 draft) without rope, layer 1 with
+    # layer 0 (the self:1 draft) sliding with a window the prompt and a prefill chunk cross, layer 1
+    # full; rope bases apart, the score scale not 1/sqrt(head_dim), random norms (their 1 + w folded)
+    "gemma3_text": dict(
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        },
+        tie_word_embeddings=True,
+    ),
 }
 PROMPT = "hello hello world, hello world again and again; hello"
 N_NEW = 40
