@@ -113,6 +113,7 @@ class ArchSpec:
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "vocab_size": self.vocab_size,
+            "sliding_window": self.sliding_window,
         }
 
 

@@ -15,7 +15,8 @@ Per layer (a tree-capable graph, all fused ops kept):
   Gemm, Reshape, Gather              context, each head's own kv block
   MatMulNBits o
   SkipSimplifiedLayerNormalization   residual add + RMSNorm
-  MatMulNBits gate_up, Split, QuickGelu, Mul, MatMulNBits down
+  MatMulNBits gate_up, Split, QuickGelu (Gemma: FastGelu), Mul, MatMulNBits down
+  (Gemma 3: a SimplifiedLayerNormalization of each sublayer's output before it joins the stream)
 
 Why attention is not one fused op: GroupQueryAttention, MultiHeadAttention and ONNX Attention
 compute a row alone (T=1) with another GEMM path than inside a wider call (ORT 1.32 CPU, ~2e-7),
