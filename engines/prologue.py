@@ -1,6 +1,6 @@
 """The per-call masks and slot indices of a graph exported with --host-prologue, built on the host.
 
-The lean graph's prologue (export/lean_graph.py `LeanOps.prologue`) derives, once per call, what every
+The lean graph's prologue (export/lean_prologue.py) derives, once per call, what every
 layer's attention shares: which cached slots a row sees, which new tokens are its ancestors, the
 score column each new key goes to, where the new values sit in the window. Computed inside the
 graph it needs Shape, Range, CumSum and friends, which ONNX Runtime places on the CPU, so a CUDA
@@ -21,7 +21,7 @@ from edgespec.engines.base import EngineError
 from edgespec.engines.manifest import GraphSpec
 
 NEG = -1e9  # a masked score (lean_graph's ninf_f): exp(NEG - max) is exactly 0 in float32
-# inputs a --host-prologue graph takes (lean_graph.host_prologue_inputs): their presence marks the folder
+# inputs a --host-prologue graph takes (lean_prologue.host_prologue_inputs): their presence marks the folder
 HOST_INPUTS = (
     "mask_past",
     "mask_new",

@@ -346,7 +346,8 @@ class LlamaGraphWriter(ModelWriter):
         f = self.dtype
 
         def norm(name: str, hf_name: str) -> None:  # Gemma's (1 + w) folded into the stored weight (float32 sum)
-            self.store.add(name, (w[hf_name] + np.float32(a.norm_weight_offset)).astype(f))
+            off = a.norm_weight_offset
+            self.store.add(name, (w[hf_name] + np.float32(off) if off else w[hf_name]).astype(f))
 
         self.store.add("embed", w["model.embed_tokens.weight"].astype(f))  # [V, H]
         norm("final_norm", "model.norm.weight")
