@@ -115,7 +115,7 @@ class OrtModel:
             raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {dtype})")
         if kv is not None:
             self.kv_slots = kv.shape[2]  # a fused graph on a --host-prologue target's buffer (more slots)
-        self.prologue = HostPrologue(spec.graph, self.widths, self.kv_slots) if host else None
+        self.prologue = HostPrologue(spec.graph, self.widths, self.kv_slots, spec.arch.sliding_window) if host else None
         self.has_hidden = True  # hidden [1, T, H] is an output of every graph edgespec writes
         self.head = head
         self.fused_head = head is not None  # forward takes head_next; last_head() gives the head's draft

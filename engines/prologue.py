@@ -1,6 +1,6 @@
 """The per-call masks and slot indices of a graph exported with --host-prologue, built on the host.
 
-The lean graph's prologue (export/lean_graph.py `LeanOps.prologue`) derives, once per call, what every
+The lean graph's prologue (export/lean_prologue.py) derives, once per call, what every
 layer's attention shares: which cached slots a row sees, which new tokens are its ancestors, the
 score column each new key goes to, where the new values sit in the window. Computed inside the
 graph it needs Shape, Range, CumSum and friends, which ONNX Runtime places on the CPU, so a CUDA
@@ -21,8 +21,18 @@ from edgespec.engines.base import EngineError
 from edgespec.engines.manifest import GraphSpec
 
 NEG = -1e9  # a masked score (lean_graph's ninf_f): exp(NEG - max) is exactly 0 in float32
-# inputs a --host-prologue graph takes (lean_graph.host_prologue_inputs): their presence marks the folder
-HOST_INPUTS = ("mask_past", "mask_new", "score_cols", "to_node", "value_slots", "two_rows_pads", "n_rows")
+# inputs a --host-prologue graph takes (lean_prologue.host_prologue_inputs): their presence marks the folder
+HOST_INPUTS = (
+    "mask_past",
+    "mask_new",
+    "score_cols",
+    "mask_past_local",
+    "mask_new_local",
+    "to_node",
+    "value_slots",
+    "two_rows_pads",
+    "n_rows",
+)
 
 
 def takes_host_prologue(graph: GraphSpec) -> bool:
@@ -47,8 +57,14 @@ class HostPrologue:
     `fill` writes them for (width, window, past_len, positions, ancestors) and `views` gives the
     arrays a binding reads."""
 
-    def __init__(self, graph: GraphSpec, widths, max_window: int) -> None:
+    def __init__(self, graph: GraphSpec, widths, max_window: int, sliding_window: int | None = None) -> None:
         specs = {t.name: t for t in graph.inputs}
+        if "mask_past_local" in specs and not sliding_window:
+            raise EngineError(
+                f"{graph.file} takes the sliding layers' masks but the manifest gives no sliding_window; "
+                "Hint: re-export the folder with this edgespec"
+            )
+        self.window = sliding_window if "mask_past_local" in specs else None  # the sliding layers' key window
         self.n_heads = int(specs["mask_new"].shape[1])  # query heads Hq: rows t*Hq + h
         self.trees = "to_node" in specs
         self.max_window = max_window
@@ -70,6 +86,10 @@ class HostPrologue:
         dtype = np.dtype(self._specs["mask_new"].dtype)
         self._mask = {w: np.zeros((w, w), dtype) for w in widths}
         self._neg = dtype.type(NEG)
+        if self.window:  # per-width scratch of the sliding layers' masks: first visible position, seen slots
+            self._first = {w: np.zeros(w, np.int64) for w in widths}
+            self._seen_past = {w: np.zeros((w, max_window), bool) for w in widths}
+            self._seen_new = {w: np.zeros((w, w), bool) for w in widths}
 
     def views(self, width: int, window: int) -> dict[str, np.ndarray]:
         """name -> the array a (width, window) call binds (views of the width's buffers, made once)."""
@@ -106,6 +126,21 @@ class HostPrologue:
         np.copyto(cols, pos[None, :], where=anc)
         np.minimum(cols, window - 1, out=cols)
         np.copyto(v["score_cols"], cols[:, None, :])
+        if self.window:  # sliding layers: a key at position j is seen from position p only if p - j < window
+            first = self._first[width]
+            np.subtract(pos, self.window - 1, out=first)
+            seen = self._seen_past[width][:, :window]
+            np.greater_equal(self._slot[None, :window], first[:, None], out=seen)
+            seen[:, past_len:] = False  # cached slots only
+            local = v["mask_past_local"]
+            local.fill(self._neg)
+            np.copyto(local, 0, where=seen[:, None, :])
+            seen_new = self._seen_new[width]
+            np.greater_equal(pos[None, :], first[:, None], out=seen_new)
+            np.logical_and(seen_new, anc, out=seen_new)
+            mask.fill(self._neg)
+            np.copyto(mask, 0, where=seen_new)
+            np.copyto(v["mask_new_local"], mask[:, None, :])
         if self.trees:  # probability column of each slot: cols on the new slots, the identity elsewhere
             to_node = v["to_node"]
             np.copyto(to_node, self._slot[:window])

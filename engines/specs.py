@@ -44,7 +44,7 @@ class GraphSpec(Serial):
     outputs: tuple[TensorSpec, ...]  # in graph order
     flavour: str = "portable"  # "portable": standard ONNX ops (TensorRT parses it); "lean": ONNX Runtime
     #                            contrib ops where they keep decode/verify rows bitwise alike (CPU, CUDA EPs)
-    portable_ops: tuple[str, ...] = ()  # lean: the fused ops ("norm", "rotary", "silu") written in portable
+    portable_ops: tuple[str, ...] = ()  # lean: the fused ops ("norm", "rotary", "silu", "gelu") in portable
     #                                     form because they broke that rule on the exporting CPU
 
     def phase(self, width: int) -> str:
@@ -85,6 +85,8 @@ class Architecture(Serial):
     intermediate_size: int  # MLP inner width
     vocab_size: int  # logits width (an EAGLE head: its draft vocabulary)
     aux_layers: tuple[int, ...] = ()  # layers whose input residual stream hidden_aux concatenates (EAGLE-3)
+    sliding_window: int | None = None  # the sliding layers' key window (Gemma 3: a query at p sees keys j with
+    #                                    p - j < it; a --host-prologue engine builds their masks); None: none
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "smollm3")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "smollm3", "gemma3_text")
 ROPE_TYPES = ("default", "llama3", "linear")
+GEMMA_ROPE_TYPES = ("default", "linear")  # what Gemma 3's layer kinds may use
+GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")  # HF activations computing 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
 
 
 # A drafter head's layers are plain Llama layers whatever the target's family (dataclasses.replace
 # an ArchSpec with these).
 PLAIN_LAYERS = dict(
-    embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=None, logits_scaling=1.0, nope_layers=()
+    embedding_multiplier=1.0,
+    residual_multiplier=1.0,
+    attention_multiplier=None,
+    logits_scaling=1.0,
+    nope_layers=(),
+    norm_weight_offset=0.0,
+    sandwich_norms=False,
+    mlp_act="silu",
+    sliding_layers=(),
+    sliding_window=None,
+    local_rope=(),
 )
 
 
@@ -45,6 +57,14 @@ class ArchSpec:
     attention_multiplier: float | None = None  # attention scores' scale (Granite); None: 1/sqrt(head_dim)
     logits_scaling: float = 1.0  # logits divided by this (Granite)
     nope_layers: tuple[int, ...] = ()  # layers whose q/k are not rotated (SmolLM3's NoPE layers)
+    norm_weight_offset: float = 0.0  # added to every RMSNorm weight when stored (Gemma's x * (1 + w))
+    sandwich_norms: bool = False  # each sublayer's output normed before the residual add (Gemma 3)
+    mlp_act: str = "silu"  # the MLP gate's activation: "silu" | "gelu_tanh" (Gemma)
+    sliding_layers: tuple[int, ...] = ()  # layers of the local kind (Gemma 3's sliding_attention): local_rope
+    #                                       and the key window apply to them
+    sliding_window: int | None = None  # a sliding layer's query at position p sees keys j with p - j < this;
+    #                                    None: the window covers max_len (no mask of its own)
+    local_rope: tuple = ()  # (theta, type, params) of the sliding layers' RoPE; (): the global one
 
     @property
     def attn_scale(self) -> float:
@@ -53,14 +73,24 @@ class ArchSpec:
             return float(self.attention_multiplier)
         return 1.0 / float(np.sqrt(self.head_dim))
 
-    def rope_tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin [max_len, head_dim] in HF's rotate_half layout (halves duplicated)."""
+    def rope_tables(self, local: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin [max_len, head_dim] in HF's rotate_half layout (halves duplicated); local: the
+        sliding layers' (local_rope)."""
         d = self.head_dim
-        inv_freq = 1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-        params = dict(self.rope_params)
-        if self.rope_type == "linear":
+        theta, rope_type, params = (
+            self.local_rope
+            if local and self.local_rope
+            else (
+                self.rope_theta,
+                self.rope_type,
+                self.rope_params,
+            )
+        )
+        inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+        params = dict(params)
+        if rope_type == "linear":
             inv_freq = inv_freq / params["factor"]
-        elif self.rope_type == "llama3":
+        elif rope_type == "llama3":
             factor, lo, hi = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
             old_len = params["original_max_position_embeddings"]
             wavelen = 2 * math.pi / inv_freq
@@ -83,7 +113,16 @@ class ArchSpec:
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "vocab_size": self.vocab_size,
+            "sliding_window": self.sliding_window,
         }
+
+
+def _rope_entry(params: dict, default_theta: float) -> tuple[float, str, dict]:
+    """(theta, type, the other parameters) of one rope parameter dict."""
+    theta = float(params.get("rope_theta", default_theta))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    extra = {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")}
+    return theta, rope_type, extra
 
 
 def _rope_from_config(cfg) -> tuple[float, str, dict]:
@@ -91,15 +130,81 @@ def _rope_from_config(cfg) -> tuple[float, str, dict]:
     scaling = getattr(cfg, "rope_scaling", None)  # transformers 4.x
     if scaling:
         params.update(scaling)
-    theta = float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-    extra = {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")}
-    return theta, rope_type, extra
+    return _rope_entry(params, getattr(cfg, "rope_theta", 10000.0))
+
+
+def _numbers(extra: dict) -> tuple:
+    """The numeric rope parameters as sorted (key, value) pairs (ArchSpec.rope_params)."""
+    return tuple(sorted((k, v) for k, v in extra.items() if isinstance(v, (int, float))))
+
+
+def _gemma3(cfg, max_len: int) -> dict:
+    """The ArchSpec fields of a Gemma 3 text config (gemma3_text) that differ from Llama's; refuses
+    what the graphs do not compute (soft-capping, bidirectional attention, other activations or rope types)."""
+    for k in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(cfg, k, None) is not None:
+            raise UnsupportedModelError(
+                f"{k}={getattr(cfg, k)} is not supported (tanh soft-capping is not in the graphs); "
+                f"Hint: export a Gemma 3 model whose config has {k}: null"
+            )
+    if getattr(cfg, "use_bidirectional_attention", False):
+        raise UnsupportedModelError(
+            "use_bidirectional_attention=True is not supported (an encoder: edgespec decodes causally)"
+        )
+    act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None)
+    if act not in GELU_TANH:
+        raise UnsupportedModelError(
+            f"hidden_activation {act!r} is not supported on gemma3_text (only {', '.join(GELU_TANH)})"
+        )
+    n = cfg.num_hidden_layers
+    pattern = getattr(cfg, "sliding_window_pattern", None) or 6  # configs before layer_types
+    kinds = list(getattr(cfg, "layer_types", None) or [])
+    kinds = kinds or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+    unknown = sorted(set(kinds[:n]) - {"sliding_attention", "full_attention"})
+    if unknown or len(kinds) < n:
+        raise UnsupportedModelError(
+            f"layer_types {unknown or kinds} are not supported (one of sliding_attention / full_attention "
+            f"per layer, {n} layers)"
+        )
+    sliding = tuple(i for i in range(n) if kinds[i] == "sliding_attention")
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if "full_attention" in params:  # transformers >= 5: one entry per layer kind
+        full = _rope_entry(dict(params["full_attention"] or {}), 1e6)
+        local = _rope_entry(dict(params.get("sliding_attention") or {}), 10000.0)
+    else:  # 4.x: rope_theta (+ rope_scaling) for the full layers, rope_local_base_freq for the sliding ones
+        full = _rope_entry(dict(getattr(cfg, "rope_scaling", None) or {}), getattr(cfg, "rope_theta", 1e6))
+        local = _rope_entry({}, getattr(cfg, "rope_local_base_freq", 10000.0))
+    for kind, (_, rope_type, _) in (("full_attention", full), ("sliding_attention", local)):
+        if rope_type not in GEMMA_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"rope type {rope_type!r} of the {kind} layers is not supported (only {', '.join(GEMMA_ROPE_TYPES)})"
+            )
+    local_rope = (local[0], local[1], _numbers(local[2]))
+    window = getattr(cfg, "sliding_window", None)
+    return dict(
+        rope=full,
+        qk_norm=True,
+        embedding_multiplier=float(cfg.hidden_size**0.5),
+        attention_multiplier=float(cfg.query_pre_attn_scalar) ** -0.5,
+        norm_weight_offset=1.0,
+        sandwich_norms=True,
+        mlp_act="gelu_tanh",
+        sliding_layers=sliding,
+        sliding_window=int(window) if sliding and window and window < max_len else None,
+        local_rope=local_rope if sliding and local_rope != (full[0], full[1], _numbers(full[2])) else (),
+    )
 
 
 def arch_from_config(cfg, max_len: int) -> ArchSpec:
     """Read and check an HF config; refuse what the graph writer would get wrong."""
     mt = getattr(cfg, "model_type", None)
+    if mt == "gemma3":
+        raise UnsupportedModelError(
+            "model_type 'gemma3' is the multimodal Gemma 3 (a vision tower and a text decoder under "
+            "Gemma3ForConditionalGeneration); edgespec exports text-only checkpoints (model_type 'gemma3_text', "
+            "e.g. Gemma 3 270M and 1B). Hint: save its language model alone as a Gemma3ForCausalLM "
+            "checkpoint and export that"
+        )
     if mt not in SUPPORTED:
         raise UnsupportedModelError(
             f"model_type {mt!r} is not supported; edgespec exports {', '.join(SUPPORTED)} "
@@ -112,19 +217,20 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
     ]
     if missing:
         raise UnsupportedModelError(f"config of {mt!r} lacks {', '.join(missing)}")
+    gemma = _gemma3(cfg, max_len) if mt == "gemma3_text" else {}
     act = getattr(cfg, "hidden_act", "silu")
-    if act != "silu":
+    if act != "silu" and not gemma:
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only 'silu' SwiGLU MLPs)")
     if getattr(cfg, "mlp_bias", False):
         raise UnsupportedModelError("mlp_bias=True is not supported (bias-free MLPs only)")
     n_heads = cfg.num_attention_heads
     n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    theta, rope_type, extra = _rope_from_config(cfg)
+    theta, rope_type, extra = gemma.pop("rope") if gemma else _rope_from_config(cfg)
     if rope_type not in ROPE_TYPES:
         raise UnsupportedModelError(f"rope type {rope_type!r} is not supported (only {', '.join(ROPE_TYPES)})")
     window = getattr(cfg, "sliding_window", None)
-    if window and getattr(cfg, "use_sliding_window", True) and max_len > window:
+    if window and getattr(cfg, "use_sliding_window", True) and max_len > window and not gemma:
         raise UnsupportedModelError(
             f"sliding_window={window} is smaller than --max-len {max_len}; export with --max-len <= {window}"
         )
@@ -142,7 +248,8 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
         nope = tuple(i for i in range(cfg.num_hidden_layers) if i < len(flags) and not flags[i])
     if n_heads % n_kv:
         raise UnsupportedModelError(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
-    return ArchSpec(
+    granite = mt == "granite"
+    fields = dict(
         model_type=mt,
         n_layers=cfg.num_hidden_layers,
         n_heads=n_heads,
@@ -154,14 +261,15 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
         rms_norm_eps=float(cfg.rms_norm_eps),
         rope_theta=theta,
         rope_type=rope_type,
-        rope_params=tuple(sorted((k, v) for k, v in extra.items() if isinstance(v, (int, float)))),
+        rope_params=_numbers(extra),
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         qkv_bias=mt == "qwen2",
         qk_norm=mt == "qwen3",
         max_len=max_len,
-        embedding_multiplier=float(getattr(cfg, "embedding_multiplier", 1.0)) if mt == "granite" else 1.0,
-        residual_multiplier=float(getattr(cfg, "residual_multiplier", 1.0)) if mt == "granite" else 1.0,
-        attention_multiplier=float(cfg.attention_multiplier) if mt == "granite" else None,
-        logits_scaling=float(getattr(cfg, "logits_scaling", 1.0)) if mt == "granite" else 1.0,
+        embedding_multiplier=float(getattr(cfg, "embedding_multiplier", 1.0)) if granite else 1.0,
+        residual_multiplier=float(getattr(cfg, "residual_multiplier", 1.0)) if granite else 1.0,
+        attention_multiplier=float(cfg.attention_multiplier) if granite else None,
+        logits_scaling=float(getattr(cfg, "logits_scaling", 1.0)) if granite else 1.0,
         nope_layers=nope,
     )
+    return ArchSpec(**(fields | gemma))

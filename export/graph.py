@@ -326,10 +326,14 @@ def decoder_layer(
         s = ops.resolve(b, s, p + "/res2")
         h = s.x
     r = ops.arch.residual_multiplier
-    attn, k, v = ops.attention(b, i, h, ctx)
+    attn, k, v = ops.attention(b, i, h, ops.layer_ctx(ctx, i))
+    if ops.arch.sandwich_norms:  # Gemma 3: the sublayer's output normed before it joins the stream
+        attn = ops.norm(b, Stream(attn), f"l{i}.post_attn", p + "/post_attn_norm")[0]
     s = ops.add(b, s, _times(ops, b, attn, r, "residual_multiplier", p + "/res1_mult"), p + "/res1")
     h, s = ops.norm(b, s, f"l{i}.ln2", p + "/ln2")
     mlp = ops.mlp(b, i, h, p + "/mlp")
+    if ops.arch.sandwich_norms:
+        mlp = ops.norm(b, Stream(mlp), f"l{i}.post_mlp", p + "/post_mlp_norm")[0]
     s = ops.add(b, s, _times(ops, b, mlp, r, "residual_multiplier", p + "/res2_mult"), p + "/res2")
     return s, ops.kv_rows(b, k, v, p)
 
@@ -340,14 +344,24 @@ class LlamaGraphWriter(ModelWriter):
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         a = self.arch
         f = self.dtype
+
+        def norm(name: str, hf_name: str) -> None:  # Gemma's (1 + w) folded into the stored weight (float32 sum)
+            off = a.norm_weight_offset
+            self.store.add(name, (w[hf_name] + np.float32(off) if off else w[hf_name]).astype(f))
+
         self.store.add("embed", w["model.embed_tokens.weight"].astype(f))  # [V, H]
-        self.store.add("final_norm", w["model.norm.weight"].astype(f))
+        norm("final_norm", "model.norm.weight")
         lm_head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
         self._linear("lm_head", lm_head, "lm_head.weight", tied=a.tie_word_embeddings)
         for i in range(self.n_layers):
             p = f"model.layers.{i}."
-            self.store.add(f"l{i}.ln1", w[p + "input_layernorm.weight"].astype(f))
-            self.store.add(f"l{i}.ln2", w[p + "post_attention_layernorm.weight"].astype(f))
+            norm(f"l{i}.ln1", p + "input_layernorm.weight")
+            if a.sandwich_norms:  # Gemma 3: post_attention_layernorm is the attention output's norm
+                norm(f"l{i}.ln2", p + "pre_feedforward_layernorm.weight")
+                norm(f"l{i}.post_attn", p + "post_attention_layernorm.weight")
+                norm(f"l{i}.post_mlp", p + "post_feedforward_layernorm.weight")
+            else:
+                norm(f"l{i}.ln2", p + "post_attention_layernorm.weight")
             if p + "self_attn.qkv_proj.weight" in w:  # Phi-3: q, k, v rows already packed in this order
                 self._linear(f"l{i}.qkv", w[p + "self_attn.qkv_proj.weight"], p + "self_attn.qkv_proj.weight")
             else:
@@ -357,8 +371,8 @@ class LlamaGraphWriter(ModelWriter):
                 b = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
                 self.store.add(f"l{i}.qkv_b", b.astype(f))
             if a.qk_norm:
-                self.store.add(f"l{i}.q_norm", w[p + "self_attn.q_norm.weight"].astype(f))
-                self.store.add(f"l{i}.k_norm", w[p + "self_attn.k_norm.weight"].astype(f))
+                norm(f"l{i}.q_norm", p + "self_attn.q_norm.weight")
+                norm(f"l{i}.k_norm", p + "self_attn.k_norm.weight")
             self._linear(f"l{i}.o", w[p + "self_attn.o_proj.weight"], p + "self_attn.o_proj.weight")
             if p + "mlp.gate_up_proj.weight" in w:  # Phi-3: gate rows then up rows, already packed
                 self._linear(f"l{i}.gate_up", w[p + "mlp.gate_up_proj.weight"], p + "mlp.gate_up_proj.weight")

@@ -83,18 +83,49 @@ class LayerOps:
         """x * sigmoid(x)."""
         return b.op("Mul", [x, b.op("Sigmoid", [x], sigmoid_name)], name)
 
+    def gelu_tanh(self, b: GraphBuilder, x: str, name: str) -> str:
+        """GELU's tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in standard ops
+        (opset 17 has no Gelu)."""
+        f = self.dtype
+        cube = b.op("Mul", [b.op("Mul", [x, x], name + "/x2"), x], name + "/x3")
+        inner = b.op(
+            "Add", [x, b.op("Mul", [cube, b.const("gelu_k", np.array(0.044715, f))], name + "/kx3")], name + "/in"
+        )
+        t = b.op(
+            "Tanh",
+            [b.op("Mul", [inner, b.const("gelu_c", np.array(np.sqrt(2 / np.pi), f))], name + "/cx")],
+            name + "/Tanh",
+        )
+        half_x = b.op("Mul", [x, b.const("gelu_half", np.array(0.5, f))], name + "/half_x")
+        return b.op("Mul", [half_x, b.op("Add", [t, b.const("gelu_one", np.array(1.0, f))], name + "/one_t")], name)
+
+    def gate_act(self, b: GraphBuilder, x: str, sigmoid_name: str, name: str) -> str:
+        """The MLP gate's activation (arch.mlp_act): silu, or GELU's tanh approximation (Gemma)."""
+        if self.arch.mlp_act == "gelu_tanh":
+            return self.gelu_tanh(b, x, name)
+        return self.silu(b, x, sigmoid_name, name)
+
+    def layer_ctx(self, ctx: dict, i: int) -> dict:
+        """The prologue's ctx as layer i's attention reads it: a sliding layer's (arch.sliding_layers)
+        rotary rows and masks in place of the global ones (the prologue's ctx["sliding"])."""
+        if i in self.arch.sliding_layers and "sliding" in ctx:
+            return ctx | ctx["sliding"]
+        return ctx
+
     def mlp(
         self, b: GraphBuilder, i: int, h: str, name: str, names: tuple[str, ...] = MLP_NAMES, sized: bool = True
     ) -> str:
-        """SwiGLU of layer i: down(silu(gate) * up), gate and up one packed linear; returns its
-        output (not yet added to the stream). names: its Split, Sigmoid, SiLU and product nodes
-        under `name`; sized: the Split names its sizes (else: two equal halves)."""
+        """Gated MLP of layer i: down(act(gate) * up) (act: gate_act, SwiGLU's silu or Gemma's GELU),
+        gate and up one packed linear; returns its output (not yet added to the stream). names: its
+        Split, Sigmoid, activation and product nodes under `name`; sized: the Split names its sizes
+        (else: two equal halves)."""
         split, sigmoid, silu, glu = (f"{name}/{n}" for n in names)
         gu = self.linear(b, h, f"l{i}.gate_up")
         n_inner = self.arch.intermediate_size
         sizes = [b.const(self._gate_up_split(i), np.array([n_inner] * 2, np.int64))] if sized else []
         g, u = b.op("Split", [gu, *sizes], split, n_out=2, axis=-1)
-        act = b.op("Mul", [self.silu(b, g, sigmoid, silu), u], glu)
+        act_name = silu if self.arch.mlp_act == "silu" else f"{name}/GeluTanh"
+        act = b.op("Mul", [self.gate_act(b, g, sigmoid, act_name), u], glu)
         return self.linear(b, act, f"l{i}.down")
 
     def pad_rows(self, b: GraphBuilder, ctx: dict, x: str, name: str) -> str:

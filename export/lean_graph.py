@@ -15,7 +15,8 @@ Per layer (a tree-capable graph, all fused ops kept):
   Gemm, Reshape, Gather              context, each head's own kv block
   MatMulNBits o
   SkipSimplifiedLayerNormalization   residual add + RMSNorm
-  MatMulNBits gate_up, Split, QuickGelu, Mul, MatMulNBits down
+  MatMulNBits gate_up, Split, QuickGelu (Gemma: FastGelu), Mul, MatMulNBits down
+  (Gemma 3: a SimplifiedLayerNormalization of each sublayer's output before it joins the stream)
 
 Why attention is not one fused op: GroupQueryAttention, MultiHeadAttention and ONNX Attention
 compute a row alone (T=1) with another GEMM path than inside a wider call (ORT 1.32 CPU, ~2e-7),
@@ -37,30 +38,14 @@ import numpy as np
 from onnx import TensorProto, ValueInfoProto, helper
 
 from edgespec.export.layer_ops import LayerOps, Stream
+from edgespec.export.lean_prologue import graph_prologue, host_prologue, host_prologue_inputs
 from edgespec.export.linears import IntegerLinears
 
 if TYPE_CHECKING:
     from edgespec.export.graph import GraphBuilder
 
-LEAN_OPS = ("norm", "rotary", "silu")  # fused ops the lean flavour uses where the probe allows
+LEAN_OPS = ("norm", "rotary", "silu", "gelu")  # fused ops the lean flavour uses where the probe allows
 LEAN_OPSET = 18  # ScatterElements reduction="max"
-
-
-def host_prologue_inputs(n_heads: int, dtype: str, trees: bool, two_rows: bool) -> list[tuple[str, tuple, str]]:
-    """(name, shape, dtype) of the inputs a --host-prologue graph takes instead of computing them
-    (T: the call's width, S: the cache window, S >= past_len + T). Per-head rows come as [T, Hq, W]
-    (row t*Hq + h of the prologue once flattened): the manifest's shapes are ints, T and S."""
-    out = [
-        ("mask_past", (1, "S"), dtype),
-        ("mask_new", ("T", n_heads, "T"), dtype),
-        ("score_cols", ("T", n_heads, "T"), "int64"),
-    ]
-    if trees:
-        out.append(("to_node", ("T", n_heads, "S"), "int64"))
-    out.append(("value_slots", (1, "T", 1), "int64"))
-    if two_rows:  # Pad's pads and Slice's end: read on the host by ONNX Runtime's kernels, fixed per width
-        out += [("two_rows_pads", (6,), "int64"), ("n_rows", (1,), "int64")]
-    return out
 
 
 class LeanOps(LayerOps):
@@ -78,14 +63,15 @@ class LeanOps(LayerOps):
 
     def store_tables(self) -> None:
         """Half-width caches for RotaryEmbedding, or the full HF tables for the portable rotation."""
-        cos, sin = self.arch.rope_tables()  # [max_len, D], halves duplicated
-        if self._fused("rotary"):
-            half = self.arch.head_dim // 2
-            self.store.add("rope_cos_half", np.ascontiguousarray(cos[:, :half]).astype(self.dtype))
-            self.store.add("rope_sin_half", np.ascontiguousarray(sin[:, :half]).astype(self.dtype))
-        else:
-            self.store.add("rope_cos", cos.astype(self.dtype))
-            self.store.add("rope_sin", sin.astype(self.dtype))
+        for suffix in ("", "_local") if self.arch.local_rope else ("",):  # _local: the sliding layers'
+            cos, sin = self.arch.rope_tables(local=bool(suffix))  # [max_len, D], halves duplicated
+            if self._fused("rotary"):
+                half = self.arch.head_dim // 2
+                self.store.add(f"rope_cos_half{suffix}", np.ascontiguousarray(cos[:, :half]).astype(self.dtype))
+                self.store.add(f"rope_sin_half{suffix}", np.ascontiguousarray(sin[:, :half]).astype(self.dtype))
+            else:
+                self.store.add(f"rope_cos{suffix}", cos.astype(self.dtype))
+                self.store.add(f"rope_sin{suffix}", sin.astype(self.dtype))
 
     # ---- once per call ------------------------------------------------------------------------
     def prologue(self, b: GraphBuilder) -> dict:
@@ -101,14 +87,17 @@ class LeanOps(LayerOps):
                                   the T new slots, the identity elsewhere
           v_slots [1, n, 1]       slots of the new values inside the window (n = min(T, S - past_len):
                                   rows padded past the window's end are dropped)
-        Rows are ordered (t, h): row t*Hq + h is query head h of token t.
-        opts.host_prologue: these come in as graph inputs (host_prologue_inputs), built by the engine
-        (engines/prologue.py) with the same values; the window then always holds the T new rows."""
+          sliding                 (arch.sliding_layers) their mask_past [T*Hq, S] and mask_new with the
+                                  key window applied, their rotary tables (layer_ctx)
+        Rows are ordered (t, h): row t*Hq + h is query head h of token t. Built by
+        lean_prologue.graph_prologue; opts.host_prologue: these come in as graph inputs
+        (host_prologue_inputs), built by the engine (engines/prologue.py) with the same values; the
+        window then always holds the T new rows."""
         a, f = self.arch, self.dtype
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
         kv_w = n_kv * d
-        ninf = b.const("ninf_f", np.array(-1e9, f))
-        zero_f = b.const("zero_f", np.array(0.0, f))
+        b.const("ninf_f", np.array(-1e9, f))  # a masked score: exp gives exactly 0
+        b.const("zero_f", np.array(0.0, f))
         b.const("eps", np.array(a.rms_norm_eps, f))
         b.const("two", np.array(2.0, f))
         b.const("axes_last", np.array([-1], np.int64))
@@ -129,87 +118,7 @@ class LeanOps(LayerOps):
         b.const("head_mask", head_mask)
         b.const("ctx_idx", ctx_idx)
         b.const("tile_heads", np.array([1, n_q, 1], np.int64))
-        if self.opts.host_prologue:
-            return self._rope_rows(b, self._host_inputs(b))
-
-        t_len = b.op("Gather", [b.op("Shape", ["input_ids"], "/T/shape"), "axis1"], "/T/T")  # [1]
-        s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/S/shape"), "axis0"], "/S/S")  # [1]
-        j_idx = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/S/scalar"), "one_i"], "/S/slots")  # [S]
-        t_idx = b.op("Range", ["zero_i", b.op("Squeeze", [t_len], "/T/scalar"), "one_i"], "/T/rows")  # [T]
-        pos = b.op("Reshape", ["positions", b.const("shape_T", np.array([-1], np.int64))], "/pos_flat")  # [T]
-
-        def per_head(x: str, width: str, name: str) -> str:  # [T, W] -> [T*Hq, W], row t*Hq + h = row t
-            tiled = b.op("Tile", [b.op("Unsqueeze", [x, "axis1"], name + "/unsq"), "tile_heads"], name + "/tile")
-            shape = b.op("Concat", [b.const("minus_1", np.array([-1], np.int64)), width], name + "/shape", axis=0)
-            return b.op("Reshape", [tiled, shape], name + "/rows")
-
-        cached = b.op("Less", [j_idx, "past_len"], "/mask/cached")  # [S]
-        mask_past = b.op(
-            "Unsqueeze", [b.op("Where", [cached, zero_f, ninf], "/mask/past_bias"), "axis0"], "/mask/past"
-        )  # [1, S]
-        row_t = b.op("Unsqueeze", [t_idx, "axis0"], "/T/row")  # [1, T]
-        if self.opts.trees:  # 1 where column node c is row node r or one of its ancestors
-            anc = b.op("Cast", ["tree_mask"], "/tree/anc", to=TensorProto.BOOL)
-        else:  # a chain: c <= r
-            anc = b.op("LessOrEqual", [row_t, b.op("Unsqueeze", [t_idx, "axis1"], "/T/col")], "/chain/anc")
-        mask_new = b.op("Where", [anc, zero_f, ninf], "/mask/new_bias")  # [T, T]
-        # non-ancestor c of row r goes to column pos[r] + 1 + (its rank among r's non-ancestors)
-        n_anc_before = b.op(
-            "CumSum",
-            [b.op("Cast", [anc], "/cols/anc_i", to=TensorProto.INT64), "one_i"],
-            "/cols/anc_before",
-            exclusive=1,
-        )  # [T, T]
-        after_row = b.op(
-            "Add",
-            [b.op("Unsqueeze", [pos, "axis1"], "/cols/pos_col"), b.op("Add", [row_t, "one_i"], "/cols/c_plus_1")],
-            "/cols/after_row",
-        )
-        non_anc = b.op("Sub", [after_row, n_anc_before], "/cols/non_anc")
-        cols = b.op("Where", [anc, b.op("Unsqueeze", [pos, "axis0"], "/cols/pos_row"), non_anc], "/cols/chain")
-        last_slot = b.op("Sub", [s_len, "one_i"], "/S/last")
-        cols = b.op("Min", [cols, last_slot], "/cols/in_window")  # [T, T]
-        ctx = {
-            "t_len": t_len,
-            "mask_past": mask_past,
-            "mask_new": per_head(mask_new, t_len, "/mask/new"),
-            "cols": per_head(cols, t_len, "/cols"),
-        }
-        if self.opts.trees:
-            # probabilities back to node order: slot past_len + c <- column cols[r, c]
-            rest = b.op("Sub", [b.op("Sub", [s_len, "past_len"], "/to_node/rest"), t_len], "/to_node/after")
-            pads = b.op("Concat", ["zero_1", "past_len", "zero_1", rest], "/to_node/pads", axis=0)
-            rel = b.op("Sub", [j_idx, "past_len"], "/to_node/rel")
-            is_new = b.op(
-                "And",
-                [b.op("GreaterOrEqual", [rel, "zero_i"], "/to_node/ge"), b.op("Less", [rel, t_len], "/to_node/lt")],
-                "/to_node/is_new",
-            )
-            to_node = b.op(
-                "Where",
-                [
-                    b.op("Unsqueeze", [is_new, "axis0"], "/to_node/is_new_row"),
-                    b.op("Pad", [cols, pads], "/to_node/place"),
-                    b.op("Unsqueeze", [j_idx, "axis0"], "/to_node/identity"),
-                ],
-                "/to_node/T",
-            )
-            ctx["to_node"] = per_head(to_node, s_len, "/to_node")
-        n_in = b.op("Min", [t_len, b.op("Sub", [s_len, "past_len"], "/v/room")], "/v/n_in")  # [1]
-        slots = b.op("Slice", [b.op("Add", [t_idx, "past_len"], "/v/slots_all"), "zero_1", n_in], "/v/slots_in")
-        ctx["n_in"] = n_in
-        ctx["v_slots"] = b.op("Unsqueeze", [slots, b.const("axes_0_2", np.array([0, 2], np.int64))], "/v/slots")
-        if self.opts.two_row_matmuls and self.opts.precision == "int4":
-            # rows added below a [1, T, W] activation so MatMulNBits sees max(T, 2) rows
-            extra = b.op(
-                "Max",
-                [b.op("Sub", [b.const("two_1", np.array([2], np.int64)), t_len], "/two_rows/sub"), "zero_1"],
-                "/two_rows/extra",
-            )
-            ctx["two_rows"] = b.op(
-                "Concat", ["zero_1", "zero_1", "zero_1", "zero_1", extra, "zero_1"], "/two_rows/pads", axis=0
-            )
-        return self._rope_rows(b, ctx)
+        return host_prologue(self, b) if self.opts.host_prologue else graph_prologue(self, b)
 
     def extra_inputs(self) -> list[ValueInfoProto]:
         """opts.host_prologue: the prologue's tensors (host_prologue_inputs)."""
@@ -220,28 +129,10 @@ class LeanOps(LayerOps):
         two_rows = self.opts.two_row_matmuls and self.opts.precision == "int4"
         return [
             helper.make_tensor_value_info(name, NP_TO_ONNX[np.dtype(dt)], list(shape))
-            for name, shape, dt in host_prologue_inputs(self.arch.n_heads, self.dtype.name, self.opts.trees, two_rows)
+            for name, shape, dt in host_prologue_inputs(
+                self.arch.n_heads, self.dtype.name, self.opts.trees, two_rows, bool(self.arch.sliding_window)
+            )
         ]
-
-    def _host_inputs(self, b: GraphBuilder) -> dict:
-        """The prologue's outputs read from graph inputs: no Shape, Range, CumSum or data-dependent
-        Slice, so ONNX Runtime places nothing of it on the host and a CUDA graph can capture the call."""
-        ctx = {"mask_past": "mask_past", "v_slots": "value_slots"}
-        heads = [("mask_new", "mask_new"), ("score_cols", "cols")]
-        if self.opts.trees:
-            heads.append(("to_node", "to_node"))
-        for name, key in heads:  # input [T, Hq, W] -> the prologue's [T*Hq, W]
-            ctx[key] = b.op("Flatten", [name], f"/{key}/rows", axis=2)
-        if self.opts.two_row_matmuls and self.opts.precision == "int4":
-            ctx["two_rows"], ctx["t_len"] = "two_rows_pads", "n_rows"
-        return ctx
-
-    def _rope_rows(self, b: GraphBuilder, ctx: dict) -> dict:
-        if not self._fused("rotary"):  # cos/sin rows of the positions, gathered once: [1, T, 1, D]
-            for name in ("cos", "sin"):
-                rows = b.op("Gather", [b.weight(f"rope_{name}"), "positions"], f"/rope/{name}")  # [1, T, D]
-                ctx[name] = b.op("Unsqueeze", [rows, "axis2"], f"/rope/{name}_unsq")
-        return ctx
 
     # ---- per layer ------------------------------------------------------------------------------
     def embed(self, b: GraphBuilder) -> str:
@@ -293,12 +184,18 @@ class LeanOps(LayerOps):
             return b.op("QuickGelu", [x], name, domain="com.microsoft", alpha=1.0)
         return super().silu(b, x, sigmoid_name, name)
 
+    def gelu_tanh(self, b: GraphBuilder, x: str, name: str) -> str:
+        if self._fused("gelu"):  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), one op
+            return b.op("FastGelu", [x], name, domain="com.microsoft")
+        return super().gelu_tanh(b, x, name)
+
     def rotary(self, b: GraphBuilder, x: str, n_heads: int, ctx: dict, name: str) -> str:
         """Rotate x [1, T, heads*D] by the positions."""
         if self._fused("rotary"):
+            suffix = ctx.get("rope_suffix", "")  # a sliding layer's own caches (lean_prologue.rope_rows)
             return b.op(
                 "RotaryEmbedding",
-                [x, "positions", b.weight("rope_cos_half"), b.weight("rope_sin_half")],
+                [x, "positions", b.weight(f"rope_cos_half{suffix}"), b.weight(f"rope_sin_half{suffix}")],
                 name + "/RotaryEmbedding",
                 domain="com.microsoft",
                 num_heads=n_heads,
@@ -443,9 +340,14 @@ def probe_portable_ops(
         {"x": rng.standard_normal((1, rows, width)).astype(np.float32), "pos": pos},
     ):
         out.append("rotary")
+    act_rows = {"x": (rng.standard_normal((1, rows, inter)) * 4).astype(np.float32)}
     silu = helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft", alpha=1.0)
-    if breaks(silu, [io("x", inter)], inter, [], {"x": (rng.standard_normal((1, rows, inter)) * 4).astype(np.float32)}):
+    if breaks(silu, [io("x", inter)], inter, [], act_rows):
         out.append("silu")
+    if breaks(
+        helper.make_node("FastGelu", ["x"], ["y"], domain="com.microsoft"), [io("x", inter)], inter, [], act_rows
+    ):
+        out.append("gelu")
     return tuple(out)
 
 

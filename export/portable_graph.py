@@ -32,6 +32,10 @@ class PortableOps(LayerOps):
         cos, sin = self.arch.rope_tables()
         self.store.add("rope_cos", cos.astype(self.dtype))  # [max_pos, D]
         self.store.add("rope_sin", sin.astype(self.dtype))
+        if self.arch.local_rope:  # the sliding layers' own tables (Gemma 3)
+            cos, sin = self.arch.rope_tables(local=True)
+            self.store.add("rope_cos_local", cos.astype(self.dtype))
+            self.store.add("rope_sin_local", sin.astype(self.dtype))
 
     def embed(self, b: GraphBuilder) -> str:
         ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
@@ -148,7 +152,8 @@ class PortableOps(LayerOps):
     # ---- once per call ---------------------------------------------------------------------------
     def prologue(self, b: GraphBuilder) -> dict:
         """Constants, the [Hq*T, S] causal mask, the new-slot placement and rope rows of the
-        positions (ctx: slots, mask, cos, sin)."""
+        positions (ctx: slots, mask, cos, sin; "sliding": the sliding layers' mask, cos, sin where
+        they differ, layer_ctx)."""
         a = self.arch
         f = self.dtype
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
@@ -179,17 +184,23 @@ class PortableOps(LayerOps):
         j_idx = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/mask/S_scalar"), "one_i"], "/mask/slots")
         pos_flat = b.op("Reshape", ["positions", b.const("shape_T", np.array([-1], np.int64))], "/pos_flat")
         last_visible = b.op("Unsqueeze", [pos_flat, "axis1"], "/mask/last")  # [T, 1]
-        hidden_slot = b.op(
-            "Greater", [b.op("Unsqueeze", [j_idx, "axis0"], "/mask/j_row"), last_visible], "/mask/hidden"
-        )  # [T, S]
-        bias = b.op(
-            "Where",
-            [hidden_slot, b.const("ninf_f", np.array(NEG_INF[f.name], f)), b.const("zero_f", np.array(0.0, f))],
-            "/mask/bias",
-        )
-        mask = b.op(
-            "Tile", [bias, b.const("tile_heads", np.array([n_q, 1], np.int64))], "/mask/rows"
-        )  # [Hq*T, S], row = h*T + t
+        j_row = b.op("Unsqueeze", [j_idx, "axis0"], "/mask/j_row")  # [1, S]
+        hidden_slot = b.op("Greater", [j_row, last_visible], "/mask/hidden")  # [T, S]
+        ninf = b.const("ninf_f", np.array(NEG_INF[f.name], f))
+        zero_f = b.const("zero_f", np.array(0.0, f))
+        tile_heads = b.const("tile_heads", np.array([n_q, 1], np.int64))
+        bias = b.op("Where", [hidden_slot, ninf, zero_f], "/mask/bias")
+        mask = b.op("Tile", [bias, tile_heads], "/mask/rows")  # [Hq*T, S], row = h*T + t
+        sliding = {}  # the sliding layers' masks and rotary rows (layer_ctx)
+        if a.sliding_window:  # ... which also hide the slots j <= positions[t] - window
+            first = b.op(
+                "Sub", [last_visible, b.const("window_m1", np.array(a.sliding_window - 1, np.int64))], "/window/first"
+            )  # [T, 1]
+            hidden_local = b.op(
+                "Or", [hidden_slot, b.op("Less", [j_row, first], "/window/old")], "/window/hidden"
+            )  # [T, S]
+            bias_local = b.op("Where", [hidden_local, ninf, zero_f], "/window/bias")
+            sliding["mask"] = b.op("Tile", [bias_local, tile_heads], "/window/rows")  # [Hq*T, S]
         # the new rows' slots: row index j - past_len, valid for past_len <= j < past_len + T
         rel = b.op("Sub", [j_idx, "past_len"], "/slots/rel")  # [S]
         is_new = b.op(
@@ -222,6 +233,11 @@ class PortableOps(LayerOps):
         for name in ("cos", "sin"):  # [T, 1, D]
             rows = b.op("Gather", [b.weight(f"rope_{name}"), pos_flat], f"/rope/{name}")
             ctx[name] = b.op("Unsqueeze", [rows, "axis1"], f"/rope/{name}_unsq")
+            if a.local_rope:
+                rows = b.op("Gather", [b.weight(f"rope_{name}_local"), pos_flat], f"/rope_local/{name}")
+                sliding[name] = b.op("Unsqueeze", [rows, "axis1"], f"/rope_local/{name}_unsq")
+        if sliding:
+            ctx["sliding"] = sliding
         return ctx | {"mask": mask}
 
     def _tree_gathers(self, b: GraphBuilder, pos: str, j_idx: str, is_new_row: str, pad_cols: str, n_q: int) -> dict:

@@ -200,15 +200,16 @@ def token_graph(
     )
 
 
-def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions) -> GraphSpec:
+def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions, window: bool = False) -> GraphSpec:
     """A target/draft graph written with opts.host_prologue: its inputs after past_len (graph order)
-    gain the prologue's tensors (lean_graph.host_prologue_inputs); the rest is unchanged."""
-    from edgespec.export.lean_graph import host_prologue_inputs
+    gain the prologue's tensors (lean_prologue.host_prologue_inputs; window: the sliding layers' masks
+    too); the rest is unchanged."""
+    from edgespec.export.lean_prologue import host_prologue_inputs
 
     dtype = next(t.dtype for t in graph.outputs if t.name == "hidden")
     two_rows = opts.two_row_matmuls and opts.precision == "int4"
     extra = tuple(
-        TensorSpec(n, shape, dt) for n, shape, dt in host_prologue_inputs(n_heads, dtype, opts.trees, two_rows)
+        TensorSpec(n, shape, dt) for n, shape, dt in host_prologue_inputs(n_heads, dtype, opts.trees, two_rows, window)
     )
     at = [t.name for t in graph.inputs].index("past_len") + 1
     return replace(graph, inputs=graph.inputs[:at] + extra + graph.inputs[at:])

@@ -73,7 +73,8 @@ def host_prologue_entry(spec: ModelSpec, writer: LlamaGraphWriter) -> ModelSpec:
     """A target/draft entry whose graph was written with --host-prologue declares the prologue's inputs."""
     if not (writer.opts.host_prologue and writer.lean):  # the portable writer keeps its prologue
         return spec
-    return replace(spec, graph=es.with_host_prologue(spec.graph, writer.arch.n_heads, writer.opts))
+    window = bool(writer.arch.sliding_window)
+    return replace(spec, graph=es.with_host_prologue(spec.graph, writer.arch.n_heads, writer.opts, window))
 
 
 def heads_dir(arg: str | None, src, suffix: str, kind: str) -> Path | None:
