@@ -143,7 +143,7 @@ class _Recipe:
     def estimate(self) -> dict:
         return estimate(self.model, self.data, self.data.hold, self.aux, self.t2d)
 
-    def save(self, step: int, epoch: float, est: dict) -> str:
+    def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         c = self.cfg
         record = {
             "trained_steps": step,
@@ -151,6 +151,7 @@ class _Recipe:
             "train_tokens": self.train_tokens,
             "data": str(c.data),
             "holdout": est,
+            "training": training,
             "draft_vocab_coverage": round(self.coverage, 4),
             "decay": c.decay,
             "anchors": c.anchors,

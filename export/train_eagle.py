@@ -133,7 +133,7 @@ class _EagleRecipe:
     def estimate(self) -> dict:
         return estimate(self.head, self.data, self.data.hold, self.t2d, self.label_ids)
 
-    def save(self, step: int, epoch: float, est: dict) -> str:
+    def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         c = self.cfg
         record = {
             "trained_steps": step,
@@ -141,6 +141,7 @@ class _EagleRecipe:
             "train_tokens": self.train_tokens,
             "data": str(c.data),
             "holdout": est,
+            "training": training,
             "draft_vocab_coverage": round(self.coverage, 4),
         }
         save_head(self.head, c.out, record | ({"init": str(c.init)} if c.init else {}))

@@ -139,7 +139,7 @@ class _Eagle3Recipe:
     def estimate(self) -> dict:
         return estimate(self.head, self.data, self.aux, self.data.hold, self.t2d, self.label_ids, self.cfg.n_steps)
 
-    def save(self, step: int, epoch: float, est: dict) -> str:
+    def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         c = self.cfg
         record = {
             "trained_steps": step,
@@ -148,6 +148,7 @@ class _Eagle3Recipe:
             "data": str(c.data),
             "n_steps": c.n_steps,
             "holdout": est,
+            "training": training,
             "draft_vocab_coverage": round(self.coverage, 4),
             "lm_head": "trained (from the target's rows)",
         }

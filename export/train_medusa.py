@@ -116,7 +116,7 @@ class _MedusaRecipe:
         copied = trainer.copied_positions(self.data.tokens, self.data.starts)
         return estimate(self.heads, self.data, self.data.hold, self.t2d, copied)
 
-    def save(self, step: int, epoch: float, est: dict) -> str:
+    def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         save_heads(
             self.heads,
             self.cfg.out,
@@ -126,6 +126,7 @@ class _MedusaRecipe:
                 "train_positions": len(self.rows),
                 "data": str(self.cfg.data),
                 "holdout": est,
+                "training": training,
             },
         )
         return (

@@ -47,7 +47,15 @@ def add_common(p, what: str, minutes: float, epochs: float) -> None:
         help=f"most frequent answer tokens the {what} may propose; 0 = full vocabulary (default 8192)",
     )
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, help="torch threads (default: every core this process may use)")
+    p.add_argument(
+        "--compute",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="dtype of the matmuls when making data and training: bf16 autocast (the drafter keeps fp32 "
+        "master weights, the loss is fp32) or fp32; auto (default): bf16 where the CPU has bf16 matrix "
+        "units (avx512_bf16, amx_bf16) and a timed probe matmul runs >= 1.3x faster in it, else fp32",
+    )
 
 
 def ready_data(a, aux: bool = False) -> str | None:
@@ -84,6 +92,7 @@ def _make_data(folder: str, a, aux: bool = False) -> None:
             max_new_tokens=a.max_new_tokens,
             batch=a.gen_batch,
             threads=a.threads,
+            compute=a.compute,
             aux=aux,
             n_wide=a.wide_prompts,
             **mix,
@@ -102,4 +111,5 @@ def common_fields(a, data: str) -> dict:
         "epochs": a.epochs,
         "lr": a.lr,
         "threads": a.threads,
+        "compute": a.compute,
     }
