@@ -221,7 +221,7 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
                 f"[data] batch {b + 1}/{len(batches)}: {starts[-1]} tokens, {meter.line()}", file=sys.stderr, flush=True
             )
     if todo:
-        _log_run(out, compute.dtype, torch.get_num_threads(), meter)
+        log_run(out, compute.dtype, torch.get_num_threads(), meter)
     (out / "done").write_text(f"{len(batches)} batches\n")
     return out
 
@@ -248,13 +248,11 @@ class GenMeter:
 
     def line(self) -> str:
         dt = max(self.elapsed(), 1e-9)
-        return (
-            f"{self.tokens / dt:.0f} tok/s ({self.new / dt:.0f} generated/s), {dt / 60:.1f} min, "
-            f"ETA {self.eta_s() / 60:.1f} min"
-        )
+        gen = f" ({self.new / dt:.0f} generated/s)" if self.new else ""
+        return f"{self.tokens / dt:.0f} tok/s{gen}, {dt / 60:.1f} min, ETA {self.eta_s() / 60:.1f} min"
 
 
-def _log_run(out: Path, compute: str, threads: int, meter: GenMeter) -> None:
+def log_run(out: Path, compute: str, threads: int, meter: GenMeter) -> None:
     """Append this run's compute dtype, threads and pace to out/generation.json (a resumed folder
     may hold shards made differently)."""
     path = out / "generation.json"
@@ -308,3 +306,32 @@ def load_aux(folder: str | Path) -> np.ndarray:
     if not parts:
         raise FileNotFoundError(f"no shard-*.npz in {folder}")
     return np.concatenate(parts)
+
+
+def load_soft(folder: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(top-k ids [N, k] int32, probs [N, k] float32, has [N] bool) over the same shards, in the
+    same order, as `load_shards`: the target's next-token distribution at each position where a
+    shard holds one (teacher-forced text data, `text_data`), has False (zeros) elsewhere; None
+    when no shard holds any."""
+    shards = [p for f in str(folder).split(",") for p in sorted(Path(f).glob("shard-*.npz")) if ".tmp" not in p.name]
+    parts = []
+    for p in shards:
+        z = np.load(p)
+        parts.append((z["topk_ids"], z["topk_probs"]) if "topk_ids" in z else len(z["tokens"]))
+    soft = [x for x in parts if not isinstance(x, int)]
+    if not soft:
+        return None
+    k = soft[0][0].shape[1]
+    ids, probs, has = [], [], []
+    for x in parts:
+        if isinstance(x, int):
+            ids.append(np.zeros((x, k), np.int32))
+            probs.append(np.zeros((x, k), np.float32))
+            has.append(np.zeros(x, bool))
+        else:
+            if x[0].shape[1] != k:
+                raise ValueError(f"{folder}: shards keep different numbers of soft labels ({k}, {x[0].shape[1]})")
+            ids.append(x[0])
+            probs.append(x[1].astype(np.float32))
+            has.append(np.ones(len(x[0]), bool))
+    return np.concatenate(ids), np.concatenate(probs), np.concatenate(has)

@@ -54,6 +54,30 @@ class TrainDataError(ValueError):
 
 
 @dataclass(frozen=True)
+class SoftLabels:
+    """The target's next-token distribution at each position of teacher-forced text (`text_data`)."""
+
+    ids: np.ndarray  # [N, k] int32: its k most likely tokens after position i, most likely first
+    probs: np.ndarray  # [N, k] float32: their probabilities
+    has: np.ndarray  # [N] bool: the position has them (text data; self-distillation shards do not)
+
+    def labels(self, tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """[N] what the target emits at each position: the token itself (its own greedy answers) or,
+        in text, its argmax given the text before (the label of position i is row i - 1's top-1)."""
+        prev = np.roll(self.ids[:, 0], 1).astype(tokens.dtype)
+        has_prev = np.roll(self.has, 1)
+        has_prev[starts[:-1]] = False  # a sequence's first token has no row before it
+        return np.where(has_prev, prev, tokens)
+
+    def shifted(self, starts: np.ndarray) -> SoftLabels:
+        """The same, moved one position on: row i holds the distribution over token i (row i - 1's),
+        so it lines up with the labels."""
+        has = np.roll(self.has, 1)
+        has[starts[:-1]] = False
+        return SoftLabels(np.roll(self.ids, 1, axis=0), np.roll(self.probs, 1, axis=0), has)
+
+
+@dataclass(frozen=True)
 class TrainData:
     tokens: np.ndarray  # [N] int32: all sequences, back to back
     feats: np.ndarray  # [N, H] float16: the target's post-norm feature at each token
@@ -62,6 +86,14 @@ class TrainData:
     hold: np.ndarray  # sequence ids held out for the acceptance estimate (sorted)
     train: np.ndarray  # sequence ids trained on (sorted)
     answer: np.ndarray  # [N] bool: the token is part of an answer (not of the prompt)
+    soft: SoftLabels | None = None  # the target's next-token distributions (teacher-forced text data)
+    emitted: np.ndarray | None = None  # [N] what the target emits at each position (None: tokens):
+    #                                    SoftLabels.labels, the label a drafter learns
+
+    def labels(self) -> np.ndarray:
+        """[N] the token the target emits at each position: the token itself in its own answers,
+        its argmax given the text before in teacher-forced text."""
+        return self.tokens if self.emitted is None else self.emitted
 
     @property
     def train_tokens(self) -> int:
@@ -72,7 +104,7 @@ class TrainData:
 def prepare(cfg: BaseTrainConfig) -> tuple[Path, np.random.Generator, TrainData]:
     """Torch set up (threads, seed), the out folder made, the shards loaded and split by sequence.
     Returns (out folder, the numpy generator after the split, the data)."""
-    from edgespec.export.eagle_data import load_shards
+    from edgespec.export.eagle_data import load_shards, load_soft
 
     torch.set_num_threads(cfg.threads or default_threads())
     torch.manual_seed(cfg.seed)
@@ -86,6 +118,9 @@ def prepare(cfg: BaseTrainConfig) -> tuple[Path, np.random.Generator, TrainData]
     answer = np.zeros(len(tokens), bool)
     for s in range(n_seq):
         answer[starts[s] + n_prompt[s] : starts[s + 1]] = True
+    soft = load_soft(cfg.data)
+    if soft is not None and len(soft[0]) != len(tokens):  # a shard written between the two reads
+        raise TrainDataError(f"{cfg.data}: {len(soft[0])} soft-label rows for {len(tokens)} tokens; still being made?")
     return (
         out,
         rng,
@@ -97,6 +132,8 @@ def prepare(cfg: BaseTrainConfig) -> tuple[Path, np.random.Generator, TrainData]
             hold=np.sort(perm[:n_hold]),
             train=np.sort(perm[n_hold:]),
             answer=answer,
+            soft=SoftLabels(*soft) if soft is not None else None,
+            emitted=SoftLabels(*soft).labels(tokens, starts) if soft is not None else None,
         ),
     )
 

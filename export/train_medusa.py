@@ -46,7 +46,7 @@ def _rows(data: trainer.TrainData, seqs: np.ndarray, n_heads: int) -> tuple[np.n
 
 def _draft_labels(data: trainer.TrainData, lab_pos: np.ndarray, t2d: np.ndarray) -> np.ndarray:
     """[N, K] draft ids of the tokens at the label positions (-100: none)."""
-    return np.where(lab_pos >= 0, t2d[data.tokens[np.maximum(lab_pos, 0)]], -100)
+    return np.where(lab_pos >= 0, t2d[data.labels()[np.maximum(lab_pos, 0)]], -100)
 
 
 def _losses(heads: MedusaHeads, f: torch.Tensor, lab: torch.Tensor, decay: float):

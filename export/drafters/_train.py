@@ -34,6 +34,12 @@ def add_common(p, what: str, minutes: float, epochs: float) -> None:
         "translate, multi-turn follow-ups, step-by-step math, role play, code in ten languages, short and "
         "long answers, JSON extraction; export/draft_prompts.py). Default 0",
     )
+    p.add_argument(
+        "--text-data",
+        metavar="DIR",
+        help="also train on teacher-forced text data made by `edgespec text-data` (this machine's text "
+        "labelled by the engine's target graph: exact features, soft labels)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when making data (default 192)")
     p.add_argument("--gen-batch", type=int, default=48, help="prompts generated together (default 48)")
     p.add_argument(
@@ -69,6 +75,12 @@ def ready_data(a, aux: bool = False) -> str | None:
         return None
     if missing:
         _make_data(data, a, aux)
+    text = getattr(a, "text_data", None)
+    if text:
+        if not (Path(text) / "done").exists():
+            print(f"--text-data {text}: no finished data; make it with `edgespec text-data` first", file=sys.stderr)
+            return None
+        data = f"{data},{text}"
     return data
 
 
