@@ -141,7 +141,7 @@ def read_text(kind: str, path: Path, limit: int = 200_000) -> str:
     if kind == "man":
         env = dict(os.environ, MANWIDTH="100", MAN_KEEP_FORMATTING="0")
         try:
-            r = subprocess.run(["man", "-l", str(path)], capture_output=True, timeout=20, env=env, check=False)  # noqa: S603 - a fixed program on a file of /usr/share/man
+            r = subprocess.run(["man", "-l", str(path)], capture_output=True, timeout=20, env=env, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return ""
         text = re.sub(r".\x08", "", r.stdout.decode("utf-8", "replace"))  # overstrike (bold) pairs
