@@ -191,6 +191,64 @@ def _cmd_build_trt(a) -> int:
     return 0
 
 
+def _add_text_data(sub) -> None:
+    t = sub.add_parser(
+        "text-data",
+        help="teacher-forced drafter data: this machine's text labelled by an engine's target graph",
+        description="Text the machine has (the Python standard library's sources, /usr/share/doc READMEs, man "
+        "pages, or given files and folders) cut into sequences and run through the exact target graph of an "
+        "engine folder (what the runtime runs, int4 or integer): each position keeps the graph's features and "
+        "its top-k next-token probabilities (soft labels; train-eagle learns them by KL). Text sharing an "
+        "8-word window with an eval prompt file (tools/prompts/*.jsonl, HumanEval) is dropped. Resumable: run "
+        "again with the same --out. Train on it with `edgespec train-eagle --text-data DIR`.",
+    )
+    t.add_argument("--engine", required=True, help="engine folder whose target graph labels the text")
+    t.add_argument("--out", required=True, help="data folder to write (and resume)")
+    t.add_argument(
+        "--sources",
+        default="stdlib,doc,man",
+        help="comma-separated: stdlib, doc, man (this machine's text) and/or files and folders "
+        "(default stdlib,doc,man)",
+    )
+    t.add_argument("--tokens", type=int, default=200_000, help="tokens to label in all (default 200000)")
+    t.add_argument("--seq-tokens", type=int, default=256, help="tokens per sequence (default 256)")
+    t.add_argument("--top-k", type=int, default=8, help="soft labels kept per position (default 8)")
+    t.add_argument("--threads", type=int, help="ONNX Runtime threads (default: every core this process may use)")
+    t.add_argument(
+        "--keep-out",
+        action="append",
+        default=[],
+        metavar="FILE.jsonl",
+        help="another eval prompt file whose 8-word windows the data must not hold (repeatable; the "
+        "repo's tools/prompts/*.jsonl and HumanEval are always kept out)",
+    )
+    t.add_argument("--seed", type=int, default=0, help="document order (default 0)")
+
+
+def _cmd_text_data(a) -> int:
+    from edgespec.engines.specs import ManifestError
+    from edgespec.export.text_data import TextDataConfig, TextDataError, make_text_data
+
+    try:
+        make_text_data(
+            TextDataConfig(
+                engine=a.engine,
+                out=a.out,
+                sources=tuple(x for x in a.sources.split(",") if x),
+                max_tokens=a.tokens,
+                seq_tokens=a.seq_tokens,
+                top_k=a.top_k,
+                threads=a.threads,
+                keep_out=tuple(a.keep_out),
+                seed=a.seed,
+            )
+        )
+    except (TextDataError, ManifestError) as e:
+        print(f"edgespec text-data: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _add_train(sub) -> None:
     """`train-<name>` for every drafter whose plugin has a training command."""
     from edgespec.export.drafters import registry
@@ -216,6 +274,7 @@ def _train_command(name: str, cmd):
 def add_parsers(sub) -> None:
     _add_export(sub)
     _add_build_trt(sub)
+    _add_text_data(sub)
     _add_train(sub)
 
 
@@ -223,7 +282,7 @@ def _commands() -> dict:
     from edgespec.export.drafters import registry
 
     trains = {f"train-{name}": _train_command(name, p.train) for name, p in registry().items() if p.train is not None}
-    return {"export": _cmd_export, "build-trt": _cmd_build_trt} | trains
+    return {"export": _cmd_export, "build-trt": _cmd_build_trt, "text-data": _cmd_text_data} | trains
 
 
 COMMANDS = _commands()

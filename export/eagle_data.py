@@ -34,7 +34,10 @@ class DataConfig:
     max_new_tokens: int = 192  # answer length cap per prompt
     batch: int = 48  # prompts generated together
     max_prompt: int = 384  # longer prompts are skipped
-    threads: int | None = None  # torch threads (None: torch's default)
+    threads: int | None = None  # torch threads (None: every core this process may use)
+    compute: str = "auto"  # the target's matmuls: "bf16" autocast, "fp32", or "auto" (matmul_probe: bf16
+    #                        where the CPU's matrix units make it faster); bf16 features differ a little
+    #                        from the exact graph's (text_data makes them with the graph itself)
     seed: int = 0  # prompt shuffling
     aux: bool = False  # also keep the aux features (3H per token) for the drafters that read them
     n_wide: int = 0  # prompts of the wide mix (`draft_prompts`: given passages, multi-turn, math steps,
@@ -127,9 +130,12 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
     import torch
 
     from edgespec.export.eagle_prompts import build_prompts
+    from edgespec.export.matmul_probe import autocast, choose, default_threads
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads or default_threads())
+    compute = choose(cfg.compute)
+    if progress:
+        print(f"[data] {torch.get_num_threads()} threads; {compute.reason}", file=sys.stderr, flush=True)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_target(cfg.target)
@@ -146,7 +152,8 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
 
             rows += wide_prompts(cfg.n_wide, cfg.seed)
         if cfg.n_self_instruct:
-            rows += self_instruct(model, tok, cfg.n_self_instruct, cfg.batch, cfg.seed, progress)
+            with autocast(compute):
+                rows += self_instruct(model, tok, cfg.n_self_instruct, cfg.batch, cfg.seed, progress)
             random.Random(cfg.seed).shuffle(rows)
         tmp = prompts_file.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -156,14 +163,17 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
     ids = [encode(tok, r) for r in rows]
     order = sorted((i for i in range(len(ids)) if len(ids[i]) <= cfg.max_prompt), key=lambda i: len(ids[i]))
     batches = [order[i : i + cfg.batch] for i in range(0, len(order), cfg.batch)]
-    t0, n_tok = time.perf_counter(), 0
+    # the ETA weighs each batch by its padded work (prompts grow along the list: sorted by length)
+    cost = [len(idx) * (max(len(ids[i]) for i in idx) + cfg.max_new_tokens) for idx in batches]
+    todo = [b for b in range(len(batches)) if not (out / f"shard-{b:05d}.npz").exists()]
+    meter = GenMeter(sum(cost[b] for b in todo))
     for b, idx in enumerate(batches):
         path = out / f"shard-{b:05d}.npz"
         if path.exists():
             continue
         inp, mask = _left_padded([ids[i] for i in idx], pad)
         n_p = inp.shape[1]
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(compute):
             g = model.generate(
                 input_ids=inp,
                 attention_mask=mask,
@@ -205,17 +215,60 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
             **extra,
         )
         tmp.rename(path)
-        n_tok += starts[-1]
+        meter.add(starts[-1], starts[-1] - sum(n_prompt), cost[b])
         if progress:
-            dt = time.perf_counter() - t0
             print(
-                f"[data] batch {b + 1}/{len(batches)}: {starts[-1]} tokens, {n_tok / dt:.0f} tok/s overall, "
-                f"{dt / 60:.1f} min",
-                file=sys.stderr,
-                flush=True,
+                f"[data] batch {b + 1}/{len(batches)}: {starts[-1]} tokens, {meter.line()}", file=sys.stderr, flush=True
             )
+    if todo:
+        log_run(out, compute.dtype, torch.get_num_threads(), meter)
     (out / "done").write_text(f"{len(batches)} batches\n")
     return out
+
+
+class GenMeter:
+    """Tokens per second and the time left of a data run (the ETA: the work left, each batch's
+    padded size, at this run's pace)."""
+
+    def __init__(self, work: int) -> None:
+        self.work = work  # padded tokens of the batches this run makes
+        self.done = 0  # of them made so far
+        self.tokens = 0  # sequence tokens written (prompt + answer)
+        self.new = 0  # answer tokens the target generated
+        self.t0 = time.perf_counter()
+
+    def add(self, tokens: int, new: int, work: int) -> None:
+        self.tokens, self.new, self.done = self.tokens + tokens, self.new + new, self.done + work
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def eta_s(self) -> float:
+        return self.elapsed() * max(0, self.work - self.done) / max(self.done, 1)
+
+    def line(self) -> str:
+        dt = max(self.elapsed(), 1e-9)
+        gen = f" ({self.new / dt:.0f} generated/s)" if self.new else ""
+        return f"{self.tokens / dt:.0f} tok/s{gen}, {dt / 60:.1f} min, ETA {self.eta_s() / 60:.1f} min"
+
+
+def log_run(out: Path, compute: str, threads: int, meter: GenMeter) -> None:
+    """Append this run's compute dtype, threads and pace to out/generation.json (a resumed folder
+    may hold shards made differently)."""
+    path = out / "generation.json"
+    runs = json.loads(path.read_text()) if path.exists() else []
+    dt = max(meter.elapsed(), 1e-9)
+    runs.append(
+        {
+            "compute": compute,
+            "threads": threads,
+            "tokens": meter.tokens,
+            "tokens_per_s": round(meter.tokens / dt, 1),
+            "generated_per_s": round(meter.new / dt, 1),
+            "seconds": round(dt, 1),
+        }
+    )
+    path.write_text(json.dumps(runs, indent=1) + "\n")
 
 
 def load_shards(folder: str | Path):
@@ -253,3 +306,32 @@ def load_aux(folder: str | Path) -> np.ndarray:
     if not parts:
         raise FileNotFoundError(f"no shard-*.npz in {folder}")
     return np.concatenate(parts)
+
+
+def load_soft(folder: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(top-k ids [N, k] int32, probs [N, k] float32, has [N] bool) over the same shards, in the
+    same order, as `load_shards`: the target's next-token distribution at each position where a
+    shard holds one (teacher-forced text data, `text_data`), has False (zeros) elsewhere; None
+    when no shard holds any."""
+    shards = [p for f in str(folder).split(",") for p in sorted(Path(f).glob("shard-*.npz")) if ".tmp" not in p.name]
+    parts = []
+    for p in shards:
+        z = np.load(p)
+        parts.append((z["topk_ids"], z["topk_probs"]) if "topk_ids" in z else len(z["tokens"]))
+    soft = [x for x in parts if not isinstance(x, int)]
+    if not soft:
+        return None
+    k = soft[0][0].shape[1]
+    ids, probs, has = [], [], []
+    for x in parts:
+        if isinstance(x, int):
+            ids.append(np.zeros((x, k), np.int32))
+            probs.append(np.zeros((x, k), np.float32))
+            has.append(np.zeros(x, bool))
+        else:
+            if x[0].shape[1] != k:
+                raise ValueError(f"{folder}: shards keep different numbers of soft labels ({k}, {x[0].shape[1]})")
+            ids.append(x[0])
+            probs.append(x[1].astype(np.float32))
+            has.append(np.ones(len(x[0]), bool))
+    return np.concatenate(ids), np.concatenate(probs), np.concatenate(has)

