@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from edgespec.export.graph import GraphBuilder, GraphOptions
 
 MLP_NAMES = ("Split", "Sigmoid", "SiLU", "GLU")  # node names of mlp()'s ops under its prefix
+GEMM_K_MAX = 128  # longest attention-score reduction one Gemm takes (LayerOps.scores)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,35 @@ class LayerOps:
         act_name = silu if self.arch.mlp_act == "silu" else f"{name}/GeluTanh"
         act = b.op("Mul", [self.gate_act(b, g, sigmoid, act_name), u], glu)
         return self.linear(b, act, f"l{i}.down")
+
+    def scores(self, b: GraphBuilder, q: str, keys: str, mask: str | None, name: str) -> str:
+        """q [M, Hkv*D] . keys [N, Hkv*D]^T * attn_scale (+ mask [M, N] or broadcastable): one Gemm, or one
+        per GEMM_K_MAX columns summed in order where the rows are wider.
+
+        Why: ONNX Runtime's CPU Gemm (MLAS) splits a reduction longer than 128 into passes at places
+        that depend on N (measured on ORT 1.32, AMD EPYC Zen 4: K = 192 or 256 gives other bits at
+        N >= 192 than at N = 2), and the new keys' scores (N = T) must be the bits the cached keys'
+        (N = the window) give in a later call. A reduction of <= 128 is one pass for every M >= 2 and
+        N (tests/test_lean_graph.py probes it), and the chunks' partial scores are added in a fixed order."""
+        width = self.arch.n_kv_heads * self.arch.head_dim
+        extra = [mask] if mask is not None else []
+        if width <= GEMM_K_MAX:
+            return b.op("Gemm", [q, keys, *extra], name, transB=1, alpha=self.arch.attn_scale)
+        out = None
+        axis = b.const("gemm_k_axis", np.array([1], np.int64))
+        for c, lo in enumerate(range(0, width, GEMM_K_MAX)):
+            hi = min(lo + GEMM_K_MAX, width)
+            start, end = (
+                b.const(f"gemm_k_{lo}", np.array([lo], np.int64)),
+                b.const(f"gemm_k_{hi}", np.array([hi], np.int64)),
+            )
+            qc = b.op("Slice", [q, start, end, axis], f"{name}/q{c}")
+            kc = b.op("Slice", [keys, start, end, axis], f"{name}/k{c}")
+            part = b.op(
+                "Gemm", [qc, kc, *(extra if c == 0 else [])], f"{name}/Gemm{c}", transB=1, alpha=self.arch.attn_scale
+            )
+            out = part if out is None else b.op("Add", [out, part], f"{name}/sum{c}")
+        return out
 
     def pad_rows(self, b: GraphBuilder, ctx: dict, x: str, name: str) -> str:
         """Two-row calls: x with the zero row added below (MatMulNBits then sees 2 rows)."""

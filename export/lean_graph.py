@@ -256,15 +256,9 @@ class LeanOps(LayerOps):
             [b.op("Mul", [b.op("Reshape", [q, "shape_q4"], p + "/q4"), "head_mask"], p + "/q_blocks"), "shape_rows"],
             p + "/qbd",
         )  # [T*Hq, Hkv*D]
-        scale = a.attn_scale
-        s_past = b.op("Gemm", [qbd, f"past_key_{i}", ctx["mask_past"]], p + "/scores_past", transB=1, alpha=scale)
-        s_new = b.op(
-            "Gemm",
-            [qbd, b.op("Reshape", [k, "shape_rows"], p + "/k_rows"), ctx["mask_new"]],
-            p + "/scores_new",
-            transB=1,
-            alpha=scale,
-        )  # [T*Hq, T]
+        s_past = self.scores(b, qbd, f"past_key_{i}", ctx["mask_past"], p + "/scores_past")  # [T*Hq, S]
+        k_rows = b.op("Reshape", [k, "shape_rows"], p + "/k_rows")
+        s_new = self.scores(b, qbd, k_rows, ctx["mask_new"], p + "/scores_new")  # [T*Hq, T]
         scores = b.op("ScatterElements", [s_past, ctx["cols"], s_new], p + "/scores", axis=1, reduction="max")
         probs = b.op("Softmax", [scores], p + "/Softmax", axis=-1)
         if "to_node" in ctx:

@@ -122,11 +122,11 @@ class PortableOps(LayerOps):
         qt = b.op("Transpose", [q], p + "/q_T", perm=[1, 0, 2])
         qt = b.op("Unsqueeze", [qt, "axis2"], p + "/q_unsq")
         qbd = b.op("Reshape", [b.op("Mul", [qt, "head_mask"], p + "/q_blocks"), "shape_qbd"], p + "/qbd")
-        scale = a.attn_scale
         # scores over the window, the new keys' columns placed at their slots (each dot product is
-        # the same bits whichever Gemm computes it, so K needs no placed copy; V does, below)
-        s_past = b.op("Gemm", [qbd, f"past_key_{i}"], p + "/scores_past", transB=1, alpha=scale)  # [Hq*T, S]
-        s_new = b.op("Gemm", [qbd, new_k], p + "/scores_new", transB=1, alpha=scale)  # [Hq*T, T]
+        # the same bits whichever Gemm computes it, reductions of <= 128 (LayerOps.scores), so K needs
+        # no placed copy; V does, below)
+        s_past = self.scores(b, qbd, f"past_key_{i}", None, p + "/scores_past")  # [Hq*T, S]
+        s_new = self.scores(b, qbd, new_k, None, p + "/scores_new")  # [Hq*T, T]
         if "anc_cols" in ctx:  # token trees: row r's ancestors' scores moved to the columns a chain
             # would have them at (past_len + depth): its softmax row is the chain's bit for bit
             s_new = b.op("GatherElements", [s_new, ctx["anc_cols"]], p + "/s_depth", axis=1)

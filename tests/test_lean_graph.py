@@ -144,3 +144,64 @@ def test_flavour_choice_and_trt_refuses_lean_graphs(tiny_models, tmp_path, monke
     monkeypatch.setattr(device, "CudaOps", lambda: types.SimpleNamespace(device_name=lambda: "GPU T"))
     with pytest.raises(TrtBuildError, match="lean"):
         build_trt(folder)
+
+
+def test_gemm_reductions_of_128_give_the_same_bits_for_every_shape():
+    """The ORT behaviour LayerOps.scores rests on: a Gemm's element with a reduction of <= 128 is the
+    same bits whatever M (>= 2) and N are (wider reductions are split at places N decides)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from edgespec.export.layer_ops import GEMM_K_MAX
+
+    def io(name, shape):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    node = helper.make_node("Gemm", ["a", "b", "c"], ["y"], transB=1, alpha=0.125)
+    g = helper.make_graph(
+        [node], "g", [io("a", ["M", "K"]), io("b", ["N", "K"]), io("c", ["M", "N"])], [io("y", ["M", "N"])]
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, GEMM_K_MAX)).astype(np.float32)
+    b = rng.standard_normal((1024, GEMM_K_MAX)).astype(np.float32)
+    first = None
+    for n in (1, 2, 5, 9, 64, 65, 192, 256, 1024):
+        for m in (2, 4, 9, 36, 64):
+            y = sess.run(None, {"a": a[:m], "b": b[:n], "c": np.zeros((m, n), np.float32)})[0][:2, 0]
+            first = y if first is None else first
+            assert np.array_equal(y, first), (n, m)
+
+
+@pytest.mark.parametrize("graph", ["lean", "portable"])
+def test_rows_alike_across_windows_with_kv_rows_wider_than_128(graph, tmp_path):
+    """K/V rows of 256 (one kv head of 256, as Gemma 3's; SmolLM2's are 192): a token's logits are the
+    same bits decoded alone, verified among 2, 5 or 9 and prefilled, with the cache window growing
+    past 192 slots on the way (the scores' Gemms are split at 128: LayerOps.scores)."""
+    from tiny import make_tiny
+
+    from edgespec.engines.ort import OrtModel
+
+    src = make_tiny(
+        "llama", tmp_path / "src", hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256
+    )
+    folder = _export(src, tmp_path / "e", max_len=320, graph=graph)
+    m = load_manifest(folder)
+    toks = np.random.default_rng(2).integers(0, 256, 300)
+    dec = OrtModel(m, m.target)
+    one = []
+    for p in range(len(toks)):
+        one.append(dec.forward(toks[p : p + 1], p)[0].copy())
+        dec.commit(p, 1)
+    for w in (2, 5, 9, 16):
+        e = OrtModel(m, m.target)
+        for pos in range(0, len(toks), w):
+            n = min(w, len(toks) - pos)
+            rows = e.forward(toks[pos : pos + n], pos)
+            bad = [pos + i for i in range(n) if not np.array_equal(rows[i], one[pos + i])]
+            assert not bad, f"width {w}: rows {bad} differ from decode"
+            e.commit(pos, n)

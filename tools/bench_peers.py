@@ -82,8 +82,8 @@ def llama_cpp_systems(gguf: str, threads: int) -> tuple[list[System], str]:
         return run
 
     return [
-        System("llama.cpp plain", runner(plain), "Q4_1 GGUF"),
-        System("llama.cpp prompt-lookup", runner(lookup), "Q4_1 GGUF, num_pred_tokens=10"),
+        System("llama.cpp plain", runner(plain), Path(gguf).name),
+        System("llama.cpp prompt-lookup", runner(lookup), f"{Path(gguf).name}, num_pred_tokens=10"),
     ], ""
 
 
@@ -94,7 +94,6 @@ def transformers_systems(gguf: str, threads: int, hf_draft: str | None) -> tuple
     except ImportError:
         return [], "transformers/torch not installed (pip install 'edgespec[export]')"
     torch.set_num_threads(threads)
-    from pathlib import Path
 
     p = Path(gguf)
     tok = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
