@@ -57,7 +57,10 @@ def test_gemma_greedy_equals_transformers_and_speculation_equals_plain(gemma):
         ours = _ids(gemma, ids, N_NEW)
         with torch.no_grad():
             out = model.generate(
-                torch.tensor([ids]), max_new_tokens=len(ours), min_new_tokens=len(ours), do_sample=False
+                torch.tensor([[int(t) for t in ids]]),
+                max_new_tokens=len(ours),
+                min_new_tokens=len(ours),
+                do_sample=False,
             )
         assert out[0, len(ids) :].tolist() == ours, f"{len(ids)}-token prompt: greedy ids differ from transformers"
         for drafter in ("ngram", "suffix", "draft"):
