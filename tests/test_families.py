@@ -149,7 +149,7 @@ def test_gemma3_host_prologue_logits_are_the_in_graph_prologues(family_models, t
     """--host-prologue on a windowed model: the engine builds the sliding layers' masks too
     (engines/prologue.py); every call's logits are the bits of the in-graph prologue's, chains and
     trees, across the window and at the end of the context."""
-    from test_host_prologue import _calls
+    from test_host_prologue import assert_same_logits_over_calls
 
     from edgespec.engines.ort import OrtModel
 
@@ -162,15 +162,7 @@ def test_gemma3_host_prologue_logits_are_the_in_graph_prologues(family_models, t
     for role in ("target", "draft"):
         plain, host = OrtModel(m0, m0.models()[role]), OrtModel(m1, m1.models()[role])
         assert host.prologue is not None and host.prologue.window == 8
-        for past, ids, parents, commit in _calls():
-            if (parents is not None and not host.takes_tree) or len(ids) > max(host.widths):
-                continue
-            want = plain.forward(ids, past, parents=parents).copy()
-            got = host.forward(ids, past, parents=parents)
-            assert np.array_equal(got, want), (role, past, len(ids), parents, np.abs(got - want).max())
-            if commit:
-                plain.commit(past, len(ids))
-                host.commit(past, len(ids))
+        assert_same_logits_over_calls(plain, host, role)
 
 
 def test_host_prologue_window_masks_by_their_definition():
