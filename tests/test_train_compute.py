@@ -44,44 +44,34 @@ def test_probe_times_both_dtypes_quickly():
     assert c.dtype == "fp32" and mp.choose("fp32") is c  # once per process
 
 
-@pytest.fixture(scope="module")
-def tiny_data(tiny_models, tmp_path_factory):
+def _tiny_data(src, out, compute: str):
+    """Self-distillation data of the tiny target (48 prompts, 24 new tokens) in the given compute."""
     from edgespec.export.eagle_data import DataConfig, generate_data
 
-    out = tmp_path_factory.mktemp("compute") / "data"
-    return generate_data(
-        DataConfig(
-            out=str(out),
-            target=str(tiny_models["llama"]),
-            n_general=24,
-            n_code_chat=12,
-            n_completion=12,
-            max_new_tokens=24,
-            batch=16,
-            compute="fp32",
-        ),
-        progress=False,
+    cfg = DataConfig(
+        out=str(out),
+        target=str(src),
+        n_general=24,
+        n_code_chat=12,
+        n_completion=12,
+        max_new_tokens=24,
+        batch=16,
+        compute=compute,
     )
+    return generate_data(cfg, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tiny_models, tmp_path_factory):
+    return _tiny_data(tiny_models["llama"], tmp_path_factory.mktemp("compute") / "data", "fp32")
 
 
 def test_data_in_bf16_matches_fp32_prompt_features(tiny_models, tiny_data, tmp_path):
     """The same prompts through the bf16-autocast target: the prompt positions' features (same
     tokens in both) agree to bf16's precision; the run is logged with its compute dtype."""
-    from edgespec.export.eagle_data import DataConfig, generate_data, load_shards
+    from edgespec.export.eagle_data import load_shards
 
-    bf = generate_data(
-        DataConfig(
-            out=str(tmp_path / "bf"),
-            target=str(tiny_models["llama"]),
-            n_general=24,
-            n_code_chat=12,
-            n_completion=12,
-            max_new_tokens=24,
-            batch=16,
-            compute="bf16",
-        ),
-        progress=False,
-    )
+    bf = _tiny_data(tiny_models["llama"], tmp_path / "bf", "bf16")
     log = json.loads((bf / "generation.json").read_text())
     assert log[-1]["compute"] == "bf16" and log[-1]["tokens_per_s"] > 0
     assert json.loads((tiny_data / "generation.json").read_text())[-1]["compute"] == "fp32"
