@@ -249,6 +249,61 @@ def _cmd_text_data(a) -> int:
     return 0
 
 
+def _add_answer_data(sub) -> None:
+    t = sub.add_parser(
+        "answer-data",
+        help="self-distillation data through the exact graph: an engine answers chat prompts itself",
+        description="The engine folder's own Generator answers chat prompts of the wide mix (nine families: "
+        "passages, multi-turn, math, role play, code, short, long, writing, JSON), greedy, with the folder's "
+        "speculative drafter (lossless: plain decoding's tokens, faster); each prompt + answer then goes "
+        "through the target graph like teacher-forced text: its features and top-k next-token probabilities "
+        "are what the runtime computes. Prompts sharing an 8-word window with an eval prompt file are "
+        "dropped. Resumable: run again with the same --out. Train on it with `edgespec train-eagle --data "
+        "DIR` (several folders: DIR1,DIR2).",
+    )
+    t.add_argument("--engine", required=True, help="engine folder that answers and labels")
+    t.add_argument("--out", required=True, help="data folder to write (and resume)")
+    t.add_argument("--prompts", type=int, default=1000, help="chat prompts to answer (default 1000)")
+    t.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default 192)")
+    t.add_argument("--drafter", help="drafter that speeds the answers up (default: the folder's)")
+    t.add_argument("--top-k", type=int, default=8, help="soft labels kept per position (default 8)")
+    t.add_argument("--threads", type=int, help="ONNX Runtime threads (default: every core this process may use)")
+    t.add_argument(
+        "--keep-out",
+        action="append",
+        default=[],
+        metavar="FILE.jsonl",
+        help="another eval prompt file whose 8-word windows no prompt may share (repeatable; the repo's "
+        "tools/prompts/*.jsonl and HumanEval are always kept out)",
+    )
+    t.add_argument("--seed", type=int, default=101, help="the prompt mix's seed (default 101)")
+
+
+def _cmd_answer_data(a) -> int:
+    from edgespec.engines.specs import ManifestError
+    from edgespec.export.answer_data import AnswerDataConfig, make_answer_data
+    from edgespec.export.text_data import TextDataError
+
+    try:
+        make_answer_data(
+            AnswerDataConfig(
+                engine=a.engine,
+                out=a.out,
+                n_prompts=a.prompts,
+                max_new_tokens=a.max_new_tokens,
+                drafter=a.drafter,
+                top_k=a.top_k,
+                threads=a.threads,
+                seed=a.seed,
+                keep_out=tuple(a.keep_out),
+            )
+        )
+    except (TextDataError, ManifestError) as e:
+        print(f"edgespec answer-data: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _add_train(sub) -> None:
     """`train-<name>` for every drafter whose plugin has a training command."""
     from edgespec.export.drafters import registry
@@ -275,6 +330,7 @@ def add_parsers(sub) -> None:
     _add_export(sub)
     _add_build_trt(sub)
     _add_text_data(sub)
+    _add_answer_data(sub)
     _add_train(sub)
 
 
@@ -282,7 +338,12 @@ def _commands() -> dict:
     from edgespec.export.drafters import registry
 
     trains = {f"train-{name}": _train_command(name, p.train) for name, p in registry().items() if p.train is not None}
-    return {"export": _cmd_export, "build-trt": _cmd_build_trt, "text-data": _cmd_text_data} | trains
+    return {
+        "export": _cmd_export,
+        "build-trt": _cmd_build_trt,
+        "text-data": _cmd_text_data,
+        "answer-data": _cmd_answer_data,
+    } | trains
 
 
 COMMANDS = _commands()

@@ -1,0 +1,122 @@
+"""Self-distillation data through the exact graph: the engine answers chat prompts itself.
+
+`eagle_data` has the PyTorch target (int4 dequantized, batched `generate`) answer prompts and keeps
+its hidden states: close to the deployed graph, not equal to it (its answers drift from the
+runtime's at the first near-tie). Here the engine folder's own Generator answers, greedy, with the
+folder's speculative drafter (lossless: the tokens of plain decoding, faster), and each prompt +
+answer is then labelled like teacher-forced text (`text_data.label`: the target graph's `hidden`
+and top-k next-token probabilities, prefill chunks from an empty cache, bitwise what decode and
+verify compute). So the sequences are exactly what the runtime writes and the features exactly
+what a head will read. The prompt tokens are context only (`n_prompt`); the labels at answer
+positions are the answer's own next tokens (the graph's argmax) with the graph's distribution.
+
+Prompts: the wide mix (`draft_prompts.wide_prompts`, nine families), a seed of its own; a prompt
+sharing an 8-word window with an eval prompt file is dropped. Shards of `shard_seqs` answers,
+the `text_data` layout (resumable: prompts.jsonl is written once, finished shards are skipped).
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.export.text_data import TextDataError, eval_windows, label, windows
+
+
+@dataclass(frozen=True)
+class AnswerDataConfig:
+    engine: str  # engine folder: its Generator answers, its target graph labels
+    out: str  # folder for prompts.jsonl, shards, generation.json
+    n_prompts: int = 1000  # chat prompts of the wide mix to answer
+    max_new_tokens: int = 192  # answer length cap (an answer stops at the end-of-turn token before)
+    drafter: str | None = None  # the Generator's drafter (None: the folder's default); greedy output
+    #                             is plain decoding's either way, a drafter only makes it faster
+    top_k: int = 8  # soft labels kept per position
+    shard_seqs: int = 32  # answers per shard
+    threads: int | None = None  # ORT intra-op threads of each session (None: every core)
+    seed: int = 101  # the prompt mix's seed (the shipped heads' data used 0..4)
+    keep_out: tuple[str, ...] = ()  # more eval prompt files (.jsonl) whose windows prompts must not share
+
+
+def plan_prompts(cfg: AnswerDataConfig, keep_out: set[tuple[str, ...]]) -> tuple[list[dict], int]:
+    """(the wide mix's first cfg.n_prompts rows that share no 8-word window with `keep_out`, how many
+    were dropped)."""
+    from edgespec.export.draft_prompts import wide_prompts
+
+    rows = wide_prompts(cfg.n_prompts, cfg.seed)
+    kept = [r for r in rows if not windows("\n".join(m["content"] for m in r["messages"])) & keep_out]
+    return kept, len(rows) - len(kept)
+
+
+def _load_prompts(cfg: AnswerDataConfig, out: Path, progress: bool) -> list[dict]:
+    path = out / "prompts.jsonl"
+    if path.exists():  # a resumed run answers the prompts planned first
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    rows, dropped = plan_prompts(cfg, eval_windows(cfg.keep_out))
+    if progress:
+        print(f"[answers] {len(rows)} prompts, {dropped} dropped (an 8-word window of an eval prompt)", file=sys.stderr)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(path)
+    return rows
+
+
+def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
+    """Answer the prompts shard by shard (skipping shards already written), label each prompt +
+    answer through the target graph, then write `done`. Returns the folder."""
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.eagle_data import GenMeter, log_run
+    from edgespec.export.matmul_probe import default_threads
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = _load_prompts(cfg, out, progress)
+    threads = cfg.threads or default_threads()
+    gen = Generator.load(cfg.engine, RuntimeConfig(drafter=cfg.drafter, threads=threads))
+    if gen.codec is None:
+        raise TextDataError(f"{cfg.engine} has no tokenizer; answers need the folder's chat template")
+    man = gen.manifest
+    labeller = OrtModel(man, man.target, threads=threads)
+    n_shards = -(-len(rows) // cfg.shard_seqs)
+    todo = [b for b in range(n_shards) if not (out / f"shard-{b:05d}.npz").exists()]
+    # the ETA counts answers: their lengths are unknown until written
+    meter = GenMeter(sum(len(rows[b * cfg.shard_seqs : (b + 1) * cfg.shard_seqs]) for b in todo))
+    for b in todo:
+        part = rows[b * cfg.shard_seqs : (b + 1) * cfg.shard_seqs]
+        seqs, n_prompt, n_new = [], [], 0
+        for row in part:
+            ids = gen.codec.encode(row["messages"]).astype(np.int64)
+            room = man.max_len - len(ids)
+            if room < 8:  # a prompt that leaves no room to answer is skipped, not cut
+                continue
+            new = np.concatenate([np.array(x) for x in gen.generate_ids(ids, min(cfg.max_new_tokens, room))])
+            seqs.append(np.concatenate([ids, new.astype(np.int64)]))
+            n_prompt.append(len(ids))
+            n_new += len(new)
+        labelled = [label(labeller, s, cfg.top_k) for s in seqs]
+        lengths = np.array([len(s) for s in seqs], np.int64)
+        tmp = out / f"shard-{b:05d}.tmp.npz"
+        np.savez(
+            tmp,
+            tokens=np.concatenate(seqs).astype(np.int32),
+            features=np.concatenate([x[0] for x in labelled]).astype(np.float16),
+            starts=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            n_prompt=np.array(n_prompt, np.int64),
+            topk_ids=np.concatenate([x[1] for x in labelled]),
+            topk_probs=np.concatenate([x[2] for x in labelled]).astype(np.float16),
+        )
+        tmp.rename(out / f"shard-{b:05d}.npz")
+        meter.add(int(lengths.sum()), n_new, len(part))
+        if progress:
+            print(f"[answers] shard {b + 1}/{n_shards}: {int(lengths.sum())} tokens, {meter.line()}", file=sys.stderr)
+    if todo:
+        log_run(out, f"{man.target.precision} target graph (ORT), drafter {gen.cfg.drafter}", threads, meter)
+    (out / "done").write_text(f"{n_shards} shards\n")
+    return out

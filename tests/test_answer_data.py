@@ -1,0 +1,99 @@
+"""Self-distillation through the exact graph (export/answer_data.py): the engine's own Generator
+answers (speculative, so the tokens must be plain greedy decoding's), each prompt + answer is
+labelled by the target graph (features bitwise the runtime's prefill), eval prompts stay out,
+shards resume with the same bytes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from edgespec.export import answer_data as ad
+from edgespec.export import text_data as td
+
+PROMPTS = [
+    {"id": "p0", "kind": "short", "messages": [{"role": "user", "content": "Name a colour."}]},
+    {"id": "p1", "kind": "short", "messages": [{"role": "user", "content": "Count to five, please."}]},
+    {
+        "id": "p2",
+        "kind": "multiturn",
+        "messages": [
+            {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": "Hi!"},
+            {"role": "user", "content": "Again, louder."},
+        ],
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def answers(tiny_engine, tmp_path_factory):
+    out = tmp_path_factory.mktemp("answers")
+    # a folder with prompts.jsonl answers those (how a resumed run keeps its plan)
+    (out / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    cfg = ad.AnswerDataConfig(
+        engine=str(tiny_engine),
+        out=str(out),
+        n_prompts=3,
+        max_new_tokens=12,
+        drafter="draft",
+        top_k=4,
+        shard_seqs=2,
+        threads=1,
+    )
+    ad.make_answer_data(cfg, progress=False)
+    return out, cfg
+
+
+def test_answers_are_plain_greedy_and_features_the_prefill(tiny_engine, answers):
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.eagle_data import load_shards, load_soft
+    from edgespec.export.train import SoftLabels
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+    from edgespec.runtime.prefill import prefill
+
+    out, cfg = answers
+    tokens, feats, starts, n_prompt = load_shards(out)
+    soft = load_soft(out)
+    assert len(n_prompt) == 3 and soft[2].all()
+    plain = Generator.load(tiny_engine, RuntimeConfig(drafter="none"))
+    man = load_manifest(tiny_engine)
+    eng = OrtModel(man, man.target)
+    emitted = SoftLabels(*soft).labels(tokens, starts)
+    for s, row in enumerate(PROMPTS):
+        seq = tokens[starts[s] : starts[s + 1]].astype(np.int64)
+        ids = plain.codec.encode(row["messages"])
+        assert n_prompt[s] == len(ids) and np.array_equal(seq[: len(ids)], ids)
+        want = np.concatenate([np.array(x) for x in plain.generate_ids(ids, cfg.max_new_tokens)])
+        assert np.array_equal(seq[len(ids) :], want)  # the drafter's answer is plain decoding's
+        # at answer positions the graph's argmax given the text before is the answer's own token
+        assert np.array_equal(emitted[starts[s] + len(ids) : starts[s + 1]], seq[len(ids) :])
+        hidden = np.zeros((man.max_len, man.target.hidden_size), np.float32)
+        prefill(eng, seq, 0, hidden_out=hidden)
+        assert np.array_equal(feats[starts[s] : starts[s + 1]], hidden[: len(seq)].astype(np.float16))
+
+
+def test_answer_shards_resume_with_the_same_bytes(answers):
+    out, cfg = answers
+    before = (out / "shard-00001.npz").read_bytes()
+    (out / "shard-00001.npz").unlink()
+    ad.make_answer_data(cfg, progress=False)
+    assert (out / "shard-00001.npz").read_bytes() == before and (out / "done").exists()
+    runs = json.loads((out / "generation.json").read_text())
+    assert len(runs) == 2 and "drafter draft" in runs[-1]["compute"]
+
+
+def test_prompts_sharing_an_eval_window_are_dropped(monkeypatch, tmp_path):
+    row = json.loads((td.REPO_PROMPTS / "drafts_eval.jsonl").read_text().splitlines()[5])
+    leak = {
+        "id": "leak",
+        "kind": "writing",
+        "messages": [{"role": "user", "content": "Please: " + row["messages"][0]["content"]}],
+    }
+    monkeypatch.setattr(
+        "edgespec.export.draft_prompts.wide_prompts", lambda n, seed: [PROMPTS[0], leak, PROMPTS[1]][:n]
+    )
+    kept, dropped = ad.plan_prompts(ad.AnswerDataConfig(engine="-", out=str(tmp_path), n_prompts=3), td.eval_windows())
+    assert [r["id"] for r in kept] == ["p0", "p1"] and dropped == 1
