@@ -98,3 +98,62 @@ def sampled_policy(k_max: int, drafter: str, provider: str, verify_cost: dict[in
     row = ROW_COST.get(provider, ROW_COST["cpu"])
     costs = verify_cost or {w: 1.0 + row * (w - 1) for w in range(1, k_max + 2)}
     return AdaptiveK(k_max, costs, SAMPLED, draft_cost=spec_of(drafter).draft_cost, timed=False)
+
+
+class TreeBudget:
+    """Adaptive tree size: each step verifies the n best nodes of the drafted tree, n chosen for the
+    most expected tokens per second of the verify call.
+
+    Model: a drafted node is accepted with probability ~ r * its score (the drafter's path
+    probability; r calibrates it, learned from the steps seen), so verifying the root and the n - 1
+    best-scored nodes yields E(n) = 1 + r * (s_(1) + ... + s_(n-1)) tokens at cost verify(n), the
+    measured time of a width-n target call (the width table). n = 1 (the pending token alone, a
+    plain decode) is a candidate, so a tree that does not pay on this machine shrinks by itself.
+    Drafting is already spent when n is chosen, so it does not enter the ratio. Under sampling the
+    costs stay fixed (timed=False) for the same reason as sampled_policy's."""
+
+    def __init__(
+        self,
+        max_nodes: int,
+        verify_cost_s: dict[int, float],
+        cfg: AdaptiveConfig = AdaptiveConfig(),
+        timed: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.timed = timed
+        self.verify_s = np.array([verify_cost_s.get(w, np.nan) for w in range(max_nodes + 1)])  # [max_nodes+1]
+        self.calibration = 1.0  # r: accepted drafts per unit of kept score
+        self.predicted = 0.0  # sum of the kept nodes' scores of the last choice
+        self._gain = np.zeros(max_nodes + 1)  # [max_nodes+1] E(n), index n
+        self._steps_at_one = 0
+
+    def choose(self, scores: np.ndarray) -> int:
+        """Nodes to keep (root included) of a tree whose drafted nodes have these scores [n-1]."""
+        n = len(scores) + 1
+        gain = self._gain[: n + 1]
+        gain[0], gain[1] = np.nan, 1.0
+        np.cumsum(np.sort(scores)[::-1], out=gain[2:])  # best-first sums of scores
+        gain[2:] = 1.0 + self.calibration * gain[2:]
+        best = int(np.nanargmax(gain / self.verify_s[: n + 1]))
+        if best == 1:  # every probe_every such steps, verify the whole tree to keep r alive
+            self._steps_at_one += 1
+            if self._steps_at_one >= self.cfg.probe_every:
+                self._steps_at_one, best = 0, n
+        self.predicted = float(gain[best] - 1.0) / self.calibration if best > 1 else 0.0
+        return best
+
+    def observe(self, n: int, n_acc: int, verify_s: float) -> None:
+        """One finished step: verified n nodes, n_acc drafts accepted, in verify_s seconds."""
+        e = self.cfg.ema
+        if self.timed and n < len(self.verify_s):
+            old = self.verify_s[n]
+            self.verify_s[n] = verify_s if np.isnan(old) else (1 - e) * old + e * verify_s
+        if self.predicted > 0:
+            self.calibration = (1 - e) * self.calibration + e * min(4.0, n_acc / self.predicted)
+
+
+def sampled_tree_budget(max_nodes: int, provider: str, verify_cost: dict[int, float] | None = None) -> TreeBudget:
+    """The tree budget of one sampled call: fixed costs in decodes (recorded, else ROW_COST per row)."""
+    row = ROW_COST.get(provider, ROW_COST["cpu"])
+    costs = verify_cost or {w: 1.0 + row * (w - 1) for w in range(1, max_nodes + 1)}
+    return TreeBudget(max_nodes, costs, timed=False)

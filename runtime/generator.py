@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, load_manifest
-from edgespec.runtime.adaptive import AdaptiveK, sampled_policy
+from edgespec.runtime.adaptive import AdaptiveK, TreeBudget, sampled_policy, sampled_tree_budget
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
 from edgespec.runtime.constrain import Constraint, Grammar, chain_cap
@@ -156,9 +156,12 @@ class Generator(TextAPI):
                     "token trees need a folder re-exported without --no-trees"
                 )
             self.tree = TokenTree(c.tree.nodes)
-        self.adaptive = None
+        self.adaptive = self.tree_budget = None
         if c.adaptive and self.k > 0 and self.tree is None:
             self.adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
+        if c.adaptive and self.tree is not None:  # trees cut each step to the size that pays
+            self.tree_budget = TreeBudget(c.tree.nodes, self.verify_costs(range(1, c.tree.nodes + 1)))
+        self._budget = self.tree_budget  # the running call's (a sampled call gets fixed costs)
 
     def _uses_suffix_cache(self, name: str) -> bool:
         return spec_of(name).suffix_cache(self.cfg)
@@ -169,14 +172,14 @@ class Generator(TextAPI):
         output, follows from the seed, the folder and the settings, not from the machine's load."""
         if self.adaptive is None:
             return None
-        return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs())
+        return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs(self.k + 1))
 
-    def _recorded_costs(self) -> dict[int, float] | None:
+    def _recorded_costs(self, widest: int) -> dict[int, float] | None:
         """Verify costs in decodes by width, as the export's probe measured them for this folder's
-        target on the CPU (manifest export_probe); None when it has none for widths 1..k+1."""
+        target on the CPU (manifest export_probe); None when it has none for widths 1..widest."""
         probe = self.manifest.export_probe if self.manifest is not None and self.cfg.provider == "cpu" else {}
         ms = probe.get("ms_by_width", {}).get(self.manifest.target.precision, {}) if probe else {}
-        widths = range(1, self.k + 2)
+        widths = range(1, widest + 1)
         if not all(str(w) in ms for w in widths):
             return None
         return {w: ms[str(w)] / ms["1"] for w in widths}
@@ -219,6 +222,8 @@ class Generator(TextAPI):
         tree = self.tree
         tree.reset(seq.pending, self.target.max_len - seq.tgt_past)
         self.drafter.propose_tree(seq, tree, self.cfg.tree)
+        if self._budget is not None:
+            tree.keep_best(self._budget.choose(tree.score[1 : tree.n]))
         tree.keep_chain_prefix(tree_chain_prefix(seq.tgt_past, tree.n))
         return tree.proposal()
 
@@ -319,11 +324,15 @@ class Generator(TextAPI):
         # greedy adaptive k follows measured times; under sampling that would make the RNG draws,
         # and so a seeded output, depend on timing: sampled calls get the fixed-cost policy
         adaptive = self.adaptive if sampling.greedy else self._sampled_adaptive()
+        self._budget = self.tree_budget
+        if self.tree_budget is not None and not sampling.greedy:
+            nodes = self.cfg.tree.nodes
+            self._budget = sampled_tree_budget(nodes, self.cfg.provider, self._recorded_costs(nodes))
         st = self.last_stats = GenerationStats(
             drafter=self.drafter.name,
             k=self.k,
             n_prompt=n_prompt,
-            adaptive=adaptive is not None,
+            adaptive=adaptive is not None or self._budget is not None,
             grammar=grammar.kind if grammar else "",
             tree=self.cfg.tree.label if self.tree is not None and not con else "",
         )
@@ -359,6 +368,8 @@ class Generator(TextAPI):
                     st.record_source(self.drafter.source, m, n_kept)
                 if adaptive:
                     adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0)
+                if self._budget is not None and con is None:
+                    self._budget.observe(len(prop.tokens), n_acc, t2 - t1)
                 t_prev = t3
                 st.n_output += n_emit
                 self.last_step = (prop.n_drafted, n_acc)

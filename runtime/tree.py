@@ -101,13 +101,33 @@ class TokenTree:
         nodes all descend from node n_chain-1 (engines.base.tree_chain_prefix says why)."""
         if n_chain <= 1:
             return
-        keep, new = self._keep, self._new
-        keep[0], m = True, 1
-        new[0] = 0
+        keep = self._keep
+        keep[0] = True
         for i in range(1, self.n):
             p = self.parents[i]
             keep[i] = keep[p] and (p == i - 1 if i < n_chain else p >= n_chain - 1)
+        self._compact()
+
+    def keep_best(self, n_keep: int) -> None:
+        """Prune to the root and the n_keep - 1 drafted nodes of highest score (ties: the earlier
+        node). A node's score is its parent's times a probability <= 1 and a parent comes before its
+        children, so every kept node's ancestors are kept too."""
+        if n_keep >= self.n:
+            return
+        keep = self._keep
+        keep[: self.n] = False
+        keep[0] = True
+        for i in sorted(range(1, self.n), key=lambda i: -self.score[i])[: max(0, n_keep - 1)]:
+            keep[i] = True
+        self._compact()
+
+    def _compact(self) -> None:
+        """Move the nodes marked in _keep (an ancestor-closed set) to the front, in order."""
+        keep, new = self._keep, self._new
+        new[0], m = 0, 1
+        for i in range(1, self.n):
             if keep[i]:
+                p = self.parents[i]
                 new[i] = m
                 self.tokens[m], self.parents[m], self.depth[m], self.score[m] = (
                     self.tokens[i],

@@ -352,9 +352,10 @@ def test_tree_greedy_identical_to_plain(eagle_engine, drafter):
     rng = np.random.default_rng(4)
     prompts = [rng.integers(3, 60, n) for n in (7, 110)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
     plain = [np.concatenate([x.copy() for x in g.generate_ids(p, 40)]) for p in prompts]
-    for tree in (TreeConfig(nodes=7, depth=3, branch=2, beam=2), TreeConfig(nodes=5, depth=4, branch=3, beam=1)):
+    wide, deep = TreeConfig(nodes=7, depth=3, branch=2, beam=2), TreeConfig(nodes=5, depth=4, branch=3, beam=1)
+    for tree, adaptive in ((wide, False), (deep, False), (wide, True)):  # adaptive: cut to size each step
         t = Generator.load(
-            eagle_engine, RuntimeConfig(drafter=drafter, k=6, adaptive=False, eagle_min_confidence=0.0, tree=tree)
+            eagle_engine, RuntimeConfig(drafter=drafter, k=6, adaptive=adaptive, eagle_min_confidence=0.0, tree=tree)
         )
         for p, ref in zip(prompts, plain, strict=True):
             out = np.concatenate([x.copy() for x in t.generate_ids(p, 40)])

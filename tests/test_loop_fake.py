@@ -71,6 +71,28 @@ def test_greedy_tree_equals_plain(drafter, nodes, depth, branch, beam):
     assert g.target.kv[:n].tolist() == np.concatenate([PROMPT, out])[:n].tolist()
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
+def test_cost_sized_trees_equal_plain(drafter):
+    """Adaptive trees: each step verifies only the nodes its TreeBudget keeps (ancestor-closed,
+    best scores first); the output is still plain decoding's."""
+    from edgespec.runtime.tree import TreeConfig
+
+    ref = run(make("none", 0), PROMPT, 120)
+    g = Generator(
+        None,
+        Engines(FakeModel(random_table(V, seed=0))),
+        RuntimeConfig(drafter=drafter, k=8, adaptive=True, tree=TreeConfig(9, 4, 2, 2)),
+    )
+    assert g.tree_budget is not None and g.adaptive is None
+    widths = []
+    for _ in range(3):
+        out = run(g, PROMPT, 120)
+        assert out.tolist() == ref.tolist()
+        st = g.last_stats
+        widths.append(1 + st.n_drafted / st.n_target_calls)  # mean nodes per verify call
+    assert g.last_stats.adaptive and all(1.0 <= w <= 9.0 for w in widths)
+
+
 def test_draft_model_that_equals_target_accepts_everything():
     g = make("draft", 4, draft_noise=0.0)
     run(g, PROMPT, 60)

@@ -199,3 +199,14 @@ def test_top_k_and_top_p_processing():
     assert np.allclose(p, [0.625, 0.375, 0, 0])
     p = probs(np.log(np.array([0.5, 0.3, 0.15, 0.05])), SamplingConfig(1.0, top_p=0.7))
     assert np.allclose(p, [0.625, 0.375, 0, 0])
+
+
+def test_cost_sized_tree_sampling_keeps_the_target_distribution():
+    """Adaptive trees (each step cut to its best-scored nodes by the fixed-cost TreeBudget): the
+    cut depends on the drafts only, never on the tokens drawn, so sampling stays lossless."""
+    pytest.importorskip("scipy")
+    g = _gen("eagle", TREE)
+    g.reconfigure(adaptive=True)
+    assert g.tree_budget is not None
+    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    assert p > 1e-3, f"eagle cost-sized tree: chi-square p = {p:.2g}"

@@ -121,3 +121,41 @@ def test_chain_only_folders_have_no_tree_ops_and_refuse_trees(tiny_models, tmp_p
     assert not any(n.op_type == "GatherElements" for n in g.graph.node)
     with pytest.raises(ValueError, match="--no-trees"):
         Generator.load(out, RuntimeConfig(drafter="ngram", k=4, tree=TreeConfig(5, 4, 1, 1)))
+
+
+def test_keep_best_keeps_the_top_scores_and_their_ancestors():
+    from edgespec.runtime.tree import TokenTree
+
+    t = TokenTree(8)
+    t.reset(100)
+    a = t.add(0, 1, 0.6)
+    b = t.add(0, 2, 0.3)
+    t.add(a, 3, 0.5)  # 0.6 * p
+    t.add(b, 4, 0.2)
+    t.add(a, 5, 0.05)
+    t.keep_best(4)  # root + 0.6, 0.5, 0.3
+    assert t.n == 4 and t.tokens[:4].tolist() == [100, 1, 2, 3] and t.parents[:4].tolist() == [-1, 0, 0, 1]
+    assert t.depth[:4].tolist() == [0, 1, 1, 2]
+    t.keep_best(1)
+    assert t.n == 1 and t.tokens[0] == 100
+
+
+def test_tree_budget_sizes_trees_from_the_width_table():
+    """E(n) / verify(n): free rows keep every node worth anything, dear rows keep the sure ones
+    only, and the calibration follows what the target accepts."""
+    from edgespec.runtime.adaptive import TreeBudget
+
+    scores = np.array([0.9, 0.8, 0.5, 0.3, 0.1, 0.05])
+    cheap = TreeBudget(7, {w: 1.0 + 0.01 * (w - 1) for w in range(1, 8)})
+    assert cheap.choose(scores) == 7
+    dear = TreeBudget(7, {w: 1.0 + 0.8 * (w - 1) for w in range(1, 8)})
+    assert dear.choose(scores) == 2  # (1 + 0.9) / 1.8 beats (1 + 1.7) / 2.6 and plain's 1 / 1
+    mid = TreeBudget(7, {w: 1.0 + 0.25 * (w - 1) for w in range(1, 8)})
+    n = mid.choose(scores)
+    assert 2 < n < 7
+    chosen = []
+    for _ in range(64):  # the target keeps nothing: r falls and the budget shrinks to plain decoding
+        mid.observe(n, 0, 1.0 + 0.25 * (n - 1))
+        n = mid.choose(scores)
+        chosen.append(n)
+    assert mid.calibration < 0.3 and chosen[-16:].count(1) == 15  # and probes the whole tree now and then
