@@ -76,8 +76,10 @@ def add_runtime_args(p, drafter_default=None) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="choose k per step (up to --k) from verify costs and running acceptance; k=0 when "
-        "speculation does not pay. Greedy: measured costs; sampling: fixed relative costs and "
-        "accepted counts, so a seed still reproduces its output (default: the folder's default)",
+        "speculation does not pay; with --tree, verify each step's best-scored nodes, as many as "
+        "pay by the measured width table (1: plain decoding). Greedy: measured costs; sampling: fixed "
+        "relative costs and accepted counts, so a seed still reproduces its output (default: the "
+        "folder's default)",
     )
     add_drafter_options(p)
 

@@ -42,7 +42,8 @@ class BenchConfig:
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0  # sampling seed
     limit: int = 20  # prompts taken from the file / HumanEval
-    adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks)
+    adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks), and each tree
+    #                         cut to size per step
     trees: tuple[str, ...] = ()  # token-tree specs NODES:DEPTH:BRANCH:BEAM, run for each tree-capable drafter
     command: str = ""  # the command line that started the run, recorded in the JSON ("": not from the CLI)
     structured: bool = False  # constrain each prompt by its "schema" (JSON Schema); adds an unconstrained none row
@@ -234,7 +235,8 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     if cfg.adaptive:
         configs += [(d, max(cfg.ks), True, "") for d in drafters[1:]]
     trees = {spec: TreeConfig.parse(spec) for spec in cfg.trees}
-    configs += [(d, max(cfg.ks), False, spec) for d in drafters[1:] if d in tree_names() for spec in trees]
+    for adaptive in (False, True) if cfg.adaptive else (False,):  # adaptive trees: cut to size each step
+        configs += [(d, max(cfg.ks), adaptive, spec) for d in drafters[1:] if d in tree_names() for spec in trees]
     configs = [c + (False,) for c in configs]  # (drafter, k, adaptive, tree, free: without the prompt's grammar)
     if cfg.structured:
         configs.append(("none", 0, False, "", True))
@@ -370,7 +372,7 @@ def format_table(report: dict) -> str:
         t = r["totals"]
         k = f"<={r['k']} adaptive" if r.get("adaptive") else r["k"]
         if r.get("tree"):
-            k = f"tree {r['tree']}"
+            k = f"tree {r['tree']}" + (" adaptive" if r.get("adaptive") else "")
         name = r["drafter"] + (" (unconstrained)" if structured and not r.get("constrained", True) else "")
         row = (
             f"| {name} | {k} | {t['tokens_per_s']:.1f} | {t['tokens_per_s'] / base:.2f}x | "

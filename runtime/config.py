@@ -23,7 +23,8 @@ PROVIDERS = ("cpu", "cuda", "tensorrt", "trt")  # ONNX Runtime's three (engines/
 class CoreConfig:
     drafter: str | None = None  # a registered drafter (`edgespec generate --help` lists them); None: the folder's
     k: int | None = None  # num_speculative_tokens per step, the maximum when adaptive (None: the folder's)
-    adaptive: bool | None = None  # choose k per step (greedy: measured costs; sampled: fixed ones) (None: the folder's)
+    adaptive: bool | None = None  # choose k (trees: nodes) per step (greedy: measured costs; sampled: fixed ones)
+    #                               (None: the folder's)
     provider: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution providers) | trt (native TensorRT)
     draft_provider: str | None = None  # where drafting models run (None: with the target)
     threads: int | None = None  # intra-op threads (None: physical cores)
