@@ -223,7 +223,7 @@ class Generator(TextAPI):
         tree.reset(seq.pending, self.target.max_len - seq.tgt_past)
         self.drafter.propose_tree(seq, tree, self.cfg.tree)
         if self._budget is not None:
-            tree.keep_best(self._budget.choose(tree.score[1 : tree.n]))
+            tree.keep_best(self._budget.choose(tree.path_scores()[1:]))
         tree.keep_chain_prefix(tree_chain_prefix(seq.tgt_past, tree.n))
         return tree.proposal()
 

@@ -66,6 +66,7 @@ class TokenTree:
         self.n = 0
         self.t_drafted = self.t_verified = 0.0  # perf_counter stamps of the last step (stats)
         self._keep = np.zeros(max_nodes, bool)
+        self._eff = np.zeros(max_nodes, np.float64)  # path_scores
         self._new = np.zeros(max_nodes, np.int64)
 
     def reset(self, root_token: int, limit: int | None = None) -> None:
@@ -108,16 +109,26 @@ class TokenTree:
             keep[i] = keep[p] and (p == i - 1 if i < n_chain else p >= n_chain - 1)
         self._compact()
 
+    def path_scores(self) -> np.ndarray:
+        """[n] each node's score capped by its ancestors' (min along its path; the root 1.0): what a
+        node can add to the accepted length is bounded by its parent's. Drafters that score by path
+        probability give their own scores back; a merged tree (hybrid) may not be monotone."""
+        eff = self._eff
+        eff[0] = 1.0
+        for i in range(1, self.n):
+            eff[i] = min(self.score[i], eff[self.parents[i]])
+        return eff[: self.n]
+
     def keep_best(self, n_keep: int) -> None:
-        """Prune to the root and the n_keep - 1 drafted nodes of highest score (ties: the earlier
-        node). A node's score is its parent's times a probability <= 1 and a parent comes before its
-        children, so every kept node's ancestors are kept too."""
+        """Prune to the root and the n_keep - 1 drafted nodes of highest path_scores (ties: the
+        earlier node). Those scores never rise along a path and a parent comes before its children,
+        so every kept node's ancestors are kept too."""
         if n_keep >= self.n:
             return
-        keep = self._keep
+        eff, keep = self.path_scores(), self._keep
         keep[: self.n] = False
         keep[0] = True
-        for i in sorted(range(1, self.n), key=lambda i: -self.score[i])[: max(0, n_keep - 1)]:
+        for i in sorted(range(1, self.n), key=lambda i: -eff[i])[: max(0, n_keep - 1)]:
             keep[i] = True
         self._compact()
 

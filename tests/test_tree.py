@@ -138,6 +138,15 @@ def test_keep_best_keeps_the_top_scores_and_their_ancestors():
     assert t.depth[:4].tolist() == [0, 1, 1, 2]
     t.keep_best(1)
     assert t.n == 1 and t.tokens[0] == 100
+    # a merged tree (hybrid) may score a child above its parent: the child ranks by its path's
+    # lowest score, so it never comes without its parent
+    t.reset(100)
+    a = t.add(0, 1, 0.2)
+    t.add(0, 2, 0.5)
+    t.add(a, 3, 0.9)
+    assert t.path_scores().tolist() == [1.0, 0.2, 0.5, 0.2]
+    t.keep_best(3)
+    assert t.tokens[:3].tolist() == [100, 1, 2] and t.parents[:3].tolist() == [-1, 0, 0]
 
 
 def test_tree_budget_sizes_trees_from_the_width_table():
