@@ -142,6 +142,18 @@ class TreeBudget:
         self.predicted = float(gain[best] - 1.0) / self.calibration if best > 1 else 0.0
         return best
 
+    def floor(self) -> float:
+        """The lowest path score worth drafting: a node adds r * s tokens for at least the cheapest
+        extra row, verify(2) - verify(1), which must beat plain decoding's 1 token per verify(1).
+        Drafters stop growing below it (TreeConfig.min_score), so a CPU with dear rows does not pay
+        the head for depths it will cut. 0 on the step before a probe (the whole tree is drafted)."""
+        if len(self.verify_s) < 3 or self._steps_at_one >= self.cfg.probe_every - 1:
+            return 0.0
+        v1, v2 = self.verify_s[1], self.verify_s[2]
+        if not v2 > v1 > 0:  # nan (not measured) or rows for free
+            return 0.0
+        return float((v2 - v1) / (v1 * max(self.calibration, 1e-3)))
+
     def observe(self, n: int, n_acc: int, verify_s: float) -> None:
         """One finished step: verified n nodes, n_acc drafts accepted, in verify_s seconds."""
         e = self.cfg.ema

@@ -221,7 +221,10 @@ class Generator(TextAPI):
             return self.drafter.propose(seq, k)
         tree = self.tree
         tree.reset(seq.pending, self.target.max_len - seq.tgt_past)
-        self.drafter.propose_tree(seq, tree, self.cfg.tree)
+        grow = self.cfg.tree
+        if self._budget is not None and self._budget.floor() > grow.min_score:  # no depths it would cut
+            grow = dataclasses.replace(grow, min_score=self._budget.floor())
+        self.drafter.propose_tree(seq, tree, grow)
         if self._budget is not None:
             tree.keep_best(self._budget.choose(tree.path_scores()[1:]))
         tree.keep_chain_prefix(tree_chain_prefix(seq.tgt_past, tree.n))

@@ -168,3 +168,7 @@ def test_tree_budget_sizes_trees_from_the_width_table():
         n = mid.choose(scores)
         chosen.append(n)
     assert mid.calibration < 0.3 and chosen[-16:].count(1) == 15  # and probes the whole tree now and then
+    # drafting stops below the score that could pay the cheapest extra row: 0.25 / r
+    fresh = TreeBudget(7, {w: 1.0 + 0.25 * (w - 1) for w in range(1, 8)})
+    assert fresh.floor() == pytest.approx(0.25) and mid.floor() in (0.0, pytest.approx(0.25 / mid.calibration))
+    assert TreeBudget(7, {w: 1.0 for w in range(1, 8)}).floor() == 0.0  # free rows: draft everything
