@@ -174,9 +174,11 @@ class Generator(TextAPI):
             return None
         return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs(self.k + 1))
 
-    def _recorded_costs(self, widest: int) -> dict[int, float] | None:
+    def _recorded_costs(self, widest: int | None = None) -> dict[int, float] | None:
         """Verify costs in decodes by width, as the export's probe measured them for this folder's
-        target on the CPU (manifest export_probe); None when it has none for widths 1..widest."""
+        target on the CPU (manifest export_probe); None when it has none for widths 1..widest
+        (None: k + 1, a chain's widest call)."""
+        widest = widest or self.k + 1
         probe = self.manifest.export_probe if self.manifest is not None and self.cfg.provider == "cpu" else {}
         ms = probe.get("ms_by_width", {}).get(self.manifest.target.precision, {}) if probe else {}
         widths = range(1, widest + 1)
