@@ -191,6 +191,20 @@ def _cmd_build_trt(a) -> int:
     return 0
 
 
+def _add_labelling(t, what: str) -> None:
+    """The flags `text-data` and `answer-data` share: soft labels, threads, eval files kept out."""
+    t.add_argument("--top-k", type=int, default=8, help="soft labels kept per position (default 8)")
+    t.add_argument("--threads", type=int, help="ONNX Runtime threads (default: every core this process may use)")
+    t.add_argument(
+        "--keep-out",
+        action="append",
+        default=[],
+        metavar="FILE.jsonl",
+        help=f"another eval prompt file whose 8-word windows {what} (repeatable; the repo's "
+        "tools/prompts/*.jsonl and HumanEval are always kept out)",
+    )
+
+
 def _add_text_data(sub) -> None:
     t = sub.add_parser(
         "text-data",
@@ -212,16 +226,7 @@ def _add_text_data(sub) -> None:
     )
     t.add_argument("--tokens", type=int, default=200_000, help="tokens to label in all (default 200000)")
     t.add_argument("--seq-tokens", type=int, default=256, help="tokens per sequence (default 256)")
-    t.add_argument("--top-k", type=int, default=8, help="soft labels kept per position (default 8)")
-    t.add_argument("--threads", type=int, help="ONNX Runtime threads (default: every core this process may use)")
-    t.add_argument(
-        "--keep-out",
-        action="append",
-        default=[],
-        metavar="FILE.jsonl",
-        help="another eval prompt file whose 8-word windows the data must not hold (repeatable; the "
-        "repo's tools/prompts/*.jsonl and HumanEval are always kept out)",
-    )
+    _add_labelling(t, "the data must not hold")
     t.add_argument("--seed", type=int, default=0, help="document order (default 0)")
 
 
@@ -266,16 +271,7 @@ def _add_answer_data(sub) -> None:
     t.add_argument("--prompts", type=int, default=1000, help="chat prompts to answer (default 1000)")
     t.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default 192)")
     t.add_argument("--drafter", help="drafter that speeds the answers up (default: the folder's)")
-    t.add_argument("--top-k", type=int, default=8, help="soft labels kept per position (default 8)")
-    t.add_argument("--threads", type=int, help="ONNX Runtime threads (default: every core this process may use)")
-    t.add_argument(
-        "--keep-out",
-        action="append",
-        default=[],
-        metavar="FILE.jsonl",
-        help="another eval prompt file whose 8-word windows no prompt may share (repeatable; the repo's "
-        "tools/prompts/*.jsonl and HumanEval are always kept out)",
-    )
+    _add_labelling(t, "no prompt may share")
     t.add_argument("--seed", type=int, default=101, help="the prompt mix's seed (default 101)")
 
 
