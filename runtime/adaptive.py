@@ -95,9 +95,14 @@ class AdaptiveK:
 def sampled_policy(k_max: int, drafter: str, provider: str, verify_cost: dict[int, float] | None = None) -> AdaptiveK:
     """The adaptive k of one sampled call (module docstring): fixed costs, acceptance from counts.
     verify_cost: a recorded cost per verify width, in decodes (None: ROW_COST per extra row)."""
-    row = ROW_COST.get(provider, ROW_COST["cpu"])
-    costs = verify_cost or {w: 1.0 + row * (w - 1) for w in range(1, k_max + 2)}
+    costs = verify_cost or fixed_costs(k_max + 1, provider)
     return AdaptiveK(k_max, costs, SAMPLED, draft_cost=spec_of(drafter).draft_cost, timed=False)
+
+
+def fixed_costs(widest: int, provider: str) -> dict[int, float]:
+    """Verify cost by width 1..widest in decodes when none was recorded: ROW_COST per extra row."""
+    row = ROW_COST.get(provider, ROW_COST["cpu"])
+    return {w: 1.0 + row * (w - 1) for w in range(1, widest + 1)}
 
 
 class TreeBudget:
@@ -166,6 +171,4 @@ class TreeBudget:
 
 def sampled_tree_budget(max_nodes: int, provider: str, verify_cost: dict[int, float] | None = None) -> TreeBudget:
     """The tree budget of one sampled call: fixed costs in decodes (recorded, else ROW_COST per row)."""
-    row = ROW_COST.get(provider, ROW_COST["cpu"])
-    costs = verify_cost or {w: 1.0 + row * (w - 1) for w in range(1, max_nodes + 1)}
-    return TreeBudget(max_nodes, costs, timed=False)
+    return TreeBudget(max_nodes, verify_cost or fixed_costs(max_nodes, provider), timed=False)

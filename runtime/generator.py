@@ -172,7 +172,7 @@ class Generator(TextAPI):
         output, follows from the seed, the folder and the settings, not from the machine's load."""
         if self.adaptive is None:
             return None
-        return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs(self.k + 1))
+        return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs())
 
     def _recorded_costs(self, widest: int | None = None) -> dict[int, float] | None:
         """Verify costs in decodes by width, as the export's probe measured them for this folder's
@@ -223,9 +223,9 @@ class Generator(TextAPI):
             return self.drafter.propose(seq, k)
         tree = self.tree
         tree.reset(seq.pending, self.target.max_len - seq.tgt_past)
-        grow = self.cfg.tree
-        if self._budget is not None and self._budget.floor() > grow.min_score:  # no depths it would cut
-            grow = dataclasses.replace(grow, min_score=self._budget.floor())
+        grow, floor = self.cfg.tree, self._budget.floor() if self._budget is not None else 0.0
+        if floor > grow.min_score:  # no depths the budget would cut
+            grow = dataclasses.replace(grow, min_score=floor)
         self.drafter.propose_tree(seq, tree, grow)
         if self._budget is not None:
             tree.keep_best(self._budget.choose(tree.path_scores()[1:]))
