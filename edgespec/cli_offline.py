@@ -271,6 +271,13 @@ def _add_answer_data(sub) -> None:
     t.add_argument("--prompts", type=int, default=1000, help="chat prompts to answer (default 1000)")
     t.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default 192)")
     t.add_argument("--drafter", help="drafter that speeds the answers up (default: the folder's)")
+    t.add_argument(
+        "--answers-from",
+        metavar="DIR",
+        help="an earlier answer-data folder: label its answered sequences through this --engine's target graph "
+        "instead of answering again (same tokens; e.g. an engine exported with --eagle3-features adds the aux "
+        "features train-eagle3 reads)",
+    )
     _add_labelling(t, "no prompt may share")
     t.add_argument("--seed", type=int, default=101, help="the prompt mix's seed (default 101)")
 
@@ -292,6 +299,7 @@ def _cmd_answer_data(a) -> int:
                 threads=a.threads,
                 seed=a.seed,
                 keep_out=tuple(a.keep_out),
+                answers_from=a.answers_from,
             )
         )
     except (TextDataError, ManifestError) as e:

@@ -10,6 +10,10 @@ verify compute). So the sequences are exactly what the runtime writes and the fe
 what a head will read. The prompt tokens are context only (`n_prompt`); the labels at answer
 positions are the answer's own next tokens (the graph's argmax) with the graph's distribution.
 
+When the engine's target graph outputs the aux features (`export --eagle3-features`), shards keep
+them too (`aux` [N, 3H]: what `train-eagle3` reads). `answers_from` labels the sequences of an
+earlier answer-data folder instead of answering again: the same tokens, this graph's labels.
+
 Prompts: the wide mix (`draft_prompts.wide_prompts`, nine families), a seed of its own; a prompt
 sharing an 8-word window with an eval prompt file is dropped. Shards of `shard_seqs` answers,
 the `text_data` layout (resumable: prompts.jsonl is written once, finished shards are skipped).
@@ -41,6 +45,9 @@ class AnswerDataConfig:
     threads: int | None = None  # ORT intra-op threads of each session (None: every core)
     seed: int = 101  # the prompt mix's seed (the shipped heads' data used 0..4)
     keep_out: tuple[str, ...] = ()  # more eval prompt files (.jsonl) whose windows prompts must not share
+    answers_from: str | None = None  # another answer-data folder: label its answered sequences through
+    #                                  this folder's target graph instead of answering again (the tokens
+    #                                  are the same, e.g. to add EAGLE-3's aux features)
 
 
 def plan_prompts(cfg: AnswerDataConfig, keep_out: set[tuple[str, ...]]) -> tuple[list[dict], int]:
@@ -77,8 +84,10 @@ def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = _load_prompts(cfg, out, progress)
     threads = cfg.threads or default_threads()
+    if cfg.answers_from:
+        return _relabel(cfg, out, threads, progress)
+    rows = _load_prompts(cfg, out, progress)
     gen = Generator.load(cfg.engine, RuntimeConfig(drafter=cfg.drafter, threads=threads))
     if gen.codec is None:
         raise TextDataError(f"{cfg.engine} has no tokenizer; answers need the folder's chat template")
@@ -100,23 +109,67 @@ def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
             seqs.append(np.concatenate([ids, new.astype(np.int64)]))
             n_prompt.append(len(ids))
             n_new += len(new)
-        labelled = [label(labeller, s, cfg.top_k) for s in seqs]
-        lengths = np.array([len(s) for s in seqs], np.int64)
-        tmp = out / f"shard-{b:05d}.tmp.npz"
-        np.savez(
-            tmp,
-            tokens=np.concatenate(seqs).astype(np.int32),
-            features=np.concatenate([x[0] for x in labelled]).astype(np.float16),
-            starts=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            n_prompt=np.array(n_prompt, np.int64),
-            topk_ids=np.concatenate([x[1] for x in labelled]),
-            topk_probs=np.concatenate([x[2] for x in labelled]).astype(np.float16),
-        )
-        tmp.rename(out / f"shard-{b:05d}.npz")
-        meter.add(int(lengths.sum()), n_new, len(part))
+        n_tokens = _write_shard(out / f"shard-{b:05d}.npz", seqs, n_prompt, labeller, cfg.top_k)
+        meter.add(n_tokens, n_new, len(part))
         if progress:
-            print(f"[answers] shard {b + 1}/{n_shards}: {int(lengths.sum())} tokens, {meter.line()}", file=sys.stderr)
+            print(f"[answers] shard {b + 1}/{n_shards}: {n_tokens} tokens, {meter.line()}", file=sys.stderr)
     if todo:
         log_run(out, f"{man.target.precision} target graph (ORT), drafter {gen.cfg.drafter}", threads, meter)
     (out / "done").write_text(f"{n_shards} shards\n")
+    return out
+
+
+def _write_shard(path: Path, seqs: list[np.ndarray], n_prompt: list[int], labeller, top_k: int) -> int:
+    """Label each prompt + answer through the target graph and write them as one shard (the aux
+    features too where the graph outputs them). Returns the tokens written."""
+    labelled = [label(labeller, s, top_k) for s in seqs]
+    lengths = np.array([len(s) for s in seqs], np.int64)
+    aux = {"aux": np.concatenate([x[3] for x in labelled]).astype(np.float16)} if labelled and labelled[0][3] is not None else {}
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(
+        tmp,
+        tokens=np.concatenate(seqs).astype(np.int32),
+        features=np.concatenate([x[0] for x in labelled]).astype(np.float16),
+        starts=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        n_prompt=np.array(n_prompt, np.int64),
+        topk_ids=np.concatenate([x[1] for x in labelled]),
+        topk_probs=np.concatenate([x[2] for x in labelled]).astype(np.float16),
+        **aux,
+    )
+    tmp.rename(path)
+    return int(lengths.sum())
+
+
+def _relabel(cfg: AnswerDataConfig, out: Path, threads: int, progress: bool) -> Path:
+    """The sequences of `cfg.answers_from`'s shards, labelled through this folder's target graph,
+    shard for shard (resumable like answering)."""
+    import shutil
+
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.eagle_data import GenMeter, log_run
+
+    src = Path(cfg.answers_from)
+    shards = sorted(src.glob("shard-[0-9]*[0-9].npz"))
+    if not shards:
+        raise TextDataError(f"{src} holds no answer shards (shard-NNNNN.npz); answer prompts into it first")
+    if out.resolve() == src.resolve():
+        raise TextDataError(f"--answers-from {src} is the --out folder; label into another folder")
+    if (src / "prompts.jsonl").exists() and not (out / "prompts.jsonl").exists():
+        shutil.copy(src / "prompts.jsonl", out / "prompts.jsonl")
+    man = load_manifest(cfg.engine)
+    labeller = OrtModel(man, man.target, threads=threads)
+    todo = [p for p in shards if not (out / p.name).exists()]
+    meter = GenMeter(len(todo))
+    for i, p in enumerate(todo):
+        z = np.load(p)
+        starts, n_prompt = z["starts"], z["n_prompt"]
+        seqs = [z["tokens"][starts[s] : starts[s + 1]].astype(np.int64) for s in range(len(n_prompt))]
+        n_tokens = _write_shard(out / p.name, seqs, [int(x) for x in n_prompt], labeller, cfg.top_k)
+        meter.add(n_tokens, 0, 1)
+        if progress:
+            print(f"[answers] labelled {p.name} ({i + 1}/{len(todo)}): {n_tokens} tokens, {meter.line()}", file=sys.stderr)
+    if todo:
+        log_run(out, f"{man.target.precision} target graph (ORT), labels of {src}", threads, meter)
+    (out / "done").write_text(f"{len(shards)} shards\n")
     return out

@@ -316,15 +316,19 @@ def _times(ops: LayerOps, b: GraphBuilder, x: str, factor: float, const: str, na
 
 
 def decoder_layer(
-    ops: LayerOps, b: GraphBuilder, i: int, s: Stream, ctx: dict, ln1: bool = True
+    ops: LayerOps, b: GraphBuilder, i: int, s: Stream, ctx: dict, ln1: bool = True, entering: list | None = None
 ) -> tuple[Stream, list[str]]:
-    """One pre-norm decoder layer on the stream; returns (the stream, [k rows, v rows])."""
+    """One pre-norm decoder layer on the stream; returns (the stream, [k rows, v rows]). `entering`
+    (a list) receives the stream entering the layer: taken from the input norm's own sum output, so a
+    graph that outputs it computes bitwise what one without it does."""
     p = f"/layers.{i}"
     if ln1:
         h, s = ops.norm(b, s, f"l{i}.ln1", p + "/ln1")
     else:
         s = ops.resolve(b, s, p + "/res2")
         h = s.x
+    if entering is not None:
+        entering.append(s.x)
     r = ops.arch.residual_multiplier
     attn, k, v = ops.attention(b, i, h, ops.layer_ctx(ctx, i))
     if ops.arch.sandwich_norms:  # Gemma 3: the sublayer's output normed before it joins the stream
@@ -396,10 +400,10 @@ class LlamaGraphWriter(ModelWriter):
         s = Stream(ops.pad_rows(b, ctx, x, "/two_rows/embed"))  # two-row calls: a zero row below
         new_rows, aux = [], []
         for i in range(self.n_layers):
-            if i in self.opts.aux_layers:
-                s = ops.resolve(b, s, f"/hidden_aux/sum{i}")
-                aux.append(ops.real_rows(b, ctx, s.x, f"/hidden_aux/rows{i}"))
-            s, rows = decoder_layer(ops, b, i, s, ctx)
+            entering = [] if i in self.opts.aux_layers else None
+            s, rows = decoder_layer(ops, b, i, s, ctx, entering=entering)
+            if entering:
+                aux.append(ops.real_rows(b, ctx, entering[0], f"/hidden_aux/rows{i}"))
             new_rows += rows
         hidden = ops.out_norm(b, ctx, s, "final_norm", "/final_norm")  # [(1,) T, H]
         logits = ops.linear(b, hidden, "lm_head")  # [(1,) T, V]

@@ -97,3 +97,53 @@ def test_prompts_sharing_an_eval_window_are_dropped(monkeypatch, tmp_path):
     )
     kept, dropped = ad.plan_prompts(ad.AnswerDataConfig(engine="-", out=str(tmp_path), n_prompts=3), td.eval_windows())
     assert [r["id"] for r in kept] == ["p0", "p1"] and dropped == 1
+
+
+def test_answers_from_labels_the_same_sequences_with_aux_features(tiny_models, answers, tmp_path):
+    """`answers_from`: an earlier folder's sequences, labelled through another folder's target graph
+    (here one with hidden_aux): same tokens, aux rows that are the residual stream entering the aux
+    layers (the PyTorch model's hidden_states), and features and labels bitwise the plain graph's
+    (outputting the stream must not change what the target computes)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.export.eagle_data import load_aux, load_shards
+    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.spec import aux_layers
+
+    src, cfg = answers
+    engine = export(
+        ExportConfig(
+            target=str(tiny_models["llama"]),
+            eagle3_features=True,
+            out=str(tmp_path / "aux-engine"),
+            max_len=256,
+            k=8,
+            prefill_chunk=16,
+            kv_bucket=32,
+            precision="fp32",
+            trees=True,
+            progress=False,
+        )
+    )
+    out = tmp_path / "relabelled"
+    ad.make_answer_data(ad.AnswerDataConfig(engine=str(engine), out=str(out), answers_from=str(src), top_k=4), False)
+    tokens, _, starts, n_prompt = load_shards(out)
+    want = load_shards(src)
+    assert np.array_equal(tokens, want[0]) and np.array_equal(starts, want[2]) and np.array_equal(n_prompt, want[3])
+    assert (out / "prompts.jsonl").read_text() == (src / "prompts.jsonl").read_text() and (out / "done").exists()
+    for name in sorted(p.name for p in src.glob("shard-*.npz")):
+        a, b = np.load(src / name), np.load(out / name)
+        for key in ("features", "topk_ids", "topk_probs"):
+            assert np.array_equal(a[key], b[key]), (name, key)
+    aux = load_aux(out).astype(np.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_models["llama"]), torch_dtype=torch.float32)
+    layers = aux_layers(model.config.num_hidden_layers)
+    for s in range(len(n_prompt)):
+        seq = torch.from_numpy(tokens[starts[s] : starts[s + 1]].astype(np.int64))[None]
+        with torch.no_grad():
+            hs = model(seq, output_hidden_states=True).hidden_states
+        ref = torch.cat([hs[layer][0] for layer in layers], dim=-1).numpy()
+        np.testing.assert_allclose(aux[starts[s] : starts[s + 1]], ref, atol=2e-2, rtol=1e-2)
+    with pytest.raises(td.TextDataError, match="no answer shards"):
+        ad.make_answer_data(ad.AnswerDataConfig(engine=str(engine), out=str(tmp_path / "x"), answers_from=str(tmp_path)), False)
