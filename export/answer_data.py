@@ -124,7 +124,8 @@ def _write_shard(path: Path, seqs: list[np.ndarray], n_prompt: list[int], labell
     features too where the graph outputs them). Returns the tokens written."""
     labelled = [label(labeller, s, top_k) for s in seqs]
     lengths = np.array([len(s) for s in seqs], np.int64)
-    aux = {"aux": np.concatenate([x[3] for x in labelled]).astype(np.float16)} if labelled and labelled[0][3] is not None else {}
+    has_aux = bool(labelled) and labelled[0][3] is not None
+    aux = {"aux": np.concatenate([x[3] for x in labelled]).astype(np.float16)} if has_aux else {}
     tmp = path.with_suffix(".tmp.npz")
     np.savez(
         tmp,
@@ -168,7 +169,8 @@ def _relabel(cfg: AnswerDataConfig, out: Path, threads: int, progress: bool) -> 
         n_tokens = _write_shard(out / p.name, seqs, [int(x) for x in n_prompt], labeller, cfg.top_k)
         meter.add(n_tokens, 0, 1)
         if progress:
-            print(f"[answers] labelled {p.name} ({i + 1}/{len(todo)}): {n_tokens} tokens, {meter.line()}", file=sys.stderr)
+            line = f"[answers] labelled {p.name} ({i + 1}/{len(todo)}): {n_tokens} tokens, {meter.line()}"
+            print(line, file=sys.stderr)
     if todo:
         log_run(out, f"{man.target.precision} target graph (ORT), labels of {src}", threads, meter)
     (out / "done").write_text(f"{len(shards)} shards\n")

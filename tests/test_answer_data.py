@@ -146,4 +146,5 @@ def test_answers_from_labels_the_same_sequences_with_aux_features(tiny_models, a
         ref = torch.cat([hs[layer][0] for layer in layers], dim=-1).numpy()
         np.testing.assert_allclose(aux[starts[s] : starts[s + 1]], ref, atol=2e-2, rtol=1e-2)
     with pytest.raises(td.TextDataError, match="no answer shards"):
-        ad.make_answer_data(ad.AnswerDataConfig(engine=str(engine), out=str(tmp_path / "x"), answers_from=str(tmp_path)), False)
+        empty = ad.AnswerDataConfig(engine=str(engine), out=str(tmp_path / "x"), answers_from=str(tmp_path))
+        ad.make_answer_data(empty, False)
