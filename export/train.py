@@ -27,6 +27,7 @@ import torch
 from edgespec.export.matmul_probe import Compute, autocast, choose, default_threads
 
 CHECKPOINT = "checkpoint.pt"
+EVAL_MARK = "EVAL"  # a data folder holding this file holds answers to eval prompts: never trained on
 SAVE_EVERY_S = 300  # a running job writes checkpoint.pt this often (and at its end)
 
 
@@ -106,6 +107,12 @@ def prepare(cfg: BaseTrainConfig) -> tuple[Path, np.random.Generator, TrainData]
     Returns (out folder, the numpy generator after the split, the data)."""
     from edgespec.export.eagle_data import load_shards, load_soft
 
+    for folder in str(cfg.data).split(","):
+        if (Path(folder) / EVAL_MARK).exists():
+            raise TrainDataError(
+                f"{folder} holds eval answers ({EVAL_MARK}: made by tools/head_accept.py); train on data "
+                "made from training prompts (edgespec answer-data / text-data)"
+            )
     torch.set_num_threads(cfg.threads or default_threads())
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)

@@ -148,3 +148,21 @@ def test_answers_from_labels_the_same_sequences_with_aux_features(tiny_models, a
     with pytest.raises(td.TextDataError, match="no answer shards"):
         empty = ad.AnswerDataConfig(engine=str(engine), out=str(tmp_path / "x"), answers_from=str(tmp_path))
         ad.make_answer_data(empty, False)
+
+
+def test_eval_answers_are_never_trained_on_or_relabelled(answers, tmp_path):
+    """A folder marked EVAL (tools/head_accept.py's answers to an eval prompt file) is refused by
+    every trainer's data loading and by answer-data's relabelling, with a hint."""
+    from edgespec.export import train as trainer
+    from edgespec.export.train_eagle import TrainConfig
+
+    src, _ = answers
+    marked = tmp_path / "eval-answers"
+    marked.mkdir()
+    for p in src.glob("shard-*.npz"):
+        (marked / p.name).write_bytes(p.read_bytes())
+    (marked / trainer.EVAL_MARK).write_text("eval\n")
+    with pytest.raises(trainer.TrainDataError, match="eval answers"):
+        trainer.prepare(TrainConfig(data=f"{src},{marked}", out=str(tmp_path / "head")))
+    with pytest.raises(td.TextDataError, match="eval answers"):
+        ad.make_answer_data(ad.AnswerDataConfig(engine="-", out=str(tmp_path / "x"), answers_from=str(marked)), False)
