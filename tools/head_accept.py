@@ -8,6 +8,8 @@ feature, step 2 from its own step-1 output (EAGLE's chain). Printed per task typ
   step2|1  P(draft 2 right | draft 1 right)
   oov      share of the target's tokens outside the head's draft vocabulary (never draftable)
   target   the target's mean top-1 probability there (how predictable the text is at all)
+  step1 per call  step 1 where a run's calls start: two-token chains drafted from where the last
+           call left off (after a miss: harder positions); what a bench's acceptance by position 1 is
 A bench measures what a head gains end to end; this shows why (vocabulary, step 1, text).
 The work folder holds eval answers: never train on it (the trainers refuse a folder with EVAL).
 
@@ -55,7 +57,7 @@ def answers(cfg: AcceptConfig) -> Path:
 
 def score(head, forward, data, t2d: np.ndarray, labels: np.ndarray, cats: list[str]) -> dict[str, np.ndarray]:
     """Per task type: [positions, step-1 right, step-1 right with a next position, step 2 right too,
-    out of vocabulary, sum of the target's top-1 probability]."""
+    out of vocabulary, sum of the target's top-1 probability, simulated calls, of them step 1 right]."""
     import torch
 
     out: dict[str, np.ndarray] = {}
@@ -72,19 +74,26 @@ def score(head, forward, data, t2d: np.ndarray, labels: np.ndarray, cats: list[s
             ok2 = np.zeros(n, bool)
             ok2[:-1] = (d2[:-1] == want[1:]) & ok1[:-1]
             p_top = data.soft.probs[a + 1 : b - 1, 0]  # row i - 1: the target's distribution over token i
+            calls = called = 0  # two-token chains drafted where the last call left off, as a run drafts
+            j = int(np.argmax(m)) if m.any() else n
+            while j < n:
+                calls, called = calls + 1, called + int(ok1[j])
+                j += 1 + int(ok1[j]) + int(ok1[j] and ok2[j])
             r = np.array(
-                [m.sum(), ok1.sum(), ok1[:-1].sum(), ok2.sum(), ((t2d[want] < 0) & m).sum(), (p_top * m).sum()],
+                [m.sum(), ok1.sum(), ok1[:-1].sum(), ok2.sum(), ((t2d[want] < 0) & m).sum(), (p_top * m).sum()]
+                + [calls, called],
                 np.float64,
             )
-            out[cats[s]] = out.get(cats[s], np.zeros(6)) + r
+            out[cats[s]] = out.get(cats[s], np.zeros(8)) + r
     return out
 
 
 def report(name: str, per: dict[str, np.ndarray]) -> None:
-    print(f"\n{name}\n| task | tokens | step1 | step2\\|1 | oov | target |\n|---|---|---|---|---|---|")
+    print(f"\n{name}\n| task | tokens | step1 | step2\\|1 | oov | target | step1 per call |")
+    print("|---|---|---|---|---|---|---|")
     rows = sorted(per.items()) + [("all", sum(per.values()))]
     for c, r in rows:
-        rates = (r[1] / r[0], r[3] / max(r[2], 1), r[4] / r[0], r[5] / r[0])
+        rates = (r[1] / r[0], r[3] / max(r[2], 1), r[4] / r[0], r[5] / r[0], r[7] / max(r[6], 1))
         print(f"| {c} | {int(r[0])} | " + " | ".join(f"{x:.3f}" for x in rates) + " |")
 
 
