@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.export.text_data import TextDataError, eval_windows, label, windows
+from edgespec.export.text_data import EVAL_MARK, TextDataError, eval_windows, label, windows
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,8 @@ def _relabel(cfg: AnswerDataConfig, out: Path, threads: int, progress: bool) -> 
     shards = sorted(src.glob("shard-[0-9]*[0-9].npz"))
     if not shards:
         raise TextDataError(f"{src} holds no answer shards (shard-NNNNN.npz); answer prompts into it first")
-    if (src / "EVAL").exists():  # answers to eval prompts (tools/head_accept.py) stay where they are
-        raise TextDataError(f"{src} holds eval answers (EVAL); label answers to training prompts instead")
+    if (src / EVAL_MARK).exists():  # answers to eval prompts (tools/head_accept.py) stay where they are
+        raise TextDataError(f"{src} holds eval answers ({EVAL_MARK}); label answers to training prompts instead")
     if out.resolve() == src.resolve():
         raise TextDataError(f"--answers-from {src} is the --out folder; label into another folder")
     if (src / "prompts.jsonl").exists() and not (out / "prompts.jsonl").exists():

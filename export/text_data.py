@@ -35,6 +35,8 @@ import numpy as np
 
 KINDS = ("stdlib", "doc", "man")  # this machine's own text, by kind
 REPO_PROMPTS = Path(__file__).resolve().parent.parent / "tools" / "prompts"  # a source checkout's eval files
+EVAL_MARK = "EVAL"  # a data folder holding this file holds answers to eval prompts (tools/head_accept.py):
+#                    no trainer reads it, answer-data does not relabel it
 WINDOW = 8  # words: text sharing a window this long with an eval prompt is dropped
 _WORD = re.compile(r"[a-z0-9']+")
 _TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".c", ".h", ".sh", ".toml", ".cfg", ".ini", ".html")

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from edgespec.export.matmul_probe import Compute, autocast, choose, default_threads
+from edgespec.export.text_data import EVAL_MARK
 
 CHECKPOINT = "checkpoint.pt"
-EVAL_MARK = "EVAL"  # a data folder holding this file holds answers to eval prompts: never trained on
 SAVE_EVERY_S = 300  # a running job writes checkpoint.pt this often (and at its end)
 
 

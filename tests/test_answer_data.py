@@ -161,7 +161,7 @@ def test_eval_answers_are_never_trained_on_or_relabelled(answers, tmp_path):
     marked.mkdir()
     for p in src.glob("shard-*.npz"):
         (marked / p.name).write_bytes(p.read_bytes())
-    (marked / trainer.EVAL_MARK).write_text("eval\n")
+    (marked / td.EVAL_MARK).write_text("eval\n")
     with pytest.raises(trainer.TrainDataError, match="eval answers"):
         trainer.prepare(TrainConfig(data=f"{src},{marked}", out=str(tmp_path / "head")))
     with pytest.raises(td.TextDataError, match="eval answers"):

@@ -40,7 +40,7 @@ class AcceptConfig:
 def answers(cfg: AcceptConfig) -> Path:
     """The engine's greedy answers to the prompt file, labelled (made once)."""
     from edgespec.export.answer_data import AnswerDataConfig, make_answer_data
-    from edgespec.export.train import EVAL_MARK
+    from edgespec.export.text_data import EVAL_MARK
 
     work = Path(cfg.work)
     if not (work / "done").exists():
