@@ -228,7 +228,8 @@ class Generator(TextAPI):
             grow = dataclasses.replace(grow, min_score=floor)
         self.drafter.propose_tree(seq, tree, grow)
         if self._budget is not None:
-            tree.keep_best(self._budget.choose(tree.path_scores()[1:]))
+            eff = tree.path_scores()
+            tree.keep_best(self._budget.choose(eff[1:]), eff)
         tree.keep_chain_prefix(tree_chain_prefix(seq.tgt_past, tree.n))
         return tree.proposal()
 

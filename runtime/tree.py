@@ -119,13 +119,14 @@ class TokenTree:
             eff[i] = min(self.score[i], eff[self.parents[i]])
         return eff[: self.n]
 
-    def keep_best(self, n_keep: int) -> None:
+    def keep_best(self, n_keep: int, eff: np.ndarray | None = None) -> None:
         """Prune to the root and the n_keep - 1 drafted nodes of highest path_scores (ties: the
-        earlier node). Those scores never rise along a path and a parent comes before its children,
-        so every kept node's ancestors are kept too."""
+        earlier node; `eff`: those scores when the caller has them already). They never rise along
+        a path and a parent comes before its children, so every kept node's ancestors are kept too."""
         if n_keep >= self.n:
             return
-        eff, keep = self.path_scores(), self._keep
+        eff = self.path_scores() if eff is None else eff
+        keep = self._keep
         keep[: self.n] = False
         keep[0] = True
         for i in sorted(range(1, self.n), key=lambda i: -eff[i])[: max(0, n_keep - 1)]:

@@ -20,23 +20,12 @@ def tiny_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_models, tmp_path_factory):
     """An engine folder: tiny llama target + a self:1 draft, k up to 8."""
+    from tiny import TINY_EXPORT
+
     from edgespec.export.exporter import ExportConfig, export
 
     out = tmp_path_factory.mktemp("engines") / "tiny-llama"
-    return export(
-        ExportConfig(
-            target=str(tiny_models["llama"]),
-            draft="self:1",
-            out=str(out),
-            max_len=256,
-            k=8,
-            prefill_chunk=16,
-            kv_bucket=32,
-            precision="fp32",
-            trees=True,
-            progress=False,
-        )
-    )
+    return export(ExportConfig(target=str(tiny_models["llama"]), draft="self:1", out=str(out), **TINY_EXPORT))
 
 
 @pytest.fixture(scope="session")

@@ -112,20 +112,13 @@ def test_answers_from_labels_the_same_sequences_with_aux_features(tiny_models, a
     from edgespec.export.spec import aux_layers
 
     src, cfg = answers
-    engine = export(
-        ExportConfig(
-            target=str(tiny_models["llama"]),
-            eagle3_features=True,
-            out=str(tmp_path / "aux-engine"),
-            max_len=256,
-            k=8,
-            prefill_chunk=16,
-            kv_bucket=32,
-            precision="fp32",
-            trees=True,
-            progress=False,
-        )
+    from tiny import TINY_EXPORT
+
+    # the tiny_engine's settings: the relabelled features must come from a graph of the same shape
+    aux_cfg = ExportConfig(
+        target=str(tiny_models["llama"]), eagle3_features=True, out=str(tmp_path / "aux"), **TINY_EXPORT
     )
+    engine = export(aux_cfg)
     out = tmp_path / "relabelled"
     ad.make_answer_data(ad.AnswerDataConfig(engine=str(engine), out=str(out), answers_from=str(src), top_k=4), False)
     tokens, _, starts, n_prompt = load_shards(out)

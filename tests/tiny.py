@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# the export settings of the tiny test engines (tests/conftest.py tiny_engine): small buckets, so
+# every phase and tree path is exercised in a few tokens
+TINY_EXPORT = dict(max_len=256, k=8, prefill_chunk=16, kv_bucket=32, precision="fp32", trees=True, progress=False)
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
