@@ -3,11 +3,12 @@
 `eagle_data` has the PyTorch target (int4 dequantized, batched `generate`) answer prompts and keeps
 its hidden states: close to the deployed graph, not equal to it (its answers drift from the
 runtime's at the first near-tie). Here the engine folder's own Generator answers, greedy, with the
-folder's speculative drafter (lossless: the tokens of plain decoding, faster), and each prompt +
-answer is then labelled like teacher-forced text (`text_data.label`: the target graph's `hidden`
-and top-k next-token probabilities, prefill chunks from an empty cache, bitwise what decode and
-verify compute). So the sequences are exactly what the runtime writes and the features exactly
-what a head will read. The prompt tokens are context only (`n_prompt`); the labels at answer
+folder's speculative drafter (lossless: the tokens of plain decoding, faster), and every row its
+target commits — prompt chunks and the accepted rows of each verify call — is kept as it is
+computed (`Generator.tap`): the target graph's `hidden` and top-k next-token probabilities, bitwise
+what `text_data.label` computes from an empty cache (a single pass: no second run through the
+target). So the sequences are exactly what the runtime writes and the features exactly what a
+head will read. The prompt tokens are context only (`n_prompt`); the labels at answer
 positions are the answer's own next tokens (the graph's argmax) with the graph's distribution.
 
 When the engine's target graph outputs the aux features (`export --eagle3-features`), shards keep
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.export.text_data import EVAL_MARK, TextDataError, eval_windows, label, windows
+from edgespec.export.text_data import EVAL_MARK, TextDataError, eval_windows, label, soft_labels, windows
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,39 @@ class AnswerDataConfig:
     answers_from: str | None = None  # another answer-data folder: label its answered sequences through
     #                                  this folder's target graph instead of answering again (the tokens
     #                                  are the same, e.g. to add EAGLE-3's aux features)
+
+
+class RowRecorder:
+    """A Generator.tap: the rows the target commits while it answers, by position (features, the
+    top-k of their next-token distribution, aux rows), one sequence at a time."""
+
+    def __init__(self, n_slots: int, hidden_size: int, aux_width: int, k: int) -> None:
+        self.k = k
+        self.hidden = np.zeros((n_slots, hidden_size), np.float32)  # [max_len, H]
+        self.ids = np.zeros((n_slots, k), np.int32)  # [max_len, k]
+        self.probs = np.zeros((n_slots, k), np.float32)  # [max_len, k]
+        self.aux = np.zeros((n_slots, aux_width), np.float32) if aux_width else None  # [max_len, A]
+        self.n = 0  # positions recorded
+
+    def __call__(self, past: int, logits: np.ndarray, hidden: np.ndarray, aux: np.ndarray | None) -> None:
+        assert past == self.n, (past, self.n)  # committed rows arrive in order, none skipped (no KV reuse)
+        end = past + len(hidden)
+        self.hidden[past:end] = hidden
+        self.ids[past:end], self.probs[past:end] = soft_labels(logits, self.k)
+        if aux is not None:
+            self.aux[past:end] = aux
+        self.n = end
+
+    def labelled(self, seq: np.ndarray, target) -> tuple:
+        """`text_data.label`'s tuple for seq, the sequence just answered: the rows recorded, plus the
+        last token's (never verified: the answer stopped on it), run through `target` here."""
+        from edgespec.runtime.prefill import prefill
+
+        T = len(seq)
+        if self.n < T:
+            prefill(target, seq[self.n : T], self.n, tap=self)
+        aux = self.aux[:T].copy() if self.aux is not None else None
+        return self.hidden[:T].copy(), self.ids[:T].copy(), self.probs[:T].copy(), aux
 
 
 def plan_prompts(cfg: AnswerDataConfig, keep_out: set[tuple[str, ...]]) -> tuple[list[dict], int]:
@@ -76,7 +110,6 @@ def _load_prompts(cfg: AnswerDataConfig, out: Path, progress: bool) -> list[dict
 def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
     """Answer the prompts shard by shard (skipping shards already written), label each prompt +
     answer through the target graph, then write `done`. Returns the folder."""
-    from edgespec.engines.ort import OrtModel
     from edgespec.export.eagle_data import GenMeter, log_run
     from edgespec.export.matmul_probe import default_threads
     from edgespec.runtime.config import RuntimeConfig
@@ -88,28 +121,31 @@ def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
     if cfg.answers_from:
         return _relabel(cfg, out, threads, progress)
     rows = _load_prompts(cfg, out, progress)
-    gen = Generator.load(cfg.engine, RuntimeConfig(drafter=cfg.drafter, threads=threads))
+    # no prompt-prefix reuse: every row of every sequence goes through the target, so the tap sees it
+    gen = Generator.load(cfg.engine, RuntimeConfig(drafter=cfg.drafter, threads=threads, reuse_kv=False))
     if gen.codec is None:
         raise TextDataError(f"{cfg.engine} has no tokenizer; answers need the folder's chat template")
-    man = gen.manifest
-    labeller = OrtModel(man, man.target, threads=threads)
+    man, tgt = gen.manifest, gen.target
+    gen.tap = rec = RowRecorder(tgt.max_len + max(tgt.widths), tgt.hidden_size, tgt.spec.aux_width, cfg.top_k)
     n_shards = -(-len(rows) // cfg.shard_seqs)
     todo = [b for b in range(n_shards) if not (out / f"shard-{b:05d}.npz").exists()]
     # the ETA counts answers: their lengths are unknown until written
     meter = GenMeter(sum(len(rows[b * cfg.shard_seqs : (b + 1) * cfg.shard_seqs]) for b in todo))
     for b in todo:
         part = rows[b * cfg.shard_seqs : (b + 1) * cfg.shard_seqs]
-        seqs, n_prompt, n_new = [], [], 0
+        seqs, n_prompt, labelled, n_new = [], [], [], 0
         for row in part:
             ids = gen.codec.encode(row["messages"]).astype(np.int64)
             room = man.max_len - len(ids)
             if room < 8:  # a prompt that leaves no room to answer is skipped, not cut
                 continue
+            rec.n = 0
             new = np.concatenate([np.array(x) for x in gen.generate_ids(ids, min(cfg.max_new_tokens, room))])
             seqs.append(np.concatenate([ids, new.astype(np.int64)]))
+            labelled.append(rec.labelled(seqs[-1], tgt))
             n_prompt.append(len(ids))
             n_new += len(new)
-        n_tokens = _write_shard(out / f"shard-{b:05d}.npz", seqs, n_prompt, labeller, cfg.top_k)
+        n_tokens = _write_shard(out / f"shard-{b:05d}.npz", seqs, n_prompt, labelled)
         meter.add(n_tokens, n_new, len(part))
         if progress:
             print(f"[answers] shard {b + 1}/{n_shards}: {n_tokens} tokens, {meter.line()}", file=sys.stderr)
@@ -119,10 +155,9 @@ def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
     return out
 
 
-def _write_shard(path: Path, seqs: list[np.ndarray], n_prompt: list[int], labeller, top_k: int) -> int:
-    """Label each prompt + answer through the target graph and write them as one shard (the aux
-    features too where the graph outputs them). Returns the tokens written."""
-    labelled = [label(labeller, s, top_k) for s in seqs]
+def _write_shard(path: Path, seqs: list[np.ndarray], n_prompt: list[int], labelled: list[tuple]) -> int:
+    """Write the prompt + answer sequences and their labels (`text_data.label`'s tuples) as one
+    shard (the aux features too where the graph outputs them). Returns the tokens written."""
     lengths = np.array([len(s) for s in seqs], np.int64)
     has_aux = bool(labelled) and labelled[0][3] is not None
     aux = {"aux": np.concatenate([x[3] for x in labelled]).astype(np.float16)} if has_aux else {}
@@ -168,7 +203,8 @@ def _relabel(cfg: AnswerDataConfig, out: Path, threads: int, progress: bool) -> 
         z = np.load(p)
         starts, n_prompt = z["starts"], z["n_prompt"]
         seqs = [z["tokens"][starts[s] : starts[s + 1]].astype(np.int64) for s in range(len(n_prompt))]
-        n_tokens = _write_shard(out / p.name, seqs, [int(x) for x in n_prompt], labeller, cfg.top_k)
+        labelled = [label(labeller, s, cfg.top_k) for s in seqs]
+        n_tokens = _write_shard(out / p.name, seqs, [int(x) for x in n_prompt], labelled)
         meter.add(n_tokens, 0, 1)
         if progress:
             line = f"[answers] labelled {p.name} ({i + 1}/{len(todo)}): {n_tokens} tokens, {meter.line()}"

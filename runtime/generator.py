@@ -72,6 +72,9 @@ class Generator(TextAPI):
         self.last_origins: list[list] = []  # stream_text: [[n_chars, drafter or "target"], ...] of its last piece
         self.suffix_cache: SuffixCache | None = None  # recent requests (made when `suffix` is first used)
         self.structured: Constraint | None = None  # the grammar machinery (made at the first constrained call)
+        # called with (past, logits [n, V], hidden [n, H], hidden_aux [n, A] or None) of every row the
+        # target commits, prefill and verify (export/answer_data.py keeps them as training data)
+        self.tap = None
         self.set_drafter(self.cfg.drafter, self.cfg.k)
 
     @classmethod
@@ -253,6 +256,8 @@ class Generator(TextAPI):
         rows = prop.rows()  # the accepted rows: the first n_acc+1 (chain), the tree's path
         tgt.commit(seq.tgt_past, n_acc + 1, rows)  # commit their K/V ...
         self._keep_features(seq.tgt_past, n_acc + 1, rows, len(prop.tokens))  # ... and hidden states
+        if self.tap is not None:
+            self._tap_rows(seq.tgt_past, tgt_logits, n_acc + 1, rows, len(prop.tokens))
         seq.advance(n_acc, nxt)
         self.drafter.accepted(seq, n_old, n_acc if con is None else con.drafter_kept(n_acc))
         return prop, n_acc, t_drafted, t_verified
@@ -277,6 +282,13 @@ class Generator(TextAPI):
         for i in range(n_rows):
             feats[past + i] = hidden[rows[i]]
 
+    def _tap_rows(self, past: int, logits: np.ndarray, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
+        """Hand the committed rows of a verify call (in sequence order) to self.tap."""
+        tgt = self.target
+        pick = slice(0, n_rows) if rows is None else rows[:n_rows]
+        aux = tgt.last_hidden_aux(n_call)[pick] if tgt.spec.aux_width else None
+        self.tap(past, logits[pick], tgt.last_hidden(n_call)[pick], aux)
+
     def _prefill(
         self, seq: SeqState, prompt_ids: np.ndarray, sampling: SamplingConfig, rng, con: Constraint | None = None
     ) -> tuple[int, int]:
@@ -291,7 +303,12 @@ class Generator(TextAPI):
         self._tgt_valid = n_cached
         seq.tokens[:n_prompt] = prompt_ids
         seq.tgt_past, last = prefill(
-            self.target, seq.tokens[n_cached:n_prompt], n_cached, hidden_out=self._tgt_features, aux_out=self._tgt_aux
+            self.target,
+            seq.tokens[n_cached:n_prompt],
+            n_cached,
+            hidden_out=self._tgt_features,
+            aux_out=self._tgt_aux,
+            tap=self.tap,
         )
         if sampling.repetition_penalty != 1.0:
             last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]

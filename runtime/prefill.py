@@ -12,6 +12,7 @@ def prefill(
     hidden_out: np.ndarray | None = None,
     features: np.ndarray | None = None,
     aux_out: np.ndarray | None = None,
+    tap=None,
 ) -> tuple[int, np.ndarray | None]:
     """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
     commit them; return (new past length, logits [V] of the last token, None if no tokens).
@@ -20,7 +21,8 @@ def prefill(
     them); aux_out [max_len, n*H] their hidden_aux rows (the aux-feature drafters read them).
     features [len(tokens), H]: an EAGLE head's feature rows for these tokens (the engine is
     a head). A target with the EAGLE head fused in gets each row's next token for its head rows
-    (known in a prefill; the last row's is the target's argmax)."""
+    (known in a prefill; the last row's is the target's argmax). tap: called per chunk with (past,
+    logits [n, V], hidden [n, H], hidden_aux [n, A] or None) of its committed rows (Generator.tap)."""
     widest = max(engine.widths)
     logits = None
     for i in range(0, len(tokens), widest):
@@ -36,6 +38,9 @@ def prefill(
             hidden_out[past : past + len(chunk)] = engine.last_hidden(len(chunk))
         if aux_out is not None:
             aux_out[past : past + len(chunk)] = engine.last_hidden_aux(len(chunk))
+        if tap is not None:
+            n = len(chunk)
+            tap(past, logits[:n], engine.last_hidden(n), engine.last_hidden_aux(n) if engine.spec.aux_width else None)
         past += len(chunk)
     return past, (logits[-1] if logits is not None else None)
 

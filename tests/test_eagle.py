@@ -302,6 +302,40 @@ def _run(g, prompts, n, **kw):
     return outs, steps, calls
 
 
+def test_generator_tap_keeps_the_rows_the_labelling_pass_computes(eagle_engine):
+    """answer-data's single pass: the rows a Generator's target commits while it answers (prefill
+    chunks, accepted chain rows, a tree's accepted path, through the fused target+head graph), plus
+    the last token's, are bitwise what labelling the whole sequence from an empty cache gives."""
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.answer_data import RowRecorder
+    from edgespec.export.text_data import label
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+    from edgespec.runtime.tree import TreeConfig
+
+    man = load_manifest(eagle_engine)
+    labeller = OrtModel(man, man.target)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, 60, n) for n in (6, 40)] + [np.array([5, 6, 7, 5, 6, 7, 5, 6])]
+    small = TreeConfig(nodes=6, depth=3, branch=2, beam=2)
+    for drafter, tree in (("hybrid", TreeConfig()), ("hybrid", small), ("eagle", small)):
+        cfg = RuntimeConfig(drafter=drafter, k=4, adaptive=False, eagle_min_confidence=0.0, tree=tree, reuse_kv=False)
+        gen, n_accepted = Generator.load(eagle_engine, cfg), 0
+        tgt = gen.target
+        gen.tap = rec = RowRecorder(tgt.max_len + max(tgt.widths), tgt.hidden_size, 0, 4)
+        for prompt in prompts:
+            rec.n = 0
+            new = np.concatenate([np.array(x) for x in gen.generate_ids(prompt, 30)])
+            n_accepted += gen.last_stats.n_accepted
+            seq = np.concatenate([prompt, new]).astype(np.int64)
+            got, want = rec.labelled(seq, tgt), label(labeller, seq, 4)
+            for a, b in zip(got[:3], want[:3], strict=True):
+                assert np.array_equal(a, b), (drafter, tree, len(prompt))
+        # (the tiny head alone drafts nothing the target keeps; prompt lookup in hybrid does)
+        assert n_accepted > 0 or drafter == "eagle", tree  # the tap saw calls that kept several rows
+
+
 def test_fused_head_drafts_what_separate_head_calls_draft(eagle_engine):
     """The fused verify catches the head up with the right pairs: chains and trees draft exactly
     what the separate catch-up calls draft, with fewer head calls; under sampling (where the
