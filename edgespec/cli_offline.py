@@ -260,11 +260,11 @@ def _add_answer_data(sub) -> None:
         help="self-distillation data through the exact graph: an engine answers chat prompts itself",
         description="The engine folder's own Generator answers chat prompts of the wide mix (nine families: "
         "passages, multi-turn, math, role play, code, short, long, writing, JSON), greedy, with the folder's "
-        "speculative drafter (lossless: plain decoding's tokens, faster); each prompt + answer then goes "
-        "through the target graph like teacher-forced text: its features and top-k next-token probabilities "
-        "are what the runtime computes. Prompts sharing an 8-word window with an eval prompt file are "
-        "dropped. Resumable: run again with the same --out. Train on it with `edgespec train-eagle --data "
-        "DIR` (several folders: DIR1,DIR2).",
+        "speculative drafter (lossless: plain decoding's tokens, faster), keeping every row its target commits "
+        "(prompt chunks, accepted verify rows) as it goes: features and top-k next-token probabilities bitwise "
+        "what labelling the prompt + answer as teacher-forced text computes, in one pass. Prompts sharing an "
+        "8-word window with an eval prompt file are dropped. Resumable: run again with the same --out. "
+        "Train on it with `edgespec train-eagle --data DIR` (several folders: DIR1,DIR2).",
     )
     t.add_argument("--engine", required=True, help="engine folder that answers and labels")
     t.add_argument("--out", required=True, help="data folder to write (and resume)")

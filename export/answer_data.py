@@ -63,6 +63,10 @@ class RowRecorder:
         self.aux = np.zeros((n_slots, aux_width), np.float32) if aux_width else None  # [max_len, A]
         self.n = 0  # positions recorded
 
+    def start(self) -> None:
+        """Record a new sequence (from position 0)."""
+        self.n = 0
+
     def __call__(self, past: int, logits: np.ndarray, hidden: np.ndarray, aux: np.ndarray | None) -> None:
         assert past == self.n, (past, self.n)  # committed rows arrive in order, none skipped (no KV reuse)
         end = past + len(hidden)
@@ -108,8 +112,8 @@ def _load_prompts(cfg: AnswerDataConfig, out: Path, progress: bool) -> list[dict
 
 
 def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
-    """Answer the prompts shard by shard (skipping shards already written), label each prompt +
-    answer through the target graph, then write `done`. Returns the folder."""
+    """Answer the prompts shard by shard (skipping shards already written), keeping each prompt +
+    answer's rows as the target computes them, then write `done`. Returns the folder."""
     from edgespec.export.eagle_data import GenMeter, log_run
     from edgespec.export.matmul_probe import default_threads
     from edgespec.runtime.config import RuntimeConfig
@@ -139,7 +143,7 @@ def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
             room = man.max_len - len(ids)
             if room < 8:  # a prompt that leaves no room to answer is skipped, not cut
                 continue
-            rec.n = 0
+            rec.start()
             new = np.concatenate([np.array(x) for x in gen.generate_ids(ids, min(cfg.max_new_tokens, room))])
             seqs.append(np.concatenate([ids, new.astype(np.int64)]))
             labelled.append(rec.labelled(seqs[-1], tgt))

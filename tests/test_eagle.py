@@ -325,7 +325,7 @@ def test_generator_tap_keeps_the_rows_the_labelling_pass_computes(eagle_engine):
         tgt = gen.target
         gen.tap = rec = RowRecorder(tgt.max_len + max(tgt.widths), tgt.hidden_size, 0, 4)
         for prompt in prompts:
-            rec.n = 0
+            rec.start()
             new = np.concatenate([np.array(x) for x in gen.generate_ids(prompt, 30)])
             n_accepted += gen.last_stats.n_accepted
             seq = np.concatenate([prompt, new]).astype(np.int64)
