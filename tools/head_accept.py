@@ -91,7 +91,9 @@ def score(head, forward, data, t2d: np.ndarray, labels: np.ndarray, cats: list[s
 def report(name: str, per: dict[str, np.ndarray]) -> None:
     print(f"\n{name}\n| task | tokens | step1 | step2\\|1 | oov | target | step1 per call |")
     print("|---|---|---|---|---|---|---|")
-    rows = sorted(per.items()) + [("all", sum(per.values()))]
+    rows = sorted(per.items())
+    if list(per) != ["all"]:  # prompts without a category are one task already: no total row twice
+        rows.append(("all", sum(per.values())))
     for c, r in rows:
         rates = (r[1] / r[0], r[3] / max(r[2], 1), r[4] / r[0], r[5] / r[0], r[7] / max(r[6], 1))
         print(f"| {c} | {int(r[0])} | " + " | ".join(f"{x:.3f}" for x in rates) + " |")
