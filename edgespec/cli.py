@@ -295,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     from edgespec.engines.base import EngineError
     from edgespec.engines.manifest import ManifestError
 
+    # ValueError covers Generator.load's FolderLoadError too: the ImportError, OverflowError, TypeError or
+    # MemoryError of loading an engine folder, named with the folder (anywhere else they stay tracebacks)
     errors: tuple = (ManifestError, EngineError, ValueError, FileNotFoundError)
     try:
         if vars(a).get("thread_pool") == "shared" and a.provider != "trt":

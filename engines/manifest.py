@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,11 @@ VERSION = 3  # raised whenever a reader of the previous layout would misread the
 MANIFEST = "manifest.json"
 PHASES = ("prefill", "decode", "verify")
 FUSED_PREFIX = "eagle/"  # the EAGLE head's inputs/outputs/weights inside the fused target+head graph
+# numpy dtype names a manifest may give a tensor or weight (what export writes, and their plain relatives);
+# any other name is an edit or a corruption, which np.dtype() would meet as a TypeError deep in loading
+DTYPES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8}
+DTYPES |= {"uint64": 8, "float16": 2, "float32": 4, "float64": 8}  # name -> bytes per element
+KV_DTYPES = ("float16", "float32")  # what export writes the KV cache in (the graphs' activation dtype)
 
 
 @dataclass(frozen=True)
@@ -320,9 +326,130 @@ def check_head(m: Manifest, spec: ModelSpec | HeadsSpec, what: str, hint: str) -
 
 def _check(m: Manifest) -> None:
     """The models fit together and the chat template exists (the models' files: _check_files)."""
+    _check_numbers(m)
     check_decode(m, m.target)
     for sec in m.drafters.values():
         sec.check(m)
     for rel in filter(None, (m.chat_template_file,)):  # the tokenizer's: _check_files
         if not (m.folder / rel).exists():
             raise ManifestError(f"{m.folder}: tokenizer file {rel} is missing")
+
+
+def _edited(m: Manifest, what: str, why: str) -> ManifestError:
+    """The error for a field whose value cannot be right (an edited or damaged manifest.json)."""
+    return ManifestError(
+        f"{m.folder}: the folder's manifest.json says {what}, {why}. Hint: re-export the folder "
+        f"(edgespec export --out {m.folder} --force) or fix the field"
+    )
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _check_dtypes(m: Manifest) -> None:
+    """Every dtype name is one numpy and the engines know (the loader hands them to np.dtype), and each
+    weight's byte length is its shape's."""
+    for role, s in m.models().items():
+        io = (s.inputs, s.outputs) if isinstance(s, HeadsSpec) else (s.graph.inputs, s.graph.outputs)
+        tensors = [("input", t) for t in io[0]] + [("output", t) for t in io[1]]
+        if isinstance(s, ModelSpec) and s.kv_dtype not in KV_DTYPES:
+            raise _edited(m, f"{role} kv_dtype {s.kv_dtype!r}", f"not one of {', '.join(KV_DTYPES)}")
+        for kind, t in tensors:
+            if t.dtype not in DTYPES:
+                raise _edited(m, f"{role} graph {kind} {t.name} dtype {t.dtype!r}", f"not one of {', '.join(DTYPES)}")
+        weights = dict(s.weights) | ({"d2t": s.d2t} if s.d2t is not None else {})
+        for name, w in weights.items():
+            if w.dtype not in DTYPES:
+                raise _edited(m, f"{role} weight {name} dtype {w.dtype!r}", f"not one of {', '.join(DTYPES)}")
+            n = math.prod(w.shape)
+            if min(w.shape, default=0) < 0 or w.offset < 0 or w.nbytes != n * DTYPES[w.dtype]:
+                raise _edited(
+                    m,
+                    f"{role} weight {name} is {w.dtype} {list(w.shape)} at offset {w.offset}, {w.nbytes} bytes",
+                    f"which do not agree ({list(w.shape)} of {w.dtype} is {n * DTYPES[w.dtype]} bytes)",
+                )
+
+
+def _check_numbers(m: Manifest) -> None:
+    """The manifest's numbers are in range before anything is sized by them: an edited max_len, id or
+    dtype would otherwise surface as an IndexError, OverflowError, TypeError or a huge allocation
+    deep in loading. The JSON reader (engines/serial.py) has made ints ints and bools bools already."""
+    t = m.target
+    for name in ("max_len", "kv_bucket", "prefill_chunk", "num_speculative_tokens"):
+        if getattr(m, name) < 1:
+            raise _edited(m, f"{name} = {getattr(m, name)}", "it must be >= 1")
+    for role, s in m.models().items():
+        model = isinstance(s, ModelSpec)
+        arch, sizes = (s.arch, ("n_layers", "n_heads", "n_kv_heads", "head_dim")) if model else (s, ())
+        for name in sizes + ("hidden_size", "vocab_size"):
+            if getattr(arch, name) < 1:
+                raise _edited(m, f"{role} {name} = {getattr(arch, name)}", "it must be >= 1")
+        if isinstance(s, ModelSpec) and min(s.graph.widths, default=0) < 1:
+            raise _edited(m, f"{role} graph widths {list(s.graph.widths)}", "every width must be >= 1")
+    _check_dtypes(m)
+
+    # the context: every call of the target must fit it (the start-up probe runs each verify width at
+    # position 0), and attention reads it in whole buckets
+    widest = max(t.graph.widths, default=1)
+    if m.prefill_chunk not in t.graph.widths:
+        raise _edited(m, f"prefill_chunk = {m.prefill_chunk}", f"but the target graph has no such width {t.widths()}")
+    need = max(widest, m.num_speculative_tokens + 2)  # export's rule: k + 2 leaves room for a verify call
+    if m.max_len < need:
+        raise _edited(
+            m,
+            f"max_len = {m.max_len}",
+            f"but its own graphs need at least {need} (the target's widest call is {widest} tokens: prefill "
+            f"chunk {m.prefill_chunk}, verify widths up to k + 1 = {m.num_speculative_tokens + 1})",
+        )
+    if m.max_len % m.kv_bucket:
+        raise _edited(m, f"max_len = {m.max_len}", f"not a multiple of kv_bucket = {m.kv_bucket}")
+    # positions past the target's rope tables have no rotation to read (export writes max_len rows)
+    for name, w in t.weights.items():
+        if name.startswith("rope_cos") and w.shape and m.max_len > w.shape[0]:
+            raise _edited(
+                m,
+                f"max_len = {m.max_len}",
+                f"but the target graph's rope table {name} covers {w.shape[0]} positions (the exported max_len)",
+            )
+    # the KV buffers max_len implies (allocated at load, one per model with a cache): more than this
+    # machine's memory is an edit (or a folder for another machine), refused now rather than after a
+    # long, failing allocation
+    kv_bytes = sum(
+        s.n_layers * 2 * m.max_len * s.kv_width * DTYPES[s.kv_dtype]
+        for s in m.models().values()  # a fused target+head graph (FUSED_PREFIX inputs) runs on the target's
+        if isinstance(s, ModelSpec) and not any(x.name.startswith(FUSED_PREFIX) for x in s.graph.inputs)
+    )
+    ram = _memory_bytes()
+    if ram is not None and kv_bytes > ram:
+        raise _edited(
+            m,
+            f"max_len = {m.max_len}",
+            f"whose KV caches need {_size(kv_bytes)} (layers x 2 x kv heads x head dim x max_len x dtype "
+            f"bytes), more than this machine's {_size(ram)} of memory",
+        )
+
+    # ids: the tokenizer and the stop check index the vocabulary with them
+    vocab = t.vocab_size
+    for what, ids in (("eos_token_ids", m.eos_token_ids), ("bos_token_id", (m.bos_token_id,))):
+        bad = [i for i in ids if i is not None and not 0 <= i < vocab]
+        if bad:
+            shown = list(m.eos_token_ids) if what == "eos_token_ids" else m.bos_token_id
+            raise _edited(m, f"{what} = {shown}", f"outside the target's vocabulary of {vocab} ids (0..{vocab - 1})")
+    # the target's buffers are sized by its arch numbers; its graph's declared outputs must agree
+    for out, name, value in (("logits", "vocab_size", vocab), ("hidden", "hidden_size", t.hidden_size)):
+        spec = t.graph.output(out)
+        if spec is not None and isinstance(spec.shape[-1], int) and spec.shape[-1] != value:
+            raise _edited(
+                m,
+                f"target {name} = {value}",
+                f"but its graph's {out} output is {spec.shape[-1]} wide (the model's {name.replace('_', ' ')})",
+            )

@@ -187,7 +187,28 @@ class OrtModel:
                 warnings.warn(f"{path}: no CUDA graph capture ({e}); running without it", RuntimeWarning, stacklevel=2)
                 self.cuda_graph = False
                 self._session = es.new_session(path, self._session_options, self.provider)
+            self._check_graph(self._session)
         return self._session
+
+    def _check_graph(self, session: ort.InferenceSession) -> None:
+        """The graph's fixed output sizes are the ones the buffers were sized with (the manifest's arch
+        numbers): an edited manifest.json is named here, not by ONNX Runtime's shape error at the first call."""
+        s = self.spec
+        expect = {  # output -> axis -> (the manifest's number, its name)
+            "logits": {-1: (s.vocab_size, "vocab_size")},
+            "hidden": {-1: (s.hidden_size, "hidden_size")},
+            "new_kv": {0: (s.n_layers, "n_layers"), -1: (s.kv_width, "n_kv_heads x head_dim")},
+        }
+        for out in session.get_outputs():
+            for axis, (value, name) in expect.get(out.name, {}).items():
+                dims = out.shape or []
+                got = dims[axis] if -len(dims) <= axis < len(dims) else None
+                if isinstance(got, int) and got != value:
+                    raise EngineError(
+                        f"{self.manifest.folder}: the folder's manifest.json says {s.role} {name} = {value}, but "
+                        f"{s.graph.file}'s {out.name} output has {got} there. Hint: re-export the folder "
+                        f"(edgespec export --out {self.manifest.folder} --force) or fix the field"
+                    )
 
     def load_widths(self, widths) -> None:
         """Load the session and run each width once, so a first real call pays for nothing."""

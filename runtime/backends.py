@@ -11,10 +11,11 @@ the drafters that need it are turned off.
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from dataclasses import dataclass, field
 
-from edgespec.engines.base import Engine
+from edgespec.engines.base import Engine, EngineError
 from edgespec.engines.manifest import Manifest
 from edgespec.runtime.drafters import LoadContext, registry, spec_of
 
@@ -52,10 +53,37 @@ def make_engine(manifest: Manifest, spec, provider: str, threads: int | None, cu
     if provider == "trt":
         from edgespec.engines.trt import TrtModel
 
+        check_native_trt(manifest, spec)
         return TrtModel(manifest, spec)
     from edgespec.engines.ort import OrtModel
 
     return OrtModel(manifest, spec, provider, threads, cuda_graph=cuda_graph if provider == "cuda" else False)
+
+
+def check_native_trt(manifest: Manifest, spec) -> None:
+    """Refuse --provider trt where it cannot start, before any GPU call: the Python packages it runs on
+    (an ImportError deep in the engine otherwise), then the engine `edgespec build-trt` makes."""
+    missing = [pkg for module, pkg in (("tensorrt", "tensorrt"), ("cuda", "cuda-python")) if not _importable(module)]
+    if missing:
+        raise EngineError(
+            f"provider 'trt' (native TensorRT) needs the {' and '.join(missing)} package"
+            f"{'s' * (len(missing) > 1)}, which this Python lacks, and an NVIDIA GPU. Hint: pip install "
+            f"{' '.join(missing)} (NVIDIA's index) and run `edgespec build-trt --engine {manifest.folder}`, or "
+            "use --provider cpu (or cuda / tensorrt: ONNX Runtime's execution providers)"
+        )
+    if getattr(spec, "tensorrt", None) is None:
+        other = "" if spec.role == "target" else " (or run it elsewhere: --draft-provider cpu)"
+        raise EngineError(
+            f"{manifest.folder}: no TensorRT engine for the {spec.role} model. Hint: edgespec build-trt "
+            f"--engine {manifest.folder}{other}"
+        )
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken parent package, or a module without a spec
+        return False
 
 
 def _disable(manifest: Manifest, name: str, why: str, broken: dict[str, str], cfg) -> None:
@@ -116,3 +144,16 @@ def check_drafter(name: str, engines: Engines, provider: str, cfg) -> None:
     why = engines.why_off(name, cfg)
     if why is not None:
         raise ValueError(why)
+
+
+def runnable_drafters(engines: Engines, cfg) -> tuple[str, ...]:
+    """The registered drafters these engines can serve with cfg (check_drafter accepts them), in registry order."""
+
+    def runs(name: str) -> bool:
+        try:
+            check_drafter(name, engines, cfg.provider, cfg)
+        except ValueError:  # disabled, missing from the folder, or not on this backend
+            return False
+        return True
+
+    return tuple(name for name in registry() if runs(name))

@@ -6,11 +6,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from edgespec.runtime.backends import runnable_drafters
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens
 
 HELP = """commands:
-  /drafter NAME     none | ngram | draft
+  /drafter NAME     {drafters}
   /k N              num_speculative_tokens
   /temperature T    0 = greedy
   /stats            full stats of the last answer
@@ -66,7 +67,8 @@ def handle_command(line: str, g: Generator, settings: ChatSettings, messages: li
         if cmd == "reset":
             messages.clear()
             return "conversation cleared"
-        return HELP
+        # only the drafters this folder and backend run (a section it lacks or whose files broke: not offered)
+        return HELP.format(drafters=" | ".join(runnable_drafters(g.engines, g.cfg)))
     except ValueError as e:
         return f"error: {e}"
 

@@ -14,6 +14,7 @@ accepts it on masked logits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
@@ -41,6 +42,33 @@ from edgespec.runtime.verify import accept
 
 class PromptTooLongError(ValueError):
     """The prompt does not fit the engine's context."""
+
+
+class FolderLoadError(ValueError):
+    """An engine folder that failed to load with an error none of the folder checks names (a missing
+    package, a damaged file or value they let through): a ValueError, so the CLI reports it in one line
+    naming the folder and the original exception, which stays chained (`__cause__`) for a traceback."""
+
+
+# what loading an edited or damaged folder raises beyond the checks' ValueErrors (np.dtype's TypeError,
+# a huge id's OverflowError, an allocation's MemoryError, a backend's missing package)
+LOAD_ERRORS = (ImportError, OverflowError, TypeError, MemoryError)
+
+
+@contextlib.contextmanager
+def _folder_errors(folder: str | Path):
+    """Turn LOAD_ERRORS raised while loading `folder` into a FolderLoadError naming it and the error."""
+    try:
+        yield
+    except LOAD_ERRORS as e:
+        hint = (
+            f"install the missing package ({e.name})"
+            if isinstance(e, ImportError)
+            else f"check it with `edgespec check {folder}`, re-export it (edgespec export --out {folder} --force)"
+        )
+        raise FolderLoadError(
+            f"{folder}: loading the engine folder failed with {type(e).__name__}: {e}. Hint: {hint}"
+        ) from e
 
 
 class Generator(TextAPI):
@@ -81,31 +109,31 @@ class Generator(TextAPI):
     def load(cls, folder: str | Path, cfg: RuntimeConfig = RuntimeConfig()) -> Generator:
         """The folder's engines on cfg's backend, ready to generate (None fields: the folder's defaults)."""
         cfg.check()
-        manifest = load_manifest(folder, verify=cfg.verify)
-        engines = make_engines(manifest, cfg)
-        resolved = cfg.resolve(manifest.defaults)
-        if cfg.drafter is None and set(spec_of(resolved.drafter).needs(resolved)) & set(engines.broken):
-            warnings.warn(
-                f"{folder}: the folder's default drafter is disabled (above); using ngram", RuntimeWarning, stacklevel=2
-            )
-            cfg = dataclasses.replace(cfg, drafter="ngram")
+        with _folder_errors(folder):  # (a with block, not a call: the warnings' stack levels stay)
+            manifest = load_manifest(folder, verify=cfg.verify)
+            engines = make_engines(manifest, cfg)
             resolved = cfg.resolve(manifest.defaults)
-        check_drafter(resolved.drafter, engines, cfg.provider, resolved)
-        g = cls(manifest, engines, cfg, TextCodec(manifest))
-        widths = [1, manifest.prefill_chunk] + list(range(2, max(g.k, g.cfg.tree.nodes - 1) + 2))
-        g.target.load_widths(widths)  # only the engine this drafter verifies with gets a session now
-        if manifest.target.precision == "int4" and cfg.provider == "cpu" and not manifest.two_row_matmuls:
-            if not decode_rows_match_verify_rows(g.target):  # a folder exported on a CPU that did not need it
-                warnings.warn(
-                    f"{folder}: on this CPU a 1-token call computes other bits than the same token in a "
-                    "verify call, so greedy speculative output can drift from plain decoding. Hint: "
-                    "re-export the folder on this machine (`edgespec export --two-row-matmuls auto` "
-                    "pads 1-token calls where the CPU needs it)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        g.warm_drafter(widths)
-        return g
+            if cfg.drafter is None and set(spec_of(resolved.drafter).needs(resolved)) & set(engines.broken):
+                msg = f"{folder}: the folder's default drafter is disabled (above); using ngram"
+                warnings.warn(msg, RuntimeWarning, stacklevel=2)
+                cfg = dataclasses.replace(cfg, drafter="ngram")
+                resolved = cfg.resolve(manifest.defaults)
+            check_drafter(resolved.drafter, engines, cfg.provider, resolved)
+            g = cls(manifest, engines, cfg, TextCodec(manifest))
+            widths = [1, manifest.prefill_chunk] + list(range(2, max(g.k, g.cfg.tree.nodes - 1) + 2))
+            g.target.load_widths(widths)  # only the engine this drafter verifies with gets a session now
+            if manifest.target.precision == "int4" and cfg.provider == "cpu" and not manifest.two_row_matmuls:
+                if not decode_rows_match_verify_rows(g.target):  # a folder exported on a CPU that did not need it
+                    warnings.warn(
+                        f"{folder}: on this CPU a 1-token call computes other bits than the same token in a "
+                        "verify call, so greedy speculative output can drift from plain decoding. Hint: "
+                        "re-export the folder on this machine (`edgespec export --two-row-matmuls auto` "
+                        "pads 1-token calls where the CPU needs it)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+            g.warm_drafter(widths)
+            return g
 
     def warm_drafter(self, widths=()) -> None:
         """Make the current drafter's sessions now, so its first real call pays nothing."""

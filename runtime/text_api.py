@@ -48,6 +48,11 @@ class TextAPI:
         if self.structured is None:
             if self.codec is None:
                 raise GrammarError("structured output needs the folder's tokenizer (this generator has no codec)")
+            if not len(self.eos):  # before the tokenizer wrapper, which hands llguidance the first one
+                raise GrammarError(
+                    "structured output needs the folder's EOS token, and its manifest.json lists none "
+                    "(eos_token_ids: []). Hint: re-export the folder, or give eos_token_ids its model's EOS id"
+                )
             tok = grammar_tokenizer(self.codec.tokenizer, self.engines.target.vocab_size, self.eos)
             self.structured = Constraint(tok, self.engines.target.vocab_size, self.eos, max(self.engines.target.widths))
         self.structured.begin(grammar, greedy)
