@@ -94,6 +94,7 @@ def _cmd_serve(a) -> int:
         max_body_bytes=a.max_body_bytes,
         max_prompt_tokens=a.max_prompt_tokens,
         shadow_rate=a.shadow_rate,
+        allow_origin=tuple(a.allow_origin),
     )
     cfg.check()  # before the model loads
     if not _default_engine_ready(a, "serve"):

@@ -241,6 +241,15 @@ def add_apps(sub) -> None:
         "open; default: $EDGESPEC_API_KEY, else no key)",
     )
     s.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser origin (scheme://host[:port], repeatable) whose pages may call the API; by default "
+        "only pages from this machine's names (localhost, 127.0.0.1, [::1], --host) may, a foreign Origin "
+        "or Host gets 403 and a body that is not application/json 415, with or without --api-key",
+    )
+    s.add_argument(
         "--max-body-bytes",
         type=int,
         default=1 << 20,

@@ -10,10 +10,13 @@ from __future__ import annotations
 from functools import cache
 from importlib.resources import files
 
-# nothing may load from elsewhere: inline script and style, fetches to this server only
+# nothing may load from elsewhere: inline script and style, fetches to this server only; and no other
+# site may frame the page (clickjacking: a hidden frame whose Send button a visitor is lured to click)
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'",
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",  # frame-ancestors for browsers that predate it
+    "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-cache",
 }
 

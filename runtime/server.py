@@ -16,12 +16,15 @@ import hmac
 import json
 import math
 import queue
+import re
 import time
 import uuid
 from dataclasses import dataclass
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -39,6 +42,13 @@ DISCONNECT_POLL_S = 0.2  # how often a waiting non-streaming request checks that
 # a tokenizer normalizer may shrink text (e.g. composing accents): the byte bound on the token
 # count allows for up to this factor before refusing a prompt untokenized
 NORMALIZER_SLACK = 2
+# names this machine's own pages and clients reach the server by, whatever --host is
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+# bind addresses on every interface: the Host a client sends is then whatever name it used for the
+# machine, so only Origin is checked (ServeConfig.allow_origin)
+ANY_ADDRESS = ("0.0.0.0", "::", "")
+# a JSON escape of a UTF-16 surrogate (\ud800-\udfff): a body without one cannot hold a lone surrogate
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,10 @@ class ServeConfig:
     max_prompt_tokens: int = 0  # longest prompt taken (0: the engine's context less one output token)
     shadow_rate: float = 0.0  # fraction of greedy speculative requests re-run plainly when idle, ids compared
     shadow_seed: int | None = None  # seeds which requests get a shadow check (tests)
+    # browser origins (scheme://host[:port]) allowed to call the API besides this machine's own names
+    # (every other Origin gets 403, so a web page cannot drive the server); their hosts join the
+    # allowed Host names, and they get CORS headers
+    allow_origin: tuple[str, ...] = ()
 
     def check(self) -> None:
         if not 0.0 <= self.shadow_rate <= 1.0 or not math.isfinite(self.shadow_rate):
@@ -65,6 +79,111 @@ class ServeConfig:
             )
         if self.api_key is not None and (not self.api_key or not self.api_key.isascii()):
             raise ValueError("--api-key must be a non-empty ASCII string")
+        for origin in self.allow_origin:
+            if origin_host(origin) is None or origin != origin.strip().lower().rstrip("/"):
+                raise ValueError(
+                    f"--allow-origin {origin!r}: give an origin as a browser sends it, scheme://host[:port] in "
+                    "lower case with no path, e.g. http://myhost.lan:8000"
+                )
+
+    def origins(self) -> frozenset[str]:
+        """The Origin headers allowed as given (--allow-origin), besides origin_hosts() on any port."""
+        return frozenset(o.rstrip("/") for o in self.allow_origin)
+
+    def origin_hosts(self) -> frozenset[str]:
+        """Hosts whose pages, on any port, may call the API: this machine's names and the bound one
+        (not a wildcard address: a page reached by a LAN name is then allowed by --allow-origin only)."""
+        bound = self.host.strip().lower().strip("[]")
+        return frozenset(LOCAL_HOSTS) | ({bound} if bound not in ANY_ADDRESS else set())
+
+    def hosts(self) -> frozenset[str] | None:
+        """The Host names this server answers to (None: any, when bound to every interface)."""
+        if self.host.strip().lower().strip("[]") in ANY_ADDRESS:
+            return None
+        return self.origin_hosts() | {origin_host(o) for o in self.allow_origin}
+
+
+def host_name(netloc: str) -> str | None:
+    """The host of `host[:port]` or `[v6]:port`, lower case without brackets; None when malformed."""
+    netloc = netloc.strip().lower()
+    if netloc.startswith("["):
+        host, _, port = netloc[1:].partition("]")
+        if port and not (port[0] == ":" and port[1:].isdigit()):
+            return None
+        return host or None
+    host, _, port = netloc.partition(":")
+    return host if host and (not port or port.isdigit()) else None
+
+
+def origin_host(origin: str) -> str | None:
+    """The host of an Origin header (`scheme://host[:port]`, http or https); None otherwise (`null`)."""
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    if scheme not in ("http", "https") or not sep or "/" in rest.rstrip("/") or "@" in rest:
+        return None
+    return host_name(rest.rstrip("/"))
+
+
+class SiteGuard:
+    """ASGI middleware in front of every route: the server refuses cross-site use.
+
+    A web page the user visits can send this loopback server a `text/plain` POST without the
+    browser asking first (no CORS preflight), and can reach it under its own name by DNS rebinding.
+    So, with or without an API key: a Host that is not one of this server's names is 403 (the
+    rebinding case; any Host when bound to every interface), an Origin (sent by browsers on POSTs
+    and cross-origin fetches) whose host is not one of them nor in --allow-origin is 403, and a
+    body whose Content-Type is not application/json is 415 (such a POST needs a preflight, which a
+    foreign page fails). Clients that are not browsers (the openai client, curl) send no Origin and
+    their own Host. It reads the headers only: O(headers) per request."""
+
+    def __init__(self, app, cfg: ServeConfig) -> None:
+        self.app, self.hosts, self.origins, self.origin_hosts = app, cfg.hosts(), cfg.origins(), cfg.origin_hosts()
+
+    def refusal(self, scope) -> BadRequest | None:
+        host = origin = ctype = None
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value.decode("latin-1")
+            elif name == b"origin":
+                origin = value.decode("latin-1")
+            elif name == b"content-type":
+                ctype = value.decode("latin-1")
+        # a request without Host is HTTP/1.0 from a program: browsers always send one
+        if host is not None and self.hosts is not None and host_name(host) not in self.hosts:
+            return BadRequest(
+                f"Host {host[:80]!r} is not a name of this server ({', '.join(sorted(self.hosts))}): refused so "
+                "that a web page cannot reach it by DNS rebinding. Hint: serve --allow-origin "
+                "http://NAME:PORT for another name, or --host 0.0.0.0 to answer any",
+                None,
+                403,
+                "forbidden_host",
+            )
+        if origin is not None and origin.strip().lower().rstrip("/") not in self.origins:
+            if origin_host(origin) not in self.origin_hosts:
+                return BadRequest(
+                    f"Origin {origin[:80]!r} may not call this server: a web page from another site cannot drive "
+                    f"it. Hint: serve --allow-origin {origin.strip().lower()[:80]} if that page is yours",
+                    None,
+                    403,
+                    "forbidden_origin",
+                )
+        if scope["method"] not in ("GET", "HEAD", "OPTIONS"):
+            media = (ctype or "").partition(";")[0].strip().lower()
+            if media != "application/json":
+                what = f"Content-Type {ctype[:80]!r} is not JSON" if ctype else "no Content-Type"
+                return BadRequest(
+                    f"{what}: send the body as JSON with 'Content-Type: application/json' (other types are "
+                    "refused so that a web page cannot post here without the browser asking first)",
+                    None,
+                    415,
+                    "unsupported_media_type",
+                )
+        return None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and (refused := self.refusal(scope)) is not None:
+            await error(refused)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def abilities(gen: Generator) -> Abilities:
@@ -104,9 +223,9 @@ def max_token_bytes(codec) -> int:
 async def read_json(request: Request, limit: int):
     """The body as JSON, refused with 413 past `limit` bytes (by Content-Length, else while reading)."""
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
+    if length.isdigit() and (len(length) > 18 or int(length) > limit):  # 18 digits: int() never balks
         raise BadRequest(
-            f"request body is {int(length)} bytes; this server takes at most {limit} (serve --max-body-bytes)",
+            f"request body is {length[:40]} bytes; this server takes at most {limit} (serve --max-body-bytes)",
             None,
             413,
             "request_too_large",
@@ -119,10 +238,56 @@ async def read_json(request: Request, limit: int):
                 f"request body is over {limit} bytes (serve --max-body-bytes)", None, 413, "request_too_large"
             )
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        return json.loads(b"".join(chunks))
+        body = json.loads(raw)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise BadRequest(f"request body is not valid JSON: {str(e)[:120]}", None, 400, "invalid_json") from e
+    # a C scan of the bytes, so most bodies skip the walk; UTF-16 or UTF-32 JSON (json.loads takes
+    # them; their escapes are not these bytes) has NULs, which UTF-8 JSON never has, and is walked
+    if SURROGATE_ESCAPE.search(raw) or b"\x00" in raw:
+        refuse_surrogates(body)
+    return body
+
+
+def refuse_surrogates(body) -> None:
+    """A lone UTF-16 surrogate ("\\ud800" is valid JSON but not Unicode text) anywhere in the body is
+    a 400 naming its place: the tokenizer, the grammar engine and UTF-8 itself fail on one, each in
+    its own way. Iterative, so a body nested as deep as json.loads allows cannot overflow the stack."""
+    if isinstance(body, str) and not _is_text(body):
+        raise _surrogate(body, "the body", None)
+    stack = [(body, "")] if isinstance(body, (dict, list)) else []
+    while stack:
+        value, path = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, v in items:
+            where = f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}" if path else key
+            if isinstance(key, str) and not _is_text(key):
+                raise _surrogate(key, f"a key in {path or 'the body'}", path or None)
+            if isinstance(v, str):
+                if not _is_text(v):
+                    raise _surrogate(v, where, where)
+            elif isinstance(v, (dict, list)):
+                stack.append((v, where))
+
+
+def _is_text(s: str) -> bool:
+    if s.isascii():
+        return True
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate(s: str, where: str, param: str | None) -> BadRequest:
+    at = next(i for i, c in enumerate(s) if 0xD800 <= ord(c) <= 0xDFFF)
+    return BadRequest(
+        f"{where} holds a lone UTF-16 surrogate (\\u{ord(s[at]):04x} at character {at}), which is not "
+        "text: send UTF-8, or a surrogate pair for a character past U+FFFF",
+        param,
+    )
 
 
 async def watch_disconnect(request: Request, job: Job) -> None:
@@ -335,7 +500,18 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
     async def page(request: Request):
         return HTMLResponse(chat_page(), headers=PAGE_HEADERS)
 
+    middleware = [Middleware(SiteGuard, cfg=cfg)]  # outermost: before the API key and every route
+    if cfg.allow_origin:  # pages from those origins need CORS to read answers and to post JSON
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=sorted(cfg.origins()),
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type"],
+            )
+        )
     app = Starlette(
+        middleware=middleware,
         routes=[
             Route("/", page, methods=["GET"]),
             Route("/v1/chat/completions", guarded(chat_route), methods=["POST"]),
@@ -344,7 +520,7 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
             Route("/admin/speculation", guarded(speculation), methods=["GET", "POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_route, methods=["GET"]),
-        ]
+        ],
     )
     app.state.metrics = metrics
     app.state.jobs = jobs

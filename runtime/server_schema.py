@@ -7,11 +7,12 @@ the `speculative` extension field and the `/admin/speculation` body alike.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from edgespec.runtime.constrain import Grammar, GrammarError, grammar_from, json_object
-from edgespec.runtime.drafters import names
+from edgespec.runtime.drafters import UnknownDrafterError, spec_of
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.tree import TreeConfig
 
@@ -19,8 +20,10 @@ from edgespec.runtime.tree import TreeConfig
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 ERROR_TYPES = {
     401: "invalid_request_error",
+    403: "invalid_request_error",
     404: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "server_error",
     503: "overloaded",
 }
@@ -81,6 +84,19 @@ class Request:
     grammar: Grammar | None = None  # what response_format constrains the output to (None: free text)
 
 
+# no integer field means more than this; past it float() overflows on a huge JSON integer and numpy's
+# int64 wraps, so it is checked before any conversion
+INT_LIMIT = 2**63 - 1
+TREE_SPEC_CHARS = 64  # a --tree spec is a few small numbers: a longer one is refused before parsing
+
+
+def _shown(v) -> str:
+    """v for a message: an integer too long to print whole by its size (the reply stays one line)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT_LIMIT:
+        return f"an integer of {len(str(abs(v)))} digits"
+    return repr(v) if isinstance(v, str) else str(v)
+
+
 def _number(
     body: dict,
     key: str,
@@ -97,14 +113,18 @@ def _number(
         return default
     kind = "an integer" if integer else "a number"
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise BadRequest(f"'{param}' must be {kind}, got {v!r}", param)
-    if not math.isfinite(v):
+        raise BadRequest(f"'{param}' must be {kind}, got {_shown(v)[:80]}", param)
+    # a JSON integer is a Python int of any size: math.isfinite and float() would overflow on 10**400,
+    # while comparing an int with a float is exact, so the bounds come first and convert nothing
+    if isinstance(v, float) and not math.isfinite(v):
         raise BadRequest(f"'{param}' must be a finite number, got {v}", param)
-    if integer and v != int(v):
+    if integer and isinstance(v, float) and not v.is_integer():
         raise BadRequest(f"'{param}' must be an integer, got {v}", param)
     if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
         low = f"({lo}" if lo_open else f"[{lo}"
-        raise BadRequest(f"'{param}' must be in {low}, {'inf' if hi is None else hi}], got {v}", param)
+        raise BadRequest(f"'{param}' must be in {low}, {'inf' if hi is None else hi}], got {_shown(v)}", param)
+    if abs(v) > INT_LIMIT:  # only integer fields without their own bound get here with such a value
+        raise BadRequest(f"'{param}' must be at most {INT_LIMIT} (2**63 - 1), got {_shown(v)}", param)
     return int(v) if integer else float(v)
 
 
@@ -148,21 +168,43 @@ def _messages(msgs) -> list[dict]:
     return out
 
 
+def _bounded_tree(tree: TreeConfig) -> TreeConfig:
+    """A parsed tree made safe to run. A branch past the drafter's vocabulary would fail mid-answer
+    (the heads' top-b), and a parent never gets more than nodes-1 children, so branch is read as at
+    most nodes-1: the same tree. Depth and beam past the size are harmless (the drafters stop when
+    the tree is full) and kept. min_score is a path probability: nan would cut nothing, inf all."""
+    if not tree.nodes:
+        return tree
+    if not 0.0 <= tree.min_score <= 1.0:  # also refuses nan
+        raise ValueError(f"min_score={tree.min_score} outside [0, 1]: it is a path probability (0 = off)")
+    return dataclasses.replace(tree, branch=min(tree.branch, tree.nodes - 1))
+
+
 def parse_speculation(spec, default: Speculation, ab: Abilities, param: str = "speculative") -> Speculation:
     """`{"drafter", "k", "tree"}` over `default` (a field left out keeps the default's; a drafter
     that cannot draft trees gets chains)."""
     if not isinstance(spec, dict) or set(spec) - {"drafter", "k", "tree"}:
-        raise BadRequest(f"'{param}' must be an object with optional 'drafter', 'k' and 'tree', got {spec!r}", param)
-    drafter = spec.get("drafter", default.drafter)
-    if drafter not in names():
-        raise BadRequest(f"{param}.drafter {drafter!r}: choose one of {', '.join(ab.drafters)}", f"{param}.drafter")
+        raise BadRequest(
+            f"'{param}' must be an object with optional 'drafter', 'k' and 'tree', got {_shown(spec)[:80]}", param
+        )
+    name = spec.get("drafter", default.drafter)
+    try:  # an alias answers as its drafter (prompt_lookup is ngram), as on the CLI (drafters.spec_of)
+        drafter = spec_of(name).name if isinstance(name, str) else None
+    except UnknownDrafterError:
+        drafter = None
+    if drafter is None:
+        raise BadRequest(
+            f"{param}.drafter {_shown(name)[:80]}: choose one of {', '.join(ab.drafters)}", f"{param}.drafter"
+        )
     if drafter not in ab.drafters:
         raise BadRequest(
-            f"{param}.drafter {drafter!r} is not available in this engine folder (it has {', '.join(ab.drafters)})",
+            f"{param}.drafter {name!r} is not available in this engine folder (it has {', '.join(ab.drafters)})",
             f"{param}.drafter",
         )
     k = _number(spec, "k", default.k, integer=True, param=f"{param}.k")
-    if drafter != "none" and not 1 <= k <= ab.k_max:
+    # drafter none keeps k for a later switch back, so a k given with it is checked as well: a bad one
+    # would stick in the server's default and make every later change that leaves k out fail
+    if (drafter != "none" or "k" in spec) and not 1 <= k <= ab.k_max:
         raise BadRequest(
             f"{param}.k={k} outside 1..{ab.k_max}: this folder has verify graphs up to "
             f"num_speculative_tokens={ab.k_max}",
@@ -173,14 +215,17 @@ def parse_speculation(spec, default: Speculation, ab: Abilities, param: str = "s
         tree = TreeConfig()
     elif isinstance(tree, str):
         try:
+            if len(tree) > TREE_SPEC_CHARS:
+                raise ValueError(f"a spec of {len(tree)} characters; at most {TREE_SPEC_CHARS} are read")
             tree = TreeConfig.parse(tree)
             tree.check(ab.k_max + 1)
+            tree = _bounded_tree(tree)
         except ValueError as e:
             raise BadRequest(f"{param}.tree: {e}", f"{param}.tree") from e
     elif not isinstance(tree, TreeConfig):
         raise BadRequest(
             f"{param}.tree must be a string NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]], e.g. "
-            f"'6:5:1:1', or null for chains; got {tree!r}",
+            f"'6:5:1:1', or null for chains; got {_shown(tree)[:80]}",
             f"{param}.tree",
         )
     if tree.nodes and drafter not in ab.tree_drafters:
@@ -192,6 +237,45 @@ def parse_speculation(spec, default: Speculation, ab: Abilities, param: str = "s
             )
         tree = TreeConfig()  # the default's tree belongs to a tree drafter; this one drafts chains
     return Speculation(drafter, k, tree if drafter != "none" else TreeConfig())
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """An OpenAI (or vLLM) request field this server does not implement: refused with a 400 naming it
+    rather than ignored, since an answer that ignores it is silently not what was asked for."""
+
+    noops: tuple  # values that ask for nothing (SDKs may send them): taken and ignored, as null is
+    why: str  # the reason and what to do instead, in the 400's message
+
+
+TOOLS = Unsupported(([], "none"), "tool calling is not implemented: the model answers in text")
+PENALTY = Unsupported((0,), "use repetition_penalty, the CTRL rule as in transformers")
+GUIDED = Unsupported((), "use response_format: json_schema, grammar or regex")
+UNSUPPORTED = {
+    "tools": TOOLS,
+    "functions": TOOLS,
+    "tool_choice": TOOLS,
+    "function_call": TOOLS,
+    "logprobs": Unsupported((False, 0), "no log probabilities are returned"),
+    "top_logprobs": Unsupported((0,), "no log probabilities are returned"),
+    "logit_bias": Unsupported(({},), "not implemented; response_format constrains the output instead"),
+    "presence_penalty": PENALTY,
+    "frequency_penalty": PENALTY,
+    "echo": Unsupported((False,), "the prompt is not echoed: prepend it yourself"),
+    "best_of": Unsupported((1,), "one sequence at a time"),
+    "suffix": Unsupported(("",), "no fill-in-the-middle: the model continues the prompt only"),
+    "modalities": Unsupported((["text"],), "text only"),
+    "audio": Unsupported((), "text only"),
+    "min_p": Unsupported((0,), "use top_p or top_k"),
+    "min_tokens": Unsupported((0,), "not implemented; the model stops at its end-of-text token"),
+    "ignore_eos": Unsupported((False,), "not implemented; the model stops at its end-of-text token"),
+    "stop_token_ids": Unsupported(([],), "use stop strings"),
+    "use_beam_search": Unsupported((False,), "no beam search: one sequence at a time"),
+    "guided_json": GUIDED,
+    "guided_regex": GUIDED,
+    "guided_grammar": GUIDED,
+    "guided_choice": GUIDED,
+}
 
 
 def parse_request(
@@ -219,11 +303,11 @@ def parse_request(
         if not prompt:
             raise BadRequest("'prompt' is empty: give some text to continue", "prompt")
         n_bytes = len(prompt.encode())
-    for key in ("tools", "functions"):
-        if body.get(key):
-            raise BadRequest(f"'{key}': tool calling is not supported by this server", key)
-    if body.get("logprobs"):
-        raise BadRequest("'logprobs' is not supported by this server", "logprobs")
+    for key, field in UNSUPPORTED.items():
+        if key in body and body[key] is not None and body[key] not in field.noops:
+            raise BadRequest(
+                f"'{key}' is not supported by this server ({field.why}); got {_shown(body[key])[:80]}", key
+            )
     grammar = parse_response_format(body.get("response_format"))
     if _number(body, "n", 1, integer=True) != 1:
         raise BadRequest("only n=1 is supported (one sequence at a time)", "n")

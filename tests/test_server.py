@@ -366,7 +366,7 @@ def test_disconnect_cancels_a_non_streaming_request(server, client, monkeypatch)
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         time.sleep(0.5)  # generating now; then the client goes away
@@ -554,7 +554,7 @@ def test_first_difference():
 
 def test_big_bodies_are_refused_before_tokenizing_and_health_stays_up(full_server):
     url = full_server[0]
-    h = {"Authorization": f"Bearer {KEY}"}
+    h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     big = _chat(content="word " * 1_000_000)  # 5 MB: under this server's 8 MiB cap, far over its context
     result = {}
 
