@@ -27,8 +27,11 @@ A speculative step under the grammar (chains only; a tree drafter drafts a chain
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +51,37 @@ KINDS = ("json_schema", "json_object", "lark", "regex")
 # byte b of a packed mask -> its 8 tokens (bit i = token 8b + i): True where the token is forbidden
 _FORBID = np.array([[not (b >> i) & 1 for i in range(8)] for b in range(256)], bool)
 _SOURCE_LINE = re.compile(r"^\s*(\d+ \|.*|\^+)\s*$")  # a grammar error's quoted source line or caret
+# where llguidance's matcher errors append its parser state ("<state>...", or "<non-verbose/>" with
+# verbose_errors off): internal detail, never shown to a client
+_STATE_DUMP = re.compile(r"^\s*<(state|non-verbose)\b")
+# llguidance's resource limits, for validation and every matcher (LLParserLimits; defaults otherwise).
+# initial_lexer_fuel bounds how far one step walks a forced run: at the default (1e6) a regex like
+# (((a{100}){100}){100}) holds the GIL for over a second on its first token before it fails anyway
+# (200k: ~0.1 s; JSON schemas and the tests' grammars use a few thousand). verbose_errors off: no
+# parser state in error messages.
+LEXER_FUEL = 200_000
+# the loop's first steps the start check takes (Constraint._start): a step's limits are spent on
+# the forced run ahead, so a grammar over them fails at its first or second token
+START_STEPS = 2
+# llguidance compiles a Lark grammar recursing once per nested rule (~3 KB of stack each): a chain of
+# ~2,700 rules (r0: r1, r1: r2, ...) overflows an 8 MiB stack, ~650 a 2 MiB thread stack, and the
+# process dies (SIGSEGV: no exception to catch). So grammars are compiled on one thread with a large
+# stack (`_deep`), and a Lark grammar may define at most MAX_LARK_RULES rules and terminals (a chain
+# cannot be deeper than that): 4x under what DEEP_STACK holds, far above hand-written grammars.
+DEEP_STACK = 64 << 20
+MAX_LARK_RULES = 5_000
+_DEFINITION = re.compile(r"^[ \t]*[?!]?[A-Za-z_][A-Za-z0-9_]*(\.-?\d+)?[ \t]*:", re.M)  # a Lark rule or terminal
+_deep_pool: ThreadPoolExecutor | None = None
+_deep_lock = threading.Lock()
+
+
+def _forget_deep_pool() -> None:  # a forked child has no grammar thread: it makes its own
+    global _deep_pool, _deep_lock
+    _deep_pool, _deep_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_deep_pool)
+HINT = "shorten long repetitions, split rules with thousands of alternatives, give each recursive rule a base case"
 
 
 class GrammarError(ValueError):
@@ -63,10 +97,11 @@ def _llg():
 
 
 def _library(kind: str, fn, *args, **kwargs):
-    """fn(*args, **kwargs) of llguidance, its failures as GrammarError: its errors, and a panic of
-    its Rust code (which pyo3 raises as PanicException, a BaseException)."""
+    """fn(*args, **kwargs) of llguidance on the grammar thread (`_deep`), its failures as
+    GrammarError: its errors, and a panic of its Rust code (which pyo3 raises as PanicException, a
+    BaseException)."""
     try:
-        return fn(*args, **kwargs)
+        return _deep(fn, *args, **kwargs)
     except (ValueError, TypeError, RecursionError) as e:
         raise GrammarError(f"{kind}: {_one_line(str(e))}") from None
     except BaseException as e:
@@ -75,8 +110,40 @@ def _library(kind: str, fn, *args, **kwargs):
         raise GrammarError(f"{kind}: llguidance failed on it ({_one_line(str(e))[:200]})") from None
 
 
+def _deep(fn, *args, **kwargs):
+    """fn(*args, **kwargs) on the grammar thread (DEEP_STACK of stack; made at the first call).
+    llguidance drops the GIL while it compiles, so the thread hop costs ~0.1 ms and no parallelism."""
+    global _deep_pool
+    with _deep_lock:
+        if _deep_pool is None:
+            old = threading.stack_size(DEEP_STACK)  # process-wide, for threads started meanwhile too
+            try:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-grammar")
+                pool.submit(int).result()  # its one thread starts now, with the large stack
+            finally:
+                threading.stack_size(old)
+            _deep_pool = pool
+    return _deep_pool.submit(fn, *args, **kwargs).result()
+
+
 def _one_line(msg: str) -> str:
-    return " ".join(s.strip() for s in msg.splitlines() if s.strip() and not _SOURCE_LINE.match(s))
+    """llguidance's message as one line: no quoted source lines or carets, nothing from its state dump on."""
+    lines = []
+    for s in msg.splitlines():
+        if _STATE_DUMP.match(s):
+            break
+        if s.strip() and not _SOURCE_LINE.match(s):
+            lines.append(s.strip())
+    return " ".join(lines)[:300]
+
+
+def _limits():
+    return _llg().LLParserLimits(initial_lexer_fuel=LEXER_FUEL, verbose_errors=False)
+
+
+def _label(kind: str) -> str:
+    """How an error names the constraint: the request's own word for it."""
+    return "grammar" if kind == "lark" else kind
 
 
 @dataclass(frozen=True)
@@ -106,24 +173,36 @@ def grammar_from(
         if isinstance(json_schema, str):
             try:
                 json_schema = json.loads(json_schema)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise GrammarError(f"json_schema is not JSON: {e}") from None
         if not isinstance(json_schema, dict):
             raise GrammarError(f"json_schema must be a JSON object (a schema), got {type(json_schema).__name__}")
         kind = "json_schema"
         options = JSON_OPTIONS | {"lenient": not strict}
-        text = _library(kind, llg.LLMatcher.grammar_from_json_schema, json_schema, defaults=options)
+        try:
+            # as text: llguidance's parser of JSON text stops at 128 levels, its reader of a dict
+            # recurses without a limit (a dict 20,000 levels deep kills the process)
+            schema_text = json.dumps(json_schema)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise GrammarError(f"json_schema cannot be written as JSON: {e}") from None
+        text = _library(kind, llg.LLMatcher.grammar_from_json_schema, schema_text, defaults=options)
     elif grammar is not None:
         if not isinstance(grammar, str) or not grammar.strip():
             raise GrammarError("grammar must be a non-empty Lark grammar string")
+        n_rules = len(_DEFINITION.findall(grammar))
+        if n_rules > MAX_LARK_RULES:
+            raise GrammarError(
+                f"grammar: {n_rules} rules and terminals, over the {MAX_LARK_RULES} llguidance can compile "
+                "safely (its compiler recurses once per nested rule): merge rules, or use a regex terminal"
+            )
         kind, text = "lark", llg.LLMatcher.grammar_from_lark(grammar)
     else:
         if not isinstance(regex, str):
             raise GrammarError(f"regex must be a string, got {type(regex).__name__}")
         kind, text = "regex", llg.LLMatcher.grammar_from_regex(regex)
-    is_error, msgs = _library(kind, llg.LLMatcher.validate_grammar_with_warnings, text, None)
+    is_error, msgs = _library(kind, llg.LLMatcher.validate_grammar_with_warnings, text, None, limits=_limits())
     if is_error:
-        raise GrammarError(f"{'grammar' if kind == 'lark' else kind}: {_one_line(msgs[0])}")
+        raise GrammarError(f"{_label(kind)}: {_one_line(msgs[0])}")
     return Grammar(text, kind)
 
 
@@ -195,14 +274,16 @@ class Constraint:
 
     def begin(self, grammar: Grammar, greedy: bool = True) -> None:
         """A matcher at the grammar's start for one call (the last call's, reset, when its grammar
-        was the same: its lexer states are built already); GrammarError when this vocabulary
-        cannot run the grammar. greedy: a row's full mask is computed only when the target's own
-        argmax there is forbidden (sampling needs every choice row's mask)."""
+        was the same: its lexer states are built already). A new matcher is started first
+        (`_start`): GrammarError when this vocabulary cannot run the grammar, it fails within its
+        first steps or admits no output. greedy: a row's full mask is computed only when the
+        target's own argmax there is forbidden (sampling needs every choice row's mask)."""
         m = self.matcher
         if m is None or self.grammar is None or grammar.text != self.grammar.text or not m.reset() or m.is_error():
-            m = _library(grammar.kind, self.llg.LLMatcher, self.tokenizer, grammar.text, log_level=0)
+            m = _library(grammar.kind, self.llg.LLMatcher, self.tokenizer, grammar.text, log_level=0, limits=_limits())
             if m.is_error():
-                raise GrammarError(f"{grammar.kind}: {_one_line(m.get_error())}")
+                raise GrammarError(f"{_label(grammar.kind)}: {_one_line(m.get_error())}")
+            self._start(m, grammar.kind)
         self.matcher, self.grammar, self.greedy = m, grammar, greedy
         self.n_forced = self.n_cut = self.n_masks = self.n_redrafts = 0  # the call's counters
         self.n_forced_rows = 0  # forced tokens that rode in verify calls (kept or not)
@@ -210,6 +291,42 @@ class Constraint:
         self.shape_s = 0.0  # the last shape()'s part of it
         self._n_chain = self._same = 0
         self._bonus = -1
+
+    def _start(self, m, kind: str) -> None:
+        """Take the loop's first START_STEPS steps on a new matcher (forced token, else the first
+        token its mask allows), then roll them back. llguidance builds its lexer and parser lazily
+        and spends a step's limits on the forced run ahead, so a huge repetition (a{1000000}), a
+        rule of 30,000 alternatives or a recursion without a base case passes validation and only
+        fails at the first or second token: here that is a GrammarError before anything is sent.
+        A grammar whose first mask allows nothing but EOS is refused too: it admits no output, or
+        only the empty string, and the call would answer "" with finish_reason stop."""
+        taken, eos = 0, np.array(sorted(self._eos_ids))
+        for step in range(START_STEPS):
+            ff = m.compute_ff_tokens()
+            if m.is_error():
+                break
+            if ff:
+                tok = ff[0]
+            else:
+                m.unsafe_compute_mask_ptr(self._ptr[0], self._row_bytes)
+                self._unpacked[0] = False
+                allowed = np.flatnonzero(~self._forbidden(0))
+                allowed = allowed[~np.isin(allowed, eos)]
+                if not len(allowed):
+                    # nothing but EOS may follow: the grammar is complete (after a first token), or
+                    # admits nothing at all (llguidance then stops with NoExtensionBias, no error of ours)
+                    if step == 0 and (not m.is_error() or m.get_error().startswith("NoExtensionBias")):
+                        what = "only the empty string" if m.is_accepting() else "no output (no text matches it)"
+                        raise GrammarError(f"{_label(kind)}: the grammar admits {what}: nothing to generate")
+                    break
+                tok = int(allowed[0])
+            if not m.consume_token(tok):
+                break
+            taken += 1
+            if m.is_stopped():
+                break
+        if m.is_error() or not m.rollback(taken):
+            raise GrammarError(f"{_label(kind)}: llguidance cannot run it: {_one_line(m.get_error())} (hint: {HINT})")
 
     def forget(self) -> None:
         """Drop the matcher kept for a next call with the same grammar (its lexer states too)."""
@@ -226,7 +343,9 @@ class Constraint:
 
     def _consume(self, tok: int) -> None:
         if not self.matcher.consume_token(int(tok)):
-            raise GrammarError(f"{self.grammar.kind}: the grammar stopped: {_one_line(self.matcher.get_error())}")
+            # a limit hit past the start check's steps (or a bug of ours feeding a forbidden token)
+            kind, reason = _label(self.grammar.kind), _one_line(self.matcher.get_error())
+            raise GrammarError(f"{kind}: the grammar failed during generation: {reason} (hint: {HINT})")
 
     def _mask(self, row: int) -> None:
         self.matcher.unsafe_compute_mask_ptr(self._ptr[row], self._row_bytes)

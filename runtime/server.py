@@ -427,7 +427,14 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
                         yield f"data: {json.dumps(head | {'choices': [role]})}\n\n"
                     while (item := await job.out.get()) is not END:
                         if isinstance(item, Exception):
-                            err = {"error": {"message": str(item), "type": "server_error", "param": None, "code": None}}
+                            # one clean event ends the stream: a refused request's own body (e.g. a
+                            # grammar that failed mid-stream), else one line (details in the server log)
+                            if isinstance(item, BadRequest):
+                                err = item.body()
+                            else:
+                                msg = (str(item).strip().splitlines() or [type(item).__name__])[0][:300]
+                                err = {"error": {"message": f"generation failed: {msg}", "type": "server_error"}}
+                                err["error"] |= {"param": None, "code": None}
                             yield f"data: {json.dumps(err)}\n\n"
                         elif isinstance(item, dict):
                             last = head | {

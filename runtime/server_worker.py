@@ -236,6 +236,11 @@ class Worker(threading.Thread):
                     send(job.out.put_nowait, (piece, progress(g)))
             except PromptTooLongError as e:
                 raise BadRequest(str(e), None, 400, "context_length_exceeded") from e
+            except GrammarError as e:
+                # the grammar hit llguidance's limits past the start check (constrain.Constraint._start):
+                # the request's fault, not a bug of ours. Streaming: a clean error event ends the stream
+                log.warning("request %s: %s", job.rid, e)
+                raise BadRequest(f"response_format: {e}", "response_format", 400, "grammar_failed") from e
             finally:
                 pieces.close()
             st = g.last_stats
