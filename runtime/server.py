@@ -367,7 +367,8 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
 
     async def completions(request: Request, chat: bool):
         body = await read_json(request, cfg.max_body_bytes)
-        req = parse_request(body, chat, model_name, worker.default, ab, cfg.max_tokens_default)
+        # off the event loop: compiling a large grammar (up to the body cap) holds it for a second or more
+        req = await asyncio.to_thread(parse_request, body, chat, model_name, worker.default, ab, cfg.max_tokens_default)
         ids = await tokenize(req)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         job = Job(
