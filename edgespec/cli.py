@@ -47,8 +47,8 @@ def _grammar(a):
 
 
 def _cmd_tune(a) -> int:
+    from edgespec.runtime.apps.tune import TuneConfig, tune
     from edgespec.runtime.config import RuntimeConfig
-    from edgespec.runtime.tune import TuneConfig, tune
 
     _check_sampling(a)
     tune(
@@ -65,7 +65,7 @@ def _cmd_tune(a) -> int:
 
 
 def _cmd_chat(a) -> int:
-    from edgespec.runtime.chat import ChatSettings, chat_loop
+    from edgespec.runtime.apps.chat import ChatSettings, chat_loop
 
     settings = ChatSettings(a.temperature, a.max_new_tokens)
     settings.check()
@@ -78,7 +78,7 @@ def _cmd_chat(a) -> int:
 
 def _cmd_serve(a) -> int:
     try:
-        from edgespec.runtime.server import ServeConfig, serve
+        from edgespec.runtime.apps.server import ServeConfig, serve
     except ImportError as e:
         print(
             f"edgespec serve needs the serve extra ({e.name} missing): pip install 'edgespec[serve]'", file=sys.stderr
@@ -112,7 +112,7 @@ def _default_engine_ready(a, cmd: str, always: bool = False) -> bool:
         f"edgespec {cmd}: no engine at {a.engine}; exporting the default model first (about a minute)", file=sys.stderr
     )
     try:
-        from edgespec.export.exporter import ExportConfig, export
+        from edgespec.export.target.exporter import ExportConfig, export
     except ImportError:
         print(
             f"edgespec {cmd} needs the export extra to build the engine: pip install 'edgespec[export]'",
@@ -136,7 +136,7 @@ def _cmd_generate(a) -> int:
     grammar = _grammar(a)  # a bad schema fails before the model loads
     g = _load(a)
     if a.drafter is None:
-        from edgespec.runtime.tune import describe_default
+        from edgespec.runtime.apps.tune import describe_default
 
         print(f"edgespec: {describe_default(g.manifest)}", file=sys.stderr)
     prompt = [{"role": "user", "content": a.prompt}] if a.chat else a.prompt
@@ -161,7 +161,7 @@ def _cmd_generate(a) -> int:
 
 
 def _cmd_bench(a) -> int:
-    from edgespec.runtime.bench import BenchConfig, run_bench
+    from edgespec.runtime.apps.bench import BenchConfig, run_bench
     from edgespec.runtime.config import RuntimeConfig
 
     _check_sampling(a)
@@ -196,12 +196,12 @@ def _cmd_bench(a) -> int:
         Path(a.json).write_text(json.dumps(report, indent=1))
         print(f"wrote {a.json}", file=sys.stderr)
     if a.sweep_k:
-        from edgespec.runtime.report import sweep_plot
+        from edgespec.runtime.apps.report import sweep_plot
 
         sweep_plot(report, a.plot)
         print(f"wrote {a.plot}", file=sys.stderr)
     if a.html:
-        from edgespec.runtime.report import write_html
+        from edgespec.runtime.apps.report import write_html
 
         write_html(report, a.html)
         print(f"wrote {a.html}", file=sys.stderr)
@@ -217,7 +217,7 @@ def _cmd_demo(a) -> int:
     print(f"prompt: {DEMO_PROMPT[0]['content']}\n", file=sys.stderr)
     plain = "".join(g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens))
     plain_stats = g.last_stats
-    from edgespec.runtime.tune import describe_default
+    from edgespec.runtime.apps.tune import describe_default
 
     drafter = a.drafter or g.manifest.defaults.drafter
     if drafter == "none":

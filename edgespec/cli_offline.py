@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-from edgespec.export.sources import PACKAGED
+from edgespec.export.target.sources import PACKAGED
 
 DEFAULT_ENGINE = "engines/smollm2-135m-instruct"
 
@@ -139,7 +139,7 @@ def _add_drafter_flags(p, late: bool) -> None:
 
 def _cmd_export(a) -> int:
     try:
-        from edgespec.export.exporter import ExportConfig, export
+        from edgespec.export.target.exporter import ExportConfig, export
     except ImportError as e:
         return _needs_export_extra("export", e)
     from edgespec.export.drafters import options
@@ -180,7 +180,7 @@ def _add_build_trt(sub) -> None:
 
 
 def _cmd_build_trt(a) -> int:
-    from edgespec.export.trt_build import TrtBuildError, build_trt
+    from edgespec.export.target.trt_build import TrtBuildError, build_trt
 
     try:
         info = build_trt(a.engine, a.workspace_gib)
@@ -232,7 +232,7 @@ def _add_text_data(sub) -> None:
 
 def _cmd_text_data(a) -> int:
     from edgespec.engines.specs import ManifestError
-    from edgespec.export.text_data import TextDataConfig, TextDataError, make_text_data
+    from edgespec.export.train.text_data import TextDataConfig, TextDataError, make_text_data
 
     try:
         make_text_data(
@@ -284,8 +284,8 @@ def _add_answer_data(sub) -> None:
 
 def _cmd_answer_data(a) -> int:
     from edgespec.engines.specs import ManifestError
-    from edgespec.export.answer_data import AnswerDataConfig, make_answer_data
-    from edgespec.export.text_data import TextDataError
+    from edgespec.export.train.answer_data import AnswerDataConfig, make_answer_data
+    from edgespec.export.train.text_data import TextDataError
 
     try:
         make_answer_data(

@@ -152,7 +152,7 @@ class Manifest:
     #                                      its section (the models it ships); model-free drafters have none
     files: dict[str, FileRecord] = field(default_factory=dict)  # file -> size and sha256 as exported
     export_probe: dict = field(default_factory=dict)  # --precision auto: the candidates' width tables on the
-    #                                                   exporting CPU and the choice (export/probe.py); {}: none
+    #                                                   exporting CPU and the choice (export/target/probe.py); {}: none
     problems: dict[str, str] = field(default_factory=dict, compare=False, metadata={"json": False})  # section ->
     #                                      why its files cannot be used (set by load_manifest, never written)
 

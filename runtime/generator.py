@@ -101,7 +101,7 @@ class Generator(TextAPI):
         self.suffix_cache: SuffixCache | None = None  # recent requests (made when `suffix` is first used)
         self.structured: Constraint | None = None  # the grammar machinery (made at the first constrained call)
         # called with (past, logits [n, V], hidden [n, H], hidden_aux [n, A] or None) of every row the
-        # target commits, prefill and verify (export/answer_data.py keeps them as training data)
+        # target commits, prefill and verify (export/train/answer_data.py keeps them as training data)
         self.tap = None
         self.set_drafter(self.cfg.drafter, self.cfg.k)
 

@@ -22,7 +22,7 @@ def tiny_engine(tiny_models, tmp_path_factory):
     """An engine folder: tiny llama target + a self:1 draft, k up to 8."""
     from tiny import TINY_EXPORT
 
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     out = tmp_path_factory.mktemp("engines") / "tiny-llama"
     return export(ExportConfig(target=str(tiny_models["llama"]), draft="self:1", out=str(out), **TINY_EXPORT))
@@ -35,7 +35,7 @@ def default_engine(tmp_path_factory):
     EDGESPEC_TEST_ENGINE points at an existing folder to skip the export (developer machines).
     """
     pytest.importorskip("torch")
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     if os.environ.get("EDGESPEC_TEST_ENGINE"):
         return Path(os.environ["EDGESPEC_TEST_ENGINE"])

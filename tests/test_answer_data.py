@@ -1,4 +1,4 @@
-"""Self-distillation through the exact graph (export/answer_data.py): the engine's own Generator
+"""Self-distillation through the exact graph (export/train/answer_data.py): the engine's own Generator
 answers (speculative, so the tokens must be plain greedy decoding's), each prompt + answer is
 labelled by the target graph (features bitwise the runtime's prefill), eval prompts stay out,
 shards resume with the same bytes."""
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.export import answer_data as ad
-from edgespec.export import text_data as td
+from edgespec.export.train import answer_data as ad
+from edgespec.export.train import text_data as td
 
 PROMPTS = [
     {"id": "p0", "kind": "short", "messages": [{"role": "user", "content": "Name a colour."}]},
@@ -48,8 +48,8 @@ def answers(tiny_engine, tmp_path_factory):
 def test_answers_are_plain_greedy_and_features_the_prefill(tiny_engine, answers):
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.eagle_data import load_shards, load_soft
-    from edgespec.export.train import SoftLabels
+    from edgespec.export.train.head_data import load_shards, load_soft
+    from edgespec.export.train.trainer import SoftLabels
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.prefill import prefill
@@ -93,7 +93,7 @@ def test_prompts_sharing_an_eval_window_are_dropped(monkeypatch, tmp_path):
         "messages": [{"role": "user", "content": "Please: " + row["messages"][0]["content"]}],
     }
     monkeypatch.setattr(
-        "edgespec.export.draft_prompts.wide_prompts", lambda n, seed: [PROMPTS[0], leak, PROMPTS[1]][:n]
+        "edgespec.export.train.wide_prompts.wide_prompts", lambda n, seed: [PROMPTS[0], leak, PROMPTS[1]][:n]
     )
     kept, dropped = ad.plan_prompts(ad.AnswerDataConfig(engine="-", out=str(tmp_path), n_prompts=3), td.eval_windows())
     assert [r["id"] for r in kept] == ["p0", "p1"] and dropped == 1
@@ -107,9 +107,9 @@ def test_answers_from_labels_the_same_sequences_with_aux_features(tiny_models, a
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edgespec.export.eagle_data import load_aux, load_shards
-    from edgespec.export.exporter import ExportConfig, export
-    from edgespec.export.spec import aux_layers
+    from edgespec.export.target.exporter import ExportConfig, export
+    from edgespec.export.target.spec import aux_layers
+    from edgespec.export.train.head_data import load_aux, load_shards
 
     src, cfg = answers
     from tiny import TINY_EXPORT
@@ -146,8 +146,8 @@ def test_answers_from_labels_the_same_sequences_with_aux_features(tiny_models, a
 def test_eval_answers_are_never_trained_on_or_relabelled(answers, tmp_path):
     """A folder marked EVAL (tools/head_accept.py's answers to an eval prompt file) is refused by
     every trainer's data loading and by answer-data's relabelling, with a hint."""
-    from edgespec.export import train as trainer
-    from edgespec.export.train_eagle import TrainConfig
+    from edgespec.export.drafters.eagle.train import TrainConfig
+    from edgespec.export.train import trainer
 
     src, _ = answers
     marked = tmp_path / "eval-answers"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.runtime.chat import ChatSettings, chat_loop
+from edgespec.runtime.apps.chat import ChatSettings, chat_loop
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.text import provenance
@@ -110,7 +110,7 @@ def test_serve_and_chat_export_the_default_model_when_its_folder_is_missing(tmp_
     import argparse
 
     import edgespec.cli as cli
-    from edgespec.export import exporter
+    from edgespec.export.target import exporter
 
     made = []
     monkeypatch.setattr(exporter, "export", lambda cfg: made.append((cfg.out, cfg.precision)))

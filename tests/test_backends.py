@@ -34,7 +34,7 @@ GPU_EP = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvide
 @pytest.fixture(scope="module")
 def full_engine(tiny_models, tmp_path_factory):
     """A folder that ships every drafter but eagle3: a self:1 draft, an EAGLE head and Medusa heads."""
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("full")
     head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
@@ -62,7 +62,7 @@ def eagle3_engine(tiny_models, tmp_path_factory):
     """A folder with an EAGLE-3 head and a DFlash drafter: its target outputs hidden_aux, which
     native TensorRT engines do not bind, so they have their own folder (on trt the drafters are
     refused before any model runs)."""
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("e3")
     head_dir, _, _ = _tiny_eagle3_head(tiny_models["llama"], root / "head3")

@@ -20,7 +20,7 @@ from test_hardening import (
 import edgespec.engines.manifest as mf
 from edgespec.cli import main
 from edgespec.engines.manifest import ManifestError, load_manifest
-from edgespec.runtime.chat import ChatSettings, handle_command
+from edgespec.runtime.apps.chat import ChatSettings, handle_command
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import FolderLoadError, Generator
 

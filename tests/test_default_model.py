@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edgespec.runtime.bench import load_prompts
+from edgespec.runtime.apps.bench import load_prompts
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 

@@ -13,9 +13,9 @@ def tiny_dflash(model_dir, out, block_size: int = 5, draft_vocab: int = 48, seed
     """An untrained DFlash drafter for a tiny target (its init plus noise), saved in the DFlash layout."""
     from transformers import AutoModelForCausalLM
 
-    from edgespec.export.arch import arch_from_config
-    from edgespec.export.dflash_model import DFlashConfig, build_dflash, init_arrays, save_dflash
-    from edgespec.export.spec import aux_layers
+    from edgespec.export.drafters.dflash.model import DFlashConfig, build_dflash, init_arrays, save_dflash
+    from edgespec.export.target.arch import arch_from_config
+    from edgespec.export.target.spec import aux_layers
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     arch = arch_from_config(model.config, 256)
@@ -59,8 +59,8 @@ def tiny_target(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_drafter(tiny_target, tmp_path_factory):
     """A DFlash drafter trained for a few steps on the tiny target's own answers (with aux features)."""
-    from edgespec.export.eagle_data import DataConfig, generate_data
-    from edgespec.export.train_dflash import TrainConfig, train
+    from edgespec.export.drafters.dflash.train import TrainConfig, train
+    from edgespec.export.train.head_data import DataConfig, generate_data
 
     root = tmp_path_factory.mktemp("dfdata")
     data = generate_data(
@@ -95,7 +95,7 @@ def tiny_drafter(tiny_target, tmp_path_factory):
 def test_checkpoint_is_in_the_dflash_layout(tiny_drafter):
     from safetensors.numpy import load_file
 
-    from edgespec.export.dflash_model import read_dflash
+    from edgespec.export.drafters.dflash.model import read_dflash
 
     cfg = json.loads((tiny_drafter / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["is_causal"] is False
@@ -117,7 +117,7 @@ def test_checkpoint_is_in_the_dflash_layout(tiny_drafter):
 
 
 def test_read_refuses_a_drafter_for_another_target(tiny_drafter):
-    from edgespec.export.dflash_model import DFlashFormatError, read_dflash
+    from edgespec.export.drafters.dflash.model import DFlashFormatError, read_dflash
 
     with pytest.raises(DFlashFormatError, match="hidden size 128"):
         read_dflash(tiny_drafter, 128, 256)
@@ -126,7 +126,7 @@ def test_read_refuses_a_drafter_for_another_target(tiny_drafter):
 @pytest.fixture(scope="module")
 def dflash_engine(tiny_target, tiny_drafter, tmp_path_factory):
     """An engine folder with the drafter; the export validates its graph against PyTorch."""
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     out = tmp_path_factory.mktemp("dfeng") / "tiny-dflash"
     return export(

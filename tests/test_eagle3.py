@@ -9,7 +9,7 @@ from edgespec.runtime.drafters import shipped
 
 torch = pytest.importorskip("torch")
 
-from edgespec.export.eagle3_head import (  # noqa: E402
+from edgespec.export.drafters.eagle3.head import (  # noqa: E402
     Eagle3FormatError,
     build_eagle3,
     init_arrays,
@@ -22,7 +22,7 @@ from edgespec.export.eagle3_head import (  # noqa: E402
 def _target(model_dir):
     from transformers import AutoModelForCausalLM
 
-    from edgespec.export.arch import arch_from_config
+    from edgespec.export.target.arch import arch_from_config
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     arch = arch_from_config(model.config, 256)
@@ -59,7 +59,7 @@ def tiny_target(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_data(tiny_target, tmp_path_factory):
     """Self-distillation data with aux features from the tiny target's own answers."""
-    from edgespec.export.eagle_data import DataConfig, generate_data
+    from edgespec.export.train.head_data import DataConfig, generate_data
 
     out = tmp_path_factory.mktemp("e3data") / "data"
     return generate_data(
@@ -162,7 +162,7 @@ def test_train_eagle3_cli_end_to_end(tiny_target, tiny_data, tmp_path):
 @pytest.fixture(scope="module")
 def eagle3_engine(tiny_target, tmp_path_factory):
     """An engine folder: the tiny target (with hidden_aux) + an EAGLE-3 head, trees on."""
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("e3engine")
     head_dir, _, _ = _tiny_head(tiny_target, root / "head", noise=0.05)
@@ -201,7 +201,7 @@ def test_export_lists_and_validates_the_head(eagle3_engine):
 def test_portable_graph_matches_pytorch(tiny_target, tmp_path):
     """The portable flavour (TensorRT's) and int4 weights: validated at export, greedy lossless."""
     from edgespec.engines.manifest import load_manifest
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
@@ -266,7 +266,7 @@ def test_runtime_drafts_what_the_trained_module_drafts(eagle3_engine, tiny_targe
     from transformers import AutoModelForCausalLM
 
     from edgespec.engines.manifest import load_manifest
-    from edgespec.export.arch import arch_from_config
+    from edgespec.export.target.arch import arch_from_config
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.sampling import SamplingConfig
@@ -318,7 +318,7 @@ def test_eagle3_features_survive_prefix_reuse_and_drafter_switch(eagle3_engine):
 
 
 def test_drafter_eagle3_needs_the_head(tiny_target, tmp_path):
-    from edgespec.export.exporter import ExportConfig, ExportError, export
+    from edgespec.export.target.exporter import ExportConfig, ExportError, export
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
@@ -388,7 +388,7 @@ def test_one_folder_holds_both_heads(tiny_target, tmp_path):
     the hidden_aux rows too)."""
     import test_eagle
 
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 

@@ -10,9 +10,9 @@ pytest.importorskip("torch")
 from tiny import assert_rows_bitwise_alike  # noqa: E402
 
 from edgespec.engines.manifest import ManifestError, load_manifest  # noqa: E402
-from edgespec.export.arch import UnsupportedModelError  # noqa: E402
-from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
-from edgespec.export.sources import SourceError  # noqa: E402
+from edgespec.export.target.arch import UnsupportedModelError  # noqa: E402
+from edgespec.export.target.exporter import ExportConfig, ExportError, export  # noqa: E402
+from edgespec.export.target.sources import SourceError  # noqa: E402
 
 
 def _export(src, out, **kw):
@@ -96,7 +96,7 @@ def test_eagle3_features_match_the_hf_hidden_states(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.spec import aux_layers
+    from edgespec.export.target.spec import aux_layers
 
     src = make_tiny("llama", tmp_path / "src", num_hidden_layers=6)
     out = export(
@@ -199,7 +199,7 @@ def test_bad_sources_are_refused_clearly(tmp_path):
 def test_unsupported_architecture_names_what_is_missing():
     from transformers import AutoConfig
 
-    from edgespec.export.arch import arch_from_config
+    from edgespec.export.target.arch import arch_from_config
 
     with pytest.raises(UnsupportedModelError, match="model_type 'gpt2' is not supported"):
         arch_from_config(AutoConfig.for_model("gpt2"), 128)
@@ -219,7 +219,7 @@ def test_existing_folder_needs_force(tiny_models, tmp_path):
 
 
 def test_interrupted_export_leaves_nothing_that_loads(tiny_models, tmp_path, monkeypatch):
-    import edgespec.export.exporter as ex
+    import edgespec.export.target.exporter as ex
 
     def boom(*a, **k):
         raise KeyboardInterrupt
@@ -277,7 +277,7 @@ def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, two_ro
 
 
 def test_int8_lm_head_keeps_q8_0_weights_and_is_the_int4_default(tiny_models, tmp_path):
-    from edgespec.export.quant import quantize_int8
+    from edgespec.export.target.quant import quantize_int8
 
     # a Q8_0 tensor (blocks of 32: fp16 scale d, codes in [-127, 127], the block max at +-127)
     rng = np.random.default_rng(0)
@@ -305,7 +305,7 @@ def test_int4_export_after_the_thread_pool_is_shared(tiny_models, tmp_path):
 
     code = (
         "from edgespec.engines.ort import share_thread_pool; share_thread_pool(); "
-        "from edgespec.export.exporter import ExportConfig, export; "
+        "from edgespec.export.target.exporter import ExportConfig, export; "
         f"export(ExportConfig(target={str(tiny_models['llama'])!r}, out={str(tmp_path / 'e')!r}, max_len=128, "
         "k=2, prefill_chunk=16, kv_bucket=32, precision='int4', progress=False))"
     )
@@ -323,7 +323,7 @@ def test_build_trt_records_its_engines_through_the_manifest(tiny_models, tmp_pat
 
     from edgespec.engines import device
     from edgespec.engines.manifest import TrtInfo
-    from edgespec.export.trt_build import build_trt
+    from edgespec.export.target.trt_build import build_trt
 
     folder = _export(tiny_models["llama"], tmp_path / "e", precision="fp16", draft="self:1")
     before = load_manifest(folder)

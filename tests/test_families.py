@@ -10,8 +10,8 @@ pytest.importorskip("torch")
 from tiny import assert_rows_bitwise_alike, make_tiny  # noqa: E402
 
 from edgespec.engines.manifest import load_manifest  # noqa: E402
-from edgespec.export.arch import UnsupportedModelError, arch_from_config  # noqa: E402
-from edgespec.export.exporter import ExportConfig, export  # noqa: E402
+from edgespec.export.target.arch import UnsupportedModelError, arch_from_config  # noqa: E402
+from edgespec.export.target.exporter import ExportConfig, export  # noqa: E402
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
 
@@ -170,7 +170,7 @@ def test_host_prologue_window_masks_by_their_definition():
     from row t iff it is visible without the window and positions[t] - its position < window."""
     from edgespec.engines.prologue import NEG, HostPrologue
     from edgespec.engines.specs import GraphSpec, TensorSpec
-    from edgespec.export.lean_prologue import host_prologue_inputs
+    from edgespec.export.target.lean_prologue import host_prologue_inputs
 
     n_q, window, width, slots = 2, 5, 4, 32
     inputs = tuple(TensorSpec(n, s, d) for n, s, d in host_prologue_inputs(n_q, "float32", True, False, True))

@@ -22,7 +22,7 @@ N_NEW = 24
 
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory):
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     if os.environ.get("EDGESPEC_TEST_GEMMA"):
         folder = Path(os.environ["EDGESPEC_TEST_GEMMA"])

@@ -21,7 +21,7 @@ import pytest
 
 from edgespec.cli import main
 from edgespec.engines.manifest import ManifestError, load_manifest
-from edgespec.runtime.chat import ChatSettings, handle_command
+from edgespec.runtime.apps.chat import ChatSettings, handle_command
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.drafters import shipped
 from edgespec.runtime.generator import Generator
@@ -283,7 +283,7 @@ def draft_engine(tiny_models, tmp_path_factory):
     """A tiny folder whose draft model has its own weights file (an optional model's file)."""
     from tiny import make_tiny
 
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("draft_engine")
     other = make_tiny("llama", root / "d", seed=3, num_hidden_layers=1)
@@ -376,7 +376,7 @@ def test_a_truncated_head_without_records_disables_its_drafters(default_engine, 
 
 
 def _export(tiny_models, out, **kw):
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     return export(
         ExportConfig(
@@ -403,7 +403,7 @@ def test_export_out_naming_a_file_is_refused_before_it_runs(tiny_models, tmp_pat
 
 
 def test_force_replaces_only_engine_folders_or_empty_ones(tiny_models, tmp_path, capsys):
-    from edgespec.export.exporter import ExportError
+    from edgespec.export.target.exporter import ExportError
 
     mine = tmp_path / "mine"
     (mine / "sub").mkdir(parents=True)
@@ -466,7 +466,7 @@ def test_cli_errors_end_without_a_traceback_in_a_real_process(tiny_engine, tmp_p
 
 
 def test_chat_loop_reports_a_bad_turn_and_goes_on(gen):
-    from edgespec.runtime.chat import chat_loop
+    from edgespec.runtime.apps.chat import chat_loop
 
     lines = iter(["/temperature nan", "hello", "/quit"])
     out = io.StringIO()

@@ -16,7 +16,7 @@ def test_head_accept_scores_the_shipped_head_on_eval_answers(default_engine, tmp
     sys.path.insert(0, str(TOOLS))
     import head_accept
 
-    from edgespec.export.text_data import EVAL_MARK
+    from edgespec.export.train.text_data import EVAL_MARK
 
     prompts = tmp_path / "eval.jsonl"
     rows = [

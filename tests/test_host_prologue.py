@@ -14,7 +14,7 @@ from tiny import assert_rows_bitwise_alike  # noqa: E402
 from edgespec.engines.base import EngineError  # noqa: E402
 from edgespec.engines.manifest import load_manifest  # noqa: E402
 from edgespec.engines.ort import OrtModel  # noqa: E402
-from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
+from edgespec.export.target.exporter import ExportConfig, ExportError, export  # noqa: E402
 
 SHAPE_OPS = {
     "Shape",
@@ -40,7 +40,7 @@ def folders(tiny_models, tmp_path_factory):
     two-row matmuls on (their pads and row count are prologue inputs too)."""
     from test_eagle import _tiny_head
 
-    import edgespec.export.exporter as ex
+    import edgespec.export.target.exporter as ex
 
     root = tmp_path_factory.mktemp("host_prologue")
     head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)

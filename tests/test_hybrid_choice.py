@@ -190,7 +190,7 @@ def test_seeded_sampling_reproduces_with_the_same_cache():
 def eagle_engine(tiny_models, tmp_path_factory):
     from test_eagle import _tiny_head
 
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("hybrid")
     head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)

@@ -11,15 +11,15 @@ pytest.importorskip("torch")
 from tiny import assert_rows_bitwise_alike  # noqa: E402
 
 from edgespec.engines.manifest import load_manifest  # noqa: E402
-from edgespec.export.exporter import ExportConfig, ExportError, export  # noqa: E402
-from edgespec.export.lean_graph import LEAN_OPS  # noqa: E402
+from edgespec.export.target.exporter import ExportConfig, ExportError, export  # noqa: E402
+from edgespec.export.target.lean_graph import LEAN_OPS  # noqa: E402
 
 FUSED = {"norm": "SkipSimplifiedLayerNormalization", "rotary": "RotaryEmbedding", "silu": "QuickGelu"}
 
 
 def _export(src, out, monkeypatch=None, portable_ops=None, **kw):
     if portable_ops is not None:  # what the CPU probe would have found
-        import edgespec.export.exporter as ex
+        import edgespec.export.target.exporter as ex
 
         monkeypatch.setattr(ex, "probe_portable_ops", lambda: portable_ops)
     args = (
@@ -129,8 +129,8 @@ def test_flavour_choice_and_trt_refuses_lean_graphs(tiny_models, tmp_path, monke
     import types
 
     from edgespec.engines import device
-    from edgespec.export.lean_graph import probe_portable_ops
-    from edgespec.export.trt_build import TrtBuildError, build_trt
+    from edgespec.export.target.lean_graph import probe_portable_ops
+    from edgespec.export.target.trt_build import TrtBuildError, build_trt
 
     assert set(probe_portable_ops()) <= set(LEAN_OPS)
     assert ExportConfig(precision="fp16").flavour() == "portable" and ExportConfig().flavour() == "lean"
@@ -152,7 +152,7 @@ def test_gemm_reductions_of_128_give_the_same_bits_for_every_shape():
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from edgespec.export.layer_ops import GEMM_K_MAX
+    from edgespec.export.target.layer_ops import GEMM_K_MAX
 
     def io(name, shape):
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)

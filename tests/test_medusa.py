@@ -7,15 +7,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgespec.export.medusa_checkpoint import MedusaFormatError, read_heads, save_heads  # noqa: E402
-from edgespec.export.medusa_head import MedusaConfig, build_heads, random_heads  # noqa: E402
+from edgespec.export.drafters.medusa.checkpoint import MedusaFormatError, read_heads, save_heads  # noqa: E402
+from edgespec.export.drafters.medusa.head import MedusaConfig, build_heads, random_heads  # noqa: E402
 
 
 def _tiny_heads(model_dir, out, draft_vocab: int = 48, n_heads: int = 3, n_layers: int = 1, seed: int = 0):
     """Random heads for a tiny target, saved in the Medusa layout."""
     from transformers import AutoModelForCausalLM
 
-    from edgespec.export.arch import arch_from_config
+    from edgespec.export.target.arch import arch_from_config
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     arch = arch_from_config(model.config, 256)
@@ -74,7 +74,7 @@ def test_heads_with_their_own_lm_heads_are_refused(tiny_models, tmp_path):
 
 @pytest.fixture(scope="module")
 def medusa_engine(tiny_models, tmp_path_factory):
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("medusa")
     heads_dir, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4, n_layers=2)

@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 
-from edgespec.export import sources
-from edgespec.runtime.bench import load_prompts, raw_text
+from edgespec.export.target import sources
+from edgespec.runtime.apps.bench import load_prompts, raw_text
 
 
 def _wheel(path, member: str, data: bytes) -> None:

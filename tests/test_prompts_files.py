@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.runtime.bench import BenchConfig, load_prompts
+from edgespec.runtime.apps.bench import BenchConfig, load_prompts
 
 ROOT = Path(__file__).parent.parent
 PROMPTS = sorted((ROOT / "tools/prompts").glob("*.jsonl"))

@@ -237,7 +237,7 @@ def test_any_request_body_is_a_checked_request_or_a_400(body, chat):
     (finite sampling settings, max_tokens >= 1, a drafter the folder has, k in range) or raises
     BadRequest with a status and an OpenAI-style body; never any other exception."""
     pytest.importorskip("starlette")
-    from edgespec.runtime.server_schema import Abilities, BadRequest, Speculation, parse_request
+    from edgespec.runtime.apps.server_schema import Abilities, BadRequest, Speculation, parse_request
 
     ab = Abilities(drafters=("none", "ngram", "eagle"), tree_drafters=("ngram", "eagle"), k_max=8, context=256)
     try:
@@ -284,8 +284,8 @@ def test_any_response_format_schema_is_a_grammar_or_a_400(schema, strict):
     naming the field: llguidance's errors never escape as another exception."""
     pytest.importorskip("starlette")
     pytest.importorskip("llguidance")
+    from edgespec.runtime.apps.server_schema import BadRequest, parse_response_format
     from edgespec.runtime.constrain import Grammar
-    from edgespec.runtime.server_schema import BadRequest, parse_response_format
 
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
     try:

@@ -127,7 +127,7 @@ def test_thread_pool_is_shared_only_before_the_first_session(tiny_engine):
 
 def test_runtime_never_imports_torch_or_transformers():
     code = (
-        "import sys, edgespec, edgespec.runtime.generator, edgespec.runtime.bench, edgespec.engines.ort, "
+        "import sys, edgespec, edgespec.runtime.generator, edgespec.runtime.apps.bench, edgespec.engines.ort, "
         "edgespec.cli; bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -18,11 +18,11 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from edgespec.runtime.apps.server import ServeConfig, create_app  # noqa: E402
+from edgespec.runtime.apps.server_schema import Speculation  # noqa: E402
+from edgespec.runtime.apps.server_worker import first_difference  # noqa: E402
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
-from edgespec.runtime.server import ServeConfig, create_app  # noqa: E402
-from edgespec.runtime.server_schema import Speculation  # noqa: E402
-from edgespec.runtime.server_worker import first_difference  # noqa: E402
 
 PROMPT = "hello hello world, hello world again and again; hello"
 KEY = "sekret-key"
@@ -72,7 +72,7 @@ def full_engine(tiny_models, tmp_path_factory):
     from test_eagle import _tiny_head
     from test_medusa import _tiny_heads
 
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("full")
     head, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)

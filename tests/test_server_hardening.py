@@ -20,10 +20,10 @@ httpx = pytest.importorskip("httpx")
 
 from test_server import KEY, PROMPT, _serving  # noqa: E402
 
+from edgespec.runtime.apps.server import ServeConfig, host_name, origin_host  # noqa: E402
+from edgespec.runtime.apps.server_schema import Abilities, BadRequest, Speculation, parse_speculation  # noqa: E402
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
-from edgespec.runtime.server import ServeConfig, host_name, origin_host  # noqa: E402
-from edgespec.runtime.server_schema import Abilities, BadRequest, Speculation, parse_speculation  # noqa: E402
 
 EVIL = "http://evil.example"
 JSON = {"Content-Type": "application/json"}
@@ -173,7 +173,7 @@ def test_the_chat_page_cannot_be_framed_and_still_posts_json(server):
     assert "frame-ancestors 'none'" in csp and r.headers["x-frame-options"] == "DENY"
     for directive in ("default-src 'none'", "connect-src 'self'", "base-uri 'none'", "form-action 'none'"):
         assert directive in csp
-    html = (Path(__file__).resolve().parents[1] / "runtime" / "chat.html").read_text()
+    html = (Path(__file__).resolve().parents[1] / "runtime" / "apps" / "chat.html").read_text()
     posts = re.findall(r"fetch\([^)]*method:\s*\"POST\"[^)]*\)", html, re.S)
     assert posts and all("headers: headers()" in p for p in posts), posts
     assert re.search(r'function headers\(\) \{\s*const h = \{ "Content-Type": "application/json" \}', html)

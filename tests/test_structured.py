@@ -282,7 +282,7 @@ def full_engine(tiny_models, tmp_path_factory):
     from test_eagle import _tiny_head
     from test_medusa import _tiny_heads
 
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("structured")
     head, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
@@ -462,7 +462,7 @@ def test_default_model_json_eval_outputs_validate_and_speculation_is_identical(d
     its schema, and speculative output equals constrained plain output for each drafter."""
     from pathlib import Path
 
-    from edgespec.runtime.bench import json_check, load_prompts
+    from edgespec.runtime.apps.bench import json_check, load_prompts
 
     pytest.importorskip("jsonschema")
     g = Generator.load(default_engine, RuntimeConfig(drafter="none", k=4, adaptive=False))

@@ -1,4 +1,4 @@
-"""Teacher-forced text data (export/text_data.py): text labelled by the engine's own target graph
+"""Teacher-forced text data (export/train/text_data.py): text labelled by the engine's own target graph
 (features bitwise what the runtime's prefill computes, soft labels its top-k), eval text kept out,
 resumable shards, and the EAGLE recipe learning the soft labels by KL."""
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.export import text_data as td
+from edgespec.export.train import text_data as td
 
 EVAL = td.REPO_PROMPTS / "drafts_eval.jsonl"
 PROSE = (
@@ -83,7 +83,7 @@ def test_features_and_labels_are_the_engine_prefills(tiny_engine, text_data):
     the logits' argmax; a deleted shard is remade with the same bytes."""
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.eagle_data import load_shards, load_soft
+    from edgespec.export.train.head_data import load_shards, load_soft
     from edgespec.runtime.prefill import prefill
 
     out, cfg = text_data
@@ -111,7 +111,7 @@ def test_features_and_labels_are_the_engine_prefills(tiny_engine, text_data):
 
 def test_kl_loss_is_cross_entropy_for_one_hot_and_zero_at_the_target():
     torch = pytest.importorskip("torch")
-    from edgespec.export.train_eagle import _token_loss
+    from edgespec.export.drafters.eagle.train import _token_loss
 
     logits = torch.randn(3, 10)
     lab = torch.tensor([1, 4, 7])

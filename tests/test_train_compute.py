@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.export import matmul_probe as mp
+from edgespec.export.train import matmul_probe as mp
 
 torch = pytest.importorskip("torch")
 
@@ -46,7 +46,7 @@ def test_probe_times_both_dtypes_quickly():
 
 def _tiny_data(src, out, compute: str):
     """Self-distillation data of the tiny target (48 prompts, 24 new tokens) in the given compute."""
-    from edgespec.export.eagle_data import DataConfig, generate_data
+    from edgespec.export.train.head_data import DataConfig, generate_data
 
     cfg = DataConfig(
         out=str(out),
@@ -69,7 +69,7 @@ def tiny_data(tiny_models, tmp_path_factory):
 def test_data_in_bf16_matches_fp32_prompt_features(tiny_models, tiny_data, tmp_path):
     """The same prompts through the bf16-autocast target: the prompt positions' features (same
     tokens in both) agree to bf16's precision; the run is logged with its compute dtype."""
-    from edgespec.export.eagle_data import load_shards
+    from edgespec.export.train.head_data import load_shards
 
     bf = _tiny_data(tiny_models["llama"], tmp_path / "bf", "bf16")
     log = json.loads((bf / "generation.json").read_text())
@@ -89,7 +89,7 @@ def test_tiny_eagle_trains_in_both_computes(tiny_models, tiny_data, tmp_path):
     """The same data and schedule in fp32 and under bf16 autocast: both train, record how, keep fp32
     master weights, and reach held-out top-1 within a sane margin of each other (the tiny target's
     answers are easy: the learning itself is compared on `_Toy` below)."""
-    from edgespec.export.train_eagle import TrainConfig, train
+    from edgespec.export.drafters.eagle.train import TrainConfig, train
 
     top1, weights = {}, {}
     for compute in ("fp32", "bf16"):
@@ -151,7 +151,7 @@ class _Toy:
 def test_fit_learns_alike_in_fp32_and_bf16(tmp_path):
     """`fit` on a task that starts at chance: held-out top-1 under bf16 autocast within a few
     points of fp32's, and the training record says which ran."""
-    from edgespec.export import train as trainer
+    from edgespec.export.train import trainer
 
     top1 = {}
     for dtype in ("fp32", "bf16"):

@@ -14,7 +14,7 @@ def tree_model(request, tmp_path_factory):
 
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("tree")
     src = make_tiny("llama", root / "src", hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_dim=64)
@@ -98,7 +98,7 @@ def test_chain_only_folders_have_no_tree_ops_and_refuse_trees(tiny_models, tmp_p
     """--no-trees leaves tree attention out; asking such a folder for trees says what to do."""
     import onnx
 
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.tree import TreeConfig

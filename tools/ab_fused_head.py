@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from edgespec.engines.ort import share_thread_pool
-from edgespec.runtime.bench import load_prompts
+from edgespec.runtime.apps.bench import load_prompts
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.runtime.bench import load_prompts, machine_info
+from edgespec.runtime.apps.bench import load_prompts, machine_info
 
 
 class System:
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
                 "or leave out --png"
             )
     if a.gguf is None:
-        from edgespec.export.sources import default_gguf
+        from edgespec.export.target.sources import default_gguf
 
         a.gguf = str(default_gguf())
     prompts = load_prompts(a.prompts, a.limit, raw=a.raw_prompts)

@@ -62,7 +62,7 @@ def demo_engine(root: Path) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny import CHAT_TEMPLATE, make_tiny
 
-    from edgespec.export.exporter import ExportConfig, export
+    from edgespec.export.target.exporter import ExportConfig, export
 
     torch.set_num_threads(1)  # a tiny model: more threads only wait on each other on a busy machine
     hf = make_tiny(
@@ -182,9 +182,9 @@ def main(argv=None) -> int:
 
     import uvicorn
 
+    from edgespec.runtime.apps.server import ServeConfig, create_app
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
-    from edgespec.runtime.server import ServeConfig, create_app
 
     with tempfile.TemporaryDirectory(prefix="edgespec-shot-") as tmp:
         engine = Path(a.engine) if a.engine else demo_engine(Path(tmp))

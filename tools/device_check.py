@@ -64,7 +64,7 @@ def cuda_graph_timing(folder: str, calls: int = 30) -> dict:
     greedy ngram output with capture on against off."""
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
-    from edgespec.runtime.bench import load_prompts
+    from edgespec.runtime.apps.bench import load_prompts
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
@@ -132,7 +132,7 @@ def main() -> None:
 
         report["environment"]["gpu"] = CudaOps().device_name()
     with stage(report, "export"):
-        from edgespec.export.exporter import ExportConfig, export
+        from edgespec.export.target.exporter import ExportConfig, export
 
         target = a.gguf
         export(
@@ -168,7 +168,7 @@ def main() -> None:
         backends.append("cuda")
     if report.get("environment", {}).get("tensorrt"):
         with stage(report, "build_trt"):
-            from edgespec.export.trt_build import build_trt
+            from edgespec.export.target.trt_build import build_trt
 
             report["build_trt"]["engine"] = build_trt(fp16)
             backends.append("trt")
@@ -178,7 +178,7 @@ def main() -> None:
         with stage(report, f"parity_{b}"):
             report[f"parity_{b}"]["vs_ort_cpu_fp32"] = logits_parity(str(fp16), str(fp32), b)
         with stage(report, f"bench_{b}"):
-            from edgespec.runtime.bench import BenchConfig, run_bench
+            from edgespec.runtime.apps.bench import BenchConfig, run_bench
 
             rep = run_bench(
                 BenchConfig(
@@ -200,8 +200,8 @@ def main() -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from edgespec.export.sources import default_gguf
-        from edgespec.runtime.bench import load_prompts
+        from edgespec.export.target.sources import default_gguf
+        from edgespec.runtime.apps.bench import load_prompts
 
         p = Path(a.gguf) if a.gguf else default_gguf()
         tok = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)

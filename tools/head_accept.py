@@ -39,8 +39,8 @@ class AcceptConfig:
 
 def answers(cfg: AcceptConfig) -> Path:
     """The engine's greedy answers to the prompt file, labelled (made once)."""
-    from edgespec.export.answer_data import AnswerDataConfig, make_answer_data
-    from edgespec.export.text_data import EVAL_MARK
+    from edgespec.export.train.answer_data import AnswerDataConfig, make_answer_data
+    from edgespec.export.train.text_data import EVAL_MARK
 
     work = Path(cfg.work)
     if not (work / "done").exists():
@@ -101,8 +101,8 @@ def report(name: str, per: dict[str, np.ndarray]) -> None:
 
 def main(cfg: AcceptConfig) -> None:
 
-    from edgespec.export import train as trainer
-    from edgespec.export.eagle_data import load_aux, load_shards, load_soft
+    from edgespec.export.train import trainer
+    from edgespec.export.train.head_data import load_aux, load_shards, load_soft
 
     work = answers(cfg)
     tokens, feats, starts, n_prompt = load_shards(work)
@@ -119,9 +119,9 @@ def main(cfg: AcceptConfig) -> None:
     tt = trainer.target_tensors(None)
     V, H = tt.arch.vocab_size, tt.arch.hidden_size
     for folder in cfg.eagle:
-        from edgespec.export.checkpoint import read_head
-        from edgespec.export.eagle_head import build_head
-        from edgespec.export.train_eagle import _collate
+        from edgespec.export.drafters.eagle.head import build_head
+        from edgespec.export.drafters.eagle.train import _collate
+        from edgespec.export.train.checkpoint import read_head
 
         hc, arrays = read_head(folder, H, V)
         head = build_head(hc, arrays, tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin).eval()
@@ -133,8 +133,8 @@ def main(cfg: AcceptConfig) -> None:
 
         report(f"EAGLE {folder}", score(head, fwd, data, t2d, labels, cats))
     if cfg.eagle3:
-        from edgespec.export.eagle3_head import build_eagle3, read_eagle3
-        from edgespec.export.train_eagle3 import _collate as collate3
+        from edgespec.export.drafters.eagle3.head import build_eagle3, read_eagle3
+        from edgespec.export.drafters.eagle3.train import _collate as collate3
 
         aux = load_aux(work)
         for folder in cfg.eagle3:

@@ -71,7 +71,7 @@ def sources(cfg, src) -> dict[str, object]:
     one's; given to both, it is refused."""
     from pathlib import Path
 
-    from edgespec.export.spec import ExportError
+    from edgespec.export.target.spec import ExportError
 
     plugins = registry()
     found = {name: p.source(cfg, src) for name, p in plugins.items()}

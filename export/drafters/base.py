@@ -57,7 +57,7 @@ class ExportContext:
 
     def reference_target(self):
         """The target as PyTorch, computing with the weights its graph uses (int4: dequantized)."""
-        from edgespec.export.reference import reference_model
+        from edgespec.export.target.reference import reference_model
 
         return reference_model(self.model, self.writer)
 

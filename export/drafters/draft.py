@@ -11,7 +11,7 @@ from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, regist
 
 
 def _check_same_tokenizer(tok_t, tok_d, vocab_t: int, vocab_d: int) -> None:
-    from edgespec.export.spec import ExportError
+    from edgespec.export.target.spec import ExportError
 
     if vocab_t != vocab_d:
         raise ExportError(
@@ -29,11 +29,11 @@ def _check_same_tokenizer(tok_t, tok_d, vocab_t: int, vocab_d: int) -> None:
 
 def draft_writer(spec: str, ctx, opts):
     """The draft's graph writer, its PyTorch model and its manifest kind, for each --draft form."""
-    from edgespec.export import sources
-    from edgespec.export.arch import arch_from_config
-    from edgespec.export.graph import GraphOptions, LlamaGraphWriter
-    from edgespec.export.reference import hf_weights
-    from edgespec.export.spec import PRECISIONS, ExportError
+    from edgespec.export.target import sources
+    from edgespec.export.target.arch import arch_from_config
+    from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter
+    from edgespec.export.target.reference import hf_weights
+    from edgespec.export.target.spec import PRECISIONS, ExportError
 
     arch = ctx.arch
     if spec.startswith("self:"):
@@ -65,8 +65,8 @@ def draft_writer(spec: str, ctx, opts):
 
 def _write(ctx, spec: str) -> Shipped:
     """draft.onnx (+ draft.weights unless it reads the target's: self:N at the target's precision)."""
-    from edgespec.export.weights import write_weights
-    from edgespec.export.write import host_prologue_entry, write_model
+    from edgespec.export.target.weights import write_weights
+    from edgespec.export.target.write import host_prologue_entry, write_model
     from edgespec.runtime.drafters.draft import DraftSection
 
     cfg = ctx.cfg
@@ -84,9 +84,9 @@ def _write(ctx, spec: str) -> Shipped:
 
 
 def _validate(ctx, state, tokens) -> dict:
-    from edgespec.export.reference import reference_model
-    from edgespec.export.spec import tolerance
-    from edgespec.export.validate import validate_model
+    from edgespec.export.target.reference import reference_model
+    from edgespec.export.target.spec import tolerance
+    from edgespec.export.target.validate import validate_model
 
     writer, model = state
     return {

@@ -1,0 +1,325 @@
+"""DFlash block drafter: the module (torch) and its checkpoint in the public DFlash layout.
+
+One non-causal forward pass drafts a whole block (DFlash, arXiv 2602.06036). With p the position
+of the anchor (the last verified token, whose target features do not exist yet):
+
+    ctx_j   = hidden_norm(fc([a_j^low ; a_j^mid ; a_j^high]))   j < p   # target features -> [H]
+    x_i     = embed(block_i), block = [anchor, MASK, ..., MASK]   i < b   # at positions p + i
+    per layer ("KV injection": the context enters as keys/values of every layer, never as queries)
+      h     = rms(x, ln1)
+      q     = rope(q_norm(Wq h))                                   # block rows only
+      k, v  = rope(k_norm(Wk [ctx ; h])), Wv [ctx ; h]             # context rows + block rows
+      x    += Wo attn(q, k, v)                                     # every block row sees every row
+      x    += mlp(rms(x, ln2))
+    logits_i = rms(x_i, norm) . lm_head_d^T,  i = 1..b-1          # drafts tokens p+1 .. p+b-1
+
+The embedding and the LM-head rows are the target's (frozen, not stored). Features a_j are the
+residual stream entering the target's aux layers (`spec.aux_layers`, the graphs'
+`hidden_aux`); in DFlash's own convention (`dflash_config.target_layer_ids`, the layer whose
+output is read) they are those layers minus one.
+
+Checkpoint (`save_dflash` / `read_dflash`): config.json of the public DFlash drafters
+(architectures ["DFlashDraftModel"], Qwen3-style fields, `dflash_config` {block_size,
+mask_token_id, target_layer_ids}) + model.safetensors with their names
+    fc.weight [H, n*H], hidden_norm.weight, norm.weight,
+    layers.{i}.{input_layernorm,post_attention_layernorm}.weight,
+    layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.self_attn.{q,k}_norm.weight,
+    layers.{i}.mlp.{gate,up,down}_proj.weight
+plus `d2t` (draft-vocabulary offsets as `checkpoint` stores them, most frequent first) and an `edgespec` section.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgespec.export.drafters.eagle.head import TorchDrafter
+from edgespec.export.train.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t, write_checkpoint
+
+_PROJ = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+
+
+class DFlashFormatError(CheckpointError):
+    """A DFlash checkpoint that is not in the expected layout or does not fit the target."""
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    hidden_size: int  # H: the target's hidden size (the drafter's width)
+    n_layers: int  # drafter decoder layers
+    n_heads: int  # query heads
+    n_kv_heads: int  # key/value heads (GQA)
+    head_dim: int  # per-head width
+    intermediate_size: int  # MLP width
+    rms_norm_eps: float  # RMSNorm epsilon
+    rope_theta: float  # the target's rotary base (the drafter uses the target's positions)
+    vocab_size: int  # target vocabulary
+    draft_vocab_size: int  # tokens it can propose (the most frequent answer tokens)
+    block_size: int  # b: rows per call (the anchor + b-1 drafted tokens)
+    mask_token_id: int  # the id whose (target) embedding fills the rows to draft
+    target_layer_ids: tuple[int, ...]  # DFlash convention: target layers whose OUTPUT is read
+    n_target_layers: int  # the target's depth
+
+
+class DFlashDrafter(TorchDrafter):
+    def __init__(
+        self,
+        cfg: DFlashConfig,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        d2t: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        H, d = cfg.hidden_size, cfg.head_dim
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * H, H, bias=False)
+        self.hidden_norm = nn.Parameter(torch.ones(H))
+        self.norm = nn.Parameter(torch.ones(H))
+        self.layers = nn.ModuleList()
+        for _ in range(cfg.n_layers):
+            lay = nn.Module()
+            lay.q = nn.Linear(H, cfg.n_heads * d, bias=False)
+            lay.k = nn.Linear(H, cfg.n_kv_heads * d, bias=False)
+            lay.v = nn.Linear(H, cfg.n_kv_heads * d, bias=False)
+            lay.o = nn.Linear(cfg.n_heads * d, H, bias=False)
+            lay.gate = nn.Linear(H, cfg.intermediate_size, bias=False)
+            lay.up = nn.Linear(H, cfg.intermediate_size, bias=False)
+            lay.down = nn.Linear(cfg.intermediate_size, H, bias=False)
+            lay.ln1, lay.ln2 = nn.Parameter(torch.ones(H)), nn.Parameter(torch.ones(H))
+            lay.q_norm, lay.k_norm = nn.Parameter(torch.ones(d)), nn.Parameter(torch.ones(d))
+            self.layers.append(lay)
+        # frozen, from the target: embedding [V, H], LM-head rows of the draft vocabulary [Vd, H]
+        self.register_buffer("embed", embed, persistent=False)
+        self.register_buffer("lm_head", lm_head, persistent=False)
+        self.register_buffer("d2t", d2t, persistent=False)  # [Vd] draft id -> target id
+        self.register_buffer("rope_cos", rope_cos, persistent=False)  # [max_pos, D]
+        self.register_buffer("rope_sin", rope_sin, persistent=False)
+
+    def context(self, aux: torch.Tensor) -> torch.Tensor:
+        """Target features [B, N, n*H] -> the injected context rows [B, N, H]."""
+        return self._norm(self.fc(aux), self.hidden_norm)
+
+    def context_kv(self, lay: nn.Module, ctx: torch.Tensor, ctx_pos: torch.Tensor):
+        """One layer's K (rotated) and V [B, N, Hkv, D] of context rows: what the runtime caches."""
+        c = self.cfg
+        B, N, _ = ctx.shape
+        k = self._rope(self._norm(lay.k(ctx).view(B, N, c.n_kv_heads, c.head_dim), lay.k_norm), ctx_pos)
+        return k, lay.v(ctx).view(B, N, c.n_kv_heads, c.head_dim)
+
+    def forward(
+        self,
+        ctx: torch.Tensor,
+        ctx_pos: torch.Tensor,
+        block_ids: torch.Tensor,
+        block_pos: torch.Tensor,
+        see_ctx: torch.Tensor,
+        see_block: torch.Tensor,
+    ) -> torch.Tensor:
+        """ctx [B, N, H] (from `context`), ctx_pos [B, N]; block_ids / block_pos [B, Q]; see_ctx
+        [B, Q, N] and see_block [B, Q, Q] bool: which rows each block row attends to (several
+        blocks of one sequence train in one pass). Returns the normed outputs [B, Q, H]."""
+        c = self.cfg
+        B, Q = block_ids.shape
+        rep = c.n_heads // c.n_kv_heads
+        mask = torch.cat([see_ctx, see_block], dim=-1)[:, None]  # [B, 1, Q, N + Q]
+        x = self.embed[block_ids]
+        for lay in self.layers:
+            h = self._norm(x, lay.ln1)
+            q = self._rope(self._norm(lay.q(h).view(B, Q, c.n_heads, c.head_dim), lay.q_norm), block_pos)
+            k_c, v_c = self.context_kv(lay, ctx, ctx_pos)
+            k_b = self._rope(self._norm(lay.k(h).view(B, Q, c.n_kv_heads, c.head_dim), lay.k_norm), block_pos)
+            v_b = lay.v(h).view(B, Q, c.n_kv_heads, c.head_dim)
+            k = torch.cat([k_c, k_b], 1).repeat_interleave(rep, dim=2).transpose(1, 2)  # [B, Hq, N+Q, D]
+            v = torch.cat([v_c, v_b], 1).repeat_interleave(rep, dim=2).transpose(1, 2)
+            att = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k, v, attn_mask=mask, scale=1.0 / math.sqrt(c.head_dim)
+            )
+            x = x + lay.o(att.transpose(1, 2).reshape(B, Q, -1))
+            h = self._norm(x, lay.ln2)
+            x = x + lay.down(F.silu(lay.gate(h)) * lay.up(h))
+        return self._norm(x, self.norm)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return out @ self.lm_head.T  # [.., Vd]
+
+
+# ---- parameters under checkpoint names ------------------------------------------------------------
+def _param_map(model: DFlashDrafter) -> dict[str, torch.Tensor]:
+    out = {"fc.weight": model.fc.weight, "hidden_norm.weight": model.hidden_norm, "norm.weight": model.norm}
+    for i, lay in enumerate(model.layers):
+        p = f"layers.{i}."
+        mods = (lay.q, lay.k, lay.v, lay.o, lay.gate, lay.up, lay.down)
+        out |= {p + n + ".weight": m.weight for n, m in zip(_PROJ, mods, strict=True)}
+        out |= {p + n + ".weight": t for n, t in zip(_NORMS, (lay.ln1, lay.ln2, lay.q_norm, lay.k_norm), strict=True)}
+    return out
+
+
+def dflash_state(model: DFlashDrafter) -> dict[str, np.ndarray]:
+    """Parameters under checkpoint names (float32 numpy) + d2t (absolute target ids)."""
+    arrays = {k: v.detach().float().cpu().numpy() for k, v in _param_map(model).items()}
+    return arrays | {"d2t": model.d2t.cpu().numpy().astype(np.int64)}
+
+
+def build_dflash(
+    cfg: DFlashConfig,
+    arrays: dict[str, np.ndarray],
+    embed: np.ndarray,
+    lm_head: np.ndarray,
+    rope_cos: np.ndarray,
+    rope_sin: np.ndarray,
+) -> DFlashDrafter:
+    d2t = torch.from_numpy(arrays["d2t"])
+    model = DFlashDrafter(
+        cfg,
+        torch.from_numpy(embed),
+        torch.from_numpy(lm_head)[d2t].clone(),
+        d2t,
+        torch.from_numpy(rope_cos),
+        torch.from_numpy(rope_sin),
+    )
+    with torch.no_grad():
+        for name, t in _param_map(model).items():
+            t.copy_(torch.from_numpy(arrays[name]))
+    return model
+
+
+def init_arrays(arch, sd: dict, d2t: np.ndarray, cfg: DFlashConfig, seed: int) -> dict[str, np.ndarray]:
+    """A new drafter: each layer copied from one of the target's last layers (q/k norms at 1); fc
+    passes the highest feature layer through (identity there, small random elsewhere)."""
+    H = cfg.hidden_size
+    rng = np.random.default_rng(seed)
+    n = len(cfg.target_layer_ids)
+    fc = rng.normal(0, 0.02, (H, n * H)).astype(np.float32)
+    fc[:, (n - 1) * H :] += np.eye(H, dtype=np.float32)
+    arrays = {
+        "fc.weight": fc,
+        "hidden_norm.weight": np.ones(H, np.float32),
+        "norm.weight": sd["model.norm.weight"].astype(np.float32),
+        "d2t": d2t,
+    }
+    hf = (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+    )
+    for i in range(cfg.n_layers):
+        src = f"model.layers.{arch.n_layers - cfg.n_layers + i}."
+        for name in hf:
+            arrays[f"layers.{i}.{name}.weight"] = sd[src + name + ".weight"].astype(np.float32)
+        arrays[f"layers.{i}.self_attn.q_norm.weight"] = np.ones(cfg.head_dim, np.float32)
+        arrays[f"layers.{i}.self_attn.k_norm.weight"] = np.ones(cfg.head_dim, np.float32)
+    return arrays
+
+
+def save_dflash(model: DFlashDrafter, folder: str | Path, record: dict | None = None) -> Path:
+    c = model.cfg
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "is_causal": False,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "num_target_layers": c.n_target_layers,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "dflash_config": {
+            "block_size": c.block_size,
+            "mask_token_id": c.mask_token_id,
+            "target_layer_ids": list(c.target_layer_ids),
+        },
+        "edgespec": {"d2t_order": "frequency", "features": "aux_layers"} | (record or {}),
+    }
+    return write_checkpoint(folder, dflash_state(model), config)
+
+
+def read_dflash(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
+    """Read and check a DFlash checkpoint against the target's sizes; float32 arrays + d2t (absolute)."""
+    from safetensors.numpy import load_file
+
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
+        raise DFlashFormatError(
+            f"{folder}: a DFlash drafter folder holds {CONFIG_FILE} + {WEIGHTS_FILE}. "
+            "Hint: train one with `edgespec train-dflash --out DIR`"
+        )
+    cfg = json.loads((folder / CONFIG_FILE).read_text())
+    dc = cfg.get("dflash_config") or {}
+    if "DFlashDraftModel" not in cfg.get("architectures", []) or "target_layer_ids" not in dc:
+        raise DFlashFormatError(
+            f"{folder}: config.json is not a DFlash drafter's (architectures "
+            f"{cfg.get('architectures')}, dflash_config {sorted(dc)})"
+        )
+    w = load_file(str(folder / WEIGHTS_FILE))
+    H = int(cfg["hidden_size"])
+    n_feat = len(dc["target_layer_ids"])
+    if H != hidden_size or tuple(w["fc.weight"].shape) != (H, n_feat * H):
+        raise DFlashFormatError(
+            f"{folder}: drafter width {H} (fc {tuple(w['fc.weight'].shape)}) does not fit the "
+            f"target's hidden size {hidden_size}; was it trained for another model?"
+        )
+    if int(cfg["vocab_size"]) != vocab_size:
+        raise DFlashFormatError(f"{folder}: drafter vocab {cfg['vocab_size']} != target vocab {vocab_size}")
+    n_heads = int(cfg["num_attention_heads"])
+    c = DFlashConfig(
+        hidden_size=H,
+        n_layers=int(cfg["num_hidden_layers"]),
+        n_heads=n_heads,
+        n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
+        head_dim=int(cfg.get("head_dim") or H // n_heads),
+        intermediate_size=int(cfg["intermediate_size"]),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        vocab_size=vocab_size,
+        draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab_size),
+        block_size=int(dc.get("block_size", 16)),
+        mask_token_id=int(dc["mask_token_id"]),
+        target_layer_ids=tuple(int(x) for x in dc["target_layer_ids"]),
+        n_target_layers=int(cfg.get("num_target_layers", 0)),
+    )
+    need = [k for k in ("fc.weight", "hidden_norm.weight", "norm.weight") if k not in w]
+    need += [
+        f"layers.{i}.{n}.weight" for i in range(c.n_layers) for n in _PROJ + _NORMS if f"layers.{i}.{n}.weight" not in w
+    ]
+    if need:
+        raise DFlashFormatError(f"{folder}: missing tensors {need[:4]}{'...' if len(need) > 4 else ''}")
+    out = {k: v.astype(np.float32) for k, v in w.items() if k not in ("d2t", "t2d")}
+    out["d2t"] = _read_d2t(folder, w, c.draft_vocab_size, vocab_size, DFlashFormatError)
+    return c, out
+
+
+def config_record(c: DFlashConfig) -> dict:
+    return asdict(c) | {"target_layer_ids": list(c.target_layer_ids)}

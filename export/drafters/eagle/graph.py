@@ -1,0 +1,337 @@
+"""The EAGLE head as a static-shape ONNX graph, built from the same pieces as the decoders.
+
+  inputs   input_ids [1, T] (token_{j+1}), positions [1, T] (j), past_len [1],
+           features [1, T, H] (f_j: the target's hidden state, or the head's own prediction),
+           past_key_0, past_value_0 [S, Hkv*D] (the head's one layer of KV)
+  outputs  logits [1, T, Vd] over the draft vocabulary (map with d2t), new_kv [1, 2, T, Hkv*D],
+           hidden [1, T, H] (the predicted feature f^_{j+1}, fed back for the next draft step)
+The embedding is the target's: the graph reads it from the target's weights file (one mapped
+copy). fc, the layer and the draft-vocabulary LM head rows live in the head's own weights file,
+int4 when the target is int4 (a draft only has to be cheap and usually right).
+
+Also here: the head's files and manifest entry (`write_eagle`), the target graph with the head
+appended (`fuse_with_target`, `write_eagle_fused`) and their checks (`validate_eagle`,
+`validate_fused`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from edgespec.engines.manifest import FUSED_PREFIX, ModelSpec
+from edgespec.export.target import spec as es
+from edgespec.export.target.arch import PLAIN_LAYERS, ArchSpec
+from edgespec.export.target.graph import (
+    NP_TO_ONNX,
+    GraphBuilder,
+    GraphOptions,
+    LlamaGraphWriter,
+    ModelWriter,
+    decoder_layer,
+)
+from edgespec.export.target.layer_ops import Stream
+
+_LAYER = "layers.0."
+
+
+class EagleGraphWriter(ModelWriter):
+    def __init__(
+        self, target_arch: ArchSpec, head_cfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray, opts: GraphOptions
+    ) -> None:
+        """head_cfg / arrays: from eagle.read_head (float32, d2t absolute); lm_head [V, H]: the
+        target's LM head as its engine computes with it."""
+        self.head_cfg = head_cfg
+        self.d2t = arrays["d2t"]
+        self._lm_rows = lm_head[self.d2t]  # [Vd, H]
+        arch = dataclasses.replace(
+            target_arch,
+            n_layers=1,
+            n_heads=head_cfg.num_attention_heads,
+            n_kv_heads=head_cfg.num_key_value_heads,
+            head_dim=head_cfg.head_dim,
+            intermediate_size=head_cfg.intermediate_size,
+            qkv_bias=False,
+            qk_norm=False,
+            **PLAIN_LAYERS,
+        )
+        super().__init__(arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False), n_layers=1)
+
+    def _prepare(self, w: dict[str, np.ndarray]) -> None:
+        f = self.dtype
+        self._linear("fc", w["fc.weight"], "fc.weight")  # [H, 2H]: [embed ; feature] -> H
+        self.store.add("fc_b", w["fc.bias"].astype(f))
+        if self.head_cfg.input_layernorm:
+            self.store.add("l0.ln1", w[_LAYER + "input_layernorm.weight"].astype(f))
+        self.store.add("l0.ln2", w[_LAYER + "post_attention_layernorm.weight"].astype(f))
+        if self.head_cfg.final_norm:
+            self.store.add("final_norm", w["norm.weight"].astype(f))
+        names = [_LAYER + f"self_attn.{n}_proj.weight" for n in "qkv"]
+        self._linear("l0.qkv", np.concatenate([w[n] for n in names]), names)
+        self._linear("l0.o", w[_LAYER + "self_attn.o_proj.weight"], _LAYER + "self_attn.o_proj.weight")
+        names = [_LAYER + "mlp.gate_proj.weight", _LAYER + "mlp.up_proj.weight"]
+        self._linear("l0.gate_up", np.concatenate([w[n] for n in names]), names)
+        self._linear("l0.down", w[_LAYER + "mlp.down_proj.weight"], _LAYER + "mlp.down_proj.weight")
+        self._linear("lm_head_d", self._lm_rows, "lm_head_d")
+        self.layer_ops().store_tables()
+
+    def _ref_rows(self, hf_name: str) -> int:
+        if hf_name == "lm_head_d":
+            return len(self.d2t)
+        return super()._ref_rows(hf_name)
+
+    def build(
+        self, weights_location: str, offsets: dict[str, int], embed: tuple[str, int, np.ndarray] | None = None
+    ) -> onnx.ModelProto:
+        """embed: (file, offset, array) of the target's embedding table [V, H]."""
+        H = self.arch.hidden_size
+        ops = self.layer_ops()
+        b = GraphBuilder(self.store, self.dtype)
+        ctx = ops.prologue(b)
+        emb = ops.embed(b)
+        feat = ops.rows_in(b, "features", H, "/feat_flat")
+        x = ops.linear(b, b.op("Concat", [emb, feat], "/fc/Concat", axis=-1), "fc")  # [(1,) T, H]
+        x = b.op("Add", [x, b.weight("fc_b")], "/fc/bias")
+        s, rows = decoder_layer(ops, b, 0, Stream(x), ctx, ln1=self.head_cfg.input_layernorm)
+        if self.head_cfg.final_norm:
+            x, _ = ops.norm(b, s, "final_norm", "/final_norm")
+        else:
+            x = ops.resolve(b, s, "/res2").x
+        logits = ops.linear(b, x, "lm_head_d")  # [(1,) T, Vd]
+        feats_in = helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, "T", H])
+        return self._token_model(
+            ops,
+            b,
+            n_layers=1,
+            new_rows=rows,
+            logits=logits,
+            hidden=x,
+            n_logits=len(self.d2t),
+            weights_location=weights_location,
+            offsets=offsets,
+            extra_inputs=[feats_in],
+            locations={"embed": embed} if embed else None,
+        )
+
+
+def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.ModelProto:
+    """The target graph with the head appended: one call verifies AND catches the head up.
+
+    Head row t is the pair (f_t, token after t) at target row t's own position, so the head shares
+    the target's positions, past_len and tree_mask and its KV stays aligned with the target's:
+      f_t        the target's `hidden` output of row t
+      token      eagle/input_ids[t] for t < eagle/n_given (a prefill chunk: the prompt's next tokens),
+                 else argmax(logits_t). Greedy: for every accepted row and for the first rejected one
+                 (or the bonus row) that IS the next token, so after committing rows 0..n_acc the head
+                 is caught up, and row n_acc's logits draft d_1 of the next step with no head call.
+    The head's names are prefixed with FUSED_PREFIX; its inputs become eagle/input_ids [1, T],
+    eagle/n_given [1] and eagle/past_key_0, eagle/past_value_0 [S, Hkv*D]; its outputs
+    eagle/logits [1, T, Vd], eagle/new_kv [1, 2, T, Hkv*D] and eagle/hidden [1, T, H]. The target's
+    ops are untouched (its outputs must stay bitwise those of the plain graph: the exporter checks)."""
+    p = FUSED_PREFIX
+    shared = {
+        "positions": "positions",
+        "past_len": "past_len",
+        "tree_mask": "tree_mask",
+        "features": "hidden",
+        "input_ids": p + "ids",
+    }
+
+    def rename(name: str) -> str:
+        return shared.get(name, p + name) if name else name
+
+    g = onnx.GraphProto()
+    g.CopyFrom(target.graph)
+    g.name = "edgespec_decoder_eagle"
+    # the head's input token of each row: given (n_given first rows) or the target's argmax
+    T = "T"
+    g.input.extend(
+        [
+            helper.make_tensor_value_info(p + "input_ids", onnx.TensorProto.INT64, [1, T]),
+            helper.make_tensor_value_info(p + "n_given", onnx.TensorProto.INT64, [1]),
+        ]
+    )
+    g.initializer.extend(
+        [
+            helper.make_tensor(p + "c0", onnx.TensorProto.INT64, [], [0]),
+            helper.make_tensor(p + "c1", onnx.TensorProto.INT64, [], [1]),
+        ]
+    )
+    g.node.extend(
+        [
+            helper.make_node("ArgMax", ["logits"], [p + "argmax"], name=p + "ArgMax", axis=-1, keepdims=0),  # [1, T]
+            helper.make_node("Shape", ["input_ids"], [p + "shape"], name=p + "Shape"),
+            helper.make_node("Gather", [p + "shape", p + "c1"], [p + "T"], name=p + "T", axis=0),  # scalar T
+            helper.make_node("Range", [p + "c0", p + "T", p + "c1"], [p + "rows"], name=p + "Range"),  # [T]
+            helper.make_node("Less", [p + "rows", p + "n_given"], [p + "is_given"], name=p + "Less"),
+            helper.make_node("Where", [p + "is_given", p + "input_ids", p + "argmax"], [p + "ids"], name=p + "Where"),
+        ]
+    )
+    for node in head.graph.node:
+        n = g.node.add()
+        n.CopyFrom(node)
+        n.name = p + node.name
+        n.input[:] = [rename(x) for x in node.input]
+        n.output[:] = [rename(x) for x in node.output]
+    for init in head.graph.initializer:
+        t = g.initializer.add()
+        t.CopyFrom(init)
+        t.name = rename(init.name)
+    for kind, values in (
+        (g.input, [x for x in head.graph.input if x.name not in shared]),
+        (g.output, head.graph.output),
+    ):
+        for x in values:
+            io = kind.add()
+            io.CopyFrom(x)
+            io.name = rename(x.name)
+    model = helper.make_model(g, opset_imports=list(target.opset_import), producer_name="edgespec")
+    model.ir_version = target.ir_version
+    return model
+
+
+def write_eagle(
+    head_dir: Path,
+    folder: Path,
+    arch: ArchSpec,
+    writer: LlamaGraphWriter,
+    index_t: dict,
+    opts: GraphOptions,
+    widths: list[int],
+    chunk: int,
+    draft_vocab: int | None,
+):
+    """eagle.weights + eagle.onnx (the head reads the target's embedding in place); (graph writer,
+    manifest entry). draft_vocab: keep the head's N most frequent draft tokens (None: the export's
+    default for heads that record that order; 0: all)."""
+    from edgespec.export.target.write import head_info, token_head_spec, write_drafter
+    from edgespec.export.train.checkpoint import HeadFormatError, prune_draft_vocab, read_head
+
+    try:
+        hc, arrays = read_head(head_dir, arch.hidden_size, arch.vocab_size)
+        trained_vocab = hc.draft_vocab_size
+        if draft_vocab is None:
+            draft_vocab = es.EAGLE_DRAFT_VOCAB if hc.d2t_by_frequency else 0
+        hc, arrays = prune_draft_vocab(hc, arrays, draft_vocab)
+    except HeadFormatError as e:
+        raise es.ExportError(str(e)) from e
+    ew = EagleGraphWriter(arch, hc, arrays, writer.reference["lm_head.weight"], opts)
+    files = write_drafter(ew, folder, "eagle", {"d2t": ew.d2t}, target=(writer, index_t))
+    return ew, token_head_spec(
+        "eagle",
+        ew,
+        files,
+        widths,
+        chunk,
+        hc.draft_vocab_size,
+        head_info(head_dir, arch.vocab_size, trained_vocab, "eagle"),
+    )
+
+
+def write_eagle_fused(folder: Path, target: ModelSpec, eagle: ModelSpec) -> ModelSpec:
+    """target_eagle.onnx: the target graph with the head appended, on the same weights files."""
+    fused = fuse_with_target(
+        onnx.load(folder / target.graph.file, load_external_data=False),
+        onnx.load(folder / eagle.graph.file, load_external_data=False),
+    )
+    onnx.save(fused, folder / "target_eagle.onnx")
+    return es.fused_spec("target_eagle.onnx", target, eagle)
+
+
+def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.ndarray, tol: float) -> dict[str, float]:
+    """The EAGLE head graph against the PyTorch head (same dequantized weights) on the target's
+    real features, per width."""
+    import torch
+
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.drafters.eagle.head import build_head
+    from edgespec.export.target.validate import compare, schedule, target_features
+
+    man = load_manifest(folder)
+    engine = OrtModel(man, man.models()["eagle"])
+    feats = target_features(ref_target, tokens)  # [N, H]
+    ref_arrays = dict(ew.reference) | {
+        "fc.bias": ew.store.arrays["fc_b"].astype(np.float32),
+        "d2t": ew.d2t,
+        "layers.0.post_attention_layernorm.weight": ew.store.arrays["l0.ln2"].astype(np.float32),
+    }
+    if ew.head_cfg.input_layernorm:
+        ref_arrays["layers.0.input_layernorm.weight"] = ew.store.arrays["l0.ln1"].astype(np.float32)
+    if ew.head_cfg.final_norm:
+        ref_arrays["norm.weight"] = ew.store.arrays["final_norm"].astype(np.float32)
+    cos, sin = ew.arch.rope_tables()
+    embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
+    head = build_head(ew.head_cfg, ref_arrays, embed, np.zeros_like(embed), cos, sin)
+    head.lm_head = torch.from_numpy(ew.reference["lm_head_d"])  # the rows the graph uses (int4: dequantized)
+    n = len(tokens) - 1  # the head reads token j+1 beside feature j
+    with torch.no_grad():
+        pred = head(
+            torch.from_numpy(tokens[1:][None]),
+            torch.from_numpy(feats[:n][None]),
+            torch.arange(n)[None],
+            torch.ones(1, n, dtype=torch.bool),
+            n_steps=1,
+        )[0]
+        ref = head.logits(pred)[0].numpy()  # [n, Vd]
+
+    def calls():
+        for label, past, w in schedule(man.models()["eagle"], man.prefill_chunk, n):
+            got = engine.forward(tokens[1 + past : 1 + past + w], past, features=feats[past : past + w])
+            yield label, got, ref[past : past + w]
+            engine.commit(past, w)
+
+    return compare("EAGLE head graph", calls(), tol, "Please report it with the head's config.json.")
+
+
+class _NotBitwise(Exception):
+    """The fused graph's target logits differ from the plain target's."""
+
+
+def validate_fused(folder: Path, tokens: np.ndarray, tol: float) -> dict[str, float] | None:
+    """The fused graph against the plain target and the standalone head, call by call at every
+    width: its target logits must be BITWISE the plain graph's (greedy eagle output = plain output
+    rests on it), its head logits close to the head's own graph. None (with a warning) if the
+    target part differs: the folder then runs EAGLE with separate head calls."""
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.target.validate import compare, schedule
+
+    man = load_manifest(folder)
+    plain, head = OrtModel(man, man.target), OrtModel(man, man.models()["eagle"])
+    fused = OrtModel(man, man.models()["eagle_fused"], head=OrtModel(man, man.models()["eagle"]))
+
+    def calls():
+        for label, past, w in schedule(man.target, man.prefill_chunk, len(tokens)):
+            ids, nxt = tokens[past : past + w], tokens[past + 1 : past + w + 1]
+            n = len(nxt)  # rows whose next token is known (the very last row's is not)
+            want = plain.forward(ids, past).copy()
+            got = fused.forward(ids, past, head_next=nxt)
+            if not np.array_equal(got, want):
+                raise _NotBitwise(
+                    f"the fused target+EAGLE graph's logits at {label} differ from the plain "
+                    f"target's by {np.abs(got - want).max():.3g}"
+                )
+            head_want = head.forward(nxt, past, features=plain.last_hidden(n))
+            yield f"head_{label}", fused.last_head_logits(n), head_want
+            if n < w:
+                return
+            for e in (plain, head, fused):
+                e.commit(past, w)
+
+    try:
+        return compare(
+            "fused target+EAGLE graph",
+            calls(),
+            tol,
+            "Please report it.",
+            what="max |head logits - the head's own graph's|",
+        )
+    except _NotBitwise as e:
+        print(f"edgespec: warning: {e}; left out (eagle uses separate head calls)", file=sys.stderr)
+        return None

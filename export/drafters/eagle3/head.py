@@ -1,0 +1,354 @@
+"""EAGLE-3 head: the module (torch) and its checkpoint in the public Hugging Face EAGLE-3 layout.
+
+The head drafts from the target's multi-layer features: a = [low ; mid ; high] [3H], the residual
+stream entering layers `spec.aux_layers(L)` (the target graphs' `hidden_aux`). For the pair at
+position j (token_{j+1} follows position j):
+    step 1:  g_j = fc(a_j)                                   # [3H] -> [H], no bias
+    later:   g   = the head's own output of the step before (pre-norm), fed back
+    u = [input_layernorm(embed(token_{j+1})) ; hidden_norm(g)]   # [2H]: q/k/v read both
+    x = g + o_proj(attention(u))                              # residual on g
+    x = x + mlp(post_attention_layernorm(x))                  # the head's output (fed back)
+    logits = norm(x) . lm_head^T                              # [Vd] predicts token_{j+2}
+The embedding is the target's (frozen, not stored); lm_head [Vd, H] is the head's own, started from
+the target's LM-head rows of the draft vocabulary and trained (as EAGLE-3 does). Unlike EAGLE-1 there
+is no feature regression: only the tokens count.
+
+Checkpoint (`save_eagle3` / `read_eagle3`): config.json of a LlamaConfig with
+architectures ["LlamaForCausalLMEagle3"], num_hidden_layers 1, draft_vocab_size and
+eagle_config.eagle_aux_hidden_state_layer_ids; model.safetensors with fc.weight [H, 3H],
+midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight,
+midlayer.self_attn.{q,k,v}_proj.weight [*, 2H], midlayer.self_attn.o_proj.weight,
+midlayer.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight [Vd, H], d2t [Vd] int64
+(target id = i + d2t[i]) and t2d [V] bool: what vLLM and SGLang load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgespec.export.drafters.eagle.head import TorchDrafter
+from edgespec.export.train.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+# Eagle3Head attribute -> checkpoint name of the midlayer's weights
+LAYER_NAMES = {
+    "q_proj": "midlayer.self_attn.q_proj.weight",
+    "k_proj": "midlayer.self_attn.k_proj.weight",
+    "v_proj": "midlayer.self_attn.v_proj.weight",
+    "o_proj": "midlayer.self_attn.o_proj.weight",
+    "gate_proj": "midlayer.mlp.gate_proj.weight",
+    "up_proj": "midlayer.mlp.up_proj.weight",
+    "down_proj": "midlayer.mlp.down_proj.weight",
+}
+NORM_NAMES = {
+    "input_ln": "midlayer.input_layernorm.weight",
+    "hidden_ln": "midlayer.hidden_norm.weight",
+    "post_ln": "midlayer.post_attention_layernorm.weight",
+    "norm": "norm.weight",
+}
+
+
+class Eagle3FormatError(CheckpointError):
+    """An EAGLE-3 head checkpoint that is not in the EAGLE-3 layout or does not fit the target."""
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    hidden_size: int  # H: the target's hidden size
+    intermediate_size: int  # MLP width of the midlayer
+    num_attention_heads: int  # query heads
+    num_key_value_heads: int  # key/value heads (GQA)
+    head_dim: int  # per-head width
+    rms_norm_eps: float  # RMSNorm epsilon
+    vocab_size: int  # target vocabulary
+    draft_vocab_size: int  # tokens the head can propose (the most frequent ones)
+    aux_layers: tuple[int, ...]  # target layers whose input residual streams fc fuses (low, mid, high)
+    rope_theta: float = 10000.0  # RoPE base (recorded for loaders; the tables come from the target)
+    d2t_by_frequency: bool = False  # d2t lists the draft tokens most frequent first (heads trained here)
+
+    @property
+    def aux_width(self) -> int:
+        return len(self.aux_layers) * self.hidden_size
+
+
+class Eagle3Head(TorchDrafter):
+    def __init__(
+        self, cfg: Eagle3Config, embed: torch.Tensor, d2t: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+        self.fc = nn.Linear(cfg.aux_width, H, bias=False)
+        self.q_proj = nn.Linear(2 * H, cfg.num_attention_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * H, cfg.num_key_value_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * H, cfg.num_key_value_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * d, H, bias=False)
+        self.gate_proj = nn.Linear(H, I, bias=False)
+        self.up_proj = nn.Linear(H, I, bias=False)
+        self.down_proj = nn.Linear(I, H, bias=False)
+        self.input_ln = nn.Parameter(torch.ones(H))
+        self.hidden_ln = nn.Parameter(torch.ones(H))
+        self.post_ln = nn.Parameter(torch.ones(H))
+        self.norm = nn.Parameter(torch.ones(H))
+        self.lm_head = nn.Parameter(torch.zeros(cfg.draft_vocab_size, H))
+        self.register_buffer("embed", embed, persistent=False)  # [V, H], the target's (frozen)
+        self.register_buffer("d2t", d2t, persistent=False)  # [Vd] draft id -> target id
+        self.register_buffer("rope_cos", rope_cos, persistent=False)  # [max_pos, D]
+        self.register_buffer("rope_sin", rope_sin, persistent=False)
+
+    # ---- pieces ----------------------------------------------------------------------------------
+
+    def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor):
+        """Input rows (token_{j+1}, g_j) -> rotated q [B,L,Hq,D], k, v [B,L,Hkv,D]."""
+        c = self.cfg
+        u = torch.cat([self._norm(self.embed[tokens], self.input_ln), self._norm(hidden, self.hidden_ln)], dim=-1)
+        B, L, _ = u.shape
+        q = self._rope(self.q_proj(u).view(B, L, c.num_attention_heads, c.head_dim), pos)
+        k = self._rope(self.k_proj(u).view(B, L, c.num_key_value_heads, c.head_dim), pos)
+        v = self.v_proj(u).view(B, L, c.num_key_value_heads, c.head_dim)
+        return q, k, v
+
+    def finish(self, hidden: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """Attention context [B, L, Hq*D] -> the layer's output [B, L, H] (pre-norm: fed back)."""
+        x = hidden + self.o_proj(ctx)
+        h = self._norm(x, self.post_ln)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self._norm(out, self.norm) @ self.lm_head.T  # [.., Vd]
+
+    def _expand(self, t: torch.Tensor) -> torch.Tensor:  # [B, L, Hkv, D] -> [B, Hq, L, D]
+        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        return t.repeat_interleave(rep, dim=2).transpose(1, 2)
+
+    # ---- training forward: training-time test over n_steps unrolled draft steps -------------------
+    def forward(self, tokens, aux, pos, valid, n_steps: int = 3) -> list[torch.Tensor]:
+        """tokens [B, L] (token_{j+1}), aux [B, L, 3H] (a_j), pos [B, L] (= j), valid [B, L] bool.
+        Returns each step's output [B, L, H]: step s row j drafts token_{j+s+1}, having been fed
+        token_{j+s} and (s > 1) its own output of step s-1. As in drafting, row j of step s sees the
+        true rows 0..j (step 1's keys) and its own chain's rows of steps 2..s (one key each)."""
+        B, L = tokens.shape
+        scale = 1.0 / math.sqrt(self.cfg.head_dim)
+        causal = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()
+        key_ok = causal[None, None] & valid[:, None, None, :]  # [B, 1, L, L]
+        hidden = self.fc(aux)
+        q, k, v = self.qkv(tokens, hidden, pos)
+        K, V = self._expand(k), self._expand(v)  # true rows, [B, Hq, L, D]
+        ctx = F.scaled_dot_product_attention(q.transpose(1, 2), K, V, attn_mask=key_ok, scale=scale)
+        outs = [self.finish(hidden, ctx.transpose(1, 2).reshape(B, L, -1))]
+        chain_k, chain_v = [], []  # the chain's own keys/values of steps 2.. (one per row)
+        for s in range(1, n_steps):
+            hidden = outs[-1]
+            qs, ks, vs = self.qkv(torch.roll(tokens, -s, dims=1), hidden, pos + s)
+            chain_k.append(self._expand(ks))
+            chain_v.append(self._expand(vs))
+            Qs = qs.transpose(1, 2)  # [B, Hq, L, D]
+            s_true = ((Qs @ K.transpose(-1, -2)) * scale).masked_fill(~key_ok, float("-inf"))  # [B, Hq, L, L]
+            s_own = [(Qs * kc).sum(-1, keepdim=True) * scale for kc in chain_k]  # each [B, Hq, L, 1]
+            w = torch.softmax(torch.cat([s_true, *s_own], dim=-1), dim=-1)
+            ctx = w[..., :L] @ V
+            for t, vc in enumerate(chain_v):
+                ctx = ctx + w[..., L + t : L + t + 1] * vc
+            outs.append(self.finish(hidden, ctx.transpose(1, 2).reshape(B, L, -1)))
+        return outs
+
+
+# ---- checkpoint --------------------------------------------------------------------------------------
+def head_state(head: Eagle3Head) -> dict[str, np.ndarray]:
+    """The head's parameters under EAGLE-3 checkpoint names (float32) + d2t (absolute target ids)."""
+    out = {"fc.weight": head.fc.weight, "lm_head.weight": head.lm_head}
+    out |= {hf: getattr(head, attr).weight for attr, hf in LAYER_NAMES.items()}
+    out |= {hf: getattr(head, attr) for attr, hf in NORM_NAMES.items()}
+    arrays = {k: v.detach().float().cpu().numpy() for k, v in out.items()}
+    return arrays | {"d2t": head.d2t.cpu().numpy().astype(np.int64)}
+
+
+def config_json(c: Eagle3Config, extra: dict | None = None) -> dict:
+    """config.json as EAGLE-3 loaders read it; `extra` joins the edgespec-only `eagle3` section."""
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "rope_theta": c.rope_theta,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.aux_layers), "use_aux_hidden_state": True},
+        "eagle3": {"features": "residual stream entering the aux layers"}
+        | ({"d2t_order": "frequency"} if c.d2t_by_frequency else {})
+        | (extra or {}),
+    }
+
+
+def save_eagle3(head: Eagle3Head, folder: str | Path, extra: dict | None = None) -> Path:
+    """config.json + model.safetensors (float16 weights, d2t relative int64, t2d bool), the weights
+    through a temporary name."""
+    from safetensors.numpy import save_file
+
+    c = head.cfg
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = head_state(head)
+    d2t = arrays.pop("d2t")
+    t2d = np.zeros(c.vocab_size, bool)
+    t2d[d2t] = True
+    arrays = {k: v.astype(np.float16) for k, v in arrays.items()}
+    arrays |= {"d2t": d2t - np.arange(len(d2t)), "t2d": t2d}
+    tmp = folder / (WEIGHTS_FILE + ".tmp")
+    save_file(arrays, str(tmp))
+    tmp.rename(folder / WEIGHTS_FILE)
+    (folder / CONFIG_FILE).write_text(json.dumps(config_json(c, extra), indent=1))
+    return folder
+
+
+def is_eagle3_folder(folder: str | Path) -> bool:
+    """Does the folder's config.json declare an EAGLE-3 head?"""
+    try:
+        cfg = json.loads((Path(folder) / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return ARCHITECTURE in (cfg.get("architectures") or [])
+
+
+def read_eagle3(
+    folder: str | Path, hidden_size: int, vocab_size: int, n_layers: int | None = None
+) -> tuple[Eagle3Config, dict[str, np.ndarray], dict]:
+    """Read and check an EAGLE-3 head against the target's sizes: (config, float32 arrays + d2t
+    absolute, config.json's `eagle3` training record). n_layers: the target's depth, to check the
+    aux layers the head was trained on against those its graphs output."""
+    from safetensors.numpy import load_file
+
+    from edgespec.export.target import spec as es
+
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
+        raise Eagle3FormatError(
+            f"{folder}: an EAGLE-3 head folder holds {CONFIG_FILE} + {WEIGHTS_FILE} "
+            "(from `edgespec train-eagle3` or a published EAGLE-3 head)"
+        )
+    cfg = json.loads((folder / CONFIG_FILE).read_text())
+    w = load_file(str(folder / WEIGHTS_FILE))
+    need = ["fc.weight", "lm_head.weight", *LAYER_NAMES.values(), *NORM_NAMES.values()]
+    missing = [k for k in need if k not in w]
+    if missing:
+        raise Eagle3FormatError(
+            f"{folder}: missing tensors {missing[:4]}; expected EAGLE-3 names (fc, midlayer.*, norm, lm_head)"
+        )
+    H = int(cfg["hidden_size"])
+    if H != hidden_size:
+        raise Eagle3FormatError(
+            f"{folder}: head hidden size {H} does not fit the target's {hidden_size}; was it trained for another model?"
+        )
+    if int(cfg.get("vocab_size", vocab_size)) != vocab_size:
+        raise Eagle3FormatError(f"{folder}: head vocab {cfg['vocab_size']} != target vocab {vocab_size}")
+    n_aux = w["fc.weight"].shape[1] // H
+    if w["fc.weight"].shape != (H, n_aux * H) or n_aux < 1:
+        raise Eagle3FormatError(f"{folder}: fc.weight {w['fc.weight'].shape} is not [H, n*H] for H={H}")
+    default = es.aux_layers(n_layers) if n_layers else ()
+    aux_layers = tuple((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or default)
+    if len(aux_layers) != n_aux or (n_layers and default and aux_layers != default):
+        raise Eagle3FormatError(
+            f"{folder}: the head fuses layers {aux_layers} ({n_aux} feature blocks in fc); "
+            f"edgespec's target graphs output the streams entering layers {default}. "
+            "Hint: train the head with `edgespec train-eagle3` for this target"
+        )
+    n_h = int(cfg["num_attention_heads"])
+    vd = int(cfg.get("draft_vocab_size") or vocab_size)
+    ec = Eagle3Config(
+        hidden_size=H,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_attention_heads=n_h,
+        num_key_value_heads=int(cfg.get("num_key_value_heads", n_h)),
+        head_dim=int(cfg.get("head_dim") or H // n_h),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        vocab_size=vocab_size,
+        draft_vocab_size=vd,
+        aux_layers=aux_layers,
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        d2t_by_frequency="d2t" in w and (cfg.get("eagle3") or {}).get("d2t_order") == "frequency",
+    )
+    if w["lm_head.weight"].shape != (vd, H):
+        raise Eagle3FormatError(f"{folder}: lm_head.weight {w['lm_head.weight'].shape} != [draft_vocab_size {vd}, {H}]")
+    out = {k: w[k].astype(np.float32) for k in need}
+    out["d2t"] = _read_d2t(folder, w, vd, vocab_size, Eagle3FormatError)
+    return ec, out, dict(cfg.get("eagle3") or {})
+
+
+def build_eagle3(
+    ec: Eagle3Config, arrays: dict[str, np.ndarray], embed: np.ndarray, rope_cos: np.ndarray, rope_sin: np.ndarray
+) -> Eagle3Head:
+    """An Eagle3Head from checkpoint arrays and the target's embedding [V, H] / rope tables."""
+    head = Eagle3Head(
+        ec,
+        torch.from_numpy(embed),
+        torch.from_numpy(arrays["d2t"]),
+        torch.from_numpy(rope_cos),
+        torch.from_numpy(rope_sin),
+    )
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.from_numpy(arrays["fc.weight"]))
+        head.lm_head.copy_(torch.from_numpy(arrays["lm_head.weight"]))
+        for attr, hf in LAYER_NAMES.items():
+            getattr(head, attr).weight.copy_(torch.from_numpy(arrays[hf]))
+        for attr, hf in NORM_NAMES.items():
+            getattr(head, attr).copy_(torch.from_numpy(arrays[hf]))
+    return head
+
+
+def init_arrays(
+    arch, sd: dict, lm_head: np.ndarray, d2t: np.ndarray, seed: int
+) -> tuple[Eagle3Config, dict[str, np.ndarray]]:
+    """A new head. fc passes the highest aux layer's stream through (identity on that block, small
+    random on the others); the midlayer starts as the target's layer that stream enters (its q/k/v
+    on the hidden half, small random on the embedding half); norm and lm_head are the target's final
+    norm and LM-head rows (lm_head [V, H]: the target's) of the draft vocabulary."""
+    from edgespec.export.target.spec import aux_layers
+
+    H = arch.hidden_size
+    rng = np.random.default_rng(seed)
+    layers = aux_layers(arch.n_layers)
+    src = f"model.layers.{layers[-1]}."
+    ec = Eagle3Config(
+        hidden_size=H,
+        intermediate_size=arch.intermediate_size,
+        num_attention_heads=arch.n_heads,
+        num_key_value_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        rms_norm_eps=arch.rms_norm_eps,
+        vocab_size=arch.vocab_size,
+        draft_vocab_size=len(d2t),
+        aux_layers=layers,
+        rope_theta=arch.rope_theta,
+    )
+    blocks = [rng.normal(0, 0.02, (H, H)) for _ in layers[:-1]] + [np.eye(H)]
+    arrays = {
+        "fc.weight": np.concatenate(blocks, axis=1).astype(np.float32),
+        "d2t": d2t,
+        "lm_head.weight": lm_head[d2t].astype(np.float32),
+        "norm.weight": sd["model.norm.weight"],
+        "midlayer.input_layernorm.weight": np.ones(H, np.float32),
+        "midlayer.hidden_norm.weight": sd[src + "input_layernorm.weight"],
+        "midlayer.post_attention_layernorm.weight": sd[src + "post_attention_layernorm.weight"],
+    }
+    for hf in LAYER_NAMES.values():
+        wt = sd[src + hf.split("midlayer.", 1)[1]]
+        if hf.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):  # [out, H] -> [out, 2H]: [embed ; hidden]
+            wt = np.concatenate([rng.normal(0, 0.02, wt.shape), wt], axis=1)
+        arrays[hf] = wt.astype(np.float32)
+    return ec, arrays

@@ -1,0 +1,1 @@
+"""Exporting the target model: its config, weights, graphs, quantization and validation."""

@@ -1,0 +1,281 @@
+"""`edgespec export`: target (+ the models of the drafters asked for) -> engine folder of
+static-shape ONNX graphs + manifest.json.
+
+The folder is built under a temporary name next to the destination and renamed at the very end,
+so an interrupted or failed export never leaves a folder that loads. The target is written and
+validated here; each drafter that ships models does its part through its plugin
+(export/drafters/: where its models come from, its files, its manifest section, its checks), in
+the registry's order. What is written lives in `write`, what describes it in `spec`, and the
+checks against PyTorch in `validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from edgespec import __version__
+from edgespec.engines import manifest as mf
+from edgespec.export.drafters import ExportContext, registry
+from edgespec.export.drafters import sources as drafter_sources
+from edgespec.export.target import sources
+from edgespec.export.target.arch import arch_from_config
+from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter
+from edgespec.export.target.lean_graph import probe_portable_ops
+from edgespec.export.target.linears import one_row_int4_differs
+from edgespec.export.target.reference import hf_weights
+from edgespec.export.target.spec import ExportConfig, ExportError, aux_layers, tolerance
+from edgespec.export.target.validate import validate_model, validation_tokens
+from edgespec.export.target.weights import write_weights
+from edgespec.export.target.write import host_prologue_entry, write_model
+
+__all__ = ["ExportConfig", "ExportError", "export"]
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="export", unit="step", file=sys.stderr)
+
+    def step(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(what)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _eos_ids(model, tok) -> list[int]:
+    ids = set()
+    for src in (getattr(model, "generation_config", None), model.config, tok):
+        e = getattr(src, "eos_token_id", None)
+        ids.update([e] if isinstance(e, int) else (e or []))
+    return sorted(i for i in ids if i is not None)
+
+
+def _write_tokenizer(tok, folder: Path) -> str | None:
+    """tokenizer.json (+ chat_template.jinja when the tokenizer has one); the template's file name."""
+    tok_dir = folder / ".tok"
+    tok.save_pretrained(tok_dir)
+    shutil.copy(tok_dir / "tokenizer.json", folder / "tokenizer.json")
+    shutil.rmtree(tok_dir)
+    chat = getattr(tok, "chat_template", None)
+    if not chat:
+        return None
+    (folder / "chat_template.jinja").write_text(chat)
+    return "chat_template.jinja"
+
+
+def _describe(folder: Path, n: int = 4) -> str:
+    """What a folder holds, in a few words: '3 files, 2 folders (a.txt, b/, ...)'."""
+    items = sorted(folder.iterdir())
+    n_dirs = sum(p.is_dir() for p in items)
+    names = [p.name + ("/" if p.is_dir() else "") for p in items[:n]] + (["..."] if len(items) > n else [])
+    return f"{len(items) - n_dirs} files, {n_dirs} folders ({', '.join(names)})"
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuse an --out that export could not, or must not, replace, before anything runs: a file,
+    an existing folder without --force, or with --force a folder that is neither empty nor an
+    edgespec engine folder (it could hold anything of the user's)."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file, not a folder; choose another --out")
+    if not out.exists():
+        return
+    if not force:
+        raise ExportError(f"{out} already exists; pass --force to replace it (or choose another --out)")
+    if any(out.iterdir()) and not mf.is_engine_folder(out):
+        raise ExportError(
+            f"--force will not replace {out}: it is not an edgespec engine folder (no edgespec "
+            f"{mf.MANIFEST}) and holds {_describe(out)}. Hint: choose another --out, or move it away"
+        )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def clean_stale_partials(parent: Path) -> list[Path]:
+    """Remove the `.NAME.partial-PID` folders of exports whose process is gone (killed mid-way);
+    says so on stderr. Returns what was removed."""
+    removed = []
+    if not parent.is_dir():
+        return removed
+    for p in sorted(parent.glob(".*.partial-*")):
+        pid = p.name.rsplit("-", 1)[1]
+        if not (p.is_dir() and pid.isdigit()) or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20
+        shutil.rmtree(p, ignore_errors=True)
+        print(
+            f"edgespec: removed {p} ({size:.0f} MiB), left by an export (pid {pid}) that did not finish",
+            file=sys.stderr,
+        )
+        removed.append(p)
+    return removed
+
+
+def export(cfg: ExportConfig) -> Path:
+    """Run the whole export; returns the finished folder."""
+    cfg.check()
+    t0 = time.perf_counter()
+    src = sources.resolve(cfg.target)
+    out = Path(cfg.out) if cfg.out else Path("engines") / src.name
+    check_out(out, cfg.force)
+    probe = {}  # --precision auto: what the per-CPU probe measured (manifest export_probe)
+    if cfg.precision == "auto" and cfg.graph != "auto":  # the graph asked for decides
+        cfg = dataclasses.replace(cfg, precision="int8" if cfg.graph == "integer" else "int4")
+    elif cfg.precision == "auto":
+        from edgespec.export.target.probe import choose_precision
+
+        precision, probe = choose_precision(cfg, cfg.progress)
+        cfg = dataclasses.replace(cfg, precision=precision)
+    clean_stale_partials(out.parent)
+    widths = cfg.widths()
+    plugins = registry()
+    shipping = drafter_sources(cfg, src)  # name -> its folder (or model), for the drafters this export ships
+    reads_aux = any(p.reads_aux(cfg, shipping.get(name)) for name, p in plugins.items() if p.reads_aux)
+    progress = _Progress(6 + sum(plugins[name].steps for name in shipping), cfg.progress)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        model, tok = sources.load(src)
+        progress.step(f"loaded {src.name}")
+        max_pos = getattr(model.config, "max_position_embeddings", None)
+        if max_pos and cfg.max_len > max_pos:
+            raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
+        arch = arch_from_config(model.config, cfg.max_len)
+        two_rows = cfg.precision == "int4" and (
+            cfg.two_row_matmuls == "on"
+            or cfg.two_row_matmuls == "auto"
+            and one_row_int4_differs(accuracy_level=cfg.int4_accuracy_level)
+        )
+        opts = GraphOptions(
+            cfg.precision,
+            int4_accuracy_level=cfg.int4_accuracy_level,
+            int4_lm_head=cfg.int4_lm_head,
+            int8_lm_head=cfg.int8_lm_head,
+            trees=cfg.trees,
+            aux_layers=aux_layers(arch.n_layers) if reads_aux else (),
+            two_row_matmuls=two_rows,
+            flavour=cfg.flavour(),
+            portable_ops=probe_portable_ops() if cfg.flavour() in ("lean", "integer") else (),
+            host_prologue=cfg.host_prologue,
+        )
+        hf_w = hf_weights(model)
+        writer = LlamaGraphWriter(arch, hf_w, opts)
+        index_t = write_weights(writer.store.arrays, tmp / "target.weights")
+        progress.step("wrote target.weights")
+        target = host_prologue_entry(
+            write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk, "target.weights", index_t), writer
+        )
+        progress.step("graph target.onnx")
+        chat_file = _write_tokenizer(tok, tmp)
+        progress.step("tokenizer")
+
+        ctx = ExportContext(
+            cfg=cfg,
+            folder=tmp,
+            model=model,
+            arch=arch,
+            hf_w=hf_w,
+            tok=tok,
+            writer=writer,
+            index_t=index_t,
+            opts=opts,
+            head_opts=dataclasses.replace(opts, host_prologue=False),
+            widths=widths,
+            target=target,
+            step=progress.step,
+        )
+        shipped = {name: plugins[name].write(ctx, source) for name, source in shipping.items()}
+        man = mf.Manifest(
+            folder=tmp,
+            name=out.name,
+            edgespec_version=__version__,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            source=mf.Source(
+                kind=src.kind,
+                path=src.path,
+                draft=cfg.draft,
+                sha256=sources.sha256_of(src.path) if src.kind != "hub" else None,
+            ),
+            max_len=cfg.max_len,
+            kv_bucket=cfg.kv_bucket,
+            prefill_chunk=cfg.prefill_chunk,
+            num_speculative_tokens=cfg.k,
+            two_row_matmuls=two_rows,
+            tokenizer_file="tokenizer.json",
+            chat_template_file=chat_file,
+            eos_token_ids=tuple(_eos_ids(model, tok)),
+            bos_token_id=tok.bos_token_id,
+            target=target,
+            drafters={name: s.section for name, s in shipped.items()},
+            # measured on this CPU (docs): adaptive prompt lookup beat every fixed k
+            defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True),
+            export_probe=probe,
+        )
+        man.save()
+        if cfg.validate:
+            man = _validate(man, ctx, shipped)
+        man = man.record_files()  # sizes and sha256 of the finished files (read only: the bytes stay)
+        man.save()
+        progress.step("validated")
+        progress.close()
+        if out.exists():
+            check_out(out, cfg.force)  # again: the folder may have changed during the export
+            shutil.rmtree(out)
+        tmp.rename(out)  # the only step that makes the folder loadable
+    except BaseException:
+        progress.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    print(f"edgespec: exported {out} ({size:.0f} MiB) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    for role, spec in man.models().items():
+        if spec.validation:
+            worst = max(spec.validation.values())
+            # a target+head graph: its head part is checked against the head's own graph
+            fused = isinstance(spec, mf.ModelSpec) and spec.kind.startswith("target+")
+            what = "head logits vs the head's own graph" if fused else "|ORT - PyTorch| logits"
+            print(f"  {role}: max {what} over {len(spec.validation)} phase widths = {worst:.2e}", file=sys.stderr)
+    return out
+
+
+def _validate(man: mf.Manifest, ctx: ExportContext, shipped: dict) -> mf.Manifest:
+    """Every graph of the folder against PyTorch (the target here, each drafter's by its plugin), the
+    differences recorded in the manifest (saved); a model a check leaves out is dropped with its graph."""
+    cfg, tmp = ctx.cfg, ctx.folder
+    n_val = cfg.prefill_chunk + sum(w for w in ctx.widths if w != cfg.prefill_chunk)
+    tokens = validation_tokens(ctx.tok, n_val, ctx.arch.vocab_size)
+    report = {"target": validate_model(tmp, "target", ctx.reference_target(), tokens, tolerance(ctx.opts))}
+    ctx.step("validated target")
+    plugins = registry()
+    for name, s in shipped.items():
+        report |= plugins[name].validate(ctx, s.state, tokens)
+    for role, diffs in report.items():
+        if diffs is None:  # not kept: its entry and its graph go (its weights may be another model's)
+            (tmp / man.role_files()[role][0]).unlink()
+            man = man.replace_model(role, None)
+        else:
+            man = man.replace_model(role, dataclasses.replace(man.models()[role], validation=diffs))
+    man.save()
+    return man

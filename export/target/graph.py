@@ -1,0 +1,438 @@
+"""Static-shape ONNX graphs for Llama-family models, written op by op with onnx.helper.
+
+Why by hand and not torch.onnx: the graph is small and regular, and writing it directly gives
+exact control over the ops each phase runs (the kernel path decides decode/verify parity) and one
+shared weights file. PyTorch stays the reference: the exporter checks every graph against the
+Hugging Face model.
+
+Each model is declared once, as a ModelWriter: its weights (`_prepare`) and its graph (`build`),
+written as calls on the flavour's layer ops (layer_ops.LayerOps; FLAVOURS below): the decoder here
+(target and draft), each drafter's graph in its own module (<name>_graph.py). Every
+flavour shares the weights and the I/O: portable (portable_graph.py: standard ops, TensorRT takes
+it) and lean (lean_graph.py: ONNX Runtime's fused ops where they keep the rule, 26 nodes per layer
+instead of 62); the linears are a strategy of their own (linears.py).
+
+The "delta" form of docs/design.md. One graph per model serves every phase: its token axis T is
+symbolic, and the manifest lists the phase widths (prefill chunk P, decode 1, verify 2..k+1) the
+runtime feeds it - each a static shape (a TensorRT optimization profile with min = opt = max).
+One graph means one ORT session per model, so weights are prepacked once and held once:
+  inputs   input_ids [1, T] int64, positions [1, T] int64, past_len [1] int64,
+           past_key_<l>, past_value_<l> [S, Hkv*D] for every layer l: the first S slots of the
+           cache, S a context bucket >= past_len + T (rows from past_len on are not read)
+  outputs  logits [1, T, V] float32, new_kv [L, 2, T, Hkv*D], hidden [1, T, H]
+The KV buffer is sequence-major ([S, Hkv*D] per layer) so that the first S rows of the runtime's
+[S_max, Hkv*D] buffer are one contiguous slice: attention cost follows the context bucket S, not
+max_len, with no copy. Attention over that layout avoids transposing the cache by folding the
+heads into one 2-D Gemm (portable_graph.PortableOps.attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from edgespec.export.target.arch import ArchSpec
+from edgespec.export.target.layer_ops import LayerOps, Stream
+from edgespec.export.target.lean_graph import IntegerOps, LeanOps
+from edgespec.export.target.portable_graph import PortableOps
+
+OPSET = 17
+FLAVOURS: dict[str, type[LayerOps]] = {
+    "portable": PortableOps,
+    "lean": LeanOps,  # GraphOptions.flavour -> ops
+    "integer": IntegerOps,
+}
+
+NP_TO_ONNX = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int8): TensorProto.INT8,
+}
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    precision: str  # "fp32" | "fp16" | "int4": weights (int4: MatMulNBits, fp32 activations)
+    int4_block_size: int = 32  # weights per quantization block along the input dimension
+    int4_accuracy_level: int = 4  # MatMulNBits accuracy_level (4 = int8 activations, 0 = fp32)
+    int4_lm_head: bool = False  # quantize the LM head too (smaller, faster, worse text)
+    int8_lm_head: bool = True  # int4 precision: the LM head as 8-bit MatMulNBits (GGUF's Q8_0 scheme;
+    #                            streams a quarter of the fp32 bytes); False: fp32 Gemm on the embedding
+    trees: bool = False  # tree_mask input + tree attention (2 more ops per layer, one of them T wide);
+    #                      off, the graph serves chains only
+    aux_layers: tuple[int, ...] = ()  # also output hidden_aux [1, T, n*H]: the residual stream entering
+    #                                   these layers, concatenated (EAGLE-3's low/mid/high features)
+    two_row_matmuls: bool = False  # int4: a 1-token call runs the layers' matmuls on 2 rows (a zero row
+    #                                added), for CPUs whose 1-row int4 kernel sums differently from the
+    #                                n-row one (ORT 1.32 on AVX2): decode rows then equal verify rows bitwise
+    flavour: str = "portable"  # the layer ops (FLAVOURS): "portable": standard ONNX ops (TensorRT parses it);
+    #                            "lean": ORT contrib ops where they keep the rule, fewer nodes per layer
+    portable_ops: tuple[str, ...] = ()  # lean: fused ops written in their portable form instead (the
+    #                                     export's probe found they break the rule here, or forced): any of
+    #                                     lean_graph.LEAN_OPS
+    host_prologue: bool = False  # lean target/draft graphs: the per-call masks and indices come in as inputs
+    #                              the engine builds (lean_graph.host_prologue_inputs), no shape arithmetic in
+    #                              the graph, so ONNX Runtime's CUDA graphs can capture it; heads keep theirs
+
+
+class WeightStore:
+    """Named numpy arrays shared by all graphs of one model (written once as external data)."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def add(self, name: str, arr: np.ndarray) -> str:
+        if name not in self.arrays:
+            self.arrays[name] = np.ascontiguousarray(arr)
+        return name
+
+
+def external_initializers(
+    names,
+    store: WeightStore,
+    weights_location: str,
+    offsets: dict[str, int],
+    locations: dict[str, tuple[str, int, np.ndarray]] | None = None,
+) -> list[TensorProto]:
+    """Initializers of the named weights, each pointing at its bytes in a weights file: the model's
+    own (`offsets` into `weights_location`) or another model's (`locations`: name -> (file,
+    offset, array of the same dtype and shape))."""
+    inits = []
+    for name in sorted(names):
+        file, offset, arr = (locations or {}).get(name) or (weights_location, offsets[name], store.arrays[name])
+        t = TensorProto(name=name, data_type=NP_TO_ONNX[arr.dtype], dims=arr.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for key, val in (("location", file), ("offset", str(offset)), ("length", str(arr.nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, val
+        inits.append(t)
+    return inits
+
+
+def _axes_as_attributes(b: GraphBuilder) -> None:
+    """ReduceMax nodes written with their axes as an input (opset 18) take them as an attribute
+    instead, for a graph of an older opset (the integer linears' row quantization is written once
+    for every flavour)."""
+    consts = {c.name: c for c in b.consts}
+    for node in b.nodes:
+        if node.op_type == "ReduceMax" and len(node.input) == 2 and node.input[1] in consts:
+            axes = numpy_helper.to_array(consts[node.input[1]]).tolist()
+            del node.input[1]
+            node.attribute.append(helper.make_attribute("axes", axes))
+
+
+class GraphBuilder:
+    """The nodes, constants and used weights of one graph being written."""
+
+    def __init__(self, store: WeightStore, dtype: np.dtype) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.consts: list[onnx.TensorProto] = []
+        self.store = store
+        self.used_weights: set[str] = set()
+        self.dtype = dtype
+        self._const_names: set[str] = set()
+
+    def op(self, op_type: str, inputs: list[str], name: str, n_out: int = 1, domain: str = "", **attrs):
+        outs = [f"{name}_out{i}" if n_out > 1 else f"{name}_out" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, domain=domain or None, **attrs))
+        return outs if n_out > 1 else outs[0]
+
+    def const(self, name: str, arr: np.ndarray) -> str:
+        """A constant initializer, added once per name (layers share them)."""
+        if name in self._const_names:
+            return name
+        self._const_names.add(name)
+        self.consts.append(helper.make_tensor(name, NP_TO_ONNX[arr.dtype], arr.shape, arr.flatten().tolist()))
+        return name
+
+    def weight(self, name: str) -> str:
+        self.used_weights.add(name)
+        return name
+
+
+class ModelWriter:
+    """One model's weights (HF-named numpy arrays [out, in] in, a WeightStore out) and graph.
+    Subclasses declare `_prepare` (the weights) and `build` (the graph, on `layer_ops()`)."""
+
+    def __init__(
+        self, arch: ArchSpec, hf_weights: dict[str, np.ndarray], opts: GraphOptions, n_layers: int | None = None
+    ) -> None:
+        self.arch = arch
+        self.opts = opts
+        self.n_layers = n_layers or arch.n_layers  # fewer layers: a self-speculative draft
+        self.dtype = np.dtype(np.float16 if opts.precision == "fp16" else np.float32)
+        self.store = WeightStore()
+        self.linears = FLAVOURS[opts.flavour].LINEARS(opts, self.dtype, self.store)
+        # Reference weights: what the exported graphs compute with (int4: dequantized), so the
+        # exporter can validate ONNX vs PyTorch at tight tolerance.
+        self.reference: dict[str, np.ndarray] = {}
+        self._prepare(hf_weights)
+
+    @property
+    def lean(self) -> bool:
+        """The lean flavour's layers (or a flavour built on them)."""
+        return issubclass(FLAVOURS[self.opts.flavour], LeanOps)
+
+    def layer_ops(self) -> LayerOps:
+        """The op choices of this writer's flavour (its current opts)."""
+        return FLAVOURS[self.opts.flavour](self.arch, self.opts, self.dtype, self.linears)
+
+    def _prepare(self, w: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def _linear(self, name: str, w_out_in: np.ndarray, hf_names, tied: bool = False) -> None:
+        """Store one linear layer; record the weights the graph really uses as the reference."""
+        hf_names = [hf_names] if isinstance(hf_names, str) else hf_names
+        used = self.linears.store_linear(name, w_out_in, tied)
+        rows = 0
+        for n in hf_names:
+            k = self._ref_rows(n)
+            self.reference[n] = used[rows : rows + k].astype(np.float32)
+            rows += k
+
+    def _ref_rows(self, hf_name: str) -> int:
+        a = self.arch
+        if "qkv_proj" in hf_name:  # Phi-3's fused q/k/v
+            return (a.n_heads + 2 * a.n_kv_heads) * a.head_dim
+        if "gate_up_proj" in hf_name:  # Phi-3's fused gate/up
+            return 2 * a.intermediate_size
+        if "q_proj" in hf_name:
+            return a.n_heads * a.head_dim
+        if "k_proj" in hf_name or "v_proj" in hf_name:
+            return a.n_kv_heads * a.head_dim
+        if "gate_proj" in hf_name or "up_proj" in hf_name:
+            return a.intermediate_size
+        if "lm_head" in hf_name:
+            return a.vocab_size
+        return a.hidden_size
+
+    def _model(
+        self,
+        b: GraphBuilder,
+        graph_name: str,
+        inputs: list,
+        outputs: list,
+        weights_location: str,
+        offsets: dict[str, int],
+        locations: dict[str, tuple[str, int, np.ndarray]] | None = None,
+        opset: int = OPSET,
+    ) -> onnx.ModelProto:
+        """The model of b's nodes; initializers point into the weights file (or another model's:
+        locations)."""
+        inits = external_initializers(b.used_weights, self.store, weights_location, offsets, locations)
+        if opset < 18:
+            _axes_as_attributes(b)
+        graph = helper.make_graph(b.nodes, graph_name, inputs, outputs, initializer=b.consts + inits)
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
+            producer_name="edgespec",
+        )
+        model.ir_version = 8
+        return model
+
+    def _token_model(
+        self,
+        ops: LayerOps,
+        b: GraphBuilder,
+        *,
+        n_layers: int,
+        new_rows: list[str],
+        logits: str,
+        hidden: str,
+        n_logits: int,
+        weights_location: str,
+        offsets: dict[str, int],
+        extra_inputs: list | None = None,
+        extra_outputs: list | None = None,
+        locations: dict[str, tuple[str, int, np.ndarray]] | None = None,
+    ) -> onnx.ModelProto:
+        """A token graph (graph I/O above): outputs logits [1, T, n_logits], new_kv [L, 2, T, Hkv*D],
+        hidden [1, T, H]."""
+        a = self.arch
+        f = self.dtype
+        L, kv_w = n_layers, a.n_kv_heads * a.head_dim
+        if f != np.float32:
+            logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
+        kv = b.op("Concat", new_rows, "/new_kv/Concat", axis=0)  # [2L, T, Hkv*D]
+        b.nodes.append(
+            helper.make_node(
+                "Reshape",
+                [kv, b.const("shape_new_kv", np.array([L, 2, -1, kv_w], np.int64))],
+                ["new_kv"],
+                name="/new_kv/Reshape",
+            )
+        )
+        b.nodes.append(
+            helper.make_node(
+                "Reshape",
+                [logits, b.const("shape_logits", np.array([1, -1, n_logits], np.int64))],
+                ["logits"],
+                name="/logits/Reshape",
+            )
+        )
+        b.nodes.append(
+            helper.make_node(
+                "Reshape",
+                [hidden, b.const("shape_hidden", np.array([1, -1, a.hidden_size], np.int64))],
+                ["hidden"],
+                name="/hidden/Reshape",
+            )
+        )
+
+        kv_type = NP_TO_ONNX[f]
+        T = "T"
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, T]),
+            helper.make_tensor_value_info("positions", TensorProto.INT64, [1, T]),
+            helper.make_tensor_value_info("past_len", TensorProto.INT64, [1]),
+        ] + (extra_inputs or [])
+        if self.opts.trees:
+            inputs.append(helper.make_tensor_value_info("tree_mask", TensorProto.INT64, [T, T]))
+        for i in range(L):
+            inputs += [
+                helper.make_tensor_value_info(f"past_key_{i}", kv_type, ["S", kv_w]),
+                helper.make_tensor_value_info(f"past_value_{i}", kv_type, ["S", kv_w]),
+            ]
+        outputs = [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, n_logits]),
+            helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
+            helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size]),
+        ] + (extra_outputs or [])
+        return self._model(b, "edgespec_decoder", inputs, outputs, weights_location, offsets, locations, ops.OPSET)
+
+
+def _times(ops: LayerOps, b: GraphBuilder, x: str, factor: float, const: str, name: str) -> str:
+    """x times a scalar (Granite's multipliers: an elementwise Mul, the same for every row), the
+    constant named `const`; x itself for 1.0."""
+    if factor == 1.0:
+        return x
+    return b.op("Mul", [x, b.const(const, np.array(factor, ops.dtype))], name)
+
+
+def decoder_layer(
+    ops: LayerOps, b: GraphBuilder, i: int, s: Stream, ctx: dict, ln1: bool = True, entering: list | None = None
+) -> tuple[Stream, list[str]]:
+    """One pre-norm decoder layer on the stream; returns (the stream, [k rows, v rows]). `entering`
+    (a list) receives the stream entering the layer: taken from the input norm's own sum output, so a
+    graph that outputs it computes bitwise what one without it does."""
+    p = f"/layers.{i}"
+    if ln1:
+        h, s = ops.norm(b, s, f"l{i}.ln1", p + "/ln1")
+    else:
+        s = ops.resolve(b, s, p + "/res2")
+        h = s.x
+    if entering is not None:
+        entering.append(s.x)
+    r = ops.arch.residual_multiplier
+    attn, k, v = ops.attention(b, i, h, ops.layer_ctx(ctx, i))
+    if ops.arch.sandwich_norms:  # Gemma 3: the sublayer's output normed before it joins the stream
+        attn = ops.norm(b, Stream(attn), f"l{i}.post_attn", p + "/post_attn_norm")[0]
+    s = ops.add(b, s, _times(ops, b, attn, r, "residual_multiplier", p + "/res1_mult"), p + "/res1")
+    h, s = ops.norm(b, s, f"l{i}.ln2", p + "/ln2")
+    mlp = ops.mlp(b, i, h, p + "/mlp")
+    if ops.arch.sandwich_norms:
+        mlp = ops.norm(b, Stream(mlp), f"l{i}.post_mlp", p + "/post_mlp_norm")[0]
+    s = ops.add(b, s, _times(ops, b, mlp, r, "residual_multiplier", p + "/res2_mult"), p + "/res2")
+    return s, ops.kv_rows(b, k, v, p)
+
+
+class LlamaGraphWriter(ModelWriter):
+    """The target (or draft) decoder: one graph for every phase width."""
+
+    def _prepare(self, w: dict[str, np.ndarray]) -> None:
+        a = self.arch
+        f = self.dtype
+
+        def norm(name: str, hf_name: str) -> None:  # Gemma's (1 + w) folded into the stored weight (float32 sum)
+            off = a.norm_weight_offset
+            self.store.add(name, (w[hf_name] + np.float32(off) if off else w[hf_name]).astype(f))
+
+        self.store.add("embed", w["model.embed_tokens.weight"].astype(f))  # [V, H]
+        norm("final_norm", "model.norm.weight")
+        lm_head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+        self._linear("lm_head", lm_head, "lm_head.weight", tied=a.tie_word_embeddings)
+        for i in range(self.n_layers):
+            p = f"model.layers.{i}."
+            norm(f"l{i}.ln1", p + "input_layernorm.weight")
+            if a.sandwich_norms:  # Gemma 3: post_attention_layernorm is the attention output's norm
+                norm(f"l{i}.ln2", p + "pre_feedforward_layernorm.weight")
+                norm(f"l{i}.post_attn", p + "post_attention_layernorm.weight")
+                norm(f"l{i}.post_mlp", p + "post_feedforward_layernorm.weight")
+            else:
+                norm(f"l{i}.ln2", p + "post_attention_layernorm.weight")
+            if p + "self_attn.qkv_proj.weight" in w:  # Phi-3: q, k, v rows already packed in this order
+                self._linear(f"l{i}.qkv", w[p + "self_attn.qkv_proj.weight"], p + "self_attn.qkv_proj.weight")
+            else:
+                qkv = np.concatenate([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], axis=0)
+                self._linear(f"l{i}.qkv", qkv, [p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+            if a.qkv_bias:
+                b = np.concatenate([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+                self.store.add(f"l{i}.qkv_b", b.astype(f))
+            if a.qk_norm:
+                norm(f"l{i}.q_norm", p + "self_attn.q_norm.weight")
+                norm(f"l{i}.k_norm", p + "self_attn.k_norm.weight")
+            self._linear(f"l{i}.o", w[p + "self_attn.o_proj.weight"], p + "self_attn.o_proj.weight")
+            if p + "mlp.gate_up_proj.weight" in w:  # Phi-3: gate rows then up rows, already packed
+                self._linear(f"l{i}.gate_up", w[p + "mlp.gate_up_proj.weight"], p + "mlp.gate_up_proj.weight")
+            else:
+                gate_up = np.concatenate([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+                self._linear(f"l{i}.gate_up", gate_up, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
+            self._linear(f"l{i}.down", w[p + "mlp.down_proj.weight"], p + "mlp.down_proj.weight")
+        self.layer_ops().store_tables()
+
+    def build(self, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
+        """The model graph (T symbolic); initializers point into the shared weights file.
+
+        The cache window fed as past_key/past_value must cover the new rows: S >= past_len + T.
+        With opts.aux_layers it also outputs hidden_aux [1, T, n*H]: the stream entering those layers.
+        """
+        a = self.arch
+        ops = self.layer_ops()
+        b = GraphBuilder(self.store, self.dtype)
+        ctx = ops.prologue(b)
+        x = _times(ops, b, ops.embed(b), a.embedding_multiplier, "embedding_multiplier", "/embed/mult")
+        s = Stream(ops.pad_rows(b, ctx, x, "/two_rows/embed"))  # two-row calls: a zero row below
+        new_rows, aux = [], []
+        for i in range(self.n_layers):
+            entering = [] if i in self.opts.aux_layers else None
+            s, rows = decoder_layer(ops, b, i, s, ctx, entering=entering)
+            if entering:
+                aux.append(ops.real_rows(b, ctx, entering[0], f"/hidden_aux/rows{i}"))
+            new_rows += rows
+        hidden = ops.out_norm(b, ctx, s, "final_norm", "/final_norm")  # [(1,) T, H]
+        logits = ops.linear(b, hidden, "lm_head")  # [(1,) T, V]
+        if a.logits_scaling != 1.0:  # Granite: a Div, as the model computes it
+            scaling = b.const("logits_scaling", np.array(a.logits_scaling, ops.dtype))
+            logits = b.op("Div", [logits, scaling], "/logits/scaling")
+        extra_out = []
+        if aux:
+            n_aux = len(aux) * a.hidden_size
+            cat = b.op("Concat", aux, "/hidden_aux/Concat", axis=-1)  # [(1,) T, n*H]
+            b.nodes.append(
+                helper.make_node(
+                    "Reshape",
+                    [cat, b.const("shape_aux", np.array([1, -1, n_aux], np.int64))],
+                    ["hidden_aux"],
+                    name="/hidden_aux/Reshape",
+                )
+            )
+            extra_out.append(helper.make_tensor_value_info("hidden_aux", NP_TO_ONNX[self.dtype], [1, "T", n_aux]))
+        return self._token_model(
+            ops,
+            b,
+            n_layers=self.n_layers,
+            new_rows=new_rows,
+            logits=logits,
+            hidden=hidden,
+            n_logits=a.vocab_size,
+            weights_location=weights_location,
+            offsets=offsets,
+            extra_inputs=ops.extra_inputs(),
+            extra_outputs=extra_out,
+        )

@@ -1,0 +1,195 @@
+"""How a graph stores and multiplies its linear layers: the one op choice every model shares.
+
+`Linears` is the strategy a layer flavour (layer_ops.LayerOps) holds: it turns a weight [out, in]
+into the arrays of the model's weights file when the writer prepares it (`store`), and writes the
+op that multiplies by them (`linear`). Precision decides the op: float MatMul on the transposed
+weight, the embedding table itself for a tied LM head (Gemm transB), or ONNX Runtime's
+MatMulNBits on 4- or 8-bit blocks. Another linear (integer weights and activations, say) is a
+subclass a flavour names as its LINEARS; the model declarations do not change.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from edgespec.export.target.quant import quantize_int4, quantize_int8
+
+if TYPE_CHECKING:
+    from edgespec.export.target.graph import GraphBuilder, GraphOptions, WeightStore
+
+
+class Linears:
+    """Float or MatMulNBits linears of one model, stored in its WeightStore."""
+
+    def __init__(self, opts: GraphOptions, dtype: np.dtype, store: WeightStore) -> None:
+        self.opts = opts
+        self.dtype = dtype
+        self.store = store
+        self.shapes: dict[str, tuple[int, int]] = {}  # name -> (n_out, n_in) of each stored linear
+        self.tied: set[str] = set()  # linears computed on the embedding table (a tied LM head)
+
+    def bits(self, name: str) -> int:
+        """Weight bits of a linear layer in MatMulNBits, 0 = float. int4 precision: 4 for every
+        layer; the LM head (it decides every token; on SmolLM2-135M an int4 one made greedy output
+        loop) 8 bits — decode streams it whole every token (in fp32 it was 113 of the default
+        model's 180 MB per step) and the default GGUF stores it as Q8_0 anyway — unless
+        int4_lm_head (4) or not int8_lm_head (float). 8 bits only with int8 activations: ORT's
+        8-bit kernel with fp32 activations was 100x slower here."""
+        if self.opts.precision != "int4":
+            return 0
+        if name != "lm_head" or self.opts.int4_lm_head:
+            return 4
+        return 8 if self.opts.int8_lm_head and self.opts.int4_accuracy_level == 4 else 0
+
+    def store_linear(self, name: str, w_out_in: np.ndarray, tied: bool = False) -> np.ndarray:
+        """Store one linear layer [out, in]; returns the weights the graph really multiplies by
+        (int4: dequantized), [out, in]. tied: the layer is the embedding table (stored as "embed")."""
+        self.shapes[name] = w_out_in.shape
+        bits = self.bits(name)
+        if bits:
+            codes, scales, zero_points, used = (quantize_int8 if bits == 8 else quantize_int4)(
+                w_out_in, self.opts.int4_block_size
+            )
+            self.store.add(f"{name}.q{bits}", codes)
+            self.store.add(name + ".scales", scales)
+            self.store.add(name + ".zp", zero_points)
+            return used
+        if tied:
+            self.tied.add(name)
+            return w_out_in.astype(self.dtype)  # Gemm(transB=1) on the embedding table itself
+        self.store.add(name, np.ascontiguousarray(w_out_in.T).astype(self.dtype))  # [in, out]
+        return w_out_in.astype(self.dtype)
+
+    def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
+        """x [.., in] times the stored layer `name` -> [.., out]. stream_3d: x is [1, T, in] (Gemm
+        takes 2-D rows)."""
+        n_out, n_in = self.shapes[name]
+        bits = self.bits(name)
+        if bits:
+            return b.op(
+                "MatMulNBits",
+                [x, b.weight(f"{name}.q{bits}"), b.weight(name + ".scales"), b.weight(name + ".zp")],
+                name + "/MatMulNBits",
+                domain="com.microsoft",
+                K=n_in,
+                N=n_out,
+                bits=bits,
+                block_size=self.opts.int4_block_size,
+                accuracy_level=self.opts.int4_accuracy_level,
+            )
+        if name in self.tied:
+            if stream_3d:
+                x = b.op("Reshape", [x, b.const("shape_hidden_rows", np.array([-1, n_in], np.int64))], f"{name}/rows")
+            return b.op("Gemm", [x, b.weight("embed")], f"{name}/Gemm", transB=1)
+        return b.op("MatMul", [x, b.weight(name)], name + "/MatMul")
+
+
+class IntegerLinears(Linears):
+    """int8 weights x int8 activation rows with exact int32 accumulation (precision "int8").
+
+    Weights: symmetric per output channel, w ~ q_w * s_w (q_w in [-127, 127], s_w = max|w_row| / 127).
+    Activations: each row r of x quantized on its own, s_r = max(max|x_r| / 127, tiny), stored as
+    u8 = round(x_r / s_r) + 128 (ONNX Runtime's fast integer GEMM reads unsigned activations and
+    signed weights). Then y_rn = s_r * (s_w[n] * sum_k (u8_rk - 128) q_w[kn]): the sum is an exact
+    int32 and every factor depends on row r alone, so a row's output is the same bits whatever
+    other rows share the call (decode, verify and prefill agree by arithmetic). The row
+    quantization of one input is written once and shared by every linear that reads it."""
+
+    def __init__(self, opts: GraphOptions, dtype: np.dtype, store: WeightStore) -> None:
+        super().__init__(opts, dtype, store)
+        self._rows: dict[tuple[int, str], tuple[str, str]] = {}  # (builder, input) -> (u8 rows, row scales)
+
+    def bits(self, name: str) -> int:
+        return 8
+
+    def store_linear(self, name: str, w_out_in: np.ndarray, tied: bool = False) -> np.ndarray:
+        self.shapes[name] = w_out_in.shape
+        w = np.asarray(w_out_in, np.float32)
+        scale = np.abs(w).max(axis=1) / 127.0  # [N]
+        scale[scale == 0] = 1.0  # an all-zero output channel
+        q = np.clip(np.rint(w / scale[:, None]), -127, 127)  # [N, K]
+        self.store.add(f"{name}.i8", np.ascontiguousarray(q.T).astype(np.int8))  # [K, N]
+        self.store.add(f"{name}.wscale", scale.astype(np.float32))
+        return (q * scale[:, None]).astype(np.float32)
+
+    def _quantized_rows(self, b: GraphBuilder, x: str) -> tuple[str, str]:
+        """x [.., K] float -> (u8 rows [.., K], row scales [.., 1]): 7 nodes, once per input."""
+        key = (id(b), x)
+        if key not in self._rows:
+            p = f"{x}/rowq"
+            amax = b.op(
+                "ReduceMax",
+                [b.op("Abs", [x], p + "/abs"), b.const("rowq_axis", np.array([-1], np.int64))],
+                p + "/amax",
+                keepdims=1,
+            )
+            inv127, tiny = (
+                b.const("rowq_inv127", np.array(1 / 127, np.float32)),
+                b.const("rowq_tiny", np.array(1e-30, np.float32)),
+            )
+            scale = b.op("Max", [b.op("Mul", [amax, inv127], p + "/div127"), tiny], p + "/scale")
+            rounded = b.op("Round", [b.op("Div", [x, scale], p + "/div")], p + "/round")
+            offset = b.const("rowq_offset", np.array(128, np.float32))
+            u8 = b.op("Cast", [b.op("Add", [rounded, offset], p + "/offset")], p + "/u8", to=TensorProto.UINT8)
+            self._rows[key] = (u8, scale)
+        return self._rows[key]
+
+    def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
+        u8, row_scale = self._quantized_rows(b, x)
+        y = b.op(
+            "MatMulIntegerToFloat",
+            [
+                u8,
+                b.weight(f"{name}.i8"),
+                b.const("rowq_one", np.array(1, np.float32)),
+                b.weight(f"{name}.wscale"),
+                b.const("rowq_zp", np.array(128, np.uint8)),
+            ],
+            name + "/MatMulIntegerToFloat",
+            domain="com.microsoft",
+        )  # [.., N] = s_w[n] * exact int32
+        return b.op("Mul", [y, row_scale], name + "/row_scale")
+
+
+def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int = 576, n: int = 256) -> bool:
+    """Does this CPU's ONNX Runtime compute a 1-row int4 MatMulNBits differently from the same row
+    inside a wider call? (ORT 1.32 on an AVX2-only EPYC: yes, by ~1e-6, which flips greedy tokens
+    after a while; on an AVX-512 EPYC: no; docs/results/two-row-decode.md.)
+    Random weights and rows, a few tries."""
+    from edgespec.engines.ort import model_session
+    from edgespec.export.target.graph import NP_TO_ONNX, OPSET
+
+    rng = np.random.default_rng(0)
+    codes, scales, zp, _ = quantize_int4(rng.standard_normal((n, k)).astype(np.float32), block_size)
+    node = helper.make_node(
+        "MatMulNBits",
+        ["x", "w", "s", "z"],
+        ["y"],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=4,
+        block_size=block_size,
+        accuracy_level=accuracy_level,
+    )
+    inits = [
+        helper.make_tensor(name, NP_TO_ONNX[a.dtype], a.shape, a.tobytes(), raw=True)
+        for name, a in (("w", codes), ("s", scales), ("z", zp))
+    ]
+    graph = helper.make_graph(
+        [node],
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
+        initializer=inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    )
+    sess = model_session(model.SerializeToString())
+    x = rng.standard_normal((8, k)).astype(np.float32)
+    wide = sess.run(None, {"x": x})[0]
+    return any(not np.array_equal(sess.run(None, {"x": x[i : i + 1]})[0][0], wide[i]) for i in range(len(x)))

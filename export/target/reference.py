@@ -1,0 +1,48 @@
+"""The PyTorch side of an export: a model's weights as numpy, and the model computing with exactly
+the weights its graphs use (what validation and head training compare against)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from edgespec.export.target.graph import LlamaGraphWriter
+
+
+def hf_weights(model) -> dict[str, np.ndarray]:
+    """A Hugging Face model's state dict as float32 arrays (what the graph writers take)."""
+    return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+
+
+def reference_model(model, writer: LlamaGraphWriter):
+    """A copy of `model` computing with exactly the weights `writer`'s graphs use (int4: dequantized;
+    a self:N draft: the first N layers)."""
+    import torch
+
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        params = dict(ref.named_parameters(remove_duplicate=False))
+        for name, arr in writer.reference.items():
+            if name == "lm_head.weight":  # untie: the graph's embedding Gather stays unquantized
+                ref.lm_head.weight = torch.nn.Parameter(torch.from_numpy(arr.copy()))
+            elif name in params:
+                params[name].copy_(torch.from_numpy(arr))
+        if writer.n_layers < ref.config.num_hidden_layers:
+            ref.model.layers = ref.model.layers[: writer.n_layers]
+            ref.config.num_hidden_layers = writer.n_layers
+    if writer.opts.precision == "int8":  # the integer graph quantizes every linear's input rows too
+        for module in ref.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_pre_hook(_quantize_rows)
+    return ref.eval()
+
+
+def _quantize_rows(module, args):
+    """A linear's input as the integer graph sees it: each row rounded to int8 steps of its own
+    scale max|x_r| / 127 (linears.IntegerLinears)."""
+    import torch
+
+    x = args[0]
+    scale = torch.clamp(x.abs().amax(dim=-1, keepdim=True) * np.float32(1 / 127), min=1e-30)
+    return (torch.round(x / scale) * scale,) + tuple(args[1:])

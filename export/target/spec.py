@@ -1,0 +1,249 @@
+"""What an export makes: its settings (`ExportConfig`, checked before anything is written) and the
+manifest entries describing the graphs it wrote (the `engines.manifest` dataclasses, each graph's
+inputs and outputs declared once with the symbolic T and S axes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, make_dataclass, replace
+from pathlib import Path
+
+from edgespec.engines.manifest import FUSED_PREFIX, PHASES, TOKENS, WINDOW, GraphSpec, ModelSpec, TensorSpec, WeightSpec
+from edgespec.export.drafters import options, registry
+from edgespec.export.target.graph import GraphOptions
+
+PRECISIONS = ("fp32", "fp16", "int4", "int8")
+GRAPH_FLAVOURS = ("auto", "lean", "portable", "integer")
+# max |ORT - PyTorch| logits allowed per precision (PyTorch runs the weights the graph really uses)
+TOLERANCE = {"fp32": 2e-3, "fp16": 0.25, "int4": 2e-3, "int8": 2e-3}
+INT8_ROWS_TOLERANCE = 12.0  # the int8 precision's graphs (tolerance() says why)
+INT8_ACTIVATION_TOLERANCE = 3.0  # int4 with accuracy_level >= 2 quantizes activations too
+# draft tokens an exported EAGLE head keeps when its d2t is in frequency order: the head re-reads its
+# weights after every target call (they leave the cache) and its draft-vocabulary LM-head rows were
+# half of them; 4096 of 8192 cover 94.7% of the training answers (docs)
+EAGLE_DRAFT_VOCAB = 4096
+KV_TEMPLATE = "past_{kind}_{layer}"  # the per-layer cache inputs, one declared entry per graph
+
+
+class ExportError(ValueError):
+    """Bad export arguments or a failed export step (the message says which and what to do)."""
+
+
+@dataclass(frozen=True)
+class CoreExportConfig:
+    """The settings of every export; each drafter's own (export/drafters/) join them in ExportConfig."""
+
+    target: str | None = None  # model source: HF folder, .gguf, hub id; None = default SmolLM2
+    out: str | None = None  # engine folder; None = engines/<target name>
+    max_len: int = 2048  # KV slots (prompt + output)
+    k: int = 8  # largest num_speculative_tokens: verify graphs for widths 2..k+1 are exported
+    precision: str = "int4"  # target weights: int4 (MatMulNBits) | int8 (integer graph) | fp32 | fp16 | auto (the
+    #                          export times int4 and int8 on this CPU and keeps the faster for speculation: probe.py)
+    prefill_chunk: int = 64  # prompt tokens per prefill call (width of the prefill graph)
+    kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
+    int4_accuracy_level: int = 4  # MatMulNBits accuracy_level: 4 = int8 activations (fast), 0 = fp32
+    int4_lm_head: bool = False  # int4 LM head too: faster decode, visibly worse text on small models
+    int8_lm_head: bool = True  # int4 precision: 8-bit LM head (Q8_0 scheme, int8 activations); False: fp32
+    trees: bool = True  # token-tree verify (tree_mask input) in the target and EAGLE head graphs (no
+    #                     measurable decode cost, docs); False: chain-only graphs
+    two_row_matmuls: str = "auto"  # int4: 1-token calls run the int4 matmuls on 2 rows so decode rows equal
+    #                                verify rows bitwise; "auto": when this CPU's ORT needs it (probed), "on", "off"
+    graph: str = "auto"  # graph flavour: "lean" (ONNX Runtime contrib ops where they keep the bitwise rule,
+    #                      fewer nodes), "portable" (standard ops: TensorRT), "auto": lean unless fp16
+    host_prologue: bool = False  # lean target/draft graphs take their per-call masks and indices as inputs the
+    #                              engine builds: no shape arithmetic on the host side of ONNX Runtime, which its
+    #                              CUDA graph capture needs (the EAGLE head and fused graphs keep theirs)
+    force: bool = False  # replace an existing folder
+    validate: bool = True  # compare every graph with PyTorch after export
+    progress: bool = True  # show a progress bar
+
+    def check(self) -> None:
+        if self.out and Path(self.out).exists() and not Path(self.out).is_dir():
+            raise ExportError(f"--out {self.out} is a file, not a folder; choose another --out")
+        if self.k < 1:
+            raise ExportError(f"--k must be >= 1 (got {self.k})")
+        if self.two_row_matmuls not in ("auto", "on", "off"):
+            raise ExportError(f"--two-row-matmuls {self.two_row_matmuls!r}: choose auto, on or off")
+        if self.graph not in GRAPH_FLAVOURS:
+            raise ExportError(f"--graph {self.graph!r}: choose one of {', '.join(GRAPH_FLAVOURS)}")
+        if self.graph == "lean" and self.precision == "fp16":
+            raise ExportError(
+                "--graph lean is written for fp32 and int4; fp16 folders (TensorRT) take --graph portable (or auto)"
+            )
+        if (self.graph == "integer") != (self.precision == "int8") and "auto" not in (self.graph, self.precision):
+            raise ExportError(
+                f"--graph {self.graph} --precision {self.precision}: the integer graph is the "
+                "int8 precision (int8 weights x int8 rows); give --precision int8 with --graph auto"
+            )
+        if self.host_prologue and self.flavour() not in ("lean", "integer"):
+            raise ExportError(
+                f"--host-prologue needs the lean graph (got --graph {self.graph} --precision "
+                f"{self.precision}); fp16/TensorRT folders keep the portable graph: drop --host-prologue"
+            )
+        if self.precision not in PRECISIONS + ("auto",):
+            raise ExportError(f"--precision {self.precision!r}: choose one of auto, {', '.join(PRECISIONS)}")
+        if self.prefill_chunk < 1 or self.kv_bucket < 1:
+            raise ExportError("--prefill-chunk and --kv-bucket must be >= 1")
+        if self.max_len < self.prefill_chunk:
+            raise ExportError(
+                f"--max-len {self.max_len} is smaller than the prefill chunk "
+                f"{self.prefill_chunk}; raise --max-len or lower --prefill-chunk"
+            )
+        if self.kv_bucket % 16:
+            raise ExportError(
+                f"--kv-bucket {self.kv_bucket} must be a multiple of 16 (attention reductions "
+                "then keep one SIMD layout across phase widths: bitwise parity)"
+            )
+        if self.max_len % self.kv_bucket:
+            raise ExportError(f"--max-len {self.max_len} must be a multiple of --kv-bucket {self.kv_bucket}")
+        if self.max_len < self.k + 2:
+            raise ExportError(f"--max-len {self.max_len} leaves no room for k={self.k}")
+        for plugin in registry().values():
+            if plugin.check is not None:
+                plugin.check(self)
+
+    def flavour(self) -> str:
+        """The graph flavour written: portable for fp16 (the TensorRT path parses standard ops only)."""
+        if self.graph == "auto":
+            return {"fp16": "portable", "int8": "integer"}.get(self.precision, "lean")
+        return self.graph
+
+    def widths(self) -> list[int]:
+        """Token widths of the target graphs (and the heads fed as they are): decode 1, verify 2..k+1,
+        the prefill chunk."""
+        return sorted(set(range(1, self.k + 2)) | {self.prefill_chunk})
+
+
+def _option_field(o):
+    typ = o.type if o.default is not None else (o.type | None)
+    return o.name, typ, field(default=o.default, metadata={"option": o})
+
+
+# the core fields, then every drafter's export options (export/drafters/: each module declares its own)
+ExportConfig = make_dataclass(
+    "ExportConfig", [_option_field(o) for o in options()], bases=(CoreExportConfig,), frozen=True
+)
+ExportConfig.__module__ = __name__
+ExportConfig.__doc__ = "Every export setting: CoreExportConfig's fields and each drafter's export options."
+
+
+def tolerance(opts: GraphOptions) -> float:
+    """max |ORT - PyTorch| logits accepted for a graph written with these options."""
+    if opts.precision == "int4" and opts.int4_accuracy_level >= 2:
+        return INT8_ACTIVATION_TOLERANCE  # activations quantized to int8: lossy against PyTorch by design
+    if opts.precision == "int8":
+        # PyTorch quantizes the same rows (reference._quantize_rows), but a value ORT and PyTorch
+        # compute a rounding apart lands one int8 step apart, and deep models carry such flips on:
+        # the SmolLM2 export differs by up to ~8 logits at some position while its top-1 agreement
+        # with fp32 beats int4's (docs/results/integer-flavour.md). The tiny test models stay within
+        # 2e-3 (tests/test_integer_graph.py asserts it).
+        return INT8_ROWS_TOLERANCE
+    return TOLERANCE[opts.precision]
+
+
+def aux_layers(n_layers: int) -> tuple[int, ...]:
+    """The aux layers: the target layers whose incoming residual stream its graphs output as
+    hidden_aux (the aux features) for the drafters that read them: low / middle / high, entering
+    layers 2, n//2 and n-3 (clamped for very shallow models), as EAGLE-3 picks them in SGLang and
+    vLLM."""
+    return tuple(sorted({min(2, n_layers - 1), n_layers // 2, max(n_layers - 3, 0)}))
+
+
+def phase_of(width: int, chunk: int) -> str:
+    return "prefill" if width == chunk else ("decode" if width == 1 else "verify")
+
+
+def token_graph(
+    file: str,
+    widths: list[int],
+    chunk: int,
+    *,
+    n_layers: int,
+    kv_width: int,
+    hidden_size: int,
+    vocab_size: int,
+    kv_dtype: str,
+    trees: bool,
+    features: bool = False,
+    aux_width: int = 0,
+    opts: GraphOptions | None = None,
+) -> GraphSpec:
+    """The I/O of a graph written by graph.LlamaGraphWriter (a decoder, or with `features` the
+    EAGLE head): T tokens at positions past_len.. over a cache window of S slots."""
+    T, S = TOKENS, WINDOW
+    inputs = [
+        TensorSpec("input_ids", (1, T), "int64"),
+        TensorSpec("positions", (1, T), "int64"),
+        TensorSpec("past_len", (1,), "int64"),
+    ]
+    if features:
+        inputs.append(TensorSpec("features", (1, T, hidden_size), kv_dtype))
+    if trees:
+        inputs.append(TensorSpec("tree_mask", (T, T), "int64"))  # 1: column node is the row node or an ancestor
+    inputs.append(TensorSpec(KV_TEMPLATE, (S, kv_width), kv_dtype, layers=n_layers))
+    outputs = [
+        TensorSpec("logits", (1, T, vocab_size), "float32"),
+        TensorSpec("new_kv", (n_layers, 2, T, kv_width), kv_dtype),
+        TensorSpec("hidden", (1, T, hidden_size), kv_dtype),
+    ]
+    if aux_width:
+        outputs.append(TensorSpec("hidden_aux", (1, T, aux_width), kv_dtype))
+    phases = {p: tuple(w for w in widths if phase_of(w, chunk) == p) for p in PHASES}
+    flavour = opts.flavour if opts else "portable"
+    return GraphSpec(
+        file,
+        tuple(widths),
+        {p: ws for p, ws in phases.items() if ws},
+        tuple(inputs),
+        tuple(outputs),
+        flavour,
+        tuple(opts.portable_ops) if opts and flavour in ("lean", "integer") else (),
+    )
+
+
+def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions, window: bool = False) -> GraphSpec:
+    """A target/draft graph written with opts.host_prologue: its inputs after past_len (graph order)
+    gain the prologue's tensors (lean_prologue.host_prologue_inputs; window: the sliding layers' masks
+    too); the rest is unchanged."""
+    from edgespec.export.target.lean_prologue import host_prologue_inputs
+
+    dtype = next(t.dtype for t in graph.outputs if t.name == "hidden")
+    two_rows = opts.two_row_matmuls and opts.precision == "int4"
+    extra = tuple(
+        TensorSpec(n, shape, dt) for n, shape, dt in host_prologue_inputs(n_heads, dtype, opts.trees, two_rows, window)
+    )
+    at = [t.name for t in graph.inputs].index("past_len") + 1
+    return replace(graph, inputs=graph.inputs[:at] + extra + graph.inputs[at:])
+
+
+def fused_graph(file: str, target: GraphSpec, head: GraphSpec) -> GraphSpec:
+    """The target graph with the EAGLE head appended (eagle_graph.fuse_with_target): the target's
+    I/O, then the head's token ids, the count of rows given them, its cache and its outputs, all
+    under FUSED_PREFIX."""
+    p = FUSED_PREFIX
+    inputs = target.inputs + (
+        TensorSpec(p + "input_ids", (1, TOKENS), "int64"),
+        TensorSpec(p + "n_given", (1,), "int64"),
+    )
+    inputs += tuple(replace(t, name=p + t.name) for t in head.inputs if t.layers)  # the head's own cache
+    outputs = target.outputs + tuple(replace(t, name=p + t.name) for t in head.outputs)
+    return replace(target, file=file, inputs=inputs, outputs=outputs)
+
+
+def fused_spec(file: str, target: ModelSpec, head: ModelSpec) -> ModelSpec:
+    """The fused graph's entry: the target's, on the same weights files, plus the head's weights
+    under FUSED_PREFIX (in the head's file unless they name their own)."""
+    weights = target.weights | {
+        FUSED_PREFIX + k: replace(w, file=w.file or head.weights_file) for k, w in head.weights.items()
+    }
+    return replace(
+        target,
+        role="eagle_fused",
+        kind="target+eagle",
+        weights=weights,
+        graph=fused_graph(file, target.graph, head.graph),
+    )
+
+
+def weight_specs(index: dict[str, dict], used: set[str]) -> dict[str, WeightSpec]:
+    """The weights.write_weights index entries of the initializers a graph reads."""
+    return {k: WeightSpec.from_json(v) for k, v in index.items() if k in used}

@@ -1,0 +1,193 @@
+"""Writing one model into the engine folder: its weights file and ONNX graph, returned as its
+manifest entry. The target and draft decoders here (`write_model`, `host_prologue_entry`); each
+drafter's graph module (<name>_graph.py, called by its export/drafters/ plugin) writes its own on
+the helpers below: its files (`write_drafter`), the manifest entry of a token head
+(`token_head_spec`), where it came from (`head_info`) and the folder a flag names (`heads_dir`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edgespec.engines.manifest import Architecture, HeadInfo, ModelSpec, WeightSpec
+from edgespec.export.target import spec as es
+from edgespec.export.target.graph import LlamaGraphWriter, ModelWriter
+from edgespec.export.target.weights import write_weights
+
+SHIPPED_HEADS = Path(__file__).parents[1] / "heads"  # trained drafter heads shipped for default models
+
+
+def _external(model: onnx.ModelProto) -> set[str]:
+    """Names of the initializers the graph reads from its weights file."""
+    return {i.name for i in model.graph.initializer if i.data_location == onnx.TensorProto.EXTERNAL}
+
+
+def write_model(
+    writer: LlamaGraphWriter,
+    folder: Path,
+    role: str,
+    kind: str,
+    widths: list[int],
+    chunk: int,
+    weights_file: str,
+    index: dict,
+) -> ModelSpec:
+    """<role>.onnx, one graph fed at every width, reading `weights_file` (written by the caller:
+    a self:N draft shares the target's)."""
+    model = writer.build(weights_file, {name: e["offset"] for name, e in index.items()})
+    fname = f"{role}.onnx"
+    onnx.save(model, folder / fname)
+    a, kv_dtype = writer.arch, writer.dtype.name
+    aux = writer.opts.aux_layers
+    graph = es.token_graph(
+        fname,
+        widths,
+        chunk,
+        n_layers=writer.n_layers,
+        kv_width=a.n_kv_heads * a.head_dim,
+        hidden_size=a.hidden_size,
+        vocab_size=a.vocab_size,
+        kv_dtype=kv_dtype,
+        trees=writer.opts.trees,
+        aux_width=len(aux) * a.hidden_size,
+        opts=writer.opts,
+    )
+    arch = Architecture(**(a.to_manifest() | {"n_layers": writer.n_layers}), aux_layers=tuple(aux))
+    return ModelSpec(
+        role=role,
+        kind=kind,
+        precision=writer.opts.precision,
+        arch=arch,
+        kv_dtype=kv_dtype,
+        weights_file=weights_file,
+        weights=es.weight_specs(index, _external(model)),
+        graph=graph,
+    )
+
+
+def host_prologue_entry(spec: ModelSpec, writer: LlamaGraphWriter) -> ModelSpec:
+    """A target/draft entry whose graph was written with --host-prologue declares the prologue's inputs."""
+    if not (writer.opts.host_prologue and writer.lean):  # the portable writer keeps its prologue
+        return spec
+    window = bool(writer.arch.sliding_window)
+    return replace(spec, graph=es.with_host_prologue(spec.graph, writer.arch.n_heads, writer.opts, window))
+
+
+def heads_dir(arg: str | None, src, suffix: str, kind: str) -> Path | None:
+    """The drafting-head folder a drafter's flag (--<kind>) names: none, the shipped one for the
+    default model (heads/<name><suffix>, with "auto"), or a folder."""
+    if arg in (None, "none", ""):
+        return None
+    if arg == "auto":
+        shipped = SHIPPED_HEADS / (src.name + suffix)
+        return shipped if src.kind == "default" and (shipped / "config.json").exists() else None
+    path = Path(arg)
+    if not path.is_dir():
+        raise es.ExportError(
+            f"--{kind} {arg}: not a folder. Hint: train one with `edgespec train-{kind} "
+            f"--out {arg}` or pass --{kind} none"
+        )
+    return path
+
+
+def _trained(heads: Path, key: str) -> dict:
+    """The training record a head checkpoint's config.json keeps under `key`."""
+    return json.loads((heads / "config.json").read_text()).get(key, {})
+
+
+def head_info(src: Path, target_vocab: int, trained_vocab: int, key: str) -> HeadInfo:
+    """Where a drafter came from: its folder and the training record its config.json keeps under `key`."""
+    return HeadInfo(
+        source=str(src),
+        target_vocab_size=target_vocab,
+        trained_draft_vocab_size=trained_vocab,
+        trained=_trained(src, key),
+    )
+
+
+@dataclass(frozen=True)
+class DrafterFiles:
+    """A drafter's <stem>.weights and <stem>.onnx, as its manifest entry names them."""
+
+    stem: str  # file name without suffix: the drafter's name
+    model: onnx.ModelProto  # the graph written
+    index: dict[str, dict]  # the weights file's index (weights.write_weights)
+    weights: dict[str, WeightSpec]  # the initializers the graph reads (a target's embedding: in target.weights)
+
+    def spec(self, name: str) -> WeightSpec:
+        """The entry of an array of the drafter's weights file (d2t, fc_t)."""
+        return WeightSpec.from_json(self.index[name] | {"file": f"{self.stem}.weights"})
+
+
+def write_drafter(
+    w: ModelWriter,
+    folder: Path,
+    stem: str,
+    extra: dict[str, np.ndarray],
+    target: tuple[LlamaGraphWriter, dict] | None = None,
+) -> DrafterFiles:
+    """<stem>.weights (the writer's arrays and `extra`) and <stem>.onnx. target: (its writer, its
+    weights index): the graph reads the target's embedding from target.weights in place."""
+    index = write_weights(w.store.arrays | extra, folder / f"{stem}.weights")
+    offsets = {k: v["offset"] for k, v in index.items()}
+    if target is None:
+        model = w.build(f"{stem}.weights", offsets)
+    else:
+        writer, index_t = target
+        model = w.build(
+            f"{stem}.weights",
+            offsets,
+            embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]),
+        )
+    onnx.save(model, folder / f"{stem}.onnx")
+    weights = es.weight_specs(index, _external(model))
+    if target is not None:
+        weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
+    return DrafterFiles(stem, model, index, weights)
+
+
+def token_head_spec(
+    role: str,
+    w: ModelWriter,
+    files: DrafterFiles,
+    widths: list[int],
+    chunk: int,
+    vocab: int,
+    head: HeadInfo,
+    aux_layers: tuple[int, ...] = (),
+    **extra,
+) -> ModelSpec:
+    """The manifest entry of a one-layer head on the token-graph I/O with a features input (EAGLE,
+    EAGLE-3): vocab draft tokens, fed at the target's widths. extra: more ModelSpec fields."""
+    a, kv_dtype = w.arch, w.dtype.name
+    graph = es.token_graph(
+        f"{files.stem}.onnx",
+        widths,
+        chunk,
+        n_layers=1,
+        kv_width=a.n_kv_heads * a.head_dim,
+        hidden_size=a.hidden_size,
+        vocab_size=vocab,
+        kv_dtype=kv_dtype,
+        trees=w.opts.trees,
+        features=True,
+        opts=w.opts,
+    )
+    arch = Architecture(**(a.to_manifest() | {"n_layers": 1, "vocab_size": vocab}), aux_layers=aux_layers)
+    return ModelSpec(
+        role=role,
+        kind=role,
+        precision=w.opts.precision,
+        arch=arch,
+        kv_dtype=kv_dtype,
+        weights_file=f"{files.stem}.weights",
+        weights=files.weights,
+        graph=graph,
+        d2t=files.spec("d2t"),
+        head=head,
+        **extra,
+    )

@@ -1,0 +1,1 @@
+"""Training drafters by self-distillation: the shared loop, its data and prompt mixes."""

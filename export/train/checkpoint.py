@@ -1,0 +1,183 @@
+"""Head checkpoints on disk, in the Hugging Face layouts the methods publish: what every layout
+shares (`write_checkpoint`, `_read_d2t`, `CheckpointError`) and EAGLE-1's. Other drafters' layouts
+are read and written in their own modules, on the helpers here.
+
+Each is a folder of `config.json` + `model.safetensors` (float weights in fp16). A reduced draft
+vocabulary is stored as EAGLE-3 does: `d2t` [Vd] int64 with target_id = i + d2t[i], and
+`draft_vocab_size` in config.json; a head over the whole vocabulary has no d2t. The embedding and
+the LM-head rows are the target's (frozen), so they are not stored.
+
+EAGLE (`save_head`, `read_head`): config.json is a LlamaConfig with num_hidden_layers=1, plus an
+`eagle` section; parameter names
+    fc.weight [H, 2H], fc.bias [H],
+    layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.post_attention_layernorm.weight,
+    layers.0.mlp.{gate,up,down}_proj.weight
+(EAGLE-1's layer 0 has no input_layernorm; a checkpoint that has one is read and used, as is
+EAGLE-3's output `norm.weight`; EAGLE-1's pytorch_model.bin is read too). Heads trained here list
+their draft tokens most frequent first (`eagle.d2t_order: "frequency"`), so an export can keep a
+prefix: a cheaper head call (`prune_draft_vocab`, `edgespec export --eagle-draft-vocab`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from edgespec.export.drafters.eagle.head import LAYER_NAMES, EagleHead, HeadConfig, head_state
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+class CheckpointError(ValueError):
+    """A head checkpoint that is not in the expected layout or does not fit the target."""
+
+
+class HeadFormatError(CheckpointError):
+    """An EAGLE head checkpoint that is not in the EAGLE layout or does not fit the target."""
+
+
+def write_checkpoint(folder: str | Path, arrays: dict[str, np.ndarray], config: dict) -> Path:
+    """config.json + model.safetensors (float weights in fp16, int64 maps as they are); a `d2t`
+    among the arrays (absolute target ids) is stored relative, or left out when it is the whole
+    vocabulary in order. The weights go through a temporary name, so an interrupted save leaves no
+    half file under the real one."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = dict(arrays)
+    d2t = arrays.pop("d2t", None)
+    if d2t is not None and config["draft_vocab_size"] < config["vocab_size"]:
+        arrays["d2t"] = d2t - np.arange(len(d2t))  # EAGLE-3 convention: target = i + d2t[i]
+    arrays = {k: (v if v.dtype == np.int64 else v.astype(np.float16)) for k, v in arrays.items()}
+    tmp = folder / (WEIGHTS_FILE + ".tmp")
+    save_file(arrays, str(tmp))
+    tmp.rename(folder / WEIGHTS_FILE)
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=1))
+    return folder
+
+
+def _read_d2t(
+    folder: Path, w: dict[str, np.ndarray], draft_vocab: int, vocab_size: int, error: type[CheckpointError]
+) -> np.ndarray:
+    """The draft tokens' target ids (absolute), checked against the sizes config.json states."""
+    if "d2t" in w:
+        d2t = w["d2t"].astype(np.int64) + np.arange(len(w["d2t"]))
+        if len(d2t) != draft_vocab or d2t.min() < 0 or d2t.max() >= vocab_size:
+            raise error(
+                f"{folder}: d2t has {len(d2t)} entries (config: {draft_vocab}) or ids outside 0..{vocab_size - 1}"
+            )
+        return d2t
+    if draft_vocab == vocab_size:
+        return np.arange(vocab_size, dtype=np.int64)
+    raise error(f"{folder}: draft_vocab_size {draft_vocab} < vocab but no d2t tensor")
+
+
+# ---- EAGLE ------------------------------------------------------------------------------------------
+def save_head(head: EagleHead, folder: str | Path, extra: dict | None = None) -> Path:
+    """config.json (LlamaConfig fields + draft_vocab_size; `extra` joins its `eagle` section) +
+    model.safetensors in float16."""
+    c = head.cfg
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "bias": True,
+        "hidden_act": "silu",
+        "torch_dtype": "float16",
+        "eagle": {
+            "version": 1,
+            "features": "final_norm",
+            "input_layernorm": c.input_layernorm,
+            "final_norm": c.final_norm,
+        }
+        | ({"d2t_order": "frequency"} if c.d2t_by_frequency else {})
+        | (extra or {}),
+    }
+    return write_checkpoint(folder, head_state(head), config)
+
+
+def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[HeadConfig, dict[str, np.ndarray]]:
+    """Read and check an EAGLE-layout head against the target's sizes; float32 arrays + d2t (absolute)."""
+    from safetensors.numpy import load_file
+
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists():
+        raise HeadFormatError(
+            f"{folder}: no {CONFIG_FILE}; an EAGLE head folder holds config.json + "
+            f"{WEIGHTS_FILE} (or pytorch_model.bin)"
+        )
+    cfg = json.loads((folder / CONFIG_FILE).read_text())
+    if (folder / WEIGHTS_FILE).exists():
+        w = load_file(str(folder / WEIGHTS_FILE))
+    elif (folder / "pytorch_model.bin").exists():
+        w = {k: v.numpy() for k, v in torch.load(folder / "pytorch_model.bin", map_location="cpu").items()}
+    else:
+        raise HeadFormatError(f"{folder}: neither {WEIGHTS_FILE} nor pytorch_model.bin")
+    if any(k.startswith("midlayer.") for k in w):
+        raise HeadFormatError(
+            f"{folder}: an EAGLE-3 checkpoint (midlayer.*, fused low/mid/high features), not an "
+            "EAGLE-1/2 head (fc + layers.0). Hint: EAGLE-3 heads have an export flag and a "
+            "training command of their own (`edgespec export --help`)"
+        )
+    need = ["fc.weight", "layers.0.post_attention_layernorm.weight", *LAYER_NAMES.values()]
+    missing = [k for k in need if k not in w]
+    if missing:
+        raise HeadFormatError(f"{folder}: missing tensors {missing}; expected EAGLE-1 names (fc.*, layers.0.*)")
+    H = int(cfg["hidden_size"])
+    if H != hidden_size or tuple(w["fc.weight"].shape) != (H, 2 * H):
+        raise HeadFormatError(
+            f"{folder}: head hidden size {H} (fc {tuple(w['fc.weight'].shape)}) does not fit "
+            f"the target's hidden size {hidden_size}; was it trained for another model?"
+        )
+    if int(cfg.get("vocab_size", vocab_size)) != vocab_size:
+        raise HeadFormatError(f"{folder}: head vocab {cfg['vocab_size']} != target vocab {vocab_size}")
+    n_h = int(cfg["num_attention_heads"])
+    hc = HeadConfig(
+        hidden_size=H,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_attention_heads=n_h,
+        num_key_value_heads=int(cfg.get("num_key_value_heads", n_h)),
+        head_dim=int(cfg.get("head_dim") or H // n_h),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        vocab_size=vocab_size,
+        draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab_size),
+        input_layernorm="layers.0.input_layernorm.weight" in w,
+        final_norm="norm.weight" in w,
+        d2t_by_frequency="d2t" in w and (cfg.get("eagle") or {}).get("d2t_order") == "frequency",
+    )
+    out = {k: v.astype(np.float32) for k, v in w.items() if k not in ("d2t", "t2d")}
+    if "fc.bias" not in out:
+        out["fc.bias"] = np.zeros(H, np.float32)
+    out["d2t"] = _read_d2t(folder, w, hc.draft_vocab_size, vocab_size, HeadFormatError)
+    return hc, out
+
+
+def prune_draft_vocab(hc, arrays: dict[str, np.ndarray], n: int, rows: tuple[str, ...] = ("d2t",)) -> tuple:
+    """The head over its n most frequent draft tokens (n <= 0 or >= its size: unchanged); hc is
+    any head config with draft_vocab_size and d2t_by_frequency, rows the arrays indexed by draft
+    token (a head with its own LM head lists it too). Nothing to retrain: the kept rows are
+    unchanged, so the kept tokens' logits are the same; the head's argmax can no longer land on a
+    dropped (rare) token, and each call streams fewer rows."""
+    if n <= 0 or n >= hc.draft_vocab_size:
+        return hc, arrays
+    if not hc.d2t_by_frequency:
+        raise HeadFormatError(
+            f"cannot cut this head's draft vocabulary from {hc.draft_vocab_size} to {n} tokens: "
+            "its d2t is not in frequency order (heads from `edgespec train-eagle` record it "
+            "as eagle.d2t_order in config.json). Hint: --eagle-draft-vocab 0 keeps all of it"
+        )
+    return replace(hc, draft_vocab_size=n), arrays | {k: arrays[k][:n] for k in rows}

@@ -1,0 +1,1 @@
+"""The apps on the loop: bench, server, chat, tune, reports."""
