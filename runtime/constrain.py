@@ -26,6 +26,7 @@ A speculative step under the grammar (chains only; a tree drafter drafts a chain
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edgespec.runtime.constraint import OutputConstraint
 from edgespec.runtime.drafters import spec_of
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState, chain
@@ -250,9 +252,11 @@ def grammar_tokenizer(tokenizer, vocab_size: int, eos_ids):
         return llg.LLTokenizer(llg.TokenizerWrapper(table), n_vocab=vocab_size, eos_token=eos)
 
 
-class Constraint:
+class Constraint(OutputConstraint):
     """The grammar side of the loop for one generator: a matcher per call (`begin`), the mask
     buffers every call reuses (rows: the widest verify call) and the counters of the call."""
+
+    trees_ok = False  # the matcher walks one path: a tree drafter drafts a chain here
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids, n_rows: int) -> None:
         if not len(eos_ids):
@@ -391,6 +395,14 @@ class Constraint:
         return out
 
     # ---- what the loop calls -----------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return self.grammar.kind
+
+    def drafter_sampling(self, sampling: SamplingConfig) -> SamplingConfig:
+        # masked rows: the token after a verified row need not be its argmax (a fused head assumes it)
+        return dataclasses.replace(sampling, masked=True)
+
     def first(self, logits: np.ndarray, sampling: SamplingConfig, rng) -> int:
         """The first output token from the prompt's last logits [V] (repetition penalty applied)."""
         tok = self._forced_token()
@@ -406,11 +418,13 @@ class Constraint:
         self._consume(tok)
         return tok
 
-    def shape(self, prop: Proposal, seq: SeqState, cap: int, drafter=None, k: int = 0) -> Proposal:
+    def shape(self, prop: Proposal, seq: SeqState, tgt, drafter=None, k: int = 0) -> Proposal:
         """The chain to verify (module docstring): forced tokens in, forbidden drafts out, at most
-        cap tokens after the pending one. A drafter that can draft past unverified tokens (its
-        DrafterSpec says `redrafts`) drafts again after forced tokens its drafts missed or ran out
-        before, up to k drafts in all. The matcher then stands after the whole chain."""
+        as many tokens after the pending one as a verify call of the engine tgt takes and its
+        context holds. A drafter that can draft past unverified tokens (its DrafterSpec says
+        `redrafts`) drafts again after forced tokens its drafts missed or ran out before, up to k
+        drafts in all. The matcher then stands after the whole chain."""
+        cap = min(chain_cap(tgt.widths), tgt.max_len - seq.n - 1)
         t0 = time.perf_counter()
         slots = seq.tokens[seq.n : seq.n + cap]
         # slots[base:m]: the latest proposal's tokens; slots[:same]: the chain prefix the drafter made
@@ -544,3 +558,12 @@ class Constraint:
     def drafter_kept(self, n_acc: int) -> int:
         """How many of the drafter's own tokens were kept (its rows past them hold other tokens)."""
         return min(n_acc, self._same)
+
+    def drafts(self, prop: Proposal) -> int:
+        return self.drafted
+
+    def drafts_kept(self, n_acc: int) -> int:
+        return self.accepted
+
+    def depth(self, prop: Proposal) -> int:
+        return self.drafted  # per-position stats count the drafts, forced rows apart

@@ -5,10 +5,11 @@
         print(text, end="")
     print(g.last_stats.line())
 
-One step is draft -> verify -> accept -> commit over a `Proposal` (`_step`); chains and trees
-take the same path, and `verify.accept` picks the rule (greedy or lossless sampling, chain or
-tree). Prefill, stop handling, stats and streaming sit around it. Under a grammar (json_schema,
-grammar, regex) a `Constraint` (constrain.py) shapes each chain before the verify call and
+One step is draft -> shape -> verify -> accept -> commit over a `Proposal` (`_step`); chains and
+trees take the same path, and `verify.accept` picks the rule (greedy or lossless sampling, chain
+or tree). Prefill, stop handling, stats and streaming sit around it. Every call has an output
+constraint (constraint.py): none hands the proposal through and accepts it with verify.accept; a
+grammar (json_schema, grammar, regex: constrain.py) shapes each chain before the verify call and
 accepts it on masked logits.
 """
 
@@ -27,17 +28,17 @@ from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import AdaptiveK, TreeBudget, sampled_policy, sampled_tree_budget
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
-from edgespec.runtime.constrain import Constraint, Grammar, chain_cap
+from edgespec.runtime.constrain import Constraint, Grammar
+from edgespec.runtime.constraint import NO_CONSTRAINT, OutputConstraint
 from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
 from edgespec.runtime.drafters.suffix import SuffixCache, SuffixConfig
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
-from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens, penalize, probs, sample
+from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens, penalize
 from edgespec.runtime.state import Proposal, SeqState, chain
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import TextCodec
 from edgespec.runtime.text_api import TextAPI
 from edgespec.runtime.tree import TokenTree, tree_chain_prefix
-from edgespec.runtime.verify import accept
 
 
 class PromptTooLongError(ValueError):
@@ -265,29 +266,23 @@ class Generator(TextAPI):
         return tree.proposal()
 
     def _step(
-        self, seq: SeqState, k: int, sampling: SamplingConfig, rng, con: Constraint | None = None
+        self, seq: SeqState, k: int, sampling: SamplingConfig, rng, con: OutputConstraint = NO_CONSTRAINT
     ) -> tuple[Proposal, int, float, float]:
         """One speculative step: (its proposal, n accepted, perf_counter when drafted, when verified);
-        seq then holds the new tokens. con: the call's grammar (chains; forced tokens, masked rows)."""
+        seq then holds the new tokens. con: the call's output constraint (a grammar: forced tokens, masks)."""
         tgt, n_old = self.target, seq.n
-        prop = self._draft(seq, k, trees=con is None)  # draft
-        if con is not None:  # forced tokens in, forbidden drafts out, each choice row's mask
-            prop = con.shape(prop, seq, min(chain_cap(tgt.widths), tgt.max_len - seq.n - 1), self.drafter, k)
+        prop = con.shape(self._draft(seq, k, trees=con.trees_ok), seq, tgt, self.drafter, k)  # draft, shape
         t_drafted = time.perf_counter()
         tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents)  # verify: [T, V]
         t_verified = time.perf_counter()
-        n_acc, nxt = (
-            accept(prop, tgt_logits, seq, sampling, rng)
-            if con is None  # accept
-            else con.accept(prop, tgt_logits, seq, sampling, rng)
-        )
+        n_acc, nxt = con.accept(prop, tgt_logits, seq, sampling, rng)  # accept
         rows = prop.rows()  # the accepted rows: the first n_acc+1 (chain), the tree's path
         tgt.commit(seq.tgt_past, n_acc + 1, rows)  # commit their K/V ...
         self._keep_features(seq.tgt_past, n_acc + 1, rows, len(prop.tokens))  # ... and hidden states
         if self.tap is not None:
             self._tap_rows(seq.tgt_past, tgt_logits, n_acc + 1, rows, len(prop.tokens))
         seq.advance(n_acc, nxt)
-        self.drafter.accepted(seq, n_old, n_acc if con is None else con.drafter_kept(n_acc))
+        self.drafter.accepted(seq, n_old, con.drafter_kept(n_acc))
         return prop, n_acc, t_drafted, t_verified
 
     def _keep_features(self, past: int, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
@@ -318,11 +313,16 @@ class Generator(TextAPI):
         self.tap(past, logits[pick], tgt.last_hidden(n_call)[pick], aux)
 
     def _prefill(
-        self, seq: SeqState, prompt_ids: np.ndarray, sampling: SamplingConfig, rng, con: Constraint | None = None
+        self,
+        seq: SeqState,
+        prompt_ids: np.ndarray,
+        sampling: SamplingConfig,
+        rng,
+        con: OutputConstraint = NO_CONSTRAINT,
     ) -> tuple[int, int]:
         """The prompt into the target KV (rows kept from the previous call are reused for the
-        common prefix, e.g. a chat's earlier turns); the first token from the last logits (under
-        the grammar con, when given). Returns (first token, prompt tokens reused)."""
+        common prefix, e.g. a chat's earlier turns); the first token from the last logits, as the
+        output constraint con chooses it. Returns (first token, prompt tokens reused)."""
         n_prompt, n_cached = len(prompt_ids), 0
         if self.cfg.reuse_kv:
             old = self._tokens[: min(self._tgt_valid, n_prompt - 1)]
@@ -340,10 +340,7 @@ class Generator(TextAPI):
         )
         if sampling.repetition_penalty != 1.0:
             last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]
-        if con is not None:
-            first = con.first(last, sampling, rng)
-        else:
-            first = int(last.argmax()) if sampling.greedy else sample(probs(last, sampling), rng)
+        first = con.first(last, sampling, rng)
         seq.tokens[seq.n] = first
         seq.n += 1
         self.drafter.start(seq, n_cached)
@@ -370,8 +367,7 @@ class Generator(TextAPI):
             )
         rng = np.random.default_rng(sampling.seed)
         con = self.constraint(grammar, sampling.greedy)
-        # masked rows: the token after a verified row need not be its argmax (a fused head assumes it)
-        self.drafter.configure(sampling if con is None else dataclasses.replace(sampling, masked=True), rng)
+        self.drafter.configure(con.drafter_sampling(sampling), rng)
         # greedy adaptive k follows measured times; under sampling that would make the RNG draws,
         # and so a seeded output, depend on timing: sampled calls get the fixed-cost policy
         adaptive = self.adaptive if sampling.greedy else self._sampled_adaptive()
@@ -384,8 +380,8 @@ class Generator(TextAPI):
             k=self.k,
             n_prompt=n_prompt,
             adaptive=adaptive is not None or self._budget is not None,
-            grammar=grammar.kind if grammar else "",
-            tree=self.cfg.tree.label if self.tree is not None and not con else "",
+            grammar=con.kind,
+            tree=self.cfg.tree.label if self.tree is not None and con.trees_ok else "",
         )
         dft_engine = self.drafter.engine
         dft_calls0 = dft_engine.n_calls if dft_engine is not None else 0
@@ -409,17 +405,15 @@ class Generator(TextAPI):
                 new = seq.tokens[n_old : seq.n]
                 n_emit, done = self._emit(new, max_new_tokens - st.n_output)
                 t3 = time.perf_counter()
-                st.draft_s += t1 - t0 - (con.shape_s if con else 0.0)
+                st.draft_s += t1 - t0 - con.shape_s  # (shaping is grammar time)
                 st.verify_s += t2 - t1
-                m, n_kept, n_forced = prop.n_drafted, n_acc, 0  # the drafter's share (forced tokens apart)
-                if con is not None:
-                    m, n_kept, n_forced = con.drafted, con.accepted, con.forced_kept
-                st.record_step(prop.depth if con is None else m, n_kept, n_emit, t3 - t_prev, m, n_forced)
+                m, n_kept = con.drafts(prop), con.drafts_kept(n_acc)  # the drafter's share (forced tokens apart)
+                st.record_step(con.depth(prop), n_kept, n_emit, t3 - t_prev, m, con.forced_kept)
                 if m and self.drafter.source:
                     st.record_source(self.drafter.source, m, n_kept)
                 if adaptive:
                     adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0)
-                if self._budget is not None and con is None:
+                if self._budget is not None and con.trees_ok:  # (a grammar's chains are no tree to learn from)
                     self._budget.observe(len(prop.tokens), n_acc, t2 - t1)
                 t_prev = t3
                 st.n_output += n_emit
@@ -429,8 +423,7 @@ class Generator(TextAPI):
             self._tgt_valid = seq.tgt_past
             st.n_draft_calls = (dft_engine.n_calls - dft_calls0) if dft_engine is not None else 0
             st.total_s = time.perf_counter() - t_start
-            if con is not None:
-                st.record_grammar(con)
+            st.record_grammar(con)  # (no grammar: its zeros)
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
             if self._uses_suffix_cache(self.drafter_name):  # the request it served becomes evidence for the next ones
                 self.suffix_cache.add(seq.tokens[: seq.n])

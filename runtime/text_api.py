@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from edgespec.runtime.constrain import Constraint, Grammar, GrammarError, grammar_from, grammar_tokenizer
+from edgespec.runtime.constraint import NO_CONSTRAINT, OutputConstraint
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens
 from edgespec.runtime.text import TARGET, Origins, StreamDecoder
 
@@ -40,11 +41,12 @@ class TextAPI:
         self.constraint(fmt)  # a grammar this vocabulary cannot run fails here too
         return self.stream_text(self.codec.encode(prompt), max_new_tokens, sampling, stop, fmt)
 
-    def constraint(self, grammar: Grammar | None, greedy: bool = True) -> Constraint | None:
-        """The generator's Constraint started on grammar (None: no grammar) for a greedy or sampled
-        call. GrammarError when the grammar cannot run on this vocabulary, or llguidance is missing."""
+    def constraint(self, grammar: Grammar | None, greedy: bool = True) -> OutputConstraint:
+        """The generator's Constraint started on grammar for a greedy or sampled call (None: the
+        null constraint). GrammarError when the grammar cannot run on this vocabulary, or
+        llguidance is missing."""
         if grammar is None:
-            return None
+            return NO_CONSTRAINT
         if self.structured is None:
             if self.codec is None:
                 raise GrammarError("structured output needs the folder's tokenizer (this generator has no codec)")
