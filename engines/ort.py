@@ -8,7 +8,7 @@
   cache is sequence-major) for the context bucket S >= past_len, so attention reads S rows, not
   max_len. Outputs are bound to preallocated buffers; nothing is allocated per token.
 - IOBinding objects are built once per (width, bucket) and reused.
-- Optional parts, each where it lives: a fused target+head graph's head (engines/fused_head.py),
+- Optional parts, each where it lives: a fused target+head graph's head (runtime/drafters/eagle/fused.py),
   the cache in device memory on a GPU provider (engines/device.py DeviceKV), CUDA graph capture
   (engines/cuda_graph.py), the aux features output `hidden_aux` (a buffer here).
 - --host-prologue folders: the per-call masks and slot indices are built here (engines/prologue.py);
@@ -28,10 +28,10 @@ from edgespec.engines import cuda_graph as cg
 from edgespec.engines import session as es
 from edgespec.engines.base import EngineError, commit_host, fill_tree, pick_width, window_slots
 from edgespec.engines.device import CudaOps, DeviceKV
-from edgespec.engines.fused_head import FusedHead
 from edgespec.engines.manifest import Manifest, ModelSpec
 from edgespec.engines.prologue import HostPrologue, cache_slots, host_window_slots, takes_host_prologue
 from edgespec.engines.session import PROVIDERS, WeightsFileError, model_session, share_thread_pool
+from edgespec.runtime.drafters.eagle.fused import FusedHead
 
 __all__ = ["PROVIDERS", "OrtModel", "OrtProjection", "WeightsFileError", "model_session", "share_thread_pool"]
 
