@@ -313,19 +313,19 @@ def _add_train(sub) -> None:
     from edgespec.export.drafters import registry
 
     for name, plugin in registry().items():
-        if plugin.train is not None:
-            plugin.train.arguments(
-                sub.add_parser(f"train-{name}", help=plugin.train.help, description=plugin.train.description)
+        if plugin.train_module:
+            plugin.train_arguments(
+                sub.add_parser(f"train-{name}", help=plugin.train_help, description=plugin.train_description)
             )
 
 
-def _train_command(name: str, cmd):
+def _train_command(name: str, plugin):
     def run(a) -> int:
         try:
-            importlib.import_module(cmd.module)
+            importlib.import_module(plugin.train_module)
         except ImportError as e:
             return _needs_export_extra(f"train-{name}", e)
-        return cmd.run(a)
+        return plugin.train(a)
 
     return run
 
@@ -341,7 +341,7 @@ def add_parsers(sub) -> None:
 def _commands() -> dict:
     from edgespec.export.drafters import registry
 
-    trains = {f"train-{name}": _train_command(name, p.train) for name, p in registry().items() if p.train is not None}
+    trains = {f"train-{name}": _train_command(name, p) for name, p in registry().items() if p.train_module}
     return {
         "export": _cmd_export,
         "build-trt": _cmd_build_trt,

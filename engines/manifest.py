@@ -109,7 +109,7 @@ class DrafterSection(Protocol):
 
 
 SECTIONS: dict[str, type] = {}  # drafter name -> the dataclass of its section (drafter_section fills it)
-PLUGINS = "edgespec.runtime.drafters"  # the package whose modules register the sections (imported on load)
+_FILLERS: list = []  # what fills SECTIONS before a manifest is read (sections_from)
 
 
 def drafter_section(name: str):
@@ -122,12 +122,27 @@ def drafter_section(name: str):
     return register
 
 
-def _load_plugins() -> None:
-    """Import the drafter modules, so that every section class is registered before a manifest is read
-    (by name: the manifest reader does not depend on the runtime, the plugins register into it)."""
-    import importlib
+def sections_from(fill) -> None:
+    """`fill()` registers every drafter's section (drafter_section) and is called before a manifest
+    is read. The drafter registry hands itself in when it is imported: this reader, a layer below
+    it, names no drafter and imports nothing of the runtime."""
+    if fill not in _FILLERS:
+        _FILLERS.append(fill)
 
-    importlib.import_module(PLUGINS).registry()
+
+def _sections(d: dict, folder) -> None:
+    """Every section the manifest names registered, or a ManifestError naming those that are not."""
+    for fill in _FILLERS:
+        fill()
+    drafters = d.get("drafters")
+    unknown = sorted(set(drafters) - set(SECTIONS)) if isinstance(drafters, dict) else []
+    if unknown:
+        raise ManifestError(
+            f"{folder}: the manifest ships drafter section(s) {', '.join(map(repr, unknown))} that no registered "
+            f"drafter reads (known: {', '.join(sorted(SECTIONS)) or 'none'}). Hint: load folders through "
+            "edgespec.runtime (its drafter registry registers the sections), or re-export the folder with this "
+            "edgespec"
+        )
 
 
 @dataclass(frozen=True)
@@ -230,7 +245,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, d: dict, folder: str | Path) -> Manifest:
-        _load_plugins()
+        _sections(d, folder)
         return from_json(cls, {k: v for k, v in d.items() if k not in ("format", "version")}, folder=Path(folder))
 
     def save(self) -> Path:

@@ -416,4 +416,4 @@ def test_every_drafter_that_ships_models_has_an_export_plugin():
 
     assert set(registry()) == {n for n, s in runtime_registry().items() if s.section is not None}
     assert {o.name for o in options()} <= {f.name for f in dataclasses.fields(ExportConfig)}
-    assert {f"train-{n}" for n, p in registry().items() if p.train is not None} <= set(COMMANDS)
+    assert {f"train-{n}" for n, p in registry().items() if p.train_module} <= set(COMMANDS)

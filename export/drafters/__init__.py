@@ -1,25 +1,23 @@
 """The export side of the drafters that ship models, one module each in this package.
 
-Each module registers an `ExportPlugin` (base.py) with `register`; `registry()` imports every
-module of the package once (modules whose name starts with "_" are shared code), so a drafter's
-export is its module and nothing else: `edgespec export`'s flags and ExportConfig's fields
-(`options`), the export's steps (export.exporter), the `train-<name>` commands (edgespec.cli_offline)
-all read the registry. Model-free drafters (and combinators of others) have no module here.
+Each module registers an instance of its `ExportPlugin` (base.py) subclass with `register`;
+`registry()` imports every module of the package once (runtime/registry.py; modules whose name
+starts with "_" are shared code), so a drafter's export is its module and nothing else: `edgespec
+export`'s flags and ExportConfig's fields (`options`), the export's steps (export.exporter), the
+`train-<name>` commands (edgespec.cli_offline) all read the registry. Model-free drafters (and
+combinators of others) have no module here.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-from edgespec.export.drafters.base import ExportContext, ExportOption, ExportPlugin, Shipped, TrainCommand
+from edgespec.export.drafters.base import ExportContext, ExportOption, ExportPlugin, Shipped
+from edgespec.runtime.registry import Registry
 
 __all__ = [
     "ExportContext",
     "ExportOption",
     "ExportPlugin",
     "Shipped",
-    "TrainCommand",
     "register",
     "unregister",
     "registry",
@@ -27,42 +25,27 @@ __all__ = [
     "sources",
 ]
 
-_REGISTRY: dict[str, ExportPlugin] = {}
-_loaded = False
+REGISTRY: Registry[ExportPlugin] = Registry(__name__, "export plugin")
 
 
 def register(plugin: ExportPlugin) -> ExportPlugin:
     """Add a drafter's export (its module calls this at import; a test may call it for a toy one)."""
-    if _REGISTRY.get(plugin.name, plugin) is not plugin:
-        raise ValueError(f"export plugin {plugin.name!r} is registered twice")
-    _REGISTRY[plugin.name] = plugin
-    return plugin
+    return REGISTRY.register(plugin)
 
 
 def unregister(name: str) -> None:
     """Remove a drafter's export (tests that register a toy one clean up with this)."""
-    _REGISTRY.pop(name)
+    REGISTRY.unregister(name)
 
 
 def registry() -> dict[str, ExportPlugin]:
     """name -> plugin of every drafter that ships models, by `order` (then by name)."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for m in pkgutil.iter_modules(__path__):
-            if not m.name.startswith("_") and m.name != "base":
-                importlib.import_module(f"{__name__}.{m.name}")
-    ordered = sorted(_REGISTRY.values(), key=lambda p: (p.order, p.name))
-    return {p.name: p for p in ordered}
+    return REGISTRY.all()
 
 
 def options() -> tuple[ExportOption, ...]:
     """Every plugin's options, once each (a plugin may read another's, e.g. a shared draft-vocabulary cut)."""
-    seen: dict[str, ExportOption] = {}
-    for plugin in registry().values():
-        for opt in plugin.options:
-            seen.setdefault(opt.name, opt)
-    return tuple(seen.values())
+    return REGISTRY.options()
 
 
 def sources(cfg, src) -> dict[str, object]:
@@ -76,14 +59,14 @@ def sources(cfg, src) -> dict[str, object]:
     plugins = registry()
     found = {name: p.source(cfg, src) for name, p in plugins.items()}
     for name, p in plugins.items():
-        if p.claims is None:
-            continue
         for other, folder in list(found.items()):
             if other == name or not isinstance(folder, Path) or not p.claims(folder):
                 continue
             if found[name] is not None:
+                a = "an" if p.title[:1] in "AEIOU" else "a"
                 raise ExportError(
-                    f"{plugins[other].flag} {folder} is {p.title} and {p.flag} names another; pass it once, as {p.flag}"
+                    f"{plugins[other].flag} {folder} is {a} {p.title} and {p.flag} names another; pass it once, "
+                    f"as {p.flag}"
                 )
             found[name], found[other] = folder, None
     return {name: s for name, s in found.items() if s is not None}

@@ -2,11 +2,13 @@
 need to ship its models, as the runtime side's `DrafterSpec` (runtime/drafters/base.py) is what
 the loop needs to run them.
 
-A plugin declares its ExportConfig fields and export flags (`ExportOption`), where its models come
-from (`source`), whether the target's graphs must output the aux features it reads, its step of
-the export (`write`: its files into the folder being built, its manifest section back) and of the
-validation (`validate`: its graphs against PyTorch), and its training command (`TrainCommand`).
-This module imports nothing heavy: the CLI reads every plugin's flags before torch is needed.
+A drafter's export half is one subclass of `ExportPlugin`: class attributes say its name, flag,
+place and ExportConfig fields (`ExportOption`); methods, each with a default, say where its models
+come from (`source`), whether the target's graphs must output the aux features it reads
+(`reads_aux`), its step of the export (`write`: its files into the folder being built, its
+manifest section back), of the validation (`validate`: its graphs against PyTorch) and its
+training command (`train_arguments`, `train`). This module imports nothing heavy: the CLI reads
+every plugin's flags before torch is needed.
 """
 
 from __future__ import annotations
@@ -70,35 +72,85 @@ class Shipped:
     state: object = None  # what its `validate` needs from the step (its graph writer, its PyTorch model)
 
 
-@dataclass(frozen=True)
-class TrainCommand:
-    """A drafter's `edgespec train-<name>` command."""
-
-    help: str  # one line, for `edgespec --help`
-    description: str  # the command's --help text
-    arguments: Callable  # (argparse parser) -> None: adds its flags
-    run: Callable  # (argparse namespace) -> exit status
-    module: str  # the training module, imported first (an ImportError there: the export extra is missing)
-
-
-@dataclass(frozen=True)
 class ExportPlugin:
-    """One drafter, as `edgespec export` and its training command see it (see the module docstring)."""
+    """One drafter, as `edgespec export` and its training command see it: subclass it, set the class
+    attributes and override the methods whose defaults do not fit (see the module docstring)."""
 
-    name: str  # the drafter (runtime/drafters/<name>.py) whose manifest section it writes
-    flag: str  # the export flag naming its models (messages)
-    source: Callable  # (cfg, target source) -> what it ships from (a folder, a model) or None: nothing
-    #                   this export; a bad argument raises ExportError
-    write: Callable  # (ExportContext, its source) -> Shipped: its files written into ctx.folder
-    validate: Callable  # (ExportContext, Shipped.state, tokens) -> {role: max diff per call, or None:
-    #                     a model that failed a check which leaves it out of the folder}
+    name: str = ""  # the drafter (runtime/drafters/<name>) whose manifest section it writes
+    flag: str = ""  # the export flag naming its models (messages)
+    order: int = 100  # its place in every list (flags, export steps, sections, commands): lower first
     steps: int = 2  # progress steps it takes (its writing and validating calls of ctx.step)
     options: tuple[ExportOption, ...] = ()  # the ExportConfig fields / export flags it owns
-    check: Callable | None = None  # (cfg) -> None: refuse bad option values before anything runs
-    reads_aux: Callable | None = None  # (cfg, its source or None) -> bool: the target graphs must output
-    #                                   hidden_aux (the aux layers' features); None: never
-    claims: Callable | None = None  # (folder) -> bool: a folder in its format, taken as its own when it is
-    #                                 given to another drafter's flag; None: it claims none
-    title: str = ""  # what a folder it claims is ("an X head"), for messages
-    train: TrainCommand | None = None  # its `edgespec train-<name>` command; None: none
-    order: int = 100  # its place in every list (flags, export steps, sections, commands): lower first
+    title: str = ""  # what it ships ("DFlash drafter"): progress steps and, for a plugin that claims
+    #                  folders, messages
+    # its `edgespec train-<name>` command ("" train_module: none)
+    train_module: str = ""  # the training module, imported first (an ImportError there: the export extra is missing)
+    train_help: str = ""  # one line, for `edgespec --help`
+    train_description: str = ""  # the command's --help text
+    train_aux: bool = False  # its training data holds the aux layers' features too
+
+    # ---- the export ----------------------------------------------------------------------------------
+    def source(self, cfg, src) -> object | None:
+        """What it ships from this export (a folder, a model) or None: nothing. By default the folder its
+        option (the ExportConfig field named as the drafter) names; a bad argument raises ExportError."""
+        from edgespec.export.target.spec import ExportError
+
+        arg = getattr(cfg, self.name)
+        if arg in (None, "none", ""):
+            return None
+        path = Path(arg)
+        if not path.is_dir():
+            raise ExportError(
+                f"{self.flag} {arg}: not a folder. Hint: train one with `edgespec train-{self.name} --out {arg}`"
+            )
+        return path
+
+    def check(self, cfg) -> None:
+        """Refuse bad option values (ExportError) before anything runs."""
+
+    def reads_aux(self, cfg, source) -> bool:
+        """Must the target graphs output hidden_aux (the aux layers' features) for it? source: its
+        `source`, or None when it ships nothing."""
+        return False
+
+    def claims(self, folder: Path) -> bool:
+        """Is `folder` in its format, so that given to another drafter's flag it is taken as this one's?"""
+        return False
+
+    def write(self, ctx: ExportContext, source) -> Shipped:
+        """Its files written into ctx.folder (calling ctx.step as it goes); its section back."""
+        raise NotImplementedError
+
+    def validate(self, ctx: ExportContext, state, tokens) -> dict:
+        """{role: max diff per call, or None: a model that failed a check which leaves it out of the
+        folder}. By default its one graph (role: its name) by `validate_graph`, then one progress step."""
+        from edgespec.export.target.spec import tolerance
+
+        report = {
+            self.name: self.validate_graph(ctx.folder, state, ctx.reference_target(), tokens, tolerance(state.opts))
+        }
+        ctx.step(f"validated {self.title}")
+        return report
+
+    def validate_graph(self, folder: Path, writer, ref_target, tokens, tol: float) -> dict[str, float]:
+        """Its graph against the PyTorch model `writer` (Shipped.state) was written from."""
+        raise NotImplementedError
+
+    # ---- `edgespec train-<name>` ----------------------------------------------------------------------
+    def train_arguments(self, p) -> None:
+        """Add the command's flags to its argparse parser."""
+
+    def train(self, a) -> int:
+        """Run the command on its parsed flags: the self-distillation data made first when the folder holds
+        none (commands.ready_data), then `fit`. Returns the exit status."""
+        from edgespec.export.train.commands import ready_data
+
+        data = ready_data(a, aux=self.train_aux)
+        if data is None:
+            return 2
+        self.fit(a, data)
+        return 0
+
+    def fit(self, a, data: str) -> None:
+        """Train on `data` (the data folders, comma-separated) with the command's flags."""
+        raise NotImplementedError

@@ -63,54 +63,53 @@ def draft_writer(spec: str, ctx, opts):
     return LlamaGraphWriter(darch, hf_weights(dmodel), opts), dmodel, "model"
 
 
-def _write(ctx, spec: str) -> Shipped:
-    """draft.onnx (+ draft.weights unless it reads the target's: self:N at the target's precision)."""
-    from edgespec.export.target.weights import write_weights
-    from edgespec.export.target.write import host_prologue_entry, write_model
-    from edgespec.runtime.drafters.draft import DraftSection
-
-    cfg = ctx.cfg
-    writer, model, kind = draft_writer(spec, ctx, dataclasses.replace(ctx.opts, trees=False, aux_layers=()))
-    if writer.opts.precision == cfg.precision and model is ctx.model:
-        weights, index = "target.weights", ctx.index_t  # self:N shares the target's weights
-    else:
-        weights = "draft.weights"
-        index = write_weights(writer.store.arrays, ctx.folder / weights)
-    ctx.step("draft weights")
-    widths = sorted({1, ctx.chunk})  # it drafts one token a call, after a prefill
-    entry = write_model(writer, ctx.folder, "draft", kind, widths, ctx.chunk, weights, index)
-    ctx.step("graph draft.onnx")
-    return Shipped(DraftSection(host_prologue_entry(entry, writer)), (writer, model))
-
-
-def _validate(ctx, state, tokens) -> dict:
-    from edgespec.export.target.reference import reference_model
-    from edgespec.export.target.spec import tolerance
-    from edgespec.export.target.validate import validate_model
-
-    writer, model = state
-    return {
-        "draft": validate_model(ctx.folder, "draft", reference_model(model, writer), tokens, tolerance(writer.opts))
-    }
-
-
-PLUGIN = register(
-    ExportPlugin(
-        name="draft",
-        flag="--draft",
-        order=3,
-        steps=2,
-        source=lambda cfg, src: cfg.draft,
-        write=_write,
-        validate=_validate,
-        options=(
-            ExportOption(
-                "draft",
-                str,
-                None,
-                "draft: another model with the same tokenizer, self:N (the target's "
-                "first N layers + its norm and LM head), or self:int4 (the target quantized to int4)",
-            ),
+class DraftPlugin(ExportPlugin):
+    name = "draft"
+    flag = "--draft"
+    order = 3
+    title = "draft model"
+    options = (
+        ExportOption(
+            "draft",
+            str,
+            None,
+            "draft: another model with the same tokenizer, self:N (the target's "
+            "first N layers + its norm and LM head), or self:int4 (the target quantized to int4)",
         ),
     )
-)
+
+    def source(self, cfg, src):
+        return cfg.draft  # a model source (or self:N / self:int4), not a folder of ours
+
+    def write(self, ctx, spec: str) -> Shipped:
+        """draft.onnx (+ draft.weights unless it reads the target's: self:N at the target's precision)."""
+        from edgespec.export.target.weights import write_weights
+        from edgespec.export.target.write import host_prologue_entry, write_model
+        from edgespec.runtime.drafters.draft import DraftSection
+
+        cfg = ctx.cfg
+        writer, model, kind = draft_writer(spec, ctx, dataclasses.replace(ctx.opts, trees=False, aux_layers=()))
+        if writer.opts.precision == cfg.precision and model is ctx.model:
+            weights, index = "target.weights", ctx.index_t  # self:N shares the target's weights
+        else:
+            weights = "draft.weights"
+            index = write_weights(writer.store.arrays, ctx.folder / weights)
+        ctx.step("draft weights")
+        widths = sorted({1, ctx.chunk})  # it drafts one token a call, after a prefill
+        entry = write_model(writer, ctx.folder, "draft", kind, widths, ctx.chunk, weights, index)
+        ctx.step("graph draft.onnx")
+        return Shipped(DraftSection(host_prologue_entry(entry, writer)), (writer, model))
+
+    def validate(self, ctx, state, tokens) -> dict:
+        """Against its own PyTorch model (no progress step: both of its steps are the writing's)."""
+        from edgespec.export.target.reference import reference_model
+        from edgespec.export.target.spec import tolerance
+        from edgespec.export.target.validate import validate_model
+
+        writer, model = state
+        return {
+            "draft": validate_model(ctx.folder, "draft", reference_model(model, writer), tokens, tolerance(writer.opts))
+        }
+
+
+PLUGIN = register(DraftPlugin())

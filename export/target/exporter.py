@@ -150,7 +150,7 @@ def export(cfg: ExportConfig) -> Path:
     widths = cfg.widths()
     plugins = registry()
     shipping = drafter_sources(cfg, src)  # name -> its folder (or model), for the drafters this export ships
-    reads_aux = any(p.reads_aux(cfg, shipping.get(name)) for name, p in plugins.items() if p.reads_aux)
+    reads_aux = any(p.reads_aux(cfg, shipping.get(name)) for name, p in plugins.items())
     progress = _Progress(6 + sum(plugins[name].steps for name in shipping), cfg.progress)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:

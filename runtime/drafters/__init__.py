@@ -9,10 +9,9 @@ the registry.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from edgespec.engines.manifest import SECTIONS, drafter_section, sections_from
 from edgespec.runtime.drafters.base import BuildContext, Drafter, DrafterSpec, LoadContext, Option, penalized
+from edgespec.runtime.registry import Registry
 
 __all__ = [
     "BuildContext",
@@ -32,9 +31,7 @@ __all__ = [
     "UnknownDrafterError",
 ]
 
-_REGISTRY: dict[str, DrafterSpec] = {}
-_ALIASES: dict[str, str] = {}
-_loaded = False
+REGISTRY: Registry[DrafterSpec] = Registry(__name__, "drafter name")
 
 
 class UnknownDrafterError(ValueError):
@@ -44,14 +41,7 @@ class UnknownDrafterError(ValueError):
 def register(spec: DrafterSpec) -> DrafterSpec:
     """Add a drafter (its module calls this at import; a test may call it for a toy drafter).
     Its manifest section, if any, is registered with the manifest reader at the same time."""
-    from edgespec.engines.manifest import drafter_section
-
-    taken = {**_REGISTRY, **_ALIASES}
-    for n in (spec.name, *spec.aliases):
-        if n in taken and _REGISTRY.get(n) is not spec and _REGISTRY.get(_ALIASES.get(n, "")) is not spec:
-            raise ValueError(f"drafter name {n!r} is registered twice")
-    _REGISTRY[spec.name] = spec
-    _ALIASES.update({a: spec.name for a in spec.aliases})
+    REGISTRY.register(spec)
     if spec.section is not None:
         drafter_section(spec.name)(spec.section)
     return spec
@@ -59,26 +49,18 @@ def register(spec: DrafterSpec) -> DrafterSpec:
 
 def unregister(name: str) -> None:
     """Remove a drafter (tests that register a toy one clean up with this)."""
-    from edgespec.engines.manifest import SECTIONS
-
-    spec = _REGISTRY.pop(name)
-    for a in spec.aliases:
-        _ALIASES.pop(a, None)
+    REGISTRY.unregister(name)
     SECTIONS.pop(name, None)
 
 
 def registry() -> dict[str, DrafterSpec]:
     """name -> spec of every drafter, in listing order (DrafterSpec.order, then by name)."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for m in pkgutil.iter_modules(__path__):
-            if not m.name.startswith("_") and m.name != "base":
-                importlib.import_module(f"{__name__}.{m.name}")
-        ordered = sorted(_REGISTRY.values(), key=lambda s: (s.order, s.name))
-        _REGISTRY.clear()
-        _REGISTRY.update({s.name: s for s in ordered})
-    return _REGISTRY
+    return REGISTRY.all()
+
+
+# the manifest reader asks this registry for the section types of a folder's drafters (it imports
+# nothing above engines/): every drafter module is imported before a manifest is read
+sections_from(registry)
 
 
 def names() -> tuple[str, ...]:
@@ -93,7 +75,7 @@ def tree_names() -> tuple[str, ...]:
 def spec_of(name: str) -> DrafterSpec:
     """The spec of drafter `name` (or of an alias); a clear error for an unknown name."""
     reg = registry()
-    spec = reg.get(_ALIASES.get(name, name))
+    spec = reg.get(REGISTRY.aliases.get(name, name))
     if spec is None:
         raise UnknownDrafterError(f"unknown drafter {name!r}; choose one of {', '.join(reg)}")
     return spec
@@ -101,11 +83,7 @@ def spec_of(name: str) -> DrafterSpec:
 
 def options() -> tuple[Option, ...]:
     """Every drafter's options, once each (a drafter may read another's, e.g. a shared cut-off)."""
-    seen: dict[str, Option] = {}
-    for spec in registry().values():
-        for opt in spec.options:
-            seen.setdefault(opt.name, opt)
-    return tuple(seen.values())
+    return REGISTRY.options()
 
 
 def shipped(manifest, cfg) -> tuple[str, ...]:

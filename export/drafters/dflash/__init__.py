@@ -4,109 +4,75 @@ train-dflash`, in the public DFlash layout) as one graph that drafts a whole blo
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, TrainCommand, register
-from edgespec.export.train.commands import add_common, common_fields, ready_data
+from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, register
+from edgespec.export.train.commands import add_common, common_fields
 
 
-def _source(cfg, src) -> Path | None:
-    from edgespec.export.target.spec import ExportError
-
-    if cfg.dflash in (None, "none", ""):
-        return None
-    path = Path(cfg.dflash)
-    if not path.is_dir():
-        raise ExportError(
-            f"--dflash {cfg.dflash}: not a folder. Hint: train one with `edgespec train-dflash --out {cfg.dflash}`"
-        )
-    return path
-
-
-def _write(ctx, folder: Path) -> Shipped:
-    from edgespec.export.drafters.dflash.graph import write_dflash
-
-    cfg = ctx.cfg
-    dw, section = write_dflash(
-        folder, ctx.folder, ctx.arch, ctx.writer, ctx.index_t, ctx.head_opts, sorted({cfg.k + 1, cfg.prefill_chunk})
-    )  # context rows: a step's, a prompt chunk's
-    ctx.step("DFlash drafter")
-    return Shipped(section, dw)
-
-
-def _validate(ctx, dw, tokens) -> dict:
-    from edgespec.export.drafters.dflash.graph import validate_dflash
-    from edgespec.export.target.spec import tolerance
-
-    report = {"dflash": validate_dflash(ctx.folder, dw, ctx.reference_target(), tokens, tolerance(dw.opts))}
-    ctx.step("validated DFlash drafter")
-    return report
-
-
-def _train_arguments(p) -> None:
-    add_common(p, "drafter", minutes=30.0, epochs=10.0)
-    p.add_argument("--block", type=int, default=8, help="block size b: the anchor + b-1 drafted tokens (default 8)")
-    p.add_argument("--layers", type=int, default=1, help="drafter decoder layers (default 1)")
-    p.add_argument("--anchors", type=int, default=24, help="blocks trained per answer per pass (default 24)")
-
-
-def _train(a) -> int:
-    import sys
-
-    from edgespec.export.drafters.dflash.train import TrainConfig, train
-
-    if a.block < 2:
-        print(f"--block must be >= 2 (got {a.block}): the anchor and at least one draft", file=sys.stderr)
-        return 2
-    data = ready_data(a, aux=True)
-    if data is None:
-        return 2
-    train(
-        TrainConfig(
-            **common_fields(a, data),
-            block_size=a.block,
-            n_layers=a.layers,
-            anchors=a.anchors,
-        )
-    )
-    return 0
-
-
-PLUGIN = register(
-    ExportPlugin(
-        name="dflash",
-        flag="--dflash",
-        order=8,
-        steps=2,
-        source=_source,
-        write=_write,
-        validate=_validate,
-        reads_aux=lambda cfg, folder: folder is not None,
-        options=(
-            ExportOption(
-                "dflash",
-                str,
-                None,
-                "DFlash block drafter folder (DFlash layout, from `edgespec "
-                "train-dflash`) to include; the target graphs then also output the aux features it reads "
-                "(drafter dflash: one drafter call per step drafts a whole block)",
-                metavar="DIR",
-            ),
-        ),
-        train=TrainCommand(
-            help="train a DFlash block drafter for a target by self-distillation",
-            description="Trains a DFlash drafter (a few non-causal decoder layers that draft a block of --block "
-            "tokens in "
-            "ONE call, reading the target's low/mid/high layer features of the verified prefix as injected "
-            "keys/values; "
-            "the target's embedding and LM head rows) on self-distillation data that holds those features (made first "
-            "when --data holds none). Each pass trains --anchors random blocks per answer. Resumable: run again with "
-            "the "
-            "same --out to continue. Writes config.json + model.safetensors in the public DFlash layout for `edgespec "
-            "export --dflash`.",
-            arguments=_train_arguments,
-            run=_train,
-            module="edgespec.export.drafters.dflash.train",
+class DFlashPlugin(ExportPlugin):
+    name = "dflash"
+    flag = "--dflash"
+    order = 8
+    title = "DFlash drafter"
+    options = (
+        ExportOption(
+            "dflash",
+            str,
+            None,
+            "DFlash block drafter folder (DFlash layout, from `edgespec "
+            "train-dflash`) to include; the target graphs then also output the aux features it reads "
+            "(drafter dflash: one drafter call per step drafts a whole block)",
+            metavar="DIR",
         ),
     )
-)
+    train_module = "edgespec.export.drafters.dflash.train"
+    train_aux = True
+    train_help = "train a DFlash block drafter for a target by self-distillation"
+    train_description = (
+        "Trains a DFlash drafter (a few non-causal decoder layers that draft a block of --block tokens in "
+        "ONE call, reading the target's low/mid/high layer features of the verified prefix as injected keys/values; "
+        "the target's embedding and LM head rows) on self-distillation data that holds those features (made first "
+        "when --data holds none). Each pass trains --anchors random blocks per answer. Resumable: run again with the "
+        "same --out to continue. Writes config.json + model.safetensors in the public DFlash layout for `edgespec "
+        "export --dflash`."
+    )
+
+    def reads_aux(self, cfg, folder) -> bool:
+        return folder is not None
+
+    def write(self, ctx, folder: Path) -> Shipped:
+        from edgespec.export.drafters.dflash.graph import write_dflash
+
+        cfg = ctx.cfg
+        dw, section = write_dflash(
+            folder, ctx.folder, ctx.arch, ctx.writer, ctx.index_t, ctx.head_opts, sorted({cfg.k + 1, cfg.prefill_chunk})
+        )  # context rows: a step's, a prompt chunk's
+        ctx.step(self.title)
+        return Shipped(section, dw)
+
+    def validate_graph(self, folder, dw, ref_target, tokens, tol: float) -> dict[str, float]:
+        from edgespec.export.drafters.dflash.graph import validate_dflash
+
+        return validate_dflash(folder, dw, ref_target, tokens, tol)
+
+    def train_arguments(self, p) -> None:
+        add_common(p, "drafter", minutes=30.0, epochs=10.0)
+        p.add_argument("--block", type=int, default=8, help="block size b: the anchor + b-1 drafted tokens (default 8)")
+        p.add_argument("--layers", type=int, default=1, help="drafter decoder layers (default 1)")
+        p.add_argument("--anchors", type=int, default=24, help="blocks trained per answer per pass (default 24)")
+
+    def train(self, a) -> int:
+        if a.block < 2:
+            print(f"--block must be >= 2 (got {a.block}): the anchor and at least one draft", file=sys.stderr)
+            return 2
+        return super().train(a)
+
+    def fit(self, a, data: str) -> None:
+        from edgespec.export.drafters.dflash.train import TrainConfig, train
+
+        train(TrainConfig(**common_fields(a, data), block_size=a.block, n_layers=a.layers, anchors=a.anchors))
+
+
+PLUGIN = register(DFlashPlugin())

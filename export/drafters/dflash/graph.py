@@ -16,45 +16,38 @@ Standard ONNX ops only (plus MatMulNBits for int4 weights).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgespec.export.target.arch import PLAIN_LAYERS, ArchSpec
-from edgespec.export.target.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter
+from edgespec.export.drafters._graph import HeadGraphWriter
+from edgespec.export.target.arch import ArchSpec
+from edgespec.export.target.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter
 from edgespec.export.target.layer_ops import Stream
 
 NEG = -1e30  # additive bias of a key a row must not see
 _MLP_NAMES = ("gu_split", "sig", "silu", "act")  # node names of its SwiGLU (layer_ops.LayerOps.mlp)
 
 
-class DFlashGraphWriter(ModelWriter):
+class DFlashGraphWriter(HeadGraphWriter):
     def __init__(
         self, target_arch: ArchSpec, dcfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray, opts: GraphOptions
     ) -> None:
         """dcfg / arrays: from dflash_model.read_dflash (float32, d2t absolute); lm_head [V, H]: the
         target's LM head as its engine computes with it."""
         self.dcfg = dcfg
-        self.d2t = arrays["d2t"]
-        self._lm_rows = lm_head[self.d2t]  # [Vd, H]
-        arch = dataclasses.replace(
+        self._lm_rows = lm_head[arrays["d2t"]]  # [Vd, H]
+        super().__init__(
             target_arch,
+            arrays,
+            opts,
             n_layers=dcfg.n_layers,
             n_heads=dcfg.n_heads,
             n_kv_heads=dcfg.n_kv_heads,
             head_dim=dcfg.head_dim,
             intermediate_size=dcfg.intermediate_size,
-            qkv_bias=False,
-            qk_norm=False,
-            **PLAIN_LAYERS,
-        )
-        super().__init__(
-            arch,
-            arrays,
-            dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False, trees=False, aux_layers=()),
-            n_layers=dcfg.n_layers,
+            trees=False,
+            aux_layers=(),
         )
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
@@ -81,8 +74,6 @@ class DFlashGraphWriter(ModelWriter):
         self.layer_ops().standard().store_tables()
 
     def _ref_rows(self, hf_name: str) -> int:
-        if hf_name == "lm_head_d":
-            return len(self.d2t)
         if hf_name == "fc.weight":
             return self.arch.hidden_size
         return super()._ref_rows(hf_name)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import copy
 
-from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, TrainCommand, register
-from edgespec.export.train.commands import add_common, common_fields, ready_data
+from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, register
+from edgespec.export.train.commands import add_common, common_fields
 
 # the draft-vocabulary cut; heads of other drafters that keep a frequency-ordered d2t read it too
 DRAFT_VOCAB_OPTION = ExportOption(
@@ -22,139 +22,113 @@ DRAFT_VOCAB_OPTION = ExportOption(
 )
 
 
-def _source(cfg, src):
-    from edgespec.export.target.write import heads_dir
-
-    return heads_dir(cfg.eagle, src, "", "eagle")
-
-
-def _check(cfg) -> None:
-    from edgespec.export.target.spec import ExportError
-
-    if cfg.eagle_draft_vocab is not None and cfg.eagle_draft_vocab < 0:
-        raise ExportError(f"--eagle-draft-vocab must be >= 0 (got {cfg.eagle_draft_vocab}; 0 keeps them all)")
-
-
-def _write(ctx, head_dir) -> Shipped:
-    """eagle.onnx + eagle.weights, then target_eagle.onnx (the target's graph with the head appended)."""
-    from edgespec.export.drafters.eagle.graph import write_eagle, write_eagle_fused
-    from edgespec.export.target.write import write_model
-    from edgespec.runtime.drafters.eagle import EagleSection
-
-    ew, eagle = write_eagle(
-        head_dir,
-        ctx.folder,
-        ctx.arch,
-        ctx.writer,
-        ctx.index_t,
-        ctx.head_opts,
-        ctx.widths,
-        ctx.chunk,
-        ctx.cfg.eagle_draft_vocab,
-    )
-    ctx.step("EAGLE head")
-    fuse_onto = ctx.target
-    if ctx.opts.host_prologue:  # the fused graph is the target's with its own prologue
-        in_graph = copy.copy(ctx.writer)
-        in_graph.opts = ctx.head_opts
-        fuse_onto = write_model(
-            in_graph, ctx.folder, "target_prologue", "target", ctx.widths, ctx.chunk, "target.weights", ctx.index_t
-        )
-    fused = write_eagle_fused(ctx.folder, fuse_onto, eagle)
-    if fuse_onto is not ctx.target:
-        (ctx.folder / fuse_onto.graph.file).unlink()
-    ctx.step("target+EAGLE graph")
-    return Shipped(EagleSection(eagle, fused), ew)
-
-
-def _validate(ctx, ew, tokens) -> dict:
-    """The head against PyTorch; the fused graph against the plain target and the head (None: left out)."""
-    from edgespec.export.drafters.eagle.graph import validate_eagle, validate_fused
-    from edgespec.export.target.spec import tolerance
-
-    tol = tolerance(ew.opts)
-    report = {
-        "eagle": validate_eagle(ctx.folder, ew, ctx.reference_target(), tokens, tol),
-        "eagle_fused": validate_fused(ctx.folder, tokens, tol),
-    }
-    ctx.step("validated EAGLE head")
-    return report
-
-
-def _train_arguments(p) -> None:
-    add_common(p, "head", minutes=35.0, epochs=5.0)
-    p.add_argument(
-        "--init",
-        metavar="HEAD_DIR",
-        help="fine-tune: start from this head's weights and draft "
-        "vocabulary (e.g. the shipped one, on your own data; a lower --lr such as 3e-4 suits), with a "
-        "fresh optimizer and schedule",
-    )
-    p.add_argument(
-        "--skip-copies",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="no loss where the answer repeats an 8-gram of its own context (the target's loops, "
-        "which prompt lookup drafts for free); --no-skip-copies trains on them too, so `eagle` "
-        "alone learns to continue loops (default: skip)",
-    )
-    p.add_argument(
-        "--batch-tokens",
-        type=int,
-        default=4096,
-        help="tokens per optimizer step, sequences padded to the longest (default 4096; larger batches "
-        "keep bf16 matrix units busier, fewer steps per epoch)",
-    )
-
-
-def _train(a) -> int:
-    from edgespec.export.drafters.eagle.train import TrainConfig, train
-
-    data = ready_data(a)
-    if data is None:
-        return 2
-    train(
-        TrainConfig(
-            **common_fields(a, data),
-            skip_copies=a.skip_copies,
-            init=a.init,
-            batch_tokens=a.batch_tokens,
-        )
-    )
-    return 0
-
-
-PLUGIN = register(
-    ExportPlugin(
-        name="eagle",
-        flag="--eagle",
-        order=4,
-        steps=3,
-        source=_source,
-        write=_write,
-        validate=_validate,
-        check=_check,
-        options=(
-            ExportOption(
-                "eagle",
-                str,
-                "auto",
-                "EAGLE head folder (HF layout, from `edgespec train-eagle` or a "
-                "published EAGLE-1 head) to include; 'auto' (default): the head shipped with edgespec when "
-                "the target is the default model; 'none': no head",
-            ),
-            DRAFT_VOCAB_OPTION,
+class EaglePlugin(ExportPlugin):
+    name = "eagle"
+    flag = "--eagle"
+    order = 4
+    steps = 3
+    title = "EAGLE head"
+    options = (
+        ExportOption(
+            "eagle",
+            str,
+            "auto",
+            "EAGLE head folder (HF layout, from `edgespec train-eagle` or a "
+            "published EAGLE-1 head) to include; 'auto' (default): the head shipped with edgespec when "
+            "the target is the default model; 'none': no head",
         ),
-        train=TrainCommand(
-            help="train an EAGLE head for a target by self-distillation (CPU or GPU)",
-            description="Step 1 (skipped when --data already holds shards): the target answers a built-in prompt set "
-            "(chat, programming requests, stdlib code completion; no benchmark data) in batches, keeping its hidden "
-            "states. Step 2: train the head on those answers (feature regression + the target's own next token, two "
-            "unrolled draft steps). Resumable: run again with the same --out to continue. Writes config.json + "
-            "model.safetensors (EAGLE checkpoint layout) for `edgespec export --eagle`.",
-            arguments=_train_arguments,
-            run=_train,
-            module="edgespec.export.drafters.eagle.train",
-        ),
+        DRAFT_VOCAB_OPTION,
     )
-)
+    train_module = "edgespec.export.drafters.eagle.train"
+    train_help = "train an EAGLE head for a target by self-distillation (CPU or GPU)"
+    train_description = (
+        "Step 1 (skipped when --data already holds shards): the target answers a built-in prompt set "
+        "(chat, programming requests, stdlib code completion; no benchmark data) in batches, keeping its hidden "
+        "states. Step 2: train the head on those answers (feature regression + the target's own next token, two "
+        "unrolled draft steps). Resumable: run again with the same --out to continue. Writes config.json + "
+        "model.safetensors (EAGLE checkpoint layout) for `edgespec export --eagle`."
+    )
+
+    def source(self, cfg, src):
+        from edgespec.export.target.write import heads_dir
+
+        return heads_dir(cfg.eagle, src, "", "eagle")
+
+    def check(self, cfg) -> None:
+        from edgespec.export.target.spec import ExportError
+
+        if cfg.eagle_draft_vocab is not None and cfg.eagle_draft_vocab < 0:
+            raise ExportError(f"--eagle-draft-vocab must be >= 0 (got {cfg.eagle_draft_vocab}; 0 keeps them all)")
+
+    def write(self, ctx, head_dir) -> Shipped:
+        """eagle.onnx + eagle.weights, then target_eagle.onnx (the target's graph with the head appended)."""
+        from edgespec.export.drafters.eagle.graph import write_eagle, write_eagle_fused
+        from edgespec.export.target.write import write_model
+        from edgespec.runtime.drafters.eagle import EagleSection
+
+        ew, eagle = write_eagle(head_dir, ctx)
+        ctx.step(self.title)
+        fuse_onto = ctx.target
+        if ctx.opts.host_prologue:  # the fused graph is the target's with its own prologue
+            in_graph = copy.copy(ctx.writer)
+            in_graph.opts = ctx.head_opts
+            fuse_onto = write_model(
+                in_graph, ctx.folder, "target_prologue", "target", ctx.widths, ctx.chunk, "target.weights", ctx.index_t
+            )
+        fused = write_eagle_fused(ctx.folder, fuse_onto, eagle)
+        if fuse_onto is not ctx.target:
+            (ctx.folder / fuse_onto.graph.file).unlink()
+        ctx.step("target+EAGLE graph")
+        return Shipped(EagleSection(eagle, fused), ew)
+
+    def validate(self, ctx, ew, tokens) -> dict:
+        """The head against PyTorch; the fused graph against the plain target and the head (None: left out)."""
+        from edgespec.export.drafters.eagle.graph import validate_fused
+        from edgespec.export.target.spec import tolerance
+
+        report = {
+            "eagle": self.validate_graph(ctx.folder, ew, ctx.reference_target(), tokens, tolerance(ew.opts)),
+            "eagle_fused": validate_fused(ctx.folder, tokens, tolerance(ew.opts)),
+        }
+        ctx.step(f"validated {self.title}")
+        return report
+
+    def validate_graph(self, folder, ew, ref_target, tokens, tol: float) -> dict[str, float]:
+        from edgespec.export.drafters.eagle.graph import validate_eagle
+
+        return validate_eagle(folder, ew, ref_target, tokens, tol)
+
+    def train_arguments(self, p) -> None:
+        add_common(p, "head", minutes=35.0, epochs=5.0)
+        p.add_argument(
+            "--init",
+            metavar="HEAD_DIR",
+            help="fine-tune: start from this head's weights and draft "
+            "vocabulary (e.g. the shipped one, on your own data; a lower --lr such as 3e-4 suits), with a "
+            "fresh optimizer and schedule",
+        )
+        p.add_argument(
+            "--skip-copies",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="no loss where the answer repeats an 8-gram of its own context (the target's loops, "
+            "which prompt lookup drafts for free); --no-skip-copies trains on them too, so `eagle` "
+            "alone learns to continue loops (default: skip)",
+        )
+        p.add_argument(
+            "--batch-tokens",
+            type=int,
+            default=4096,
+            help="tokens per optimizer step, sequences padded to the longest (default 4096; larger batches "
+            "keep bf16 matrix units busier, fewer steps per epoch)",
+        )
+
+    def fit(self, a, data: str) -> None:
+        from edgespec.export.drafters.eagle.train import TrainConfig, train
+
+        train(
+            TrainConfig(**common_fields(a, data), skip_copies=a.skip_copies, init=a.init, batch_tokens=a.batch_tokens)
+        )
+
+
+PLUGIN = register(EaglePlugin())

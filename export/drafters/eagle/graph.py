@@ -16,7 +16,6 @@ appended (`fuse_with_target`, `write_eagle_fused`) and their checks (`validate_e
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -25,42 +24,33 @@ import onnx
 from onnx import helper
 
 from edgespec.engines.manifest import FUSED_PREFIX, ModelSpec
+from edgespec.export.drafters._graph import HeadGraphWriter, head_source, validate_head, write_head
 from edgespec.export.target import spec as es
-from edgespec.export.target.arch import PLAIN_LAYERS, ArchSpec
-from edgespec.export.target.graph import (
-    NP_TO_ONNX,
-    GraphBuilder,
-    GraphOptions,
-    LlamaGraphWriter,
-    ModelWriter,
-    decoder_layer,
-)
+from edgespec.export.target.arch import ArchSpec
+from edgespec.export.target.graph import GraphOptions, decoder_layer
 from edgespec.export.target.layer_ops import Stream
 
 _LAYER = "layers.0."
 
 
-class EagleGraphWriter(ModelWriter):
+class EagleGraphWriter(HeadGraphWriter):
     def __init__(
         self, target_arch: ArchSpec, head_cfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray, opts: GraphOptions
     ) -> None:
         """head_cfg / arrays: from eagle.read_head (float32, d2t absolute); lm_head [V, H]: the
         target's LM head as its engine computes with it."""
         self.head_cfg = head_cfg
-        self.d2t = arrays["d2t"]
-        self._lm_rows = lm_head[self.d2t]  # [Vd, H]
-        arch = dataclasses.replace(
+        self._lm_rows = lm_head[arrays["d2t"]]  # [Vd, H]
+        super().__init__(
             target_arch,
+            arrays,
+            opts,
             n_layers=1,
             n_heads=head_cfg.num_attention_heads,
             n_kv_heads=head_cfg.num_key_value_heads,
             head_dim=head_cfg.head_dim,
             intermediate_size=head_cfg.intermediate_size,
-            qkv_bias=False,
-            qk_norm=False,
-            **PLAIN_LAYERS,
         )
-        super().__init__(arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False), n_layers=1)
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         f = self.dtype
@@ -80,21 +70,7 @@ class EagleGraphWriter(ModelWriter):
         self._linear("lm_head_d", self._lm_rows, "lm_head_d")
         self.layer_ops().store_tables()
 
-    def _ref_rows(self, hf_name: str) -> int:
-        if hf_name == "lm_head_d":
-            return len(self.d2t)
-        return super()._ref_rows(hf_name)
-
-    def build(
-        self, weights_location: str, offsets: dict[str, int], embed: tuple[str, int, np.ndarray] | None = None
-    ) -> onnx.ModelProto:
-        """embed: (file, offset, array) of the target's embedding table [V, H]."""
-        H = self.arch.hidden_size
-        ops = self.layer_ops()
-        b = GraphBuilder(self.store, self.dtype)
-        ctx = ops.prologue(b)
-        emb = ops.embed(b)
-        feat = ops.rows_in(b, "features", H, "/feat_flat")
+    def _layer(self, ops, b, ctx, emb, feat):
         x = ops.linear(b, b.op("Concat", [emb, feat], "/fc/Concat", axis=-1), "fc")  # [(1,) T, H]
         x = b.op("Add", [x, b.weight("fc_b")], "/fc/bias")
         s, rows = decoder_layer(ops, b, 0, Stream(x), ctx, ln1=self.head_cfg.input_layernorm)
@@ -102,21 +78,7 @@ class EagleGraphWriter(ModelWriter):
             x, _ = ops.norm(b, s, "final_norm", "/final_norm")
         else:
             x = ops.resolve(b, s, "/res2").x
-        logits = ops.linear(b, x, "lm_head_d")  # [(1,) T, Vd]
-        feats_in = helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._token_model(
-            ops,
-            b,
-            n_layers=1,
-            new_rows=rows,
-            logits=logits,
-            hidden=x,
-            n_logits=len(self.d2t),
-            weights_location=weights_location,
-            offsets=offsets,
-            extra_inputs=[feats_in],
-            locations={"embed": embed} if embed else None,
-        )
+        return rows, ops.linear(b, x, "lm_head_d"), x  # logits [(1,) T, Vd]; the predicted feature
 
 
 def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.ModelProto:
@@ -195,42 +157,19 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
     return model
 
 
-def write_eagle(
-    head_dir: Path,
-    folder: Path,
-    arch: ArchSpec,
-    writer: LlamaGraphWriter,
-    index_t: dict,
-    opts: GraphOptions,
-    widths: list[int],
-    chunk: int,
-    draft_vocab: int | None,
-):
-    """eagle.weights + eagle.onnx (the head reads the target's embedding in place); (graph writer,
-    manifest entry). draft_vocab: keep the head's N most frequent draft tokens (None: the export's
-    default for heads that record that order; 0: all)."""
-    from edgespec.export.target.write import head_info, token_head_spec, write_drafter
-    from edgespec.export.train.checkpoint import HeadFormatError, prune_draft_vocab, read_head
+def write_eagle(head_dir: Path, ctx):
+    """eagle.weights + eagle.onnx (the head reads the target's embedding in place), for the export
+    `ctx` (export/drafters/base.py ExportContext); (graph writer, manifest entry). The draft
+    vocabulary is cut to --eagle-draft-vocab (_graph.head_source)."""
+    from edgespec.export.train.checkpoint import read_head
 
-    try:
-        hc, arrays = read_head(head_dir, arch.hidden_size, arch.vocab_size)
-        trained_vocab = hc.draft_vocab_size
-        if draft_vocab is None:
-            draft_vocab = es.EAGLE_DRAFT_VOCAB if hc.d2t_by_frequency else 0
-        hc, arrays = prune_draft_vocab(hc, arrays, draft_vocab)
-    except HeadFormatError as e:
-        raise es.ExportError(str(e)) from e
-    ew = EagleGraphWriter(arch, hc, arrays, writer.reference["lm_head.weight"], opts)
-    files = write_drafter(ew, folder, "eagle", {"d2t": ew.d2t}, target=(writer, index_t))
-    return ew, token_head_spec(
-        "eagle",
-        ew,
-        files,
-        widths,
-        chunk,
-        hc.draft_vocab_size,
-        head_info(head_dir, arch.vocab_size, trained_vocab, "eagle"),
+    arch = ctx.arch
+    hc, arrays, trained_vocab = head_source(
+        lambda: read_head(head_dir, arch.hidden_size, arch.vocab_size), ctx.cfg.eagle_draft_vocab
     )
+    ew = EagleGraphWriter(arch, hc, arrays, ctx.writer.reference["lm_head.weight"], ctx.head_opts)
+    _, entry = write_head(ew, ctx, "eagle", head_dir, trained_vocab, {"d2t": ew.d2t})
+    return ew, entry
 
 
 def write_eagle_fused(folder: Path, target: ModelSpec, eagle: ModelSpec) -> ModelSpec:
@@ -248,13 +187,9 @@ def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.nd
     real features, per width."""
     import torch
 
-    from edgespec.engines.manifest import load_manifest
-    from edgespec.engines.ort import OrtModel
     from edgespec.export.drafters.eagle.head import build_head
-    from edgespec.export.target.validate import compare, schedule, target_features
+    from edgespec.export.target.validate import target_features
 
-    man = load_manifest(folder)
-    engine = OrtModel(man, man.models()["eagle"])
     feats = target_features(ref_target, tokens)  # [N, H]
     ref_arrays = dict(ew.reference) | {
         "fc.bias": ew.store.arrays["fc_b"].astype(np.float32),
@@ -269,24 +204,7 @@ def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.nd
     embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
     head = build_head(ew.head_cfg, ref_arrays, embed, np.zeros_like(embed), cos, sin)
     head.lm_head = torch.from_numpy(ew.reference["lm_head_d"])  # the rows the graph uses (int4: dequantized)
-    n = len(tokens) - 1  # the head reads token j+1 beside feature j
-    with torch.no_grad():
-        pred = head(
-            torch.from_numpy(tokens[1:][None]),
-            torch.from_numpy(feats[:n][None]),
-            torch.arange(n)[None],
-            torch.ones(1, n, dtype=torch.bool),
-            n_steps=1,
-        )[0]
-        ref = head.logits(pred)[0].numpy()  # [n, Vd]
-
-    def calls():
-        for label, past, w in schedule(man.models()["eagle"], man.prefill_chunk, n):
-            got = engine.forward(tokens[1 + past : 1 + past + w], past, features=feats[past : past + w])
-            yield label, got, ref[past : past + w]
-            engine.commit(past, w)
-
-    return compare("EAGLE head graph", calls(), tol, "Please report it with the head's config.json.")
+    return validate_head(folder, "eagle", "EAGLE head", head, tokens, feats, feats, tol)
 
 
 class _NotBitwise(Exception):

@@ -15,40 +15,36 @@ fc is stored transposed ([3H, H] float32) in eagle3.weights and listed as the ma
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import helper
 
-from edgespec.export.target.arch import PLAIN_LAYERS, ArchSpec
-from edgespec.export.target.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter
+from edgespec.export.drafters._graph import HeadGraphWriter, head_source, validate_head, write_head
+from edgespec.export.target.arch import ArchSpec
+from edgespec.export.target.graph import GraphOptions
 from edgespec.export.target.layer_ops import Stream
 
 _ATTN = "midlayer.self_attn."
 _MLP = "midlayer.mlp."
 
 
-class Eagle3GraphWriter(ModelWriter):
+class Eagle3GraphWriter(HeadGraphWriter):
+    lm_rows = "lm_head.weight"  # its own LM head, over the draft vocabulary
+
     def __init__(self, target_arch: ArchSpec, ec, arrays: dict[str, np.ndarray], opts: GraphOptions) -> None:
         """ec / arrays: from eagle3_head.read_eagle3 (float32, d2t absolute)."""
         self.ec = ec
-        self.d2t = arrays["d2t"]
         self.fc_t = np.ascontiguousarray(arrays["fc.weight"].T).astype(np.float32)  # [3H, H]
-        arch = dataclasses.replace(
+        super().__init__(
             target_arch,
+            arrays,
+            opts,
             n_layers=1,
             n_heads=ec.num_attention_heads,
             n_kv_heads=ec.num_key_value_heads,
             head_dim=ec.head_dim,
             intermediate_size=ec.intermediate_size,
-            qkv_bias=False,
-            qk_norm=False,
-            **PLAIN_LAYERS,
-        )
-        super().__init__(
-            arch, arrays, dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False, aux_layers=()), n_layers=1
+            aux_layers=(),
         )
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
@@ -66,21 +62,7 @@ class Eagle3GraphWriter(ModelWriter):
         self._linear("lm_head_d", w["lm_head.weight"], "lm_head.weight")
         self.layer_ops().store_tables()
 
-    def _ref_rows(self, hf_name: str) -> int:
-        if hf_name == "lm_head.weight":
-            return len(self.d2t)
-        return super()._ref_rows(hf_name)
-
-    def build(
-        self, weights_location: str, offsets: dict[str, int], embed: tuple[str, int, np.ndarray] | None = None
-    ) -> onnx.ModelProto:
-        """embed: (file, offset, array) of the target's embedding table [V, H]."""
-        H = self.arch.hidden_size
-        ops = self.layer_ops()
-        b = GraphBuilder(self.store, self.dtype)
-        ctx = ops.prologue(b)
-        emb = ops.embed(b)  # [(1,) T, H]
-        g = ops.rows_in(b, "features", H, "/feat_flat")
+    def _layer(self, ops, b, ctx, emb, g):
         u = b.op(
             "Concat",
             [
@@ -96,21 +78,7 @@ class Eagle3GraphWriter(ModelWriter):
         s = ops.add(b, s, ops.mlp(b, 0, h, "/mlp"), "/midlayer/res2")
         normed, s = ops.norm(b, s, "final_norm", "/final_norm")  # s.x: the output, fed back
         logits = ops.linear(b, normed, "lm_head_d")  # [(1,) T, Vd]
-        rows = ops.kv_rows(b, k, v, "")
-        feats_in = helper.make_tensor_value_info("features", NP_TO_ONNX[self.dtype], [1, "T", H])
-        return self._token_model(
-            ops,
-            b,
-            n_layers=1,
-            new_rows=rows,
-            logits=logits,
-            hidden=s.x,
-            n_logits=len(self.d2t),
-            weights_location=weights_location,
-            offsets=offsets,
-            extra_inputs=[feats_in],
-            locations={"embed": embed} if embed else None,
-        )
+        return ops.kv_rows(b, k, v, ""), logits, s.x
 
     def reference_arrays(self) -> dict[str, np.ndarray]:
         """The head's arrays as the graph computes with them (int4: dequantized), fc as the runtime
@@ -128,50 +96,22 @@ class Eagle3GraphWriter(ModelWriter):
         return ref
 
 
-def write_eagle3(
-    head_dir: Path,
-    folder: Path,
-    arch: ArchSpec,
-    writer: LlamaGraphWriter,
-    index_t: dict,
-    opts: GraphOptions,
-    widths: list[int],
-    chunk: int,
-    draft_vocab: int | None,
-):
-    """eagle3.weights + eagle3.onnx (the head reads the target's embedding in place); (graph
-    writer, manifest entry). draft_vocab: keep the head's N most frequent draft tokens (None: the
-    export's default for heads that record that order; 0: all)."""
-    from edgespec.export.drafters.eagle3.head import Eagle3FormatError, read_eagle3
-    from edgespec.export.target import spec as es
-    from edgespec.export.target.write import head_info, token_head_spec, write_drafter
-    from edgespec.export.train.checkpoint import HeadFormatError, prune_draft_vocab
-
-    try:
-        ec, arrays, _ = read_eagle3(head_dir, arch.hidden_size, arch.vocab_size, arch.n_layers)
-    except Eagle3FormatError as e:
-        raise es.ExportError(str(e)) from e
-    trained_vocab = ec.draft_vocab_size
-    if draft_vocab is None:
-        draft_vocab = es.EAGLE_DRAFT_VOCAB if ec.d2t_by_frequency else 0
-    try:
-        ec, arrays = prune_draft_vocab(ec, arrays, draft_vocab, rows=("d2t", "lm_head.weight"))
-    except HeadFormatError as e:
-        raise es.ExportError(str(e)) from e
-    ew = Eagle3GraphWriter(arch, ec, arrays, opts)
-    files = write_drafter(ew, folder, "eagle3", {"d2t": ew.d2t, "fc_t": ew.fc_t}, target=(writer, index_t))
+def write_eagle3(head_dir: Path, ctx):
+    """eagle3.weights + eagle3.onnx (the head reads the target's embedding in place), for the export
+    `ctx` (export/drafters/base.py ExportContext); (graph writer, manifest section). The draft
+    vocabulary is cut to --eagle-draft-vocab (_graph.head_source)."""
+    from edgespec.export.drafters.eagle3.head import read_eagle3
     from edgespec.runtime.drafters.eagle3 import Eagle3Section
 
-    head = token_head_spec(
-        "eagle3",
-        ew,
-        files,
-        widths,
-        chunk,
-        ec.draft_vocab_size,
-        head_info(head_dir, arch.vocab_size, trained_vocab, "eagle3"),
-        aux_layers=tuple(ec.aux_layers),
+    arch = ctx.arch
+    ec, arrays, trained_vocab = head_source(
+        lambda: read_eagle3(head_dir, arch.hidden_size, arch.vocab_size, arch.n_layers)[:2],
+        ctx.cfg.eagle_draft_vocab,
+        rows=("d2t", "lm_head.weight"),
     )
+    ew = Eagle3GraphWriter(arch, ec, arrays, ctx.head_opts)
+    stored = {"d2t": ew.d2t, "fc_t": ew.fc_t}
+    files, head = write_head(ew, ctx, "eagle3", head_dir, trained_vocab, stored, aux_layers=tuple(ec.aux_layers))
     return ew, Eagle3Section(head=head, fc=files.spec("fc_t"))
 
 
@@ -180,35 +120,12 @@ def validate_eagle3(
 ) -> dict[str, float]:
     """The head graph, fed fc(aux) of the target's real aux features as the runtime feeds it,
     against the PyTorch head (same weights, int4 dequantized) per width."""
-    import torch
-
-    from edgespec.engines.manifest import load_manifest
-    from edgespec.engines.ort import OrtModel
     from edgespec.export.drafters.eagle3.head import build_eagle3
-    from edgespec.export.target.validate import aux_features, compare, schedule
+    from edgespec.export.target.validate import aux_features
 
-    man = load_manifest(folder)
-    engine = OrtModel(man, man.models()["eagle3"])
-    aux = torch.from_numpy(aux_features(ref_target, tokens, ew.ec.aux_layers))  # [N, 3H]
+    aux = aux_features(ref_target, tokens, ew.ec.aux_layers)  # [N, 3H]
     cos, sin = ew.arch.rope_tables()
     embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
     head = build_eagle3(ew.ec, ew.reference_arrays(), embed, cos, sin)
-    n = len(tokens) - 1  # the head reads token j+1 beside the features of j
-    with torch.no_grad():
-        out = head(
-            torch.from_numpy(tokens[1:][None]),
-            aux[:n][None],
-            torch.arange(n)[None],
-            torch.ones(1, n, dtype=torch.bool),
-            n_steps=1,
-        )[0]
-        ref = head.logits(out)[0].numpy()  # [n, Vd]
-    g = aux[:n].numpy() @ ew.fc_t  # what the runtime feeds: fc applied outside the graph
-
-    def calls():
-        for label, past, w in schedule(man.models()["eagle3"], man.prefill_chunk, n):
-            got = engine.forward(tokens[1 + past : 1 + past + w], past, features=g[past : past + w])
-            yield label, got, ref[past : past + w]
-            engine.commit(past, w)
-
-    return compare("EAGLE-3 head graph", calls(), tol, "Please report it with the head's config.json.")
+    g = aux[: len(tokens) - 1] @ ew.fc_t  # what the runtime feeds: fc applied outside the graph
+    return validate_head(folder, "eagle3", "EAGLE-3 head", head, tokens, aux, g, tol)
