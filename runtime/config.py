@@ -10,10 +10,11 @@ exist without this module knowing the drafter.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from edgespec.runtime.drafters import options, spec_of
+from edgespec.runtime.drafters import options, registry, spec_of, tree_names
 from edgespec.runtime.tree import TreeConfig
 
 PROVIDERS = ("cpu", "cuda", "tensorrt", "trt")  # ONNX Runtime's three (engines/ort.py) + native TensorRT
@@ -21,19 +22,68 @@ PROVIDERS = ("cpu", "cuda", "tensorrt", "trt")  # ONNX Runtime's three (engines/
 
 @dataclass(frozen=True)
 class CoreConfig:
-    drafter: str | None = None  # a registered drafter (`edgespec generate --help` lists them); None: the folder's
-    k: int | None = None  # num_speculative_tokens per step, the maximum when adaptive (None: the folder's)
-    adaptive: bool | None = None  # choose k (trees: nodes) per step (greedy: measured costs; sampled: fixed ones)
-    #                               (None: the folder's)
-    provider: str = "cpu"  # cpu | cuda | tensorrt (ONNX Runtime execution providers) | trt (native TensorRT)
-    draft_provider: str | None = None  # where drafting models run (None: with the target)
-    threads: int | None = None  # intra-op threads (None: physical cores)
-    thread_pool: str = "shared"  # CLI: shared (one ORT pool for every session) | session (a pool each)
-    tree: TreeConfig = TreeConfig()  # token trees (nodes > 0) instead of chains (the drafters that grow trees)
-    cuda_graph: bool | None = None  # cuda provider: capture target/draft calls as CUDA graphs (folders exported
-    #                                 with --host-prologue); None: wherever the folder allows, False: never
+    """The runtime options every folder has; a field with a "help" is a runtime flag of the CLI with
+    that default (edgespec/cli_fields.py; --drafter and --k come with each command's own sense)."""
+
+    drafter: str | None = field(default=None, metadata={"help": lambda: _drafter_help()})  # None: the folder's
+    k: int | None = field(  # the maximum when adaptive
+        default=None, metadata={"help": "num_speculative_tokens per step (default: the folder's default)"}
+    )
+    adaptive: bool | None = field(
+        default=None,
+        metadata={
+            "help": "choose k per step (up to --k) from verify costs and running acceptance; k=0 when "
+            "speculation does not pay; with --tree, verify each step's best-scored nodes, as many as "
+            "pay by the measured width table (1: plain decoding). Greedy: measured costs; sampling: fixed "
+            "relative costs and accepted counts, so a seed still reproduces its output (default: the "
+            "folder's default)"
+        },
+    )
+    provider: str = field(
+        default="cpu",
+        metadata={
+            "help": "cpu | cuda | tensorrt (ONNX Runtime execution providers) | trt (native TensorRT "
+            "engines from `edgespec build-trt`). Default %(default)s",
+            "choices": PROVIDERS,
+        },
+    )
+    draft_provider: str | None = field(  # None: with the target
+        default=None,
+        metadata={
+            "help": "run the draft model elsewhere than the target (e.g. cpu beside a cuda target)",
+            "choices": PROVIDERS,
+        },
+    )
+    threads: int | None = field(default=None, metadata={"help": "intra-op threads (default: physical cores)"})
+    thread_pool: str = field(
+        default="shared",
+        metadata={
+            "help": "shared (default): all ONNX Runtime sessions of the process run on one intra-op pool, so a "
+            "drafter's call right after the target's finds the threads awake instead of waking its own; "
+            "session: a pool per session (ONNX Runtime's default)",
+            "choices": ("shared", "session"),
+        },
+    )
+    tree: TreeConfig = field(  # CLI: a spec string, TreeConfig.parse (bench: comma-separated specs)
+        default=TreeConfig(),
+        metadata={"help": lambda: _tree_help(), "metavar": "NODES[:DEPTH[:BRANCH[:BEAM[:MIN_SCORE]]]]", "type": str},
+    )
+    cuda_graph: bool | None = field(  # None: wherever the folder allows, False: never
+        default=None,
+        metadata={
+            "help": "--provider cuda: capture each target/draft call shape once as an ONNX Runtime CUDA graph "
+            "and replay it (needs a folder exported with --host-prologue; default: on where the folder "
+            "allows); --no-cuda-graph: launch every kernel each call"
+        },
+    )
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
-    verify: bool = False  # check every file's sha256 against the manifest at load (sizes are always checked)
+    verify: bool = field(
+        default=False,
+        metadata={
+            "help": "check every file's sha256 against the manifest before loading (reads the whole folder; "
+            "file sizes are always checked). `edgespec check FOLDER` does it without loading"
+        },
+    )
 
     def resolve(self, defaults) -> CoreConfig:
         """This config with every None filled from a folder's manifest defaults, then edgespec's."""
@@ -86,9 +136,31 @@ class CoreConfig:
         return cls(**(values | override))
 
 
+def _drafter_help() -> str:
+    return "; ".join(f"{n}: {s.summary}" for n, s in registry().items()) + " (default: the folder's default)"
+
+
+def _tree_help() -> str:
+    return (
+        f"draft token trees instead of chains ({', '.join(tree_names())}): at most NODES "
+        "tokens per verify call incl. the pending one (<= k+1 of the folder), paths up to DEPTH (default "
+        "4), BRANCH children per expanded node and BEAM nodes expanded per depth (default 2, 2; "
+        "head drafters: EAGLE-2 style by path probability; multi-token heads: each head's top tokens "
+        "by path probability; ngram: a trie of earlier matches; suffix: the most frequent continuations); "
+        "MIN_SCORE leaves out head candidates whose path probability is lower (default 0). Greedy output "
+        "stays identical, sampling lossless. bench: comma-separated specs, run next to the chains. e.g. "
+        "--tree 6:5:1:1:0.4 or 9:4:2:2"
+    )
+
+
 def _option_field(o):
+    """A drafter's option as a RuntimeConfig field, its runtime flag (--name-with-dashes) in its metadata."""
     typ = o.type if o.default is not None else (o.type | None)
-    return o.name, typ, dataclasses.field(default=o.default, metadata={"option": o})
+    if o.type is bool:
+        flag = {"help": o.help, "action": argparse.BooleanOptionalAction}
+    else:
+        flag = {"help": o.help, "choices": o.allowed, "metavar": None if o.choices else o.name.split("_")[-1].upper()}
+    return o.name, typ, dataclasses.field(default=o.default, metadata={"option": o} | flag)
 
 
 # the core fields, then every registered drafter's options (one comment each, in the drafter's module)

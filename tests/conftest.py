@@ -40,4 +40,7 @@ def default_engine(tmp_path_factory):
     if os.environ.get("EDGESPEC_TEST_ENGINE"):
         return Path(os.environ["EDGESPEC_TEST_ENGINE"])
     out = tmp_path_factory.mktemp("engines") / "smollm2"
-    return export(ExportConfig(out=str(out), draft="self:8", max_len=1024, k=8, trees=True, progress=False))
+    # int4: what these tests check (ExportConfig's default, auto, would time int4 and int8 here and keep either)
+    return export(
+        ExportConfig(out=str(out), draft="self:8", max_len=1024, k=8, precision="int4", trees=True, progress=False)
+    )

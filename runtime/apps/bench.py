@@ -14,7 +14,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,19 +35,40 @@ ITL_EDGES_MS = [0, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200
 class BenchConfig:
     engine: str  # engine folder
     runtime: RuntimeConfig = RuntimeConfig(drafter="none", adaptive=False)  # backend and drafter options
-    prompts: str | None = None  # JSONL file; None = first `limit` HumanEval prompts
-    drafters: tuple[str, ...] = ("none", "ngram")  # drafters to compare ("none" is always run)
+    prompts: str | None = field(  # None = first `limit` HumanEval prompts
+        default=None, metadata={"help": 'JSONL: {"id", "prompt"} (raw) or {"id", "messages"} (chat) per line'}
+    )
+    drafters: tuple[str, ...] = field(  # "none" is always run
+        default=("none", "ngram"),
+        metadata={"help": "comma-separated drafters (default %(default)s)", "flag": "--drafter", "metavar": "DRAFTER"},
+    )
     ks: tuple[int, ...] = (4,)  # num_speculative_tokens values for the speculative drafters
-    max_new_tokens: int = 128  # tokens generated per prompt
-    temperature: float = 0.0  # 0 = greedy
-    seed: int = 0  # sampling seed
-    limit: int = 20  # prompts taken from the file / HumanEval
+    max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt (default %(default)s)"})
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
+    seed: int = field(default=0, metadata={"help": "sampling seed (default %(default)s)"})
+    limit: int = field(  # prompts taken from the file / HumanEval
+        default=20, metadata={"help": "prompts to run (default %(default)s)"}
+    )
     adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks), and each tree
     #                         cut to size per step
     trees: tuple[str, ...] = ()  # token-tree specs NODES:DEPTH:BRANCH:BEAM, run for each tree-capable drafter
     command: str = ""  # the command line that started the run, recorded in the JSON ("": not from the CLI)
-    structured: bool = False  # constrain each prompt by its "schema" (JSON Schema); adds an unconstrained none row
-    raw: bool = False  # chat prompts ({"messages"}) as raw text (raw_text): for folders without a chat template
+    structured: bool = field(  # constrain each prompt by its "schema" (JSON Schema)
+        default=False,
+        metadata={
+            "help": "constrain each prompt's output to the JSON Schema in its 'schema' field (e.g. "
+            "tools/prompts/json_eval.jsonl); adds an unconstrained plain row (the grammar's cost) and "
+            "counts outputs that parse and validate"
+        },
+    )
+    raw: bool = field(  # chat prompts ({"messages"}) as raw text (raw_text)
+        default=False,
+        metadata={
+            "help": "run chat lines as raw text (the messages' contents as paragraphs): for folders without a chat "
+            "template, such as a pretrained model's (gemma3-270m)",
+            "flag": "--raw-prompts",
+        },
+    )
 
 
 def raw_text(messages: list[dict]) -> str:
@@ -255,12 +276,13 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
     except TemplateError as e:
         raise TemplateError(f"{e}. Hint: bench chat prompts as raw text with --raw-prompts") from e
-    suffix_caches = {}  # each configuration's own cache of the requests it served: no peeking at another's answer
+    # each configuration's own drafter store (its suffix cache of the requests it served): no peeking at
+    # another's answer
+    stores = {}
 
     def use(d, k, adaptive, tree, free=False):
-        g.suffix_cache = suffix_caches.get((d, k, adaptive, tree))
+        g.drafter_store = stores.setdefault((d, k, adaptive, tree), {})
         g.reconfigure(drafter=d, k=k or None, adaptive=adaptive, tree=trees[tree] if tree else TreeConfig())
-        suffix_caches[(d, k, adaptive, tree)] = g.suffix_cache
 
     for c in configs:  # warm-up: first calls of each path, not timed
         use(*c)

@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import math
 import queue
 import re
 import time
 import uuid
-from dataclasses import dataclass
 
 import numpy as np
 from starlette.applications import Starlette
@@ -30,6 +28,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from edgespec.runtime.apps.chat_page import PAGE_HEADERS, chat_page
+from edgespec.runtime.apps.server_config import ServeConfig, host_name, origin_host
 from edgespec.runtime.apps.server_schema import Abilities, BadRequest, Speculation, parse_request, parse_speculation
 from edgespec.runtime.apps.server_worker import END, STARTED, Job, Metrics, Worker, log
 from edgespec.runtime.backends import check_drafter
@@ -42,85 +41,8 @@ DISCONNECT_POLL_S = 0.2  # how often a waiting non-streaming request checks that
 # a tokenizer normalizer may shrink text (e.g. composing accents): the byte bound on the token
 # count allows for up to this factor before refusing a prompt untokenized
 NORMALIZER_SLACK = 2
-# names this machine's own pages and clients reach the server by, whatever --host is
-LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
-# bind addresses on every interface: the Host a client sends is then whatever name it used for the
-# machine, so only Origin is checked (ServeConfig.allow_origin)
-ANY_ADDRESS = ("0.0.0.0", "::", "")
 # a JSON escape of a UTF-16 surrogate (\ud800-\udfff): a body without one cannot hold a lone surrogate
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    host: str = "127.0.0.1"  # bind address (loopback by default: a single-user local server)
-    port: int = 8000  # TCP port
-    queue_size: int = 8  # requests waiting behind the running one before 503
-    model_name: str = ""  # id reported by /v1/models ("" = the engine folder's name)
-    max_tokens_default: int = 256  # when a request gives no max_tokens
-    api_key: str | None = None  # Bearer key required on /v1/* and /admin/* (None: open; /health always is)
-    max_body_bytes: int = 1 << 20  # larger request bodies get 413 before they are parsed
-    max_prompt_tokens: int = 0  # longest prompt taken (0: the engine's context less one output token)
-    shadow_rate: float = 0.0  # fraction of greedy speculative requests re-run plainly when idle, ids compared
-    shadow_seed: int | None = None  # seeds which requests get a shadow check (tests)
-    # browser origins (scheme://host[:port]) allowed to call the API besides this machine's own names
-    # (every other Origin gets 403, so a web page cannot drive the server); their hosts join the
-    # allowed Host names, and they get CORS headers
-    allow_origin: tuple[str, ...] = ()
-
-    def check(self) -> None:
-        if not 0.0 <= self.shadow_rate <= 1.0 or not math.isfinite(self.shadow_rate):
-            raise ValueError(f"--shadow-rate {self.shadow_rate}: give a fraction in [0, 1] (0 = off)")
-        if self.max_body_bytes < 1024 or self.max_prompt_tokens < 0 or self.queue_size < 1:
-            raise ValueError(
-                f"--max-body-bytes {self.max_body_bytes} (>= 1024), --max-prompt-tokens "
-                f"{self.max_prompt_tokens} (>= 0, 0 = the context), --queue-size {self.queue_size} "
-                "(>= 1; Python's 0 would mean unbounded): one is out of range"
-            )
-        if self.api_key is not None and (not self.api_key or not self.api_key.isascii()):
-            raise ValueError("--api-key must be a non-empty ASCII string")
-        for origin in self.allow_origin:
-            if origin_host(origin) is None or origin != origin.strip().lower().rstrip("/"):
-                raise ValueError(
-                    f"--allow-origin {origin!r}: give an origin as a browser sends it, scheme://host[:port] in "
-                    "lower case with no path, e.g. http://myhost.lan:8000"
-                )
-
-    def origins(self) -> frozenset[str]:
-        """The Origin headers allowed as given (--allow-origin), besides origin_hosts() on any port."""
-        return frozenset(o.rstrip("/") for o in self.allow_origin)
-
-    def origin_hosts(self) -> frozenset[str]:
-        """Hosts whose pages, on any port, may call the API: this machine's names and the bound one
-        (not a wildcard address: a page reached by a LAN name is then allowed by --allow-origin only)."""
-        bound = self.host.strip().lower().strip("[]")
-        return frozenset(LOCAL_HOSTS) | ({bound} if bound not in ANY_ADDRESS else set())
-
-    def hosts(self) -> frozenset[str] | None:
-        """The Host names this server answers to (None: any, when bound to every interface)."""
-        if self.host.strip().lower().strip("[]") in ANY_ADDRESS:
-            return None
-        return self.origin_hosts() | {origin_host(o) for o in self.allow_origin}
-
-
-def host_name(netloc: str) -> str | None:
-    """The host of `host[:port]` or `[v6]:port`, lower case without brackets; None when malformed."""
-    netloc = netloc.strip().lower()
-    if netloc.startswith("["):
-        host, _, port = netloc[1:].partition("]")
-        if port and not (port[0] == ":" and port[1:].isdigit()):
-            return None
-        return host or None
-    host, _, port = netloc.partition(":")
-    return host if host and (not port or port.isdigit()) else None
-
-
-def origin_host(origin: str) -> str | None:
-    """The host of an Origin header (`scheme://host[:port]`, http or https); None otherwise (`null`)."""
-    scheme, sep, rest = origin.strip().lower().partition("://")
-    if scheme not in ("http", "https") or not sep or "/" in rest.rstrip("/") or "@" in rest:
-        return None
-    return host_name(rest.rstrip("/"))
 
 
 class SiteGuard:
