@@ -4,9 +4,9 @@
 layer shapes and the target's LM-head rows (or its own) of a draft vocabulary; for one-layer heads
 on the token-graph I/O (`build`), the graph around the layer: the prologue, the target's embedding
 read in place and a `features` input in, logits over the draft vocabulary, new KV rows and the
-layer's output (fed back) out. `head_source` reads a head's checkpoint cut to the export's draft
-vocabulary, `write_head` writes its files and manifest entry, `validate_head` checks its graph
-against the PyTorch head call by call.
+layer's output (fed back) out; `write`: a head's checkpoint cut to the export's draft vocabulary
+(`head_source`), written as its files and manifest entry. `validate_head` checks its graph against
+the PyTorch head call by call.
 """
 
 from __future__ import annotations
@@ -25,45 +25,74 @@ from edgespec.export.target.graph import NP_TO_ONNX, GraphBuilder, GraphOptions,
 
 
 class HeadGraphWriter(ModelWriter):
-    """A graph writer for a drafter over a draft vocabulary (`d2t`, its target ids)."""
+    """A graph writer for a drafter over a draft vocabulary (`d2t`, its target ids) with the config `cfg`
+    (its layers' shapes under the names `layer_fields`; `n_layers` where it has more than one)."""
 
-    lm_rows = "lm_head_d"  # the reference weight whose rows are the draft vocabulary's
+    own_lm_head = False  # its LM head is its own (checkpoint array lm_head.weight [Vd, H], trained), not the
+    #                      target's rows of its draft tokens (`lm_head` below)
+    opt_changes: dict = {}  # GraphOptions it changes beyond the LM head's (features it does not output)
+    # cfg's names of its query heads, KV heads, head width and MLP width (a one-layer head's: LlamaConfig's)
+    layer_fields = ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
 
     def __init__(
         self,
         target_arch: ArchSpec,
+        cfg,
         arrays: dict[str, np.ndarray],
         opts: GraphOptions,
-        *,
-        n_layers: int,
-        n_heads: int,
-        n_kv_heads: int,
-        head_dim: int,
-        intermediate_size: int,
-        **opt_changes,
+        lm_head: np.ndarray | None = None,
     ) -> None:
-        """The subclass sets what its `_prepare` reads before calling this. Its layers are plain Llama
-        layers of its own shapes; its LM head is int4 at int4 (a draft only has to be cheap and
-        usually right) and never padded to two rows (its rows need not match any other call's)."""
+        """cfg / arrays: from the drafter's checkpoint reader (float32, d2t absolute); lm_head [V, H]: the
+        target's LM head as its engine computes with it, for a drafter that reads its rows of the draft
+        tokens. Its layers are plain Llama layers of its own shapes; its LM head is int4 at int4 (a draft
+        only has to be cheap and usually right) and never padded to two rows (its rows need not match
+        any other call's)."""
+        self.cfg = cfg
         self.d2t = arrays["d2t"]
+        if lm_head is not None:
+            self._lm_rows = lm_head[self.d2t]  # [Vd, H]
+        n_layers = getattr(cfg, "n_layers", 1)
+        shape = zip(("n_heads", "n_kv_heads", "head_dim", "intermediate_size"), self.layer_fields, strict=True)
         arch = dataclasses.replace(
             target_arch,
             n_layers=n_layers,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            head_dim=head_dim,
-            intermediate_size=intermediate_size,
+            **{ours: getattr(cfg, theirs) for ours, theirs in shape},
             qkv_bias=False,
             qk_norm=False,
             **PLAIN_LAYERS,
         )
-        opts = dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False, **opt_changes)
+        opts = dataclasses.replace(opts, int4_lm_head=True, two_row_matmuls=False, **self.opt_changes)
         super().__init__(arch, arrays, opts, n_layers=n_layers)
 
     def _ref_rows(self, hf_name: str) -> int:
-        if hf_name == self.lm_rows:
+        if hf_name == ("lm_head.weight" if self.own_lm_head else "lm_head_d"):  # the draft vocabulary's rows
             return len(self.d2t)
         return super()._ref_rows(hf_name)
+
+    def stored(self) -> dict[str, np.ndarray]:
+        """Arrays its weights file holds beside the graph's, for the runtime: its draft tokens' target ids."""
+        return {"d2t": self.d2t}
+
+    def entry_fields(self) -> dict:
+        """More fields of its manifest entry (token_head_spec's extra)."""
+        return {}
+
+    @classmethod
+    def write(cls, ctx, role: str, head_dir: Path, read: Callable[[], tuple]):
+        """The one-layer head `read()` gives ((config, arrays) of its checkpoint), cut to the export's
+        draft vocabulary (`head_source`), as <role>.weights + <role>.onnx (reading the target's embedding
+        in place) for the export `ctx` (export/drafters/base.py ExportContext); (graph writer, its
+        files, its manifest entry)."""
+        from edgespec.export.target.write import head_info, token_head_spec, write_drafter
+
+        rows = ("d2t", "lm_head.weight") if cls.own_lm_head else ("d2t",)
+        cfg, arrays, trained_vocab = head_source(read, ctx.cfg.eagle_draft_vocab, rows)
+        lm_head = None if cls.own_lm_head else ctx.writer.reference["lm_head.weight"]
+        w = cls(ctx.arch, cfg, arrays, ctx.head_opts, lm_head)
+        files = write_drafter(w, ctx.folder, role, w.stored(), target=(ctx.writer, ctx.index_t))
+        info = head_info(head_dir, ctx.arch.vocab_size, trained_vocab, role)
+        entry = token_head_spec(role, w, files, ctx.widths, ctx.chunk, len(w.d2t), info, **w.entry_fields())
+        return w, files, entry
 
     def build(
         self, weights_location: str, offsets: dict[str, int], embed: tuple[str, int, np.ndarray] | None = None
@@ -113,17 +142,6 @@ def head_source(read: Callable[[], tuple], draft_vocab: int | None, rows: tuple[
     except CheckpointError as e:
         raise es.ExportError(str(e)) from e
     return hc, arrays, trained_vocab
-
-
-def write_head(w: HeadGraphWriter, ctx, role: str, head_dir: Path, trained_vocab: int, stored: dict, **spec):
-    """<role>.weights + <role>.onnx (the head reads the target's embedding in place; `stored`: arrays the
-    runtime reads beside the graph's) and its manifest entry; (files, entry). spec: more entry fields."""
-    from edgespec.export.target.write import head_info, token_head_spec, write_drafter
-
-    files = write_drafter(w, ctx.folder, role, stored, target=(ctx.writer, ctx.index_t))
-    vocab = ctx.arch.vocab_size
-    info = head_info(head_dir, vocab, trained_vocab, role)
-    return files, token_head_spec(role, w, files, ctx.widths, ctx.chunk, len(w.d2t), info, **spec)
 
 
 def validate_head(

@@ -83,6 +83,10 @@ class ExportPlugin:
     options: tuple[ExportOption, ...] = ()  # the ExportConfig fields / export flags it owns
     title: str = ""  # what it ships ("DFlash drafter"): progress steps and, for a plugin that claims
     #                  folders, messages
+    validator: str = ""  # "module:function" checking its graph against PyTorch (imported when called):
+    #                       (folder, its Shipped.state, the reference target, tokens, tolerance) -> diffs per call
+    shipped: str | None = None  # heads shipped for the default model sit in heads/<its name><shipped>, which
+    #                             its option's 'auto' names; None: none are shipped
     # its `edgespec train-<name>` command ("" train_module: none)
     train_module: str = ""  # the training module, imported first (an ImportError there: the export extra is missing)
     train_help: str = ""  # one line, for `edgespec --help`
@@ -92,10 +96,14 @@ class ExportPlugin:
     # ---- the export ----------------------------------------------------------------------------------
     def source(self, cfg, src) -> object | None:
         """What it ships from this export (a folder, a model) or None: nothing. By default the folder its
-        option (the ExportConfig field named as the drafter) names; a bad argument raises ExportError."""
+        option (the ExportConfig field named as the drafter) names, or with 'auto' the one shipped for the
+        default model (`shipped`); a bad argument raises ExportError."""
         from edgespec.export.target.spec import ExportError
+        from edgespec.export.target.write import heads_dir
 
         arg = getattr(cfg, self.name)
+        if self.shipped is not None:
+            return heads_dir(arg, src, self.shipped, self.name)
         if arg in (None, "none", ""):
             return None
         path = Path(arg)
@@ -133,8 +141,11 @@ class ExportPlugin:
         return report
 
     def validate_graph(self, folder: Path, writer, ref_target, tokens, tol: float) -> dict[str, float]:
-        """Its graph against the PyTorch model `writer` (Shipped.state) was written from."""
-        raise NotImplementedError
+        """Its graph against the PyTorch model `writer` (Shipped.state) was written from: `validator`'s."""
+        import importlib
+
+        module, function = self.validator.split(":")
+        return getattr(importlib.import_module(module), function)(folder, writer, ref_target, tokens, tol)
 
     # ---- `edgespec train-<name>` ----------------------------------------------------------------------
     def train_arguments(self, p) -> None:

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgespec.export.drafters.eagle.head import LAYER_NAMES, EagleHead, HeadConfig, head_state
+from edgespec.export.drafters._torch import HeadShape
+from edgespec.export.drafters.eagle.head import LAYER_NAMES, EagleHead, HeadConfig
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -41,25 +42,42 @@ class HeadFormatError(CheckpointError):
     """An EAGLE head checkpoint that is not in the EAGLE layout or does not fit the target."""
 
 
-def write_checkpoint(folder: str | Path, arrays: dict[str, np.ndarray], config: dict) -> Path:
-    """config.json + model.safetensors (float weights in fp16, int64 maps as they are); a `d2t`
-    among the arrays (absolute target ids) is stored relative, or left out when it is the whole
-    vocabulary in order. The weights go through a temporary name, so an interrupted save leaves no
-    half file under the real one."""
+def write_checkpoint(folder: str | Path, arrays: dict[str, np.ndarray], config: dict, d2t: str = "reduced") -> Path:
+    """config.json + model.safetensors (float weights in fp16, integer and bool maps as they are); a
+    `d2t` among the arrays (absolute target ids) is stored relative, or (d2t "reduced") left out when
+    it is the whole vocabulary in order ("always": kept then too). The weights go through a temporary
+    name, so an interrupted save leaves no half file under the real one."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     arrays = dict(arrays)
-    d2t = arrays.pop("d2t", None)
-    if d2t is not None and config["draft_vocab_size"] < config["vocab_size"]:
-        arrays["d2t"] = d2t - np.arange(len(d2t))  # EAGLE-3 convention: target = i + d2t[i]
-    arrays = {k: (v if v.dtype == np.int64 else v.astype(np.float16)) for k, v in arrays.items()}
+    ids = arrays.pop("d2t", None)
+    if ids is not None and (d2t == "always" or config["draft_vocab_size"] < config["vocab_size"]):
+        arrays["d2t"] = ids - np.arange(len(ids))  # EAGLE-3 convention: target = i + d2t[i]
+    arrays = {k: (v.astype(np.float16) if v.dtype.kind == "f" else v) for k, v in arrays.items()}
     tmp = folder / (WEIGHTS_FILE + ".tmp")
     save_file(arrays, str(tmp))
     tmp.rename(folder / WEIGHTS_FILE)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=1))
     return folder
+
+
+def read_config(folder: str | Path, error: type[CheckpointError], held: str) -> tuple[Path, dict]:
+    """(folder, its config.json) of a checkpoint folder, which holds config.json + model.safetensors:
+    else `error`, saying so (held: what such a folder is and where one comes from, "a Medusa heads
+    folder holds {}"; {}: the two files)."""
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
+        raise error(f"{folder}: " + held.format(f"{CONFIG_FILE} + {WEIGHTS_FILE}"))
+    return folder, json.loads((folder / CONFIG_FILE).read_text())
+
+
+def read_weights(folder: Path) -> dict[str, np.ndarray]:
+    """model.safetensors' arrays as stored."""
+    from safetensors.numpy import load_file
+
+    return load_file(str(folder / WEIGHTS_FILE))
 
 
 def _read_d2t(
@@ -85,16 +103,7 @@ def save_head(head: EagleHead, folder: str | Path, extra: dict | None = None) ->
     c = head.cfg
     config = {
         "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps,
-        "vocab_size": c.vocab_size,
-        "draft_vocab_size": c.draft_vocab_size,
+        **c.llama_config(),
         "bias": True,
         "hidden_act": "silu",
         "torch_dtype": "float16",
@@ -107,7 +116,7 @@ def save_head(head: EagleHead, folder: str | Path, extra: dict | None = None) ->
         | ({"d2t_order": "frequency"} if c.d2t_by_frequency else {})
         | (extra or {}),
     }
-    return write_checkpoint(folder, head_state(head), config)
+    return write_checkpoint(folder, head.state(), config)
 
 
 def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[HeadConfig, dict[str, np.ndarray]]:
@@ -145,16 +154,8 @@ def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[He
         )
     if int(cfg.get("vocab_size", vocab_size)) != vocab_size:
         raise HeadFormatError(f"{folder}: head vocab {cfg['vocab_size']} != target vocab {vocab_size}")
-    n_h = int(cfg["num_attention_heads"])
     hc = HeadConfig(
-        hidden_size=H,
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_attention_heads=n_h,
-        num_key_value_heads=int(cfg.get("num_key_value_heads", n_h)),
-        head_dim=int(cfg.get("head_dim") or H // n_h),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        vocab_size=vocab_size,
-        draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab_size),
+        **HeadShape.from_config(cfg, vocab_size),
         input_layernorm="layers.0.input_layernorm.weight" in w,
         final_norm="norm.weight" in w,
         d2t_by_frequency="d2t" in w and (cfg.get("eagle") or {}).get("d2t_order") == "frequency",

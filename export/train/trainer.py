@@ -1,13 +1,15 @@
 """One training entry for every drafter that ships models, by self-distillation (torch).
 
 What every kind shares lives here: its config's common fields (`BaseTrainConfig`), the
-self-distillation shards (`eagle_data`) loaded and split by sequence, the target's frozen
+self-distillation shards (`head_data`) loaded and split by sequence, the target's frozen
 tensors, a resumed run's checkpoint and draft vocabulary, AdamW with a linear warm-up and a cosine
 decay over all epochs, a wall-clock budget per run and an epoch budget across runs,
 `checkpoint.pt` for resuming, and the progress line. `train` runs that sequence; a kind
-(`train_<name>.py`, run by its export/drafters/ plugin) gives it one function, `start`:
-from the `Run` set up so far, its module, its `Recipe` (its batches of one epoch, the loss of one
-batch, its held-out estimate, how it writes its folder) and its `Plan`.
+(export/drafters/<name>/train.py, run by its plugin's `train-<name>` command) gives it one
+function, `start`: from the `Run` set up so far (with the labels and samples kinds take from it),
+its module, its `Recipe` (its batches of one epoch, the loss of one batch, its held-out estimate,
+how it writes its folder; `HeadRecipe` holds what the recipes of drafters over a draft vocabulary
+share) and its `Plan`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -249,6 +251,29 @@ def length_groups(starts: np.ndarray, seqs: np.ndarray, batch_tokens: int, rng: 
     return groups
 
 
+def head_rows(group, data: TrainData, t2d: np.ndarray, label_ids: np.ndarray, extra: int) -> tuple[np.ndarray, ...]:
+    """The rows of a head's batch of sequences `group` (EAGLE, EAGLE-3): row j of a sequence (j = 0..n-2)
+    is fed token_{j+1} beside the features of position j and learns token_{j+2}. Returns tok_in [B, L],
+    labels [B, L + extra] (draft ids of label_ids[j+2]; -100: no loss: prompt tokens, padding, and the
+    `extra` columns that later unrolled steps read past the end), valid [B, L] bool and pos [B, L] (= j)."""
+    starts = data.starts
+    L = max(int(starts[s + 1] - starts[s]) for s in group) - 1
+    B = len(group)
+    tok_in = np.zeros((B, L), np.int64)
+    labels = np.full((B, L + extra), -100, np.int64)
+    valid = np.zeros((B, L), bool)
+    for r, s in enumerate(group):
+        a, b = int(starts[s]), int(starts[s + 1])
+        n = b - a
+        tok_in[r, : n - 1] = data.tokens[a + 1 : b]
+        valid[r, : n - 1] = True
+        lab = t2d[label_ids[a + 2 : b]]  # row j predicts token_{j+2}
+        lab[: max(0, int(data.n_prompt[s]) - 2)] = -100  # prompt tokens: context only, no loss
+        labels[r, : n - 2] = lab
+    pos = np.broadcast_to(np.arange(L), (B, L)).copy()
+    return tok_in, labels, valid, pos
+
+
 def epoch_groups(data: TrainData, cfg, epoch: float) -> list[list[int]]:
     """The training sequences of the epoch `epoch` is in, grouped by length_groups, in an order
     fixed by cfg.seed and the epoch (a resumed run sees the same batches)."""
@@ -303,6 +328,38 @@ class Recipe(Protocol):
         """Write the head folder (`training`: how this run trained, `Progress.record`, kept in its
         config.json); returns the closing line of the run (what was reached, where)."""
         ...
+
+
+@dataclass(frozen=True)
+class HeadRecipe:
+    """What the recipes of drafters over a draft vocabulary share (a kind's recipe adds its module and
+    tensors): batches of similar-length sequences (`epoch_groups`) and the training record."""
+
+    run: Run  # the kind's config (batch size, seed, data, out folder), the shards and split
+    coverage: float  # fraction of answer tokens inside the draft vocabulary (recorded in config.json)
+
+    @property
+    def cfg(self) -> Any:
+        return self.run.cfg
+
+    @property
+    def data(self) -> TrainData:
+        return self.run.data
+
+    def batches(self, epoch: float) -> Sequence:
+        return epoch_groups(self.data, self.cfg, epoch)
+
+    def record(self, step: int, epoch: float, est: dict, training: dict) -> dict:
+        """What the drafter's config.json keeps of its training (a kind adds its own fields after these)."""
+        return {
+            "trained_steps": step,
+            "epochs": round(epoch, 3),
+            "train_tokens": self.data.train_tokens,
+            "data": str(self.cfg.data),
+            "holdout": est,
+            "training": training,
+            "draft_vocab_coverage": round(self.coverage, 4),
+        }
 
 
 @dataclass(frozen=True)
@@ -455,6 +512,21 @@ class Run:
         """The fraction of answer tokens inside the draft vocabulary."""
         return float(np.isin(self.data.tokens[self.data.answer], d2t).mean())
 
+    def copied(self) -> np.ndarray:
+        """[N] bool: the positions left without loss as the target's copies of an earlier 8-gram of their
+        sequence (`copied_positions`), where cfg.skip_copies; else none."""
+        tokens = self.data.tokens
+        return copied_positions(tokens, self.data.starts) if self.cfg.skip_copies else np.zeros(len(tokens), bool)
+
+    def label_ids(self, copied: np.ndarray) -> np.ndarray:
+        """[N] the label of each position: what the target emits there (its own answer's token; in text
+        data its argmax), or vocab_size (-> -100: no loss) where it was copying."""
+        return np.where(copied, self.target.arch.vocab_size, self.data.labels()).astype(np.int64)
+
+    def sample(self, rows: np.ndarray, n: int = 20000) -> np.ndarray:
+        """Up to n random rows (float32, drawn with `rng`): enough for a spread per dimension."""
+        return rows[self.rng.choice(len(rows), min(len(rows), n), replace=False)].astype(np.float32)
+
     def token_steps(self) -> int:
         """Optimizer steps of all epochs in batches of cfg.batch_tokens (30% slack for padding)."""
         return max(1, int(self.cfg.epochs * self.data.train_tokens / self.cfg.batch_tokens * 1.3))
@@ -487,6 +559,19 @@ class Start:
     key: str  # checkpoint.pt stores the module's state_dict under this key
     meta: dict  # stored beside it: what a resumed run rebuilds the module from (config, d2t)
     summary: str  # the run's description, printed before training
+
+
+def head_start(run: Run, head: torch.nn.Module, recipe: Recipe, tag: str, answers: str, more: str = "") -> Start:
+    """The Start of a head (EAGLE, EAGLE-3): its schedule in token batches over the config's epochs, its
+    config and draft vocabulary kept in checkpoint.pt beside its weights (under "head") to rebuild it
+    from, and the run's summary (answers: what it says of the answer tokens; more: the kind's own)."""
+    d, vocab = run.data, len(head.d2t)
+    summary = (
+        f"{len(d.n_prompt)} sequences ({len(d.tokens)} tokens, {answers}), {len(d.hold)} held out; draft vocab "
+        f"{vocab} covers {recipe.coverage:.1%} of answer tokens{more}"
+    )
+    plan = run.plan(tag, "step", run.token_steps())
+    return Start(head, recipe, plan, "head", {"head_config": asdict(head.cfg), "d2t": head.d2t.numpy()}, summary)
 
 
 def train(

@@ -15,6 +15,7 @@ class DFlashPlugin(ExportPlugin):
     name = "dflash"
     flag = "--dflash"
     order = 8
+    validator = "edgespec.export.drafters.dflash.graph:validate_dflash"
     title = "DFlash drafter"
     options = (
         ExportOption(
@@ -51,11 +52,6 @@ class DFlashPlugin(ExportPlugin):
         )  # context rows: a step's, a prompt chunk's
         ctx.step(self.title)
         return Shipped(section, dw)
-
-    def validate_graph(self, folder, dw, ref_target, tokens, tol: float) -> dict[str, float]:
-        from edgespec.export.drafters.dflash.graph import validate_dflash
-
-        return validate_dflash(folder, dw, ref_target, tokens, tol)
 
     def train_arguments(self, p) -> None:
         add_common(p, "drafter", minutes=30.0, epochs=10.0)

@@ -30,32 +30,17 @@ _MLP_NAMES = ("gu_split", "sig", "silu", "act")  # node names of its SwiGLU (lay
 
 
 class DFlashGraphWriter(HeadGraphWriter):
-    def __init__(
-        self, target_arch: ArchSpec, dcfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray, opts: GraphOptions
-    ) -> None:
-        """dcfg / arrays: from dflash_model.read_dflash (float32, d2t absolute); lm_head [V, H]: the
-        target's LM head as its engine computes with it."""
-        self.dcfg = dcfg
-        self._lm_rows = lm_head[arrays["d2t"]]  # [Vd, H]
-        super().__init__(
-            target_arch,
-            arrays,
-            opts,
-            n_layers=dcfg.n_layers,
-            n_heads=dcfg.n_heads,
-            n_kv_heads=dcfg.n_kv_heads,
-            head_dim=dcfg.head_dim,
-            intermediate_size=dcfg.intermediate_size,
-            trees=False,
-            aux_layers=(),
-        )
+    """cfg / arrays: from dflash.model.read_dflash; it reads the target's LM-head rows (lm_head)."""
+
+    opt_changes = {"trees": False, "aux_layers": ()}  # a chain drafter; it reads hidden_aux, outputs none
+    layer_fields = ("n_heads", "n_kv_heads", "head_dim", "intermediate_size")
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         f = self.dtype
         self._linear("fc", w["fc.weight"], "fc.weight")  # [H, n*H]
         for name in ("hidden_norm", "norm"):
             self.store.add(name, w[name + ".weight"].astype(f))
-        for i in range(self.dcfg.n_layers):
+        for i in range(self.cfg.n_layers):
             p = f"layers.{i}."
             for ours, hf in (
                 ("ln1", "input_layernorm"),
@@ -82,7 +67,7 @@ class DFlashGraphWriter(HeadGraphWriter):
         self, weights_location: str, offsets: dict[str, int], embed: tuple[str, int, np.ndarray] | None = None
     ) -> onnx.ModelProto:
         """embed: (file, offset, array) of the target's embedding table [V, H]."""
-        c, f = self.dcfg, self.dtype
+        c, f = self.cfg, self.dtype
         H, d, n_q, n_kv = c.hidden_size, c.head_dim, c.n_heads, c.n_kv_heads
         rep, kv_w, b_rows = n_q // n_kv, n_kv * d, c.block_size
         n_feat = len(c.target_layer_ids) * H
@@ -218,7 +203,7 @@ def write_dflash(
             f"graphs give {list(want)} (the aux layers). Hint: train it with `edgespec "
             "train-dflash`"
         )
-    dw = DFlashGraphWriter(arch, dc, arrays, writer.reference["lm_head.weight"], opts)
+    dw = DFlashGraphWriter(arch, dc, arrays, opts, writer.reference["lm_head.weight"])
     files = write_drafter(dw, folder, "dflash", {"d2t": dw.d2t}, target=(writer, index_t))
     kv_dtype, b_rows = dw.dtype.name, dc.block_size
     n_feat, kv_w = len(dc.target_layer_ids) * dc.hidden_size, dc.n_kv_heads * dc.head_dim
@@ -275,7 +260,7 @@ def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarra
     from edgespec.export.target.validate import aux_features, compare
     from edgespec.runtime.drafters.dflash.engine import OrtDFlash
 
-    c = dw.dcfg
+    c = dw.cfg
     man = load_manifest(folder)
     engine = OrtDFlash(man, man.section("dflash"))
     aux = aux_features(ref_target, tokens, aux_layers(c.n_target_layers))

@@ -30,7 +30,6 @@ plus `d2t` (draft-vocabulary offsets as `checkpoint` stores them, most frequent 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgespec.export.drafters.eagle.head import TorchDrafter
-from edgespec.export.train.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t, write_checkpoint
+from edgespec.export.drafters._torch import Frozen, TorchDrafter
+from edgespec.export.train.checkpoint import CheckpointError, _read_d2t, read_config, read_weights, write_checkpoint
 
 _PROJ = (
     "self_attn.q_proj",
@@ -78,17 +77,8 @@ class DFlashConfig:
 
 
 class DFlashDrafter(TorchDrafter):
-    def __init__(
-        self,
-        cfg: DFlashConfig,
-        embed: torch.Tensor,
-        lm_head: torch.Tensor,
-        d2t: torch.Tensor,
-        rope_cos: torch.Tensor,
-        rope_sin: torch.Tensor,
-    ) -> None:
-        super().__init__()
-        self.cfg = cfg
+    def __init__(self, cfg: DFlashConfig, frozen: Frozen) -> None:
+        super().__init__(cfg, frozen)  # the target's LM-head rows of the draft vocabulary among them
         H, d = cfg.hidden_size, cfg.head_dim
         self.fc = nn.Linear(len(cfg.target_layer_ids) * H, H, bias=False)
         self.hidden_norm = nn.Parameter(torch.ones(H))
@@ -106,12 +96,17 @@ class DFlashDrafter(TorchDrafter):
             lay.ln1, lay.ln2 = nn.Parameter(torch.ones(H)), nn.Parameter(torch.ones(H))
             lay.q_norm, lay.k_norm = nn.Parameter(torch.ones(d)), nn.Parameter(torch.ones(d))
             self.layers.append(lay)
-        # frozen, from the target: embedding [V, H], LM-head rows of the draft vocabulary [Vd, H]
-        self.register_buffer("embed", embed, persistent=False)
-        self.register_buffer("lm_head", lm_head, persistent=False)
-        self.register_buffer("d2t", d2t, persistent=False)  # [Vd] draft id -> target id
-        self.register_buffer("rope_cos", rope_cos, persistent=False)  # [max_pos, D]
-        self.register_buffer("rope_sin", rope_sin, persistent=False)
+
+    def params(self) -> dict[str, torch.Tensor]:
+        out = {"fc.weight": self.fc.weight, "hidden_norm.weight": self.hidden_norm, "norm.weight": self.norm}
+        for i, lay in enumerate(self.layers):
+            p = f"layers.{i}."
+            mods = (lay.q, lay.k, lay.v, lay.o, lay.gate, lay.up, lay.down)
+            out |= {p + n + ".weight": m.weight for n, m in zip(_PROJ, mods, strict=True)}
+            out |= {
+                p + n + ".weight": t for n, t in zip(_NORMS, (lay.ln1, lay.ln2, lay.q_norm, lay.k_norm), strict=True)
+            }
+        return out
 
     def context(self, aux: torch.Tensor) -> torch.Tensor:
         """Target features [B, N, n*H] -> the injected context rows [B, N, H]."""
@@ -161,23 +156,6 @@ class DFlashDrafter(TorchDrafter):
         return out @ self.lm_head.T  # [.., Vd]
 
 
-# ---- parameters under checkpoint names ------------------------------------------------------------
-def _param_map(model: DFlashDrafter) -> dict[str, torch.Tensor]:
-    out = {"fc.weight": model.fc.weight, "hidden_norm.weight": model.hidden_norm, "norm.weight": model.norm}
-    for i, lay in enumerate(model.layers):
-        p = f"layers.{i}."
-        mods = (lay.q, lay.k, lay.v, lay.o, lay.gate, lay.up, lay.down)
-        out |= {p + n + ".weight": m.weight for n, m in zip(_PROJ, mods, strict=True)}
-        out |= {p + n + ".weight": t for n, t in zip(_NORMS, (lay.ln1, lay.ln2, lay.q_norm, lay.k_norm), strict=True)}
-    return out
-
-
-def dflash_state(model: DFlashDrafter) -> dict[str, np.ndarray]:
-    """Parameters under checkpoint names (float32 numpy) + d2t (absolute target ids)."""
-    arrays = {k: v.detach().float().cpu().numpy() for k, v in _param_map(model).items()}
-    return arrays | {"d2t": model.d2t.cpu().numpy().astype(np.int64)}
-
-
 def build_dflash(
     cfg: DFlashConfig,
     arrays: dict[str, np.ndarray],
@@ -186,19 +164,8 @@ def build_dflash(
     rope_cos: np.ndarray,
     rope_sin: np.ndarray,
 ) -> DFlashDrafter:
-    d2t = torch.from_numpy(arrays["d2t"])
-    model = DFlashDrafter(
-        cfg,
-        torch.from_numpy(embed),
-        torch.from_numpy(lm_head)[d2t].clone(),
-        d2t,
-        torch.from_numpy(rope_cos),
-        torch.from_numpy(rope_sin),
-    )
-    with torch.no_grad():
-        for name, t in _param_map(model).items():
-            t.copy_(torch.from_numpy(arrays[name]))
-    return model
+    """A DFlashDrafter from checkpoint arrays and the target's embedding / LM head [V, H] / rope tables."""
+    return DFlashDrafter(cfg, Frozen.of(arrays, embed, rope_cos, rope_sin, lm_head)).load(arrays)
 
 
 def init_arrays(arch, sd: dict, d2t: np.ndarray, cfg: DFlashConfig, seed: int) -> dict[str, np.ndarray]:
@@ -215,17 +182,7 @@ def init_arrays(arch, sd: dict, d2t: np.ndarray, cfg: DFlashConfig, seed: int) -
         "norm.weight": sd["model.norm.weight"].astype(np.float32),
         "d2t": d2t,
     }
-    hf = (
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-        "mlp.down_proj",
-        "input_layernorm",
-        "post_attention_layernorm",
-    )
+    hf = (*_PROJ, "input_layernorm", "post_attention_layernorm")  # copied; q/k norms start at 1
     for i in range(cfg.n_layers):
         src = f"model.layers.{arch.n_layers - cfg.n_layers + i}."
         for name in hf:
@@ -263,27 +220,20 @@ def save_dflash(model: DFlashDrafter, folder: str | Path, record: dict | None = 
         },
         "edgespec": {"d2t_order": "frequency", "features": "aux_layers"} | (record or {}),
     }
-    return write_checkpoint(folder, dflash_state(model), config)
+    return write_checkpoint(folder, model.state(), config)
 
 
 def read_dflash(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
     """Read and check a DFlash checkpoint against the target's sizes; float32 arrays + d2t (absolute)."""
-    from safetensors.numpy import load_file
-
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
-        raise DFlashFormatError(
-            f"{folder}: a DFlash drafter folder holds {CONFIG_FILE} + {WEIGHTS_FILE}. "
-            "Hint: train one with `edgespec train-dflash --out DIR`"
-        )
-    cfg = json.loads((folder / CONFIG_FILE).read_text())
+    held = "a DFlash drafter folder holds {}. Hint: train one with `edgespec train-dflash --out DIR`"
+    folder, cfg = read_config(folder, DFlashFormatError, held)
     dc = cfg.get("dflash_config") or {}
     if "DFlashDraftModel" not in cfg.get("architectures", []) or "target_layer_ids" not in dc:
         raise DFlashFormatError(
             f"{folder}: config.json is not a DFlash drafter's (architectures "
             f"{cfg.get('architectures')}, dflash_config {sorted(dc)})"
         )
-    w = load_file(str(folder / WEIGHTS_FILE))
+    w = read_weights(folder)
     H = int(cfg["hidden_size"])
     n_feat = len(dc["target_layer_ids"])
     if H != hidden_size or tuple(w["fc.weight"].shape) != (H, n_feat * H):

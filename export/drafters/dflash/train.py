@@ -118,14 +118,10 @@ def block_losses(model: DFlashDrafter, batch, decay: float):
 
 
 @dataclass(frozen=True)
-class _Recipe:
-    model: DFlashDrafter
-    cfg: TrainConfig
-    data: trainer.TrainData
-    aux: np.ndarray  # [N, n*H] float16
-    t2d: np.ndarray  # [V + 1]
-    train_tokens: int
-    coverage: float
+class _Recipe(trainer.HeadRecipe):
+    model: DFlashDrafter  # the module being trained
+    aux: np.ndarray  # [N, n*H] float16: the target's aux features, rows as data.tokens
+    t2d: np.ndarray  # [V + 1] draft id of each target id (-100: none)
 
     def batches(self, epoch: float):
         rng = np.random.default_rng(self.cfg.seed + int(epoch * 1000))  # groups, then each group's anchor seed
@@ -145,17 +141,7 @@ class _Recipe:
 
     def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         c = self.cfg
-        record = {
-            "trained_steps": step,
-            "epochs": round(epoch, 3),
-            "train_tokens": self.train_tokens,
-            "data": str(c.data),
-            "holdout": est,
-            "training": training,
-            "draft_vocab_coverage": round(self.coverage, 4),
-            "decay": c.decay,
-            "anchors": c.anchors,
-        }
+        record = self.record(step, epoch, est, training) | {"decay": c.decay, "anchors": c.anchors}
         save_dflash(self.model, c.out, record)
         return (
             f"held-out mean accepted length {est['mean_accepted']:.3f} of {self.model.cfg.block_size - 1} "
@@ -215,9 +201,7 @@ def _start(run: trainer.Run) -> trainer.Start:
         dc, init_arrays(arch, tt.state, d2t, dc, cfg.seed), tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin
     )
     coverage = run.coverage(d2t)
-    recipe = _Recipe(
-        model, cfg, data, run.extra, trainer.target_to_draft(d2t, arch.vocab_size), data.train_tokens, coverage
-    )
+    recipe = _Recipe(run, coverage, model, run.extra, trainer.target_to_draft(d2t, arch.vocab_size))
     meta = {
         "dflash_config": asdict(dc) | {"target_layer_ids": list(dc.target_layer_ids)},
         "d2t": d2t,

@@ -22,11 +22,23 @@ DRAFT_VOCAB_OPTION = ExportOption(
 )
 
 
+def add_init_flag(p, help: str) -> None:
+    """--init of a head's training command (train-eagle, train-eagle3): fine-tune that head."""
+    p.add_argument("--init", metavar="HEAD_DIR", help=help)
+
+
+def add_skip_copies_flag(p, help: str) -> None:
+    """--skip-copies of a head's training command: no loss on the target's copies of its own context."""
+    p.add_argument("--skip-copies", action=argparse.BooleanOptionalAction, default=True, help=help)
+
+
 class EaglePlugin(ExportPlugin):
     name = "eagle"
     flag = "--eagle"
     order = 4
+    shipped = ""
     steps = 3
+    validator = "edgespec.export.drafters.eagle.graph:validate_eagle"
     title = "EAGLE head"
     options = (
         ExportOption(
@@ -48,11 +60,6 @@ class EaglePlugin(ExportPlugin):
         "unrolled draft steps). Resumable: run again with the same --out to continue. Writes config.json + "
         "model.safetensors (EAGLE checkpoint layout) for `edgespec export --eagle`."
     )
-
-    def source(self, cfg, src):
-        from edgespec.export.target.write import heads_dir
-
-        return heads_dir(cfg.eagle, src, "", "eagle")
 
     def check(self, cfg) -> None:
         from edgespec.export.target.spec import ExportError
@@ -93,27 +100,18 @@ class EaglePlugin(ExportPlugin):
         ctx.step(f"validated {self.title}")
         return report
 
-    def validate_graph(self, folder, ew, ref_target, tokens, tol: float) -> dict[str, float]:
-        from edgespec.export.drafters.eagle.graph import validate_eagle
-
-        return validate_eagle(folder, ew, ref_target, tokens, tol)
-
     def train_arguments(self, p) -> None:
         add_common(p, "head", minutes=35.0, epochs=5.0)
-        p.add_argument(
-            "--init",
-            metavar="HEAD_DIR",
-            help="fine-tune: start from this head's weights and draft "
-            "vocabulary (e.g. the shipped one, on your own data; a lower --lr such as 3e-4 suits), with a "
-            "fresh optimizer and schedule",
+        add_init_flag(
+            p,
+            "fine-tune: start from this head's weights and draft vocabulary (e.g. the shipped one, on your own "
+            "data; a lower --lr such as 3e-4 suits), with a fresh optimizer and schedule",
         )
-        p.add_argument(
-            "--skip-copies",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="no loss where the answer repeats an 8-gram of its own context (the target's loops, "
-            "which prompt lookup drafts for free); --no-skip-copies trains on them too, so `eagle` "
-            "alone learns to continue loops (default: skip)",
+        add_skip_copies_flag(
+            p,
+            "no loss where the answer repeats an 8-gram of its own context (the target's loops, which prompt "
+            "lookup drafts for free); --no-skip-copies trains on them too, so `eagle` alone learns to continue "
+            "loops (default: skip)",
         )
         p.add_argument(
             "--batch-tokens",

@@ -24,42 +24,25 @@ import onnx
 from onnx import helper
 
 from edgespec.engines.manifest import FUSED_PREFIX, ModelSpec
-from edgespec.export.drafters._graph import HeadGraphWriter, head_source, validate_head, write_head
+from edgespec.export.drafters._graph import HeadGraphWriter, validate_head
 from edgespec.export.target import spec as es
-from edgespec.export.target.arch import ArchSpec
-from edgespec.export.target.graph import GraphOptions, decoder_layer
+from edgespec.export.target.graph import decoder_layer
 from edgespec.export.target.layer_ops import Stream
 
 _LAYER = "layers.0."
 
 
 class EagleGraphWriter(HeadGraphWriter):
-    def __init__(
-        self, target_arch: ArchSpec, head_cfg, arrays: dict[str, np.ndarray], lm_head: np.ndarray, opts: GraphOptions
-    ) -> None:
-        """head_cfg / arrays: from eagle.read_head (float32, d2t absolute); lm_head [V, H]: the
-        target's LM head as its engine computes with it."""
-        self.head_cfg = head_cfg
-        self._lm_rows = lm_head[arrays["d2t"]]  # [Vd, H]
-        super().__init__(
-            target_arch,
-            arrays,
-            opts,
-            n_layers=1,
-            n_heads=head_cfg.num_attention_heads,
-            n_kv_heads=head_cfg.num_key_value_heads,
-            head_dim=head_cfg.head_dim,
-            intermediate_size=head_cfg.intermediate_size,
-        )
+    """cfg / arrays: from checkpoint.read_head; it reads the target's LM-head rows (lm_head)."""
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         f = self.dtype
         self._linear("fc", w["fc.weight"], "fc.weight")  # [H, 2H]: [embed ; feature] -> H
         self.store.add("fc_b", w["fc.bias"].astype(f))
-        if self.head_cfg.input_layernorm:
+        if self.cfg.input_layernorm:
             self.store.add("l0.ln1", w[_LAYER + "input_layernorm.weight"].astype(f))
         self.store.add("l0.ln2", w[_LAYER + "post_attention_layernorm.weight"].astype(f))
-        if self.head_cfg.final_norm:
+        if self.cfg.final_norm:
             self.store.add("final_norm", w["norm.weight"].astype(f))
         names = [_LAYER + f"self_attn.{n}_proj.weight" for n in "qkv"]
         self._linear("l0.qkv", np.concatenate([w[n] for n in names]), names)
@@ -73,8 +56,8 @@ class EagleGraphWriter(HeadGraphWriter):
     def _layer(self, ops, b, ctx, emb, feat):
         x = ops.linear(b, b.op("Concat", [emb, feat], "/fc/Concat", axis=-1), "fc")  # [(1,) T, H]
         x = b.op("Add", [x, b.weight("fc_b")], "/fc/bias")
-        s, rows = decoder_layer(ops, b, 0, Stream(x), ctx, ln1=self.head_cfg.input_layernorm)
-        if self.head_cfg.final_norm:
+        s, rows = decoder_layer(ops, b, 0, Stream(x), ctx, ln1=self.cfg.input_layernorm)
+        if self.cfg.final_norm:
             x, _ = ops.norm(b, s, "final_norm", "/final_norm")
         else:
             x = ops.resolve(b, s, "/res2").x
@@ -158,17 +141,13 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
 
 
 def write_eagle(head_dir: Path, ctx):
-    """eagle.weights + eagle.onnx (the head reads the target's embedding in place), for the export
-    `ctx` (export/drafters/base.py ExportContext); (graph writer, manifest entry). The draft
-    vocabulary is cut to --eagle-draft-vocab (_graph.head_source)."""
+    """eagle.weights + eagle.onnx for the export `ctx` (HeadGraphWriter.write); (graph writer, manifest entry)."""
     from edgespec.export.train.checkpoint import read_head
 
     arch = ctx.arch
-    hc, arrays, trained_vocab = head_source(
-        lambda: read_head(head_dir, arch.hidden_size, arch.vocab_size), ctx.cfg.eagle_draft_vocab
+    ew, _, entry = EagleGraphWriter.write(
+        ctx, "eagle", head_dir, lambda: read_head(head_dir, arch.hidden_size, arch.vocab_size)
     )
-    ew = EagleGraphWriter(arch, hc, arrays, ctx.writer.reference["lm_head.weight"], ctx.head_opts)
-    _, entry = write_head(ew, ctx, "eagle", head_dir, trained_vocab, {"d2t": ew.d2t})
     return ew, entry
 
 
@@ -196,13 +175,13 @@ def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.nd
         "d2t": ew.d2t,
         "layers.0.post_attention_layernorm.weight": ew.store.arrays["l0.ln2"].astype(np.float32),
     }
-    if ew.head_cfg.input_layernorm:
+    if ew.cfg.input_layernorm:
         ref_arrays["layers.0.input_layernorm.weight"] = ew.store.arrays["l0.ln1"].astype(np.float32)
-    if ew.head_cfg.final_norm:
+    if ew.cfg.final_norm:
         ref_arrays["norm.weight"] = ew.store.arrays["final_norm"].astype(np.float32)
     cos, sin = ew.arch.rope_tables()
     embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
-    head = build_head(ew.head_cfg, ref_arrays, embed, np.zeros_like(embed), cos, sin)
+    head = build_head(ew.cfg, ref_arrays, embed, np.zeros_like(embed), cos, sin)
     head.lm_head = torch.from_numpy(ew.reference["lm_head_d"])  # the rows the graph uses (int4: dequantized)
     return validate_head(folder, "eagle", "EAGLE head", head, tokens, feats, feats, tol)
 

@@ -9,8 +9,8 @@ predicted feature stands in for the unknown true one, step after step. Features 
 post-final-norm hidden states (what the ONNX graphs output as `hidden`).
 
 The embedding and the LM-head rows are the target's (frozen buffers); the head's own parameters
-are fc, the decoder layer and optional norms. `head_state` / `build_head` map them to and from the
-checkpoint names (`checkpoint.py` reads and writes the files).
+are fc, the decoder layer and optional norms. `EagleHead.params` / `build_head` map them to and from
+the checkpoint names (`checkpoint.py` reads and writes the files).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from edgespec.export.drafters._torch import Frozen, HeadShape, TorchDrafter
 
 # EagleHead attribute -> checkpoint name of the decoder layer's projections
 LAYER_NAMES = {
@@ -35,38 +37,8 @@ LAYER_NAMES = {
 }
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def rope(x: torch.Tensor, pos: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> torch.Tensor:
-    """x [B, L, heads, D] rotated by positions pos [B, L] (HF rotate_half convention, the target's)."""
-    cos, sin = cos_table[pos].unsqueeze(2), sin_table[pos].unsqueeze(2)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-class TorchDrafter(nn.Module):
-    """What the torch drafters share: RMSNorm with their config's epsilon and the target's rotary
-    tables (buffers rope_cos / rope_sin [max_pos, D] the subclass registers)."""
-
-    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, w, self.cfg.rms_norm_eps)
-
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        return rope(x, pos, self.rope_cos, self.rope_sin)
-
-
 @dataclass(frozen=True)
-class HeadConfig:
-    hidden_size: int  # H: the target's hidden size
-    intermediate_size: int  # MLP width of the head's decoder layer
-    num_attention_heads: int  # query heads
-    num_key_value_heads: int  # key/value heads (GQA)
-    head_dim: int  # per-head width
-    rms_norm_eps: float  # RMSNorm epsilon
-    vocab_size: int  # target vocabulary
-    draft_vocab_size: int  # tokens the head can propose (<= vocab_size; the most frequent ones)
+class HeadConfig(HeadShape):
     input_layernorm: bool = False  # EAGLE-1 heads have none; True keeps a norm before attention
     final_norm: bool = False  # RMSNorm on the output (EAGLE-3's `norm`): predictions on the scale of
     #                           the target's post-norm features from the first step of training
@@ -75,17 +47,8 @@ class HeadConfig:
 
 
 class EagleHead(TorchDrafter):
-    def __init__(
-        self,
-        cfg: HeadConfig,
-        embed: torch.Tensor,
-        lm_head: torch.Tensor,
-        d2t: torch.Tensor,
-        rope_cos: torch.Tensor,
-        rope_sin: torch.Tensor,
-    ) -> None:
-        super().__init__()
-        self.cfg = cfg
+    def __init__(self, cfg: HeadConfig, frozen: Frozen) -> None:
+        super().__init__(cfg, frozen)  # the target's LM-head rows of the draft vocab among them
         H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
         self.fc = nn.Linear(2 * H, H, bias=True)
         self.q_proj = nn.Linear(H, cfg.num_attention_heads * d, bias=False)
@@ -98,12 +61,19 @@ class EagleHead(TorchDrafter):
         self.post_ln = nn.Parameter(torch.ones(H))
         self.input_ln = nn.Parameter(torch.ones(H)) if cfg.input_layernorm else None
         self.norm = nn.Parameter(torch.ones(H)) if cfg.final_norm else None
-        # frozen, from the target: embedding [V, H], LM head rows of the draft vocab [Vd, H]
-        self.register_buffer("embed", embed, persistent=False)
-        self.register_buffer("lm_head", lm_head, persistent=False)
-        self.register_buffer("d2t", d2t, persistent=False)  # [Vd] draft id -> target id
-        self.register_buffer("rope_cos", rope_cos, persistent=False)  # [max_pos, D]
-        self.register_buffer("rope_sin", rope_sin, persistent=False)
+
+    def params(self) -> dict[str, torch.Tensor]:
+        out = {
+            "fc.weight": self.fc.weight,
+            "fc.bias": self.fc.bias,
+            "layers.0.post_attention_layernorm.weight": self.post_ln,
+        }
+        out |= {hf: getattr(self, attr).weight for attr, hf in LAYER_NAMES.items()}
+        if self.input_ln is not None:
+            out["layers.0.input_layernorm.weight"] = self.input_ln
+        if self.norm is not None:
+            out["norm.weight"] = self.norm
+        return out
 
     # ---- pieces ----------------------------------------------------------------------------------
 
@@ -161,23 +131,6 @@ class EagleHead(TorchDrafter):
         return preds
 
 
-def head_state(head: EagleHead) -> dict[str, np.ndarray]:
-    """The head's own parameters under EAGLE checkpoint names (float32 numpy) + its d2t (target
-    ids of the draft tokens): what `build_head` takes back."""
-    out = {
-        "fc.weight": head.fc.weight,
-        "fc.bias": head.fc.bias,
-        "layers.0.post_attention_layernorm.weight": head.post_ln,
-    }
-    out |= {hf: getattr(head, attr).weight for attr, hf in LAYER_NAMES.items()}
-    if head.input_ln is not None:
-        out["layers.0.input_layernorm.weight"] = head.input_ln
-    if head.norm is not None:
-        out["norm.weight"] = head.norm
-    arrays = {k: v.detach().float().cpu().numpy() for k, v in out.items()}
-    return arrays | {"d2t": head.d2t.cpu().numpy().astype(np.int64)}
-
-
 def build_head(
     hc: HeadConfig,
     arrays: dict[str, np.ndarray],
@@ -187,26 +140,7 @@ def build_head(
     rope_sin: np.ndarray,
 ) -> EagleHead:
     """An EagleHead from checkpoint arrays and the target's embedding / LM head [V, H] / rope tables."""
-    d2t = torch.from_numpy(arrays["d2t"])
-    head = EagleHead(
-        hc,
-        torch.from_numpy(embed),
-        torch.from_numpy(lm_head)[d2t].clone(),
-        d2t,
-        torch.from_numpy(rope_cos),
-        torch.from_numpy(rope_sin),
-    )
-    with torch.no_grad():
-        head.fc.weight.copy_(torch.from_numpy(arrays["fc.weight"]))
-        head.fc.bias.copy_(torch.from_numpy(arrays["fc.bias"]))
-        head.post_ln.copy_(torch.from_numpy(arrays["layers.0.post_attention_layernorm.weight"]))
-        if head.input_ln is not None:
-            head.input_ln.copy_(torch.from_numpy(arrays["layers.0.input_layernorm.weight"]))
-        if head.norm is not None:
-            head.norm.copy_(torch.from_numpy(arrays["norm.weight"]))
-        for attr, hf in LAYER_NAMES.items():
-            getattr(head, attr).weight.copy_(torch.from_numpy(arrays[hf]))
-    return head
+    return EagleHead(hc, Frozen.of(arrays, embed, rope_cos, rope_sin, lm_head)).load(arrays)
 
 
 def init_arrays(arch, sd: dict, d2t: np.ndarray, seed: int) -> tuple[HeadConfig, dict[str, np.ndarray]]:
@@ -215,18 +149,7 @@ def init_arrays(arch, sd: dict, d2t: np.ndarray, seed: int) -> tuple[HeadConfig,
     H = arch.hidden_size
     rng = np.random.default_rng(seed)
     last = f"model.layers.{arch.n_layers - 1}."
-    hc = HeadConfig(
-        hidden_size=H,
-        intermediate_size=arch.intermediate_size,
-        num_attention_heads=arch.n_heads,
-        num_key_value_heads=arch.n_kv_heads,
-        head_dim=arch.head_dim,
-        rms_norm_eps=arch.rms_norm_eps,
-        vocab_size=arch.vocab_size,
-        draft_vocab_size=len(d2t),
-        input_layernorm=True,
-        final_norm=True,
-    )
+    hc = HeadConfig(**HeadShape.of_target(arch, len(d2t)), input_layernorm=True, final_norm=True)
     fc = np.concatenate([rng.normal(0, 0.02, (H, H)), np.eye(H)], axis=1).astype(np.float32)
     arrays = {
         "fc.weight": fc,

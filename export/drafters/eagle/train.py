@@ -10,7 +10,7 @@ The loop, data split, schedule and resuming are `train.train`'s (this module giv
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,30 +36,11 @@ class TrainConfig(trainer.BaseTrainConfig):
 
 def _collate(group, data: trainer.TrainData, t2d: np.ndarray, label_ids: np.ndarray):
     """Rows j = 0..n-2 of each sequence: input (token_{j+1}, f_j); step-s targets f_{j+s}, token_{j+s+1}."""
-    tokens, feats, starts = data.tokens, data.feats, data.starts
-    L = max(int(starts[s + 1] - starts[s]) for s in group) - 1
-    B = len(group)
-    tok_in = np.zeros((B, L), np.int64)
-    f_in = np.zeros((B, L + 2, feats.shape[1]), np.float32)
-    labels = np.full((B, L + 2), -100, np.int64)  # draft-vocab id of token_{j+2}, -100: no loss
-    valid = np.zeros((B, L), bool)
+    tok_in, labels, valid, pos = trainer.head_rows(group, data, t2d, label_ids, extra=2)
+    f_in = np.zeros((len(group), tok_in.shape[1] + 2, data.feats.shape[1]), np.float32)
     for r, s in enumerate(group):
-        a, b = int(starts[s]), int(starts[s + 1])
-        n = b - a
-        tok_in[r, : n - 1] = tokens[a + 1 : b]
-        f_in[r, :n] = feats[a:b]
-        valid[r, : n - 1] = True
-        lab = t2d[label_ids[a + 2 : b]]  # row j predicts token_{j+2}
-        lab[: max(0, int(data.n_prompt[s]) - 2)] = -100  # prompt tokens: context only, no loss
-        labels[r, : n - 2] = lab
-    pos = np.broadcast_to(np.arange(L), (B, L)).copy()
-    return (
-        torch.from_numpy(tok_in),
-        torch.from_numpy(f_in),
-        torch.from_numpy(pos),
-        torch.from_numpy(valid),
-        torch.from_numpy(labels),
-    )
+        f_in[r, : data.starts[s + 1] - data.starts[s]] = data.feats[data.starts[s] : data.starts[s + 1]]
+    return tuple(torch.from_numpy(x) for x in (tok_in, f_in, pos, valid, labels))
 
 
 def _collate_soft(group, data: trainer.TrainData, soft: trainer.SoftLabels):
@@ -151,19 +132,12 @@ def estimate(
 
 
 @dataclass(frozen=True)
-class _EagleRecipe:
+class _EagleRecipe(trainer.HeadRecipe):
     head: EagleHead  # the module being trained
-    cfg: TrainConfig  # batch size, loss weights, noise, seed, out folder
-    data: trainer.TrainData  # shards and split
     t2d: np.ndarray  # [V + 1] draft id of each target id (-100: none)
     label_ids: np.ndarray  # [N] the token, or V where it carries no loss (a copy)
     inv_std: torch.Tensor  # [H] 1 / per-dimension feature spread
     soft: trainer.SoftLabels | None  # shifted soft labels in draft ids (text data; None: hard labels only)
-    train_tokens: int  # tokens of the training sequences (recorded in config.json)
-    coverage: float  # fraction of answer tokens inside the draft vocabulary (recorded in config.json)
-
-    def batches(self, epoch: float):
-        return trainer.epoch_groups(self.data, self.cfg, epoch)
 
     def loss(self, group):
         batch = _collate(group, self.data, self.t2d, self.label_ids)
@@ -177,15 +151,7 @@ class _EagleRecipe:
 
     def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         c = self.cfg
-        record = {
-            "trained_steps": step,
-            "epochs": round(epoch, 3),
-            "train_tokens": self.train_tokens,
-            "data": str(c.data),
-            "holdout": est,
-            "training": training,
-            "draft_vocab_coverage": round(self.coverage, 4),
-        }
+        record = self.record(step, epoch, est, training)
         save_head(self.head, c.out, record | ({"init": str(c.init)} if c.init else {}))
         return (
             f"held-out top-1 step 1 {est['top1_step1']:.3f}, step 2 {est['top1_step2']:.3f} "
@@ -197,7 +163,7 @@ def _start(run: trainer.Run) -> trainer.Start:
     """The head (from init, a checkpoint or the target's last layer), its recipe and schedule."""
     cfg, data, tt = run.cfg, run.data, run.target
     tokens, answer, arch = data.tokens, data.answer, tt.arch
-    copied = trainer.copied_positions(tokens, data.starts) if cfg.skip_copies else np.zeros(len(tokens), bool)
+    copied = run.copied()
     # a resumed run keeps its draft vocabulary; its weights come from the checkpoint
     if run.state is None and cfg.init:  # fine-tuning an existing head: its weights and draft vocabulary
         hc, arrays = read_head(cfg.init, arch.hidden_size, arch.vocab_size)
@@ -209,17 +175,13 @@ def _start(run: trainer.Run) -> trainer.Start:
         hc = replace(hc, d2t_by_frequency=True)
     head = build_head(hc, arrays, tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin)
     coverage = run.coverage(head.d2t.numpy())
-    # labels: what the target emits (its own answer's token; in text data its argmax), or vocab_size
-    # (-> -100) where the target was copying
     soft = data.soft
-    label_ids = np.where(copied, arch.vocab_size, data.labels()).astype(np.int64)
+    label_ids = run.label_ids(copied)
     t2d = trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size)
     if soft is not None:  # row i: the distribution over token i, in draft ids (-100 outside the draft vocab)
         soft = soft.shifted(data.starts)
         soft = trainer.SoftLabels(t2d[soft.ids], soft.probs, soft.has & ~copied)
-    feats = data.feats
-    sample = feats[run.rng.choice(len(feats), min(len(feats), 20000), replace=False)].astype(np.float32)
-    inv_std = torch.from_numpy(1.0 / (sample.std(0) + 1e-3))
+    inv_std = torch.from_numpy(1.0 / (run.sample(data.feats).std(0) + 1e-3))
     print(
         f"[train] {int((answer & ~copied).sum())} answer tokens carry loss "
         + (
@@ -229,27 +191,8 @@ def _start(run: trainer.Run) -> trainer.Start:
         ),
         file=sys.stderr,
     )
-    recipe = _EagleRecipe(
-        head,
-        cfg,
-        data,
-        t2d,
-        label_ids,
-        inv_std,
-        soft,
-        data.train_tokens,
-        coverage,
-    )
-    return trainer.Start(
-        head,
-        recipe,
-        run.plan("[train]", "step", run.token_steps()),
-        "head",
-        {"head_config": asdict(hc), "d2t": head.d2t.numpy()},
-        f"{len(data.n_prompt)} sequences ({len(tokens)} tokens, {int(answer.sum())} answer tokens), "
-        f"{len(data.hold)} held out; draft vocab {hc.draft_vocab_size} covers {coverage:.1%} of "
-        "answer tokens",
-    )
+    recipe = _EagleRecipe(run, coverage, head, t2d, label_ids, inv_std, soft)
+    return trainer.head_start(run, head, recipe, "[train]", f"{int(answer.sum())} answer tokens")
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> Path:

@@ -5,11 +5,10 @@ to --eagle is taken as this drafter's."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, register
-from edgespec.export.drafters.eagle import DRAFT_VOCAB_OPTION
+from edgespec.export.drafters.eagle import DRAFT_VOCAB_OPTION, add_init_flag, add_skip_copies_flag
 from edgespec.export.train.commands import add_common, common_fields
 
 
@@ -17,6 +16,7 @@ class Eagle3Plugin(ExportPlugin):
     name = "eagle3"
     flag = "--eagle3-head"
     order = 7
+    validator = "edgespec.export.drafters.eagle3.graph:validate_eagle3"
     title = "EAGLE-3 head"
     options = (
         DRAFT_VOCAB_OPTION,
@@ -80,26 +80,15 @@ class Eagle3Plugin(ExportPlugin):
         ctx.step(self.title)
         return Shipped(section, ew)
 
-    def validate_graph(self, folder, ew, ref_target, tokens, tol: float) -> dict[str, float]:
-        from edgespec.export.drafters.eagle3.graph import validate_eagle3
-
-        return validate_eagle3(folder, ew, ref_target, tokens, tol)
-
     def train_arguments(self, p) -> None:
         add_common(p, "head", minutes=35.0, epochs=5.0)
-        p.add_argument(
-            "--init",
-            metavar="HEAD_DIR",
-            help="fine-tune: start from this EAGLE-3 head's weights and draft "
-            "vocabulary, with a fresh optimizer and schedule",
+        add_init_flag(
+            p,
+            "fine-tune: start from this EAGLE-3 head's weights and draft vocabulary, with a fresh optimizer and "
+            "schedule",
         )
         p.add_argument("--steps", type=int, default=3, help="draft steps unrolled per position in training (default 3)")
-        p.add_argument(
-            "--skip-copies",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="no loss where the answer repeats an 8-gram of its own context (default: skip)",
-        )
+        add_skip_copies_flag(p, "no loss where the answer repeats an 8-gram of its own context (default: skip)")
 
     def fit(self, a, data: str) -> None:
         from edgespec.export.drafters.eagle3.train import Eagle3TrainConfig, train_eagle3

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.export.drafters._graph import HeadGraphWriter, head_source, validate_head, write_head
+from edgespec.export.drafters._graph import HeadGraphWriter, validate_head
 from edgespec.export.target.arch import ArchSpec
 from edgespec.export.target.graph import GraphOptions
 from edgespec.export.target.layer_ops import Stream
@@ -29,23 +29,15 @@ _MLP = "midlayer.mlp."
 
 
 class Eagle3GraphWriter(HeadGraphWriter):
-    lm_rows = "lm_head.weight"  # its own LM head, over the draft vocabulary
+    own_lm_head = True
+    opt_changes = {"aux_layers": ()}
 
-    def __init__(self, target_arch: ArchSpec, ec, arrays: dict[str, np.ndarray], opts: GraphOptions) -> None:
-        """ec / arrays: from eagle3_head.read_eagle3 (float32, d2t absolute)."""
-        self.ec = ec
+    def __init__(
+        self, target_arch: ArchSpec, ec, arrays: dict[str, np.ndarray], opts: GraphOptions, lm_head=None
+    ) -> None:
+        """ec / arrays: from eagle3.head.read_eagle3 (float32, d2t absolute); its LM head is its own."""
         self.fc_t = np.ascontiguousarray(arrays["fc.weight"].T).astype(np.float32)  # [3H, H]
-        super().__init__(
-            target_arch,
-            arrays,
-            opts,
-            n_layers=1,
-            n_heads=ec.num_attention_heads,
-            n_kv_heads=ec.num_key_value_heads,
-            head_dim=ec.head_dim,
-            intermediate_size=ec.intermediate_size,
-            aux_layers=(),
-        )
+        super().__init__(target_arch, ec, arrays, opts)
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         f = self.dtype
@@ -80,6 +72,12 @@ class Eagle3GraphWriter(HeadGraphWriter):
         logits = ops.linear(b, normed, "lm_head_d")  # [(1,) T, Vd]
         return ops.kv_rows(b, k, v, ""), logits, s.x
 
+    def stored(self) -> dict[str, np.ndarray]:
+        return super().stored() | {"fc_t": self.fc_t}  # fc, which the runtime applies to hidden_aux
+
+    def entry_fields(self) -> dict:
+        return {"aux_layers": tuple(self.cfg.aux_layers)}
+
     def reference_arrays(self) -> dict[str, np.ndarray]:
         """The head's arrays as the graph computes with them (int4: dequantized), fc as the runtime
         applies it: what the PyTorch head is built from for validation."""
@@ -97,21 +95,18 @@ class Eagle3GraphWriter(HeadGraphWriter):
 
 
 def write_eagle3(head_dir: Path, ctx):
-    """eagle3.weights + eagle3.onnx (the head reads the target's embedding in place), for the export
-    `ctx` (export/drafters/base.py ExportContext); (graph writer, manifest section). The draft
-    vocabulary is cut to --eagle-draft-vocab (_graph.head_source)."""
+    """eagle3.weights (fc_t beside the head's) + eagle3.onnx for the export `ctx` (HeadGraphWriter.write);
+    (graph writer, manifest section)."""
     from edgespec.export.drafters.eagle3.head import read_eagle3
     from edgespec.runtime.drafters.eagle3 import Eagle3Section
 
     arch = ctx.arch
-    ec, arrays, trained_vocab = head_source(
+    ew, files, head = Eagle3GraphWriter.write(
+        ctx,
+        "eagle3",
+        head_dir,
         lambda: read_eagle3(head_dir, arch.hidden_size, arch.vocab_size, arch.n_layers)[:2],
-        ctx.cfg.eagle_draft_vocab,
-        rows=("d2t", "lm_head.weight"),
     )
-    ew = Eagle3GraphWriter(arch, ec, arrays, ctx.head_opts)
-    stored = {"d2t": ew.d2t, "fc_t": ew.fc_t}
-    files, head = write_head(ew, ctx, "eagle3", head_dir, trained_vocab, stored, aux_layers=tuple(ec.aux_layers))
     return ew, Eagle3Section(head=head, fc=files.spec("fc_t"))
 
 
@@ -123,9 +118,9 @@ def validate_eagle3(
     from edgespec.export.drafters.eagle3.head import build_eagle3
     from edgespec.export.target.validate import aux_features
 
-    aux = aux_features(ref_target, tokens, ew.ec.aux_layers)  # [N, 3H]
+    aux = aux_features(ref_target, tokens, ew.cfg.aux_layers)  # [N, 3H]
     cos, sin = ew.arch.rope_tables()
     embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
-    head = build_eagle3(ew.ec, ew.reference_arrays(), embed, cos, sin)
+    head = build_eagle3(ew.cfg, ew.reference_arrays(), embed, cos, sin)
     g = aux[: len(tokens) - 1] @ ew.fc_t  # what the runtime feeds: fc applied outside the graph
     return validate_head(folder, "eagle3", "EAGLE-3 head", head, tokens, aux, g, tol)

@@ -34,8 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgespec.export.drafters.eagle.head import TorchDrafter
-from edgespec.export.train.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t
+from edgespec.export.drafters._torch import Frozen, HeadShape, TorchDrafter
+from edgespec.export.train.checkpoint import (
+    CONFIG_FILE,
+    CheckpointError,
+    _read_d2t,
+    read_config,
+    read_weights,
+    write_checkpoint,
+)
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Eagle3Head attribute -> checkpoint name of the midlayer's weights
@@ -61,15 +68,7 @@ class Eagle3FormatError(CheckpointError):
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
-    hidden_size: int  # H: the target's hidden size
-    intermediate_size: int  # MLP width of the midlayer
-    num_attention_heads: int  # query heads
-    num_key_value_heads: int  # key/value heads (GQA)
-    head_dim: int  # per-head width
-    rms_norm_eps: float  # RMSNorm epsilon
-    vocab_size: int  # target vocabulary
-    draft_vocab_size: int  # tokens the head can propose (the most frequent ones)
+class Eagle3Config(HeadShape):
     aux_layers: tuple[int, ...]  # target layers whose input residual streams fc fuses (low, mid, high)
     rope_theta: float = 10000.0  # RoPE base (recorded for loaders; the tables come from the target)
     d2t_by_frequency: bool = False  # d2t lists the draft tokens most frequent first (heads trained here)
@@ -80,11 +79,8 @@ class Eagle3Config:
 
 
 class Eagle3Head(TorchDrafter):
-    def __init__(
-        self, cfg: Eagle3Config, embed: torch.Tensor, d2t: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor
-    ) -> None:
-        super().__init__()
-        self.cfg = cfg
+    def __init__(self, cfg: Eagle3Config, frozen: Frozen) -> None:
+        super().__init__(cfg, frozen)
         H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
         self.fc = nn.Linear(cfg.aux_width, H, bias=False)
         self.q_proj = nn.Linear(2 * H, cfg.num_attention_heads * d, bias=False)
@@ -98,11 +94,12 @@ class Eagle3Head(TorchDrafter):
         self.hidden_ln = nn.Parameter(torch.ones(H))
         self.post_ln = nn.Parameter(torch.ones(H))
         self.norm = nn.Parameter(torch.ones(H))
-        self.lm_head = nn.Parameter(torch.zeros(cfg.draft_vocab_size, H))
-        self.register_buffer("embed", embed, persistent=False)  # [V, H], the target's (frozen)
-        self.register_buffer("d2t", d2t, persistent=False)  # [Vd] draft id -> target id
-        self.register_buffer("rope_cos", rope_cos, persistent=False)  # [max_pos, D]
-        self.register_buffer("rope_sin", rope_sin, persistent=False)
+        self.lm_head = nn.Parameter(torch.zeros(cfg.draft_vocab_size, H))  # its own
+
+    def params(self) -> dict[str, torch.Tensor]:
+        out = {"fc.weight": self.fc.weight, "lm_head.weight": self.lm_head}
+        out |= {hf: getattr(self, attr).weight for attr, hf in LAYER_NAMES.items()}
+        return out | {hf: getattr(self, attr) for attr, hf in NORM_NAMES.items()}
 
     # ---- pieces ----------------------------------------------------------------------------------
 
@@ -162,29 +159,11 @@ class Eagle3Head(TorchDrafter):
 
 
 # ---- checkpoint --------------------------------------------------------------------------------------
-def head_state(head: Eagle3Head) -> dict[str, np.ndarray]:
-    """The head's parameters under EAGLE-3 checkpoint names (float32) + d2t (absolute target ids)."""
-    out = {"fc.weight": head.fc.weight, "lm_head.weight": head.lm_head}
-    out |= {hf: getattr(head, attr).weight for attr, hf in LAYER_NAMES.items()}
-    out |= {hf: getattr(head, attr) for attr, hf in NORM_NAMES.items()}
-    arrays = {k: v.detach().float().cpu().numpy() for k, v in out.items()}
-    return arrays | {"d2t": head.d2t.cpu().numpy().astype(np.int64)}
-
-
 def config_json(c: Eagle3Config, extra: dict | None = None) -> dict:
     """config.json as EAGLE-3 loaders read it; `extra` joins the edgespec-only `eagle3` section."""
     return {
         "architectures": [ARCHITECTURE],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps,
-        "vocab_size": c.vocab_size,
-        "draft_vocab_size": c.draft_vocab_size,
+        **c.llama_config(),
         "rope_theta": c.rope_theta,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
@@ -197,24 +176,12 @@ def config_json(c: Eagle3Config, extra: dict | None = None) -> dict:
 
 
 def save_eagle3(head: Eagle3Head, folder: str | Path, extra: dict | None = None) -> Path:
-    """config.json + model.safetensors (float16 weights, d2t relative int64, t2d bool), the weights
-    through a temporary name."""
-    from safetensors.numpy import save_file
-
-    c = head.cfg
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    arrays = head_state(head)
-    d2t = arrays.pop("d2t")
-    t2d = np.zeros(c.vocab_size, bool)
-    t2d[d2t] = True
-    arrays = {k: v.astype(np.float16) for k, v in arrays.items()}
-    arrays |= {"d2t": d2t - np.arange(len(d2t)), "t2d": t2d}
-    tmp = folder / (WEIGHTS_FILE + ".tmp")
-    save_file(arrays, str(tmp))
-    tmp.rename(folder / WEIGHTS_FILE)
-    (folder / CONFIG_FILE).write_text(json.dumps(config_json(c, extra), indent=1))
-    return folder
+    """config.json + model.safetensors (float16 weights, d2t relative int64 even over the whole
+    vocabulary, t2d bool: what EAGLE-3 loaders read)."""
+    arrays = head.state()
+    t2d = np.zeros(head.cfg.vocab_size, bool)
+    t2d[arrays["d2t"]] = True
+    return write_checkpoint(folder, arrays | {"t2d": t2d}, config_json(head.cfg, extra), d2t="always")
 
 
 def is_eagle3_folder(folder: str | Path) -> bool:
@@ -232,18 +199,11 @@ def read_eagle3(
     """Read and check an EAGLE-3 head against the target's sizes: (config, float32 arrays + d2t
     absolute, config.json's `eagle3` training record). n_layers: the target's depth, to check the
     aux layers the head was trained on against those its graphs output."""
-    from safetensors.numpy import load_file
-
     from edgespec.export.target import spec as es
 
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
-        raise Eagle3FormatError(
-            f"{folder}: an EAGLE-3 head folder holds {CONFIG_FILE} + {WEIGHTS_FILE} "
-            "(from `edgespec train-eagle3` or a published EAGLE-3 head)"
-        )
-    cfg = json.loads((folder / CONFIG_FILE).read_text())
-    w = load_file(str(folder / WEIGHTS_FILE))
+    held = "an EAGLE-3 head folder holds {} (from `edgespec train-eagle3` or a published EAGLE-3 head)"
+    folder, cfg = read_config(folder, Eagle3FormatError, held)
+    w = read_weights(folder)
     need = ["fc.weight", "lm_head.weight", *LAYER_NAMES.values(), *NORM_NAMES.values()]
     missing = [k for k in need if k not in w]
     if missing:
@@ -268,21 +228,13 @@ def read_eagle3(
             f"edgespec's target graphs output the streams entering layers {default}. "
             "Hint: train the head with `edgespec train-eagle3` for this target"
         )
-    n_h = int(cfg["num_attention_heads"])
-    vd = int(cfg.get("draft_vocab_size") or vocab_size)
     ec = Eagle3Config(
-        hidden_size=H,
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_attention_heads=n_h,
-        num_key_value_heads=int(cfg.get("num_key_value_heads", n_h)),
-        head_dim=int(cfg.get("head_dim") or H // n_h),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        vocab_size=vocab_size,
-        draft_vocab_size=vd,
+        **HeadShape.from_config(cfg, vocab_size),
         aux_layers=aux_layers,
         rope_theta=float(cfg.get("rope_theta", 10000.0)),
         d2t_by_frequency="d2t" in w and (cfg.get("eagle3") or {}).get("d2t_order") == "frequency",
     )
+    vd = ec.draft_vocab_size
     if w["lm_head.weight"].shape != (vd, H):
         raise Eagle3FormatError(f"{folder}: lm_head.weight {w['lm_head.weight'].shape} != [draft_vocab_size {vd}, {H}]")
     out = {k: w[k].astype(np.float32) for k in need}
@@ -294,21 +246,7 @@ def build_eagle3(
     ec: Eagle3Config, arrays: dict[str, np.ndarray], embed: np.ndarray, rope_cos: np.ndarray, rope_sin: np.ndarray
 ) -> Eagle3Head:
     """An Eagle3Head from checkpoint arrays and the target's embedding [V, H] / rope tables."""
-    head = Eagle3Head(
-        ec,
-        torch.from_numpy(embed),
-        torch.from_numpy(arrays["d2t"]),
-        torch.from_numpy(rope_cos),
-        torch.from_numpy(rope_sin),
-    )
-    with torch.no_grad():
-        head.fc.weight.copy_(torch.from_numpy(arrays["fc.weight"]))
-        head.lm_head.copy_(torch.from_numpy(arrays["lm_head.weight"]))
-        for attr, hf in LAYER_NAMES.items():
-            getattr(head, attr).weight.copy_(torch.from_numpy(arrays[hf]))
-        for attr, hf in NORM_NAMES.items():
-            getattr(head, attr).copy_(torch.from_numpy(arrays[hf]))
-    return head
+    return Eagle3Head(ec, Frozen.of(arrays, embed, rope_cos, rope_sin)).load(arrays)
 
 
 def init_arrays(
@@ -324,18 +262,7 @@ def init_arrays(
     rng = np.random.default_rng(seed)
     layers = aux_layers(arch.n_layers)
     src = f"model.layers.{layers[-1]}."
-    ec = Eagle3Config(
-        hidden_size=H,
-        intermediate_size=arch.intermediate_size,
-        num_attention_heads=arch.n_heads,
-        num_key_value_heads=arch.n_kv_heads,
-        head_dim=arch.head_dim,
-        rms_norm_eps=arch.rms_norm_eps,
-        vocab_size=arch.vocab_size,
-        draft_vocab_size=len(d2t),
-        aux_layers=layers,
-        rope_theta=arch.rope_theta,
-    )
+    ec = Eagle3Config(**HeadShape.of_target(arch, len(d2t)), aux_layers=layers, rope_theta=arch.rope_theta)
     blocks = [rng.normal(0, 0.02, (H, H)) for _ in layers[:-1]] + [np.eye(H)]
     arrays = {
         "fc.weight": np.concatenate(blocks, axis=1).astype(np.float32),

@@ -11,7 +11,7 @@ resuming are `train.train`'s (this module gives it `_start`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,30 +43,11 @@ class Eagle3TrainConfig(trainer.BaseTrainConfig):
 
 def _collate(group, data: trainer.TrainData, aux: np.ndarray, t2d: np.ndarray, label_ids: np.ndarray, n_steps: int):
     """Rows j = 0..n-2 of each sequence: input (token_{j+1}, a_j); step-s label token_{j+s+1}."""
-    tokens, starts = data.tokens, data.starts
-    L = max(int(starts[s + 1] - starts[s]) for s in group) - 1
-    B = len(group)
-    tok_in = np.zeros((B, L), np.int64)
-    a_in = np.zeros((B, L, aux.shape[1]), np.float32)
-    labels = np.full((B, L + n_steps), -100, np.int64)  # draft-vocab id of token_{j+2}, -100: no loss
-    valid = np.zeros((B, L), bool)
+    tok_in, labels, valid, pos = trainer.head_rows(group, data, t2d, label_ids, extra=n_steps)
+    a_in = np.zeros((len(group), tok_in.shape[1], aux.shape[1]), np.float32)
     for r, s in enumerate(group):
-        a, b = int(starts[s]), int(starts[s + 1])
-        n = b - a
-        tok_in[r, : n - 1] = tokens[a + 1 : b]
-        a_in[r, : n - 1] = aux[a : b - 1]
-        valid[r, : n - 1] = True
-        lab = t2d[label_ids[a + 2 : b]]  # row j predicts token_{j+2}
-        lab[: max(0, int(data.n_prompt[s]) - 2)] = -100  # prompt tokens: context only, no loss
-        labels[r, : n - 2] = lab
-    pos = np.broadcast_to(np.arange(L), (B, L)).copy()
-    return (
-        torch.from_numpy(tok_in),
-        torch.from_numpy(a_in),
-        torch.from_numpy(pos),
-        torch.from_numpy(valid),
-        torch.from_numpy(labels),
-    )
+        a_in[r, : data.starts[s + 1] - data.starts[s] - 1] = aux[data.starts[s] : data.starts[s + 1] - 1]
+    return tuple(torch.from_numpy(x) for x in (tok_in, a_in, pos, valid, labels))
 
 
 def _step_losses(head: Eagle3Head, batch, n_steps: int, decay: float, noise_std: torch.Tensor | None = None):
@@ -121,19 +102,12 @@ def estimate(
 
 
 @dataclass(frozen=True)
-class _Eagle3Recipe:
+class _Eagle3Recipe(trainer.HeadRecipe):
     head: Eagle3Head  # the module being trained
-    cfg: Eagle3TrainConfig  # batch size, loss weights, noise, seed, out folder
-    data: trainer.TrainData  # shards and split
     aux: np.ndarray  # [N, 3H] float16: the target's aux features, rows as data.tokens
     t2d: np.ndarray  # [V + 1] draft id of each target id (-100: none)
     label_ids: np.ndarray  # [N] the token, or V where it carries no loss (a copy)
     noise_std: torch.Tensor  # [3H] noise spread per aux dimension (feature_noise * its std)
-    train_tokens: int  # tokens of the training sequences (recorded in config.json)
-    coverage: float  # fraction of answer tokens inside the draft vocabulary (recorded in config.json)
-
-    def batches(self, epoch: float):
-        return trainer.epoch_groups(self.data, self.cfg, epoch)
 
     def loss(self, group):
         c = self.cfg
@@ -148,15 +122,8 @@ class _Eagle3Recipe:
 
     def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
         c = self.cfg
-        record = {
-            "trained_steps": step,
-            "epochs": round(epoch, 3),
-            "train_tokens": self.train_tokens,
-            "data": str(c.data),
+        record = self.record(step, epoch, est, training) | {
             "n_steps": c.n_steps,
-            "holdout": est,
-            "training": training,
-            "draft_vocab_coverage": round(self.coverage, 4),
             "lm_head": "trained (from the target's rows)",
         }
         save_eagle3(self.head, c.out, record | ({"init": str(c.init)} if c.init else {}))
@@ -171,7 +138,7 @@ def _start(run: trainer.Run) -> trainer.Start:
     """The head (from init, a checkpoint or the target), its recipe and schedule."""
     cfg, data, tt, state, aux = run.cfg, run.data, run.target, run.state, run.extra
     tokens, answer, arch = data.tokens, data.answer, tt.arch
-    copied = trainer.copied_positions(tokens, data.starts) if cfg.skip_copies else np.zeros(len(tokens), bool)
+    copied = run.copied()
     if state is None and cfg.init:  # fine-tuning an existing head: its weights and draft vocabulary
         ec, arrays, _ = read_eagle3(cfg.init, arch.hidden_size, arch.vocab_size, arch.n_layers)
     else:
@@ -187,30 +154,11 @@ def _start(run: trainer.Run) -> trainer.Start:
         arrays, ec = _frequency_ordered(arrays, ec, tokens[answer], arch.vocab_size)
     head = build_eagle3(ec, arrays, tt.embed, tt.rope_cos, tt.rope_sin)
     coverage = run.coverage(head.d2t.numpy())
-    label_ids = np.where(copied, arch.vocab_size, data.labels()).astype(np.int64)
-    sample = aux[run.rng.choice(len(aux), min(len(aux), 20000), replace=False)].astype(np.float32)
-    noise_std = torch.from_numpy(cfg.feature_noise * sample.std(0))
-    recipe = _Eagle3Recipe(
-        head,
-        cfg,
-        data,
-        aux,
-        trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size),
-        label_ids,
-        noise_std,
-        data.train_tokens,
-        coverage,
-    )
-    return trainer.Start(
-        head,
-        recipe,
-        run.plan("[train-eagle3]", "step", run.token_steps()),
-        "head",
-        {"head_config": asdict(ec), "d2t": head.d2t.numpy()},
-        f"{len(data.n_prompt)} sequences ({len(tokens)} tokens, {int((answer & ~copied).sum())} "
-        f"answer tokens carry loss), {len(data.hold)} held out; draft vocab {ec.draft_vocab_size} "
-        f"covers {coverage:.1%} of answer tokens; {cfg.n_steps} unrolled steps",
-    )
+    t2d = trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size)
+    noise_std = torch.from_numpy(cfg.feature_noise * run.sample(aux).std(0))
+    recipe = _Eagle3Recipe(run, coverage, head, aux, t2d, run.label_ids(copied), noise_std)
+    answers = f"{int((answer & ~copied).sum())} answer tokens carry loss"
+    return trainer.head_start(run, head, recipe, "[train-eagle3]", answers, f"; {cfg.n_steps} unrolled steps")
 
 
 def train_eagle3(cfg: Eagle3TrainConfig, progress: bool = True) -> Path:

@@ -11,6 +11,8 @@ class MedusaPlugin(ExportPlugin):
     name = "medusa"
     flag = "--medusa"
     order = 9
+    shipped = "-medusa"
+    validator = "edgespec.export.drafters.medusa.graph:validate_medusa"
     title = "Medusa heads"
     options = (
         ExportOption(
@@ -32,11 +34,6 @@ class MedusaPlugin(ExportPlugin):
         "config.json + model.safetensors for `edgespec export --medusa`."
     )
 
-    def source(self, cfg, src):
-        from edgespec.export.target.write import heads_dir
-
-        return heads_dir(cfg.medusa, src, "-medusa", "medusa")
-
     def write(self, ctx, heads) -> Shipped:
         from edgespec.export.drafters.medusa.graph import write_medusa
         from edgespec.runtime.drafters.medusa import MedusaSection
@@ -44,11 +41,6 @@ class MedusaPlugin(ExportPlugin):
         mw, spec = write_medusa(heads, ctx.folder, ctx.arch, ctx.writer, ctx.head_opts)
         ctx.step(self.title)
         return Shipped(MedusaSection(spec), mw)
-
-    def validate_graph(self, folder, mw, ref_target, tokens, tol: float) -> dict[str, float]:
-        from edgespec.export.drafters.medusa.graph import validate_medusa
-
-        return validate_medusa(folder, mw, ref_target, tokens, tol)
 
     def train_arguments(self, p) -> None:
         add_common(p, "heads", minutes=30.0, epochs=2.0)

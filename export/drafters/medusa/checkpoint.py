@@ -11,13 +11,19 @@ are refused by name.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.export.drafters.medusa.head import MedusaConfig, MedusaHeads, heads_state, param_names
-from edgespec.export.train.checkpoint import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, _read_d2t, write_checkpoint
+from edgespec.export.train.checkpoint import (
+    CONFIG_FILE,
+    CheckpointError,
+    _read_d2t,
+    read_config,
+    read_weights,
+    write_checkpoint,
+)
 
 
 class MedusaFormatError(CheckpointError):
@@ -41,17 +47,12 @@ def save_heads(heads: MedusaHeads, folder: str | Path, extra: dict | None = None
 
 def read_heads(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[MedusaConfig, dict[str, np.ndarray]]:
     """Read and check a heads folder against the target's sizes: float32 arrays + d2t (absolute)."""
-    from safetensors.numpy import load_file
-
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
-        raise MedusaFormatError(
-            f"{folder}: a Medusa heads folder holds {CONFIG_FILE} + {WEIGHTS_FILE} (from `edgespec train-medusa`)"
-        )
-    cfg = json.loads((folder / CONFIG_FILE).read_text())
+    folder, cfg = read_config(
+        folder, MedusaFormatError, "a Medusa heads folder holds {} (from `edgespec train-medusa`)"
+    )
     if "medusa_num_heads" not in cfg:
         raise MedusaFormatError(f"{folder}/{CONFIG_FILE} has no medusa_num_heads: not a Medusa heads folder")
-    w = load_file(str(folder / WEIGHTS_FILE))
+    w = read_weights(folder)
     K, n_layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
     if any(k == f"{i}.{n_layers}.weight" for i in range(K) for k in w):
         raise MedusaFormatError(
