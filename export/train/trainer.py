@@ -338,13 +338,8 @@ class HeadRecipe:
     run: Run  # the kind's config (batch size, seed, data, out folder), the shards and split
     coverage: float  # fraction of answer tokens inside the draft vocabulary (recorded in config.json)
 
-    @property
-    def cfg(self) -> Any:
-        return self.run.cfg
-
-    @property
-    def data(self) -> TrainData:
-        return self.run.data
+    cfg = property(lambda self: self.run.cfg)  # the kind's config (a BaseTrainConfig)
+    data = property(lambda self: self.run.data)  # shards and split (TrainData)
 
     def batches(self, epoch: float) -> Sequence:
         return epoch_groups(self.data, self.cfg, epoch)

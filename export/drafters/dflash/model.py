@@ -75,6 +75,24 @@ class DFlashConfig:
     target_layer_ids: tuple[int, ...]  # DFlash convention: target layers whose OUTPUT is read
     n_target_layers: int  # the target's depth
 
+    @classmethod
+    def of_target(cls, arch, n_layers: int, draft_vocab: int, block_size: int, mask_token_id: int) -> DFlashConfig:
+        """A new drafter's: the target's layer shapes (its ArchSpec names them as this config does),
+        reading the features of the aux layers (spec.aux_layers; their outputs, in DFlash's terms)."""
+        from edgespec.export.target.spec import aux_layers
+
+        same = ("hidden_size", "n_heads", "n_kv_heads", "head_dim", "intermediate_size", "rms_norm_eps", "vocab_size")
+        return cls(
+            **{f: getattr(arch, f) for f in same},
+            n_layers=n_layers,
+            rope_theta=float(arch.rope_theta),
+            draft_vocab_size=draft_vocab,
+            block_size=block_size,
+            mask_token_id=mask_token_id,
+            target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
+            n_target_layers=arch.n_layers,
+        )
+
 
 class DFlashDrafter(TorchDrafter):
     def __init__(self, cfg: DFlashConfig, frozen: Frozen) -> None:

@@ -171,8 +171,6 @@ def estimate(
 
 def _start(run: trainer.Run) -> trainer.Start:
     """The drafter (from a checkpoint, or the target's last layers), its recipe and schedule."""
-    from edgespec.export.target.spec import aux_layers
-
     cfg, data, tt, state = run.cfg, run.data, run.target, run.state
     arch = tt.arch
     d2t = run.d2t()
@@ -181,21 +179,8 @@ def _start(run: trainer.Run) -> trainer.Start:
             **(state["dflash_config"] | {"target_layer_ids": tuple(state["dflash_config"]["target_layer_ids"])})
         )
     else:
-        dc = DFlashConfig(
-            hidden_size=arch.hidden_size,
-            n_layers=cfg.n_layers,
-            n_heads=arch.n_heads,
-            n_kv_heads=arch.n_kv_heads,
-            head_dim=arch.head_dim,
-            intermediate_size=arch.intermediate_size,
-            rms_norm_eps=arch.rms_norm_eps,
-            rope_theta=float(arch.rope_theta),
-            vocab_size=arch.vocab_size,
-            draft_vocab_size=len(d2t),
-            block_size=cfg.block_size,
-            mask_token_id=mask_token(tt.tokenizer, arch.vocab_size),
-            target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
-            n_target_layers=arch.n_layers,
+        dc = DFlashConfig.of_target(
+            arch, cfg.n_layers, len(d2t), cfg.block_size, mask_token(tt.tokenizer, arch.vocab_size)
         )
     model = build_dflash(
         dc, init_arrays(arch, tt.state, d2t, dc, cfg.seed), tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin

@@ -16,17 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.export.drafters.medusa.head import MedusaConfig, MedusaHeads, heads_state, param_names
-from edgespec.export.train.checkpoint import (
-    CONFIG_FILE,
-    CheckpointError,
-    _read_d2t,
-    read_config,
-    read_weights,
-    write_checkpoint,
-)
+from edgespec.export.train import checkpoint
 
 
-class MedusaFormatError(CheckpointError):
+class MedusaFormatError(checkpoint.CheckpointError):
     """A heads checkpoint that is not in the Medusa layout or does not fit the target."""
 
 
@@ -42,17 +35,17 @@ def save_heads(heads: MedusaHeads, folder: str | Path, extra: dict | None = None
         "torch_dtype": "float16",
         "medusa": {"features": "final_norm", "lm_head": "target"} | (extra or {}),
     }
-    return write_checkpoint(folder, heads_state(heads), config)
+    return checkpoint.write_checkpoint(folder, heads_state(heads), config)
 
 
 def read_heads(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[MedusaConfig, dict[str, np.ndarray]]:
     """Read and check a heads folder against the target's sizes: float32 arrays + d2t (absolute)."""
-    folder, cfg = read_config(
+    folder, cfg = checkpoint.read_config(
         folder, MedusaFormatError, "a Medusa heads folder holds {} (from `edgespec train-medusa`)"
     )
     if "medusa_num_heads" not in cfg:
-        raise MedusaFormatError(f"{folder}/{CONFIG_FILE} has no medusa_num_heads: not a Medusa heads folder")
-    w = read_weights(folder)
+        raise MedusaFormatError(f"{folder}/{checkpoint.CONFIG_FILE} has no medusa_num_heads: not a Medusa heads folder")
+    w = checkpoint.read_weights(folder)
     K, n_layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
     if any(k == f"{i}.{n_layers}.weight" for i in range(K) for k in w):
         raise MedusaFormatError(
@@ -73,5 +66,5 @@ def read_heads(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[M
     missing = [k for k in need if k not in w]
     if missing:
         raise MedusaFormatError(f"{folder}: missing tensors {missing[:4]}; expected Medusa names i.j.linear.*")
-    d2t = _read_d2t(folder, w, vd, vocab_size, MedusaFormatError)
+    d2t = checkpoint._read_d2t(folder, w, vd, vocab_size, MedusaFormatError)
     return mc, {k: w[k].astype(np.float32) for k in need} | {"d2t": d2t}
