@@ -139,8 +139,8 @@ def _sections(d: dict, folder) -> None:
     if unknown:
         raise ManifestError(
             f"{folder}: the manifest ships drafter section(s) {', '.join(map(repr, unknown))} that no registered "
-            f"drafter reads (known: {', '.join(sorted(SECTIONS)) or 'none'}). Hint: load folders through "
-            "edgespec.runtime (its drafter registry registers the sections), or re-export the folder with this "
+            f"drafter reads (known: {', '.join(sorted(SECTIONS)) or 'none'}). Hint: import edgespec.runtime.drafters "
+            "before reading a folder (its registry registers the sections), or re-export the folder with this "
             "edgespec"
         )
 
@@ -297,6 +297,8 @@ def load_manifest(folder: str | Path, verify: bool = False, files: bool = True) 
         )
     try:
         m = Manifest.from_json(d, folder)
+    except ManifestError:  # said in full already (a section no registered drafter reads)
+        raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ManifestError(f"{mf} lacks or mistypes field {e}; re-run `edgespec export`") from e
     _check(m)

@@ -253,3 +253,29 @@ def test_missing_or_broken_pieces_are_named(tmp_path):
 def test_the_manifest_module_stays_torch_free():
     code = "import sys, edgespec.engines.manifest; assert 'torch' not in sys.modules and 'onnx' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_section_no_drafter_reads_is_named(tmp_path):
+    """The drafter registry hands the reader its section types; a folder shipping a section no
+    registered drafter reads (a newer edgespec's drafter) is refused by that name."""
+    d = _manifest(tmp_path).to_json()
+    d["drafters"]["toy"] = {}
+    (tmp_path / MANIFEST).write_text(json.dumps(d))
+    with pytest.raises(ManifestError, match="drafter section\\(s\\) 'toy' that no registered drafter reads"):
+        load_manifest(tmp_path)
+
+
+def test_the_manifest_reader_imports_nothing_of_the_runtime(tmp_path):
+    """engines/ sits below runtime/: reading a folder imports no runtime module; its sections are known
+    once the drafter registry (runtime/drafters) is imported, which registers them."""
+    _manifest(tmp_path).save()
+    code = (
+        "import sys\n"
+        "from edgespec.engines.manifest import ManifestError, load_manifest\n"
+        f"try:\n    load_manifest({str(tmp_path)!r})\nexcept ManifestError as e:\n    assert \"'draft'\" in str(e), e\n"
+        "else:\n    raise AssertionError('read without the drafter registry')\n"
+        "assert not [m for m in sys.modules if m.startswith('edgespec.runtime')]\n"
+        "import edgespec.runtime.drafters\n"
+        f"assert set(load_manifest({str(tmp_path)!r}).drafters) == {{'draft', 'eagle', 'medusa'}}\n"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
