@@ -32,18 +32,15 @@ class Engine(Protocol):
     n_calls: int  # forward calls so far (stats)
     takes_tree: bool  # forward takes parents (a token tree)
     has_hidden: bool  # last_hidden gives the final-norm hidden states (the head drafters draft from them)
-    fused_head: bool  # a target+head graph: forward takes head_next, last_head gives the head's draft
 
     def forward(
         self,
         token_ids: np.ndarray,
         past_len: int,
         parents: np.ndarray | None = None,
-        head_next: np.ndarray | None = None,
     ) -> np.ndarray:
         """Run len(token_ids) <= max(widths) tokens at positions past_len...; logits [n, V] (a view,
-        valid until the next call). parents [n]: a token tree (takes_tree); head_next: the fused
-        head's given next tokens (fused_head)."""
+        valid until the next call). parents [n]: a token tree (takes_tree)."""
         ...
 
     def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
@@ -58,14 +55,6 @@ class Engine(Protocol):
     def last_hidden_aux(self, n: int) -> np.ndarray:
         """Aux features [n, n_aux*H] of the last forward's first n rows: the residual streams entering
         a few low/mid/high layers, concatenated (targets exported with them; others raise EngineError)."""
-        ...
-
-    def last_head(self) -> tuple[np.ndarray, np.ndarray]:
-        """The fused head's (logits [Vd], predicted feature [H]) at the last committed row (fused_head)."""
-        ...
-
-    def last_head_logits(self, n: int) -> np.ndarray:
-        """The fused head's logits [n, Vd] of the last forward's first n rows (fused_head)."""
         ...
 
     def load_widths(self, widths) -> None:

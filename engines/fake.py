@@ -34,7 +34,6 @@ class FakeModel:
         self.hidden_size = self.vocab_size  # "hidden state" of a row = its logits (for a fake head)
         self.takes_tree = True
         self.has_hidden = True
-        self.fused_head = False
 
     def load_widths(self, widths) -> None:
         pass
@@ -50,7 +49,6 @@ class FakeModel:
         token_ids: np.ndarray,
         past_len: int,
         parents: np.ndarray | None = None,
-        head_next: np.ndarray | None = None,
     ) -> np.ndarray:
         """parents: a token tree (row i follows row parents[i]; -1: the committed context)."""
         n = len(token_ids)

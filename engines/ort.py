@@ -8,9 +8,10 @@
   cache is sequence-major) for the context bucket S >= past_len, so attention reads S rows, not
   max_len. Outputs are bound to preallocated buffers; nothing is allocated per token.
 - IOBinding objects are built once per (width, bucket) and reused.
-- Optional parts, each where it lives: a fused target+head graph's head (runtime/drafters/eagle/fused.py),
-  the cache in device memory on a GPU provider (engines/device.py DeviceKV), CUDA graph capture
-  (engines/cuda_graph.py), the aux features output `hidden_aux` (a buffer here).
+- Optional parts, each where it lives: the cache in device memory on a GPU provider
+  (engines/device.py DeviceKV), CUDA graph capture (engines/cuda_graph.py), the aux features output
+  `hidden_aux` (a buffer here). A subclass whose graph has more inputs and outputs (a drafter's
+  verifying engine over a graph with the target in it) names them in `_extra_io`.
 - --host-prologue folders: the per-call masks and slot indices are built here (engines/prologue.py);
   on the CUDA provider such a folder's calls are captured as CUDA graphs, one per (width, window),
   unless cuda_graph=False.
@@ -31,7 +32,6 @@ from edgespec.engines.device import CudaOps, DeviceKV
 from edgespec.engines.manifest import Manifest, ModelSpec
 from edgespec.engines.prologue import HostPrologue, cache_slots, host_window_slots, takes_host_prologue
 from edgespec.engines.session import PROVIDERS, WeightsFileError, model_session, share_thread_pool
-from edgespec.runtime.drafters.eagle.fused import FusedHead
 
 __all__ = ["PROVIDERS", "OrtModel", "OrtProjection", "WeightsFileError", "model_session", "share_thread_pool"]
 
@@ -67,12 +67,9 @@ class OrtProjection:
 class OrtModel:
     """A target, draft or head model of an engine folder, run through ONNX Runtime.
 
-    kv: use this KV buffer [L, 2, >= max_len, Hkv*D] instead of allocating one (the fused
-    target+head graph shares the plain target's, so switching between them keeps the cached
-    prefix; a --host-prologue target's has kv_slots > max_len).
-    head: the head engine whose KV the fused graph (its spec's FUSED_PREFIX names) reads and whose
-    rows `commit` writes next to the target's; `last_head()` gives the head's draft of the last
-    committed row.
+    kv: use this KV buffer [L, 2, >= max_len, Hkv*D] instead of allocating one (a drafter's
+    verifying engine over a graph with the target in it shares the plain target's, so switching
+    between them keeps the cached prefix; a --host-prologue target's has kv_slots > max_len).
     cuda_graph: capture calls as CUDA graphs (cuda provider, --host-prologue folders); None: where
     both hold.
     device_ops: the device-memory calls of a GPU provider (None: engines.device.CudaOps); HostOps with
@@ -86,7 +83,6 @@ class OrtModel:
         threads: int | None = None,
         prepack: bool = True,
         kv: np.ndarray | None = None,
-        head: OrtModel | None = None,
         cuda_graph: bool | None = None,
         device_ops=None,
     ) -> None:
@@ -114,12 +110,9 @@ class OrtModel:
         ):
             raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {dtype})")
         if kv is not None:
-            self.kv_slots = kv.shape[2]  # a fused graph on a --host-prologue target's buffer (more slots)
+            self.kv_slots = kv.shape[2]  # a verifying engine on a --host-prologue target's buffer (more slots)
         self.prologue = HostPrologue(spec.graph, self.widths, self.kv_slots, spec.arch.sliding_window) if host else None
         self.has_hidden = True  # hidden [1, T, H] is an output of every graph edgespec writes
-        self.head = head
-        self.fused_head = head is not None  # forward takes head_next; last_head() gives the head's draft
-        self._fused = FusedHead(head, self.widths, provider) if head is not None else None
         self.takes_tree = spec.takes_tree
         self._make_buffers(spec, dtype)
         self._place_cache(shape, dtype, kv, device_ops)
@@ -244,8 +237,14 @@ class OrtModel:
             self._bindings[key] = self._plain_binding(width, n_slots)
         return self._bindings[key]
 
+    def _extra_io(self, width: int, n_slots: int) -> tuple[list, list]:
+        """(inputs, outputs) as (graph name, host array) pairs that a subclass's graph adds to a
+        (width, window) call, bound with the rest (none here)."""
+        return [], []
+
     def _plain_binding(self, width: int, n_slots: int) -> ort.IOBinding:
         b = self.session(width).io_binding()
+        extra_in, extra_out = self._extra_io(width, n_slots)
         inputs = [("input_ids", self._ids[width]), ("positions", self._pos[width]), ("past_len", self._past)]
         if self.prologue is not None:
             inputs += list(self.prologue.views(width, n_slots).items())
@@ -253,8 +252,7 @@ class OrtModel:
             inputs.append(("features", self._features[width]))
         if self.takes_tree:
             inputs.append(("tree_mask", self._tree[width]))
-        if self._fused is not None:  # the head's part of a fused graph: its inputs, its KV window
-            inputs += self._fused.inputs(width, n_slots)
+        inputs += extra_in
         for name, arr in inputs:
             b.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
         kv_dtype = np.dtype(self.spec.kv_dtype)
@@ -275,8 +273,7 @@ class OrtModel:
         outputs = [("logits", self._logits[width]), ("hidden", self._hidden[width])]
         if self._hidden_aux is not None:
             outputs.append(("hidden_aux", self._hidden_aux[width]))
-        if self._fused is not None:
-            outputs += self._fused.outputs(width)
+        outputs += extra_out
         if self._dkv is None:
             outputs.append(("new_kv", self._new_kv[width]))
         else:
@@ -292,13 +289,10 @@ class OrtModel:
         past_len: int,
         features: np.ndarray | None = None,
         parents: np.ndarray | None = None,
-        head_next: np.ndarray | None = None,
     ) -> np.ndarray:
         """features [n, H]: a head's feature input (rows past n repeat the last one).
         parents [n]: a token tree (parents[0] = -1, parents[i] < i): node i sits at position
-        past_len + depth(i) and sees only its ancestors; None is the chain 0 <- 1 <- ... <- n-1.
-        head_next [<= n]: a fused graph's head tokens for the first rows (the tokens that follow
-        them, known in a prefill); the other rows take the target's argmax (verify)."""
+        past_len + depth(i) and sees only its ancestors; None is the chain 0 <- 1 <- ... <- n-1."""
         n = len(token_ids)
         width = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
@@ -318,8 +312,6 @@ class OrtModel:
             feats = self._features[width]
             feats[0, :n] = features
             feats[0, n:] = features[n - 1]
-        if self._fused is not None:
-            self._fused.give(width, head_next)
         self._past[0] = past_len
         # the window must hold the new rows too (the graph places them at their slots)
         if self.prologue is None:
@@ -340,8 +332,6 @@ class OrtModel:
         """Write K/V rows of the last forward into the cache at past_len: its first n_rows, or the
         given rows in order (a tree's accepted path, compacted into consecutive slots)."""
         w = self._last_width
-        if self._fused is not None:  # the head's rows ride along: its KV is aligned with the target's
-            self._fused.commit(w, past_len, n_rows, rows)
         if self._dkv is None:
             commit_host(self.kv, self._new_kv[w], past_len, n_rows, rows)
         else:
@@ -361,12 +351,3 @@ class OrtModel:
     def last_hidden(self, n: int) -> np.ndarray:
         """Final-norm hidden states [n, H] of the last forward (for drafters that need them)."""
         return self._hidden[self._last_width][0, :n]
-
-    def last_head(self) -> tuple[np.ndarray, np.ndarray]:
-        """A fused graph's head output at the last committed row: (logits [Vd] drafting the token
-        after that row's next one, predicted feature [H]); views, valid until the next call."""
-        return self._fused.last(self._last_width)
-
-    def last_head_logits(self, n: int) -> np.ndarray:
-        """A fused graph's head logits [n, Vd] of the last forward."""
-        return self._fused.logits[self._last_width][0, :n]

@@ -63,9 +63,8 @@ class TrtModel:
         self.max_len, self.bucket = manifest.max_len, manifest.kv_bucket
         self.vocab_size, self.n_layers, self.hidden_size = spec.vocab_size, spec.n_layers, spec.hidden_size
         # the engines `edgespec build-trt` makes return logits and KV only: no hidden states (so no
-        # head drafters on this backend) and no fused head graph
+        # head drafters on this backend)
         self.has_hidden = False
-        self.fused_head = False
         self.widths = tuple(sorted(profiles))
         self.n_calls = 0
         dt = np.dtype(spec.kv_dtype)
@@ -130,9 +129,8 @@ class TrtModel:
         token_ids: np.ndarray,
         past_len: int,
         parents: np.ndarray | None = None,
-        head_next: np.ndarray | None = None,
     ) -> np.ndarray:
-        """As OrtModel.forward (parents: a token tree, None: a chain; no fused head here)."""
+        """As OrtModel.forward (parents: a token tree, None: a chain)."""
         n = len(token_ids)
         w = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
@@ -217,9 +215,3 @@ class TrtModel:
             "native TensorRT engines return no aux features (hidden_aux); the drafters that read "
             "them need --provider tensorrt or cuda (ONNX Runtime)"
         )
-
-    def last_head(self) -> tuple[np.ndarray, np.ndarray]:
-        raise EngineError("native TensorRT engines have no fused head graph (fused_head is False)")
-
-    def last_head_logits(self, n: int) -> np.ndarray:
-        raise EngineError("native TensorRT engines have no fused head graph (fused_head is False)")

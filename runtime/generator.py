@@ -31,10 +31,9 @@ from edgespec.runtime.config import NoDefaults, RuntimeConfig
 from edgespec.runtime.constrain import Constraint, Grammar
 from edgespec.runtime.constraint import NO_CONSTRAINT, OutputConstraint
 from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
-from edgespec.runtime.drafters.suffix import SuffixCache, SuffixConfig
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens, penalize
-from edgespec.runtime.state import Proposal, SeqState, chain
+from edgespec.runtime.state import Proposal, SeqState, TargetRows, chain
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import TextCodec
 from edgespec.runtime.text_api import TextAPI
@@ -86,20 +85,18 @@ class Generator(TextAPI):
         self.eos = np.array(manifest.eos_token_ids if manifest is not None else [], np.int64)
         n_slots = tgt.max_len + max(tgt.widths)
         self._tokens = np.zeros(n_slots, np.int64)  # the sequence buffer, reused by every call
-        # the target's hidden state at every position (the head drafters draft from them), kept
-        # current by prefill and after every verify whatever the drafter, so a drafter switch finds them
+        # the target's rows the loaded drafters read (hidden states, hidden_aux rows), kept by prefill
+        # and after every verify whatever the drafter, so a drafter switch finds them
         loaded = {n: registry()[n] for n in engines.models if n in registry()}
         features = any(s.needs_features(self.cfg) for s in loaded.values())
-        self._tgt_features = np.zeros((n_slots, tgt.hidden_size), np.float32) if features else None
-        # ... and its hidden_aux rows (low/mid/high layers: what aux-feature drafters read), the same way
         aux_width = max((s.aux_width(engines.models[n]) for n, s in loaded.items() if s.aux_width), default=0)
-        self._tgt_aux = np.zeros((n_slots, aux_width), np.float32) if aux_width else None
+        self.tgt_rows = TargetRows(n_slots, tgt.hidden_size, features, aux_width)
         self._verify_costs: dict[bool, dict[int, float]] = {}  # per verifying engine (fused?): width -> seconds
         self._tgt_valid = 0  # target KV rows that hold self._tokens[:_tgt_valid] (prefix reuse)
         self.last_stats = GenerationStats()
         self.last_step = (0, 0)  # (drafted, accepted) of the step whose tokens were last yielded
         self.last_origins: list[list] = []  # stream_text: [[n_chars, drafter or "target"], ...] of its last piece
-        self.suffix_cache: SuffixCache | None = None  # recent requests (made when `suffix` is first used)
+        self.drafter_store: dict = {}  # what drafters keep across requests and switches (suffix: recent requests)
         self.structured: Constraint | None = None  # the grammar machinery (made at the first constrained call)
         # called with (past, logits [n, V], hidden [n, H], hidden_aux [n, A] or None) of every row the
         # target commits, prefill and verify (export/train/answer_data.py keeps them as training data)
@@ -149,6 +146,13 @@ class Generator(TextAPI):
         graph) or the plain target."""
         return self.drafter.verifier or self.engines.target
 
+    @property
+    def _give_next(self):
+        """Where a prefill hands the tokens that follow its rows: the verifier's, if there is one
+        (a verifier that drafts inside the call takes them), else nowhere."""
+        v = self.drafter.verifier
+        return v.give_next if v is not None else None
+
     def set_drafter(self, name: str, k: int | None = None) -> None:
         """Switch drafter / k between calls (the engines stay loaded); trees and adaptive k follow
         self.cfg (replace it to change them)."""
@@ -165,11 +169,7 @@ class Generator(TextAPI):
         c = self.cfg
         check_drafter(name, self.engines, c.provider, c)
         spec = spec_of(name)
-        if spec.suffix_cache(c) and self.suffix_cache is None:
-            self.suffix_cache = SuffixCache(
-                SuffixConfig(max_tokens=c.suffix_cache_tokens, file=c.suffix_cache), self.engines.target.vocab_size
-            )
-        ctx = BuildContext(self.engines, c, self._tgt_features, self._tgt_aux, self.suffix_cache)
+        ctx = BuildContext(self.engines, c, self.tgt_rows, self.drafter_store)
         self.drafter: Drafter = make_drafter(name, ctx)
         self.drafter_name = spec.name  # the registered name (an alias resolved)
         self.k = 0 if name == "none" else k
@@ -194,9 +194,6 @@ class Generator(TextAPI):
         if c.adaptive and self.tree is not None:  # trees cut each step to the size that pays
             self.tree_budget = TreeBudget(c.tree.nodes, self.verify_costs(range(1, c.tree.nodes + 1)))
         self._budget = self.tree_budget  # the running call's (a sampled call gets fixed costs)
-
-    def _uses_suffix_cache(self, name: str) -> bool:
-        return spec_of(name).suffix_cache(self.cfg)
 
     def _sampled_adaptive(self) -> AdaptiveK | None:
         """Adaptive k for a sampled call (when adaptive is on): fixed relative costs instead of
@@ -278,32 +275,12 @@ class Generator(TextAPI):
         n_acc, nxt = con.accept(prop, tgt_logits, seq, sampling, rng)  # accept
         rows = prop.rows()  # the accepted rows: the first n_acc+1 (chain), the tree's path
         tgt.commit(seq.tgt_past, n_acc + 1, rows)  # commit their K/V ...
-        self._keep_features(seq.tgt_past, n_acc + 1, rows, len(prop.tokens))  # ... and hidden states
+        self.tgt_rows.keep(tgt, seq.tgt_past, n_acc + 1, rows, len(prop.tokens))  # ... and what drafters read
         if self.tap is not None:
             self._tap_rows(seq.tgt_past, tgt_logits, n_acc + 1, rows, len(prop.tokens))
         seq.advance(n_acc, nxt)
         self.drafter.accepted(seq, n_old, con.drafter_kept(n_acc))
         return prop, n_acc, t_drafted, t_verified
-
-    def _keep_features(self, past: int, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
-        """Copy the committed rows' hidden states into the feature buffer the head drafters read."""
-        aux = self._tgt_aux
-        if aux is not None:  # (the aux-feature drafters' input)
-            if rows is None:
-                aux[past : past + n_rows] = self.target.last_hidden_aux(n_rows)
-            else:
-                got = self.target.last_hidden_aux(n_call)
-                for i in range(n_rows):
-                    aux[past + i] = got[rows[i]]
-        feats = self._tgt_features
-        if feats is None:
-            return
-        if rows is None:
-            feats[past : past + n_rows] = self.target.last_hidden(n_rows)
-            return
-        hidden = self.target.last_hidden(n_call)
-        for i in range(n_rows):
-            feats[past + i] = hidden[rows[i]]
 
     def _tap_rows(self, past: int, logits: np.ndarray, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
         """Hand the committed rows of a verify call (in sequence order) to self.tap."""
@@ -334,9 +311,10 @@ class Generator(TextAPI):
             self.target,
             seq.tokens[n_cached:n_prompt],
             n_cached,
-            hidden_out=self._tgt_features,
-            aux_out=self._tgt_aux,
+            hidden_out=self.tgt_rows.features,
+            aux_out=self.tgt_rows.aux,
             tap=self.tap,
+            give_next=self._give_next,
         )
         if sampling.repetition_penalty != 1.0:
             last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]
@@ -425,8 +403,7 @@ class Generator(TextAPI):
             st.total_s = time.perf_counter() - t_start
             st.record_grammar(con)  # (no grammar: its zeros)
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
-            if self._uses_suffix_cache(self.drafter_name):  # the request it served becomes evidence for the next ones
-                self.suffix_cache.add(seq.tokens[: seq.n])
+            self.drafter.finish(seq)  # (suffix: the request it served becomes evidence for the next ones)
 
     def last_output_ids(self) -> np.ndarray:
         """A copy of the ids the last generate_ids call emitted (its prompt excluded)."""

@@ -13,6 +13,7 @@ def prefill(
     features: np.ndarray | None = None,
     aux_out: np.ndarray | None = None,
     tap=None,
+    give_next=None,
 ) -> tuple[int, np.ndarray | None]:
     """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
     commit them; return (new past length, logits [V] of the last token, None if no tokens).
@@ -20,17 +21,18 @@ def prefill(
     hidden_out [max_len, H]: receives the hidden states of the new positions (the head drafters read
     them); aux_out [max_len, n*H] their hidden_aux rows (the aux-feature drafters read them).
     features [len(tokens), H]: an EAGLE head's feature rows for these tokens (the engine is
-    a head). A target with the EAGLE head fused in gets each row's next token for its head rows
-    (known in a prefill; the last row's is the target's argmax). tap: called per chunk with (past,
-    logits [n, V], hidden [n, H], hidden_aux [n, A] or None) of its committed rows (Generator.tap)."""
+    a head). give_next: called before each chunk's call with the tokens that follow its rows (known
+    in a prefill, all but the very last row's): a drafter's verifier that drafts inside the call
+    takes them (its `give_next`). tap: called per chunk with (past, logits [n, V], hidden [n, H],
+    hidden_aux [n, A] or None) of its committed rows (Generator.tap)."""
     widest = max(engine.widths)
     logits = None
     for i in range(0, len(tokens), widest):
         chunk = tokens[i : i + widest]
+        if give_next is not None:
+            give_next(tokens[i + 1 : i + 1 + widest])
         if features is not None:
             logits = engine.forward(chunk, past, features=features[i : i + widest])
-        elif engine.fused_head:
-            logits = engine.forward(chunk, past, head_next=tokens[i + 1 : i + 1 + widest])
         else:
             logits = engine.forward(chunk, past)
         engine.commit(past, len(chunk))

@@ -1,4 +1,5 @@
-"""What the loop carries: the token sequence with its length pointers, and one step's proposal."""
+"""What the loop carries: the token sequence with its length pointers, one step's proposal, and
+the target's committed rows that drafters read."""
 
 from __future__ import annotations
 
@@ -63,3 +64,36 @@ class Proposal:
 def chain(seq: SeqState, m: int, q: np.ndarray | None = None) -> Proposal:
     """The proposal of m drafts a drafter wrote into seq.draft_slots(m)."""
     return Proposal(seq.verify_window(m), None, q, None, m)
+
+
+class TargetRows:
+    """The target's committed rows that drafters read, one per position: its final-norm hidden states
+    (`features` [slots, H]: what the head drafters read) and its hidden_aux rows (`aux` [slots, A]:
+    what the aux-feature drafters read); None where no loaded drafter reads them. One per Generator,
+    sized for the drafters its folder loaded rather than per drafter object, and kept current after
+    every prefill and verify whatever the drafter, so a drafter switch finds a reused prefix's rows."""
+
+    def __init__(self, n_slots: int, hidden_size: int, features: bool, aux_width: int) -> None:
+        self.features = np.zeros((n_slots, hidden_size), np.float32) if features else None
+        self.aux = np.zeros((n_slots, aux_width), np.float32) if aux_width else None
+
+    def keep(self, tgt, past: int, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
+        """Copy the rows tgt's last call committed at past: its first n_rows, or rows[:n_rows] of its
+        n_call rows (a tree's accepted path), in sequence order."""
+        aux = self.aux
+        if aux is not None:  # (the aux-feature drafters' input)
+            if rows is None:
+                aux[past : past + n_rows] = tgt.last_hidden_aux(n_rows)
+            else:
+                got = tgt.last_hidden_aux(n_call)
+                for i in range(n_rows):
+                    aux[past + i] = got[rows[i]]
+        feats = self.features
+        if feats is None:
+            return
+        if rows is None:
+            feats[past : past + n_rows] = tgt.last_hidden(n_rows)
+            return
+        hidden = tgt.last_hidden(n_call)
+        for i in range(n_rows):
+            feats[past + i] = hidden[rows[i]]

@@ -2,9 +2,9 @@
 (greedy, or sampled with its q), the confidence that cuts a chain, and growing trees from such
 logits.
 
-The generator keeps the target's final-norm hidden state of every position in a buffer
-(`tgt_features` [slots, H]), current after prefill and every verify whatever the drafter, so a
-drafter switch finds it ready.
+They draft from the target's final-norm hidden state of every position (`tgt_features` [slots, H],
+the generator's runtime.state.TargetRows), current after prefill and every verify whatever the
+drafter, so a drafter switch finds it ready.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ A drafter proposes the next tokens:
   propose(seq, k)        write up to k tokens into seq.draft_slots(k); return their Proposal
   propose_tree(seq, tree, cfg)  grow a token tree under the pending token (drafts_trees)
   accepted(seq, n_old, n_acc)   after the target kept n_acc of them (roll back own state)
+  finish(seq)            after the call: seq holds its prompt and output (a drafter that learns
+                         from served requests keeps them)
 
 A proposal's q is the drafter's distribution of each proposed token (needed for lossless
 sampling); None means the drafter is deterministic (q is one-hot on its token).
@@ -39,7 +41,9 @@ class Drafter:
     name = "none"
     drafts_trees = False  # propose_tree is available
     engine = None  # the model whose calls count as draft calls (stats); None: no model
-    verifier = None  # an engine that runs the target's calls in its place (a fused target+head graph)
+    # an engine that runs the target's calls in its place (a fused target+head graph); one that drafts
+    # inside the call may take a prefill's next tokens (`give_next`, runtime/prefill.py)
+    verifier = None
     source = ""  # a combinator: which of its drafters made the last proposal ("" for the others, or nothing)
 
     def __init__(self) -> None:
@@ -65,6 +69,9 @@ class Drafter:
     def forget(self) -> None:
         """Drop state kept from the last call (the next prompt is prefilled in full)."""
 
+    def finish(self, seq: SeqState) -> None:
+        """After a call (also one cut short): seq.tokens[:seq.n] is its prompt and output."""
+
 
 @dataclass(frozen=True)
 class Option:
@@ -83,13 +90,12 @@ class Option:
 
 @dataclass
 class BuildContext:
-    """What a drafter is built from: the generator's engines, its buffers and its config."""
+    """What a drafter is built from: the generator's engines, the target rows it reads and its config."""
 
     engines: object  # runtime.backends.Engines: the loaded models of the folder
     cfg: object  # the resolved RuntimeConfig
-    features: np.ndarray | None  # [slots, H] the target's final-norm hidden states (generator-owned)
-    aux: np.ndarray | None  # [slots, n*H] the target's hidden_aux rows (generator-owned)
-    suffix_cache: object | None  # runtime.drafters.suffix.SuffixCache of this process (when one is used)
+    tgt_rows: object  # runtime.state.TargetRows: the target's hidden states / hidden_aux rows by position
+    store: dict  # what drafters keep for the generator's life, across drafter switches, by name (a suffix cache)
 
     @property
     def target_vocab(self) -> int:
@@ -130,7 +136,6 @@ class DrafterSpec:
     export_hint: str = ""  # the export flag that ships its models, for errors ("" for model-free drafters)
     max_chain: object = None  # (its engine(s)) -> the longest chain it drafts; None: any k
     aux_width: object = None  # (its engine(s)) -> width of the hidden_aux rows it reads; None: 0
-    uses_suffix_cache: object = None  # (cfg) -> bool: it reads the process's cache of recent requests
     pairs: bool = False  # a head drafter a combinator (hybrid) may pair with a lookup
     redrafts: bool = False  # under a grammar it drafts again after forced tokens its drafts missed (it needs
     #                         no target features of tokens not yet verified: runtime/constrain.py)
@@ -143,6 +148,3 @@ class DrafterSpec:
 
     def needs_features(self, cfg) -> bool:
         return bool(self.reads_features(cfg)) if self.reads_features is not None else False
-
-    def suffix_cache(self, cfg) -> bool:
-        return bool(self.uses_suffix_cache(cfg)) if self.uses_suffix_cache is not None else False

@@ -38,7 +38,7 @@ class Eagle3Section:
 class Eagle3Drafter(EagleDrafter):
     """EAGLE-3: EAGLE's chain and tree drafting on a head that reads the target's low/mid/high
     layer features. Head row j's feature input is fc(a_j), a_j the target's hidden_aux row of
-    position j (`tgt_aux`, kept current by the generator), made at catch-up into a buffer of its
+    position j (`tgt_aux`: the generator's TargetRows.aux), made at catch-up into a buffer of its
     own (one matmul, no allocation); speculative rows feed the head its own output, as in EAGLE.
     No fused target+head graph."""
 
@@ -74,7 +74,7 @@ SPEC = register(
         summary="an EAGLE-3 head: the target's low/mid/high layer features fused by fc, one decoder "
         "layer, its own draft-vocabulary LM head",
         build=lambda ctx: Eagle3Drafter(
-            ctx.engines.models["eagle3"], ctx.aux, ctx.target_vocab, ctx.cfg.eagle_min_confidence
+            ctx.engines.models["eagle3"], ctx.tgt_rows.aux, ctx.target_vocab, ctx.cfg.eagle_min_confidence
         ),
         section=Eagle3Section,
         load=_load,

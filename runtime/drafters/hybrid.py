@@ -32,7 +32,7 @@ import numpy as np
 
 from edgespec.runtime.drafters import Drafter, DrafterSpec, Option, register, registry, spec_of
 from edgespec.runtime.drafters.ngram import NgramDrafter, ngram_config
-from edgespec.runtime.drafters.suffix import DEPTH, SuffixDrafter
+from edgespec.runtime.drafters.suffix import DEPTH, SuffixDrafter, recent_requests
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.state import Proposal, SeqState, chain
 
@@ -139,6 +139,10 @@ class SuffixHeadHybrid(Drafter):
     def forget(self) -> None:
         self.head.forget()
 
+    def finish(self, seq: SeqState) -> None:
+        self.suffix.finish(seq)
+        self.head.finish(seq)
+
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         self.head.start(seq, n_cached)
 
@@ -220,6 +224,10 @@ class HybridDrafter(Drafter):
     def forget(self) -> None:
         self.head.forget()
 
+    def finish(self, seq: SeqState) -> None:
+        self.ngram.finish(seq)
+        self.head.finish(seq)
+
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         self.head.start(seq, n_cached)
 
@@ -259,7 +267,7 @@ def _build(ctx) -> Drafter:
     head = _head(ctx.cfg).build(ctx)
     if ctx.cfg.hybrid_lookup == "ngram":
         return HybridDrafter(NgramDrafter(ngram_config(ctx.cfg)), head)
-    return SuffixHeadHybrid(SuffixDrafter(ctx.suffix_cache), head)
+    return SuffixHeadHybrid(SuffixDrafter(recent_requests(ctx)), head)
 
 
 SPEC = register(
@@ -273,7 +281,6 @@ SPEC = register(
         reads_features=lambda cfg: _head(cfg).needs_features(cfg),
         trees=True,
         draft_cost=0.1,
-        uses_suffix_cache=lambda cfg: cfg.hybrid_lookup == "suffix",
         options=(
             Option(
                 "hybrid_lookup",

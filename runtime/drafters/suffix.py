@@ -171,6 +171,9 @@ class SuffixDrafter(Drafter):
         self.last_size = 0  # the last chain's match length (0: no match)
         self.last_score = 0.0  # the last chain's sum of path probabilities: its expected accepted length
 
+    def finish(self, seq: SeqState) -> None:
+        self.cache.add(seq.tokens[: seq.n])  # the request it served becomes evidence for the next ones
+
     def _longest(self, seq: SeqState) -> tuple[int, _Match | None]:
         """(n, its occurrences) for the longest suffix of the sequence (min_match..DEPTH tokens)
         that occurred before. In the sequence: the earlier places of its last token, extended
@@ -248,17 +251,26 @@ class SuffixDrafter(Drafter):
                 return
 
 
+def recent_requests(ctx) -> SuffixCache:
+    """The generator's cache of the requests its suffix drafters served: made at the first build,
+    then kept in its drafter store, so it lives across requests and drafter switches."""
+    if "suffix" not in ctx.store:
+        c = ctx.cfg
+        cfg = SuffixConfig(max_tokens=c.suffix_cache_tokens, file=c.suffix_cache)
+        ctx.store["suffix"] = SuffixCache(cfg, ctx.target_vocab)
+    return ctx.store["suffix"]
+
+
 SPEC = register(
     DrafterSpec(
         name="suffix",
         order=2,
         summary="suffix decoding: the most frequent continuation of the longest match of the last tokens "
         "in the prompt + output AND in this process's recent requests",
-        build=lambda ctx: SuffixDrafter(ctx.suffix_cache),
+        build=lambda ctx: SuffixDrafter(recent_requests(ctx)),
         trees=True,
         draft_cost=0.03,
         redrafts=True,
-        uses_suffix_cache=lambda cfg: True,
         options=(
             Option(
                 "suffix_cache_tokens",

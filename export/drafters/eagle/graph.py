@@ -198,17 +198,19 @@ def validate_fused(folder: Path, tokens: np.ndarray, tol: float) -> dict[str, fl
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.target.validate import compare, schedule
+    from edgespec.runtime.drafters.eagle.fused import FusedVerifier
 
     man = load_manifest(folder)
     plain, head = OrtModel(man, man.target), OrtModel(man, man.models()["eagle"])
-    fused = OrtModel(man, man.models()["eagle_fused"], head=OrtModel(man, man.models()["eagle"]))
+    fused = FusedVerifier(man, man.models()["eagle_fused"], OrtModel(man, man.models()["eagle"]))
 
     def calls():
         for label, past, w in schedule(man.target, man.prefill_chunk, len(tokens)):
             ids, nxt = tokens[past : past + w], tokens[past + 1 : past + w + 1]
             n = len(nxt)  # rows whose next token is known (the very last row's is not)
             want = plain.forward(ids, past).copy()
-            got = fused.forward(ids, past, head_next=nxt)
+            fused.give_next(nxt)
+            got = fused.forward(ids, past)
             if not np.array_equal(got, want):
                 raise _NotBitwise(
                     f"the fused target+EAGLE graph's logits at {label} differ from the plain "

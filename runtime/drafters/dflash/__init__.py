@@ -52,7 +52,7 @@ class DFlashDrafter(HeadDrafter):
     def __init__(self, engine, tgt_aux: np.ndarray, target_vocab: int, min_confidence: float = 0.0) -> None:
         super().__init__(engine.d2t, target_vocab, min_confidence, engine.block_size)
         self.dflash = self.engine = engine
-        self.tgt_aux = tgt_aux  # [slots, n*H] the target's hidden_aux rows (generator-owned)
+        self.tgt_aux = tgt_aux  # [slots, n*H] the target's hidden_aux rows (runtime.state.TargetRows)
         self.ctx_len = 0  # positions 0..ctx_len-1 are in the drafter's context cache
         self.expected = 0.0  # sum over the proposed drafts of the chain's probability (hybrid-style estimate)
 
@@ -99,7 +99,7 @@ SPEC = register(
         summary="a DFlash block drafter: ONE call drafts a whole block from [last token, MASK...] with "
         "the target's low/mid/high features injected as keys/values",
         build=lambda ctx: DFlashDrafter(
-            ctx.engines.models["dflash"], ctx.aux, ctx.target_vocab, ctx.cfg.eagle_min_confidence
+            ctx.engines.models["dflash"], ctx.tgt_rows.aux, ctx.target_vocab, ctx.cfg.eagle_min_confidence
         ),
         section=DFlashSection,
         load=_load,

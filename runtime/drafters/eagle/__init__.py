@@ -1,6 +1,7 @@
 """The `eagle` drafter: an EAGLE head (one decoder layer) drafting from the target's own hidden
 states over its most frequent draft tokens, as chains or EAGLE-2 style dynamic trees; on the CPU
-its first draft comes out of the target's verify call (the fused target+head graph)."""
+its first draft comes out of the target's verify call: the drafter verifies with its own engine,
+the fused target+head graph (fused.py)."""
 
 from __future__ import annotations
 
@@ -46,33 +47,33 @@ class EagleEngines:
     """The loaded head, and the fused target+head graph when it verifies in the target's place."""
 
     head: object  # engines.base.HeadEngine
-    fused: object | None  # engines.base.Engine with fused_head, sharing the target's KV; None: not used
+    fused: object | None  # fused.FusedVerifier, sharing the target's KV; None: not used
 
 
 class EagleDrafter(HeadDrafter):
     """EAGLE: a one-layer head drafts from the target's own features (chain).
 
     Head row j holds the pair (f_j, token_{j+1}), f_j = the target's hidden state at position j
-    (`tgt_features`, kept current by the generator). Its output predicts f_{j+1} and so
-    token_{j+2}. One step: catch up on the pairs the target has verified since the last step (one
-    call, true features; its last row drafts d_1), then k-1 calls that feed the head its own
-    predicted feature: (f^_{n-1}, d_1) -> d_2, ... Those speculative rows sit past `dft_past` and
-    are overwritten by the next catch-up, so rejection needs no rollback work.
+    (`tgt_features`: the generator's TargetRows.features, current after every target call). Its
+    output predicts f_{j+1} and so token_{j+2}. One step: catch up on the pairs the target has
+    verified since the last step (one call, true features; its last row drafts d_1), then k-1
+    calls that feed the head its own predicted feature: (f^_{n-1}, d_1) -> d_2, ... Those
+    speculative rows sit past `dft_past` and are overwritten by the next catch-up, so rejection
+    needs no rollback work.
 
-    Fused (`fused`: the target+head graph, which then verifies in the target's place: `verifier`):
-    the verify call itself
-    computes the head's rows for the pairs it verifies, taking the target's argmax as each row's
-    next token, which under greedy decoding is the token that does follow every accepted row and
-    the bonus row. So when greedy (no repetition penalty) and the head was caught up to the call's
-    past_len, the committed rows catch it up and the bonus row's head logits are d_1: no head
-    call for d_1. Otherwise (sampling; a prefix the head had not caught up to) the catch-up call
-    runs as without fusion, so output never depends on it.
+    Fused (`verifier`: the target+head graph, fused.FusedVerifier, verifying in the target's
+    place): the verify call itself computes the head's rows for the pairs it verifies, taking the
+    target's argmax as each row's next token, which under greedy decoding is the token that does
+    follow every accepted row and the bonus row. So when greedy (no repetition penalty) and the
+    head was caught up to the call's past_len, the committed rows catch it up and the bonus row's
+    head logits are d_1: no head call for d_1. Otherwise (sampling; a prefix the head had not
+    caught up to) the catch-up call runs as without fusion, so output never depends on it.
     """
 
     name = "eagle"
 
     def __init__(
-        self, head, tgt_features: np.ndarray, target_vocab: int, min_confidence: float = 0.0, fused=None
+        self, head, tgt_features: np.ndarray, target_vocab: int, min_confidence: float = 0.0, verifier=None
     ) -> None:
         super().__init__(head.d2t, target_vocab, min_confidence, 64)
         self.head = self.engine = head
@@ -84,14 +85,14 @@ class EagleDrafter(HeadDrafter):
         self._tree_in = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
         self._tree_par = np.zeros(n_tree, np.int64)
         self._tree_rows = np.zeros(n_tree, np.int64)
-        self.fused = self.verifier = fused  # the target+head graph, verifying in the target's place
-        self._fused_ready = False  # the last target call caught the head up (d_1 is in fused.last_head())
+        self.verifier = verifier  # the fused target+head graph (FusedVerifier), verifying in the target's place
+        self._fused_ready = False  # the last target call caught the head up (d_1 is in verifier.last_head())
 
     def _caught_up_by_target(self, seq: SeqState, past_len: int) -> None:
         """After a target call at past_len whose rows are committed: did its head rows catch us up?"""
         p = self.sampling
         self._fused_ready = (
-            self.fused is not None
+            self.verifier is not None
             and p.greedy
             and p.repetition_penalty == 1.0
             and not p.masked
@@ -122,7 +123,7 @@ class EagleDrafter(HeadDrafter):
         verify when that caught the head up, else from a catch-up call."""
         if not self._fused_ready:
             return self._catch_up(seq, feat_out)
-        logits, feat = self.fused.last_head()
+        logits, feat = self.verifier.last_head()
         feat_out[:] = feat
         return logits
 
@@ -192,15 +193,16 @@ def _load(manifest: Manifest, section: EagleSection, ctx) -> EagleEngines:
     fused = None
     # the fused graph reads and writes both KV caches on the host
     if section.fused is not None and ctx.cfg.fuse_head and ctx.provider == ctx.head_provider == "cpu":
-        fused = OrtModel(manifest, section.fused, "cpu", ctx.threads, kv=ctx.target.kv, head=head)
+        from edgespec.runtime.drafters.eagle.fused import FusedVerifier
+
+        fused = FusedVerifier(manifest, section.fused, head, ctx.threads, kv=ctx.target.kv)
     return EagleEngines(head, fused)
 
 
 def build_eagle(ctx) -> EagleDrafter:
     e = ctx.engines.models["eagle"]
-    return EagleDrafter(
-        e.head, ctx.features, ctx.target_vocab, ctx.cfg.eagle_min_confidence, e.fused if ctx.cfg.fuse_head else None
-    )
+    verifier = e.fused if ctx.cfg.fuse_head else None
+    return EagleDrafter(e.head, ctx.tgt_rows.features, ctx.target_vocab, ctx.cfg.eagle_min_confidence, verifier)
 
 
 MIN_CONFIDENCE_OPTION = Option(

@@ -1,66 +1,93 @@
-"""The head's part of a fused target+head graph: one call runs the target and the head after it.
+"""The EAGLE drafter's verifying engine: the fused target+head graph, one call runs the target and the
+head after it.
 
 The fused graph (its head's names carry FUSED_PREFIX) reads the head's KV window next to the
 target's and returns, per row, the head's logits, K/V and predicted feature. The head's input
-token of a row is given (head_next: the tokens that follow, known in a prefill) or the target's
+token of a row is given (`give_next`: the tokens that follow, known in a prefill) or the target's
 argmax (verify). Its KV stays the head engine's own host buffer, aligned with the target's: commit
-writes the head's rows with the target's, and `last` gives the head's draft at the last
-committed row, so the next step starts one head call ahead.
+writes the head's rows with the target's, and `last_head` gives the head's draft at the last
+committed row, so the next step starts one head call ahead. The target's part is the plain ORT
+engine (OrtModel, on the plain target's KV buffer); this subclass only adds the head's inputs and
+outputs to its bindings, so a call costs what the plain path costs plus the head's rows.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from edgespec.engines.base import EngineError, commit_host
-from edgespec.engines.manifest import FUSED_PREFIX
+from edgespec.engines.base import EngineError, commit_host, pick_width
+from edgespec.engines.manifest import FUSED_PREFIX, Manifest, ModelSpec
+from edgespec.engines.ort import OrtModel
 
 
-class FusedHead:
-    """Buffers and bindings of the head inside a fused graph; `head` is the head engine (OrtModel)
-    whose KV the graph reads and whose rows commit writes."""
+class FusedVerifier(OrtModel):
+    """The fused graph's engine: runs the target's calls in the target's place (the drafter's
+    `verifier`). `head` is the head engine (OrtModel) whose KV the graph reads and whose rows
+    commit writes."""
 
-    def __init__(self, head, widths: tuple[int, ...], provider: str) -> None:
-        if head.device is not None or provider != "cpu":
+    def __init__(
+        self, manifest: Manifest, spec: ModelSpec, head: OrtModel, threads: int | None = None, kv=None
+    ) -> None:
+        if head.device is not None:
             raise EngineError("the fused target+head graph runs on the CPU provider only (host KV)")
+        super().__init__(manifest, spec, "cpu", threads, kv=kv)
         self.head = head
-        self.ids = {w: np.zeros((1, w), np.int64) for w in widths}  # given next tokens
-        self.given = np.zeros(1, np.int64)  # rows that take them (the rest: the target's argmax)
-        self.logits = {w: np.zeros((1, w, head.vocab_size), np.float32) for w in widths}
-        self.new_kv = {w: np.zeros((1, 2, w, head.spec.kv_width), head.kv.dtype) for w in widths}
-        self.hidden = {w: np.zeros((1, w, head.hidden_size), head.kv.dtype) for w in widths}
-        self.row = 0  # the head row of the last committed target row (its draft of the next token)
+        widths, kv_dtype = self.widths, head.kv.dtype
+        self._head_ids = {w: np.zeros((1, w), np.int64) for w in widths}  # given next tokens
+        self._given = np.zeros(1, np.int64)  # rows that take them (the rest: the target's argmax)
+        self._head_logits = {w: np.zeros((1, w, head.vocab_size), np.float32) for w in widths}
+        self._head_new_kv = {w: np.zeros((1, 2, w, head.spec.kv_width), kv_dtype) for w in widths}
+        self._head_hidden = {w: np.zeros((1, w, head.hidden_size), kv_dtype) for w in widths}
+        self._next: np.ndarray | None = None  # the next call's given tokens (give_next)
+        self._row = 0  # the head row of the last committed target row (its draft of the next token)
 
-    def inputs(self, width: int, n_slots: int) -> list[tuple[str, np.ndarray]]:
-        """The head's inputs of a (width, window) call: its given tokens and its KV window."""
+    def _extra_io(self, width: int, n_slots: int) -> tuple[list, list]:
+        """The head's inputs of a (width, window) call (its given tokens, its KV window) and its outputs."""
         p, kv = FUSED_PREFIX, self.head.kv
-        return [
-            (p + "input_ids", self.ids[width]),
-            (p + "n_given", self.given),
+        inputs = [
+            (p + "input_ids", self._head_ids[width]),
+            (p + "n_given", self._given),
             (p + "past_key_0", kv[0, 0, :n_slots]),
             (p + "past_value_0", kv[0, 1, :n_slots]),
         ]
-
-    def outputs(self, width: int) -> list[tuple[str, np.ndarray]]:
-        p = FUSED_PREFIX
-        return [
-            (p + "logits", self.logits[width]),
-            (p + "new_kv", self.new_kv[width]),
-            (p + "hidden", self.hidden[width]),
+        outputs = [
+            (p + "logits", self._head_logits[width]),
+            (p + "new_kv", self._head_new_kv[width]),
+            (p + "hidden", self._head_hidden[width]),
         ]
+        return inputs, outputs
 
-    def give(self, width: int, head_next: np.ndarray | None) -> None:
-        """Set the next call's given tokens (None: every row takes the target's argmax)."""
-        given = 0 if head_next is None else len(head_next)
+    def give_next(self, next_ids: np.ndarray) -> None:
+        """The tokens that follow the next call's first len(next_ids) rows (known in a prefill): that
+        call's head rows take them; a call without them (verify) takes the target's argmax everywhere."""
+        self._next = next_ids
+
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        past_len: int,
+        features: np.ndarray | None = None,
+        parents: np.ndarray | None = None,
+    ) -> np.ndarray:
+        nxt, self._next = self._next, None
+        given = 0 if nxt is None else len(nxt)
         if given:
-            self.ids[width][0, :given] = head_next
-        self.given[0] = given
+            self._head_ids[pick_width(self.widths, len(token_ids))][0, :given] = nxt
+        self._given[0] = given
+        return super().forward(token_ids, past_len, features, parents)
 
-    def commit(self, width: int, past_len: int, n_rows: int, rows: np.ndarray | None) -> None:
-        """The head's rows of the last call into its cache, as the target's are committed."""
-        commit_host(self.head.kv, self.new_kv[width], past_len, n_rows, rows)
-        self.row = int(rows[n_rows - 1]) if rows is not None else n_rows - 1
+    def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
+        # the head's rows ride along: its KV is aligned with the target's
+        commit_host(self.head.kv, self._head_new_kv[self._last_width], past_len, n_rows, rows)
+        self._row = int(rows[n_rows - 1]) if rows is not None else n_rows - 1
+        super().commit(past_len, n_rows, rows)
 
-    def last(self, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """(logits [Vd], predicted feature [H]) at the last committed row; views."""
-        return self.logits[width][0, self.row], self.hidden[width][0, self.row]
+    def last_head(self) -> tuple[np.ndarray, np.ndarray]:
+        """The head's output at the last committed row: (logits [Vd] drafting the token after that
+        row's next one, predicted feature [H]); views, valid until the next call."""
+        w = self._last_width
+        return self._head_logits[w][0, self._row], self._head_hidden[w][0, self._row]
+
+    def last_head_logits(self, n: int) -> np.ndarray:
+        """The head's logits [n, Vd] of the last forward's first n rows."""
+        return self._head_logits[self._last_width][0, :n]

@@ -76,7 +76,7 @@ SPEC = register(
         order=6,
         summary="K Medusa heads on the target's last hidden state, one small call for all K drafts",
         build=lambda ctx: MedusaDrafter(
-            ctx.engines.models["medusa"], ctx.features, ctx.target_vocab, ctx.cfg.medusa_min_confidence
+            ctx.engines.models["medusa"], ctx.tgt_rows.features, ctx.target_vocab, ctx.cfg.medusa_min_confidence
         ),
         section=MedusaSection,
         load=_load,
