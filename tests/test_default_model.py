@@ -145,6 +145,7 @@ def test_memory_one_weights_copy(default_engine):
 
     code = f"""
 import psutil, numpy as np
+import edgespec.runtime.drafters  # registers the drafters' manifest sections
 from edgespec.engines.manifest import load_manifest
 from edgespec.engines.ort import OrtModel
 p = psutil.Process()
