@@ -31,7 +31,7 @@ from edgespec.runtime.apps.chat_page import PAGE_HEADERS, chat_page
 from edgespec.runtime.apps.server_config import ServeConfig, host_name, origin_host
 from edgespec.runtime.apps.server_schema import Abilities, BadRequest, Speculation, parse_request, parse_speculation
 from edgespec.runtime.apps.server_worker import END, STARTED, Job, Metrics, Worker, log
-from edgespec.runtime.backends import check_drafter
+from edgespec.runtime.backends import runnable_drafters
 from edgespec.runtime.drafters import registry, spec_of
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.text import TemplateError
@@ -112,20 +112,13 @@ def abilities(gen: Generator) -> Abilities:
     """What requests may ask of this generator's folder and backend."""
     e, tgt, cfg = gen.engines, gen.engines.target, gen.cfg
 
-    def runs(d: str) -> bool:
-        try:
-            check_drafter(d, e, cfg.provider, cfg)
-        except ValueError:  # disabled, missing from the folder, or not on this backend
-            return False
-        return True
-
     def grows_trees(d: str) -> bool:  # every model it drafts with must grow trees on graphs that take them
         spec = spec_of(d)
         needs = [registry()[n] for n in spec.needs(cfg)]
         heads = [h for n in spec.needs(cfg) if (grow := registry()[n].tree_engines) for h in grow(e.models[n])]
         return spec.trees and all(s.trees for s in needs) and all(h.takes_tree for h in heads)
 
-    drafters = tuple(d for d in registry() if runs(d))
+    drafters = runnable_drafters(e, cfg)
     trees = tuple(d for d in drafters if tgt.takes_tree and grows_trees(d))
     k_max = 0  # verify widths 2..k_max+1 must all exist (as Generator.set_drafter requires)
     while k_max + 2 in tgt.widths:
