@@ -121,6 +121,18 @@ class ExportPlugin:
         `source`, or None when it ships nothing."""
         return False
 
+    def aux_layers(self, cfg, source, n_layers: int) -> tuple[int, ...] | None:
+        """The target layers whose entering residual stream it reads as hidden_aux (ids as
+        GraphOptions.aux_layers counts them: the stream *entering* layer i), when its checkpoint
+        names them; None: the default low/mid/high (spec.aux_layers). Called only when `reads_aux`."""
+        return None
+
+    def preflight(self, cfg, source, target) -> None:
+        """Read and check its checkpoint (config.json and tensor names, shapes and dtypes; no weights)
+        against the target's shape (sources.TargetShape, or None when the target cannot be read
+        before it loads), raising ExportError with the reason and what to do. Runs before the target
+        loads, so a folder that cannot work costs seconds, not the target's export."""
+
     def claims(self, folder: Path) -> bool:
         """Is `folder` in its format, so that given to another drafter's flag it is taken as this one's?"""
         return False

@@ -138,6 +138,11 @@ def export(cfg: ExportConfig) -> Path:
     src = sources.resolve(cfg.target)
     out = Path(cfg.out) if cfg.out else Path("engines") / src.name
     check_out(out, cfg.force)
+    plugins = registry()
+    shipping = drafter_sources(cfg, src)  # name -> its folder (or model), for the drafters this export ships
+    shape = sources.target_shape(src)
+    for name, source in shipping.items():  # every drafter checkpoint checked before the target loads
+        plugins[name].preflight(cfg, source, shape)
     probe = {}  # --precision auto: what the per-CPU probe measured (manifest export_probe)
     if cfg.precision == "auto" and cfg.graph != "auto":  # the graph asked for decides
         cfg = dataclasses.replace(cfg, precision="int8" if cfg.graph == "integer" else "int4")
@@ -148,9 +153,7 @@ def export(cfg: ExportConfig) -> Path:
         cfg = dataclasses.replace(cfg, precision=precision)
     clean_stale_partials(out.parent)
     widths = cfg.widths()
-    plugins = registry()
-    shipping = drafter_sources(cfg, src)  # name -> its folder (or model), for the drafters this export ships
-    reads_aux = any(p.reads_aux(cfg, shipping.get(name)) for name, p in plugins.items())
+    aux_readers = [name for name, p in plugins.items() if p.reads_aux(cfg, shipping.get(name))]
     progress = _Progress(6 + sum(plugins[name].steps for name in shipping), cfg.progress)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
@@ -174,7 +177,7 @@ def export(cfg: ExportConfig) -> Path:
             int4_lm_head=cfg.int4_lm_head,
             int8_lm_head=cfg.int8_lm_head,
             trees=cfg.trees,
-            aux_layers=aux_layers(arch.n_layers) if reads_aux else (),
+            aux_layers=_aux_layers(cfg, aux_readers, shipping, arch.n_layers),
             two_row_matmuls=two_rows,
             flavour=cfg.flavour(),
             portable_ops=probe_portable_ops() if cfg.flavour() in ("lean", "integer") else (),
@@ -258,6 +261,23 @@ def export(cfg: ExportConfig) -> Path:
             what = "head logits vs the head's own graph" if fused else "|ORT - PyTorch| logits"
             print(f"  {role}: max {what} over {len(spec.validation)} phase widths = {worst:.2e}", file=sys.stderr)
     return out
+
+
+def _aux_layers(cfg, readers: list[str], shipping: dict, n_layers: int) -> tuple[int, ...]:
+    """The layers whose entering stream the target graphs output as hidden_aux: those every reader
+    asks for (its checkpoint's, or the default low/mid/high); readers that ask for different ones
+    are refused (the graphs output one hidden_aux)."""
+    plugins = registry()
+    wanted = {
+        name: plugins[name].aux_layers(cfg, shipping.get(name), n_layers) or aux_layers(n_layers) for name in readers
+    }
+    if len(set(wanted.values())) > 1:
+        asked = "; ".join(f"{plugins[n].flag} reads layers {list(v)}" for n, v in wanted.items())
+        raise ExportError(f"the drafters read the target's features at different layers ({asked}); export them apart")
+    layers = next(iter(wanted.values()), ())
+    if layers and (min(layers) < 0 or max(layers) >= n_layers):
+        raise ExportError(f"aux feature layers {list(layers)} are outside the target's 0..{n_layers - 1}")
+    return tuple(layers)
 
 
 def _validate(man: mf.Manifest, ctx: ExportContext, shipped: dict) -> mf.Manifest:

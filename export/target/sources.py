@@ -185,3 +185,52 @@ def load(source: Source):
     if hasattr(model.config, "quantization_config"):
         model.config.quantization_config = None
     return model.eval(), tok
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What a drafter checkpoint is checked against before the target's weights load: its config's
+    numbers, read from config.json or the GGUF header (no weights read)."""
+
+    model_type: str  # HF model_type (GGUF: general.architecture, e.g. "llama", "qwen2", "gemma3")
+    hidden_size: int  # residual stream width
+    vocab_size: int  # LM head rows
+    n_layers: int  # decoder layers
+    rope_theta: float  # RoPE base (10000 when the config leaves it unset)
+
+
+def target_shape(source: Source) -> TargetShape | None:
+    """The target's shape from its config alone (seconds, no weights); None for a hub id (nothing
+    local to read until it downloads)."""
+    import json
+
+    if source.kind == "hub":
+        return None
+    if source.kind == "hf":
+        cfg = json.loads((Path(source.path) / "config.json").read_text())
+        cfg = cfg.get("text_config") or cfg  # multimodal wrappers (Gemma 3) keep the LM's numbers here
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        return TargetShape(
+            model_type=str(cfg.get("model_type", "")),
+            hidden_size=int(cfg["hidden_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            n_layers=int(cfg["num_hidden_layers"]),
+            rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        )
+    from gguf import GGUFReader
+
+    fields = GGUFReader(source.path).fields
+
+    def value(key: str, default=None):
+        f = fields.get(key)
+        return default if f is None else f.contents()
+
+    arch = value("general.architecture")
+    vocab = value(f"{arch}.vocab_size") or len(fields["tokenizer.ggml.tokens"].data)
+    return TargetShape(
+        model_type=str(arch),
+        hidden_size=int(value(f"{arch}.embedding_length")),
+        vocab_size=int(vocab),
+        n_layers=int(value(f"{arch}.block_count")),
+        rope_theta=float(value(f"{arch}.rope.freq_base", 10000.0)),
+    )
