@@ -159,6 +159,14 @@ class ExportPlugin:
         module, function = self.validator.split(":")
         return getattr(importlib.import_module(module), function)(folder, writer, ref_target, tokens, tol)
 
+    # ---- `edgespec export-drafter`: its checkpoints in the layouts serving engines load ----------------
+    formats: tuple[str, ...] = ()  # the layouts `publish` writes ("speculators", "eagle3-official", ...)
+
+    def publish(self, folder: Path, fmt: str, out: Path) -> Path:
+        """Its checkpoint `folder` (any layout its flag reads) rewritten in layout `fmt` (one of
+        `formats`) into the new folder `out`; what the layout cannot carry is refused (ExportError)."""
+        raise NotImplementedError
+
     # ---- `edgespec train-<name>` ----------------------------------------------------------------------
     def train_arguments(self, p) -> None:
         """Add the command's flags to its argparse parser."""
