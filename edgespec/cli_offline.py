@@ -189,6 +189,47 @@ def _cmd_answer_data(a) -> int:
     return _data_command("answer-data", lambda: make_answer_data(config_from(AnswerDataConfig, a)))
 
 
+def _formats() -> dict:
+    """layout name -> the plugin that writes it (`ExportPlugin.formats`)."""
+    from edgespec.export.drafters import registry
+
+    return {fmt: plugin for plugin in registry().values() for fmt in plugin.formats}
+
+
+def _add_export_drafter(sub) -> None:
+    formats = _formats()
+    listed = ", ".join(f"{fmt} ({p.title or p.name})" for fmt, p in formats.items()) or "none yet"
+    t = sub.add_parser(
+        "export-drafter",
+        help="write a drafter checkpoint in a layout serving engines load (vLLM, SGLang, the upstream repos)",
+        description="Rewrite a drafter checkpoint folder (one edgespec trained or ships, or any published layout "
+        "its export flag reads) in another project's layout, for a serving engine (vLLM, SGLang, "
+        f"TensorRT-LLM) or the drafter's own repository. Layouts: {listed}. What a layout cannot carry "
+        "is refused with the reason. Needs the `export` extra (torch).",
+    )
+    t.add_argument("folder", metavar="FOLDER", help="the drafter checkpoint folder (config.json + weights)")
+    t.add_argument("--format", required=True, choices=sorted(formats), metavar="NAME", help=f"the layout: {listed}")
+    t.add_argument("--out", required=True, metavar="DIR", help="the new folder (must not exist)")
+
+
+def _cmd_export_drafter(a) -> int:
+    from pathlib import Path
+
+    try:
+        from edgespec.export.target.spec import ExportError
+    except ImportError as e:
+        return _needs_export_extra("export-drafter", e)
+    folder, out = Path(a.folder), Path(a.out)
+    if not folder.is_dir():
+        raise ExportError(f"{folder}: not a folder. Hint: pass the folder holding the drafter's config.json")
+    if out.exists():
+        raise ExportError(f"--out {out} already exists; choose a new folder")
+    plugin = _formats()[a.format]
+    written = plugin.publish(folder, a.format, out)
+    print(f"edgespec: wrote {written} ({a.format} layout of a {plugin.title or plugin.name})", file=sys.stderr)
+    return 0
+
+
 def _add_train(sub) -> None:
     """`train-<name>` for every drafter whose plugin has a training command."""
     from edgespec.export.drafters import registry
@@ -214,6 +255,7 @@ def _train_command(name: str, plugin):
 def add_parsers(sub) -> None:
     _add_export(sub)
     _add_build_trt(sub)
+    _add_export_drafter(sub)
     _add_text_data(sub)
     _add_answer_data(sub)
     _add_train(sub)
@@ -226,6 +268,7 @@ def _commands() -> dict:
     return {
         "export": _cmd_export,
         "build-trt": _cmd_build_trt,
+        "export-drafter": _cmd_export_drafter,
         "text-data": _cmd_text_data,
         "answer-data": _cmd_answer_data,
     } | trains
