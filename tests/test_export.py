@@ -209,6 +209,83 @@ def test_unsupported_architecture_names_what_is_missing():
         arch_from_config(AutoConfig.for_model("llama", rope_scaling={"rope_type": "yarn", "factor": 2.0}), 128)
 
 
+def _config_only(folder, model_type="llama", **kw):
+    """A folder holding a config.json and nothing else (no weights, no tokenizer)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(model_type, **kw).to_dict() if model_type != "unknown" else {"model_type": "mamba2x"}
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg | kw))
+    return folder
+
+
+def _gguf_header_only(path, arch="llama", **keys):
+    """A GGUF of one small tensor whose header says `arch` (and keys: {suffix: value} under it)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_feed_forward_length(128)
+    w.add_context_length(512)
+    for key, value in keys.items():
+        w.add_string(f"{arch}.{key}", value)
+    w.add_tensor("token_embd.weight", np.zeros((8, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda p: _config_only(p / "mamba", "mamba"), "model_type 'mamba' .* is not supported"),
+        (lambda p: _config_only(p / "new", "unknown"), "model_type 'mamba2x' .* is not supported"),
+        (lambda p: _config_only(p / "mm", "gemma3"), "multimodal Gemma 3"),
+        (lambda p: _config_only(p / "yarn", rope_scaling={"rope_type": "yarn", "factor": 2.0}), "rope type 'yarn'"),
+        (lambda p: _config_only(p / "gelu", hidden_act="gelu"), "hidden_act 'gelu'"),
+        (lambda p: _config_only(p / "odd", intermediate_size=200), "intermediate_size = 200 is not a multiple of 32"),
+        (lambda p: _config_only(p / "long", max_position_embeddings=64), "exceeds the model's max_position"),
+        (lambda p: _gguf_header_only(p / "rwkv.gguf", "rwkv6"), "GGUF architecture 'rwkv6' is not supported"),
+        (lambda p: _gguf_header_only(p / "y.gguf", **{"rope.scaling.type": "yarn"}), "rope scaling 'yarn'"),
+    ],
+)
+def test_unsupported_configs_are_refused_before_any_weight_is_read(make, match, tmp_path, monkeypatch):
+    """The config (config.json or the GGUF header) is checked first: no load, no precision probe,
+    seconds (issue 39: a mamba config.json used to load for 36 s before its refusal)."""
+    import time
+
+    import edgespec.export.target.exporter as ex
+    import edgespec.export.target.probe as probe
+
+    def never(*a, **k):
+        raise AssertionError("a weight was read or the precision probe ran before the config check")
+
+    monkeypatch.setattr(ex.sources, "load", never)
+    monkeypatch.setattr(probe, "choose_precision", never)
+    src = make(tmp_path)
+    t0 = time.perf_counter()
+    with pytest.raises((UnsupportedModelError, ExportError), match=match):
+        export(ExportConfig(target=str(src), out=str(tmp_path / "o"), max_len=128, precision="int4", progress=False))
+    with pytest.raises((UnsupportedModelError, ExportError), match=match):
+        export(ExportConfig(target=str(src), out=str(tmp_path / "o"), max_len=128, progress=False))  # auto
+    assert time.perf_counter() - t0 < 10
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_an_unsupported_config_in_one_line(tmp_path, capsys):
+    from edgespec.cli import main
+
+    src = _config_only(tmp_path / "mamba", "mamba")
+    assert main(["export", "--target", str(src), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert err.startswith("edgespec export: error: model_type 'mamba'"), err
+
+
 def test_existing_folder_needs_force(tiny_models, tmp_path):
     out = tmp_path / "e"
     _export(tiny_models["llama"], out)

@@ -138,6 +138,7 @@ def export(cfg: ExportConfig) -> Path:
     src = sources.resolve(cfg.target)
     out = Path(cfg.out) if cfg.out else Path("engines") / src.name
     check_out(out, cfg.force)
+    _check_target(cfg, src)  # family, rope type, sizes: refused in seconds, before any weight is read
     plugins = registry()
     shipping = drafter_sources(cfg, src)  # name -> its folder (or model), for the drafters this export ships
     shape = sources.target_shape(src)
@@ -162,9 +163,7 @@ def export(cfg: ExportConfig) -> Path:
         tmp.mkdir(parents=True)
         model, tok = sources.load(src)
         progress.step(f"loaded {src.name}")
-        max_pos = getattr(model.config, "max_position_embeddings", None)
-        if max_pos and cfg.max_len > max_pos:
-            raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
+        _check_max_len(cfg, model.config)
         arch = arch_from_config(model.config, cfg.max_len)
         two_rows = cfg.precision == "int4" and (
             cfg.two_row_matmuls == "on"
@@ -261,6 +260,48 @@ def export(cfg: ExportConfig) -> Path:
             what = "head logits vs the head's own graph" if fused else "|ORT - PyTorch| logits"
             print(f"  {role}: max {what} over {len(spec.validation)} phase widths = {worst:.2e}", file=sys.stderr)
     return out
+
+
+def _check_target(cfg: ExportConfig, src: sources.Source) -> None:
+    """What the graphs cannot compute, refused from the config alone (config.json or the GGUF
+    header): the family, rope type and layer options (arch_from_config, the checks the export
+    repeats on the loaded model), --max-len against max_position_embeddings, and sizes the int4
+    blocks cannot cover. A hub id that cannot be reached is checked after its load."""
+    hf_cfg = sources.target_config(src)
+    if hf_cfg is None:
+        return
+    _check_max_len(cfg, hf_cfg)
+    arch = arch_from_config(hf_cfg, cfg.max_len)
+    sizes = dict(
+        num_hidden_layers=arch.n_layers,
+        num_attention_heads=arch.n_heads,
+        num_key_value_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        vocab_size=arch.vocab_size,
+    )
+    bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or v <= 0]
+    if bad:
+        raise ExportError(f"{src.path}: the config gives {', '.join(bad)}; every size must be a positive integer")
+    block = GraphOptions("int4").int4_block_size
+    inputs = {
+        "hidden_size": arch.hidden_size,
+        "num_attention_heads * head_dim": arch.n_heads * arch.head_dim,
+        "intermediate_size": arch.intermediate_size,
+    }
+    odd = [f"{k} = {v}" for k, v in inputs.items() if v % block]
+    if cfg.precision in ("int4", "auto") and odd:  # auto exports an int4 candidate first
+        raise ExportError(
+            f"--precision {cfg.precision} quantizes blocks of {block} inputs (int4), but {', '.join(odd)} is "
+            f"not a multiple of {block}. Hint: export with --precision fp32 or int8"
+        )
+
+
+def _check_max_len(cfg: ExportConfig, hf_cfg) -> None:
+    max_pos = getattr(hf_cfg, "max_position_embeddings", None)
+    if max_pos and cfg.max_len > max_pos:
+        raise ExportError(f"--max-len {cfg.max_len} exceeds the model's max_position_embeddings {max_pos}")
 
 
 def _aux_layers(cfg, readers: list[str], shipping: dict, n_layers: int) -> tuple[int, ...]:

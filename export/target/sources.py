@@ -187,6 +187,89 @@ def load(source: Source):
     return model.eval(), tok
 
 
+# GGUF general.architecture -> HF model_type, where they differ (transformers' GGUF loader's names)
+GGUF_MODEL_TYPES = {"gemma3": "gemma3_text"}
+GGUF_ROPE_TYPES = {"none": "default", "linear": "linear"}  # {arch}.rope.scaling.type -> the HF rope type
+
+
+def target_config(source: Source):
+    """The target's Hugging Face config from config.json or the GGUF header alone (seconds, no
+    weights or vocabulary read): what `arch.arch_from_config` checks before the export loads
+    anything. A GGUF's is made as transformers' GGUF loader makes it (its key mapping), plus the
+    rope scaling type that loader does not read (a yarn GGUF would load as plain rope). None for a
+    hub id that cannot be reached (the load says why). A model_type or GGUF architecture outside
+    edgespec's families is an UnsupportedModelError naming it."""
+    import json
+
+    from edgespec.export.target.arch import SUPPORTED, UnsupportedModelError
+
+    hint = f"edgespec exports {', '.join(SUPPORTED)} (Llama-family decoders). Hint: convert the model to one of these"
+    if source.kind in ("gguf", "default", "packaged"):
+        return _gguf_config(source, hint)
+    if source.kind == "hf":
+        try:
+            raw = json.loads((Path(source.path) / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise SourceError(f"{source.path}/config.json cannot be read: {e}") from e
+        mt = raw.get("model_type") if isinstance(raw, dict) else None
+        if mt not in SUPPORTED + ("gemma3",):  # gemma3: arch_from_config says what to export instead
+            raise UnsupportedModelError(f"model_type {mt!r} ({source.path}/config.json) is not supported; {hint}.")
+    from huggingface_hub.errors import StrictDataclassError  # transformers' config validators raise it
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source.path)
+    except OSError:
+        if source.kind == "hub":
+            return None  # offline or gated: the load reports it
+        raise
+    except (ValueError, KeyError) as e:  # transformers does not know the model_type
+        raise UnsupportedModelError(f"{source.path}: {e} {hint}") from e
+    except StrictDataclassError as e:  # a config transformers itself refuses (odd rotary width, ...)
+        cause = " ".join(str(e.__cause__ or e).split())
+        raise UnsupportedModelError(f"{source.path}: the model's config is inconsistent: {cause}") from e
+
+
+def _gguf_config(source: Source, hint: str):
+    """An HF config from a GGUF header (target_config)."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+    from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+
+    from edgespec.export.target.arch import SUPPORTED, UnsupportedModelError
+    from edgespec.export.target.gguf_header import LongArray, read_header
+
+    h = read_header(source.path)
+    arch = h.architecture
+    mistral = arch == "llama" and "mistral" in str(h.get("general.name", "")).lower()  # llama.cpp names them llama
+    mt = "mistral" if mistral else GGUF_MODEL_TYPES.get(arch, arch)
+    keys = GGUF_CONFIG_MAPPING.get("mistral" if mistral else arch)
+    if mt not in SUPPORTED or keys is None:
+        raise UnsupportedModelError(f"{source.path}: GGUF architecture {arch!r} is not supported; {hint}.")
+    rope = str(h.arch_value("rope.scaling.type", "none"))
+    if rope not in GGUF_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"{source.path}: rope scaling {rope!r} is not supported (only {', '.join(GGUF_ROPE_TYPES)}); "
+            "Hint: export a GGUF without rope scaling, or the model's HF folder"
+        )
+    params = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(mt, {}))
+    for key, hf_key in keys.items():
+        value = h.arch_value(key)
+        if hf_key not in (None, -1) and value is not None and not isinstance(value, LongArray | list):
+            params[hf_key] = value
+    if "vocab_size" not in params:  # as transformers does: the vocabulary's length
+        tokens = h.get("tokenizer.ggml.tokens")
+        params["vocab_size"] = tokens.length if isinstance(tokens, LongArray) else len(tokens or [])
+    params["tie_word_embeddings"] = all(t.name != "output.weight" for t in h.tensors)
+    if rope == "linear":
+        params["rope_scaling"] = {"rope_type": "linear", "factor": float(h.arch_value("rope.scaling.factor", 1.0))}
+    try:
+        return AutoConfig.for_model(mt, **params)
+    except (ValueError, TypeError, StrictDataclassError) as e:
+        cause = " ".join(str(e.__cause__ or e).split())
+        raise UnsupportedModelError(f"{source.path}: the GGUF header gives an inconsistent config: {cause}") from e
+
+
 @dataclass(frozen=True)
 class TargetShape:
     """What a drafter checkpoint is checked against before the target's weights load: its config's
@@ -217,20 +300,15 @@ def target_shape(source: Source) -> TargetShape | None:
             n_layers=int(cfg["num_hidden_layers"]),
             rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
         )
-    from gguf import GGUFReader
+    from edgespec.export.target.gguf_header import LongArray, read_header
 
-    fields = GGUFReader(source.path).fields
-
-    def value(key: str, default=None):
-        f = fields.get(key)
-        return default if f is None else f.contents()
-
-    arch = value("general.architecture")
-    vocab = value(f"{arch}.vocab_size") or len(fields["tokenizer.ggml.tokens"].data)
+    h = read_header(source.path)  # no GGUFReader: it takes seconds on a large vocabulary
+    tokens = h.get("tokenizer.ggml.tokens")
+    vocab = h.arch_value("vocab_size") or (tokens.length if isinstance(tokens, LongArray) else len(tokens or []))
     return TargetShape(
-        model_type=str(arch),
-        hidden_size=int(value(f"{arch}.embedding_length")),
+        model_type=h.architecture,
+        hidden_size=int(h.arch_value("embedding_length")),
         vocab_size=int(vocab),
-        n_layers=int(value(f"{arch}.block_count")),
-        rope_theta=float(value(f"{arch}.rope.freq_base", 10000.0)),
+        n_layers=int(h.arch_value("block_count")),
+        rope_theta=float(h.arch_value("rope.freq_base", 10000.0)),
     )
