@@ -1,21 +1,17 @@
 """Head checkpoints on disk, in the Hugging Face layouts the methods publish: what every layout
-shares (`write_checkpoint`, `_read_d2t`, `CheckpointError`) and EAGLE-1's. Other drafters' layouts
-are read and written in their own modules, on the helpers here.
+shares (`write_checkpoint`, `_read_d2t`, `CheckpointError`), EAGLE-1's error and draft-vocabulary
+cut, and EAGLE-1's reader and writer by name (`read_head`, `save_head`: export/drafters/eagle/
+checkpoint.py holds its layouts, the official one among them). Other drafters' layouts are read
+and written in their own modules, on the helpers here.
 
 Each is a folder of `config.json` + `model.safetensors` (float weights in fp16). A reduced draft
 vocabulary is stored as EAGLE-3 does: `d2t` [Vd] int64 with target_id = i + d2t[i], and
 `draft_vocab_size` in config.json; a head over the whole vocabulary has no d2t. The embedding and
 the LM-head rows are the target's (frozen), so they are not stored.
 
-EAGLE (`save_head`, `read_head`): config.json is a LlamaConfig with num_hidden_layers=1, plus an
-`eagle` section; parameter names
-    fc.weight [H, 2H], fc.bias [H],
-    layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.post_attention_layernorm.weight,
-    layers.0.mlp.{gate,up,down}_proj.weight
-(EAGLE-1's layer 0 has no input_layernorm; a checkpoint that has one is read and used, as is
-EAGLE-3's output `norm.weight`; EAGLE-1's pytorch_model.bin is read too). Heads trained here list
-their draft tokens most frequent first (`eagle.d2t_order: "frequency"`), so an export can keep a
-prefix: a cheaper head call (`prune_draft_vocab`, `edgespec export --eagle-draft-vocab`).
+EAGLE heads trained here list their draft tokens most frequent first (`eagle.d2t_order:
+"frequency"`), so an export can keep a prefix: a cheaper head call (`prune_draft_vocab`,
+`edgespec export --eagle-draft-vocab`).
 """
 
 from __future__ import annotations
@@ -25,10 +21,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import torch
-
-from edgespec.export.drafters._torch import HeadShape
-from edgespec.export.drafters.eagle.head import LAYER_NAMES, EagleHead, HeadConfig
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -96,75 +88,20 @@ def _read_d2t(
     raise error(f"{folder}: draft_vocab_size {draft_vocab} < vocab but no d2t tensor")
 
 
-# ---- EAGLE ------------------------------------------------------------------------------------------
-def save_head(head: EagleHead, folder: str | Path, extra: dict | None = None) -> Path:
-    """config.json (LlamaConfig fields + draft_vocab_size; `extra` joins its `eagle` section) +
-    model.safetensors in float16."""
-    c = head.cfg
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        **c.llama_config(),
-        "bias": True,
-        "hidden_act": "silu",
-        "torch_dtype": "float16",
-        "eagle": {
-            "version": 1,
-            "features": "final_norm",
-            "input_layernorm": c.input_layernorm,
-            "final_norm": c.final_norm,
-        }
-        | ({"d2t_order": "frequency"} if c.d2t_by_frequency else {})
-        | (extra or {}),
-    }
-    return write_checkpoint(folder, head.state(), config)
+# ---- EAGLE (its layouts: export/drafters/eagle/checkpoint.py) ------------------------------------------
+def save_head(head, folder: str | Path, extra: dict | None = None) -> Path:
+    """An EagleHead in edgespec's EAGLE-1 layout (eagle.checkpoint.save_head)."""
+    from edgespec.export.drafters.eagle import checkpoint
+
+    return checkpoint.save_head(head, folder, extra)
 
 
-def read_head(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[HeadConfig, dict[str, np.ndarray]]:
-    """Read and check an EAGLE-layout head against the target's sizes; float32 arrays + d2t (absolute)."""
-    from safetensors.numpy import load_file
+def read_head(folder: str | Path, hidden_size: int, vocab_size: int):
+    """(HeadConfig, float32 arrays + d2t) of an EAGLE-1 head in either layout, checked against the
+    target's sizes (eagle.checkpoint.read_head)."""
+    from edgespec.export.drafters.eagle import checkpoint
 
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).exists():
-        raise HeadFormatError(
-            f"{folder}: no {CONFIG_FILE}; an EAGLE head folder holds config.json + "
-            f"{WEIGHTS_FILE} (or pytorch_model.bin)"
-        )
-    cfg = json.loads((folder / CONFIG_FILE).read_text())
-    if (folder / WEIGHTS_FILE).exists():
-        w = load_file(str(folder / WEIGHTS_FILE))
-    elif (folder / "pytorch_model.bin").exists():
-        w = {k: v.numpy() for k, v in torch.load(folder / "pytorch_model.bin", map_location="cpu").items()}
-    else:
-        raise HeadFormatError(f"{folder}: neither {WEIGHTS_FILE} nor pytorch_model.bin")
-    if any(k.startswith("midlayer.") for k in w):
-        raise HeadFormatError(
-            f"{folder}: an EAGLE-3 checkpoint (midlayer.*, fused low/mid/high features), not an "
-            "EAGLE-1/2 head (fc + layers.0). Hint: EAGLE-3 heads have an export flag and a "
-            "training command of their own (`edgespec export --help`)"
-        )
-    need = ["fc.weight", "layers.0.post_attention_layernorm.weight", *LAYER_NAMES.values()]
-    missing = [k for k in need if k not in w]
-    if missing:
-        raise HeadFormatError(f"{folder}: missing tensors {missing}; expected EAGLE-1 names (fc.*, layers.0.*)")
-    H = int(cfg["hidden_size"])
-    if H != hidden_size or tuple(w["fc.weight"].shape) != (H, 2 * H):
-        raise HeadFormatError(
-            f"{folder}: head hidden size {H} (fc {tuple(w['fc.weight'].shape)}) does not fit "
-            f"the target's hidden size {hidden_size}; was it trained for another model?"
-        )
-    if int(cfg.get("vocab_size", vocab_size)) != vocab_size:
-        raise HeadFormatError(f"{folder}: head vocab {cfg['vocab_size']} != target vocab {vocab_size}")
-    hc = HeadConfig(
-        **HeadShape.from_config(cfg, vocab_size),
-        input_layernorm="layers.0.input_layernorm.weight" in w,
-        final_norm="norm.weight" in w,
-        d2t_by_frequency="d2t" in w and (cfg.get("eagle") or {}).get("d2t_order") == "frequency",
-    )
-    out = {k: v.astype(np.float32) for k, v in w.items() if k not in ("d2t", "t2d")}
-    if "fc.bias" not in out:
-        out["fc.bias"] = np.zeros(H, np.float32)
-    out["d2t"] = _read_d2t(folder, w, hc.draft_vocab_size, vocab_size, HeadFormatError)
-    return hc, out
+    return checkpoint.read_head(folder, hidden_size, vocab_size)
 
 
 def prune_draft_vocab(hc, arrays: dict[str, np.ndarray], n: int, rows: tuple[str, ...] = ("d2t",)) -> tuple:

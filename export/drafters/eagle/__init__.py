@@ -1,7 +1,9 @@
-"""Exporting the `eagle` drafter (`--eagle`): an EAGLE-1 head (trained by `edgespec train-eagle`, a
-published one, or the head shipped for the default model) as its own graph (export/drafters/eagle/graph.py)
-and appended to the target's graph (the fused target+head graph, kept only where its target logits
-are bitwise the plain graph's)."""
+"""Exporting the `eagle` drafter (`--eagle`): an EAGLE-1/2 head (trained by `edgespec train-eagle`, one
+the EAGLE repo publishes, or the head shipped for the default model; the layout is read from the
+folder: export/drafters/eagle/checkpoint.py) as its own graph (export/drafters/eagle/graph.py) and
+appended to the target's graph (the fused target+head graph, kept only where its target logits are
+bitwise the plain graph's). Its folder is checked before the target loads (`preflight`), and
+`edgespec export-drafter --format eagle1-official` writes a head in the official layout (`publish`)."""
 
 from __future__ import annotations
 
@@ -61,11 +63,46 @@ class EaglePlugin(ExportPlugin):
         "model.safetensors (EAGLE checkpoint layout) for `edgespec export --eagle`."
     )
 
+    formats = ("eagle1-official",)
+
     def check(self, cfg) -> None:
         from edgespec.export.target.spec import ExportError
 
         if cfg.eagle_draft_vocab is not None and cfg.eagle_draft_vocab < 0:
             raise ExportError(f"--eagle-draft-vocab must be >= 0 (got {cfg.eagle_draft_vocab}; 0 keeps them all)")
+
+    def preflight(self, cfg, head_dir, target) -> None:
+        """config.json and the tensors' names, shapes and dtypes against the target's sizes (no weights
+        read), and the --eagle-draft-vocab cut against the head's draft-token order."""
+        from edgespec.export.drafters.eagle.checkpoint import inspect_head
+        from edgespec.export.target.spec import ExportError
+        from edgespec.export.train.checkpoint import CheckpointError, prune_draft_vocab
+
+        try:
+            hc = inspect_head(head_dir, *((target.hidden_size, target.vocab_size) if target else (None, None))).hc
+        except CheckpointError as e:
+            raise ExportError(f"{self.flag} {e}") from e
+        try:
+            prune_draft_vocab(hc, {}, cfg.eagle_draft_vocab or 0, rows=())
+        except CheckpointError as e:
+            raise ExportError(f"{self.flag} {head_dir}: {e}") from e
+
+    def claims(self, folder) -> bool:
+        """An EAGLE-1/2 head in either layout, given to another drafter's flag, is this one's."""
+        from edgespec.export.drafters.eagle.checkpoint import is_eagle1_folder
+
+        return is_eagle1_folder(folder)
+
+    def publish(self, folder, fmt: str, out):
+        """The head `folder` (either layout) in the official EAGLE layout; what it cannot carry is refused."""
+        from edgespec.export.drafters.eagle.checkpoint import publish_official
+        from edgespec.export.target.spec import ExportError
+        from edgespec.export.train.checkpoint import CheckpointError
+
+        try:
+            return publish_official(folder, out)
+        except CheckpointError as e:
+            raise ExportError(str(e)) from e
 
     def write(self, ctx, head_dir) -> Shipped:
         """eagle.onnx + eagle.weights, then target_eagle.onnx (the target's graph with the head appended)."""

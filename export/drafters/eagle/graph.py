@@ -16,6 +16,7 @@ appended (`fuse_with_target`, `write_eagle_fused`) and their checks (`validate_e
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -33,10 +34,16 @@ _LAYER = "layers.0."
 
 
 class EagleGraphWriter(HeadGraphWriter):
-    """cfg / arrays: from checkpoint.read_head; it reads the target's LM-head rows (lm_head)."""
+    """cfg / arrays: from checkpoint.read_head; it reads the target's LM-head rows (lm_head). Its layer
+    has the head's own attention: q/k/v biases where the head has them (heads for Qwen2 targets) and
+    the head's RoPE (cfg.rope_theta; None: the target's), whatever the target's are."""
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
-        f = self.dtype
+        c, f = self.cfg, self.dtype
+        own_rope = {}
+        if c.rope_theta is not None:
+            own_rope = dict(rope_theta=c.rope_theta, rope_type=c.rope_type, rope_params=c.rope_params)
+        self.arch = dataclasses.replace(self.arch, qkv_bias=c.qkv_bias, **own_rope)
         self._linear("fc", w["fc.weight"], "fc.weight")  # [H, 2H]: [embed ; feature] -> H
         self.store.add("fc_b", w["fc.bias"].astype(f))
         if self.cfg.input_layernorm:
@@ -46,6 +53,9 @@ class EagleGraphWriter(HeadGraphWriter):
             self.store.add("final_norm", w["norm.weight"].astype(f))
         names = [_LAYER + f"self_attn.{n}_proj.weight" for n in "qkv"]
         self._linear("l0.qkv", np.concatenate([w[n] for n in names]), names)
+        if c.qkv_bias:
+            qkv_b = np.concatenate([w[_LAYER + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+            self.store.add("l0.qkv_b", qkv_b.astype(f))
         self._linear("l0.o", w[_LAYER + "self_attn.o_proj.weight"], _LAYER + "self_attn.o_proj.weight")
         names = [_LAYER + "mlp.gate_proj.weight", _LAYER + "mlp.up_proj.weight"]
         self._linear("l0.gate_up", np.concatenate([w[n] for n in names]), names)
@@ -141,13 +151,18 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
 
 
 def write_eagle(head_dir: Path, ctx):
-    """eagle.weights + eagle.onnx for the export `ctx` (HeadGraphWriter.write); (graph writer, manifest entry)."""
-    from edgespec.export.train.checkpoint import read_head
+    """eagle.weights + eagle.onnx for the export `ctx` (HeadGraphWriter.write); (graph writer, manifest
+    entry). An official head's copy of the embedding is checked against the target's first."""
+    from edgespec.export.drafters.eagle.checkpoint import check_embedding, inspect_head, load_head
+    from edgespec.export.train.checkpoint import CheckpointError
 
     arch = ctx.arch
-    ew, _, entry = EagleGraphWriter.write(
-        ctx, "eagle", head_dir, lambda: read_head(head_dir, arch.hidden_size, arch.vocab_size)
-    )
+    try:
+        hf = inspect_head(head_dir, arch.hidden_size, arch.vocab_size)
+        check_embedding(hf, ctx.writer.store.arrays["embed"].astype(np.float32))  # what the head graph reads
+    except CheckpointError as e:
+        raise es.ExportError(str(e)) from e
+    ew, _, entry = EagleGraphWriter.write(ctx, "eagle", head_dir, lambda: (hf.hc, load_head(hf)))
     return ew, entry
 
 
@@ -179,7 +194,11 @@ def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.nd
         ref_arrays["layers.0.input_layernorm.weight"] = ew.store.arrays["l0.ln1"].astype(np.float32)
     if ew.cfg.final_norm:
         ref_arrays["norm.weight"] = ew.store.arrays["final_norm"].astype(np.float32)
-    cos, sin = ew.arch.rope_tables()
+    if ew.cfg.qkv_bias:
+        q, kv = ew.arch.n_heads * ew.arch.head_dim, ew.arch.n_kv_heads * ew.arch.head_dim
+        qkv_b = np.split(ew.store.arrays["l0.qkv_b"].astype(np.float32), [q, q + kv])
+        ref_arrays |= {_LAYER + f"self_attn.{n}_proj.bias": b for n, b in zip("qkv", qkv_b, strict=True)}
+    cos, sin = ew.arch.rope_tables()  # the head's own (EagleGraphWriter's arch)
     embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
     head = build_head(ew.cfg, ref_arrays, embed, np.zeros_like(embed), cos, sin)
     head.lm_head = torch.from_numpy(ew.reference["lm_head_d"])  # the rows the graph uses (int4: dequantized)

@@ -9,8 +9,10 @@ predicted feature stands in for the unknown true one, step after step. Features 
 post-final-norm hidden states (what the ONNX graphs output as `hidden`).
 
 The embedding and the LM-head rows are the target's (frozen buffers); the head's own parameters
-are fc, the decoder layer and optional norms. `EagleHead.params` / `build_head` map them to and from
-the checkpoint names (`checkpoint.py` reads and writes the files).
+are fc, the decoder layer (q/k/v biases on heads for Qwen2 targets) and optional norms; its RoPE
+is its own (`HeadConfig.rope_theta`: a published head may be trained with another base than its
+target's). `EagleHead.params` / `build_head` map them to and from the checkpoint names
+(`checkpoint.py` reads and writes the files).
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ LAYER_NAMES = {
     "up_proj": "layers.0.mlp.up_proj.weight",
     "down_proj": "layers.0.mlp.down_proj.weight",
 }
+# EagleHead attribute -> checkpoint name of the q/k/v biases (HeadConfig.qkv_bias)
+BIAS_NAMES = {
+    "q_proj": "layers.0.self_attn.q_proj.bias",
+    "k_proj": "layers.0.self_attn.k_proj.bias",
+    "v_proj": "layers.0.self_attn.v_proj.bias",
+}
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,37 @@ class HeadConfig(HeadShape):
     #                           the target's post-norm features from the first step of training
     d2t_by_frequency: bool = False  # d2t lists the draft tokens most frequent first (heads trained here),
     #                                 so any prefix of it is a smaller draft vocabulary (prune_draft_vocab)
+    qkv_bias: bool = False  # q/k/v projections carry biases (EAGLE's heads for Qwen2 targets: `qkv_bias`)
+    fc_bias: bool = True  # fc has a bias (config `bias`; EAGLE-LLaMA3 heads have none: fc.bias stays zero)
+    rope_theta: float | None = None  # the head's own RoPE base; None: its target's (heads trained here
+    #                                  before config.json recorded it were trained on the target's tables)
+    rope_type: str = "default"  # "default" | "linear" | "llama3" (ArchSpec's), with rope_params
+    rope_params: tuple = ()  # sorted (key, value) pairs of the scaling parameters (linear: factor)
+
+    def rope_tables(self, n_pos: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The head's own cos, sin [n_pos, head_dim] (ArchSpec's formula); None: it uses its target's."""
+        if self.rope_theta is None:
+            return None
+        from edgespec.export.target.arch import ArchSpec
+
+        return ArchSpec(
+            model_type="llama",
+            n_layers=1,
+            n_heads=self.num_attention_heads,
+            n_kv_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            rope_type=self.rope_type,
+            rope_params=self.rope_params,
+            tie_word_embeddings=False,
+            qkv_bias=self.qkv_bias,
+            qk_norm=False,
+            max_len=n_pos,
+        ).rope_tables()
 
 
 class EagleHead(TorchDrafter):
@@ -51,9 +90,9 @@ class EagleHead(TorchDrafter):
         super().__init__(cfg, frozen)  # the target's LM-head rows of the draft vocab among them
         H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
         self.fc = nn.Linear(2 * H, H, bias=True)
-        self.q_proj = nn.Linear(H, cfg.num_attention_heads * d, bias=False)
-        self.k_proj = nn.Linear(H, cfg.num_key_value_heads * d, bias=False)
-        self.v_proj = nn.Linear(H, cfg.num_key_value_heads * d, bias=False)
+        self.q_proj = nn.Linear(H, cfg.num_attention_heads * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(H, cfg.num_key_value_heads * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(H, cfg.num_key_value_heads * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_attention_heads * d, H, bias=False)
         self.gate_proj = nn.Linear(H, I, bias=False)
         self.up_proj = nn.Linear(H, I, bias=False)
@@ -69,6 +108,8 @@ class EagleHead(TorchDrafter):
             "layers.0.post_attention_layernorm.weight": self.post_ln,
         }
         out |= {hf: getattr(self, attr).weight for attr, hf in LAYER_NAMES.items()}
+        if self.cfg.qkv_bias:
+            out |= {hf: getattr(self, attr).bias for attr, hf in BIAS_NAMES.items()}
         if self.input_ln is not None:
             out["layers.0.input_layernorm.weight"] = self.input_ln
         if self.norm is not None:
@@ -139,7 +180,11 @@ def build_head(
     rope_cos: np.ndarray,
     rope_sin: np.ndarray,
 ) -> EagleHead:
-    """An EagleHead from checkpoint arrays and the target's embedding / LM head [V, H] / rope tables."""
+    """An EagleHead from checkpoint arrays and the target's embedding / LM head [V, H] / rope tables
+    (a head with its own RoPE, hc.rope_theta, rotates by its own tables over as many positions)."""
+    own = hc.rope_tables(len(rope_cos))
+    if own is not None:
+        rope_cos, rope_sin = own
     return EagleHead(hc, Frozen.of(arrays, embed, rope_cos, rope_sin, lm_head)).load(arrays)
 
 
@@ -149,7 +194,14 @@ def init_arrays(arch, sd: dict, d2t: np.ndarray, seed: int) -> tuple[HeadConfig,
     H = arch.hidden_size
     rng = np.random.default_rng(seed)
     last = f"model.layers.{arch.n_layers - 1}."
-    hc = HeadConfig(**HeadShape.of_target(arch, len(d2t)), input_layernorm=True, final_norm=True)
+    hc = HeadConfig(
+        **HeadShape.of_target(arch, len(d2t)),
+        input_layernorm=True,
+        final_norm=True,
+        rope_theta=arch.rope_theta,
+        rope_type=arch.rope_type,
+        rope_params=arch.rope_params,
+    )
     fc = np.concatenate([rng.normal(0, 0.02, (H, H)), np.eye(H)], axis=1).astype(np.float32)
     arrays = {
         "fc.weight": fc,
