@@ -1,5 +1,7 @@
 """Exporting the `medusa` drafter (`--medusa`): Medusa heads (trained by `edgespec train-medusa`,
-or the heads shipped for the default model) as one graph of all K heads (export/drafters/medusa/graph.py)."""
+the heads shipped for the default model, or heads the Medusa project's code wrote: official.py) as
+one graph of all K heads (export/drafters/medusa/graph.py); and the way out, `export-drafter
+--format medusa-official` (publish.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ class MedusaPlugin(ExportPlugin):
             "medusa",
             str,
             "auto",
-            "Medusa heads folder (from `edgespec train-medusa`) to include; "
+            "Medusa heads folder to include: from `edgespec train-medusa`, or as the Medusa project publishes "
+            "them (medusa_lm_head.pt / .safetensors + config.json; a Medusa-2 model folder, also its --target); "
             "'auto' (default): the heads shipped with edgespec when the target is the default model; "
             "'none': no heads",
         ),
@@ -34,11 +37,37 @@ class MedusaPlugin(ExportPlugin):
         "config.json + model.safetensors for `edgespec export --medusa`."
     )
 
+    formats = ("medusa-official",)
+
+    def claims(self, folder) -> bool:
+        from edgespec.export.drafters.medusa.official import detect
+
+        return detect(folder) is not None
+
+    def preflight(self, cfg, source, target) -> None:
+        from edgespec.export.drafters.medusa.checkpoint import MedusaFormatError, preflight_heads
+        from edgespec.export.target.spec import ExportError
+
+        try:
+            preflight_heads(
+                source,
+                None if target is None else target.hidden_size,
+                None if target is None else target.vocab_size,
+                cfg.target,
+            )
+        except MedusaFormatError as e:
+            raise ExportError(f"{self.flag} {e}") from e
+
+    def publish(self, folder, fmt, out):
+        from edgespec.export.drafters.medusa.publish import publish_official
+
+        return publish_official(folder, out)
+
     def write(self, ctx, heads) -> Shipped:
         from edgespec.export.drafters.medusa.graph import write_medusa
         from edgespec.runtime.drafters.medusa import MedusaSection
 
-        mw, spec = write_medusa(heads, ctx.folder, ctx.arch, ctx.writer, ctx.head_opts)
+        mw, spec = write_medusa(heads, ctx.folder, ctx.arch, ctx.writer, ctx.head_opts, ctx.hf_w.get("lm_head.weight"))
         ctx.step(self.title)
         return Shipped(MedusaSection(spec), mw)
 

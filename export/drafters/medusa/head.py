@@ -10,7 +10,9 @@ sequence. Unlike EAGLE, head i never sees d_1..d_i: acceptance falls fast with d
 what Medusa's trees (each head's top candidates, combined) are for.
 
 Parameter names (Medusa's): "{i}.{j}.linear.weight" [H, H], "{i}.{j}.linear.bias" [H] for head i,
-block j; `medusa_checkpoint.py` reads and writes the files.
+block j; checkpoint.py reads and writes edgespec's files, official.py Medusa's. Heads published by
+Medusa carry their own trained LM head each ("{i}.lm_head" [V, H] among the arrays here,
+`own_lm_heads`): logits_i = h_i . lm_head_i^T over the same draft rows.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ class MedusaConfig:
     vocab_size: int  # target vocabulary
     draft_vocab_size: int  # tokens the heads can propose (<= vocab_size; the most frequent ones)
     n_heads: int = 4  # K: head i predicts the token i + 2 places past the feature's position
-    n_layers: int = 1  # residual SiLU blocks per head
+    n_layers: int = 1  # residual SiLU blocks per head (0: the LM head on the feature itself)
+    own_lm_heads: bool = False  # each head has its own LM head ("{i}.lm_head" [V, H], Medusa's published
+    #                             heads); False: every head uses the target's rows
 
 
 def param_names(mc: MedusaConfig) -> list[str]:
@@ -49,7 +53,7 @@ class MedusaHeads(nn.Module):
         for lin in self.linears():  # every head starts as the target's own next-token head
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
-        self.register_buffer("lm_head", lm_head_d, persistent=False)  # [Vd, H], frozen
+        self.register_buffer("lm_head", lm_head_d, persistent=False)  # [Vd, H] or own: [K, Vd, H], frozen
         self.register_buffer("d2t", d2t, persistent=False)  # [Vd] draft id -> target id
 
     def linears(self):
@@ -66,7 +70,10 @@ class MedusaHeads(nn.Module):
         return torch.stack(outs, 1)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.lm_head.T  # [.., Vd]
+        """h [.., K, H] -> [.., K, Vd]."""
+        if self.lm_head.dim() == 3:  # each head its own rows
+            return torch.einsum("...kh,kvh->...kv", h, self.lm_head)
+        return h @ self.lm_head.T
 
 
 def heads_state(heads: MedusaHeads) -> dict[str, np.ndarray]:
@@ -81,9 +88,13 @@ def heads_state(heads: MedusaHeads) -> dict[str, np.ndarray]:
 
 
 def build_heads(mc: MedusaConfig, arrays: dict[str, np.ndarray], lm_head: np.ndarray) -> MedusaHeads:
-    """MedusaHeads from checkpoint arrays and the target's LM head [V, H]."""
+    """MedusaHeads from checkpoint arrays and the target's LM head [V, H] (the heads' own when they have them)."""
     d2t = torch.from_numpy(arrays["d2t"])
-    heads = MedusaHeads(mc, torch.from_numpy(lm_head)[d2t].clone(), d2t)
+    if mc.own_lm_heads:
+        lm_rows = torch.stack([torch.from_numpy(arrays[f"{i}.lm_head"])[d2t] for i in range(mc.n_heads)])
+    else:
+        lm_rows = torch.from_numpy(lm_head)[d2t].clone()
+    heads = MedusaHeads(mc, lm_rows, d2t)
     with torch.no_grad():
         for i, head in enumerate(heads.blocks):
             for j, lin in enumerate(head):

@@ -125,6 +125,7 @@ class _MedusaRecipe:
                 "epochs": round(epoch, 3),
                 "train_positions": len(self.rows),
                 "data": str(self.cfg.data),
+                "target": _target_spec(self.cfg.target),
                 "holdout": est,
                 "training": training,
             },
@@ -133,6 +134,16 @@ class _MedusaRecipe:
             f"held-out top-1 per head {est['top1']}, chain acceptance {est['chain']} "
             f"(fresh text only: {est['chain_fresh']}); wrote {self.cfg.out}"
         )
+
+
+def _target_spec(target: str | None) -> str:
+    """The model trained for, as a --target spec that still names it from elsewhere (a local path made
+    absolute): `export-drafter` reads its LM head from there."""
+    from edgespec.export.target.sources import DEFAULT_NAME
+
+    if target in (None, "default"):
+        return DEFAULT_NAME
+    return str(Path(target).resolve()) if Path(target).exists() else target
 
 
 def _start(run: trainer.Run) -> trainer.Start:
