@@ -1,6 +1,9 @@
-"""Exporting the `dflash` drafter (`--dflash`): a DFlash block drafter (trained by `edgespec
-train-dflash`, in the public DFlash layout) as one graph that drafts a whole block a call
-(export/drafters/dflash/graph.py); the target's graphs then output the aux layers' features it reads."""
+"""Exporting the `dflash` drafter (`--dflash`): a DFlash block drafter in the DFlash layout (z-lab's
+published DFlashDraftModel checkpoints, or `edgespec train-dflash`'s; layout.py reads and checks
+both, before the target loads) as one graph that drafts a whole block a call (graph.py); the
+target's graphs then output the features of the layers its config names (`aux_layers`). Its
+checkpoints are written back in z-lab's layout by `edgespec export-drafter --format dflash-zlab`
+(publish.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +25,8 @@ class DFlashPlugin(ExportPlugin):
             "dflash",
             str,
             None,
-            "DFlash block drafter folder (DFlash layout, from `edgespec "
-            "train-dflash`) to include; the target graphs then also output the aux features it reads "
+            "DFlash block drafter folder (DFlash layout: z-lab's published drafters or `edgespec "
+            "train-dflash`) to include; the target graphs then also output the features of the layers it reads "
             "(drafter dflash: one drafter call per step drafts a whole block)",
             metavar="DIR",
         ),
@@ -40,18 +43,60 @@ class DFlashPlugin(ExportPlugin):
         "export --dflash`."
     )
 
+    formats = ("dflash-zlab",)
+
     def reads_aux(self, cfg, folder) -> bool:
         return folder is not None
+
+    def aux_layers(self, cfg, folder, n_layers: int) -> tuple[int, ...]:
+        """Its config's target_layer_ids, each + 1 (z-lab reads a layer's output: the stream entering the next)."""
+        return self._layout(folder, n_layers=n_layers).cfg.aux_layers
+
+    def preflight(self, cfg, folder, target) -> None:
+        """config.json and the tensor shapes against the target's hidden size, vocabulary and depth."""
+        if target is None:
+            self._layout(folder)
+        else:
+            self._layout(folder, target.hidden_size, target.vocab_size, target.n_layers)
+
+    def claims(self, folder: Path) -> bool:
+        import json
+
+        try:
+            arch = json.loads((folder / "config.json").read_text()).get("architectures") or []
+        except (OSError, ValueError, AttributeError):
+            return False
+        return bool({"DFlashDraftModel", "DFlash2DraftModel"} & set(arch))
+
+    def _layout(self, folder, hidden_size=None, vocab_size=None, n_layers=None):
+        from edgespec.export.drafters.dflash.layout import DFlashFormatError, read_layout
+        from edgespec.export.target.spec import ExportError
+
+        try:
+            return read_layout(folder, hidden_size, vocab_size, n_layers)
+        except DFlashFormatError as e:
+            raise ExportError(f"{self.flag} {e}") from e
 
     def write(self, ctx, folder: Path) -> Shipped:
         from edgespec.export.drafters.dflash.graph import write_dflash
 
         cfg = ctx.cfg
+        widths = sorted({cfg.k + 1, cfg.prefill_chunk})  # context rows: a step's, a prompt chunk's
         dw, section = write_dflash(
-            folder, ctx.folder, ctx.arch, ctx.writer, ctx.index_t, ctx.head_opts, sorted({cfg.k + 1, cfg.prefill_chunk})
-        )  # context rows: a step's, a prompt chunk's
+            folder, ctx.folder, ctx.arch, ctx.writer, ctx.index_t, ctx.head_opts, widths, ctx.opts.aux_layers
+        )
         ctx.step(self.title)
         return Shipped(section, dw)
+
+    def publish(self, folder: Path, fmt: str, out: Path) -> Path:
+        from edgespec.export.drafters.dflash.layout import DFlashFormatError
+        from edgespec.export.drafters.dflash.publish import publish_zlab
+        from edgespec.export.target.spec import ExportError
+
+        try:
+            return publish_zlab(Path(folder), Path(out))
+        except DFlashFormatError as e:
+            raise ExportError(str(e)) from e
 
     def train_arguments(self, p) -> None:
         add_common(p, "drafter", minutes=30.0, epochs=10.0)

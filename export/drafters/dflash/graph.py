@@ -16,6 +16,8 @@ Standard ONNX ops only (plus MatMulNBits for int4 weights).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -35,6 +37,14 @@ class DFlashGraphWriter(HeadGraphWriter):
     opt_changes = {"trees": False, "aux_layers": ()}  # a chain drafter; it reads hidden_aux, outputs none
     layer_fields = ("n_heads", "n_kv_heads", "head_dim", "intermediate_size")
 
+    def __init__(self, target_arch: ArchSpec, cfg, arrays: dict, opts: GraphOptions, lm_head=None) -> None:
+        """As HeadGraphWriter's, with the drafter's own RoPE (its config's theta and scaling) in place
+        of the target's: its rope tables rotate its queries and keys."""
+        own = dataclasses.replace(
+            target_arch, rope_theta=cfg.rope_theta, rope_type=cfg.rope_type, rope_params=tuple(cfg.rope_params)
+        )
+        super().__init__(own, cfg, arrays, opts, lm_head)
+
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         f = self.dtype
         self._linear("fc", w["fc.weight"], "fc.weight")  # [H, n*H]
@@ -52,6 +62,8 @@ class DFlashGraphWriter(HeadGraphWriter):
             for ours in ("q", "k", "v", "o"):
                 hf = p + f"self_attn.{ours}_proj.weight"
                 self._linear(f"l{i}.{ours}", w[hf], hf)
+                if self.cfg.attention_bias:
+                    self.store.add(f"l{i}.{ours}_bias", w[hf.removesuffix("weight") + "bias"].astype(f))
             names = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
             self._linear(f"l{i}.gate_up", np.concatenate([w[n] for n in names]), names)
             self._linear(f"l{i}.down", w[p + "mlp.down_proj.weight"], p + "mlp.down_proj.weight")
@@ -103,12 +115,17 @@ class DFlashGraphWriter(HeadGraphWriter):
         def rows(x: str, start: str, end: str, name: str) -> str:  # x[start:end] along axis 0
             return b.op("Slice", [x, start, end, "axis0"], name)
 
+        def proj(x: str, layer: int, which: str, name: str) -> str:  # a q/k/v/o projection (+ its bias)
+            y = ops.linear(b, x, f"l{layer}.{which}")
+            return b.op("Add", [y, b.weight(f"l{layer}.{which}_bias")], name) if c.attention_bias else y
+
         # context rows: hidden_norm(fc(features)) [C, H]
         feats = b.op("Reshape", ["ctx_aux", "rows_feat"], "/ctx/rows")
         ctx = rms(ops.linear(b, feats, "fc"), "hidden_norm", "/ctx/norm")
-        s = Stream(
-            b.op("Gather", [b.weight("embed"), b.op("Reshape", ["block_ids", "ids_flat"], "/ids")], "/embed", axis=0)
-        )  # [b, H]
+        emb = b.op("Gather", [b.weight("embed"), b.op("Reshape", ["block_ids", "ids_flat"], "/ids")], "/embed", axis=0)
+        if c.embed_scale != 1.0:  # z-lab's input_embedding_scale
+            emb = b.op("Mul", [emb, b.const("embed_scale", np.array(c.embed_scale, f))], "/embed/scale")
+        s = Stream(emb)  # [b, H]
         pos = b.op("Reshape", ["positions", "ids_flat"], "/pos")  # [C + b]
         cos = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_cos"), pos], "/cos", axis=0), "one"], "/cos3")
         sin = b.op("Unsqueeze", [b.op("Gather", [b.weight("rope_sin"), pos], "/sin", axis=0), "one"], "/sin3")
@@ -117,15 +134,15 @@ class DFlashGraphWriter(HeadGraphWriter):
         for i in range(c.n_layers):
             p = f"/l{i}"
             h, s = ops.norm(b, s, f"l{i}.ln1", p + "/ln1")
-            q = b.op("Reshape", [ops.linear(b, h, f"l{i}.q"), "heads_q"], p + "/q3")
+            q = b.op("Reshape", [proj(h, i, "q", p + "/q_bias"), "heads_q"], p + "/q3")
             q = ops.rotary(
                 b, rms(q, f"l{i}.q_norm", p + "/q_norm"), n_q, {"cos": cos_q, "sin": sin_q}, p + "/q_rope"
             )  # [b, Hq, D]
             kin = b.op("Concat", [ctx, h], p + "/kin", axis=0)  # [C + b, H]
-            k = b.op("Reshape", [ops.linear(b, kin, f"l{i}.k"), "heads_kv"], p + "/k3")
+            k = b.op("Reshape", [proj(kin, i, "k", p + "/k_bias"), "heads_kv"], p + "/k3")
             k = ops.rotary(b, rms(k, f"l{i}.k_norm", p + "/k_norm"), n_kv, {"cos": cos, "sin": sin}, p + "/k_rope")
             k = b.op("Reshape", [k, "rows_kv"], p + "/k_rows")  # [C + b, Hkv*D]
-            v = ops.linear(b, kin, f"l{i}.v")  # [C + b, Hkv*D]
+            v = proj(kin, i, "v", p + "/v_bias")  # [C + b, Hkv*D]
             new_rows += [rows(k, "zero", "block_at", p + "/k_new"), rows(v, "zero", "block_at", p + "/v_new")]
             keys = b.op("Concat", [f"past_key_{i}", k], p + "/keys", axis=0)  # [S + C + b, Hkv*D]
             vals = b.op("Concat", [f"past_value_{i}", v], p + "/vals", axis=0)
@@ -137,13 +154,19 @@ class DFlashGraphWriter(HeadGraphWriter):
             w = b.op("Softmax", [b.op("Add", [scores, "attn_bias"], p + "/bias")], p + "/softmax", axis=-1)
             att = b.op("MatMul", [w, v4], p + "/av")  # [Hkv, rep, b, D]
             att = b.op("Reshape", [b.op("Transpose", [att], p + "/attT", perm=[2, 0, 1, 3]), "rows_q"], p + "/att")
-            s = ops.add(b, s, ops.linear(b, att, f"l{i}.o"), p + "/res1")
+            s = ops.add(b, s, proj(att, i, "o", p + "/o_bias"), p + "/res1")
             h, s = ops.norm(b, s, f"l{i}.ln2", p + "/ln2")
             s = ops.add(b, s, ops.mlp(b, i, h, p, names=_MLP_NAMES, sized=False), p + "/res2")
         out = rms(rows(s.x, "one", "big", "/drafted"), "norm", "/norm")  # rows 1.. [b - 1, H]
         logits = ops.linear(b, out, "lm_head_d")
         if f != np.float32:
             logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
+        if c.logit_scale != 1.0:  # z-lab's output_multiplier
+            logits = b.op("Mul", [logits, b.const("logit_scale", np.array(c.logit_scale, np.float32))], "/logits/scale")
+        if c.logit_softcap > 0:  # z-lab's final_logit_softcapping: cap * tanh(logits / cap)
+            cap = b.const("logit_cap", np.array(c.logit_softcap, np.float32))
+            capped = b.op("Tanh", [b.op("Div", [logits, cap], "/logits/div_cap")], "/logits/tanh")
+            logits = b.op("Mul", [capped, cap], "/logits/softcap")
         b.nodes.append(helper.make_node("Reshape", [logits, "shape_logits"], ["logits"], name="/logits"))
         kv = b.op("Concat", new_rows, "/new_kv/Concat", axis=0)  # [2Ld, C, Hkv*D]
         b.nodes.append(helper.make_node("Reshape", [kv, "shape_new_kv"], ["new_kv"], name="/new_kv"))
@@ -184,24 +207,24 @@ def write_dflash(
     index_t: dict,
     opts: GraphOptions,
     ctx_widths: list[int],
+    aux: tuple[int, ...],
 ):
     """dflash.weights + dflash.onnx (the drafter reads the target's embedding in place); (graph
-    writer, manifest entry). ctx_widths: the context rows C its calls are fed at."""
+    writer, manifest entry). ctx_widths: the context rows C its calls are fed at; aux: the layers
+    whose entering stream the target graphs output as hidden_aux (the export's agreed aux layers)."""
     from edgespec.engines.manifest import Architecture, GraphSpec, ModelSpec, TensorSpec
     from edgespec.export.drafters.dflash.model import DFlashFormatError, read_dflash
     from edgespec.export.target import spec as es
     from edgespec.export.target.write import head_info, write_drafter
 
     try:
-        dc, arrays = read_dflash(dflash_dir, arch.hidden_size, arch.vocab_size)
+        dc, arrays = read_dflash(dflash_dir, arch.hidden_size, arch.vocab_size, arch.n_layers)
     except DFlashFormatError as e:
         raise es.ExportError(str(e)) from e
-    want = tuple(ly - 1 for ly in es.aux_layers(arch.n_layers))
-    if dc.target_layer_ids != want:
+    if dc.aux_layers != tuple(aux):
         raise es.ExportError(
-            f"{dflash_dir}: the drafter reads target layers {list(dc.target_layer_ids)}; edgespec's "
-            f"graphs give {list(want)} (the aux layers). Hint: train it with `edgespec "
-            "train-dflash`"
+            f"{dflash_dir}: the drafter reads the streams entering target layers {list(dc.aux_layers)} "
+            f"(target_layer_ids {list(dc.target_layer_ids)}); the target graphs output {list(aux)}"
         )
     dw = DFlashGraphWriter(arch, dc, arrays, opts, writer.reference["lm_head.weight"])
     files = write_drafter(dw, folder, "dflash", {"d2t": dw.d2t}, target=(writer, index_t))
@@ -256,14 +279,13 @@ def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarra
 
     from edgespec.engines.manifest import load_manifest
     from edgespec.export.drafters.dflash.model import build_dflash
-    from edgespec.export.target.spec import aux_layers
     from edgespec.export.target.validate import aux_features, compare
     from edgespec.runtime.drafters.dflash.engine import OrtDFlash
 
     c = dw.cfg
     man = load_manifest(folder)
     engine = OrtDFlash(man, man.section("dflash"))
-    aux = aux_features(ref_target, tokens, aux_layers(c.n_target_layers))
+    aux = aux_features(ref_target, tokens, c.aux_layers)
     ref = dict(dw.reference) | {"d2t": dw.d2t}
     for ours, hf in (("hidden_norm", "hidden_norm.weight"), ("norm", "norm.weight")):
         ref[hf] = dw.store.arrays[ours].astype(np.float32)
@@ -275,6 +297,9 @@ def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarra
             ("k_norm", "self_attn.k_norm"),
         ):
             ref[f"layers.{i}.{hf}.weight"] = dw.store.arrays[f"l{i}.{ours}"].astype(np.float32)
+        if c.attention_bias:
+            for ours in ("q", "k", "v", "o"):
+                ref[f"layers.{i}.self_attn.{ours}_proj.bias"] = dw.store.arrays[f"l{i}.{ours}_bias"].astype(np.float32)
     embed = ref_target.model.embed_tokens.weight.detach().float().numpy()
     model = build_dflash(
         c,

@@ -31,7 +31,7 @@ plus `d2t` (draft-vocabulary offsets as `checkpoint` stores them, most frequent 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -40,58 +40,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.export.drafters._torch import Frozen, TorchDrafter
-from edgespec.export.train.checkpoint import CheckpointError, _read_d2t, read_config, read_weights, write_checkpoint
-
-_PROJ = (
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-)
-_NORMS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm")
-
-
-class DFlashFormatError(CheckpointError):
-    """A DFlash checkpoint that is not in the expected layout or does not fit the target."""
-
-
-@dataclass(frozen=True)
-class DFlashConfig:
-    hidden_size: int  # H: the target's hidden size (the drafter's width)
-    n_layers: int  # drafter decoder layers
-    n_heads: int  # query heads
-    n_kv_heads: int  # key/value heads (GQA)
-    head_dim: int  # per-head width
-    intermediate_size: int  # MLP width
-    rms_norm_eps: float  # RMSNorm epsilon
-    rope_theta: float  # the target's rotary base (the drafter uses the target's positions)
-    vocab_size: int  # target vocabulary
-    draft_vocab_size: int  # tokens it can propose (the most frequent answer tokens)
-    block_size: int  # b: rows per call (the anchor + b-1 drafted tokens)
-    mask_token_id: int  # the id whose (target) embedding fills the rows to draft
-    target_layer_ids: tuple[int, ...]  # DFlash convention: target layers whose OUTPUT is read
-    n_target_layers: int  # the target's depth
-
-    @classmethod
-    def of_target(cls, arch, n_layers: int, draft_vocab: int, block_size: int, mask_token_id: int) -> DFlashConfig:
-        """A new drafter's: the target's layer shapes (its ArchSpec names them as this config does),
-        reading the features of the aux layers (spec.aux_layers; their outputs, in DFlash's terms)."""
-        from edgespec.export.target.spec import aux_layers
-
-        same = ("hidden_size", "n_heads", "n_kv_heads", "head_dim", "intermediate_size", "rms_norm_eps", "vocab_size")
-        return cls(
-            **{f: getattr(arch, f) for f in same},
-            n_layers=n_layers,
-            rope_theta=float(arch.rope_theta),
-            draft_vocab_size=draft_vocab,
-            block_size=block_size,
-            mask_token_id=mask_token_id,
-            target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
-            n_target_layers=arch.n_layers,
-        )
+from edgespec.export.drafters.dflash.layout import NORMS, PROJ, DFlashConfig, zlab_config
+from edgespec.export.drafters.dflash.layout import DFlashFormatError as DFlashFormatError  # imported from here too
+from edgespec.export.drafters.dflash.layout import read_dflash as read_dflash
+from edgespec.export.train.checkpoint import write_checkpoint
 
 
 class DFlashDrafter(TorchDrafter):
@@ -104,10 +56,11 @@ class DFlashDrafter(TorchDrafter):
         self.layers = nn.ModuleList()
         for _ in range(cfg.n_layers):
             lay = nn.Module()
-            lay.q = nn.Linear(H, cfg.n_heads * d, bias=False)
-            lay.k = nn.Linear(H, cfg.n_kv_heads * d, bias=False)
-            lay.v = nn.Linear(H, cfg.n_kv_heads * d, bias=False)
-            lay.o = nn.Linear(cfg.n_heads * d, H, bias=False)
+            bias = cfg.attention_bias
+            lay.q = nn.Linear(H, cfg.n_heads * d, bias=bias)
+            lay.k = nn.Linear(H, cfg.n_kv_heads * d, bias=bias)
+            lay.v = nn.Linear(H, cfg.n_kv_heads * d, bias=bias)
+            lay.o = nn.Linear(cfg.n_heads * d, H, bias=bias)
             lay.gate = nn.Linear(H, cfg.intermediate_size, bias=False)
             lay.up = nn.Linear(H, cfg.intermediate_size, bias=False)
             lay.down = nn.Linear(cfg.intermediate_size, H, bias=False)
@@ -120,9 +73,10 @@ class DFlashDrafter(TorchDrafter):
         for i, lay in enumerate(self.layers):
             p = f"layers.{i}."
             mods = (lay.q, lay.k, lay.v, lay.o, lay.gate, lay.up, lay.down)
-            out |= {p + n + ".weight": m.weight for n, m in zip(_PROJ, mods, strict=True)}
+            out |= {p + n + ".weight": m.weight for n, m in zip(PROJ, mods, strict=True)}
+            out |= {p + n + ".bias": m.bias for n, m in zip(PROJ, mods, strict=True) if m.bias is not None}
             out |= {
-                p + n + ".weight": t for n, t in zip(_NORMS, (lay.ln1, lay.ln2, lay.q_norm, lay.k_norm), strict=True)
+                p + n + ".weight": t for n, t in zip(NORMS, (lay.ln1, lay.ln2, lay.q_norm, lay.k_norm), strict=True)
             }
         return out
 
@@ -153,7 +107,7 @@ class DFlashDrafter(TorchDrafter):
         B, Q = block_ids.shape
         rep = c.n_heads // c.n_kv_heads
         mask = torch.cat([see_ctx, see_block], dim=-1)[:, None]  # [B, 1, Q, N + Q]
-        x = self.embed[block_ids]
+        x = self.embed[block_ids] * c.embed_scale
         for lay in self.layers:
             h = self._norm(x, lay.ln1)
             q = self._rope(self._norm(lay.q(h).view(B, Q, c.n_heads, c.head_dim), lay.q_norm), block_pos)
@@ -171,7 +125,9 @@ class DFlashDrafter(TorchDrafter):
         return self._norm(x, self.norm)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return out @ self.lm_head.T  # [.., Vd]
+        c = self.cfg
+        logits = (out @ self.lm_head.T) * c.logit_scale  # [.., Vd]
+        return torch.tanh(logits / c.logit_softcap) * c.logit_softcap if c.logit_softcap > 0 else logits
 
 
 def build_dflash(
@@ -200,7 +156,7 @@ def init_arrays(arch, sd: dict, d2t: np.ndarray, cfg: DFlashConfig, seed: int) -
         "norm.weight": sd["model.norm.weight"].astype(np.float32),
         "d2t": d2t,
     }
-    hf = (*_PROJ, "input_layernorm", "post_attention_layernorm")  # copied; q/k norms start at 1
+    hf = (*PROJ, "input_layernorm", "post_attention_layernorm")  # copied; q/k norms start at 1
     for i in range(cfg.n_layers):
         src = f"model.layers.{arch.n_layers - cfg.n_layers + i}."
         for name in hf:
@@ -211,82 +167,14 @@ def init_arrays(arch, sd: dict, d2t: np.ndarray, cfg: DFlashConfig, seed: int) -
 
 
 def save_dflash(model: DFlashDrafter, folder: str | Path, record: dict | None = None) -> Path:
+    """edgespec's layout: z-lab's config.json and tensor names (layout.zlab_config) + its draft
+    vocabulary (draft_vocab_size, the d2t tensor) and training record (`edgespec`), fp16."""
     c = model.cfg
-    config = {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "is_causal": False,
-        "attention_bias": False,
-        "hidden_act": "silu",
-        "hidden_size": c.hidden_size,
-        "num_hidden_layers": c.n_layers,
-        "num_attention_heads": c.n_heads,
-        "num_key_value_heads": c.n_kv_heads,
-        "head_dim": c.head_dim,
-        "intermediate_size": c.intermediate_size,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "vocab_size": c.vocab_size,
+    config = zlab_config(c, "float16") | {
         "draft_vocab_size": c.draft_vocab_size,
-        "num_target_layers": c.n_target_layers,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float16",
-        "dflash_config": {
-            "block_size": c.block_size,
-            "mask_token_id": c.mask_token_id,
-            "target_layer_ids": list(c.target_layer_ids),
-        },
         "edgespec": {"d2t_order": "frequency", "features": "aux_layers"} | (record or {}),
     }
     return write_checkpoint(folder, model.state(), config)
-
-
-def read_dflash(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
-    """Read and check a DFlash checkpoint against the target's sizes; float32 arrays + d2t (absolute)."""
-    held = "a DFlash drafter folder holds {}. Hint: train one with `edgespec train-dflash --out DIR`"
-    folder, cfg = read_config(folder, DFlashFormatError, held)
-    dc = cfg.get("dflash_config") or {}
-    if "DFlashDraftModel" not in cfg.get("architectures", []) or "target_layer_ids" not in dc:
-        raise DFlashFormatError(
-            f"{folder}: config.json is not a DFlash drafter's (architectures "
-            f"{cfg.get('architectures')}, dflash_config {sorted(dc)})"
-        )
-    w = read_weights(folder)
-    H = int(cfg["hidden_size"])
-    n_feat = len(dc["target_layer_ids"])
-    if H != hidden_size or tuple(w["fc.weight"].shape) != (H, n_feat * H):
-        raise DFlashFormatError(
-            f"{folder}: drafter width {H} (fc {tuple(w['fc.weight'].shape)}) does not fit the "
-            f"target's hidden size {hidden_size}; was it trained for another model?"
-        )
-    if int(cfg["vocab_size"]) != vocab_size:
-        raise DFlashFormatError(f"{folder}: drafter vocab {cfg['vocab_size']} != target vocab {vocab_size}")
-    n_heads = int(cfg["num_attention_heads"])
-    c = DFlashConfig(
-        hidden_size=H,
-        n_layers=int(cfg["num_hidden_layers"]),
-        n_heads=n_heads,
-        n_kv_heads=int(cfg.get("num_key_value_heads", n_heads)),
-        head_dim=int(cfg.get("head_dim") or H // n_heads),
-        intermediate_size=int(cfg["intermediate_size"]),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        vocab_size=vocab_size,
-        draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab_size),
-        block_size=int(dc.get("block_size", 16)),
-        mask_token_id=int(dc["mask_token_id"]),
-        target_layer_ids=tuple(int(x) for x in dc["target_layer_ids"]),
-        n_target_layers=int(cfg.get("num_target_layers", 0)),
-    )
-    need = [k for k in ("fc.weight", "hidden_norm.weight", "norm.weight") if k not in w]
-    need += [
-        f"layers.{i}.{n}.weight" for i in range(c.n_layers) for n in _PROJ + _NORMS if f"layers.{i}.{n}.weight" not in w
-    ]
-    if need:
-        raise DFlashFormatError(f"{folder}: missing tensors {need[:4]}{'...' if len(need) > 4 else ''}")
-    out = {k: v.astype(np.float32) for k, v in w.items() if k not in ("d2t", "t2d")}
-    out["d2t"] = _read_d2t(folder, w, c.draft_vocab_size, vocab_size, DFlashFormatError)
-    return c, out
 
 
 def config_record(c: DFlashConfig) -> dict:
