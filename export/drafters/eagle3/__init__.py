@@ -1,7 +1,9 @@
 """Exporting the `eagle3` drafter (`--eagle3-head`): an EAGLE-3 head (trained by `edgespec
-train-eagle3`, or in the published HF EAGLE-3 layout) as its own graph (export/drafters/eagle3/graph.py);
-the target's graphs then output the aux layers' features its fc reads. An EAGLE-3 folder given
-to --eagle is taken as this drafter's."""
+train-eagle3`, or published by the official EAGLE repo, SpecForge or vLLM speculators: the layout is
+found from the folder itself, export/drafters/eagle3/layouts.py) as its own graph
+(export/drafters/eagle3/graph.py); the target's graphs then output the aux layers' features its fc
+reads, at the layers the head names. An EAGLE-3 folder given to --eagle is taken as this drafter's.
+`edgespec export-drafter --format speculators|eagle3-official` writes any of them in those layouts."""
 
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ class Eagle3Plugin(ExportPlugin):
             "eagle3",
             str,
             None,
-            "EAGLE-3 head folder (HF EAGLE-3 layout, from `edgespec "
-            "train-eagle3`) to include, beside any EAGLE head; turns on --eagle3-features (drafter "
-            "eagle3). An EAGLE-3 folder given to --eagle is taken as this",
+            "EAGLE-3 head folder to include (from `edgespec train-eagle3`, or as the official EAGLE repo, "
+            "SpecForge or vLLM speculators publish it: the layout is read from the folder), beside any EAGLE "
+            "head; turns on --eagle3-features (drafter eagle3) at the layers the head names. An EAGLE-3 folder "
+            "given to --eagle is taken as this",
             flag="--eagle3-head",
             metavar="DIR",
         ),
@@ -54,24 +57,61 @@ class Eagle3Plugin(ExportPlugin):
         "`edgespec export --eagle3-head`."
     )
 
+    formats = ("speculators", "eagle3-official")
+
     def source(self, cfg, src) -> Path | None:
+        from edgespec.export.drafters.eagle3.layouts import inspect
         from edgespec.export.target.spec import ExportError
+        from edgespec.export.train.checkpoint import CheckpointError
 
         path = super().source(cfg, src)
         if path is not None and not self.claims(path):
-            raise ExportError(
-                f"--eagle3-head {path}: its config.json does not declare LlamaForCausalLMEagle3. Hint: an "
-                "EAGLE-1 head goes to --eagle"
-            )
+            try:
+                inspect(path)  # says why the folder is no EAGLE-3 head
+            except (CheckpointError, ValueError) as e:
+                raise ExportError(f"--eagle3-head {e}") from e
         return path
 
     def reads_aux(self, cfg, head_dir) -> bool:
         return cfg.eagle3_features or head_dir is not None
 
+    def aux_layers(self, cfg, head_dir, n_layers: int) -> tuple[int, ...] | None:
+        """The layers the head names (its layout's ids resolved to entering ids: layouts.py)."""
+        if head_dir is None:
+            return None
+        return self._checkpoint(head_dir).check(None, None, n_layers).aux_layers
+
+    def preflight(self, cfg, head_dir, target) -> None:
+        """The head's config and tensor shapes against the target's (no weights read)."""
+        from edgespec.export.target.spec import ExportError
+        from edgespec.export.train.checkpoint import CheckpointError
+
+        ck = self._checkpoint(head_dir)
+        try:
+            if target is not None:
+                ck.check(target.hidden_size, target.vocab_size, target.n_layers)
+        except (CheckpointError, ValueError) as e:
+            raise ExportError(f"--eagle3-head {e}") from e
+
+    def _checkpoint(self, head_dir):
+        from edgespec.export.drafters.eagle3.layouts import inspect
+        from edgespec.export.target.spec import ExportError
+        from edgespec.export.train.checkpoint import CheckpointError
+
+        try:
+            return inspect(Path(head_dir))
+        except (CheckpointError, ValueError) as e:
+            raise ExportError(f"--eagle3-head {e}") from e
+
     def claims(self, folder: Path) -> bool:
         from edgespec.export.drafters.eagle3.head import is_eagle3_folder
 
         return is_eagle3_folder(folder)
+
+    def publish(self, folder: Path, fmt: str, out: Path) -> Path:
+        from edgespec.export.drafters.eagle3.layouts import publish
+
+        return publish(folder, fmt, out)
 
     def write(self, ctx, head_dir: Path) -> Shipped:
         from edgespec.export.drafters.eagle3.graph import write_eagle3

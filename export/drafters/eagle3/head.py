@@ -13,6 +13,14 @@ The embedding is the target's (frozen, not stored); lm_head [Vd, H] is the head'
 the target's LM-head rows of the draft vocabulary and trained (as EAGLE-3 does). Unlike EAGLE-1 there
 is no feature regression: only the tokens count.
 
+Published heads add variants (Eagle3Config; export/drafters/eagle3/layouts.py reads each project's
+layout): an RMSNorm of the aux features before fc (`fc_norm`: per target layer, or over the whole
+concatenation), fc over the target's width when the head is narrower (`target_hidden_size`, the
+head's own embedding table then), the attention's residual taken after hidden_norm
+(`norm_before_residual`), logits without the final norm (`logits_norm` False) or the normed output
+fed back (`feed_normed`), and the head's own RoPE (theta and scaling from its config: the tables
+are built from it, never copied from the target's).
+
 Checkpoint (`save_eagle3` / `read_eagle3`): config.json of a LlamaConfig with
 architectures ["LlamaForCausalLMEagle3"], num_hidden_layers 1, draft_vocab_size and
 eagle_config.eagle_aux_hidden_state_layer_ids; model.safetensors with fc.weight [H, 3H],
@@ -24,7 +32,6 @@ midlayer.mlp.{gate,up,down}_proj.weight, norm.weight, lm_head.weight [Vd, H], d2
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,15 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgespec.export.drafters._torch import Frozen, HeadShape, TorchDrafter
-from edgespec.export.train.checkpoint import (
-    CONFIG_FILE,
-    CheckpointError,
-    _read_d2t,
-    read_config,
-    read_weights,
-    write_checkpoint,
-)
+from edgespec.export.drafters._torch import Frozen, HeadShape, TorchDrafter, rms_norm
+from edgespec.export.train.checkpoint import CheckpointError, write_checkpoint
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # Eagle3Head attribute -> checkpoint name of the midlayer's weights
@@ -67,15 +67,46 @@ class Eagle3FormatError(CheckpointError):
     """An EAGLE-3 head checkpoint that is not in the EAGLE-3 layout or does not fit the target."""
 
 
+# what Eagle3Config.fc_norm may say: no norm before fc, one RMSNorm per aux block (SpecForge's and
+# speculators' fc_norm), one over the whole concatenation (speculators' norm_before_fc)
+FC_NORMS = ("none", "per_layer", "whole")
+
+
 @dataclass(frozen=True)
 class Eagle3Config(HeadShape):
-    aux_layers: tuple[int, ...]  # target layers whose input residual streams fc fuses (low, mid, high)
-    rope_theta: float = 10000.0  # RoPE base (recorded for loaders; the tables come from the target)
+    aux_layers: tuple[int, ...]  # target layers whose ENTERING residual streams fc fuses (low, mid, high), in
+    #                              GraphOptions.aux_layers' convention; (): EAGLE-3's default for the target
+    #                              (spec.aux_layers), resolved once its depth is known (layouts.resolve_aux)
+    rope_theta: float = 10000.0  # the head's own RoPE base (its tables are built from it, not the target's)
     d2t_by_frequency: bool = False  # d2t lists the draft tokens most frequent first (heads trained here)
+    rope_type: str = "default"  # the head's RoPE scaling: "default" | "linear" | "llama3" (ArchSpec's)
+    rope_params: tuple = ()  # sorted (key, value) pairs of its scaling parameters (ArchSpec.rope_params)
+    n_aux: int = 0  # feature blocks fc reads; 0: len(aux_layers)
+    target_hidden_size: int = 0  # width of each feature block (the target's hidden size); 0: hidden_size
+    fc_norm: str = "none"  # RMSNorm of the features before fc (FC_NORMS); its weight: checkpoint fc_norm.weight
+    norm_before_residual: bool = False  # the attention's residual is hidden_norm(g), not g (speculators)
+    logits_norm: bool = True  # logits = lm_head(norm(x)); False: lm_head(x) (SpecForge norm_output false)
+    feed_normed: bool = False  # the output fed back to the next step is norm(x), not x (speculators norm_output)
+    own_embed: bool = False  # tokens embedded by the head's own table (embed_tokens.weight [V, H]), not the target's
+    layout: str = "eagle3-edgespec"  # the checkpoint layout it was read from (layouts.LAYOUTS)
+
+    @property
+    def feature_width(self) -> int:
+        """The width of one feature block: the target's hidden size."""
+        return self.target_hidden_size or self.hidden_size
+
+    @property
+    def n_blocks(self) -> int:
+        return self.n_aux or len(self.aux_layers)
 
     @property
     def aux_width(self) -> int:
-        return len(self.aux_layers) * self.hidden_size
+        return self.n_blocks * self.feature_width
+
+
+# the variant fields of Eagle3Config (their values in an EAGLE-3 head of the paper's plain form: PLAIN)
+VARIANTS = ("fc_norm", "norm_before_residual", "logits_norm", "feed_normed", "own_embed", "target_hidden_size")
+PLAIN = Eagle3Config(0, 0, 0, 0, 0, 0.0, 0, 0, aux_layers=())
 
 
 class Eagle3Head(TorchDrafter):
@@ -83,6 +114,8 @@ class Eagle3Head(TorchDrafter):
         super().__init__(cfg, frozen)
         H, I, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
         self.fc = nn.Linear(cfg.aux_width, H, bias=False)
+        # the features' RMSNorm weight before fc (fc_norm "none": absent)
+        self.fc_ln = nn.Parameter(torch.ones(cfg.aux_width)) if cfg.fc_norm != "none" else None
         self.q_proj = nn.Linear(2 * H, cfg.num_attention_heads * d, bias=False)
         self.k_proj = nn.Linear(2 * H, cfg.num_key_value_heads * d, bias=False)
         self.v_proj = nn.Linear(2 * H, cfg.num_key_value_heads * d, bias=False)
@@ -98,10 +131,25 @@ class Eagle3Head(TorchDrafter):
 
     def params(self) -> dict[str, torch.Tensor]:
         out = {"fc.weight": self.fc.weight, "lm_head.weight": self.lm_head}
+        if self.fc_ln is not None:
+            out["fc_norm.weight"] = self.fc_ln
         out |= {hf: getattr(self, attr).weight for attr, hf in LAYER_NAMES.items()}
         return out | {hf: getattr(self, attr) for attr, hf in NORM_NAMES.items()}
 
     # ---- pieces ----------------------------------------------------------------------------------
+    def features(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's aux rows [.., n*Ht] -> g [.., H]: fc, after the features' norm when the head has one."""
+        c = self.cfg
+        if c.fc_norm == "per_layer":  # each target layer's block normed on its own (eps: the head's)
+            blocks = aux.unflatten(-1, (c.n_blocks, c.feature_width))
+            aux = rms_norm(blocks, self.fc_ln.view(c.n_blocks, c.feature_width), c.rms_norm_eps).flatten(-2)
+        elif c.fc_norm == "whole":
+            aux = self._norm(aux, self.fc_ln)
+        return self.fc(aux)
+
+    def fed(self, out: torch.Tensor) -> torch.Tensor:
+        """What the next draft step is fed of a step's output (its hidden input)."""
+        return self._norm(out, self.norm) if self.cfg.feed_normed else out
 
     def qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor):
         """Input rows (token_{j+1}, g_j) -> rotated q [B,L,Hq,D], k, v [B,L,Hkv,D]."""
@@ -114,13 +162,15 @@ class Eagle3Head(TorchDrafter):
         return q, k, v
 
     def finish(self, hidden: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
-        """Attention context [B, L, Hq*D] -> the layer's output [B, L, H] (pre-norm: fed back)."""
-        x = hidden + self.o_proj(ctx)
+        """Attention context [B, L, Hq*D] -> the layer's output [B, L, H] (pre-norm; `fed` says what is fed back)."""
+        residual = self._norm(hidden, self.hidden_ln) if self.cfg.norm_before_residual else hidden
+        x = residual + self.o_proj(ctx)
         h = self._norm(x, self.post_ln)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self._norm(out, self.norm) @ self.lm_head.T  # [.., Vd]
+        x = self._norm(out, self.norm) if self.cfg.logits_norm else out
+        return x @ self.lm_head.T  # [.., Vd]
 
     def _expand(self, t: torch.Tensor) -> torch.Tensor:  # [B, L, Hkv, D] -> [B, Hq, L, D]
         rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
@@ -136,14 +186,14 @@ class Eagle3Head(TorchDrafter):
         scale = 1.0 / math.sqrt(self.cfg.head_dim)
         causal = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()
         key_ok = causal[None, None] & valid[:, None, None, :]  # [B, 1, L, L]
-        hidden = self.fc(aux)
+        hidden = self.features(aux)
         q, k, v = self.qkv(tokens, hidden, pos)
         K, V = self._expand(k), self._expand(v)  # true rows, [B, Hq, L, D]
         ctx = F.scaled_dot_product_attention(q.transpose(1, 2), K, V, attn_mask=key_ok, scale=scale)
         outs = [self.finish(hidden, ctx.transpose(1, 2).reshape(B, L, -1))]
         chain_k, chain_v = [], []  # the chain's own keys/values of steps 2.. (one per row)
         for s in range(1, n_steps):
-            hidden = outs[-1]
+            hidden = self.fed(outs[-1])
             qs, ks, vs = self.qkv(torch.roll(tokens, -s, dims=1), hidden, pos + s)
             chain_k.append(self._expand(ks))
             chain_v.append(self._expand(vs))
@@ -160,11 +210,14 @@ class Eagle3Head(TorchDrafter):
 
 # ---- checkpoint --------------------------------------------------------------------------------------
 def config_json(c: Eagle3Config, extra: dict | None = None) -> dict:
-    """config.json as EAGLE-3 loaders read it; `extra` joins the edgespec-only `eagle3` section."""
+    """config.json as EAGLE-3 loaders read it; `extra` joins the edgespec-only `eagle3` section (whose
+    `features` says the layer ids are those of the streams ENTERING the layers: layouts.py)."""
+    rope = {"rope_scaling": {"rope_type": c.rope_type, **dict(c.rope_params)}} if c.rope_type != "default" else {}
     return {
         "architectures": [ARCHITECTURE],
         **c.llama_config(),
         "rope_theta": c.rope_theta,
+        **rope,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "torch_dtype": "float16",
@@ -178,6 +231,14 @@ def config_json(c: Eagle3Config, extra: dict | None = None) -> dict:
 def save_eagle3(head: Eagle3Head, folder: str | Path, extra: dict | None = None) -> Path:
     """config.json + model.safetensors (float16 weights, d2t relative int64 even over the whole
     vocabulary, t2d bool: what EAGLE-3 loaders read)."""
+    c = head.cfg
+    variants = [name for name in VARIANTS if getattr(c, name) != getattr(PLAIN, name)]
+    if variants or not c.aux_layers:
+        raise Eagle3FormatError(
+            f"edgespec's own EAGLE-3 layout carries neither {', '.join(variants) or 'unresolved aux layers'} of this "
+            f"head ({c.layout}); Hint: fine-tune it for a target (its aux layers resolved) without these variants, or "
+            "keep it in its published layout"
+        )
     arrays = head.state()
     t2d = np.zeros(head.cfg.vocab_size, bool)
     t2d[arrays["d2t"]] = True
@@ -185,67 +246,46 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, extra: dict | None = None)
 
 
 def is_eagle3_folder(folder: str | Path) -> bool:
-    """Does the folder's config.json declare an EAGLE-3 head?"""
-    try:
-        cfg = json.loads((Path(folder) / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return ARCHITECTURE in (cfg.get("architectures") or [])
+    """Is the folder an EAGLE-3 head in a layout edgespec reads (from its config.json and tensor names)?"""
+    from edgespec.export.drafters.eagle3.layouts import detect
+
+    return detect(Path(folder)) is not None
 
 
 def read_eagle3(
     folder: str | Path, hidden_size: int, vocab_size: int, n_layers: int | None = None
 ) -> tuple[Eagle3Config, dict[str, np.ndarray], dict]:
-    """Read and check an EAGLE-3 head against the target's sizes: (config, float32 arrays + d2t
-    absolute, config.json's `eagle3` training record). n_layers: the target's depth, to check the
-    aux layers the head was trained on against those its graphs output."""
-    from edgespec.export.target import spec as es
+    """Read and check an EAGLE-3 head (any layout: layouts.py) against the target's sizes: (config,
+    float32 arrays under edgespec's names + d2t absolute, config.json's `eagle3` training record).
+    n_layers: the target's depth, to resolve and check the aux layers the head reads."""
+    from edgespec.export.drafters.eagle3.layouts import read
 
-    held = "an EAGLE-3 head folder holds {} (from `edgespec train-eagle3` or a published EAGLE-3 head)"
-    folder, cfg = read_config(folder, Eagle3FormatError, held)
-    w = read_weights(folder)
-    need = ["fc.weight", "lm_head.weight", *LAYER_NAMES.values(), *NORM_NAMES.values()]
-    missing = [k for k in need if k not in w]
-    if missing:
-        raise Eagle3FormatError(
-            f"{folder}: missing tensors {missing[:4]}; expected EAGLE-3 names (fc, midlayer.*, norm, lm_head)"
-        )
-    H = int(cfg["hidden_size"])
-    if H != hidden_size:
-        raise Eagle3FormatError(
-            f"{folder}: head hidden size {H} does not fit the target's {hidden_size}; was it trained for another model?"
-        )
-    if int(cfg.get("vocab_size", vocab_size)) != vocab_size:
-        raise Eagle3FormatError(f"{folder}: head vocab {cfg['vocab_size']} != target vocab {vocab_size}")
-    n_aux = w["fc.weight"].shape[1] // H
-    if w["fc.weight"].shape != (H, n_aux * H) or n_aux < 1:
-        raise Eagle3FormatError(f"{folder}: fc.weight {w['fc.weight'].shape} is not [H, n*H] for H={H}")
-    default = es.aux_layers(n_layers) if n_layers else ()
-    aux_layers = tuple((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or default)
-    if len(aux_layers) != n_aux or (n_layers and default and aux_layers != default):
-        raise Eagle3FormatError(
-            f"{folder}: the head fuses layers {aux_layers} ({n_aux} feature blocks in fc); "
-            f"edgespec's target graphs output the streams entering layers {default}. "
-            "Hint: train the head with `edgespec train-eagle3` for this target"
-        )
-    ec = Eagle3Config(
-        **HeadShape.from_config(cfg, vocab_size),
-        aux_layers=aux_layers,
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        d2t_by_frequency="d2t" in w and (cfg.get("eagle3") or {}).get("d2t_order") == "frequency",
+    return read(Path(folder), hidden_size, vocab_size, n_layers)
+
+
+def rope_tables(ec: Eagle3Config, arch) -> tuple[np.ndarray, np.ndarray]:
+    """The head's own RoPE tables (its theta and scaling, its head width) over the target's positions
+    (arch: the target's ArchSpec, for max_len)."""
+    import dataclasses
+
+    own = dataclasses.replace(
+        arch,
+        head_dim=ec.head_dim,
+        rope_theta=ec.rope_theta,
+        rope_type=ec.rope_type,
+        rope_params=ec.rope_params,
+        local_rope=(),
     )
-    vd = ec.draft_vocab_size
-    if w["lm_head.weight"].shape != (vd, H):
-        raise Eagle3FormatError(f"{folder}: lm_head.weight {w['lm_head.weight'].shape} != [draft_vocab_size {vd}, {H}]")
-    out = {k: w[k].astype(np.float32) for k in need}
-    out["d2t"] = _read_d2t(folder, w, vd, vocab_size, Eagle3FormatError)
-    return ec, out, dict(cfg.get("eagle3") or {})
+    return own.rope_tables()
 
 
 def build_eagle3(
     ec: Eagle3Config, arrays: dict[str, np.ndarray], embed: np.ndarray, rope_cos: np.ndarray, rope_sin: np.ndarray
 ) -> Eagle3Head:
-    """An Eagle3Head from checkpoint arrays and the target's embedding [V, H] / rope tables."""
+    """An Eagle3Head from checkpoint arrays and the target's embedding [V, H] (a head with its own
+    table, ec.own_embed, reads arrays["embed_tokens.weight"] instead) and the rope tables to use."""
+    if ec.own_embed:
+        embed = arrays["embed_tokens.weight"]
     return Eagle3Head(ec, Frozen.of(arrays, embed, rope_cos, rope_sin)).load(arrays)
 
 
@@ -262,7 +302,13 @@ def init_arrays(
     rng = np.random.default_rng(seed)
     layers = aux_layers(arch.n_layers)
     src = f"model.layers.{layers[-1]}."
-    ec = Eagle3Config(**HeadShape.of_target(arch, len(d2t)), aux_layers=layers, rope_theta=arch.rope_theta)
+    ec = Eagle3Config(
+        **HeadShape.of_target(arch, len(d2t)),
+        aux_layers=layers,
+        rope_theta=arch.rope_theta,
+        rope_type=arch.rope_type,
+        rope_params=arch.rope_params,
+    )
     blocks = [rng.normal(0, 0.02, (H, H)) for _ in layers[:-1]] + [np.eye(H)]
     arrays = {
         "fc.weight": np.concatenate(blocks, axis=1).astype(np.float32),
