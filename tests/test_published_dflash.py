@@ -296,6 +296,7 @@ def test_cli_refuses_in_one_line(targets, tmp_path):
 
 
 def test_zlab_folder_given_to_another_flag_is_taken_as_dflash():
+    """Its plugin claims z-lab's folders (drafters.sources moves one given to another drafter's flag)."""
     from edgespec.export.drafters import registry
 
     assert registry()["dflash"].claims(FIX / "dflash-zlab-qwen3-bf16")

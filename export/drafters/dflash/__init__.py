@@ -69,7 +69,8 @@ class DFlashPlugin(ExportPlugin):
         return bool({"DFlashDraftModel", "DFlash2DraftModel"} & set(arch))
 
     def _layout(self, folder, hidden_size=None, vocab_size=None, n_layers=None):
-        from edgespec.export.drafters.dflash.layout import DFlashFormatError, read_layout
+        from edgespec.export.drafters.dflash.config import DFlashFormatError
+        from edgespec.export.drafters.dflash.layout import read_layout
         from edgespec.export.target.spec import ExportError
 
         try:
@@ -89,7 +90,7 @@ class DFlashPlugin(ExportPlugin):
         return Shipped(section, dw)
 
     def publish(self, folder: Path, fmt: str, out: Path) -> Path:
-        from edgespec.export.drafters.dflash.layout import DFlashFormatError
+        from edgespec.export.drafters.dflash.config import DFlashFormatError
         from edgespec.export.drafters.dflash.publish import publish_zlab
         from edgespec.export.target.spec import ExportError
 

@@ -1,31 +1,28 @@
-"""DFlash block drafter: the module (torch) and its checkpoint in the public DFlash layout.
+"""DFlash block drafter: the module (torch) and edgespec's checkpoint of it (`save_dflash`).
 
 One non-causal forward pass drafts a whole block (DFlash, arXiv 2602.06036). With p the position
 of the anchor (the last verified token, whose target features do not exist yet):
 
-    ctx_j   = hidden_norm(fc([a_j^low ; a_j^mid ; a_j^high]))   j < p   # target features -> [H]
-    x_i     = embed(block_i), block = [anchor, MASK, ..., MASK]   i < b   # at positions p + i
+    ctx_j   = hidden_norm(fc([a_j^1 ; ... ; a_j^n]))               j < p   # target features -> [H]
+    x_i     = s_e embed(block_i), block = [anchor, MASK, ..., MASK] i < b   # at positions p + i
     per layer ("KV injection": the context enters as keys/values of every layer, never as queries)
       h     = rms(x, ln1)
-      q     = rope(q_norm(Wq h))                                   # block rows only
-      k, v  = rope(k_norm(Wk [ctx ; h])), Wv [ctx ; h]             # context rows + block rows
-      x    += Wo attn(q, k, v)                                     # every block row sees every row
+      q     = rope(q_norm(Wq h + bq))                                # block rows only
+      k, v  = rope(k_norm(Wk [ctx ; h] + bk)), Wv [ctx ; h] + bv     # context rows + block rows
+      x    += Wo attn(q, k, v) + bo                                  # every block row sees every row
       x    += mlp(rms(x, ln2))
-    logits_i = rms(x_i, norm) . lm_head_d^T,  i = 1..b-1          # drafts tokens p+1 .. p+b-1
+    logits_i = softcap(s_l rms(x_i, norm) . lm_head_d^T),  i = 1..b-1  # drafts tokens p+1 .. p+b-1
 
-The embedding and the LM-head rows are the target's (frozen, not stored). Features a_j are the
-residual stream entering the target's aux layers (`spec.aux_layers`, the graphs'
-`hidden_aux`); in DFlash's own convention (`dflash_config.target_layer_ids`, the layer whose
-output is read) they are those layers minus one.
+(biases only with attention_bias; s_e, s_l and the soft-cap: z-lab's input_embedding_scale,
+output_multiplier and final_logit_softcapping, 1 / 1 / none for edgespec's own drafters). rope is
+the drafter's own (its config's theta and scaling). The embedding and the LM-head rows are the
+target's (frozen, not stored). Features a_j are the residual streams entering the target layers
+`DFlashConfig.aux_layers` (the graphs' `hidden_aux`, ascending); in DFlash's convention
+(`target_layer_ids`: the layer whose output is read) they are those layers minus one (layout.py).
 
-Checkpoint (`save_dflash` / `read_dflash`): config.json of the public DFlash drafters
-(architectures ["DFlashDraftModel"], Qwen3-style fields, `dflash_config` {block_size,
-mask_token_id, target_layer_ids}) + model.safetensors with their names
-    fc.weight [H, n*H], hidden_norm.weight, norm.weight,
-    layers.{i}.{input_layernorm,post_attention_layernorm}.weight,
-    layers.{i}.self_attn.{q,k,v,o}_proj.weight, layers.{i}.self_attn.{q,k}_norm.weight,
-    layers.{i}.mlp.{gate,up,down}_proj.weight
-plus `d2t` (draft-vocabulary offsets as `checkpoint` stores them, most frequent first) and an `edgespec` section.
+Checkpoint: z-lab's layout (config.py `zlab_config`, the tensor names of layout.py
+`expected_shapes`) plus `draft_vocab_size` and `d2t` (draft-vocabulary offsets as `checkpoint`
+stores them, most frequent first) and an `edgespec` section with the training record, in fp16.
 """
 
 from __future__ import annotations
@@ -40,8 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgespec.export.drafters._torch import Frozen, TorchDrafter
-from edgespec.export.drafters.dflash.layout import NORMS, PROJ, DFlashConfig, zlab_config
-from edgespec.export.drafters.dflash.layout import DFlashFormatError as DFlashFormatError  # imported from here too
+from edgespec.export.drafters.dflash.config import DFlashConfig, zlab_config
+from edgespec.export.drafters.dflash.config import DFlashFormatError as DFlashFormatError  # imported from here too
+from edgespec.export.drafters.dflash.layout import NORMS, PROJ
 from edgespec.export.drafters.dflash.layout import read_dflash as read_dflash
 from edgespec.export.train.checkpoint import write_checkpoint
 

@@ -26,7 +26,8 @@ import os
 import shutil
 from pathlib import Path
 
-from edgespec.export.drafters.dflash.layout import DFlashFormatError, read_dflash, read_layout, zlab_config
+from edgespec.export.drafters.dflash.config import DFlashFormatError, zlab_config
+from edgespec.export.drafters.dflash.layout import read_dflash, read_layout
 
 # the stored dtype (safetensors' or torch's name) -> config.json's torch_dtype
 DTYPE_NAMES = {

@@ -108,6 +108,6 @@ SPEC = register(
         draft_cost=0.1,
         aux_width=lambda engine: engine.feature_width,
         options=(MIN_CONFIDENCE_OPTION,),
-        export_hint="--dflash DIR (from `edgespec train-dflash`)",
+        export_hint="--dflash DIR (z-lab's published DFlash drafters, or `edgespec train-dflash`)",
     )
 )
