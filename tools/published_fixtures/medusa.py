@@ -28,6 +28,8 @@ Variants (layout id medusa-official; the writers are in the Medusa repo and its 
   medusa2-bf16  Medusa-2 (the axolotl fork's add_medusa_heads + the Trainer's save_pretrained): the
                 whole model with medusa_head.* inside model.safetensors and medusa_num_heads /
                 medusa_num_layers in the base model's config.json, bf16 (the target is the folder)
+  publish       the way out: edgespec heads -> `edgespec export-drafter --format medusa-official`
+                -> medusa-llm's MedusaModel (its logits recorded; see `published`)
 --medusa-src / --axolotl-src: checkouts of FasterDecoding/Medusa and ctlllll/axolotl (their HEAD),
 for the two variants the PyPI package predates.
 """
@@ -38,6 +40,7 @@ import argparse
 import ast
 import copy
 import hashlib
+import json
 import shutil
 import sys
 import tempfile
@@ -146,7 +149,7 @@ def medusa1(base, base_dir: Path, out: Path, n_heads: int, n_layers: int, dtype,
     ids = torch.from_numpy(np.random.default_rng(seed).integers(3, 256, (1, T)))
     with torch.no_grad():
         logits = ref(input_ids=ids)  # [K, 1, T, V]
-    fields = (["own_lm_heads"] + (["bias"] if n_layers else []) + (["blocks"] if n_layers > 1 else []))
+    fields = ["own_lm_heads"] + (["bias"] if n_layers else []) + (["blocks"] if n_layers > 1 else [])
     sens = {f: _without(ref, ids, f) for f in fields}
     _record(out, ids, _features(base, ids), logits, base.lm_head.weight, **sens)
 
@@ -233,11 +236,64 @@ def medusa2(base, out: Path, axolotl_src: Path, n_heads: int, seed: int) -> None
     _record(out, ids, _features(ref, ids), logits, ref.lm_head.weight)
 
 
+_EDGESPEC_HEADS = """
+import sys
+import numpy as np
+from transformers import AutoModelForCausalLM
+from edgespec.export.drafters.medusa.checkpoint import save_heads
+from edgespec.export.drafters.medusa.head import MedusaConfig, build_heads, random_heads
+
+base, out = sys.argv[1], sys.argv[2]
+lm = AutoModelForCausalLM.from_pretrained(base).lm_head.weight.detach().float().numpy()
+d2t = np.sort(np.random.default_rng(7).choice(256, 48, replace=False))
+mc = MedusaConfig(hidden_size=64, vocab_size=256, draft_vocab_size=48, n_heads=3, n_layers=1)
+save_heads(build_heads(mc, random_heads(mc, d2t, seed=7), lm), out, {"target": base})
+"""
+
+
+def published(base, base_dir: Path, out: Path, python: str) -> None:
+    """edgespec's way out: heads trained the edgespec way (random here, edgespec's layout: the target's
+    LM head shared) written by `edgespec export-drafter --format medusa-official` (edgespec's own venv,
+    `python`), then loaded by medusa-llm's MedusaModel as from_pretrained does. Kept: heads/ (the source;
+    its medusa.target names the tests' tiny llama), published/ (what Medusa's class loaded) and
+    reference.npz (features, Medusa's logits, the base's LM head, load_state_dict's missing and
+    unexpected keys)."""
+    import subprocess
+
+    from medusa.model.medusa_model import MedusaConfig, MedusaModel
+
+    out.mkdir(parents=True)
+    subprocess.run([python, "-c", _EDGESPEC_HEADS, str(base_dir), str(out / "heads")], check=True)
+    subprocess.run(
+        [python, "-m", "edgespec.cli", "export-drafter", str(out / "heads"), "--format", "medusa-official"]
+        + ["--out", str(out / "published")],
+        check=True,
+    )
+    cfg = json.loads((out / "heads/config.json").read_text())
+    cfg["medusa"]["target"] = "tests/tiny.py make_tiny('llama')"  # a path of this run's temporary folder
+    (out / "heads/config.json").write_text(json.dumps(cfg, indent=1))
+    mc = MedusaConfig.from_pretrained(out / "published")
+    model = MedusaModel(copy.deepcopy(base), mc.medusa_num_heads, mc.medusa_num_layers, str(base_dir))
+    loaded = torch.load(out / "published/medusa_lm_head.pt", map_location="cpu")
+    missing, unexpected = model.medusa_head.load_state_dict(loaded, strict=False)
+    ids = torch.from_numpy(np.random.default_rng(8).integers(3, 256, (1, T)))
+    with torch.no_grad():
+        logits = model(input_ids=ids)
+    _record(out, ids, _features(base, ids), logits, base.lm_head.weight, shared=True)
+    pub = json.loads((out / "published/config.json").read_text())
+    pub["base_model_name_or_path"] = BASE_NAME  # was this run's temporary folder
+    (out / "published/config.json").write_text(json.dumps(pub, indent=2) + "\n")
+    with np.load(out / "reference.npz") as z:
+        ref = dict(z)
+    np.savez(out / "reference.npz", **ref, missing=np.array(missing, str), unexpected=np.array(unexpected, str))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "tests/fixtures/published"))
     p.add_argument("--medusa-src", default="/tmp/medusa_head_src", help="FasterDecoding/Medusa at HEAD")
     p.add_argument("--axolotl-src", default="/tmp/axolotl_src", help="ctlllll/axolotl at HEAD")
+    p.add_argument("--edgespec-python", default=str(ROOT / ".venv/bin/python"), help="a python with edgespec")
     a = p.parse_args()
     out = Path(a.out)
     torch.manual_seed(SEED)
@@ -250,13 +306,14 @@ def main() -> int:
             "pt-fp32-l0": lambda o: medusa1(base, base_dir, o, 2, 0, torch.float32, "pt", 3),
             "st-bf16": lambda o: medusa1(base, base_dir, o, 3, 1, torch.bfloat16, "safetensors", 4),
             "medusa2-bf16": lambda o: medusa2(base, o, Path(a.axolotl_src), 2, 6),
+            "publish": lambda o: published(base, base_dir, o, a.edgespec_python),
             "v2-st-bf16": lambda o: medusa_v2(base, base_dir, o, Path(a.medusa_src), 3, 5),  # last: swaps `medusa`
         }
         for name, job in jobs.items():
             folder = out / f"medusa-official-{name}"
             shutil.rmtree(folder, ignore_errors=True)
             job(folder)
-            size = sum(f.stat().st_size for f in folder.iterdir())
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
             print(f"{folder}: {sorted(f.name for f in folder.iterdir())} ({size / 1024:.0f} KiB)")
     return 0
 

@@ -45,6 +45,12 @@ def _check(folder: Path, cfg: dict, shapes: dict[str, tuple], hidden_size: int |
     sizes (None: not known yet); its MedusaConfig back."""
     if "medusa_num_heads" not in cfg:
         raise MedusaFormatError(f"{folder}/{checkpoint.CONFIG_FILE} has no medusa_num_heads: not a Medusa heads folder")
+    sizes = [cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers", 1), cfg.get("hidden_size")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        raise MedusaFormatError(
+            f"{folder}/{checkpoint.CONFIG_FILE}: medusa_num_heads, medusa_num_layers and hidden_size {sizes} are "
+            "not all positive integers (edgespec's layout; Medusa's own keeps its heads in medusa_lm_head.pt)"
+        )
     K, n_layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
     if any(k == f"{i}.{n_layers}.weight" for i in range(K) for k in shapes):
         raise MedusaFormatError(
@@ -101,12 +107,12 @@ def preflight_heads(folder: str | Path, hidden_size: int | None, vocab_size: int
             official.check_target(h, hidden_size, vocab_size)
         official.check_full_target(h, target)
         return h.layout
-    folder, cfg = checkpoint.read_config(
-        folder,
-        MedusaFormatError,
-        "a Medusa heads folder holds {} (from `edgespec train-medusa`), or Medusa's medusa_lm_head.pt / "
-        ".safetensors beside its config.json",
-    )
+    if not (folder / checkpoint.CONFIG_FILE).exists() or not (folder / checkpoint.WEIGHTS_FILE).exists():
+        raise MedusaFormatError(
+            f"{folder}: a Medusa heads folder holds {checkpoint.CONFIG_FILE} + {checkpoint.WEIGHTS_FILE} (from "
+            "`edgespec train-medusa`), or Medusa's medusa_lm_head.pt / .safetensors beside its config.json"
+        )
+    cfg = official.read_json(folder / checkpoint.CONFIG_FILE)
     try:
         infos = tensor_infos(folder / checkpoint.WEIGHTS_FILE)
     except (WeightsFileError, ValueError, OSError) as e:

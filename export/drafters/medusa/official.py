@@ -106,8 +106,19 @@ def _int(cfg: dict, key: str, default: int | None, folder: Path, least: int) -> 
     return v
 
 
+def read_json(path: Path) -> dict:
+    """A config.json as a dict, else MedusaFormatError saying what is wrong with it."""
+    try:
+        cfg = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MedusaFormatError(f"{path} is not JSON ({e})") from e
+    if not isinstance(cfg, dict):
+        raise MedusaFormatError(f"{path} holds a {type(cfg).__name__}, not a JSON object")
+    return cfg
+
+
 def _config(folder: Path, variant: str) -> dict:
-    cfg = json.loads((folder / checkpoint.CONFIG_FILE).read_text()) if (folder / "config.json").exists() else None
+    cfg = read_json(folder / checkpoint.CONFIG_FILE) if (folder / checkpoint.CONFIG_FILE).exists() else None
     if cfg is None:
         raise MedusaFormatError(
             f"{folder}: has {' / '.join(f.name for f in map(folder.joinpath, HEAD_FILES) if f.exists())} "
