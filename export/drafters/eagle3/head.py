@@ -263,18 +263,27 @@ def read_eagle3(
     return read(Path(folder), hidden_size, vocab_size, n_layers)
 
 
-def rope_tables(ec: Eagle3Config, arch) -> tuple[np.ndarray, np.ndarray]:
-    """The head's own RoPE tables (its theta and scaling, its head width) over the target's positions
-    (arch: the target's ArchSpec, for max_len)."""
-    import dataclasses
+def rope_tables(ec: Eagle3Config, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The head's own RoPE tables cos, sin [max_len, head_dim] (its theta and scaling, never the target's)."""
+    from edgespec.export.target.arch import ArchSpec
 
-    own = dataclasses.replace(
-        arch,
+    own = ArchSpec(
+        model_type="llama",
+        n_layers=1,
+        n_heads=ec.num_attention_heads,
+        n_kv_heads=ec.num_key_value_heads,
         head_dim=ec.head_dim,
+        hidden_size=ec.hidden_size,
+        intermediate_size=ec.intermediate_size,
+        vocab_size=ec.vocab_size,
+        rms_norm_eps=ec.rms_norm_eps,
         rope_theta=ec.rope_theta,
         rope_type=ec.rope_type,
         rope_params=ec.rope_params,
-        local_rope=(),
+        tie_word_embeddings=False,
+        qkv_bias=False,
+        qk_norm=False,
+        max_len=max_len,
     )
     return own.rope_tables()
 

@@ -446,7 +446,9 @@ def _read_config(folder: Path, layout: str, cfg: dict) -> tuple[dict, dict]:
 
 def _stored(layout: str, name: str) -> str:
     """A tensor's name in the layout, from edgespec's."""
-    return "layers.0." + name.removeprefix("midlayer.") if layout == "eagle3-speculators" else name
+    if layout == "eagle3-speculators" and name.startswith("midlayer."):
+        return "layers.0." + name.removeprefix("midlayer.")
+    return name
 
 
 def inspect(folder: Path) -> Eagle3Checkpoint:
