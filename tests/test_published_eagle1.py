@@ -311,6 +311,19 @@ def test_another_drafters_checkpoint_names_its_flag(tmp_path, config, tensors, r
         inspect_head(_mutated(tmp_path, "eagle1-official", config, tensors), 64, 256)
 
 
+def test_unreadable_weights_are_refused_before_the_target_loads(tiny_models, tmp_path, monkeypatch):
+    from edgespec.export.target import sources
+
+    monkeypatch.setattr(sources, "load", lambda *a, **k: pytest.fail("the target loaded"))
+    folder = _mutated(tmp_path, "eagle1-official")
+    (folder / "pytorch_model.bin").unlink()
+    rc, err = _export(tiny_models["llama"], folder, tmp_path / "e1")
+    assert rc == 2 and "no weights file (looked for model.safetensors" in err and len(err.strip().splitlines()) == 1
+    (folder / "pytorch_model.bin").write_bytes(b"not a checkpoint")
+    rc, err = _export(tiny_models["llama"], folder, tmp_path / "e2")
+    assert rc == 2 and "cannot be read as a PyTorch state dict" in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_head_for_another_target_is_refused(tiny_models, tmp_path, monkeypatch):
     """Another hidden size: before the target loads; another embedding (the one the official loader
     would use): at the head's step, named."""

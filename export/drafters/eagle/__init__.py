@@ -47,9 +47,9 @@ class EaglePlugin(ExportPlugin):
             "eagle",
             str,
             "auto",
-            "EAGLE head folder (HF layout, from `edgespec train-eagle` or a "
-            "published EAGLE-1 head) to include; 'auto' (default): the head shipped with edgespec when "
-            "the target is the default model; 'none': no head",
+            "EAGLE-1/2 head folder to include: from `edgespec train-eagle`, or one the EAGLE repo publishes "
+            "(pytorch_model.bin or model.safetensors, fp32/fp16/bf16; the layout is read from the folder); "
+            "'auto' (default): the head shipped with edgespec when the target is the default model; 'none': no head",
         ),
         DRAFT_VOCAB_OPTION,
     )

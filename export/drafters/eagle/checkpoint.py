@@ -317,10 +317,13 @@ def inspect_head(folder: str | Path, hidden_size: int | None = None, vocab_size:
         )
     try:
         config = json.loads((folder / CONFIG_FILE).read_text())
+        if not isinstance(config, dict):
+            raise _error(folder, f"{CONFIG_FILE} holds a {type(config).__name__}, not a config object")
+        _foreign(folder, config, set())  # another drafter's folder: said before its weights are opened
         path = weights_file(folder)
         infos = tensor_infos(path)
     except (WeightsFileError, json.JSONDecodeError) as e:
-        raise HeadFormatError(str(e)) from e
+        raise HeadFormatError(str(e) if str(e).startswith(str(folder)) else f"{folder}: {e}") from e
     names = set(infos)
     _foreign(folder, config, names)
     layout = EDGESPEC if isinstance(config.get("eagle"), dict) else OFFICIAL
@@ -362,9 +365,9 @@ def inspect_head(folder: str | Path, hidden_size: int | None = None, vocab_size:
     if missing:
         why = " (config.json: bias true, the official default)" if missing == ["fc.bias"] else ""
         raise _error(folder, f"missing tensors {missing}{why}; expected EAGLE-1 names (fc.*, layers.0.*)")
-    extra = {EMBED, "d2t", "t2d"}
-    for name in sorted(names - set(want) - extra):
-        raise _unknown(folder, name)
+    unknown = sorted(names - set(want) - {EMBED, "d2t", "t2d"})
+    if unknown:
+        raise _unknown(folder, unknown[0])
     for name, shape_want in want.items():
         info = infos[name]
         if info.shape != shape_want or info.dtype not in _FLOATS:
@@ -393,8 +396,10 @@ def inspect_head(folder: str | Path, hidden_size: int | None = None, vocab_size:
         rows = infos[EMBED].shape[0] if EMBED in names else 0
         hc = replace(hc, vocab_size=rows or Vd)
     hc = replace(hc, draft_vocab_size=Vd)
-    if hc.draft_vocab_size > hc.vocab_size:
+    if Vd > hc.vocab_size:
         raise _error(folder, f"draft vocabulary {Vd} > vocab {hc.vocab_size}")
+    if Vd < hc.vocab_size and "d2t" not in names:
+        raise _error(folder, f"draft_vocab_size {Vd} < vocab {hc.vocab_size} but no d2t tensor naming its tokens")
     return HeadFolder(
         folder=folder,
         layout=layout,
