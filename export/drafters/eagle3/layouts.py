@@ -465,11 +465,11 @@ def inspect(folder: Path) -> Eagle3Checkpoint:
     cfg = _config(folder)
     fields, _ = _read_config(folder, layout, cfg)
     names = WEIGHT_NAMES if layout != "eagle3-official" else OFFICIAL_WEIGHTS
+    path = weights_file_of(folder, names)
     try:
-        path = weights_file(folder, names)
         infos = tensor_infos(path)
-    except WeightsFileError as e:
-        raise Eagle3FormatError(str(e)) from e
+    except (ValueError, OSError, EOFError) as e:  # a damaged file: a bad header, a truncated zip
+        raise _refuse(folder, f"its {path.name} cannot be read ({type(e).__name__}: {e}); {HINT}") from e
     want = {ours: _stored(layout, ours) for ours in CORE}
     missing = [theirs for theirs in want.values() if theirs not in infos]
     if missing:
@@ -575,6 +575,13 @@ def _check_shapes(folder: Path, ec: Eagle3Config, infos: dict, names: dict, norm
             raise _refuse(folder, f"d2t is {infos['d2t'].dtype} {list(infos['d2t'].shape)}, not integer [{vd}]")
         if "t2d" in names and infos["t2d"].shape != (v,):
             raise _refuse(folder, f"t2d is {list(infos['t2d'].shape)}, not [vocab_size {v}]")
+
+
+def weights_file_of(folder: Path, names: tuple[str, ...]) -> Path:
+    try:
+        return weights_file(folder, names)
+    except WeightsFileError as e:
+        raise Eagle3FormatError(str(e)) from e
 
 
 def read(folder: Path, hidden_size: int, vocab_size: int, n_layers: int | None = None):
@@ -750,7 +757,7 @@ def _official_config(ck: Eagle3Checkpoint) -> dict:
     if ids and (len(ids) != 3 or ids[0] != 2 or ids[1] != (ids[2] + 3) // 2):
         why.append(f"aux layers {list(ids)} (its target code feeds the streams entering 2, L//2, L-3)")
     if why:
-        raise _refuse_publish(ck, "eagle3-official", "the official EAGLE-3 code has no " + "; no ".join(why))
+        raise _refuse_publish(ck, "eagle3-official", "the official EAGLE-3 code computes none of: " + "; ".join(why))
     out = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
