@@ -9,8 +9,9 @@ interpreter that has its project (the script starts itself again with --part):
                torch + transformers==4.53.3 (--official-python). Saved as its training saves
                (deepspeed save_16bit_model: the fp16 state dict without the frozen embedding, torch.save to
                pytorch_model.bin), config.json its traineagle3/config.json with tiny numbers.
-  specforge    specforge 0.2.0 (LlamaForCausalLMEagle3), saved by its exporter specforge.export.to_hf
-               (bf16, with the embedding) from a training_state.pt.
+  specforge    specforge 0.2.0 (LlamaForCausalLMEagle3) on its pinned transformers 5.8.1 (a venv with torch,
+               transformers==5.8.1 and the specforge wheel --no-deps: --specforge-python), saved by its
+               exporter specforge.export.to_hf (bf16, with the embedding) from a bf16 training_state.pt.
   speculators  speculators 0.9.0 (Eagle3DraftModel, Eagle3SpeculatorConfig), saved by save_pretrained in bf16.
   roundtrip    an edgespec head (head.py save_eagle3, edgespec's venv: --edgespec-python) written by
                `edgespec export-drafter` as speculators and eagle3-official, loaded by those projects'
@@ -23,10 +24,11 @@ forward used where the head has none of its own: the test gives its tiny target 
 logits_s1..s3 [n, Vd] (step s of the chain from each row j < n, the project's own forward in fp32 on
 the stored weights widened), plus upstream.json: the project, version, class and dtype.
 
-Run from the repository root:
+Run from the repository root, with speculators 0.9.0 (and its imports: openai, datasets, loguru,
+pydantic-settings, hs-connectors) in the running interpreter:
   /work/scratch/venv/bin/python tools/published_fixtures/eagle3.py \
       --official-python /work/scratch/venv_eagle3/bin/python --official-src /path/to/EAGLE \
-      --edgespec-python .venv/bin/python
+      --specforge-python /work/scratch/venv_specforge/bin/python --edgespec-python .venv/bin/python
 """
 
 from __future__ import annotations
@@ -563,6 +565,7 @@ def main() -> int:
     p.add_argument("--format", default="speculators", help="roundtrip-load: which published copy")
     p.add_argument("--official-python", default="/work/scratch/venv_eagle3/bin/python")
     p.add_argument("--official-src", default="/work/scratch/eagle3_official")
+    p.add_argument("--specforge-python", default="/work/scratch/venv_specforge/bin/python")
     p.add_argument("--edgespec-python", default=".venv/bin/python")
     a = p.parse_args()
     if a.part == "official" or (a.part == "roundtrip-load" and a.format == "eagle3-official"):
@@ -582,7 +585,7 @@ def main() -> int:
         common = ["--official-src", a.official_src, "--edgespec-python", a.edgespec_python]
         run = lambda py, *args: subprocess.run([py, *me, *args, *common], check=True)  # noqa: E731
         run(a.official_python, "--part", "official")
-        run(sys.executable, "--part", "specforge")
+        run(a.specforge_python, "--part", "specforge")
         run(sys.executable, "--part", "speculators")
         run(sys.executable, "--part", "roundtrip-write")
         run(sys.executable, "--part", "roundtrip-load", "--format", "speculators")
