@@ -35,15 +35,16 @@ _LAYER = "layers.0."
 
 class EagleGraphWriter(HeadGraphWriter):
     """cfg / arrays: from checkpoint.read_head; it reads the target's LM-head rows (lm_head). Its layer
-    has the head's own attention: q/k/v biases where the head has them (heads for Qwen2 targets) and
-    the head's RoPE (cfg.rope_theta; None: the target's), whatever the target's are."""
+    has the head's own attention and norms: q/k/v biases where the head has them (heads for Qwen2
+    targets), the head's RoPE (cfg.rope_theta; None: the target's) and RMSNorm epsilon, whatever the
+    target's are."""
 
     def _prepare(self, w: dict[str, np.ndarray]) -> None:
         c, f = self.cfg, self.dtype
         own_rope = {}
         if c.rope_theta is not None:
             own_rope = dict(rope_theta=c.rope_theta, rope_type=c.rope_type, rope_params=c.rope_params)
-        self.arch = dataclasses.replace(self.arch, qkv_bias=c.qkv_bias, **own_rope)
+        self.arch = dataclasses.replace(self.arch, qkv_bias=c.qkv_bias, rms_norm_eps=c.rms_norm_eps, **own_rope)
         self._linear("fc", w["fc.weight"], "fc.weight")  # [H, 2H]: [embed ; feature] -> H
         self.store.add("fc_b", w["fc.bias"].astype(f))
         if self.cfg.input_layernorm:
