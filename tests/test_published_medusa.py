@@ -155,6 +155,38 @@ def test_speculative_greedy_equals_plain(exported, name):
         assert drafted > 0
 
 
+@pytest.mark.parametrize("precision", ["int4", "fp16"])
+def test_per_head_lm_heads_at_other_precisions(target, tmp_path, capsys, precision):
+    """Each head's own LM head as its own product (int4: MatMulNBits each): validated against PyTorch
+    at export, and lossless."""
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+
+    tiny = [precision if a == "fp32" else a for a in TINY]
+    rc, err = cli(
+        capsys,
+        "export",
+        "--target",
+        target,
+        "--medusa",
+        FIX / "medusa-official-pt-fp16",
+        "--out",
+        tmp_path / "e",
+        *tiny,
+    )
+    assert rc == 0, err
+    heads = load_manifest(tmp_path / "e").models()["medusa"]
+    # int4: int8 activations in MatMulNBits (1.3e-2 here, within the export's own tolerance); fp16: 6.5e-4
+    assert heads.precision == precision and heads.validation["heads"] < (5e-2 if precision == "int4" else 1e-3)
+    g = Generator.load(tmp_path / "e", RuntimeConfig(drafter="none", k=4, adaptive=False, medusa_min_confidence=0.0))
+    prompt = np.arange(5, 30)
+    want = np.concatenate([x.copy() for x in g.generate_ids(prompt, 24)])
+    g.set_drafter("medusa", 4)
+    assert np.array_equal(np.concatenate([x.copy() for x in g.generate_ids(prompt, 24)]), want)
+    assert g.last_stats.n_drafted > 0
+
+
 # ---- refused before the target loads ----------------------------------------------------------------
 @pytest.fixture
 def target_never_loads(monkeypatch):

@@ -288,13 +288,82 @@ def published(base, base_dir: Path, out: Path, python: str) -> None:
     np.savez(out / "reference.npz", **ref, missing=np.array(missing, str), unexpected=np.array(unexpected, str))
 
 
+_SHIPPED_SIDE = """
+import sys
+import numpy as np
+import torch
+from edgespec.export.drafters.medusa.checkpoint import read_any
+from edgespec.export.drafters.medusa.head import build_heads
+from edgespec.export.drafters.medusa.publish import target_lm_head
+from edgespec.export.target import sources
+
+heads, out = sys.argv[1], sys.argv[2]
+model, tok = sources.load(sources.resolve(None))
+lm = model.lm_head.weight.detach().float().numpy()
+read, _ = target_lm_head("smollm2-135m-instruct")
+ids = torch.tensor([tok.encode("The capital of France is Paris. The capital of Italy is")])
+with torch.no_grad():
+    feats = model.model(input_ids=ids)[0][0].float().numpy()
+mc, arrays = read_any(heads, 576, 49152)
+h = build_heads(mc, arrays, lm)
+with torch.no_grad():
+    logits = h.logits(h(torch.from_numpy(feats))).numpy().transpose(1, 0, 2)  # [K, T, Vd]
+np.savez(out, features=feats, logits=logits, d2t=arrays["d2t"], lm_read_equal=np.array(np.array_equal(lm, read)))
+"""
+
+
+def check_shipped(python: str) -> None:
+    """The heads shipped for the default model, published (`edgespec export-drafter`) and loaded by
+    medusa-llm's MedusaModel: their logits on the default model's features against edgespec's
+    PyTorch heads on the same features (the default target itself is a GGUF, read by edgespec's venv;
+    here only its LM head's shape is needed: the published heads carry the rows)."""
+    import subprocess
+
+    from medusa.model.medusa_model import MedusaConfig, MedusaModel
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shipped = ROOT / "export/heads/smollm2-135m-instruct-medusa"
+    with tempfile.TemporaryDirectory() as tmp:
+        pub, side = Path(tmp) / "pub", Path(tmp) / "side.npz"
+        cmd = [python, "-m", "edgespec.cli", "export-drafter", str(shipped), "--format", "medusa-official"]
+        subprocess.run(cmd + ["--out", str(pub)], check=True)
+        subprocess.run([python, "-c", _SHIPPED_SIDE, str(shipped), str(side)], check=True)
+        mc = MedusaConfig.from_pretrained(pub)
+        base_cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=8, num_hidden_layers=1)
+        base = LlamaForCausalLM(base_cfg)  # a stand-in: MedusaModel reads its LM head's shape and dtype
+        tok_dir = Path(tmp) / "tok"
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tiny import tokenizer_files  # MedusaModel loads a tokenizer from base_model_name_or_path
+
+        tokenizer_files(tok_dir)
+        model = MedusaModel(base, mc.medusa_num_heads, mc.medusa_num_layers, str(tok_dir))
+        missing, unexpected = model.medusa_head.load_state_dict(torch.load(pub / "medusa_lm_head.pt"), strict=False)
+        with np.load(side) as z:
+            feats, want, d2t, same = z["features"], z["logits"], z["d2t"], bool(z["lm_read_equal"])
+        with torch.no_grad():  # MedusaModel.forward's heads, on the base's hidden states
+            got = torch.stack([head(torch.from_numpy(feats)) for head in model.medusa_head]).numpy()
+        size = (pub / "medusa_lm_head.pt").stat().st_size / 2**20
+        print(
+            f"shipped heads published ({size:.0f} MiB, {mc.medusa_num_heads} heads, base "
+            f"{mc.base_model_name_or_path}); Medusa's load_state_dict: missing {missing}, unexpected {unexpected}; "
+            f"the LM head export-drafter read == the target's as edgespec loads it: {same}; "
+            f"max |Medusa - edgespec| over {len(feats)} positions x {len(d2t)} draft tokens: "
+            f"{np.abs(got[:, :, d2t] - want).max():.2e}; greedy drafts equal: "
+            f"{np.array_equal(got[:, :, d2t].argmax(-1), want.argmax(-1))}"
+        )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "tests/fixtures/published"))
     p.add_argument("--medusa-src", default="/tmp/medusa_head_src", help="FasterDecoding/Medusa at HEAD")
     p.add_argument("--axolotl-src", default="/tmp/axolotl_src", help="ctlllll/axolotl at HEAD")
     p.add_argument("--edgespec-python", default=str(ROOT / ".venv/bin/python"), help="a python with edgespec")
+    p.add_argument("--check-shipped", action="store_true", help="only publish the shipped heads and compare")
     a = p.parse_args()
+    if a.check_shipped:
+        check_shipped(a.edgespec_python)
+        return 0
     out = Path(a.out)
     torch.manual_seed(SEED)
     with tempfile.TemporaryDirectory() as tmp:
