@@ -58,7 +58,7 @@ def target_lm_head(spec: str) -> tuple[np.ndarray, str]:
     if src.kind == "hub":
         raise ExportError(
             f"the heads' target {spec!r} is a hub id: its LM head (written into every head) is read from a local "
-            "copy. Hint: download it and set the heads' config.json medusa.target to the folder"
+            "copy. Hint: download it and name that folder in the heads' config.json instead"
         )
     if src.kind == "hf":
         path = weights_file(Path(src.path))
@@ -90,7 +90,7 @@ def _heads(folder: Path) -> tuple[dict[str, np.ndarray], np.ndarray, int, int, n
                 arrays, d2t = official.read(h, h.vocab_size)
                 base = h.base_model or (str(folder.resolve()) if h.variant == "full" else "")
                 return arrays, d2t, h.n_heads, h.n_layers, None, base
-            lm, base, spec = _lm(folder, cfg, h.hidden_size)
+            lm, base = _lm(folder, cfg, h.hidden_size, "base_model_name_or_path in config.json")
             arrays, d2t = official.read(h, lm.shape[0])
             return arrays, d2t, h.n_heads, h.n_layers, lm, h.base_model or base
         if "hidden_size" not in cfg or "vocab_size" not in cfg:
@@ -101,25 +101,26 @@ def _heads(folder: Path) -> tuple[dict[str, np.ndarray], np.ndarray, int, int, n
         mc, arrays = read_heads(folder, int(cfg["hidden_size"]), int(cfg["vocab_size"]))
     except MedusaFormatError as e:
         raise ExportError(str(e)) from e
-    lm, base, _ = _lm(folder, cfg, mc.hidden_size)
+    lm, base = _lm(folder, cfg, mc.hidden_size, 'a "target" entry in the "medusa" section of config.json')
     if lm.shape[0] != mc.vocab_size:
         raise ExportError(f"{folder}: heads for a vocabulary of {mc.vocab_size}, their target's has {lm.shape[0]}")
     return arrays, arrays["d2t"], mc.n_heads, mc.n_layers, lm, base
 
 
-def _lm(folder: Path, cfg: dict, hidden_size: int) -> tuple[np.ndarray, str, str]:
-    """The LM head the heads share (their target's), its base_model_name_or_path and --target spec."""
+def _lm(folder: Path, cfg: dict, hidden_size: int, where: str) -> tuple[np.ndarray, str]:
+    """The LM head the heads share (their target's) and its base_model_name_or_path. where: the config
+    entry that would name the target, for the hint."""
     spec = _target_of(folder, cfg)
     if spec is None:
         raise ExportError(
             f"{folder}: these heads use their target's LM head, which Medusa's layout stores in every head, and "
-            'the folder does not say which model that is. Hint: add "target": "<the target folder, GGUF or '
-            'packaged name>" to the "medusa" section of its config.json (train-medusa records it)'
+            f"the folder does not say which model that is. Hint: name the target folder, GGUF or packaged model "
+            f"in {where} (train-medusa records it)"
         )
     lm, base = target_lm_head(spec)
     if lm.shape[1] != hidden_size:
         raise ExportError(f"{folder}: heads of hidden size {hidden_size}, their target {spec}'s is {lm.shape[1]}")
-    return lm, base, spec
+    return lm, base
 
 
 def _fp16_exact(arrays) -> bool:
