@@ -37,6 +37,7 @@ from edgespec.engines.specs import (  # noqa: F401 (re-exported: the manifest's 
     ModelSpec,
     TensorSpec,
     TrtInfo,
+    WeightOrigin,
     WeightSpec,
 )
 

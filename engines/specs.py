@@ -90,6 +90,16 @@ class Architecture(Serial):
 
 
 @dataclass(frozen=True)
+class WeightOrigin(Serial):
+    kind: str  # a kind of linear weight: its parameter name without the layer ("self_attn.q_proj", "lm_head")
+    source: str  # its type in the checkpoint: a GGUF type ("Q4_1", "Q6_K", "F16") or "float" (HF weights)
+    stored: str  # what the graph multiplies by: "int4 codes + block mins", "int8 codes", "int4 (re-quantized)", "fp32"
+    exact: bool  # the graph's weights are the checkpoint's values, bit for bit
+    tensors: int  # weights of this kind, source and storage
+    why: str = ""  # quantized blocks re-quantized: why they were not kept
+
+
+@dataclass(frozen=True)
 class TrtInfo(Serial):
     file: str  # serialized TensorRT engine, relative to the folder
     tensorrt_version: str  # the TensorRT that built it (engines only load in that version)
@@ -120,6 +130,9 @@ class ModelSpec(Serial):
     d2t: WeightSpec | None = None  # EAGLE head: draft-vocabulary id -> target id (int64 [Vd])
     head: HeadInfo | None = None  # EAGLE head: where it came from
     tensorrt: TrtInfo | None = None  # the engine `edgespec build-trt` built from the graph
+    weight_origins: tuple[WeightOrigin, ...] = ()  # per kind of linear weight: its checkpoint type and what the
+    #                                                graph keeps of it (GGUF blocks kept exactly, or re-quantized);
+    #                                                (): not recorded (a folder from before edgespec recorded it)
 
     @property
     def n_layers(self) -> int:

@@ -78,3 +78,85 @@ def assert_rows_bitwise_alike(m, label="") -> None:
         for w, r in rows.items():
             if i < w:
                 assert np.array_equal(one[0], r[i]), (label, w, i, np.abs(one[0] - r[i]).max())
+
+
+# linear weight kinds of a llama GGUF (blk.N.<kind>.weight) and their [out, in] sizes by config
+GGUF_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def make_tiny_gguf(path: Path, types: dict[str, str], seed: int = 0, hidden: int = 256, tied: bool = True) -> Path:
+    """A tiny random llama as a GGUF file written by the gguf package itself: its linears in the
+    GGUF types `types` gives per kind (GGUF_LINEARS, plus "token_embd" and "output"; default Q8_0),
+    norms F32, a byte-level BPE vocabulary of 256 tokens. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 are quantized
+    from random floats with gguf.quants; the K-quants (which gguf-py cannot quantize) are random
+    blocks with small fp16 scales. Rows of 256 inputs, so every K-quant fits."""
+    import gguf
+    import numpy as np
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    rng = np.random.default_rng(seed)
+    n_layers, n_heads, n_kv, inter, vocab = 2, 4, 2, 2 * hidden, 256
+    head_dim = hidden // n_heads
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_block_count(n_layers)
+    w.add_context_length(1024)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(list(bytes_to_unicode().values()))
+    w.add_token_types([1] * vocab)
+    w.add_token_scores([0.0] * vocab)  # no merges: transformers derives none from single characters
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    def tensor(name: str, n_out: int, n_in: int, kind: str) -> None:
+        qtype = gguf.GGMLQuantizationType[types.get(kind, "Q8_0")]
+        if qtype.name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"):
+            per_block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = rng.integers(0, 256, (n_out * n_in // per_block, type_size), dtype=np.uint8)
+            at = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}[qtype.name]
+
+            def set_d(d: np.ndarray) -> None:  # d (and dmin) of every super-block
+                for off in at:
+                    raw[:, off : off + 2] = d.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+            set_d(np.ones(len(raw)))
+            std = gguf.quants.dequantize(raw, qtype).std()
+            set_d(rng.uniform(0.5, 1.5, len(raw)) * 0.05 / std)  # weights of std ~0.05, like the others
+            data = raw.reshape(n_out, -1)
+        else:
+            data = gguf.quants.quantize(rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32), qtype)
+        w.add_tensor(name, data, raw_dtype=qtype)
+
+    tensor("token_embd.weight", vocab, hidden, "token_embd")
+    if not tied:
+        tensor("output.weight", vocab, hidden, "output")
+    w.add_tensor("output_norm.weight", (1 + rng.normal(0, 0.1, hidden)).astype(np.float32))
+    sizes = {
+        "attn_q": (n_heads * head_dim, hidden),
+        "attn_k": (n_kv * head_dim, hidden),
+        "attn_v": (n_kv * head_dim, hidden),
+        "attn_output": (hidden, n_heads * head_dim),
+        "ffn_gate": (inter, hidden),
+        "ffn_up": (inter, hidden),
+        "ffn_down": (hidden, inter),
+    }
+    for i in range(n_layers):
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{i}.{norm}.weight", (1 + rng.normal(0, 0.1, hidden)).astype(np.float32))
+        for kind in GGUF_LINEARS:
+            tensor(f"blk.{i}.{kind}.weight", *sizes[kind], kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -25,6 +25,7 @@ from edgespec.export.drafters import ExportContext, registry
 from edgespec.export.drafters import sources as drafter_sources
 from edgespec.export.target import sources
 from edgespec.export.target.arch import arch_from_config
+from edgespec.export.target.gguf_blocks import CheckpointWeights, read_blocks
 from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter
 from edgespec.export.target.lean_graph import probe_portable_ops
 from edgespec.export.target.linears import one_row_int4_differs
@@ -32,9 +33,11 @@ from edgespec.export.target.reference import hf_weights
 from edgespec.export.target.spec import ExportConfig, ExportError, aux_layers, tolerance
 from edgespec.export.target.validate import validate_model, validation_tokens
 from edgespec.export.target.weights import write_weights
-from edgespec.export.target.write import host_prologue_entry, write_model
+from edgespec.export.target.write import describe_origins, host_prologue_entry, write_model
 
 __all__ = ["ExportConfig", "ExportError", "export"]
+
+GGUF_KINDS = ("gguf", "default", "packaged")  # Source kinds read from a GGUF file
 
 
 class _Progress:
@@ -183,12 +186,18 @@ def export(cfg: ExportConfig) -> Path:
             host_prologue=cfg.host_prologue,
         )
         hf_w = hf_weights(model)
+        if src.kind in GGUF_KINDS:  # int4: its quantized blocks kept where MatMulNBits holds them exactly
+            hf_w = CheckpointWeights(hf_w, read_blocks(src.path, model, hf_w, decode_blocks=cfg.precision == "int4"))
         writer = LlamaGraphWriter(arch, hf_w, opts)
         index_t = write_weights(writer.store.arrays, tmp / "target.weights")
         progress.step("wrote target.weights")
         target = host_prologue_entry(
             write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk, "target.weights", index_t), writer
         )
+        if cfg.progress or src.kind in GGUF_KINDS:
+            lines = describe_origins(target.weight_origins)
+            print(f"edgespec: {src.name}'s linear weights in the {cfg.precision} target:", file=sys.stderr)
+            print("\n".join("  " + line for line in lines), file=sys.stderr)
         progress.step("graph target.onnx")
         chat_file = _write_tokenizer(tok, tmp)
         progress.step("tokenizer")

@@ -35,8 +35,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgespec.export.target.arch import ArchSpec
+from edgespec.export.target.gguf_blocks import CheckpointWeights
 from edgespec.export.target.layer_ops import LayerOps, Stream
 from edgespec.export.target.lean_graph import IntegerOps, LeanOps
+from edgespec.export.target.linears import Part
 from edgespec.export.target.portable_graph import PortableOps
 
 OPSET = 17
@@ -171,6 +173,7 @@ class ModelWriter:
         # Reference weights: what the exported graphs compute with (int4: dequantized), so the
         # exporter can validate ONNX vs PyTorch at tight tolerance.
         self.reference: dict[str, np.ndarray] = {}
+        self.checkpoint = hf_weights
         self._prepare(hf_weights)
 
     @property
@@ -186,9 +189,16 @@ class ModelWriter:
         raise NotImplementedError
 
     def _linear(self, name: str, w_out_in: np.ndarray, hf_names, tied: bool = False) -> None:
-        """Store one linear layer; record the weights the graph really uses as the reference."""
+        """Store one linear layer; record the weights the graph really uses as the reference. Where
+        the checkpoint holds quantized blocks of its weights (CheckpointWeights), the linears may
+        keep them exactly."""
         hf_names = [hf_names] if isinstance(hf_names, str) else hf_names
-        used = self.linears.store_linear(name, w_out_in, tied)
+        q = self.checkpoint.quantized if isinstance(self.checkpoint, CheckpointWeights) else None
+        parts = tuple(
+            Part(n, self._ref_rows(n), q.types.get(n, "float"), q.blocks.get(n)) if q else Part(n, 0, "float")
+            for n in hf_names
+        )  # rows: only a kept linear splits by them (a float checkpoint's are not needed)
+        used = self.linears.store_linear(name, w_out_in, tied, parts=parts)
         rows = 0
         for n in hf_names:
             k = self._ref_rows(n)

@@ -10,15 +10,47 @@ subclass a flavour names as its LINEARS; the model declarations do not change.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 from onnx import TensorProto, helper
 
+from edgespec.export.target.gguf_blocks import Blocks, concat, from_int4
 from edgespec.export.target.quant import quantize_int4, quantize_int8
 
 if TYPE_CHECKING:
     from edgespec.export.target.graph import GraphBuilder, GraphOptions, WeightStore
+
+
+@dataclass(frozen=True)
+class Part:
+    """One checkpoint weight among the rows of a stored linear (q, k and v of a packed qkv)."""
+
+    hf_name: str  # the model's parameter name
+    rows: int  # its output rows
+    source: str  # the checkpoint's type: a GGUF type ("Q4_1", "F16"), or "float" (an HF checkpoint)
+    blocks: Blocks | None = None  # its quantized blocks where they map exactly (gguf_blocks); None: a float
+
+
+@dataclass(frozen=True)
+class Origin:
+    """What a stored linear keeps of one checkpoint weight (the export's report and the manifest)."""
+
+    hf_name: str  # the model's parameter name
+    source: str  # the checkpoint's type (Part.source)
+    stored: str  # what the graph multiplies by: "int4 codes + block mins", "int8 codes", "int4 (re-quantized)", ...
+    exact: bool  # the graph multiplies by the checkpoint's values exactly (its blocks kept, or fp32)
+    why: str = ""  # a quantized weight re-quantized: why its blocks were not kept
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The MatMulNBits layout of a linear stored from kept blocks (gguf_blocks.Blocks)."""
+
+    bits: int  # 4 or 8
+    block_size: int  # inputs per block (32; 16 for K-quant sub-blocks)
+    mins: bool  # a block-minimum term: + (block sums of x) @ mins, a second matmul 1/block_size the size
 
 
 class Linears:
@@ -30,6 +62,9 @@ class Linears:
         self.store = store
         self.shapes: dict[str, tuple[int, int]] = {}  # name -> (n_out, n_in) of each stored linear
         self.tied: set[str] = set()  # linears computed on the embedding table (a tied LM head)
+        self.layouts: dict[str, Layout] = {}  # linears stored from a checkpoint's own blocks
+        self.origins: list[Origin] = []  # per checkpoint weight of every stored linear, in order
+        self._sums: dict[tuple[int, str, int], str] = {}  # (builder, input, block size) -> its block sums
 
     def bits(self, name: str) -> int:
         """Weight bits of a linear layer in MatMulNBits, 0 = float. int4 precision: 4 for every
@@ -37,18 +72,45 @@ class Linears:
         loop) 8 bits — decode streams it whole every token (in fp32 it was 113 of the default
         model's 180 MB per step) and the default GGUF stores it as Q8_0 anyway — unless
         int4_lm_head (4) or not int8_lm_head (float). 8 bits only with int8 activations: ORT's
-        8-bit kernel with fp32 activations was 100x slower here."""
+        8-bit kernel with fp32 activations was 100x slower here. A checkpoint's own blocks kept
+        (keep) store their own width."""
         if self.opts.precision != "int4":
             return 0
         if name != "lm_head" or self.opts.int4_lm_head:
             return 4
         return 8 if self.opts.int8_lm_head and self.opts.int4_accuracy_level == 4 else 0
 
-    def store_linear(self, name: str, w_out_in: np.ndarray, tied: bool = False) -> np.ndarray:
+    def keep(self, name: str, part: Part) -> tuple[Blocks | None, str]:
+        """(the part's blocks if the graph keeps them, else None; why not). Kept: whatever their
+        width, where the linear is a MatMulNBits one; 8-bit blocks need int8 activations (the
+        8-bit kernel with fp32 ones was 100x slower), and an LM head asked for in int4 gets int4."""
+        b = part.blocks
+        if b is None or not self.bits(name):
+            return None, ""
+        if b.bits == 8 and self.opts.int4_accuracy_level != 4:
+            return None, "8-bit blocks need --int4-accuracy-level 4"
+        if b.bits == 8 and name == "lm_head" and self.opts.int4_lm_head:
+            return None, "--int4-lm-head"
+        return b, ""
+
+    def store_linear(
+        self, name: str, w_out_in: np.ndarray, tied: bool = False, parts: tuple[Part, ...] = ()
+    ) -> np.ndarray:
         """Store one linear layer [out, in]; returns the weights the graph really multiplies by
-        (int4: dequantized), [out, in]. tied: the layer is the embedding table (stored as "embed")."""
+        (int4: dequantized), [out, in]. tied: the layer is the embedding table (stored as "embed").
+        parts: the checkpoint weights its rows hold, in order; where a part's quantized blocks can
+        be kept (keep) the layer stores them exactly and re-quantizes only the other parts."""
         self.shapes[name] = w_out_in.shape
+        parts = parts or (Part(name, w_out_in.shape[0], "float"),)
         bits = self.bits(name)
+        kept = [self.keep(name, p) for p in parts]
+        if any(b is not None for b, _ in kept):
+            return self._store_kept(name, w_out_in, parts, kept)
+        stored = f"int{bits} (re-quantized)" if bits else self.dtype.name.replace("float", "fp")
+        exact = not bits and self.dtype == np.float32  # fp32 holds any checkpoint's values (dequantized) exactly
+        self.origins += [
+            Origin(p.hf_name, p.source, stored, exact, why) for p, (_, why) in zip(parts, kept, strict=True)
+        ]
         if bits:
             codes, scales, zero_points, used = (quantize_int8 if bits == 8 else quantize_int4)(
                 w_out_in, self.opts.int4_block_size
@@ -63,23 +125,67 @@ class Linears:
         self.store.add(name, np.ascontiguousarray(w_out_in.T).astype(self.dtype))  # [in, out]
         return w_out_in.astype(self.dtype)
 
+    def _store_kept(self, name: str, w: np.ndarray, parts, kept) -> np.ndarray:
+        """A linear whose parts' blocks are kept (the others re-quantized to int4 beside them)."""
+        bs = self.opts.int4_block_size
+        if sum(p.rows for p in parts) != len(w):
+            raise ValueError(f"{name}: its parts hold {sum(p.rows for p in parts)} rows, the weight {len(w)}")
+        blocks, row = [], 0
+        for p, (b, why) in zip(parts, kept, strict=True):
+            if b is None:
+                b = from_int4(*quantize_int4(w[row : row + p.rows], bs)[:3], bs)
+                self.origins.append(Origin(p.hf_name, p.source, "int4 (re-quantized)", False, why))
+            else:
+                mins = " + block mins" if b.mins is not None else ""
+                size = f", blocks of {b.block_size}" if b.block_size != 32 else ""
+                self.origins.append(Origin(p.hf_name, p.source, f"int{b.bits} codes{mins}{size}", True))
+            blocks.append(b)
+            row += p.rows
+        b = concat(blocks)
+        codes, zero_points = b.packed()
+        self.store.add(f"{name}.q{b.bits}", codes)
+        self.store.add(name + ".scales", b.scales)
+        self.store.add(name + ".zp", zero_points)
+        if b.mins is not None:
+            self.store.add(name + ".mins", np.ascontiguousarray(b.mins.T))  # [K/bs, N]
+            n_in = w.shape[1]
+            ones = np.kron(np.eye(n_in // b.block_size, dtype=np.float32), np.ones((b.block_size, 1), np.float32))
+            self.store.add(self._sum_weight(n_in, b.block_size), ones)  # [K, K/bs]: x @ it = block sums
+        self.layouts[name] = Layout(b.bits, b.block_size, b.mins is not None)
+        return b.dequantized()
+
+    @staticmethod
+    def _sum_weight(n_in: int, block_size: int) -> str:
+        return f"block_sums_{n_in}x{block_size}"
+
     def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
         """x [.., in] times the stored layer `name` -> [.., out]. stream_3d: x is [1, T, in] (Gemm
         takes 2-D rows)."""
         n_out, n_in = self.shapes[name]
-        bits = self.bits(name)
-        if bits:
-            return b.op(
+        layout = self.layouts.get(name) or Layout(self.bits(name), self.opts.int4_block_size, False)
+        if layout.bits:
+            y = b.op(
                 "MatMulNBits",
-                [x, b.weight(f"{name}.q{bits}"), b.weight(name + ".scales"), b.weight(name + ".zp")],
+                [x, b.weight(f"{name}.q{layout.bits}"), b.weight(name + ".scales"), b.weight(name + ".zp")],
                 name + "/MatMulNBits",
                 domain="com.microsoft",
                 K=n_in,
                 N=n_out,
-                bits=bits,
-                block_size=self.opts.int4_block_size,
+                bits=layout.bits,
+                block_size=layout.block_size,
                 accuracy_level=self.opts.int4_accuracy_level,
             )
+            if not layout.mins:
+                return y
+            # + m * (sum of the block's inputs): the block sums once per input, then [.., K/bs] @ [K/bs, N].
+            # Both MatMuls have a constant B, which ORT prepacks: a row's bits do not depend on the call's
+            # rows (the rule), and the Add is elementwise.
+            key = (id(b), x, layout.block_size)
+            if key not in self._sums:
+                ones = b.weight(self._sum_weight(n_in, layout.block_size))
+                self._sums[key] = b.op("MatMul", [x, ones], f"{name}/block_sums")
+            mins = b.op("MatMul", [self._sums[key], b.weight(name + ".mins")], f"{name}/block_mins")
+            return b.op("Add", [y, mins], f"{name}/plus_mins")
         if name in self.tied:
             if stream_3d:
                 x = b.op("Reshape", [x, b.const("shape_hidden_rows", np.array([-1, n_in], np.int64))], f"{name}/rows")
@@ -105,8 +211,12 @@ class IntegerLinears(Linears):
     def bits(self, name: str) -> int:
         return 8
 
-    def store_linear(self, name: str, w_out_in: np.ndarray, tied: bool = False) -> np.ndarray:
+    def store_linear(
+        self, name: str, w_out_in: np.ndarray, tied: bool = False, parts: tuple[Part, ...] = ()
+    ) -> np.ndarray:
         self.shapes[name] = w_out_in.shape
+        for p in parts or (Part(name, w_out_in.shape[0], "float"),):
+            self.origins.append(Origin(p.hf_name, p.source, "int8 per channel (re-quantized)", False))
         w = np.asarray(w_out_in, np.float32)
         scale = np.abs(w).max(axis=1) / 127.0  # [N]
         scale[scale == 0] = 1.0  # an all-zero output channel

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgespec.engines.manifest import Architecture, HeadInfo, ModelSpec, WeightSpec
+from edgespec.engines.manifest import Architecture, HeadInfo, ModelSpec, WeightOrigin, WeightSpec
 from edgespec.export.target import spec as es
 from edgespec.export.target.graph import LlamaGraphWriter, ModelWriter
 from edgespec.export.target.weights import write_weights
@@ -66,7 +66,31 @@ def write_model(
         weights_file=weights_file,
         weights=es.weight_specs(index, _external(model)),
         graph=graph,
+        weight_origins=weight_origins(writer.linears.origins),
     )
+
+
+def weight_origins(origins) -> tuple[WeightOrigin, ...]:
+    """linears.Origin per weight -> one WeightOrigin per kind of weight (its name without the
+    layer), source type and storage, in the order the kinds were first stored."""
+    counts: dict[tuple, int] = {}
+    for o in origins:
+        parts = o.hf_name.removesuffix(".weight").split(".")
+        kind = ".".join(parts[3:] if parts[:2] == ["model", "layers"] and parts[2].isdigit() else parts)
+        key = (kind, o.source, o.stored, o.exact, o.why)
+        counts[key] = counts.get(key, 0) + 1
+    return tuple(WeightOrigin(k, src, stored, exact, n, why) for (k, src, stored, exact, why), n in counts.items())
+
+
+def describe_origins(origins: tuple[WeightOrigin, ...]) -> list[str]:
+    """The export's report: one line per kind of linear weight, kept ones first."""
+    width = max((len(o.kind) for o in origins), default=0)
+    lines = []
+    for o in sorted(origins, key=lambda o: not o.exact):
+        what = "kept" if o.exact else "re-quantized"
+        why = f" ({o.why})" if o.why else ""
+        lines.append(f"{what:>12} {o.kind:<{width}} {o.source:>6} x{o.tensors:<3} -> {o.stored}{why}")
+    return lines
 
 
 def host_prologue_entry(spec: ModelSpec, writer: LlamaGraphWriter) -> ModelSpec:
