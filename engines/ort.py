@@ -173,7 +173,7 @@ class OrtModel:
             try:
                 self._session = es.new_session(path, self._session_options, self.provider, capture)
             except EngineError as e:
-                if not capture or self._cuda_graph_asked:
+                if not capture or self._cuda_graph_asked or isinstance(e, es.ProviderError):
                     raise
                 # ORT refuses capture when a node falls back to the CPU EP (a kernel the CUDA EP lacks):
                 # run without it rather than not at all

@@ -6,11 +6,16 @@
 - Threads: a pool per session by default; `share_thread_pool()` puts every session of the process
   on one pool (it must run before the first session: ONNX Runtime makes it process-wide).
 - Providers: cpu / cuda / tensorrt, each with its fallbacks; an engine checks its provider before
-  it allocates anything, so a missing onnxruntime-gpu is one error with a hint.
+  it allocates anything, so a missing onnxruntime-gpu is one error with a hint. A GPU session is
+  asserted to run on the provider it asked for: ONNX Runtime lists the CUDA and TensorRT providers
+  even where their libraries cannot load and then runs on the CPU with only a log line (GPU buffers
+  bound into such a session would be read as host memory); here that is a ProviderError naming the
+  library the dynamic loader could not open.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -25,6 +30,17 @@ PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
     "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
     "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+# ONNX Runtime's own library of each GPU provider (lib*.so / *.dll beside its Python module); it links
+# CUDA, cuBLAS (cuDNN at run time) or TensorRT, so loading it names what is missing
+PROVIDER_LIBRARY = {"cuda": "onnxruntime_providers_cuda", "tensorrt": "onnxruntime_providers_tensorrt"}
+PROVIDER_HINT = {
+    "cuda": "install the onnxruntime-gpu build for this CUDA with its libraries (pip install "
+    "'onnxruntime-gpu[cuda,cudnn]'; 1.31 is a CUDA 13 build) or put CUDA and cuDNN on LD_LIBRARY_PATH; "
+    "or run --provider cpu",
+    "tensorrt": "install TensorRT's libraries for this onnxruntime-gpu build (libnvinfer on LD_LIBRARY_PATH), "
+    "or run --provider cuda",
 }
 
 _WEIGHTS_CACHE: dict[str, np.memmap] = {}  # resolved path -> its mapping (one per file per process)
@@ -120,6 +136,60 @@ def check_provider(provider: str) -> None:
         )
 
 
+class ProviderError(EngineError):
+    """A session that asked for a GPU provider runs without it (on the CPU, or on CUDA instead of TensorRT)."""
+
+    def __init__(self, provider: str, got: list[str], why: str) -> None:
+        runs = f"the session runs on {', '.join(got)}, not {PROVIDERS[provider][0]}" if got else "no session"
+        super().__init__(f"provider {provider!r}: {runs}: {why}. Hint: {PROVIDER_HINT[provider]}")
+        self.provider, self.got, self.why = provider, got, why  # what was asked, what the session has, why
+
+
+_PRELOADED: list[str] = []  # preload_gpu_libraries' outcome in this process ("" : done, else its error)
+
+
+def preload_gpu_libraries() -> str:
+    """onnxruntime.preload_dlls() once per process, before the first GPU session: it loads CUDA and
+    cuDNN from the nvidia-* wheels (onnxruntime-gpu[cuda,cudnn], or torch's), which the dynamic loader
+    would not find on its own. "" when done (or the build has no such call: the libraries must then
+    be on the loader's path), else its error, kept for the ProviderError that would follow."""
+    if not _PRELOADED:
+        try:
+            if hasattr(ort, "preload_dlls"):  # onnxruntime >= 1.21
+                ort.preload_dlls()
+            _PRELOADED.append("")
+        except (OSError, RuntimeError) as e:  # a missing folder or library: the session will say more
+            _PRELOADED.append(f"onnxruntime.preload_dlls() failed: {e}")
+    return _PRELOADED[0]
+
+
+def provider_library_error(provider: str) -> str | None:
+    """Why ONNX Runtime's library of a GPU provider does not load in this process: the dynamic loader's
+    message, which names the CUDA / cuDNN / TensorRT library it could not open. None when it loads."""
+    capi = Path(ort.__file__).parent / "capi"
+    name = PROVIDER_LIBRARY[provider]
+    found = sorted(capi.glob(f"lib{name}.so*")) + sorted(capi.glob(f"{name}.dll"))
+    if not found:
+        return f"this onnxruntime ({ort.__version__}, {capi}) has no {name} library: not a GPU build"
+    try:
+        for shared in sorted(capi.glob("*onnxruntime_providers_shared.*")):  # what the provider links against
+            ctypes.CDLL(str(shared), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(found[0]))
+    except OSError as e:
+        return f"{found[0].name} does not load: {e}"
+    return None
+
+
+def check_session_provider(session: ort.InferenceSession, provider: str) -> None:
+    """The session really runs on the provider it asked for (a GPU one), else a ProviderError with why."""
+    want = PROVIDERS[provider][0]
+    got = list(session.get_providers())
+    if provider == "cpu" or want in got:
+        return
+    why = provider_library_error(provider) or (_PRELOADED[0] if _PRELOADED else "")
+    raise ProviderError(provider, got, why or "ONNX Runtime left it out (its log above says why)")
+
+
 def session_options(manifest: Manifest, spec, threads: int | None, prepack: bool = True):
     """(SessionOptions with the model's mapped weights as initializers, those OrtValues: keep them
     alive as long as the session)."""
@@ -155,12 +225,20 @@ def new_session(path: Path, so: ort.SessionOptions, provider: str, cuda_graph: b
     providers = PROVIDERS[provider]
     if cuda_graph:  # the CUDA EP captures each gpu_graph_id's first runs and replays them afterwards
         providers = [(providers[0], dict(cg.PROVIDER_OPTIONS))] + providers[1:]
-    try:
-        return ort.InferenceSession(str(path), so, providers=providers)
+    if provider != "cpu":
+        preload_gpu_libraries()
+    try:  # enable_fallback=0: an execution provider that fails at session creation raises (it would
+        # print and retry on the CPU)
+        session = ort.InferenceSession(str(path), so, providers=providers, enable_fallback=0)
     except Exception as e:  # ORT raises its own exception types; re-raise with context
+        why = provider_library_error(provider) if provider != "cpu" else None
+        if why:
+            raise ProviderError(provider, [], f"{why} ({e})") from e
         raise EngineError(
             f"could not load {path}: {e}. Hint: re-export the folder with this edgespec/onnxruntime"
         ) from e
+    check_session_provider(session, provider)
+    return session
 
 
 def model_session(model_bytes: bytes) -> ort.InferenceSession:

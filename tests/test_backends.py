@@ -14,6 +14,7 @@ from test_eagle import _tiny_head
 from test_eagle3 import _tiny_head as _tiny_eagle3_head
 from test_medusa import _tiny_heads
 
+from edgespec.engines import session
 from edgespec.engines.device import HostOps
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.config import RuntimeConfig as _Cfg
@@ -114,6 +115,8 @@ def _ids(g: Generator) -> list[int]:
 def test_backend_serves_or_refuses_each_drafter(full_engine, request, monkeypatch, provider, drafter):
     if provider in GPU_EP and GPU_EP[provider] not in ort.get_available_providers():
         pytest.skip(f"{provider} needs onnxruntime-gpu and an NVIDIA GPU")
+    if provider in GPU_EP and session.provider_library_error(provider):  # listed, but its libraries do not load
+        pytest.skip(f"{provider}: {session.provider_library_error(provider)}")
     if provider == "trt":
         _fake_trt(monkeypatch)
     cfg = RuntimeConfig(

@@ -134,7 +134,11 @@ def environment(cfg: CheckConfig, entry: dict) -> None:
     entry["onnxruntime"] = ort.__version__
     entry["onnxruntime_file"] = ort.__file__
     entry["available_providers"] = ort.get_available_providers()
-    entry["preload_dlls"] = hasattr(ort, "preload_dlls")
+    from edgespec.engines import session as es
+
+    if not cfg.dry_run:  # what a GPU session does first; its outcome, and each provider library's
+        entry["preload_dlls"] = es.preload_gpu_libraries() or "done"
+    entry["provider_libraries"] = {p: es.provider_library_error(p) or "loads" for p in es.PROVIDER_LIBRARY}
     try:
         import tensorrt
 
