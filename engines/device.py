@@ -28,7 +28,9 @@ class HostOps:
     name = "host"
 
     def alloc(self, nbytes: int) -> DeviceBuffer:
-        arr = np.zeros(nbytes, np.uint8)
+        """Zeroed host memory at a 256-byte aligned address, as cudaMalloc gives (TensorRT needs it)."""
+        raw = np.zeros(nbytes + 256, np.uint8)
+        arr = raw[-raw.ctypes.data % 256 :][:nbytes]  # a view: keeps raw alive
         return DeviceBuffer(arr.ctypes.data, nbytes, arr)
 
     def h2d(self, dst_ptr: int, src: np.ndarray, stream=None) -> None:

@@ -7,7 +7,9 @@ through ONNX Runtime on host memory (tests/test_trt_fake.py); it has NOT run on 
   (min = opt = max on T; the cache window S ranges over [kv_bucket, max_len]); one execution
   context per profile, all sharing the engine's weights.
 - Device buffers allocated once: the KV cache kv[L, 2, max_len, Hkv*D], and per width the ids,
-  positions, logits, new_kv and hidden outputs. Tensor addresses are set once per context: the
+  positions, logits, new_kv and hidden outputs, every tensor address 256-byte aligned (TensorRT's
+  rule; a call's int64 inputs share one block at aligned offsets, one upload). Every setter's
+  result is checked. Tensor addresses are set once per context: the
   window past_key_l is always the first S rows of layer l's block, so only its shape changes with
   the bucket (set again only when the bucket changes).
 - A call: copy ids/positions/past_len up (a few bytes), execute_async_v3 on one stream (replayed
@@ -25,6 +27,18 @@ from edgespec.engines.device import CudaOps
 from edgespec.engines.manifest import Manifest, ModelSpec
 
 _NP = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
+ALIGN = 256  # bytes: TensorRT wants every tensor address at least this aligned (IExecutionContext.setTensorAddress)
+
+
+def aligned(nbytes: int) -> int:
+    """nbytes rounded up to a multiple of ALIGN."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _ok(result, what: str) -> None:
+    """A TensorRT setter's bool: False is an error naming the call (TensorRT logs the detail)."""
+    if result is False:
+        raise EngineError(f"TensorRT refused {what} (its log above says why)")
 
 
 def load_trt_engine(manifest: Manifest, spec: ModelSpec, device_name: str):
@@ -70,15 +84,19 @@ class TrtModel:
         dt = np.dtype(spec.kv_dtype)
         self.kv_row_bytes = spec.kv_width * dt.itemsize
         self.stream = self.ops.stream()
-        self.kv = self.ops.alloc(spec.n_layers * 2 * self.max_len * self.kv_row_bytes)  # [L, 2, max_len, W]
-        # ids | positions | past_len | tree_mask [w, w] (a chain unless a tree call rewrites it)
+        # [L, 2, max_len, W], each (layer, K/V) block ALIGN-ed: its first rows are a past_* input
+        self._block_bytes = aligned(self.max_len * self.kv_row_bytes)
+        self.kv = self.ops.alloc(spec.n_layers * 2 * self._block_bytes)
+        # the int64 inputs of a call in one block, each at an ALIGN-ed offset (one upload per call):
+        # input_ids | positions | past_len | tree_mask [w, w] (a chain unless a tree call rewrites it)
         self.takes_tree = spec.takes_tree
-        n_tree = (lambda w: w * w) if self.takes_tree else (lambda w: 0)
-        self._host_in = {w: np.zeros(2 * w + 1 + n_tree(w), np.int64) for w in self.widths}
-        self._chain = {w: np.tril(np.ones((w, w), np.int64)).ravel() for w in self.widths}
+        self._in_offsets = {w: self._input_offsets(w) for w in self.widths}
+        self._host_in = {w: np.zeros(self._in_offsets[w]["end"], np.uint8) for w in self.widths}
+        self._in_views = {w: self._views(w) for w in self.widths}
+        self._chain = {w: np.tril(np.ones((w, w), np.int64)) for w in self.widths}
         for w in self.widths:
             if self.takes_tree:
-                self._host_in[w][2 * w + 1 :] = self._chain[w]
+                self._in_views[w]["tree_mask"][:] = self._chain[w]
         self._tree_dirty = dict.fromkeys(self.widths, False)
         self._logits = {w: np.zeros((w, spec.vocab_size), np.float32) for w in self.widths}
         self._slot_pos = np.minimum(np.arange(self.max_len + max(self.widths)), self.max_len - 1)
@@ -91,30 +109,52 @@ class TrtModel:
                 "hidden": self.ops.alloc(w * spec.hidden_size * dt.itemsize),
             }
             ctx = engine.create_execution_context()
-            ctx.set_optimization_profile_async(profiles[w], self.stream)
+            if ctx is None:
+                raise EngineError(f"TensorRT could not create an execution context (width {w}): out of GPU memory?")
+            _ok(ctx.set_optimization_profile_async(profiles[w], self.stream), f"profile {profiles[w]} (width {w})")
             b = self._bufs[w]
-            ctx.set_tensor_address("input_ids", b["in"].ptr)
-            ctx.set_tensor_address("positions", b["in"].ptr + 8 * w)
-            ctx.set_tensor_address("past_len", b["in"].ptr + 16 * w)
-            if self.takes_tree:
-                ctx.set_tensor_address("tree_mask", b["in"].ptr + 8 * (2 * w + 1))
-                ctx.set_input_shape("tree_mask", (w, w))
-            for name in ("logits", "new_kv", "hidden"):
-                ctx.set_tensor_address(name, b[name].ptr)
+            addresses = {name: b["in"].ptr + off for name, off in self._in_offsets[w].items() if name != "end"}
+            addresses |= {name: b[name].ptr for name in ("logits", "new_kv", "hidden")}
             for layer in range(spec.n_layers):
                 for j, kind in enumerate(("key", "value")):
-                    ctx.set_tensor_address(f"past_{kind}_{layer}", self._block_ptr(layer, j))
-            ctx.set_input_shape("input_ids", (1, w))
-            ctx.set_input_shape("positions", (1, w))
-            ctx.set_input_shape("past_len", (1,))
+                    addresses[f"past_{kind}_{layer}"] = self._block_ptr(layer, j)
+            for name, ptr in addresses.items():
+                if ptr % ALIGN:
+                    raise EngineError(f"{name} at {ptr:#x} is not {ALIGN}-byte aligned (width {w})")
+                _ok(ctx.set_tensor_address(name, ptr), f"the address of {name} (width {w})")
+            shapes = {"input_ids": (1, w), "positions": (1, w), "past_len": (1,)}
+            if self.takes_tree:
+                shapes["tree_mask"] = (w, w)
+            for name, shape in shapes.items():
+                _ok(ctx.set_input_shape(name, shape), f"{name}'s shape {shape} (width {w})")
             self._ctx[w] = ctx
             self._ctx_slots[w] = 0
         self._last_width = 0
         self.cuda_graphs = self.ops.supports_graphs
         self._graphs: dict[tuple[int, int], object] = {}
 
+    def _input_offsets(self, w: int) -> dict[str, int]:
+        """Byte offset of each int64 input of a width-w call in its block, ALIGN-ed ("end": the block's size)."""
+        sizes = {"input_ids": 8 * w, "positions": 8 * w, "past_len": 8}
+        if self.takes_tree:
+            sizes["tree_mask"] = 8 * w * w
+        offsets, at = {}, 0
+        for name, n in sizes.items():
+            offsets[name] = at
+            at = aligned(at + n)
+        return offsets | {"end": at}
+
+    def _views(self, w: int) -> dict[str, np.ndarray]:
+        """Each input's int64 view of the width-w host block."""
+        off, block = self._in_offsets[w], self._host_in[w]
+        n = {"input_ids": w, "positions": w, "past_len": 1, "tree_mask": w * w}
+        views = {k: block[o : o + 8 * n[k]].view(np.int64) for k, o in off.items() if k != "end"}
+        if "tree_mask" in views:
+            views["tree_mask"] = views["tree_mask"].reshape(w, w)
+        return views
+
     def _block_ptr(self, layer: int, j: int, row: int = 0) -> int:
-        return self.kv.ptr + ((layer * 2 + j) * self.max_len + row) * self.kv_row_bytes
+        return self.kv.ptr + (layer * 2 + j) * self._block_bytes + row * self.kv_row_bytes
 
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
@@ -134,27 +174,28 @@ class TrtModel:
         n = len(token_ids)
         w = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
-        host = self._host_in[w]
-        host[:n] = token_ids
-        host[n:w] = token_ids[n - 1]
-        host[w : 2 * w] = self._slot_pos[past_len : past_len + w]
-        host[2 * w] = past_len
+        v = self._in_views[w]
+        v["input_ids"][:n] = token_ids
+        v["input_ids"][n:] = token_ids[n - 1]
+        v["positions"][:] = self._slot_pos[past_len : past_len + w]
+        v["past_len"][0] = past_len
         if parents is not None:
             if not self.takes_tree:
                 raise EngineError("this engine folder's graphs verify chains only; re-export it without --no-trees")
-            fill_tree(host[2 * w + 1 :].reshape(w, w), host[w : 2 * w], parents, n, past_len)
+            fill_tree(v["tree_mask"], v["positions"], parents, n, past_len)
             self._tree_dirty[w] = True
         elif self._tree_dirty[w]:
-            host[2 * w + 1 :] = self._chain[w]
+            v["tree_mask"][:] = self._chain[w]
             self._tree_dirty[w] = False
         ctx = self._ctx[w]
         n_slots = window_slots(past_len, w, self.bucket, self.max_len)
         if self._ctx_slots[w] != n_slots:  # the bucket changed: new window shape, same addresses
             for layer in range(self.n_layers):
                 for kind in ("key", "value"):
-                    ctx.set_input_shape(f"past_{kind}_{layer}", (n_slots, self.spec.kv_width))
+                    shape = (n_slots, self.spec.kv_width)
+                    _ok(ctx.set_input_shape(f"past_{kind}_{layer}", shape), f"past_{kind}_{layer}'s shape {shape}")
             self._ctx_slots[w] = n_slots
-        self.ops.h2d(self._bufs[w]["in"].ptr, host, self.stream)
+        self.ops.h2d(self._bufs[w]["in"].ptr, self._host_in[w], self.stream)
         self._execute(w, n_slots)
         out = self._logits[w][:n]
         self.ops.d2h(out, self._bufs[w]["logits"].ptr, self.stream)  # only the n real rows
@@ -175,8 +216,10 @@ class TrtModel:
             raise EngineError(f"TensorRT execute_async_v3 failed (width {w}, window {n_slots})")
         if self.cuda_graphs and key not in self._graphs:
             try:  # capture after one plain run (TensorRT may allocate on its first call)
-                self._graphs[key] = self.ops.capture(self.stream, lambda: ctx.execute_async_v3(self.stream))
-            except Exception:  # a graph that cannot be captured just runs uncaptured
+                self._graphs[key] = self.ops.capture(
+                    self.stream, lambda: _ok(ctx.execute_async_v3(self.stream), "a run")
+                )
+            except (EngineError, RuntimeError):  # a graph that cannot be captured just runs uncaptured
                 self._graphs[key] = None
 
     def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
@@ -186,7 +229,7 @@ class TrtModel:
             for i, r in enumerate(rows[:n_rows]):
                 self.ops.copy2d(
                     dst_ptr=self._block_ptr(0, 0, past_len + i),
-                    dst_pitch=self.max_len * self.kv_row_bytes,
+                    dst_pitch=self._block_bytes,
                     src_ptr=self._bufs[w]["new_kv"].ptr + int(r) * self.kv_row_bytes,
                     src_pitch=w * self.kv_row_bytes,
                     width=self.kv_row_bytes,
@@ -196,7 +239,7 @@ class TrtModel:
             return
         self.ops.copy2d(
             dst_ptr=self._block_ptr(0, 0, past_len),
-            dst_pitch=self.max_len * self.kv_row_bytes,
+            dst_pitch=self._block_bytes,
             src_ptr=self._bufs[w]["new_kv"].ptr,
             src_pitch=w * self.kv_row_bytes,
             width=n_rows * self.kv_row_bytes,

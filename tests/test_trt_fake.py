@@ -89,3 +89,22 @@ def test_engine_built_elsewhere_is_refused(tiny_engine, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="10.9.0"))
     with pytest.raises(EngineError, match=r"built with TensorRT 10\.0\.0 for GPU A; this is TensorRT 10\.9\.0"):
         load_trt_engine(m, m.target, "GPU B")
+
+
+def test_every_tensor_address_is_256_byte_aligned(trt_target):
+    """TensorRT's rule for set_tensor_address; the inputs share one block at aligned offsets."""
+    m, trt = trt_target
+    for w, ctx in trt._ctx.items():
+        bad = {name: hex(ptr) for name, ptr in ctx.addr.items() if ptr % 256}
+        assert not bad, (w, bad)
+        assert {"input_ids", "positions", "past_len", "logits", "new_kv", "hidden"} <= set(ctx.addr)
+
+
+def test_a_refused_setter_is_an_error(tiny_engine, monkeypatch):
+    import fake_trt
+
+    m = load_manifest(tiny_engine)
+    eng = FakeTrtEngine(str(tiny_engine / m.target.graph.file), m.target)
+    monkeypatch.setattr(fake_trt.FakeContext, "set_input_shape", lambda self, name, shape: name != "positions")
+    with pytest.raises(EngineError, match=r"TensorRT refused positions's shape \(1, 1\) \(width 1\)"):
+        TrtModel(m, m.target, ops=HostOps(), engine=eng, profiles=eng.profiles)
