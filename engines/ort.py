@@ -170,8 +170,9 @@ class OrtModel:
         if self._session is None:
             path = self.manifest.path(self.spec.graph.file)
             capture = self.cuda_graph and self.provider == "cuda"
+            trt = es.tensorrt_options(self.manifest, self.spec, self.kv_slots) if self.provider == "tensorrt" else None
             try:
-                self._session = es.new_session(path, self._session_options, self.provider, capture)
+                self._session = es.new_session(path, self._session_options, self.provider, capture, trt)
             except EngineError as e:
                 if not capture or self._cuda_graph_asked or isinstance(e, es.ProviderError):
                     raise
@@ -179,7 +180,7 @@ class OrtModel:
                 # run without it rather than not at all
                 warnings.warn(f"{path}: no CUDA graph capture ({e}); running without it", RuntimeWarning, stacklevel=2)
                 self.cuda_graph = False
-                self._session = es.new_session(path, self._session_options, self.provider)
+                self._session = es.new_session(path, self._session_options, self.provider, trt_options=trt)
             self._check_graph(self._session)
         return self._session
 

@@ -43,6 +43,8 @@ PROVIDER_HINT = {
     "or run --provider cuda",
 }
 
+TRT_CACHE = "trt_cache"  # folder beside the graphs where the TensorRT EP keeps its engines and timing cache
+
 _WEIGHTS_CACHE: dict[str, np.memmap] = {}  # resolved path -> its mapping (one per file per process)
 _SHARED_POOL = 0  # intra-op threads of the process-wide pool every session runs on (0: a pool per session)
 _N_SESSIONS = 0  # sessions made in this process (a pool can only be shared before the first)
@@ -218,13 +220,56 @@ def session_options(manifest: Manifest, spec, threads: int | None, prepack: bool
     return so, initializers
 
 
-def new_session(path: Path, so: ort.SessionOptions, provider: str, cuda_graph: bool = False) -> ort.InferenceSession:
-    """A session of the graph at path on the provider (cuda_graph: the CUDA EP captures and replays)."""
+def tensorrt_options(manifest: Manifest, spec, max_window: int) -> dict[str, str]:
+    """The TensorRT EP's options for a model: one optimization profile spanning every call it gets
+    (T over the graph's widths, optimized at the widest verify; the cache window S from kv_bucket to
+    max_window), so no new shape rebuilds the engine; and its engines and timing cache kept in the
+    folder (TRT_CACHE), so the next load deserializes instead of building (minutes on a Jetson).
+    A folder that cannot be written to gets the profile only."""
+    g = spec.graph
+    t_min, t_max = min(g.widths), max(g.widths)
+    t_opt = max(g.phases.get("verify", (t_max,)))
+    s_min, s_max = manifest.kv_bucket, max_window
+    s_opt = min(s_max, max(s_min, 4 * manifest.kv_bucket))
+
+    def shapes(t: int, s: int) -> str:  # "name:1x5,past_key_0:256x64,...": the inputs whose shape varies
+        return ",".join(
+            f"{name}:{'x'.join(map(str, ts.shape_at(t, s)))}"
+            for ts in g.inputs
+            for name in ts.names()
+            if ts.shape_at(t_min, s_min) != ts.shape_at(t_max, s_max)
+        )
+
+    opts = {
+        "trt_profile_min_shapes": shapes(t_min, s_min),
+        "trt_profile_opt_shapes": shapes(t_opt, s_opt),
+        "trt_profile_max_shapes": shapes(t_max, s_max),
+    }
+    cache = manifest.path(TRT_CACHE)
+    try:
+        cache.mkdir(exist_ok=True)
+    except OSError:  # a read-only folder: TensorRT builds at every load, but runs
+        return opts
+    return opts | {
+        "trt_engine_cache_enable": "1",
+        "trt_engine_cache_path": str(cache),
+        "trt_timing_cache_enable": "1",
+        "trt_timing_cache_path": str(cache),
+    }
+
+
+def new_session(
+    path: Path, so: ort.SessionOptions, provider: str, cuda_graph: bool = False, trt_options: dict | None = None
+) -> ort.InferenceSession:
+    """A session of the graph at path on the provider (cuda_graph: the CUDA EP captures and replays;
+    trt_options: the TensorRT EP's, tensorrt_options)."""
     global _N_SESSIONS
     _N_SESSIONS += 1
     providers = PROVIDERS[provider]
     if cuda_graph:  # the CUDA EP captures each gpu_graph_id's first runs and replays them afterwards
         providers = [(providers[0], dict(cg.PROVIDER_OPTIONS))] + providers[1:]
+    if provider == "tensorrt" and trt_options:
+        providers = [(providers[0], dict(trt_options))] + providers[1:]
     if provider != "cpu":
         preload_gpu_libraries()
     try:  # enable_fallback=0: an execution provider that fails at session creation raises (it would

@@ -23,6 +23,9 @@ class FakeSession:
     def get_providers(self):
         return list(self.providers_got)
 
+    def get_outputs(self):  # no declared shapes: nothing for the engine's output check to compare
+        return []
+
 
 @pytest.fixture
 def fake_ort(monkeypatch, tmp_path):
@@ -112,3 +115,27 @@ def test_the_engine_refuses_before_binding_anything(fake_ort, tiny_engine, monke
 
 def test_this_cpu_build_has_no_gpu_provider_library():
     assert "not a GPU build" in es.provider_library_error("cuda")
+
+
+def test_tensorrt_ep_gets_one_profile_over_every_call_and_an_engine_cache(fake_ort, tiny_engine, monkeypatch):
+    """Without a profile the TensorRT EP rebuilds its engine for every new (width, window) shape, and
+    without a cache at every load: the options span T over the widths and S over the windows."""
+    from edgespec.engines.device import HostOps
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.runtime.drafters import registry
+
+    registry()
+    m = load_manifest(tiny_engine)
+    opts = es.tensorrt_options(m, m.target, m.max_len)
+    lo, opt, hi = (
+        dict(x.split(":") for x in opts[f"trt_profile_{k}_shapes"].split(",")) for k in ("min", "opt", "max")
+    )
+    assert (lo["input_ids"], opt["input_ids"], hi["input_ids"]) == ("1x1", "1x9", "1x16")  # widths 1..9, 16
+    assert (lo["past_key_0"], hi["past_value_1"]) == ("32x32", "256x32")  # S: kv_bucket .. max_len, Hkv*D = 32
+    assert set(lo) == set(hi) == set(opt) and "past_len" not in lo  # fixed shapes left to the graph
+    assert opts["trt_engine_cache_path"] == str(tiny_engine / es.TRT_CACHE) == opts["trt_timing_cache_path"]
+    monkeypatch.setattr(FakeSession, "providers_got", ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    OrtModel(m, m.target, "tensorrt", device_ops=HostOps()).session()
+    assert FakeSession.made[-1][0][0] == ("TensorrtExecutionProvider", opts)
