@@ -2,9 +2,10 @@
 
 A captured CUDA graph replays the kernels of its first run on the same addresses; ONNX Runtime
 skips everything else on replay (no feed copies, no shape inference). So a call binds every tensor
-at an address fixed per (width, window): host values are copied into device buffers before the
-run and results copied back after it, and each (width, window) gets its own `gpu_graph_id`, so each
-shape is captured once and replayed afterwards. The plan is plain data, testable without a GPU;
+at an address fixed per (width, window): host values are packed into one device block before the
+run (one upload, one sync), the logits' real rows copied back after it, and the hidden states only
+when a drafter reads them; each (width, window) gets its own `gpu_graph_id`, so each shape is
+captured once and replayed afterwards. The plan is plain data, testable without a GPU;
 GraphBuffers binds and runs a call by it (HostOps runs the same code on host memory in tests).
 """
 
@@ -31,6 +32,8 @@ HOST_SIDE = {
     "past_len": "unused: the host built the masks",
     "tree_mask": "unused: the host built the masks",
 }
+LAZY = ("hidden", "hidden_aux")  # COPY_OUT outputs read back only when asked for: most drafters never read them
+ALIGN = 256  # bytes between staged inputs in their shared block (cudaMalloc's alignment)
 PROVIDER_OPTIONS = {"enable_cuda_graph": "1"}  # CUDAExecutionProvider option that turns capture on
 RUN_GRAPH_ID = "gpu_graph_id"  # RunOptions config key: which captured graph a run records or replays
 
@@ -78,39 +81,82 @@ def binding_plan(graph: GraphSpec, width: int, window: int) -> list[Placement]:
 
 
 class GraphBuffers:
-    """Device buffers of one model's captured calls: one per staged tensor and width, sized for the
-    widest window, so a (width, window) call always binds the same addresses; graph ids handed out
-    once per (width, window)."""
+    """Device buffers of one model's captured calls, sized for the widest window, so a (width, window)
+    call always binds the same addresses: a width's staged inputs share one block (one upload per
+    call), each output has its own buffer; graph ids handed out once per (width, window)."""
 
     def __init__(self, ops, graph: GraphSpec, widths, max_window: int) -> None:
         self.ops = ops  # engines.device CudaOps (HostOps in tests)
         self.graph = graph
-        self._bufs: dict[tuple[str, int], DeviceBuffer] = {}
+        self._bufs: dict[tuple[str, int], DeviceBuffer] = {}  # COPY_OUT buffers by (name, width)
+        # per width: the staged inputs' device block (sized for the widest window) and its host twin
+        self._in: dict[int, tuple[DeviceBuffer, np.ndarray]] = {}
+        self._layouts: dict[tuple[int, int], tuple[dict[str, int], int]] = {}  # _layout's, by (width, window)
         for w in widths:
             for p in binding_plan(graph, w, max_window):
-                if p.where in (COPY_IN, COPY_OUT):
+                if p.where == COPY_OUT:
                     self._bufs[p.name, w] = ops.alloc(p.nbytes)
+            end = self._layout(w, max_window)[1]
+            self._in[w] = (ops.alloc(end), np.zeros(end, np.uint8))
+        self._unread: dict[str, tuple[np.ndarray, int]] = {}  # LAZY outputs of the last run not read back yet
         self._ids: dict[tuple[int, int], int] = {}
         self._run_options: dict[tuple[int, int], ort.RunOptions] = {}  # per (width, window): its gpu_graph_id
 
-    def ptr(self, name: str, width: int) -> int:
-        return self._bufs[name, width].ptr
+    def _layout(self, width: int, window: int) -> tuple[dict[str, int], int]:
+        """(each staged input's offset in the width's block, the bytes used) for a (width, window) call:
+        packed at that window's sizes, so a call uploads what it feeds and no room kept for wider
+        windows (its addresses are fixed per (width, window), which is all its captured graph needs)."""
+        if (width, window) not in self._layouts:
+            offsets, end = {}, 0
+            for p in binding_plan(self.graph, width, window):
+                if p.where == COPY_IN:
+                    offsets[p.name] = end
+                    end += -(-p.nbytes // ALIGN) * ALIGN
+            self._layouts[width, window] = (offsets, max(end, 1))
+        return self._layouts[width, window]
+
+    def ptr(self, name: str, width: int, window: int) -> int:
+        """A staged tensor's device address in a (width, window) call."""
+        offsets = self._layout(width, window)[0]
+        return self._in[width][0].ptr + offsets[name] if name in offsets else self._bufs[name, width].ptr
 
     def graph_id(self, width: int, window: int) -> int:
         """The gpu_graph_id of a (width, window) call: 1, 2, ... in first-use order (0 is ORT's default
         graph, -1 means do not capture)."""
         return self._ids.setdefault((width, window), len(self._ids) + 1)
 
-    def copy_in(self, plan: list[Placement], arrays: dict[str, np.ndarray], width: int) -> None:
+    def copy_in(self, plan: list[Placement], arrays: dict[str, np.ndarray], width: int, window: int) -> None:
+        """A call's staged inputs in one upload: each packed into the width's host block at its offset,
+        the block copied up, one sync (ORT runs on its own stream: the inputs must have landed)."""
+        block, host = self._in[width]
+        offsets, end = self._layout(width, window)
         for p in plan:
             if p.where == COPY_IN:
-                self.ops.h2d(self.ptr(p.name, width), arrays[p.name])
-        self.ops.sync()  # ORT runs on its own stream: the inputs must have landed
+                a, at = arrays[p.name], offsets[p.name]
+                host[at : at + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        self.ops.h2d(block.ptr, host[:end])
+        self.ops.sync()
 
-    def copy_out(self, plan: list[Placement], arrays: dict[str, np.ndarray], width: int) -> None:
+    def copy_out(
+        self, plan: list[Placement], arrays: dict[str, np.ndarray], width: int, n_rows: int | None = None
+    ) -> None:
+        """The logits back (their first n_rows rows: the real tokens'; padding rows stay); the LAZY
+        outputs stay on the device until read_back asks for them."""
+        self._unread = {}
         for p in plan:
-            if p.where == COPY_OUT:
-                self.ops.d2h(arrays[p.name], self.ptr(p.name, width))
+            if p.where != COPY_OUT:
+                continue
+            if p.name in LAZY:
+                self._unread[p.name] = (arrays[p.name], self._bufs[p.name, width].ptr)
+                continue
+            dst = arrays[p.name][0, :n_rows] if p.name == "logits" and n_rows is not None else arrays[p.name]
+            self.ops.d2h(dst, self._bufs[p.name, width].ptr)
+
+    def read_back(self, name: str) -> None:
+        """A LAZY output of the last run into its host array, the first time it is asked for."""
+        if name in self._unread:
+            dst, ptr = self._unread.pop(name)
+            self.ops.d2h(dst, ptr)
 
     def bind(
         self, b: ort.IOBinding, width: int, window: int, arrays: dict[str, np.ndarray], kv: DeviceKV, mem: str
@@ -129,18 +175,25 @@ class GraphBuffers:
                 kind, layer = p.name.split("_")[1:]
                 ptr = kv.window_ptr(int(layer), 0 if kind == "key" else 1)
             else:
-                ptr = self.ptr(p.name, width)
+                ptr = self.ptr(p.name, width, window)
             bind(p.name, mem, 0, np.dtype(p.dtype), p.shape, ptr)
         ro = ort.RunOptions()
         ro.add_run_config_entry(RUN_GRAPH_ID, str(self.graph_id(width, window)))
         self._run_options[width, window] = ro
 
     def run(
-        self, session: ort.InferenceSession, b: ort.IOBinding, width: int, window: int, arrays: dict[str, np.ndarray]
+        self,
+        session: ort.InferenceSession,
+        b: ort.IOBinding,
+        width: int,
+        window: int,
+        arrays: dict[str, np.ndarray],
+        n_rows: int | None = None,
     ) -> None:
-        """One captured call: stage the inputs, run (record or replay) its graph id, read the outputs back."""
+        """One captured call: stage the inputs, run (record or replay) its graph id, read the logits
+        (n_rows of them) back."""
         plan = binding_plan(self.graph, width, window)
-        self.copy_in(plan, arrays, width)
+        self.copy_in(plan, arrays, width, window)
         session.run_with_iobinding(b, self._run_options[width, window])
         b.synchronize_outputs()
-        self.copy_out(plan, arrays, width)
+        self.copy_out(plan, arrays, width, n_rows)

@@ -322,7 +322,7 @@ class OrtModel:
             self.prologue.fill(width, n_slots, past_len, pos[0], self._tree[width])
         binding = self._binding(width, n_slots)
         if self.cuda_graph:
-            self._graph_bufs.run(self.session(width), binding, width, n_slots, self._host_arrays(width, n_slots))
+            self._graph_bufs.run(self.session(width), binding, width, n_slots, self._host_arrays(width, n_slots), n)
         else:
             self.session(width).run_with_iobinding(binding)
         self._last_width = width
@@ -347,8 +347,12 @@ class OrtModel:
                 "this folder's target has no hidden_aux output (aux features); re-export it with "
                 "the drafter that reads them"
             )
+        if self._graph_bufs is not None:  # a captured call leaves it on the device until asked for
+            self._graph_bufs.read_back("hidden_aux")
         return self._hidden_aux[self._last_width][0, :n]
 
     def last_hidden(self, n: int) -> np.ndarray:
         """Final-norm hidden states [n, H] of the last forward (for drafters that need them)."""
+        if self._graph_bufs is not None:
+            self._graph_bufs.read_back("hidden")
         return self._hidden[self._last_width][0, :n]

@@ -252,24 +252,92 @@ def test_cuda_graph_binding_plan(folders):
     e = OrtModel(m, m.target)
     bufs = cg.GraphBuffers(HostOps(), graph, e.widths, e.kv_slots)
     ptrs = {
-        (p.name, w): bufs.ptr(p.name, w)
+        (p.name, w, s): bufs.ptr(p.name, w, s)
         for w in e.widths
-        for p in cg.binding_plan(graph, w, 32)
+        for s in (32, 64)
+        for p in cg.binding_plan(graph, w, s)
         if p.where in (cg.COPY_IN, cg.COPY_OUT)
     }
-    assert all(bufs.ptr(n, w) == ptr for (n, w), ptr in ptrs.items())  # fixed addresses, any window
-    assert len(set(ptrs.values())) == len(ptrs)
+    assert all(bufs.ptr(n, w, s) == ptr for (n, w, s), ptr in ptrs.items())  # fixed per (width, window)
+    for s in (32, 64):
+        assert len({p for (_, _, s2), p in ptrs.items() if s2 == s}) == len(ptrs) // 2  # none shared in a call
     ids = {bufs.graph_id(w, s) for w in (1, 4) for s in (32, 64)}
     assert ids == {1, 2, 3, 4} and bufs.graph_id(1, 32) == 1
     # a call's staged inputs land in the buffers and its outputs come back
     e.forward(np.arange(3), 10)
     plan = cg.binding_plan(graph, 4, 32)
     arrays = e._host_arrays(4, 32)
-    bufs.copy_in(plan, arrays, 4)
-    staged = bufs._bufs["score_cols", 4].host[: arrays["score_cols"].nbytes].view(np.int64)
+    bufs.copy_in(plan, arrays, 4, 32)
+    block = bufs._in[4][0]
+    at = bufs.ptr("score_cols", 4, 32) - block.ptr
+    staged = block.host[at : at + arrays["score_cols"].nbytes].view(np.int64)
     assert np.array_equal(staged, arrays["score_cols"].ravel())
+    staged_names = [p.name for p in plan if p.where == cg.COPY_IN]
+    assert all((bufs.ptr(n, 4, 32) - block.ptr) % 256 == 0 for n in staged_names)  # one block, aligned slots
     want = arrays["logits"].copy()
     arrays["logits"][:] = 0
     bufs._bufs["logits", 4].host[: want.nbytes] = want.ravel().view(np.uint8)
     bufs.copy_out(plan, arrays, 4)
     assert np.array_equal(arrays["logits"], want)
+
+
+class CountingOps:
+    """HostOps that count what crosses the bus: uploads, downloads (bytes) and syncs."""
+
+    def __init__(self):
+        from edgespec.engines.device import HostOps
+
+        self.host, self.supports_graphs, self.name = HostOps(), False, "counting"
+        self.reset()
+
+    def reset(self):
+        self.up, self.down, self.up_bytes, self.down_bytes, self.syncs = 0, 0, 0, 0, 0
+
+    def alloc(self, nbytes):
+        return self.host.alloc(nbytes)
+
+    def h2d(self, dst_ptr, src, stream=None):
+        self.up, self.up_bytes = self.up + 1, self.up_bytes + src.nbytes
+        self.host.h2d(dst_ptr, src)
+
+    def d2h(self, dst, src_ptr, stream=None):
+        self.down, self.down_bytes = self.down + 1, self.down_bytes + dst.nbytes
+        self.syncs += 1  # CudaOps.d2h waits for the copy
+        self.host.d2h(dst, src_ptr)
+
+    def copy2d(self, *a, **kw):
+        self.host.copy2d(*a, **kw)
+
+    def sync(self, stream=None):
+        self.syncs += 1
+
+
+def test_captured_verify_call_traffic(folders):
+    """Per captured verify call of n tokens: one upload (every staged input in one block), one sync
+    before the run, and n logits rows back: no padding rows, no hidden states unless a drafter asks
+    (then once). What still crosses is the n x V logits: an argmax on the device would make it n ids."""
+    from edgespec.engines import cuda_graph as cg
+    from edgespec.engines.prologue import host_window_slots
+
+    m = load_manifest(folders["fp32", True])
+    ops = CountingOps()
+    e, ref = OrtModel(m, m.target, device_ops=ops, cuda_graph=True), OrtModel(m, m.target)
+    for x in (e, ref):
+        x.forward(np.arange(16), 0)
+        x.commit(0, 16)
+    for n in (5, 3, 1):
+        e.forward(np.arange(n) + 7, 16)  # warm: the session, the binding
+        ops.reset()
+        logits = e.forward(np.arange(n) + 7, 16)
+        w = e.width_for(n)
+        assert (ops.up, ops.down) == (1, 1), (n, vars(ops))
+        assert ops.down_bytes == n * m.target.vocab_size * 4 == logits.nbytes
+        staged = cg.binding_plan(m.target.graph, w, host_window_slots(16, w, m.kv_bucket))
+        # the inputs the host builds (each slot rounded to 256 bytes), nothing more; its masks are
+        # O(T^2 S): 7.5 KB at T=5 on this tiny folder
+        assert ops.up_bytes == sum(-(-p.nbytes // 256) * 256 for p in staged if p.where == cg.COPY_IN)
+        assert ops.syncs == 2  # the inputs landed; the download done
+        assert np.array_equal(logits, ref.forward(np.arange(n) + 7, 16))
+        assert np.array_equal(e.last_hidden(n), ref.last_hidden(n))  # read back when asked, once
+        e.last_hidden(n)
+        assert ops.down == 2 and ops.down_bytes == logits.nbytes + w * m.target.hidden_size * 4
