@@ -41,7 +41,6 @@ MAX_CARRY = 8  # paths one call's carry may name
 # lent machines' torch is 2.11+cu130 with the nvidia-*-cu13 runtime wheels, which preload_dlls() finds
 ORT_GPU = "onnxruntime-gpu==1.31.1"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-TINY = dict(max_len=256, k=8, prefill_chunk=16, kv_bucket=32, trees=True, progress=False)  # tests/tiny.py TINY_EXPORT
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ def tiny_eagle_head(hf: Path, out: Path) -> Path:
 def export_engines(out: Path, default_model: bool = False) -> dict[str, Path]:
     """The folders of ENGINE_FOLDERS from one tiny random llama (kept as HF_FOLDER), and the default
     model's int4 folder when asked; folders already there are kept."""
-    from tiny import make_tiny
+    from tiny import TINY_EXPORT, make_tiny
 
     from edgespec.export.target.exporter import ExportConfig, export
 
@@ -104,11 +103,12 @@ def export_engines(out: Path, default_model: bool = False) -> dict[str, Path]:
         if not (folder / "manifest.json").exists():
             if kw.get("eagle") == "HEAD":
                 kw = kw | {"eagle": str(tiny_eagle_head(hf, out / ".eagle-head"))}
-            export(ExportConfig(target=str(hf), out=str(folder), **TINY, **kw))
+            tiny = {k: v for k, v in TINY_EXPORT.items() if k != "precision"} | kw  # the tests' tiny sizes
+            export(ExportConfig(target=str(hf), out=str(folder), **tiny))
         made[role] = folder
     shutil.rmtree(out / ".eagle-head", ignore_errors=True)
     if default_model and not (out / "default" / "manifest.json").exists():
-        export(ExportConfig(out=str(out / "default"), precision="int4", max_len=1024, k=8, progress=False))
+        export(ExportConfig(out=str(out / "default"), precision="int4", host_prologue=True, max_len=1024, k=8))
     if (out / "default" / "manifest.json").exists():
         made["default"] = out / "default"
     assert set(made) <= set(ENGINE_FOLDERS)
@@ -186,7 +186,10 @@ def build_wheel(dest: Path) -> Path:
     for old in dest.glob("edgespec-*.whl"):
         old.unlink()
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dest), str(ROOT)]
+    had_build = (ROOT / "build").exists()
     subprocess.run(cmd, check=True)
+    if not had_build:  # setuptools' scratch folder, made by this build
+        shutil.rmtree(ROOT / "build", ignore_errors=True)
     return next(dest.glob("edgespec-*.whl"))
 
 
