@@ -187,3 +187,12 @@ def test_greedy_output_of_kept_blocks_is_the_same_plain_and_speculative(tmp_path
         assert ids(int4, drafter) == plain, drafter
     reference = ids(fp32, "none")
     assert sum(a == b for a, b in zip(plain, reference, strict=True)) >= 40, (plain, reference)
+
+
+def test_requantize_gives_the_old_int4_blocks_and_says_why(tmp_path):
+    src = make_tiny_gguf(tmp_path / "r.gguf", dict.fromkeys(GGUF_LINEARS, "Q4_1"))
+    m = _export(src, tmp_path / "r", gguf_blocks="requantize")
+    assert {(o.stored, o.why) for o in m.target.weight_origins if o.kind != "lm_head"} == {
+        ("int4 (re-quantized)", "--gguf-blocks requantize")
+    }
+    assert not any(name.endswith(".mins") for name in m.target.weights)

@@ -187,7 +187,8 @@ def export(cfg: ExportConfig) -> Path:
         )
         hf_w = hf_weights(model)
         if src.kind in GGUF_KINDS:  # int4: its quantized blocks kept where MatMulNBits holds them exactly
-            hf_w = CheckpointWeights(hf_w, read_blocks(src.path, model, hf_w, decode_blocks=cfg.precision == "int4"))
+            keep = cfg.precision == "int4" and cfg.gguf_blocks == "keep"
+            hf_w = CheckpointWeights(hf_w, read_blocks(src.path, model, hf_w, decode_blocks=keep))
         writer = LlamaGraphWriter(arch, hf_w, opts)
         index_t = write_weights(writer.store.arrays, tmp / "target.weights")
         progress.step("wrote target.weights")

@@ -311,7 +311,10 @@ def read_blocks(path: str, model, hf_weights: dict[str, np.ndarray], decode_bloc
             continue
         type_name = gguf.GGMLQuantizationType(t.type_id).name
         types[hf] = type_name
-        if type_name in FLOATS or len(t.dims) != 2 or not decode_blocks:
+        if type_name in FLOATS or len(t.dims) != 2:
+            continue
+        if not decode_blocks:
+            not_kept[hf] = "--gguf-blocks requantize"
             continue
         if type_name not in DECODERS:
             not_kept[hf] = f"{type_name} has no exact MatMulNBits form"
@@ -332,6 +335,8 @@ def read_blocks(path: str, model, hf_weights: dict[str, np.ndarray], decode_bloc
         types["lm_head.weight"] = types[embed]
         if embed in blocks and np.array_equal(hf_weights["lm_head.weight"], hf_weights[embed]):
             blocks["lm_head.weight"] = blocks[embed]
+        if embed in not_kept:
+            not_kept["lm_head.weight"] = not_kept[embed]
     return GgufWeights(blocks, types, not_kept)
 
 

@@ -195,7 +195,9 @@ class ModelWriter:
         hf_names = [hf_names] if isinstance(hf_names, str) else hf_names
         q = self.checkpoint.quantized if isinstance(self.checkpoint, CheckpointWeights) else None
         parts = tuple(
-            Part(n, self._ref_rows(n), q.types.get(n, "float"), q.blocks.get(n)) if q else Part(n, 0, "float")
+            Part(n, self._ref_rows(n), q.types.get(n, "float"), q.blocks.get(n), q.not_kept.get(n, ""))
+            if q
+            else Part(n, 0, "float")
             for n in hf_names
         )  # rows: only a kept linear splits by them (a float checkpoint's are not needed)
         used = self.linears.store_linear(name, w_out_in, tied, parts=parts)

@@ -31,6 +31,7 @@ class Part:
     rows: int  # its output rows
     source: str  # the checkpoint's type: a GGUF type ("Q4_1", "F16"), or "float" (an HF checkpoint)
     blocks: Blocks | None = None  # its quantized blocks where they map exactly (gguf_blocks); None: a float
+    why: str = ""  # a quantized weight without blocks: why (GgufWeights.not_kept)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class Linears:
         8-bit kernel with fp32 ones was 100x slower), and an LM head asked for in int4 gets int4."""
         b = part.blocks
         if b is None or not self.bits(name):
-            return None, ""
+            return None, part.why if self.bits(name) else ""
         if b.bits == 8 and self.opts.int4_accuracy_level != 4:
             return None, "8-bit blocks need --int4-accuracy-level 4"
         if b.bits == 8 and name == "lm_head" and self.opts.int4_lm_head:

@@ -87,6 +87,17 @@ class CoreExportConfig:
             "fp32 head's bytes. --no-int8-lm-head: fp32 Gemm on the embedding (default: 8-bit)"
         },
     )
+    gguf_blocks: str = field(
+        default="keep",
+        metadata={
+            "help": "a GGUF target at --precision int4: keep (default) its quantized blocks exactly (Q4_0, Q8_0, "
+            "Q5_x, Q6_K, Q3_K as MatMulNBits codes; Q4_1, Q4_K, Q5_K, Q2_K as codes plus a block-minimum "
+            "matmul, which Q4_1 files pay for in plain decode speed); requantize: edgespec's own int4 blocks "
+            "from the dequantized weights (the 0.1 behaviour: faster, further from the file's model; "
+            "docs/results/gguf-exact.md)",
+            "choices": ("keep", "requantize"),
+        },
+    )
     trees: bool = field(
         default=True,
         metadata={
@@ -136,6 +147,8 @@ class CoreExportConfig:
             raise ExportError(f"--k must be >= 1 (got {self.k})")
         if self.two_row_matmuls not in ("auto", "on", "off"):
             raise ExportError(f"--two-row-matmuls {self.two_row_matmuls!r}: choose auto, on or off")
+        if self.gguf_blocks not in ("keep", "requantize"):
+            raise ExportError(f"--gguf-blocks {self.gguf_blocks!r}: choose keep or requantize")
         if self.graph not in GRAPH_FLAVOURS:
             raise ExportError(f"--graph {self.graph!r}: choose one of {', '.join(GRAPH_FLAVOURS)}")
         if self.graph == "lean" and self.precision == "fp16":
