@@ -268,7 +268,23 @@ def build_parser() -> argparse.ArgumentParser:
         "not recorded); exit status 1 when any file is bad. Reads every file (a few seconds).",
     )
     c.add_argument("folder", help="engine folder")
+    q = sub.add_parser(
+        "quality",
+        help="top-1 agreement, KL and perplexity of engine folders (or GGUFs on llama.cpp) against a reference",
+        description="Teacher-forced over held-out text, each model's next-token distributions against "
+        "the reference's: top-1 agreement, mean KL(reference || model), perplexity. A .gguf runs on "
+        "llama.cpp (needs llama-cpp-python). E.g. edgespec quality engines/int4 --reference engines/fp32",
+    )
+    from edgespec.runtime.apps.quality import add_arguments
+
+    add_arguments(q)
     return parser
+
+
+def _cmd_quality(a) -> int:
+    from edgespec.runtime.apps.quality import run_command
+
+    return run_command(a)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             "serve": _cmd_serve,
             "tune": _cmd_tune,
             "check": _cmd_check,
+            "quality": _cmd_quality,
         } | offline.COMMANDS
         return cmds[a.cmd](a)
     except errors as e:
