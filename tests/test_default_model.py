@@ -134,7 +134,10 @@ def test_decode_and_verify_rows_agree_numerically(gen):
 
 def test_chat_prompt_streams_text(gen):
     gen.set_drafter("ngram", 4)
-    text = "".join(gen.stream([{"role": "user", "content": "What is the capital of France?"}], max_new_tokens=24))
+    # "What is the capital of France?" is a near tie in the model itself (fp32: "The" 0.152, "L" 0.140 as
+    # the first token), which int8 activations flip on the GGUF's exact weights; this phrasing is not
+    # (fp32 and int4 both answer "The capital of France is Paris.")
+    text = "".join(gen.stream([{"role": "user", "content": "Name the capital of France."}], max_new_tokens=24))
     assert "Paris" in text
 
 
@@ -160,3 +163,11 @@ print(one, p.memory_info().rss)
         int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     )
     assert all_ <= 1.2 * one, f"RSS {one / 2**20:.0f} MiB with one width, {all_ / 2**20:.0f} MiB with all"
+
+
+def test_the_default_ggufs_blocks_are_kept_exactly(gen):
+    """Issue 39: every linear of the Q4_1 GGUF is its own blocks (top-1 agreement with the fp32
+    export 0.97 instead of 0.70, docs/results/gguf-exact.md), the LM head its Q8_0 table."""
+    origins = {(o.kind, o.source, o.stored, o.exact) for o in gen.manifest.target.weight_origins}
+    assert ("lm_head", "Q8_0", "int8 codes", True) in origins
+    assert all(exact for *_, exact in origins) and len(origins) == 8, origins
