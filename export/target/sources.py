@@ -180,6 +180,14 @@ def load(source: Source):
         model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
     except (OSError, ValueError, KeyError) as e:
         raise SourceError(f"could not load {source.kind} model from {source.path}: {e}") from e
+    except RuntimeError as e:  # transformers: the checkpoint's tensors do not fit the config it built
+        if "mismatched" not in str(e):
+            raise
+        raise SourceError(
+            f"could not load {source.kind} model from {source.path}: its tensors' shapes do not fit the config "
+            "transformers read from it (the load report above names them). Hint: for a GGUF, export the "
+            "model's HF folder instead"
+        ) from e
     # transformers keeps the GGUF quantizer on models loaded that way; drop it (save would fail).
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
