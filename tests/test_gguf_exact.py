@@ -145,7 +145,7 @@ def test_kept_blocks_rows_bitwise_in_the_portable_graph(tmp_path):
 
 def test_float_parts_are_requantized_beside_kept_ones_and_the_report_says_so(tmp_path, capsys):
     src = make_tiny_gguf(tmp_path / "f.gguf", dict.fromkeys(GGUF_LINEARS, "Q4_0") | {"attn_v": "F16", "ffn_up": "F32"})
-    m = _export(src, tmp_path / "f")
+    m = _export(src, tmp_path / "f", progress=True)  # the report is printed with the progress
     by_kind = {o.kind: o for o in m.target.weight_origins}
     assert by_kind["self_attn.v_proj"].stored == "int4 (re-quantized)" and not by_kind["self_attn.v_proj"].exact
     assert by_kind["self_attn.q_proj"].exact and by_kind["mlp.gate_proj"].exact and not by_kind["mlp.up_proj"].exact

@@ -195,7 +195,7 @@ def export(cfg: ExportConfig) -> Path:
         target = host_prologue_entry(
             write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk, "target.weights", index_t), writer
         )
-        if cfg.progress or src.kind in GGUF_KINDS:
+        if cfg.progress:  # not in --precision auto's scratch exports (the probe's candidates)
             lines = describe_origins(target.weight_origins)
             print(f"edgespec: {src.name}'s linear weights in the {cfg.precision} target:", file=sys.stderr)
             print("\n".join("  " + line for line in lines), file=sys.stderr)
