@@ -126,7 +126,6 @@ def load_tensors(path: Path, names=None) -> dict[str, np.ndarray]:
                     arr = arr.reshape(v["shape"])
                     out[k] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr
         else:
-
             for k, t in _torch_load(shard).items():
                 if names is not None and k not in names:
                     continue
