@@ -60,12 +60,15 @@ class Eagle3Plugin(ExportPlugin):
     formats = ("speculators", "eagle3-official")
 
     def source(self, cfg, src) -> Path | None:
+        from edgespec.export.drafters import registry
         from edgespec.export.drafters.eagle3.layouts import inspect
         from edgespec.export.target.spec import ExportError
         from edgespec.export.train.checkpoint import CheckpointError
 
         path = super().source(cfg, src)
-        if path is not None and not self.claims(path):
+        # another drafter's folder given here is handed to it by sources() (its claims), not refused
+        theirs = path is not None and any(p.claims(path) for n, p in registry().items() if n != self.name)
+        if path is not None and not theirs and not self.claims(path):
             try:
                 inspect(path)  # says why the folder is no EAGLE-3 head
             except (CheckpointError, ValueError) as e:
