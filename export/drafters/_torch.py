@@ -132,3 +132,28 @@ class HeadShape:
         """config.json's LlamaConfig fields of the head (one layer), in the order loaders print them."""
         shape = {f.name: getattr(self, f.name) for f in dataclasses.fields(HeadShape)}
         return {"model_type": "llama", "num_hidden_layers": 1} | shape
+
+
+def own_rope_tables(c, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """A head's own RoPE tables cos, sin [n_pos, head_dim] by ArchSpec's formula: c is a head config
+    (HeadShape fields plus rope_theta, rope_type, rope_params), never the target's."""
+    from edgespec.export.target.arch import ArchSpec
+
+    return ArchSpec(
+        model_type="llama",
+        n_layers=1,
+        n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        vocab_size=c.vocab_size,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_theta,
+        rope_type=c.rope_type,
+        rope_params=c.rope_params,
+        tie_word_embeddings=False,
+        qkv_bias=False,  # the tables do not depend on it
+        qk_norm=False,
+        max_len=n_pos,
+    ).rope_tables()

@@ -63,26 +63,9 @@ class HeadConfig(HeadShape):
         """The head's own cos, sin [n_pos, head_dim] (ArchSpec's formula); None: it uses its target's."""
         if self.rope_theta is None:
             return None
-        from edgespec.export.target.arch import ArchSpec
+        from edgespec.export.drafters._torch import own_rope_tables
 
-        return ArchSpec(
-            model_type="llama",
-            n_layers=1,
-            n_heads=self.num_attention_heads,
-            n_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            vocab_size=self.vocab_size,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            rope_type=self.rope_type,
-            rope_params=self.rope_params,
-            tie_word_embeddings=False,
-            qkv_bias=self.qkv_bias,
-            qk_norm=False,
-            max_len=n_pos,
-        ).rope_tables()
+        return own_rope_tables(self, n_pos)
 
 
 class EagleHead(TorchDrafter):

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgespec.export.drafters._torch import Frozen, HeadShape, TorchDrafter, rms_norm
+from edgespec.export.drafters._torch import Frozen, HeadShape, TorchDrafter, own_rope_tables, rms_norm
 from edgespec.export.train.checkpoint import CheckpointError, write_checkpoint
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -265,27 +265,7 @@ def read_eagle3(
 
 def rope_tables(ec: Eagle3Config, max_len: int) -> tuple[np.ndarray, np.ndarray]:
     """The head's own RoPE tables cos, sin [max_len, head_dim] (its theta and scaling, never the target's)."""
-    from edgespec.export.target.arch import ArchSpec
-
-    own = ArchSpec(
-        model_type="llama",
-        n_layers=1,
-        n_heads=ec.num_attention_heads,
-        n_kv_heads=ec.num_key_value_heads,
-        head_dim=ec.head_dim,
-        hidden_size=ec.hidden_size,
-        intermediate_size=ec.intermediate_size,
-        vocab_size=ec.vocab_size,
-        rms_norm_eps=ec.rms_norm_eps,
-        rope_theta=ec.rope_theta,
-        rope_type=ec.rope_type,
-        rope_params=ec.rope_params,
-        tie_word_embeddings=False,
-        qkv_bias=False,
-        qk_norm=False,
-        max_len=max_len,
-    )
-    return own.rope_tables()
+    return own_rope_tables(ec, max_len)
 
 
 def build_eagle3(
