@@ -35,8 +35,7 @@ class Engines:
 
     def why_off(self, drafter: str, cfg) -> str | None:
         """Why drafter cannot run with these engines and cfg (a broken or missing section), else None."""
-        spec = spec_of(drafter)
-        for need in spec.needs(cfg):
+        for need in spec_of(drafter).needs(cfg):
             if need in self.broken:
                 return (
                     f"drafter {drafter!r} is disabled: {self.broken[need]}. Hint: re-export the folder, or "
@@ -117,15 +116,13 @@ def make_engines(manifest: Manifest, cfg) -> Engines:
         cfg=cfg,
     )
     for name, section in manifest.drafters.items():
-        spec = registry().get(name)
-        if name in out.broken or spec is None or spec.load is None:
+        plugin = registry().get(name)
+        if name in out.broken or plugin is None:
             continue
-        if spec.needs_features(cfg) and not target.has_hidden:  # nothing to draft from on this backend
-            continue
-        if spec.aux_width is not None and not target.has_hidden:
+        if (plugin.needs_features(cfg) or plugin.reads_aux) and not target.has_hidden:  # nothing to draft from
             continue
         try:
-            out.models[name] = spec.load(manifest, section, ctx)
+            out.models[name] = plugin.load(manifest, section, ctx)
         except WeightsFileError as e:
             _disable(manifest, name, e.why, out.broken, cfg)
     return out
@@ -133,8 +130,8 @@ def make_engines(manifest: Manifest, cfg) -> Engines:
 
 def check_drafter(name: str, engines: Engines, provider: str, cfg) -> None:
     """Refuse a drafter these engines cannot serve, saying why and what to use."""
-    spec = spec_of(name)
-    reads_target = spec.needs_features(cfg) or any(spec_of(n).aux_width is not None for n in spec.needs(cfg))
+    plugin = spec_of(name)
+    reads_target = plugin.needs_features(cfg) or any(spec_of(n).reads_aux for n in plugin.needs(cfg))
     if reads_target and not engines.target.has_hidden:
         raise ValueError(
             f"drafter {name!r} cannot run on provider {provider!r}: it drafts from the target's hidden "

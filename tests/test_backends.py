@@ -25,7 +25,7 @@ DRAFTERS = names()
 FEATURE_DRAFTERS = tuple(
     d
     for d in DRAFTERS
-    if spec_of(d).needs_features(_Cfg()) or any(spec_of(n).aux_width is not None for n in spec_of(d).needs(_Cfg()))
+    if spec_of(d).needs_features(_Cfg()) or any(spec_of(n).reads_aux for n in spec_of(d).needs(_Cfg()))
 )
 
 PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7])

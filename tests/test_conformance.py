@@ -11,7 +11,7 @@ from edgespec.engines.fake import FakeEagleHead, FakeHeads, FakeModel, random_ta
 from edgespec.runtime import drafters as reg
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
-from edgespec.runtime.drafters import Drafter, DrafterSpec, register, unregister
+from edgespec.runtime.drafters import Drafter, DrafterPlugin, register, unregister
 from edgespec.runtime.drafters.eagle import EagleEngines
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.state import chain
@@ -85,9 +85,17 @@ class RepeatDrafter(Drafter):
         return chain(seq, k)
 
 
+class ToyPlugin(DrafterPlugin):
+    name = "toy_repeat"
+    summary = "the pending token, k times"
+
+    def build(self, ctx):
+        return RepeatDrafter()
+
+
 @pytest.fixture
 def toy():
-    register(DrafterSpec(name="toy_repeat", summary="the pending token, k times", build=lambda ctx: RepeatDrafter()))
+    register(ToyPlugin())
     yield "toy_repeat"
     unregister("toy_repeat")
 

@@ -263,9 +263,8 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         configs.append(("none", 0, False, "", True))
     g = Generator.load(cfg.engine, dataclasses.replace(cfg.runtime, drafter="none", k=max(cfg.ks), adaptive=False))
     for d in drafters[1:]:  # a drafter with a longest chain (K heads draft K tokens): a larger k would rerun it
-        spec = spec_of(d)
-        if spec.max_chain is not None and g.engines.get(d) is not None:
-            longest = spec.max_chain(g.engines.get(d))
+        longest = spec_of(d).max_chain(g.engines.get(d)) if g.engines.get(d) is not None else None
+        if longest is not None:
             configs = [c for c in configs if c[0] != d or c[3] or c[1] <= max(longest, min(cfg.ks))]
     widths = [1, g.manifest.prefill_chunk] + list(range(2, max(cfg.ks) + 2))
     for d, k, _, _, _ in configs[1:]:  # every drafter's sessions made before the timed runs

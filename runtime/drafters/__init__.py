@@ -1,6 +1,6 @@
 """Drafters: cheap proposers of the next tokens, one module each in this package.
 
-Each module registers a `DrafterSpec` (base.py) with `register`; `registry()` imports every
+Each module registers an instance of its `DrafterPlugin` (base.py) subclass with `register`; `registry()` imports every
 module of the package once (modules whose name starts with "_" are shared code, not drafters),
 so a new drafter is its module and nothing else. Every list of drafters (CLI choices and help,
 RuntimeConfig's options, the backend x drafter checks, `tune`, the server's abilities) reads
@@ -10,12 +10,21 @@ the registry.
 from __future__ import annotations
 
 from edgespec.engines.manifest import SECTIONS, drafter_section, sections_from
-from edgespec.runtime.drafters.base import BuildContext, Drafter, DrafterSpec, LoadContext, Option, penalized
+from edgespec.runtime.drafters.base import (
+    BuildContext,
+    Drafter,
+    DrafterPlugin,
+    DrafterSpec,
+    LoadContext,
+    Option,
+    penalized,
+)
 from edgespec.runtime.registry import Registry
 
 __all__ = [
     "BuildContext",
     "Drafter",
+    "DrafterPlugin",
     "DrafterSpec",
     "LoadContext",
     "Option",
@@ -31,20 +40,20 @@ __all__ = [
     "UnknownDrafterError",
 ]
 
-REGISTRY: Registry[DrafterSpec] = Registry(__name__, "drafter name")
+REGISTRY: Registry[DrafterPlugin] = Registry(__name__, "drafter name")
 
 
 class UnknownDrafterError(ValueError):
     """A drafter name no registered drafter answers to."""
 
 
-def register(spec: DrafterSpec) -> DrafterSpec:
+def register(plugin: DrafterPlugin) -> DrafterPlugin:
     """Add a drafter (its module calls this at import; a test may call it for a toy drafter).
     Its manifest section, if any, is registered with the manifest reader at the same time."""
-    REGISTRY.register(spec)
-    if spec.section is not None:
-        drafter_section(spec.name)(spec.section)
-    return spec
+    REGISTRY.register(plugin)
+    if plugin.section is not None:
+        drafter_section(plugin.name)(plugin.section)
+    return plugin
 
 
 def unregister(name: str) -> None:
@@ -53,8 +62,8 @@ def unregister(name: str) -> None:
     SECTIONS.pop(name, None)
 
 
-def registry() -> dict[str, DrafterSpec]:
-    """name -> spec of every drafter, in listing order (DrafterSpec.order, then by name)."""
+def registry() -> dict[str, DrafterPlugin]:
+    """name -> plugin of every drafter, in listing order (DrafterPlugin.order, then by name)."""
     return REGISTRY.all()
 
 
@@ -72,8 +81,8 @@ def tree_names() -> tuple[str, ...]:
     return tuple(n for n, s in registry().items() if s.trees)
 
 
-def spec_of(name: str) -> DrafterSpec:
-    """The spec of drafter `name` (or of an alias); a clear error for an unknown name."""
+def spec_of(name: str) -> DrafterPlugin:
+    """The plugin of drafter `name` (or of an alias); a clear error for an unknown name."""
     reg = registry()
     spec = reg.get(REGISTRY.aliases.get(name, name))
     if spec is None:

@@ -1,4 +1,4 @@
-"""The drafter interface (`Drafter`) and its descriptor (`DrafterSpec`).
+"""The drafter interface (`Drafter`) and its plugin (`DrafterPlugin`).
 
 A drafter proposes the next tokens:
   start(seq, n_cached)   after the prompt is prefilled (a draft model prefills its own KV here;
@@ -12,10 +12,14 @@ A drafter proposes the next tokens:
 A proposal's q is the drafter's distribution of each proposed token (needed for lossless
 sampling); None means the drafter is deterministic (q is one-hot on its token).
 
-A `DrafterSpec` describes one drafter to everything around the loop: its name, its options (the
-RuntimeConfig fields and CLI flags it owns), the manifest section it ships its models in, how
-those models are loaded, how the drafter is built and warmed, and what it costs. Each drafter
-module of this package registers one (`register`); every list of drafters is read from there.
+A `DrafterPlugin` describes one drafter to everything around the loop, as the export side's
+`ExportPlugin` (export/drafters/base.py) describes what ships its models. Class attributes say its
+name, summary, options (the RuntimeConfig fields and CLI flags it owns), place, the manifest
+section it ships its models in and what it costs; methods, each with a default, say how the
+drafter is built (`build`), which sections it needs (`needs`), whether it reads the target's
+hidden states (`needs_features`), how its models load and warm (`load`, `warm`) and what they
+allow (`tree_engines`, `max_chain`, `aux_width`). Each drafter module of this package registers one
+instance of its subclass (`register`); every list of drafters is read from there.
 """
 
 from __future__ import annotations
@@ -115,36 +119,65 @@ class LoadContext:
     cfg: object  # the RuntimeConfig
 
 
-@dataclass(frozen=True)
-class DrafterSpec:
-    """One drafter, as everything around the loop sees it (see the module docstring)."""
+class DrafterPlugin:
+    """One drafter, as everything around the loop sees it: subclass it, set the class attributes and
+    override the methods whose defaults do not fit (see the module docstring). Its module registers
+    one instance (`register`)."""
 
-    name: str  # the --drafter value
-    summary: str  # what it proposes, one line (--help, errors, the server's abilities)
-    build: object  # (BuildContext) -> Drafter
+    name: str = ""  # the --drafter value
+    summary: str = ""  # what it proposes, one line (--help, errors, the server's abilities)
     aliases: tuple[str, ...] = ()  # other names it answers to
-    section: type | None = None  # its manifest section (the models it ships); None: model-free
-    load: object = None  # (manifest, section, LoadContext) -> its engine(s); None: it loads nothing
-    warm: object = None  # (its engine(s), verify widths, manifest) -> None: make sessions now
-    requires: object = None  # (cfg) -> names of the sections it needs; None: its own section, if any
-    reads_features: object = None  # (cfg) -> bool: drafts from the target's hidden states; None: no
-    trees: bool = False  # grows token trees (--tree)
-    tree_engines: object = None  # (its engine(s)) -> engines whose graphs must take trees for --tree
-    draft_cost: float = 0.0  # one drafted token, in decodes (the sampled adaptive policy)
-    options: tuple[Option, ...] = ()  # the RuntimeConfig fields / CLI flags it owns
     order: int = 100  # position in listings (CLI help, the server, tune): the baseline first
+    options: tuple[Option, ...] = ()  # the RuntimeConfig fields / CLI flags it owns
+    section: type | None = None  # its manifest section (the models it ships); None: model-free
     export_hint: str = ""  # the export flag that ships its models, for errors ("" for model-free drafters)
-    max_chain: object = None  # (its engine(s)) -> the longest chain it drafts; None: any k
-    aux_width: object = None  # (its engine(s)) -> width of the hidden_aux rows it reads; None: 0
+    trees: bool = False  # grows token trees (--tree)
+    draft_cost: float = 0.0  # one drafted token, in decodes (the sampled adaptive policy)
+    reads_aux: bool = False  # its models read the target's hidden_aux rows (`aux_width` wide)
     pairs: bool = False  # a head drafter a combinator (hybrid) may pair with a lookup
     redrafts: bool = False  # under a grammar it drafts again after forced tokens its drafts missed (it needs
     #                         no target features of tokens not yet verified: runtime/constrain.py)
 
+    def build(self, ctx: BuildContext) -> Drafter:
+        """The drafter over a generator's engines and buffers."""
+        raise NotImplementedError
+
     def needs(self, cfg) -> tuple[str, ...]:
-        """The sections this drafter needs with this config."""
-        if self.requires is not None:
-            return tuple(self.requires(cfg))
+        """The sections this drafter needs with this config: by default its own, if it ships one."""
         return (self.name,) if self.section is not None else ()
 
     def needs_features(self, cfg) -> bool:
-        return bool(self.reads_features(cfg)) if self.reads_features is not None else False
+        """Does it draft from the target's hidden states with this config?"""
+        return False
+
+    def load(self, manifest, section, ctx: LoadContext) -> object:
+        """Its section's engine(s) (a drafter with a section loads it)."""
+        raise NotImplementedError(f"drafter {self.name!r} ships a section but loads nothing")
+
+    def warm(self, engine, widths, manifest) -> None:
+        """Make its sessions now (its first real call pays nothing); `engine`: what `load` gave."""
+
+    def tree_engines(self, engine) -> tuple:
+        """Its engines whose graphs must take trees for --tree."""
+        return ()
+
+    def max_chain(self, engine) -> int | None:
+        """The longest chain it drafts; None: any k."""
+        return None
+
+    def aux_width(self, engine) -> int:
+        """Width of the hidden_aux rows it reads (0 unless `reads_aux`)."""
+        return 0
+
+
+def DrafterSpec(**fields) -> DrafterPlugin:  # noqa: N802 (the old descriptor's call, until every module is a class)
+    """A plugin from the old descriptor's fields (callbacks for methods)."""
+    calls = ("build", "load", "warm", "requires", "reads_features", "tree_engines", "max_chain", "aux_width")
+    cbs = {k: fields.pop(k) for k in calls if fields.get(k) is not None}
+    for k in calls:
+        fields.pop(k, None)
+    plugin = type("SpecPlugin", (DrafterPlugin,), {**fields, "reads_aux": "aux_width" in cbs})()
+    names = {"requires": "needs", "reads_features": "needs_features"}
+    for k, f in cbs.items():
+        setattr(plugin, names.get(k, k), f)
+    return plugin

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.runtime.drafters import Drafter, DrafterSpec, Option, register, registry, spec_of
+from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register, registry, spec_of
 from edgespec.runtime.drafters.ngram import NgramDrafter, ngram_config
 from edgespec.runtime.drafters.suffix import DEPTH, SuffixDrafter, recent_requests
 from edgespec.runtime.sampling import SamplingConfig
@@ -259,46 +259,48 @@ def head_names() -> tuple[str, ...]:
     return tuple(n for n, s in registry().items() if s.pairs)
 
 
-def _head(cfg):
-    return spec_of(cfg.hybrid_head)
+class HybridPlugin(DrafterPlugin):
+    """hybrid: a lookup paired with a head drafter; it needs (and reads) what its head does."""
 
-
-def _build(ctx) -> Drafter:
-    head = _head(ctx.cfg).build(ctx)
-    if ctx.cfg.hybrid_lookup == "ngram":
-        return HybridDrafter(NgramDrafter(ngram_config(ctx.cfg)), head)
-    return SuffixHeadHybrid(SuffixDrafter(recent_requests(ctx)), head)
-
-
-SPEC = register(
-    DrafterSpec(
-        name="hybrid",
-        order=5,
-        summary="per step, suffix decoding or a head drafter, whichever is expected to keep more tokens "
-        "(--hybrid-lookup ngram: prompt lookup where the context has a match, the head elsewhere)",
-        build=_build,
-        requires=lambda cfg: _head(cfg).needs(cfg),
-        reads_features=lambda cfg: _head(cfg).needs_features(cfg),
-        trees=True,
-        draft_cost=0.1,
-        options=(
-            Option(
-                "hybrid_lookup",
-                str,
-                "suffix",
-                "what the hybrid drafter pairs its head with: suffix (default: "
-                "per step, suffix decoding or the head, whichever is expected to keep more tokens) or ngram "
-                "(prompt lookup wherever it matches, the head elsewhere)",
-                choices=LOOKUPS,
-            ),
-            Option(
-                "hybrid_head",
-                str,
-                "eagle",
-                "the head drafter hybrid pairs the lookup with: "
-                "any registered head drafter (default eagle; the folder must ship it)",
-                choices=head_names,
-            ),
+    name = "hybrid"
+    order = 5
+    summary = (
+        "per step, suffix decoding or a head drafter, whichever is expected to keep more tokens "
+        "(--hybrid-lookup ngram: prompt lookup where the context has a match, the head elsewhere)"
+    )
+    trees = True
+    draft_cost = 0.1
+    options = (
+        Option(
+            "hybrid_lookup",
+            str,
+            "suffix",
+            "what the hybrid drafter pairs its head with: suffix (default: "
+            "per step, suffix decoding or the head, whichever is expected to keep more tokens) or ngram "
+            "(prompt lookup wherever it matches, the head elsewhere)",
+            choices=LOOKUPS,
+        ),
+        Option(
+            "hybrid_head",
+            str,
+            "eagle",
+            "the head drafter hybrid pairs the lookup with: "
+            "any registered head drafter (default eagle; the folder must ship it)",
+            choices=head_names,
         ),
     )
-)
+
+    def build(self, ctx) -> Drafter:
+        head = spec_of(ctx.cfg.hybrid_head).build(ctx)
+        if ctx.cfg.hybrid_lookup == "ngram":
+            return HybridDrafter(NgramDrafter(ngram_config(ctx.cfg)), head)
+        return SuffixHeadHybrid(SuffixDrafter(recent_requests(ctx)), head)
+
+    def needs(self, cfg) -> tuple[str, ...]:
+        return spec_of(cfg.hybrid_head).needs(cfg)
+
+    def needs_features(self, cfg) -> bool:
+        return spec_of(cfg.hybrid_head).needs_features(cfg)
+
+
+PLUGIN = register(HybridPlugin())
