@@ -13,7 +13,7 @@ Under greedy decoding the output is the same whatever k each step uses, so the p
 the clock. Under sampling the k of a step decides which random draws the step makes, so a policy
 that followed measured times would make a seed's output depend on the machine's load. Sampled
 calls use `sampled_policy`: the same model on fixed relative costs (a verify row, a drafted token,
-in decodes: `ROW_COST`, each drafter's `DrafterSpec.draft_cost`) and a fresh acceptance estimate
+in decodes: `ROW_COST`, each drafter's `DrafterPlugin.draft_cost`) and a fresh acceptance estimate
 per call that learns from accepted counts only, so k, and the output, follow from the seed, the folder and the settings.
 It settles on k = 0 when acceptance is too low to pay (drafts at temperature 0.7 are kept less
 often than greedy ones), and its probes draft one token (`probe_k`), which costs about a quarter

@@ -3,7 +3,7 @@
 (manifest `defaults`, set at export or by `edgespec tune`), else edgespec's.
 
 The core fields are declared here; each drafter's own options (its cut-offs, lookup sizes, cache
-settings) are declared in its module (`DrafterSpec.options`, runtime/drafters/) and become
+settings) are declared in its module (`DrafterPlugin.options`, runtime/drafters/) and become
 fields of RuntimeConfig too, so `RuntimeConfig(ngram_max=4)` and the CLI flag `--ngram-max` both
 exist without this module knowing the drafter.
 """

@@ -421,7 +421,7 @@ class Constraint(OutputConstraint):
     def shape(self, prop: Proposal, seq: SeqState, tgt, drafter=None, k: int = 0) -> Proposal:
         """The chain to verify (module docstring): forced tokens in, forbidden drafts out, at most
         as many tokens after the pending one as a verify call of the engine tgt takes and its
-        context holds. A drafter that can draft past unverified tokens (its DrafterSpec says
+        context holds. A drafter that can draft past unverified tokens (its DrafterPlugin says
         `redrafts`) drafts again after forced tokens its drafts missed or ran out before, up to k
         drafts in all. The matcher then stands after the whole chain."""
         cap = min(chain_cap(tgt.widths), tgt.max_len - seq.n - 1)

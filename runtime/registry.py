@@ -1,10 +1,12 @@
-"""A registry of plugins, one module each in a package: what the drafters' two registries share
-(runtime/drafters: the drafters the loop runs; export/drafters: the export halves of those that
-ship models). Torch-free, so the runtime's registry is built on it too.
+"""A registry of plugins, one module each in a package. The drafters have one list: the runtime's
+(runtime/drafters: every drafter the loop runs, each module found in its package). The export
+halves of those that ship models (export/drafters) are found through it: that registry imports
+`export/drafters/<name>` for each runtime drafter with a manifest section, and only the export
+imports it, so the runtime never imports torch.
 
-`all()` imports every module of the package once (modules whose name starts with "_", and `base`,
-are shared code, not plugins); each registers its plugin at import with `register`, so a new
-plugin is its module and nothing else. Plugins are listed by their `order`, then by name.
+`all()` imports every plugin module once (in a package, modules whose name starts with "_", and
+`base`, are shared code, not plugins); each registers its plugin at import with `register`, so a
+new plugin is its module and nothing else. Plugins are listed by their `order`, then by name.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """name -> plugin (anything with `name`, `order`, `options` and optionally `aliases`)."""
 
-    def __init__(self, package: str, what: str) -> None:
+    def __init__(self, package: str, what: str, modules=None) -> None:
         self.package = package  # the dotted name of the package whose modules register plugins
         self.what = what  # what a plugin's name is called in errors ("drafter name")
+        # () -> the names of the package's modules that register plugins (another registry's entries);
+        # None: every module of the package
+        self.modules = modules
         self.items: dict[str, T] = {}  # live: tests may patch an entry for the length of a test
         self.aliases: dict[str, str] = {}  # other names -> the plugin's own
         self._loaded = False
@@ -49,10 +54,14 @@ class Registry(Generic[T]):
         """name -> plugin of every plugin of the package, in order (the modules imported on first use)."""
         if not self._loaded:
             self._loaded = True
-            pkg = importlib.import_module(self.package)
-            for m in pkgutil.iter_modules(pkg.__path__):
-                if not m.name.startswith("_") and m.name != "base":
-                    importlib.import_module(f"{self.package}.{m.name}")
+            if self.modules is not None:
+                names = self.modules()
+            else:
+                pkg = importlib.import_module(self.package)
+                names = [m.name for m in pkgutil.iter_modules(pkg.__path__)]
+            for name in names:
+                if not name.startswith("_") and name != "base":
+                    importlib.import_module(f"{self.package}.{name}")
             self._sort()
         return self.items
 

@@ -1,8 +1,9 @@
 """The export side of the drafters that ship models, one module each in this package.
 
-Each module registers an instance of its `ExportPlugin` (base.py) subclass with `register`;
-`registry()` imports every module of the package once (runtime/registry.py; modules whose name
-starts with "_" are shared code), so a drafter's export is its module and nothing else: `edgespec
+Each module registers an instance of its `ExportPlugin` (base.py) subclass with `register`.
+`registry()` reads the one list of drafters, the runtime's (runtime/registry.py): it imports the
+module here named as each runtime drafter that ships a manifest section (modules whose name starts
+with "_" are shared code), so a drafter's export is its module and nothing else: `edgespec
 export`'s flags and ExportConfig's fields (`options`), the export's steps (export.exporter), the
 `train-<name>` commands (edgespec.cli_offline) all read the registry. Model-free drafters (and
 combinators of others) have no module here.
@@ -25,7 +26,15 @@ __all__ = [
     "sources",
 ]
 
-REGISTRY: Registry[ExportPlugin] = Registry(__name__, "export plugin")
+
+def _shipping() -> list[str]:
+    """The drafters whose export half sits here: the runtime's drafters that ship a manifest section."""
+    from edgespec.runtime.drafters import registry as drafters
+
+    return [name for name, plugin in drafters().items() if plugin.section is not None]
+
+
+REGISTRY: Registry[ExportPlugin] = Registry(__name__, "export plugin", modules=_shipping)
 
 
 def register(plugin: ExportPlugin) -> ExportPlugin:

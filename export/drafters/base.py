@@ -1,5 +1,5 @@
 """The export side of a drafter (`ExportPlugin`): what `edgespec export` and `edgespec train-<name>`
-need to ship its models, as the runtime side's `DrafterSpec` (runtime/drafters/base.py) is what
+need to ship its models, as the runtime side's `DrafterPlugin` (runtime/drafters/base.py) is what
 the loop needs to run them.
 
 A drafter's export half is one subclass of `ExportPlugin`: class attributes say its name, flag,

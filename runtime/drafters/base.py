@@ -168,16 +168,3 @@ class DrafterPlugin:
     def aux_width(self, engine) -> int:
         """Width of the hidden_aux rows it reads (0 unless `reads_aux`)."""
         return 0
-
-
-def DrafterSpec(**fields) -> DrafterPlugin:  # noqa: N802 (the old descriptor's call, until every module is a class)
-    """A plugin from the old descriptor's fields (callbacks for methods)."""
-    calls = ("build", "load", "warm", "requires", "reads_features", "tree_engines", "max_chain", "aux_width")
-    cbs = {k: fields.pop(k) for k in calls if fields.get(k) is not None}
-    for k in calls:
-        fields.pop(k, None)
-    plugin = type("SpecPlugin", (DrafterPlugin,), {**fields, "reads_aux": "aux_width" in cbs})()
-    names = {"requires": "needs", "reads_features": "needs_features"}
-    for k, f in cbs.items():
-        setattr(plugin, names.get(k, k), f)
-    return plugin

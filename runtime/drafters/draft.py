@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, check_decode
-from edgespec.runtime.drafters import Drafter, DrafterSpec, register
+from edgespec.runtime.drafters import Drafter, DrafterPlugin, register
 from edgespec.runtime.drafters.base import penalized
 from edgespec.runtime.prefill import prefill
 from edgespec.runtime.sampling import probs, sample
@@ -81,23 +81,25 @@ class ModelDrafter(Drafter):
         self.dft_past = min(self.dft_past, n_old + n_acc)
 
 
-def _load(manifest: Manifest, section: DraftSection, ctx):
-    from edgespec.runtime.backends import make_engine  # the draft may run elsewhere (e.g. on the CPU beside a GPU)
+class DraftPlugin(DrafterPlugin):
+    name = "draft"
+    order = 3
+    summary = "a separate draft model run token by token with its own static KV"
+    section = DraftSection
+    export_hint = "--draft SRC (a model, self:N or self:int4)"
+    draft_cost = 0.3
+    redrafts = True
 
-    return make_engine(manifest, section.model, ctx.model_provider, ctx.threads, ctx.cuda_graph)
+    def build(self, ctx) -> Drafter:
+        return ModelDrafter(ctx.engines.models["draft"])
+
+    def load(self, manifest: Manifest, section: DraftSection, ctx):
+        from edgespec.runtime.backends import make_engine  # the draft may run elsewhere (e.g. on the CPU beside a GPU)
+
+        return make_engine(manifest, section.model, ctx.model_provider, ctx.threads, ctx.cuda_graph)
+
+    def warm(self, engine, widths, manifest: Manifest) -> None:
+        engine.load_widths([1, manifest.prefill_chunk])
 
 
-SPEC = register(
-    DrafterSpec(
-        name="draft",
-        order=3,
-        summary="a separate draft model run token by token with its own static KV",
-        build=lambda ctx: ModelDrafter(ctx.engines.models["draft"]),
-        section=DraftSection,
-        load=_load,
-        warm=lambda engine, widths, manifest: engine.load_widths([1, manifest.prefill_chunk]),
-        draft_cost=0.3,
-        redrafts=True,
-        export_hint="--draft SRC (a model, self:N or self:int4)",
-    )
-)
+PLUGIN = register(DraftPlugin())

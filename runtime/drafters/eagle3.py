@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, WeightSpec, check_decode
-from edgespec.runtime.drafters import DrafterSpec, register
+from edgespec.runtime.drafters import DrafterPlugin, register
 from edgespec.runtime.drafters.eagle import MIN_CONFIDENCE_OPTION, EagleDrafter
 from edgespec.runtime.state import SeqState
 
@@ -100,44 +100,49 @@ class Eagle3Drafter(EagleDrafter):
         return super()._catch_up(seq, feat_out)
 
 
-def _build(ctx) -> Eagle3Drafter:
-    head = ctx.engines.models["eagle3"]
-    return Eagle3Drafter(
-        head,
-        ctx.tgt_rows.aux,
-        ctx.target_vocab,
-        ctx.cfg.eagle_min_confidence,
-        fc_norm=getattr(head, "fc_norm", "none"),  # the section's (set by _load; a test's fake head has none)
-        fc_norm_eps=getattr(head, "fc_norm_eps", 1e-6),
+class Eagle3Plugin(DrafterPlugin):
+    name = "eagle3"
+    order = 7
+    summary = (
+        "an EAGLE-3 head: the target's low/mid/high layer features fused by fc, one decoder "
+        "layer, its own draft-vocabulary LM head"
     )
+    section = Eagle3Section
+    export_hint = "--eagle3-head HEAD_DIR (from `edgespec train-eagle3`)"
+    trees = True
+    draft_cost = 0.1
+    reads_aux = True
+    pairs = True
+    options = (MIN_CONFIDENCE_OPTION,)
+
+    def build(self, ctx) -> Eagle3Drafter:
+        head = ctx.engines.models["eagle3"]
+        return Eagle3Drafter(
+            head,
+            ctx.tgt_rows.aux,
+            ctx.target_vocab,
+            ctx.cfg.eagle_min_confidence,
+            fc_norm=getattr(head, "fc_norm", "none"),  # the section's (set by load; a test's fake head has none)
+            fc_norm_eps=getattr(head, "fc_norm_eps", 1e-6),
+        )
+
+    def load(self, manifest: Manifest, section: Eagle3Section, ctx):
+        from edgespec.engines.ort import OrtModel
+        from edgespec.engines.session import read_weight
+
+        head = OrtModel(manifest, section.head, ctx.head_provider, ctx.threads)
+        head.fc_t = read_weight(manifest, section.head, section.fc)  # [n*Ht, H] (mapped)
+        head.fc_norm, head.fc_norm_eps = section.fc_norm, section.fc_norm_eps
+        return head
+
+    def warm(self, head, widths, manifest: Manifest) -> None:
+        head.load_widths(widths)
+
+    def tree_engines(self, head) -> tuple:
+        return (head,)
+
+    def aux_width(self, head) -> int:
+        return head.fc_t.shape[0]
 
 
-def _load(manifest: Manifest, section: Eagle3Section, ctx):
-    from edgespec.engines.ort import OrtModel
-    from edgespec.engines.session import read_weight
-
-    head = OrtModel(manifest, section.head, ctx.head_provider, ctx.threads)
-    head.fc_t = read_weight(manifest, section.head, section.fc)  # [n*Ht, H] (mapped)
-    head.fc_norm, head.fc_norm_eps = section.fc_norm, section.fc_norm_eps
-    return head
-
-
-SPEC = register(
-    DrafterSpec(
-        name="eagle3",
-        order=7,
-        summary="an EAGLE-3 head: the target's low/mid/high layer features fused by fc, one decoder "
-        "layer, its own draft-vocabulary LM head",
-        build=_build,
-        section=Eagle3Section,
-        load=_load,
-        warm=lambda head, widths, manifest: head.load_widths(widths),
-        trees=True,
-        tree_engines=lambda head: [head],
-        draft_cost=0.1,
-        pairs=True,
-        aux_width=lambda head: head.fc_t.shape[0],
-        options=(MIN_CONFIDENCE_OPTION,),
-        export_hint="--eagle3-head HEAD_DIR (from `edgespec train-eagle3`)",
-    )
-)
+PLUGIN = register(Eagle3Plugin())

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.runtime.drafters import Drafter, DrafterSpec, Option, register
+from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
 from edgespec.runtime.state import Proposal, SeqState, chain
 
 MAX_TREE_MATCHES = 8  # earlier occurrences an n-gram tree merges (per suffix length)
@@ -67,19 +67,21 @@ def ngram_config(cfg) -> NgramConfig:
     return NgramConfig(cfg.ngram_min, cfg.ngram_max)
 
 
-SPEC = register(
-    DrafterSpec(
-        name="ngram",
-        order=1,
-        aliases=("prompt_lookup",),
-        summary="the tokens that followed the latest earlier occurrence of the last 3/2/1 tokens in prompt + output",
-        build=lambda ctx: NgramDrafter(ngram_config(ctx.cfg)),
-        trees=True,
-        draft_cost=0.02,
-        redrafts=True,
-        options=(
-            Option("ngram_min", int, 1, "prompt lookup: shortest suffix to match (default 1)"),
-            Option("ngram_max", int, 3, "prompt lookup: longest suffix, tried first (default 3)"),
-        ),
+class NgramPlugin(DrafterPlugin):
+    name = "ngram"
+    order = 1
+    aliases = ("prompt_lookup",)
+    summary = "the tokens that followed the latest earlier occurrence of the last 3/2/1 tokens in prompt + output"
+    trees = True
+    draft_cost = 0.02
+    redrafts = True
+    options = (
+        Option("ngram_min", int, 1, "prompt lookup: shortest suffix to match (default 1)"),
+        Option("ngram_max", int, 3, "prompt lookup: longest suffix, tried first (default 3)"),
     )
-)
+
+    def build(self, ctx) -> Drafter:
+        return NgramDrafter(ngram_config(ctx.cfg))
+
+
+PLUGIN = register(NgramPlugin())

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from edgespec.runtime.drafters import Drafter, DrafterSpec, register
+from edgespec.runtime.drafters import Drafter, DrafterPlugin, register
 
 
 class NoDrafter(Drafter):
     name = "none"
 
 
-SPEC = register(
-    DrafterSpec(
-        name="none",
-        order=0,
-        summary="nothing: plain decoding, one T=1 target call per token (the baseline)",
-        build=lambda ctx: NoDrafter(),
-    )
-)
+class NonePlugin(DrafterPlugin):
+    name = "none"
+    order = 0
+    summary = "nothing: plain decoding, one T=1 target call per token (the baseline)"
+
+    def build(self, ctx) -> Drafter:
+        return NoDrafter()
+
+
+PLUGIN = register(NonePlugin())

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.runtime.drafters import Drafter, DrafterSpec, Option, register
+from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
 from edgespec.runtime.state import Proposal, SeqState, chain
 
 DEPTH = 12  # longest pattern matched in the cache (tokens); longer contexts match on their last DEPTH
@@ -261,29 +261,33 @@ def recent_requests(ctx) -> SuffixCache:
     return ctx.store["suffix"]
 
 
-SPEC = register(
-    DrafterSpec(
-        name="suffix",
-        order=2,
-        summary="suffix decoding: the most frequent continuation of the longest match of the last tokens "
-        "in the prompt + output AND in this process's recent requests",
-        build=lambda ctx: SuffixDrafter(recent_requests(ctx)),
-        trees=True,
-        draft_cost=0.03,
-        redrafts=True,
-        options=(
-            Option(
-                "suffix_cache_tokens",
-                int,
-                1_000_000,
-                "suffix drafter: tokens of recent requests kept in its cache (default 1000000)",
-            ),
-            Option(
-                "suffix_cache",
-                str,
-                None,
-                "suffix drafter: load its cache of recent requests from this .npy file and keep it saved there",
-            ),
+class SuffixPlugin(DrafterPlugin):
+    name = "suffix"
+    order = 2
+    summary = (
+        "suffix decoding: the most frequent continuation of the longest match of the last tokens "
+        "in the prompt + output AND in this process's recent requests"
+    )
+    trees = True
+    draft_cost = 0.03
+    redrafts = True
+    options = (
+        Option(
+            "suffix_cache_tokens",
+            int,
+            1_000_000,
+            "suffix drafter: tokens of recent requests kept in its cache (default 1000000)",
+        ),
+        Option(
+            "suffix_cache",
+            str,
+            None,
+            "suffix drafter: load its cache of recent requests from this .npy file and keep it saved there",
         ),
     )
-)
+
+    def build(self, ctx) -> Drafter:
+        return SuffixDrafter(recent_requests(ctx))
+
+
+PLUGIN = register(SuffixPlugin())

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, check_head
-from edgespec.runtime.drafters import DrafterSpec, register
+from edgespec.runtime.drafters import DrafterPlugin, register
 from edgespec.runtime.drafters._head import HeadDrafter
 from edgespec.runtime.drafters.eagle import MIN_CONFIDENCE_OPTION
 from edgespec.runtime.state import Proposal, SeqState, chain
@@ -86,28 +86,34 @@ class DFlashDrafter(HeadDrafter):
         pass  # the context holds verified positions only: nothing to roll back
 
 
-def _load(manifest: Manifest, section: DFlashSection, ctx):
-    from edgespec.runtime.drafters.dflash.engine import OrtDFlash
-
-    return OrtDFlash(manifest, section, ctx.head_provider, ctx.threads)
-
-
-SPEC = register(
-    DrafterSpec(
-        name="dflash",
-        order=8,
-        summary="a DFlash block drafter: ONE call drafts a whole block from [last token, MASK...] with "
-        "the target's low/mid/high features injected as keys/values",
-        build=lambda ctx: DFlashDrafter(
-            ctx.engines.models["dflash"], ctx.tgt_rows.aux, ctx.target_vocab, ctx.cfg.eagle_min_confidence
-        ),
-        section=DFlashSection,
-        load=_load,
-        pairs=True,
-        warm=lambda engine, widths, manifest: engine.load(),
-        draft_cost=0.1,
-        aux_width=lambda engine: engine.feature_width,
-        options=(MIN_CONFIDENCE_OPTION,),
-        export_hint="--dflash DIR (z-lab's published DFlash drafters, or `edgespec train-dflash`)",
+class DFlashPlugin(DrafterPlugin):
+    name = "dflash"
+    order = 8
+    summary = (
+        "a DFlash block drafter: ONE call drafts a whole block from [last token, MASK...] with "
+        "the target's low/mid/high features injected as keys/values"
     )
-)
+    section = DFlashSection
+    export_hint = "--dflash DIR (z-lab's published DFlash drafters, or `edgespec train-dflash`)"
+    draft_cost = 0.1
+    reads_aux = True
+    pairs = True
+    options = (MIN_CONFIDENCE_OPTION,)
+
+    def build(self, ctx) -> DFlashDrafter:
+        engine = ctx.engines.models["dflash"]
+        return DFlashDrafter(engine, ctx.tgt_rows.aux, ctx.target_vocab, ctx.cfg.eagle_min_confidence)
+
+    def load(self, manifest: Manifest, section: DFlashSection, ctx):
+        from edgespec.runtime.drafters.dflash.engine import OrtDFlash
+
+        return OrtDFlash(manifest, section, ctx.head_provider, ctx.threads)
+
+    def warm(self, engine, widths, manifest: Manifest) -> None:
+        engine.load()
+
+    def aux_width(self, engine) -> int:
+        return engine.feature_width
+
+
+PLUGIN = register(DFlashPlugin())

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, check_decode, check_head
-from edgespec.runtime.drafters import DrafterSpec, Option, register
+from edgespec.runtime.drafters import DrafterPlugin, Option, register
 from edgespec.runtime.drafters._head import HeadDrafter
 from edgespec.runtime.prefill import prefill
 from edgespec.runtime.state import SeqState, chain
@@ -186,25 +186,6 @@ class EagleDrafter(HeadDrafter):
         self._caught_up_by_target(seq, n_old - 1)
 
 
-def _load(manifest: Manifest, section: EagleSection, ctx) -> EagleEngines:
-    from edgespec.engines.ort import OrtModel
-
-    head = OrtModel(manifest, section.head, ctx.head_provider, ctx.threads)
-    fused = None
-    # the fused graph reads and writes both KV caches on the host
-    if section.fused is not None and ctx.cfg.fuse_head and ctx.provider == ctx.head_provider == "cpu":
-        from edgespec.runtime.drafters.eagle.fused import FusedVerifier
-
-        fused = FusedVerifier(manifest, section.fused, head, ctx.threads, kv=ctx.target.kv)
-    return EagleEngines(head, fused)
-
-
-def build_eagle(ctx) -> EagleDrafter:
-    e = ctx.engines.models["eagle"]
-    verifier = e.fused if ctx.cfg.fuse_head else None
-    return EagleDrafter(e.head, ctx.tgt_rows.features, ctx.target_vocab, ctx.cfg.eagle_min_confidence, verifier)
-
-
 MIN_CONFIDENCE_OPTION = Option(
     "eagle_min_confidence",
     float,
@@ -215,32 +196,54 @@ MIN_CONFIDENCE_OPTION = Option(
     fallback=MIN_CONFIDENCE,
 )
 
-SPEC = register(
-    DrafterSpec(
-        name="eagle",
-        order=4,
-        summary="an EAGLE head (one decoder layer) drafting from the target's own hidden states",
-        build=build_eagle,
-        section=EagleSection,
-        load=_load,
-        warm=lambda e, widths, manifest: e.head.load_widths(widths),
-        reads_features=lambda cfg: True,
-        trees=True,
-        tree_engines=lambda e: [e.head],
-        draft_cost=0.1,
-        pairs=True,
-        export_hint="--eagle HEAD_DIR (the default model's export includes one)",
-        options=(
-            MIN_CONFIDENCE_OPTION,
-            Option(
-                "fuse_head",
-                bool,
-                True,
-                "eagle/hybrid on the CPU (default on): verify with the folder's "
-                "target+EAGLE graph, which runs the head inside the verify call, so under greedy decoding its "
-                "first draft needs no head call of its own; --no-fuse-head: separate head calls (also used when "
-                "the folder has no such graph)",
-            ),
+
+class EaglePlugin(DrafterPlugin):
+    name = "eagle"
+    order = 4
+    summary = "an EAGLE head (one decoder layer) drafting from the target's own hidden states"
+    section = EagleSection
+    export_hint = "--eagle HEAD_DIR (the default model's export includes one)"
+    trees = True
+    draft_cost = 0.1
+    pairs = True
+    options = (
+        MIN_CONFIDENCE_OPTION,
+        Option(
+            "fuse_head",
+            bool,
+            True,
+            "eagle/hybrid on the CPU (default on): verify with the folder's "
+            "target+EAGLE graph, which runs the head inside the verify call, so under greedy decoding its "
+            "first draft needs no head call of its own; --no-fuse-head: separate head calls (also used when "
+            "the folder has no such graph)",
         ),
     )
-)
+
+    def build(self, ctx) -> EagleDrafter:
+        e = ctx.engines.models["eagle"]
+        verifier = e.fused if ctx.cfg.fuse_head else None
+        return EagleDrafter(e.head, ctx.tgt_rows.features, ctx.target_vocab, ctx.cfg.eagle_min_confidence, verifier)
+
+    def needs_features(self, cfg) -> bool:
+        return True
+
+    def load(self, manifest: Manifest, section: EagleSection, ctx) -> EagleEngines:
+        from edgespec.engines.ort import OrtModel
+
+        head = OrtModel(manifest, section.head, ctx.head_provider, ctx.threads)
+        fused = None
+        # the fused graph reads and writes both KV caches on the host
+        if section.fused is not None and ctx.cfg.fuse_head and ctx.provider == ctx.head_provider == "cpu":
+            from edgespec.runtime.drafters.eagle.fused import FusedVerifier
+
+            fused = FusedVerifier(manifest, section.fused, head, ctx.threads, kv=ctx.target.kv)
+        return EagleEngines(head, fused)
+
+    def warm(self, engine: EagleEngines, widths, manifest: Manifest) -> None:
+        engine.head.load_widths(widths)
+
+    def tree_engines(self, engine: EagleEngines) -> tuple:
+        return (engine.head,)
+
+
+PLUGIN = register(EaglePlugin())

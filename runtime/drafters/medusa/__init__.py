@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.engines.manifest import HeadsSpec, Manifest, check_head
-from edgespec.runtime.drafters import DrafterSpec, Option, register
+from edgespec.runtime.drafters import DrafterPlugin, Option, register
 from edgespec.runtime.drafters._head import HeadDrafter
 from edgespec.runtime.state import SeqState, chain
 
@@ -64,37 +64,42 @@ class MedusaDrafter(HeadDrafter):
                 break
 
 
-def _load(manifest: Manifest, section: MedusaSection, ctx):
-    from edgespec.runtime.drafters.medusa.engine import OrtHeads
-
-    return OrtHeads(manifest, section.heads, ctx.head_provider, ctx.threads)
-
-
-SPEC = register(
-    DrafterSpec(
-        name="medusa",
-        order=6,
-        summary="K Medusa heads on the target's last hidden state, one small call for all K drafts",
-        build=lambda ctx: MedusaDrafter(
-            ctx.engines.models["medusa"], ctx.tgt_rows.features, ctx.target_vocab, ctx.cfg.medusa_min_confidence
-        ),
-        section=MedusaSection,
-        load=_load,
-        warm=lambda heads, widths, manifest: heads.load(),
-        reads_features=lambda cfg: True,
-        trees=True,
-        draft_cost=0.03,
-        max_chain=lambda heads: heads.n_heads,
-        export_hint="--medusa HEADS_DIR (the default model's export includes them)",
-        options=(
-            Option(
-                "medusa_min_confidence",
-                float,
-                None,
-                "medusa: stop a draft chain at the first head whose "
-                f"probability of its token is below this (default: the folder's, else {MIN_CONFIDENCE})",
-                fallback=MIN_CONFIDENCE,
-            ),
+class MedusaPlugin(DrafterPlugin):
+    name = "medusa"
+    order = 6
+    summary = "K Medusa heads on the target's last hidden state, one small call for all K drafts"
+    section = MedusaSection
+    export_hint = "--medusa HEADS_DIR (the default model's export includes them)"
+    trees = True
+    draft_cost = 0.03
+    options = (
+        Option(
+            "medusa_min_confidence",
+            float,
+            None,
+            "medusa: stop a draft chain at the first head whose "
+            f"probability of its token is below this (default: the folder's, else {MIN_CONFIDENCE})",
+            fallback=MIN_CONFIDENCE,
         ),
     )
-)
+
+    def build(self, ctx) -> MedusaDrafter:
+        heads = ctx.engines.models["medusa"]
+        return MedusaDrafter(heads, ctx.tgt_rows.features, ctx.target_vocab, ctx.cfg.medusa_min_confidence)
+
+    def needs_features(self, cfg) -> bool:
+        return True
+
+    def load(self, manifest: Manifest, section: MedusaSection, ctx):
+        from edgespec.runtime.drafters.medusa.engine import OrtHeads
+
+        return OrtHeads(manifest, section.heads, ctx.head_provider, ctx.threads)
+
+    def warm(self, heads, widths, manifest: Manifest) -> None:
+        heads.load()
+
+    def max_chain(self, heads) -> int:
+        return heads.n_heads
+
+
+PLUGIN = register(MedusaPlugin())
