@@ -23,6 +23,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgespec.engines import cuda_graph as cg
+from edgespec.engines import rowop
 from edgespec.engines.base import EngineError
 from edgespec.engines.manifest import Manifest
 
@@ -207,6 +208,8 @@ def session_options(manifest: Manifest, spec, threads: int | None, prepack: bool
         so.intra_op_num_threads = threads or physical_cores()
         so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    if rowop.needs(spec.weights):  # linears written for edgespec's row kernel (--int4-kernel rowop)
+        rowop.register(so)
     if not prepack:
         so.add_session_config_entry("session.disable_prepacking", "1")
     if spec.role != "target" and not _SHARED_POOL:

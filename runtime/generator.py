@@ -209,7 +209,8 @@ class Generator(TextAPI):
         (None: k + 1, a chain's widest call)."""
         widest = widest or self.k + 1
         probe = self.manifest.export_probe if self.manifest is not None and self.cfg.provider == "cpu" else {}
-        ms = probe.get("ms_by_width", {}).get(self.manifest.target.precision, {}) if probe else {}
+        chosen = probe.get("chosen", self.manifest.target.precision) if probe else ""  # "int4-rowop" too
+        ms = probe.get("ms_by_width", {}).get(chosen, {}) if probe else {}
         widths = range(1, widest + 1)
         if not all(str(w) in ms for w in widths):
             return None

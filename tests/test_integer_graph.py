@@ -109,7 +109,8 @@ def test_auto_precision_times_both_graphs_and_records_the_choice(tiny_models, tm
     )
     m = load_manifest(out)
     probe = m.export_probe
-    assert probe["chosen"] == m.target.precision and set(probe["ms_by_width"]) == {"int4", "int8"}
+    # candidates: int4, int8, and int4-rowop where the row kernel runs here (engines/rowop)
+    assert probe["chosen"].split("-")[0] == m.target.precision and {"int4", "int8"} <= set(probe["ms_by_width"])
     assert set(probe["ms_by_width"]["int8"]) == {"1", "2", "3"} and probe["cpu"]
     assert m.target.graph.flavour == ("integer" if m.target.precision == "int8" else "lean")
     # sampled adaptive k prices verify rows with the recorded table (fixed per folder: seeds reproduce)

@@ -6,12 +6,17 @@ one SmolLM2-135M's worth of MLP weights) for each row count M, in two kernels:
            default target's linears
   integer  MatMulInteger, u8 rows x s8 weights, int32 sums: the integer flavour's GEMM without its
            row quantization
+  rowop    edgespec's row kernel (engines/rowop, --int4-kernel rowop): 4-bit codes in blocks of 32
+           with fp16 scales and block minimums (GGUF's Q4_1, the default model's), rows quantized to
+           int8 per block inside the op, exact int32 sums; EDGESPEC_ROWOP_ISA forces a path
+  rowop8   the same op on 8-bit codes, zero point 128 (GGUF's Q8_0: the default model's LM head)
 Prints median ms per M and the ratio to M = 1, and, for the integer kernel, the rate of the extra
 rows in GMAC/s (what the CPU's int8 units deliver once the weights stream anyway). The integer
 flavour's goals (T = 9 <= 1.3x T = 1) need that ratio near 1 at M = 9: this shows whether the CPU
 can get there before any graph is built.
 
-    python tools/gemm_rows.py                 # both kernels, M = 1..64
+    python tools/gemm_rows.py                 # nbits and integer, M = 1..64
+    python tools/gemm_rows.py --kernels nbits,rowop,integer
     python tools/gemm_rows.py --rows 1,9,16 --repeats 30
 """
 
@@ -43,7 +48,18 @@ def _session(kind: str, cfg: GemmConfig):
     integer = kind == "integer"
     nodes, inits, outs = [], [], []
     for i in range(cfg.layers):
-        if integer:
+        if kind.startswith("rowop"):
+            from edgespec.engines import rowop
+
+            bits, nb = (8 if kind == "rowop8" else 4), cfg.k // 32
+            codes = rng.integers(0, 1 << bits, (cfg.n, cfg.k), dtype=np.uint8)
+            scales = (rng.random((cfg.n, nb), np.float32) * 0.01).astype(np.float16).astype(np.float32)
+            zp = np.full((cfg.n, nb), 128, np.uint8) if bits == 8 else None
+            mins = None if bits == 8 else -8 * scales
+            p = rowop.pack(codes, scales, zp, mins, bits, 32)
+            inits.append(numpy_helper.from_array(p.data, f"r{i}"))
+            nodes.append(helper.make_node(rowop.OP_TYPE, ["x", f"r{i}"], [f"y{i}"], domain=rowop.DOMAIN, **p.attrs))
+        elif integer:
             inits.append(numpy_helper.from_array(rng.integers(-127, 128, (cfg.k, cfg.n), dtype=np.int8), f"w{i}"))
             nodes.append(helper.make_node("MatMulInteger", ["x", f"w{i}"], [f"y{i}"]))
         else:
@@ -68,10 +84,15 @@ def _session(kind: str, cfg: GemmConfig):
     x = helper.make_tensor_value_info("x", TensorProto.UINT8 if integer else TensorProto.FLOAT, ["M", cfg.k])
     model = helper.make_model(
         helper.make_graph(nodes, kind, [x], outs, inits),
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+        + ([helper.make_opsetid("edgespec.rowop", 1)] if kind.startswith("rowop") else []),
     )
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = cfg.threads
+    if kind.startswith("rowop"):
+        from edgespec.engines import rowop
+
+        rowop.register(opts)
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
@@ -109,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="1,2,4,8,9,16,32,64", help="row counts M, comma-separated")
     p.add_argument("--repeats", type=int, default=15, help="timed calls per M (default 15)")
     p.add_argument("--threads", type=int, default=2, help="ORT intra-op threads (default 2)")
-    p.add_argument("--kernels", default="nbits,integer", help="nbits and/or integer (default both)")
+    p.add_argument(
+        "--kernels", default="nbits,integer", help="any of nbits, integer, rowop, rowop8 (default nbits,integer)"
+    )
     a = p.parse_args(argv)
     cfg = GemmConfig(rows=tuple(int(x) for x in a.rows.split(",")), repeats=a.repeats, threads=a.threads)
     print(f"{cfg.layers} x [M, {cfg.k}] x [{cfg.k}, {cfg.n}], {cfg.threads} threads, {cpu_name()}")

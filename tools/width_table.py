@@ -57,9 +57,12 @@ def main() -> None:
     widths = [int(w) for w in a.widths.split(",")]
     table = width_table(a.folders, a.past, widths, a.repeats)
     print(f"median ms per target call at past {a.past} (ratio to T=1)")
-    print(f"{'folder':34}" + "".join(f"{'T=' + str(w):>15}" for w in widths))
+    print(f"{'folder':34}" + "".join(f"{'T=' + str(w):>15}" for w in widths) + f"{'per extra row':>15}")
+    lo, hi = widths[0], widths[-1]
     for f, row in table.items():
-        print(f"{f:34}" + "".join(f"{row[w] * 1e3:8.2f} ({row[w] / row[widths[0]]:4.2f})" for w in widths))
+        extra = (row[hi] - row[lo]) / (hi - lo) * 1e3 if hi > lo else 0.0  # ms per row beyond the first
+        cells = "".join(f"{row[w] * 1e3:8.2f} ({row[w] / row[widths[0]]:4.2f})" for w in widths)
+        print(f"{f:34}" + cells + f"{extra:12.2f} ms")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(

@@ -154,7 +154,7 @@ def export(cfg: ExportConfig) -> Path:
         from edgespec.export.target.probe import choose_precision
 
         precision, probe = choose_precision(cfg, cfg.progress)
-        cfg = dataclasses.replace(cfg, precision=precision)
+        cfg = dataclasses.replace(cfg, precision=precision, int4_kernel=probe.get("int4_kernel", "nbits"))
     clean_stale_partials(out.parent)
     widths = cfg.widths()
     aux_readers = [name for name, p in plugins.items() if p.reads_aux(cfg, shipping.get(name))]
@@ -168,7 +168,8 @@ def export(cfg: ExportConfig) -> Path:
         progress.step(f"loaded {src.name}")
         _check_max_len(cfg, model.config)
         arch = arch_from_config(model.config, cfg.max_len)
-        two_rows = cfg.precision == "int4" and (
+        nbits = cfg.precision == "int4" and cfg.int4_kernel != "rowop"  # the row kernel's rows agree anyway
+        two_rows = nbits and (
             cfg.two_row_matmuls == "on"
             or cfg.two_row_matmuls == "auto"
             and one_row_int4_differs(accuracy_level=cfg.int4_accuracy_level)
@@ -176,6 +177,7 @@ def export(cfg: ExportConfig) -> Path:
         opts = GraphOptions(
             cfg.precision,
             int4_accuracy_level=cfg.int4_accuracy_level,
+            int4_kernel="rowop" if cfg.int4_kernel == "rowop" else "nbits",
             int4_lm_head=cfg.int4_lm_head,
             int8_lm_head=cfg.int8_lm_head,
             trees=cfg.trees,

@@ -38,7 +38,7 @@ from edgespec.export.target.arch import ArchSpec
 from edgespec.export.target.gguf_blocks import CheckpointWeights
 from edgespec.export.target.layer_ops import LayerOps, Stream
 from edgespec.export.target.lean_graph import IntegerOps, LeanOps
-from edgespec.export.target.linears import Part
+from edgespec.export.target.linears import Part, linears_class
 from edgespec.export.target.portable_graph import PortableOps
 
 OPSET = 17
@@ -80,6 +80,8 @@ class GraphOptions:
     host_prologue: bool = False  # lean target/draft graphs: the per-call masks and indices come in as inputs
     #                              the engine builds (lean_graph.host_prologue_inputs), no shape arithmetic in
     #                              the graph, so ONNX Runtime's CUDA graphs can capture it; heads keep theirs
+    int4_kernel: str = "nbits"  # int4 linears: "nbits" (ONNX Runtime's MatMulNBits) or "rowop" (edgespec's
+    #                             row kernel, a custom op: linears.RowLinears, engines/rowop)
 
 
 class WeightStore:
@@ -169,7 +171,7 @@ class ModelWriter:
         self.n_layers = n_layers or arch.n_layers  # fewer layers: a self-speculative draft
         self.dtype = np.dtype(np.float16 if opts.precision == "fp16" else np.float32)
         self.store = WeightStore()
-        self.linears = FLAVOURS[opts.flavour].LINEARS(opts, self.dtype, self.store)
+        self.linears = linears_class(FLAVOURS[opts.flavour].LINEARS, opts)(opts, self.dtype, self.store)
         # Reference weights: what the exported graphs compute with (int4: dequantized), so the
         # exporter can validate ONNX vs PyTorch at tight tolerance.
         self.reference: dict[str, np.ndarray] = {}
@@ -242,7 +244,8 @@ class ModelWriter:
         graph = helper.make_graph(b.nodes, graph_name, inputs, outputs, initializer=b.consts + inits)
         model = helper.make_model(
             graph,
-            opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
+            opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+            + [helper.make_opsetid(d, 1) for d in sorted({n.domain for n in b.nodes} - {"", "com.microsoft"})],
             producer_name="edgespec",
         )
         model.ir_version = 8

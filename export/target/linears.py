@@ -116,9 +116,7 @@ class Linears:
             codes, scales, zero_points, used = (quantize_int8 if bits == 8 else quantize_int4)(
                 w_out_in, self.opts.int4_block_size
             )
-            self.store.add(f"{name}.q{bits}", codes)
-            self.store.add(name + ".scales", scales)
-            self.store.add(name + ".zp", zero_points)
+            self._store_quantized(name, bits, codes, scales, zero_points)
             return used
         if tied:
             self.tied.add(name)
@@ -143,17 +141,27 @@ class Linears:
             blocks.append(b)
             row += p.rows
         b = concat(blocks)
+        self._store_blocks(name, b)
+        self.layouts[name] = Layout(b.bits, b.block_size, b.mins is not None)
+        return b.dequantized()
+
+    def _store_quantized(self, name: str, bits: int, codes, scales, zero_points) -> None:
+        """A linear re-quantized by quant.quantize_int4 / quantize_int8 (their MatMulNBits layout)."""
+        self.store.add(f"{name}.q{bits}", codes)
+        self.store.add(name + ".scales", scales)
+        self.store.add(name + ".zp", zero_points)
+
+    def _store_blocks(self, name: str, b: Blocks) -> None:
+        """A linear of kept blocks: MatMulNBits' arrays, and the block-minimum matmul's where it has them."""
         codes, zero_points = b.packed()
         self.store.add(f"{name}.q{b.bits}", codes)
         self.store.add(name + ".scales", b.scales)
         self.store.add(name + ".zp", zero_points)
         if b.mins is not None:
             self.store.add(name + ".mins", np.ascontiguousarray(b.mins.T))  # [K/bs, N]
-            n_in = w.shape[1]
+            n_in = b.codes.shape[1]
             ones = np.kron(np.eye(n_in // b.block_size, dtype=np.float32), np.ones((b.block_size, 1), np.float32))
             self.store.add(self._sum_weight(n_in, b.block_size), ones)  # [K, K/bs]: x @ it = block sums
-        self.layouts[name] = Layout(b.bits, b.block_size, b.mins is not None)
-        return b.dequantized()
 
     @staticmethod
     def _sum_weight(n_in: int, block_size: int) -> str:
@@ -263,6 +271,51 @@ class IntegerLinears(Linears):
             domain="com.microsoft",
         )  # [.., N] = s_w[n] * exact int32
         return b.op("Mul", [y, row_scale], name + "/row_scale")
+
+
+class RowLinears(Linears):
+    """int4 linears (8-bit where the layout has 8-bit blocks: the LM head, Q8_0 / Q5_x / Q6_K files)
+    as edgespec's row kernel (engines/rowop: the op RowMatMul in its own domain, built on this
+    machine): the blocks MatMulNBits would hold, kept or re-quantized alike, packed once at export
+    in the kernel's layout, times activations quantized to int8 per row and per block with exact
+    int32 sums. A block minimum is part of the kernel (no second matmul), and every factor of a
+    row's result depends on that row alone: decode, verify and prefill rows agree by arithmetic,
+    on every instruction-set path. Chosen by --int4-kernel rowop or by --precision auto's probe;
+    GraphOptions.int4_kernel names it."""
+
+    def __init__(self, opts: GraphOptions, dtype: np.dtype, store: WeightStore) -> None:
+        super().__init__(opts, dtype, store)
+        self.attrs: dict[str, dict] = {}  # name -> the op's attributes of each packed linear
+
+    def _store_quantized(self, name: str, bits: int, codes, scales, zero_points) -> None:
+        n, bs = len(scales), self.opts.int4_block_size
+        if bits == 4:
+            b = from_int4(codes, scales, zero_points, bs)
+        else:  # quant.quantize_int8: codes + 128, zero point 128
+            b = Blocks(codes.reshape(n, -1), scales, zero_points.reshape(n, -1), None, 8, bs, "int8")
+        self._store_blocks(name, b)
+
+    def _store_blocks(self, name: str, b: Blocks) -> None:
+        from edgespec.engines import rowop
+
+        p = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size)
+        self.store.add(name + rowop.WEIGHT_SUFFIX, p.data)
+        self.attrs[name] = p.attrs
+
+    def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
+        from edgespec.engines import rowop
+
+        if name not in self.attrs:  # a float linear (an LM head left in fp32, a tied one)
+            return super().linear(b, x, name, stream_3d)
+        w = b.weight(name + rowop.WEIGHT_SUFFIX)
+        return b.op(rowop.OP_TYPE, [x, w], f"{name}/{rowop.OP_TYPE}", domain=rowop.DOMAIN, **self.attrs[name])
+
+
+def linears_class(flavour_linears: type[Linears], opts: GraphOptions) -> type[Linears]:
+    """The Linears a graph writer uses: its flavour's, or the row kernel's for int4 linears where
+    the options name it (GraphOptions.int4_kernel) and the flavour's are the MatMulNBits ones."""
+    rowop = getattr(opts, "int4_kernel", "nbits") == "rowop" and opts.precision == "int4"
+    return RowLinears if rowop and flavour_linears is Linears else flavour_linears
 
 
 def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int = 576, n: int = 256) -> bool:

@@ -15,6 +15,10 @@ c(T) the median seconds of a T-token call and a = ACCEPTANCE a typical per-token
 this project's drafters (k = 0, plain decoding, is a candidate too). A candidate replaces the
 first one (int4, the default before the probe) only when it wins by MARGIN, so timing noise does
 not flip the choice. The table lands in the manifest (`export_probe`).
+
+A third candidate, int4-rowop, is the int4 precision on edgespec's row kernel (engines/rowop: an
+ONNX Runtime custom op compiled on this machine) wherever it builds and runs here; where it does
+not (no compiler, no header, a CPU path refused, --int4-kernel nbits) the record says why.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 CANDIDATES = ("int4", "int8")  # the first is kept unless another wins by MARGIN
+ROWOP = "int4-rowop"  # the int4 precision on the row kernel (engines/rowop), a candidate where it runs
 ACCEPTANCE = 0.6  # per-token acceptance the score assumes (drafts eval: ~2 tokens per call at k=4)
 MARGIN = 1.05  # a challenger must score this much higher
 PAST = 256  # cached positions before the timed calls
@@ -78,32 +83,60 @@ def _time_widths(folders: dict[str, Path], widths: list[int]) -> dict[str, dict[
     return {n: {w: float(np.median(ts[2:])) for w, ts in t.items()} for n, t in times.items()}
 
 
+def candidates(cfg) -> tuple[dict[str, dict], str]:
+    """(name -> the ExportConfig changes of each candidate, why the row kernel is not one: "" where
+    it is). --int4-kernel rowop leaves it alone; nbits leaves it out."""
+    from edgespec.engines import rowop
+
+    kernel = getattr(cfg, "int4_kernel", "auto")
+    if kernel == "rowop":  # ExportConfig.check made sure it runs here
+        return {ROWOP: dict(precision="int4", int4_kernel="rowop")}, ""
+    out = {p: dict(precision=p, int4_kernel="nbits") for p in CANDIDATES}
+    if kernel == "nbits":
+        why = "--int4-kernel nbits"
+    elif cfg.int4_accuracy_level != 4:
+        why = f"--int4-accuracy-level {cfg.int4_accuracy_level} (the row kernel's activations are int8)"
+    else:
+        why = rowop.unavailable()
+    if not why:
+        out[ROWOP] = dict(precision="int4", int4_kernel="rowop")
+    return out, why
+
+
 def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
     """(the precision to export, the probe's record for the manifest) for an ExportConfig whose
-    precision is "auto"."""
+    precision is "auto"; the record's int4_kernel is the int4 linears' kernel to export with."""
+    from edgespec.engines import rowop
     from edgespec.export.target.exporter import export
 
     widths = list(range(1, cfg.k + 2))
-    scratch = Path(tempfile.mkdtemp(prefix="edgespec-probe-"))
-    try:
-        folders = {}
-        for p in CANDIDATES:
-            target_only = dataclasses.replace(
-                cfg, precision=p, out=str(scratch / p), validate=False, progress=False, force=False, **_no_drafters(cfg)
-            )
-            folders[p] = export(target_only)
-        costs = _time_widths(folders, widths)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    cands, why_not_rowop = candidates(cfg)
+    costs: dict[str, dict[int, float]] = {}
+    if len(cands) > 1:
+        scratch = Path(tempfile.mkdtemp(prefix="edgespec-probe-"))
+        try:
+            folders = {}
+            for name, changes in cands.items():
+                target_only = dataclasses.replace(
+                    cfg, out=str(scratch / name), validate=False, progress=False, force=False, **changes
+                )
+                target_only = dataclasses.replace(target_only, **_no_drafters(cfg))
+                folders[name] = export(target_only)
+            costs = _time_widths(folders, widths)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     scores = {p: speculation_score(c) for p, c in costs.items()}
-    best = max(scores, key=scores.get)
-    chosen = best if scores[best] > MARGIN * scores[CANDIDATES[0]] else CANDIDATES[0]
+    first = next(iter(cands))
+    best = max(scores, key=scores.get) if scores else first
+    chosen = best if not scores or scores[best] > MARGIN * scores[first] else first
     record = {
         "cpu": _cpu(),
         "past": PAST,
         "acceptance": ACCEPTANCE,
         "margin": MARGIN,
         "chosen": chosen,
+        "int4_kernel": cands[chosen]["int4_kernel"],
+        "rowop": {"unavailable": why_not_rowop} if why_not_rowop else {"path": rowop.cpu_path()},
         "ms_by_width": {p: {str(w): round(s * 1e3, 3) for w, s in c.items()} for p, c in costs.items()},
         "score_tokens_per_s": {p: round(s, 2) for p, s in scores.items()},
     }
@@ -114,8 +147,9 @@ def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
             f"{p}: T=1 {c[1] * 1e3:.1f} ms, T={widths[-1]} {c[widths[-1]] * 1e3:.1f} ms, {scores[p]:.0f} tok/s"
             for p, c in costs.items()
         )
-        print(f"edgespec: precision probe on {record['cpu']}: {table} -> {chosen}", file=sys.stderr)
-    return chosen, record
+        rowop_note = f" (row kernel: {why_not_rowop})" if why_not_rowop else ""
+        print(f"edgespec: precision probe on {record['cpu']}: {table} -> {chosen}{rowop_note}", file=sys.stderr)
+    return cands[chosen]["precision"], record
 
 
 def _no_drafters(cfg) -> dict:

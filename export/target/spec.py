@@ -98,6 +98,17 @@ class CoreExportConfig:
             "choices": ("keep", "requantize"),
         },
     )
+    int4_kernel: str = field(
+        default="auto",
+        metadata={
+            "help": "the int4 precision's linears: nbits (ONNX Runtime's MatMulNBits) or rowop (edgespec's row "
+            "kernel, a custom op compiled on this machine: 4/8-bit blocks x int8 rows, exact integer sums, "
+            "block minimums inside the kernel; the folder then runs only where the op is built: "
+            "python -m edgespec.engines.rowop setup); auto (default): --precision auto's probe times it "
+            "beside the others where it builds, an explicit --precision int4 keeps nbits",
+            "choices": ("auto", "nbits", "rowop"),
+        },
+    )
     trees: bool = field(
         default=True,
         metadata={
@@ -147,6 +158,21 @@ class CoreExportConfig:
             raise ExportError(f"--k must be >= 1 (got {self.k})")
         if self.two_row_matmuls not in ("auto", "on", "off"):
             raise ExportError(f"--two-row-matmuls {self.two_row_matmuls!r}: choose auto, on or off")
+        if self.int4_kernel not in ("auto", "nbits", "rowop"):
+            raise ExportError(f"--int4-kernel {self.int4_kernel!r}: choose auto, nbits or rowop")
+        if self.int4_kernel == "rowop":
+            if self.precision not in ("auto", "int4") or self.flavour() not in ("lean", "auto"):
+                raise ExportError(
+                    f"--int4-kernel rowop is the int4 precision's lean graph (got --precision {self.precision} "
+                    f"--graph {self.graph}); drop one of them"
+                )
+            if self.int4_accuracy_level != 4:
+                raise ExportError("--int4-kernel rowop quantizes activations to int8: use --int4-accuracy-level 4")
+            from edgespec.engines import rowop
+
+            why = rowop.unavailable()
+            if why:
+                raise ExportError(f"--int4-kernel rowop: the row kernel is not available here: {why}")
         if self.gguf_blocks not in ("keep", "requantize"):
             raise ExportError(f"--gguf-blocks {self.gguf_blocks!r}: choose keep or requantize")
         if self.graph not in GRAPH_FLAVOURS:

@@ -1,0 +1,373 @@
+"""edgespec's row kernel: an ONNX Runtime custom op (C++, built on this machine) for y = x W with
+4- or 8-bit block-quantized W, the activations quantized to int8 per row and per block, exact
+int32 sums and one float scale per block and row (the arithmetic: rowop.h). Every factor of a row's
+result depends on that row alone, so its bits do not depend on how many rows share the call.
+
+- `library()`: the compiled library, built on first use into an ignored build folder (the source's
+  hash names it) with the machine's C++ compiler and ONNX Runtime's C API header; `unavailable()`
+  says why there is none (no compiler, no header, a failed build) instead of raising.
+- `pack()`: a linear's blocks in the kernel's layout (panels of 16 outputs, one record per block),
+  written by the export; `reference()`: the same arithmetic in NumPy (the tests compare bitwise).
+- `register(so)`: ONNX Runtime session options that can run the op.
+
+    python -m edgespec.engines.rowop setup   # fetch the header if missing (Debian's libonnxruntime-dev), build
+    python -m edgespec.engines.rowop info    # the library, the header, the path this CPU runs
+
+The header comes from EDGESPEC_ORT_INCLUDE, the build folder's include/ (setup puts it there),
+or the system (/usr/include/onnxruntime: Debian's libonnxruntime-dev). It is ONNX Runtime's
+(MIT licence); any API version up to the installed runtime's works (the C API is versioned).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.engines.base import EngineError
+
+DOMAIN = "edgespec.rowop"  # the op's ONNX domain
+OP_TYPE = "RowMatMul"
+WEIGHT_SUFFIX = ".rowop"  # a linear's packed weights are stored as "<name>.rowop"
+PANEL = 16  # outputs per panel (rowop.h kPanel)
+PATHS = ("avx512vnni", "avxvnni", "avx2", "portable")  # instruction-set paths, best first
+ISA_ENV = "EDGESPEC_ROWOP_ISA"  # forces a path (tests); read when a session registers the library
+HEADER = "onnxruntime_c_api.h"
+
+SRC = Path(__file__).parent
+SOURCES = ("op.cc", "k_portable.cc", "k_avx2.cc", "k_avxvnni.cc", "k_avx512.cc")
+HEADERS = ("rowop.h", "common.h", "ymm.h")
+# per source: the instruction sets it is compiled for (op.cc and the portable path: none)
+ISA_FLAGS = {
+    "k_avx2.cc": ("-mavx2", "-mf16c"),
+    "k_avxvnni.cc": ("-mavx2", "-mf16c", "-mavxvnni"),
+    "k_avx512.cc": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+}
+# -ffp-contract=off: no fused multiply-adds, so every path rounds where the NumPy reference does
+CXXFLAGS = ("-O2", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-strict-aliasing")
+DEB_PACKAGE = "libonnxruntime-dev"  # Debian's package with the header (trixie and later)
+DEB_SUITE = "trixie"  # where setup looks for it when this system's own lists have none
+
+_LIB: dict[str, object] = {}  # "path" -> Path of the loaded library, or "why" -> str
+
+
+class RowopUnavailable(EngineError):
+    """The row kernel cannot be built or loaded here (the message says why and what to do)."""
+
+
+def build_dir() -> Path:
+    """Where the library is built: EDGESPEC_ROWOP_BUILD, the source's build/ (ignored by git) where
+    writable, else ~/.cache/edgespec/rowop."""
+    env = os.environ.get("EDGESPEC_ROWOP_BUILD")
+    if env:
+        return Path(env)
+    local = SRC / "build"
+    try:
+        local.mkdir(exist_ok=True)
+        if os.access(local, os.W_OK):
+            return local
+    except OSError:
+        pass
+    return Path.home() / ".cache" / "edgespec" / "rowop"
+
+
+def find_header() -> Path | None:
+    """The folder holding onnxruntime_c_api.h, or None."""
+    env = os.environ.get("EDGESPEC_ORT_INCLUDE")
+    dirs = ([Path(env)] if env else []) + [
+        build_dir() / "include",
+        Path("/usr/include/onnxruntime"),
+        Path("/usr/local/include/onnxruntime"),
+        Path("/usr/include"),
+    ]
+    return next((d for d in dirs if (d / HEADER).is_file()), None)
+
+
+def find_compiler() -> str | None:
+    return next((c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)), None)
+
+
+def _key(cxx: str, include: Path) -> str:
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update((SRC / name).read_bytes())
+    h.update((include / HEADER).read_bytes())
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    h.update((version + repr(CXXFLAGS) + repr(ISA_FLAGS)).encode())
+    return h.hexdigest()[:16]
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile the library (once per source, header and compiler); returns its path."""
+    cxx, include = find_compiler(), find_header()
+    if cxx is None:
+        raise RowopUnavailable("no C++ compiler (g++, c++, clang++ or $CXX). Hint: apt-get install g++")
+    if include is None:
+        raise RowopUnavailable(
+            f"no {HEADER} (ONNX Runtime's C API header). Hint: python -m edgespec.engines.rowop setup "
+            f"(fetches Debian's {DEB_PACKAGE}), or set EDGESPEC_ORT_INCLUDE to a folder with it"
+        )
+    out = build_dir() / _key(cxx, include) / "librowop.so"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        objs = []
+        for name in SOURCES:
+            obj = Path(tmp) / (name + ".o")
+            cmd = [cxx, *CXXFLAGS, *ISA_FLAGS.get(name, ()), "-I", str(SRC), "-I", str(include), "-c"]
+            _run(cmd + [str(SRC / name), "-o", str(obj)], verbose)
+            objs.append(str(obj))
+        lib = Path(tmp) / "librowop.so"
+        _run([cxx, "-shared", "-o", str(lib), *objs], verbose)
+        os.replace(lib, out)  # atomic: a concurrent build of the same key finds a whole file
+    return out
+
+
+def _run(cmd: list[str], verbose: bool) -> None:
+    if verbose:
+        print(" ".join(cmd), file=sys.stderr)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RowopUnavailable(f"the build failed: {' '.join(cmd[:2])} ...: {r.stderr.strip()[-2000:]}")
+
+
+def library() -> Path:
+    """The built library (built now if needed); RowopUnavailable says why there is none."""
+    if "path" not in _LIB and "why" not in _LIB:
+        try:
+            _LIB["path"] = build()
+        except (RowopUnavailable, OSError) as e:
+            _LIB["why"] = str(e)
+    if "why" in _LIB:
+        raise RowopUnavailable(str(_LIB["why"]))
+    return _LIB["path"]  # type: ignore[return-value]
+
+
+def unavailable() -> str:
+    """Why the op cannot run in this process ("" where it can): no library, or a refused path."""
+    try:
+        path, why = _native().edgespec_rowop_path, ctypes.c_char_p()
+    except RowopUnavailable as e:
+        return str(e)
+    name = path(ctypes.byref(why))
+    return "" if name else why.value.decode()
+
+
+def _native() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(library()))
+    lib.edgespec_rowop_path.restype = ctypes.c_char_p
+    lib.edgespec_rowop_path.argtypes = [ctypes.POINTER(ctypes.c_char_p)]
+    lib.edgespec_rowop_runs.argtypes = [ctypes.c_char_p]
+    lib.edgespec_rowop_matmul.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.edgespec_rowop_matmul.argtypes += [ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+def cpu_path() -> str:
+    """The instruction-set path a session gets now ("" where none: unavailable() says why)."""
+    try:
+        return _native().edgespec_rowop_path(ctypes.byref(ctypes.c_char_p())).decode()
+    except RowopUnavailable:
+        return ""
+
+
+def cpu_runs(path: str) -> bool:
+    """This CPU runs the named path (PATHS)."""
+    return bool(_native().edgespec_rowop_runs(path.encode()))
+
+
+def register(so) -> None:
+    """Let sessions made with these onnxruntime.SessionOptions run the op (RowopUnavailable if not)."""
+    why = unavailable()
+    if why:
+        raise RowopUnavailable(
+            f"this folder's linears run edgespec's row kernel (exported with --int4-kernel rowop), which is not "
+            f"available here: {why}. Hint: python -m edgespec.engines.rowop setup, or re-export with "
+            "--int4-kernel nbits"
+        )
+    so.register_custom_ops_library(str(library()))
+
+
+def needs(weight_names) -> bool:
+    """A model whose weights include packed row-kernel weights (its graph calls the op)."""
+    return any(n.endswith(WEIGHT_SUFFIX) for n in weight_names)
+
+
+# ---- the layout ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Packed:
+    """One linear in the kernel's layout, and the values the kernel multiplies by (the reference's)."""
+
+    data: np.ndarray  # [panels * blocks * record] uint8: the op's weight input
+    attrs: dict  # the op's attributes: K, N, bits, block_size, zero_point, mins, f16
+    codes: np.ndarray  # [N, K] uint8 codes
+    scales: np.ndarray  # [N, K / bs] float32 d
+    zero_points: np.ndarray  # [N, K / bs] int32 z (0 where none)
+    mins: np.ndarray | None  # [N, K / bs] float32 m, or None
+
+
+def pack(
+    codes: np.ndarray,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None,
+    mins: np.ndarray | None,
+    bits: int,
+    block_size: int,
+) -> Packed:
+    """w[n, k] = d (code - z) (+ m) per block of block_size inputs, in the kernel's layout.
+
+    The zero point becomes an attribute where every block shares it (GGUF's Q4_0 8, Q8_0 128: one
+    integer per row and block instead of one per output); with block minimums it is folded into
+    them (m - d z) where that is exact in fp32, as GGUF's own Q4_1 minimums are, which saves the
+    per-output zero points. Scales and minimums are stored as fp16 where every one is exactly an
+    fp16 (GGUF's own are), a sixth less to stream at 4 bits."""
+    codes = np.asarray(codes, np.uint8)
+    n, k = codes.shape
+    nb = k // block_size
+    if k % block_size or block_size not in (16, 32) or bits not in (4, 8):
+        raise ValueError(f"rowop.pack: K={k}, block_size={block_size}, bits={bits} (16 or 32; 4 or 8)")
+    if codes.max(initial=0) >= 1 << bits:
+        raise ValueError(f"rowop.pack: codes above {bits} bits")
+    d = np.asarray(scales, np.float32).reshape(n, nb)
+    z = np.zeros((n, nb), np.int32) if zero_points is None else np.asarray(zero_points, np.int32).reshape(n, nb)
+    m = None if mins is None else np.asarray(mins, np.float32).reshape(n, nb)
+    if m is not None and z.any():
+        folded = m.astype(np.float64) - d.astype(np.float64) * z
+        if np.array_equal(folded.astype(np.float32).astype(np.float64), folded):
+            m, z = folded.astype(np.float32), np.zeros_like(z)
+    zp = 0 if not z.any() else (int(z.flat[0]) if (z == z.flat[0]).all() else -1)
+    f16 = all(np.array_equal(a.astype(np.float16).astype(np.float32), a) for a in (d, m) if a is not None)
+    p = -(-n // PANEL)
+    pad = p * PANEL - n
+
+    def panels(a: np.ndarray) -> np.ndarray:  # [N, nb] -> [P, nb, 16]
+        a = np.concatenate([a, np.zeros((pad, nb), a.dtype)]) if pad else a
+        return a.reshape(p, PANEL, nb).transpose(0, 2, 1)
+
+    g = block_size // 4
+    c = np.concatenate([codes, np.zeros((pad, k), np.uint8)]) if pad else codes
+    c = c.reshape(p, PANEL, nb, g, 4).transpose(0, 2, 3, 1, 4).reshape(p, nb, g, 64)  # byte 4n + j of group g
+    if bits == 4:
+        c = c[:, :, : g // 2] | (c[:, :, g // 2 :] << 4)  # chunk i: group i low, group i + g/2 high
+    parts = [c.reshape(p, nb, -1)]
+    for a in (d, m):
+        if a is not None:
+            parts.append(np.ascontiguousarray(panels(a).astype(np.float16 if f16 else np.float32)).view(np.uint8))
+    if zp < 0:
+        parts.append(np.ascontiguousarray(panels(z.astype(np.uint8))))
+    data = np.ascontiguousarray(np.concatenate(parts, axis=-1)).reshape(-1)
+    attrs = dict(K=k, N=n, bits=bits, block_size=block_size, zero_point=zp, mins=int(m is not None), f16=int(f16))
+    return Packed(data, attrs, codes, d, z, m)
+
+
+def reference(x: np.ndarray, p: Packed) -> np.ndarray:
+    """The op's result in NumPy, the same float32 operations in the same order (rowop.h)."""
+    x = np.asarray(x, np.float32)
+    k, n, bs = p.attrs["K"], p.attrs["N"], p.attrs["block_size"]
+    nb = k // bs
+    rows = x.reshape(-1, nb, bs)  # [M, nb, bs]
+    a = np.abs(rows).max(axis=-1)  # [M, nb]
+    inv = np.divide(np.float32(127), a, out=np.zeros_like(a), where=a > 0)
+    s = a / np.float32(127)
+    xq = np.clip(np.rint(rows * inv[..., None]), -127, 127).astype(np.int64)
+    xsum = xq.sum(axis=-1)  # [M, nb]
+    codes = p.codes.astype(np.int64).reshape(n, nb, bs)
+    dot = np.einsum("mbk,nbk->mbn", xq, codes) - xsum[..., None] * p.zero_points.T[None]  # [M, nb, N]
+    f = dot.astype(np.float32) * p.scales.T[None]
+    if p.mins is not None:
+        f = f + p.mins.T[None] * xsum.astype(np.float32)[..., None]
+    f = f * s[..., None]
+    acc = np.zeros((len(rows), n), np.float32)
+    for b in range(nb):
+        acc = acc + f[:, b]
+    return acc.reshape(*x.shape[:-1], n)
+
+
+def matmul(x: np.ndarray, p: Packed, path: str) -> np.ndarray:
+    """The library's kernel on one thread with a named path, without ONNX Runtime (tests, benches)."""
+    x = np.ascontiguousarray(x, np.float32)
+    m = int(np.prod(x.shape[:-1]))
+    y = np.empty((*x.shape[:-1], p.attrs["N"]), np.float32)
+    attrs = np.array([p.attrs[a] for a in ("K", "N", "bits", "block_size", "zero_point", "mins", "f16")], np.int64)
+    ptrs = (attrs.ctypes.data, x.ctypes.data, m, p.data.ctypes.data, y.ctypes.data)
+    rc = _native().edgespec_rowop_matmul(path.encode(), *ptrs)
+    if rc:
+        raise RowopUnavailable(f"rowop path {path!r} does not run on this CPU (or a bad layout)")
+    return y
+
+
+# ---- setup: the header from Debian's package ------------------------------------------------------
+def fetch_header(verbose: bool = True) -> Path:
+    """Put onnxruntime_c_api.h (and its licence) into the build folder's include/ from Debian's
+    libonnxruntime-dev: `apt-get download` from this system's lists, else from a private list of
+    Debian trixie (nothing is installed; the system's apt configuration is not changed)."""
+    dest = build_dir() / "include"
+    if (dest / HEADER).is_file():
+        return dest
+    if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
+        raise RowopUnavailable(f"no apt-get here to fetch {DEB_PACKAGE}; set EDGESPEC_ORT_INCLUDE")
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        got = subprocess.run(["apt-get", "download", DEB_PACKAGE], cwd=t, capture_output=True, text=True)
+        if got.returncode:
+            opts = _private_apt(t)
+            update = subprocess.run(["apt-get", *opts, "update"], capture_output=True, text=True)
+            got = subprocess.run(["apt-get", *opts, "download", DEB_PACKAGE], cwd=t, capture_output=True, text=True)
+            if got.returncode:
+                why = (update.stderr + got.stderr)[-500:]
+                raise RowopUnavailable(f"apt-get could not download {DEB_PACKAGE}: {why}")
+        deb = next(t.glob(f"{DEB_PACKAGE}_*.deb"))
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(t / "x")], check=True)
+        header = next((t / "x").rglob(HEADER))
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy(header, dest / HEADER)
+        for doc in (t / "x").rglob("copyright"):
+            shutil.copy(doc, dest / "LICENSE.onnxruntime")  # Microsoft's MIT licence, kept beside the header
+        if verbose:
+            print(f"edgespec: {HEADER} from {deb.name} -> {dest}", file=sys.stderr)
+    return dest
+
+
+def _private_apt(tmp: Path) -> list[str]:
+    (tmp / "lists" / "partial").mkdir(parents=True)
+    (tmp / "cache" / "archives" / "partial").mkdir(parents=True)
+    keyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+    (tmp / "sources.list").write_text(f"deb [signed-by={keyring}] http://deb.debian.org/debian {DEB_SUITE} main\n")
+    return [
+        "-o", f"Dir::Etc::SourceList={tmp / 'sources.list'}",
+        "-o", "Dir::Etc::SourceParts=/nonexistent",
+        "-o", f"Dir::State::Lists={tmp / 'lists'}",
+        "-o", f"Dir::Cache={tmp / 'cache'}",
+        "-o", "Dir::State::status=/dev/null",
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    what = args[0] if args else "info"
+    if what == "setup":
+        try:
+            if find_header() is None:
+                fetch_header()
+            print(f"edgespec: row kernel built: {build(verbose=False)} (this CPU: {cpu_path() or unavailable()})")
+        except (RowopUnavailable, OSError, subprocess.CalledProcessError) as e:
+            print(f"edgespec: row kernel not built ({e}); the export will not offer it", file=sys.stderr)
+            return 1
+        return 0
+    why = unavailable()
+    print(f"header: {find_header()}\ncompiler: {find_compiler()}")
+    print(f"library: {_LIB.get('path')}\npath: {cpu_path() or '-'}{'  (' + why + ')' if why else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

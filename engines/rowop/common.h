@@ -1,0 +1,62 @@
+// Helpers the instruction-set paths share: record offsets, fp16 scales, the portable quantization.
+#pragma once
+
+#include <cstring>
+
+#include "rowop.h"
+
+namespace rowop {
+
+// fp16 -> fp32, exact (the vector paths convert with F16C / AVX-512, also exact).
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t man = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);  // inf / nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalize
+    int e = -1;
+    do {
+      ++e;
+      man <<= 1;
+    } while ((man & 0x400u) == 0);
+    bits = sign | ((112 - e) << 23) | ((man & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Scales (or mins) of one record, 16 of them, as fp32.
+inline void load_scales(const uint8_t* p, bool f16, float* out) {
+  if (f16) {
+    for (int i = 0; i < kPanel; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      out[i] = half_to_float(h);
+    }
+  } else {
+    std::memcpy(out, p, kPanel * 4);
+  }
+}
+
+// Rows [r0, r1) of x, one block at a time, by the scalar definition (rowop.h).
+inline void quantize_rows_scalar(const float* x, int64_t k, int bs, int zp, int64_t m, int64_t r0, int64_t r1,
+                                 int8_t* xq, float* s, int32_t* xsum, float* xsumf, int32_t* zsum) {
+  const int64_t nb = k / bs;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t i = b * m + r;
+      quantize_block_scalar(x + r * k + b * bs, bs, xq + i * bs, s + i, xsum + i);
+      xsumf[i] = static_cast<float>(xsum[i]);
+      zsum[i] = zp > 0 ? zp * xsum[i] : 0;
+    }
+  }
+}
+
+}  // namespace rowop

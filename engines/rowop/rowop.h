@@ -1,0 +1,95 @@
+// edgespec's row kernel: y = x W for block-quantized W (4- or 8-bit codes, a scale per block, an
+// optional zero point, an optional block minimum), x quantized to int8 per row and per block.
+//
+// The arithmetic, the same in every instruction-set path and in the NumPy reference
+// (edgespec.engines.rowop.reference), for row r, output n, block b of bs inputs:
+//   a     = max |x[r, b*bs : (b+1)*bs]|                      (exact)
+//   inv   = a > 0 ? 127 / a : 0,   s = a / 127               (fp32, one rounding each)
+//   xq[k] = clamp(rint(x[k] * inv), -127, 127)               (int8, round half to even)
+//   dot   = sum_k xq[k] * code[k, n] - z[b, n] * sum_k xq[k] (int32: exact)
+//   f     = float(dot) * d[b, n]                             (fp32)
+//   f     = f + m[b, n] * float(sum_k xq[k])                 (only with block minimums)
+//   acc  += f * s                                            (fp32, blocks in order)
+// Every factor depends on row r alone and the sums are exact integers, so a row's bits do not
+// depend on how many rows share the call, nor on the path that ran it. Built with
+// -ffp-contract=off: a fused multiply-add would round once where the reference rounds twice.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rowop {
+
+constexpr int kPanel = 16;  // outputs per panel: one 512-bit register of int32 or fp32 lanes
+constexpr int kRowChunk = 64;  // rows one pass over a panel's weights serves (accumulators stay in L1)
+
+// One linear's weight layout (the op's attributes). Weights are panels of 16 outputs; a panel's
+// blocks are contiguous records: codes, scales, [mins], [zero points].
+struct Layout {
+  int64_t k = 0, n = 0;  // inputs, outputs
+  int bits = 4;  // 4 or 8
+  int bs = 32;  // inputs per block: 16 or 32
+  int zp = 0;  // 0: none; 1..255: one zero point for every block; -1: one per block and output (u8 in the record)
+  bool mins = false;  // a block minimum per block and output (scale-typed, in the record)
+  bool f16 = false;  // scales and mins stored as fp16 (exactly: the checkpoint's own values), else fp32
+
+  int64_t blocks() const { return k / bs; }
+  int64_t panels() const { return (n + kPanel - 1) / kPanel; }
+  int code_bytes() const { return bits == 4 ? bs * kPanel / 2 : bs * kPanel; }
+  int scale_bytes() const { return kPanel * (f16 ? 2 : 4); }
+  int record_bytes() const { return code_bytes() + scale_bytes() * (mins ? 2 : 1) + (zp < 0 ? kPanel : 0); }
+  int64_t total_bytes() const { return panels() * blocks() * record_bytes(); }
+};
+
+// A call's rows, quantized once (block-major: a block's rows are contiguous, so a pass over one
+// weight block reads them in order).
+struct Rows {
+  int64_t m = 0;  // rows
+  int64_t nb = 0;  // blocks per row
+  int bs = 32;
+  const int8_t* xq = nullptr;  // [nb][m][bs]
+  const float* s = nullptr;  // [nb][m] row-block scales
+  const int32_t* xsum = nullptr;  // [nb][m] sums of the quantized values
+  const float* xsumf = nullptr;  // [nb][m] the same as fp32 (exact: |sum| <= 127 * 32)
+  const int32_t* zsum = nullptr;  // [nb][m] uniform zero point x sum (0 without one)
+};
+
+// Quantize rows [r0, r1) of x [m, k] into the buffers Rows points at (cast away const there).
+using QuantizeFn = void (*)(const float* x, int64_t k, int bs, int zp, int64_t m, int64_t r0, int64_t r1,
+                            int8_t* xq, float* s, int32_t* xsum, float* xsumf, int32_t* zsum);
+// y[r, n] for rows [r0, r1) and panels [p0, p1); ldy the output row stride.
+using PanelsFn = void (*)(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_t r1, int64_t p0,
+                          int64_t p1, float* y, int64_t ldy);
+
+struct Isa {
+  const char* name;
+  QuantizeFn quantize;
+  PanelsFn panels;
+};
+
+// Each path in its own translation unit, compiled for its instruction set.
+extern const Isa kPortable;
+extern const Isa kAvx2;
+extern const Isa kAvxVnni;
+extern const Isa kAvx512Vnni;
+
+// Shared by the paths: the scalar quantization of one row-block (the definition, and the tail).
+inline void quantize_block_scalar(const float* x, int bs, int8_t* q, float* s, int32_t* sum) {
+  float a = 0.0f;
+  for (int i = 0; i < bs; ++i) {
+    float v = x[i] < 0 ? -x[i] : x[i];
+    a = v > a ? v : a;
+  }
+  float inv = a > 0.0f ? 127.0f / a : 0.0f;
+  *s = a / 127.0f;
+  int32_t t = 0;
+  for (int i = 0; i < bs; ++i) {
+    float v = __builtin_rintf(x[i] * inv);
+    v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+    q[i] = static_cast<int8_t>(v);
+    t += q[i];
+  }
+  *sum = t;
+}
+
+}  // namespace rowop

@@ -1,0 +1,178 @@
+"""edgespec's row kernel (engines/rowop, the ONNX Runtime custom op RowMatMul): every instruction-set
+path computes the NumPy reference's integer arithmetic bit for bit, in ONNX Runtime a row's bits do
+not depend on how many rows share the call (widths 1..16 and 64), and a tiny model exported with
+--int4-kernel rowop decodes speculatively exactly as it decodes plainly."""
+
+import os
+
+import numpy as np
+import pytest
+from tiny import TINY_EXPORT, assert_rows_bitwise_alike
+
+from edgespec.engines import rowop
+
+WHY = rowop.unavailable()
+pytestmark = pytest.mark.skipif(bool(WHY), reason=f"row kernel not available: {WHY}")
+
+PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7], np.int64)
+
+
+def layout(bits, bs, zp, mins, f16, n=40, k=96, seed=0):
+    """Random blocks of one layout: zp "none" | "uniform" | "block"; f16: scales exactly fp16."""
+    rng = np.random.default_rng(seed)
+    nb = k // bs
+    codes = rng.integers(0, 1 << bits, (n, k), dtype=np.uint8)
+    d = (rng.random((n, nb), np.float32) * 0.02 + 1e-3).astype(np.float32)
+    if f16:
+        d = d.astype(np.float16).astype(np.float32)
+    z = {"none": None, "uniform": np.full((n, nb), 1 << (bits - 1), np.uint8)}.get(zp)
+    if zp == "block":
+        z = rng.integers(0, 1 << bits, (n, nb), dtype=np.uint8)
+    m = None
+    if mins:
+        m = (rng.standard_normal((n, nb)) * 0.05).astype(np.float32)
+        m = m.astype(np.float16).astype(np.float32) if f16 else m
+    return rowop.pack(codes, d, z, m, bits, bs)
+
+
+LAYOUTS = [
+    (bits, bs, zp, mins, f16)
+    for bits in (4, 8)
+    for bs in (16, 32)
+    for zp, mins in (("none", False), ("uniform", False), ("block", False), ("none", True), ("block", True))
+    for f16 in (False, True)
+]
+
+
+def rows(m=64, k=96, seed=1):
+    x = np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32)
+    x[3] = 0.0  # an all-zero row: scale 0
+    x[5, :16] = 0.0  # an all-zero block
+    x[7] *= 1e4  # a wide one
+    return x
+
+
+def test_pack_folds_and_narrows_where_exact():
+    # GGUF Q4_1 as gguf_blocks keeps it: centred codes, z, residual minimums r = m + z d (m, d fp16)
+    rng = np.random.default_rng(2)
+    d = rng.integers(1, 64, (24, 2)).astype(np.float32) / 4096
+    m = -rng.integers(0, 512, (24, 2)).astype(np.float32) / 4096
+    z = rng.integers(0, 16, (24, 2)).astype(np.uint8)
+    p = rowop.pack(rng.integers(0, 16, (24, 64), dtype=np.uint8), d, z, m + z * d, 4, 32)
+    assert p.attrs["zero_point"] == 0 and p.attrs["mins"] == 1 and p.attrs["f16"] == 1  # z folded: m again
+    assert np.array_equal(p.mins, m)
+    assert layout(8, 32, "uniform", False, False).attrs["zero_point"] == 128
+    assert layout(4, 16, "block", False, False).attrs["zero_point"] == -1
+    # the packed weights are the blocks' weights: d (code - z) + m, one rounding of the same real
+    rng = np.random.default_rng(3)
+    codes, d = rng.integers(0, 16, (20, 64), dtype=np.uint8), rng.random((20, 2), np.float32)
+    z, m = rng.integers(0, 16, (20, 2), dtype=np.uint8), rng.random((20, 2), np.float32)
+    p = rowop.pack(codes, d, z, m, 4, 32)
+    blocks = codes.reshape(20, 2, 32).astype(np.float64)
+    want = (d[..., None].astype(np.float64) * (blocks - z[..., None]) + m[..., None]).astype(np.float32)
+    got = p.scales[..., None].astype(np.float64) * (blocks - p.zero_points[..., None])
+    if p.mins is not None:
+        got = got + p.mins[..., None]
+    assert np.array_equal(got.astype(np.float32), want)
+
+
+@pytest.mark.parametrize("path", rowop.PATHS)
+def test_every_path_is_the_reference_bitwise(path):
+    if not rowop.cpu_runs(path):
+        pytest.skip(f"this CPU does not run the {path} path")
+    x = rows()
+    for spec in LAYOUTS:
+        p = layout(*spec)
+        want = rowop.reference(x, p)
+        got = rowop.matmul(x, p, path)
+        assert np.array_equal(got, want), f"{path} {spec}: max |diff| {np.abs(got - want).max():.3g}"
+
+
+def _session(p, path: str):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node(rowop.OP_TYPE, ["x", "w"], ["y"], domain=rowop.DOMAIN, **p.attrs)
+    graph = helper.make_graph(
+        [node],
+        "rowop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", p.attrs["K"]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(p.data, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    old = os.environ.get(rowop.ISA_ENV)
+    os.environ[rowop.ISA_ENV] = path  # read when the session registers the library
+    try:
+        rowop.register(so)
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    finally:
+        if old is None:
+            del os.environ[rowop.ISA_ENV]
+        else:
+            os.environ[rowop.ISA_ENV] = old
+
+
+@pytest.mark.parametrize("path", rowop.PATHS)
+def test_op_rows_bitwise_alike_across_widths(path):
+    if not rowop.cpu_runs(path):
+        pytest.skip(f"this CPU does not run the {path} path")
+    for spec in [(4, 32, "none", True, True), (8, 32, "uniform", False, True), (4, 16, "block", False, False)]:
+        p = layout(*spec, n=72, k=128)
+        sess = _session(p, path)
+        x = rows(k=128)
+        want = rowop.reference(x, p)
+        wide = sess.run(None, {"x": x[None]})[0][0]
+        assert np.array_equal(wide, want), f"{path} {spec}"
+        for width in range(1, 17):
+            for r0 in (0, 64 - width):
+                got = sess.run(None, {"x": x[None, r0 : r0 + width]})[0][0]
+                assert np.array_equal(got, want[r0 : r0 + width]), f"{path} {spec} width {width} at {r0}"
+
+
+def test_a_refused_path_is_a_session_error(monkeypatch):
+    import onnxruntime as ort
+
+    monkeypatch.setenv(rowop.ISA_ENV, "sse9")
+    assert "not a path" in rowop.unavailable()
+    with pytest.raises(rowop.RowopUnavailable, match="sse9"):
+        rowop.register(ort.SessionOptions())
+
+
+@pytest.fixture(scope="module")
+def rowop_engine(tiny_models, tmp_path_factory):
+    from edgespec.export.target.exporter import ExportConfig, export
+
+    out = tmp_path_factory.mktemp("rowop") / "e"
+    opts = TINY_EXPORT | dict(precision="int4", int4_kernel="rowop", k=4)
+    return export(ExportConfig(target=str(tiny_models["llama"]), out=str(out), eagle="none", medusa="none", **opts))
+
+
+def test_folder_runs_the_op_for_every_linear(rowop_engine):
+    import onnx
+
+    from edgespec.engines.manifest import load_manifest
+
+    m = load_manifest(rowop_engine)
+    g = onnx.load(m.path(m.target.graph.file), load_external_data=False).graph
+    ops = [n.op_type for n in g.node]
+    assert "MatMulNBits" not in ops and ops.count(rowop.OP_TYPE) == 4 * m.target.n_layers + 1
+    assert rowop.needs(m.target.weights)
+
+
+def test_folder_rows_bitwise_alike(rowop_engine):
+    from edgespec.engines.manifest import load_manifest
+
+    assert_rows_bitwise_alike(load_manifest(rowop_engine), "rowop")
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
+def test_speculative_output_is_plain_output(rowop_engine, drafter):
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+
+    want = Generator.load(rowop_engine, RuntimeConfig(drafter="none")).generate_ids(PROMPT, 40)
+    g = Generator.load(rowop_engine, RuntimeConfig(drafter=drafter, k=4))
+    assert [int(t) for c in g.generate_ids(PROMPT, 40) for t in c] == [int(t) for c in want for t in c]
