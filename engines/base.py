@@ -33,12 +33,7 @@ class Engine(Protocol):
     takes_tree: bool  # forward takes parents (a token tree)
     has_hidden: bool  # last_hidden gives the final-norm hidden states (the head drafters draft from them)
 
-    def forward(
-        self,
-        token_ids: np.ndarray,
-        past_len: int,
-        parents: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
         """Run len(token_ids) <= max(widths) tokens at positions past_len...; logits [n, V] (a view,
         valid until the next call). parents [n]: a token tree (takes_tree)."""
         ...
@@ -76,13 +71,7 @@ class HeadEngine(Protocol):
     d2t: np.ndarray  # [Vd] draft id -> target id
     fc_t: np.ndarray | None  # [n_aux*H, H] input projection the drafter applies to aux features (None: none)
 
-    def forward(
-        self,
-        token_ids: np.ndarray,
-        past_len: int,
-        features: np.ndarray | None = None,
-        parents: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, features=None, parents=None) -> np.ndarray:
         """Run n (token, feature) pairs, features [n, H], at positions past_len...; logits [n, Vd]
         (a view, valid until the next call). parents [n]: a forest of drafted nodes (takes_tree)."""
         ...

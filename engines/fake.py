@@ -44,12 +44,7 @@ class FakeModel:
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
 
-    def forward(
-        self,
-        token_ids: np.ndarray,
-        past_len: int,
-        parents: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
         """parents: a token tree (row i follows row parents[i]; -1: the committed context)."""
         n = len(token_ids)
         assert past_len + n <= self.max_len, "context overflow"
@@ -99,13 +94,7 @@ class FakeEagleHead:
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
 
-    def forward(
-        self,
-        token_ids: np.ndarray,
-        past_len: int,
-        features: np.ndarray | None = None,
-        parents: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, features=None, parents=None) -> np.ndarray:
         n = len(token_ids)
         assert features is not None and len(features) == n and past_len + n <= self.max_len
         self.n_calls += 1

@@ -284,13 +284,7 @@ class OrtModel:
         return b
 
     # ---- the two calls of the protocol ------------------------------------------------------------
-    def forward(
-        self,
-        token_ids: np.ndarray,
-        past_len: int,
-        features: np.ndarray | None = None,
-        parents: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, features=None, parents=None) -> np.ndarray:
         """features [n, H]: a head's feature input (rows past n repeat the last one).
         parents [n]: a token tree (parents[0] = -1, parents[i] < i): node i sits at position
         past_len + depth(i) and sees only its ancestors; None is the chain 0 <- 1 <- ... <- n-1."""

@@ -164,12 +164,7 @@ class TrtModel:
             if w in self.widths:
                 self.forward(np.zeros(w, np.int64), 0)
 
-    def forward(
-        self,
-        token_ids: np.ndarray,
-        past_len: int,
-        parents: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
         """As OrtModel.forward (parents: a token tree, None: a chain)."""
         n = len(token_ids)
         w = pick_width(self.widths, n)

@@ -62,13 +62,7 @@ class FusedVerifier(OrtModel):
         call's head rows take them; a call without them (verify) takes the target's argmax everywhere."""
         self._next = next_ids
 
-    def forward(
-        self,
-        token_ids: np.ndarray,
-        past_len: int,
-        features: np.ndarray | None = None,
-        parents: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, features=None, parents=None) -> np.ndarray:
         nxt, self._next = self._next, None
         given = 0 if nxt is None else len(nxt)
         if given:
