@@ -52,6 +52,15 @@ def rows(m=64, k=96, seed=1):
     return x
 
 
+def test_unpack_is_packs_inverse():
+    for spec in LAYOUTS:
+        p = layout(*spec, n=37)
+        q = rowop.unpack(p.data, p.attrs)
+        assert np.array_equal(q.codes, p.codes) and np.array_equal(q.scales, p.scales), spec
+        assert np.array_equal(q.zero_points, p.zero_points) and (q.mins is None) == (p.mins is None), spec
+        assert q.mins is None or np.array_equal(q.mins, p.mins), spec
+
+
 def test_pack_folds_and_narrows_where_exact():
     # GGUF Q4_1 as gguf_blocks keeps it: centred codes, z, residual minimums r = m + z d (m, d fp16)
     rng = np.random.default_rng(2)
@@ -176,3 +185,38 @@ def test_speculative_output_is_plain_output(rowop_engine, drafter):
     want = Generator.load(rowop_engine, RuntimeConfig(drafter="none")).generate_ids(PROMPT, 40)
     g = Generator.load(rowop_engine, RuntimeConfig(drafter=drafter, k=4))
     assert [int(t) for c in g.generate_ids(PROMPT, 40) for t in c] == [int(t) for c in want for t in c]
+
+
+@pytest.mark.parametrize("name", ["q4_1", "mixed"])
+def test_gguf_blocks_kept_exactly_in_the_op(name, tmp_path):
+    """A GGUF's blocks (the default model's Q4_1; every K-quant and legacy type) run in the op with
+    the file's own values, decode rows equal verify rows, and speculative output is plain output."""
+    pytest.importorskip("gguf")
+    from test_gguf_exact import MIXED, STORED, _export, _ggufs_own
+    from tiny import GGUF_LINEARS, make_tiny_gguf
+
+    from edgespec.engines.session import read_weight
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+
+    types = dict.fromkeys(GGUF_LINEARS, "Q4_1") if name == "q4_1" else MIXED
+    src = make_tiny_gguf(tmp_path / f"{name}.gguf", types, tied="output" not in types)
+    m = _export(src, tmp_path / name, int4_kernel="rowop", draft="self:1")
+    assert all(o.exact for o in m.target.weight_origins), m.target.weight_origins
+    graph = m.path(m.target.graph.file)
+    import onnx
+
+    nodes = {n.name: n for n in onnx.load(graph, load_external_data=False).graph.node if n.op_type == rowop.OP_TYPE}
+    for stored, kinds in STORED.items():
+        node = nodes[f"l0.{stored}/{rowop.OP_TYPE}"]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        data = np.asarray(read_weight(m, m.target, m.target.weights[f"l0.{stored}{rowop.WEIGHT_SUFFIX}"]))
+        theirs = np.concatenate([_ggufs_own(src, k, 0, 4, 2) for k in kinds])
+        assert np.array_equal(rowop.dequantized(rowop.unpack(data, attrs)), theirs), (name, stored)
+    assert max(m.target.validation.values()) < 3.0
+    assert_rows_bitwise_alike(m, name)
+    g = Generator.load(m.folder, RuntimeConfig(drafter="none"))
+    plain = [int(t) for c in g.generate_ids(PROMPT, 32) for t in c]
+    for drafter in ("ngram", "draft"):
+        g.set_drafter(drafter, k=3)
+        assert [int(t) for c in g.generate_ids(PROMPT, 32) for t in c] == plain, drafter

@@ -269,6 +269,43 @@ def pack(
     return Packed(data, attrs, codes, d, z, m)
 
 
+def unpack(data: np.ndarray, attrs: dict) -> Packed:
+    """A packed linear read back (pack's inverse: the folder's weights, checked by the tests)."""
+    k, n, bits, bs = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+    nb, g, p = k // bs, bs // 4, -(-n // PANEL)
+    f16, has_mins, zp = bool(attrs["f16"]), bool(attrs["mins"]), attrs["zero_point"]
+    code_bytes, scale_bytes = bs * PANEL // (2 if bits == 4 else 1), PANEL * (2 if f16 else 4)
+    rec = np.asarray(data, np.uint8).reshape(p, nb, -1)
+    c = rec[..., :code_bytes].reshape(p, nb, -1, 64)
+    if bits == 4:
+        c = np.concatenate([c & 0x0F, c >> 4], axis=2)  # groups 0..g/2-1 low, the rest high
+    codes = c.reshape(p, nb, g, PANEL, 4).transpose(0, 3, 1, 2, 4).reshape(p * PANEL, k)[:n]
+
+    def per_output(a: np.ndarray) -> np.ndarray:  # [P, nb, 16] -> [N, nb]
+        return a.transpose(0, 2, 1).reshape(p * PANEL, nb)[:n]
+
+    at = code_bytes
+    scale_type = np.float16 if f16 else np.float32
+    fields = []
+    for _ in range(1 + has_mins):
+        fields.append(per_output(np.ascontiguousarray(rec[..., at : at + scale_bytes]).view(scale_type)))
+        at += scale_bytes
+    z = per_output(rec[..., at : at + PANEL]).astype(np.int32) if zp < 0 else np.full((n, nb), zp, np.int32)
+    mins = fields[1].astype(np.float32) if has_mins else None
+    return Packed(np.asarray(data, np.uint8), dict(attrs), codes, fields[0].astype(np.float32), z, mins)
+
+
+def dequantized(p: Packed) -> np.ndarray:
+    """[N, K] float32: the weights the kernel multiplies by, d (code - z) (+ m) rounded once."""
+    n, k = p.codes.shape
+    bs = p.attrs["block_size"]
+    q = p.codes.reshape(n, -1, bs).astype(np.float64) - p.zero_points[..., None]
+    w = q * p.scales[..., None].astype(np.float64)
+    if p.mins is not None:
+        w = w + p.mins[..., None]
+    return w.astype(np.float32).reshape(n, k)
+
+
 def reference(x: np.ndarray, p: Packed) -> np.ndarray:
     """The op's result in NumPy, the same float32 operations in the same order (rowop.h)."""
     x = np.asarray(x, np.float32)
