@@ -31,6 +31,8 @@ from edgespec.export.target.lean_graph import probe_portable_ops
 from edgespec.export.target.linears import one_row_int4_differs
 from edgespec.export.target.reference import hf_weights
 from edgespec.export.target.spec import ExportConfig, ExportError, aux_layers, tolerance
+from edgespec.export.target.stream import StreamingWriter, check_floats, open_weights, validate_sampled, why_not
+from edgespec.export.target.tensors import CheckpointError
 from edgespec.export.target.validate import validate_model, validation_tokens
 from edgespec.export.target.weights import write_weights
 from edgespec.export.target.write import describe_origins, host_prologue_entry, write_model
@@ -59,6 +61,7 @@ class _Progress:
 
 
 def _eos_ids(model, tok) -> list[int]:
+    """The stop ids: a model's (or sources.generation_config's) generation config, config and tokenizer."""
     ids = set()
     for src in (getattr(model, "generation_config", None), model.config, tok):
         e = getattr(src, "eos_token_id", None)
@@ -164,10 +167,23 @@ def export(cfg: ExportConfig) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        model, tok = sources.load(src)
-        progress.step(f"loaded {src.name}")
-        _check_max_len(cfg, model.config)
-        arch = arch_from_config(model.config, cfg.max_len)
+        weights, why, hf_cfg = _streamed_weights(cfg, src, shipping)
+        if weights is not None:  # the target's tensors one at a time: no PyTorch model of it
+            model, tok = None, sources.load_tokenizer(src)
+            progress.step(f"opened {src.name}")
+        else:
+            model, tok = sources.load(src)
+            hf_cfg = model.config
+            progress.step(f"loaded {src.name}")
+        if cfg.progress:  # which path ran (not in --precision auto's scratch exports)
+            how = (
+                "streaming export: safetensors read, quantized and written one tensor at a time"
+                if weights is not None
+                else f"export through transformers (the whole model in float32): {why}"
+            )
+            print(f"edgespec: {src.name}: {how}", file=sys.stderr)
+        _check_max_len(cfg, hf_cfg)
+        arch = arch_from_config(hf_cfg, cfg.max_len)
         nbits = cfg.precision == "int4" and cfg.int4_kernel != "rowop"  # the row kernel's rows agree anyway
         two_rows = nbits and (
             cfg.two_row_matmuls == "on"
@@ -187,12 +203,18 @@ def export(cfg: ExportConfig) -> Path:
             portable_ops=probe_portable_ops() if cfg.flavour() in ("lean", "integer") else (),
             host_prologue=cfg.host_prologue,
         )
-        hf_w = hf_weights(model)
-        if src.kind in GGUF_KINDS:  # int4: its quantized blocks kept where MatMulNBits holds them exactly
-            keep = cfg.precision == "int4" and cfg.gguf_blocks == "keep"
-            hf_w = CheckpointWeights(hf_w, read_blocks(src.path, model, hf_w, decode_blocks=keep))
-        writer = LlamaGraphWriter(arch, hf_w, opts)
-        index_t = write_weights(writer.store.arrays, tmp / "target.weights")
+        if weights is not None:
+            hf_w = weights
+            writer = StreamingWriter(arch, weights, opts, tmp / "target.spool")
+            index_t = writer.write_weights(tmp / "target.weights")  # every array's bytes CRC-checked
+            check_floats(writer, weights, tmp / "target.weights", index_t)
+        else:
+            hf_w = hf_weights(model)
+            if src.kind in GGUF_KINDS:  # int4: its quantized blocks kept where MatMulNBits holds them exactly
+                keep = cfg.precision == "int4" and cfg.gguf_blocks == "keep"
+                hf_w = CheckpointWeights(hf_w, read_blocks(src.path, model, hf_w, decode_blocks=keep))
+            writer = LlamaGraphWriter(arch, hf_w, opts)
+            index_t = write_weights(writer.store.arrays, tmp / "target.weights")
         progress.step("wrote target.weights")
         target = host_prologue_entry(
             write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk, "target.weights", index_t), writer
@@ -239,7 +261,7 @@ def export(cfg: ExportConfig) -> Path:
             two_row_matmuls=two_rows,
             tokenizer_file="tokenizer.json",
             chat_template_file=chat_file,
-            eos_token_ids=tuple(_eos_ids(model, tok)),
+            eos_token_ids=tuple(_eos_ids(sources.generation_config(src, hf_cfg) if model is None else model, tok)),
             bos_token_id=tok.bos_token_id,
             target=target,
             drafters={name: s.section for name, s in shipped.items()},
@@ -249,7 +271,7 @@ def export(cfg: ExportConfig) -> Path:
         )
         man.save()
         if cfg.validate:
-            man = _validate(man, ctx, shipped)
+            man = _validate(man, ctx, shipped, (weights, hf_cfg) if weights is not None else None)
         man = man.record_files()  # sizes and sha256 of the finished files (read only: the bytes stay)
         man.save()
         progress.step("validated")
@@ -272,6 +294,19 @@ def export(cfg: ExportConfig) -> Path:
             what = "head logits vs the head's own graph" if fused else "|ORT - PyTorch| logits"
             print(f"  {role}: max {what} over {len(spec.validation)} phase widths = {worst:.2e}", file=sys.stderr)
     return out
+
+
+def _streamed_weights(cfg: ExportConfig, src: sources.Source, shipping: dict):
+    """(the target's tensors, read one at a time, or None; why not; its config) (stream.why_not,
+    stream.open_weights)."""
+    hf_cfg = sources.target_config(src) if src.kind == "hf" else None
+    why = why_not(cfg, src, shipping, hf_cfg)
+    if why is not None:
+        return None, why, hf_cfg
+    try:
+        return open_weights(Path(src.path), arch_from_config(hf_cfg, cfg.max_len)), "", hf_cfg
+    except CheckpointError as e:
+        return None, str(e), hf_cfg
 
 
 def _check_target(cfg: ExportConfig, src: sources.Source) -> None:
@@ -333,13 +368,19 @@ def _aux_layers(cfg, readers: list[str], shipping: dict, n_layers: int) -> tuple
     return tuple(layers)
 
 
-def _validate(man: mf.Manifest, ctx: ExportContext, shipped: dict) -> mf.Manifest:
+def _validate(man: mf.Manifest, ctx: ExportContext, shipped: dict, streamed: tuple | None) -> mf.Manifest:
     """Every graph of the folder against PyTorch (the target here, each drafter's by its plugin), the
-    differences recorded in the manifest (saved); a model a check leaves out is dropped with its graph."""
+    differences recorded in the manifest (saved); a model a check leaves out is dropped with its graph.
+    streamed: (its StreamedWeights, its config) of a streamed target, validated on a sampled model
+    of its layers (stream.validate_sampled: the whole model is never in memory)."""
     cfg, tmp = ctx.cfg, ctx.folder
     n_val = cfg.prefill_chunk + sum(w for w in ctx.widths if w != cfg.prefill_chunk)
     tokens = validation_tokens(ctx.tok, n_val, ctx.arch.vocab_size)
-    report = {"target": validate_model(tmp, "target", ctx.reference_target(), tokens, tolerance(ctx.opts))}
+    if streamed is not None:
+        diffs = validate_sampled(man, ctx, *streamed, tokens, tolerance(ctx.opts))
+    else:
+        diffs = validate_model(tmp, "target", ctx.reference_target(), tokens, tolerance(ctx.opts))
+    report = {"target": diffs}
     ctx.step("validated target")
     plugins = registry()
     for name, s in shipped.items():

@@ -15,12 +15,13 @@ def hf_weights(model) -> dict[str, np.ndarray]:
     return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
 
-def reference_model(model, writer: LlamaGraphWriter):
+def reference_model(model, writer: LlamaGraphWriter, copy_model: bool = True):
     """A copy of `model` computing with exactly the weights `writer`'s graphs use (int4: dequantized;
-    a self:N draft: the first N layers)."""
+    a self:N draft: the first N layers). copy_model=False: `model` itself, changed (no second copy
+    of its weights in memory)."""
     import torch
 
-    ref = copy.deepcopy(model)
+    ref = copy.deepcopy(model) if copy_model else model
     with torch.no_grad():
         params = dict(ref.named_parameters(remove_duplicate=False))
         for name, arr in writer.reference.items():

@@ -195,6 +195,36 @@ def load(source: Source):
     return model.eval(), tok
 
 
+def load_tokenizer(source: Source):
+    """The tokenizer of an HF folder alone (the streaming export loads no model)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source.path)
+    except (OSError, ValueError, KeyError) as e:
+        raise SourceError(f"could not load the tokenizer of {source.path}: {e}") from e
+
+
+@dataclass(frozen=True)
+class ModelConfigs:
+    """What the export reads of a loaded model besides its weights, without loading it."""
+
+    config: object  # its transformers config
+    generation_config: object  # its GenerationConfig, as from_pretrained gives a model
+
+
+def generation_config(source: Source, hf_cfg) -> ModelConfigs:
+    """An HF folder's generation config as transformers gives a model loaded from it:
+    generation_config.json where there is one, else made from the model config."""
+    from transformers import GenerationConfig
+
+    if (Path(source.path) / "generation_config.json").exists():
+        gen = GenerationConfig.from_pretrained(source.path)
+    else:
+        gen = GenerationConfig.from_model_config(hf_cfg)
+    return ModelConfigs(hf_cfg, gen)
+
+
 # GGUF general.architecture -> HF model_type, where they differ (transformers' GGUF loader's names)
 GGUF_MODEL_TYPES = {"gemma3": "gemma3_text"}
 GGUF_ROPE_TYPES = {"none": "default", "linear": "linear"}  # {arch}.rope.scaling.type -> the HF rope type

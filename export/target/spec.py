@@ -109,6 +109,17 @@ class CoreExportConfig:
             "choices": ("auto", "nbits", "rowop"),
         },
     )
+    stream_weights: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (default): a safetensors target of the llama, mistral, qwen2, qwen3 or gemma3_text "
+            "family exported without drafter models is read, quantized and written one tensor at a time "
+            "(memory follows the largest tensor, not the model; validated on a sampled model of its first "
+            "and last layers; the folder is the same bytes); off: loaded whole through transformers "
+            "(docs/results/streaming-export.md)",
+            "choices": ("auto", "off"),
+        },
+    )
     trees: bool = field(
         default=True,
         metadata={
@@ -158,6 +169,8 @@ class CoreExportConfig:
             raise ExportError(f"--k must be >= 1 (got {self.k})")
         if self.two_row_matmuls not in ("auto", "on", "off"):
             raise ExportError(f"--two-row-matmuls {self.two_row_matmuls!r}: choose auto, on or off")
+        if self.stream_weights not in ("auto", "off"):
+            raise ExportError(f"--stream-weights {self.stream_weights!r}: choose auto or off")
         if self.int4_kernel not in ("auto", "nbits", "rowop"):
             raise ExportError(f"--int4-kernel {self.int4_kernel!r}: choose auto, nbits or rowop")
         if self.int4_kernel == "rowop":
