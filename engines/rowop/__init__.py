@@ -404,7 +404,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"header: {find_header()}\ncompiler: {find_compiler()}")
     print(f"library: {_LIB.get('path')}\npath: {cpu_path() or '-'}{'  (' + why + ')' if why else ''}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
