@@ -29,8 +29,7 @@ def _check_sampling(a) -> None:
     from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens
 
     check_max_new_tokens(a.max_new_tokens)
-    keys = ("temperature", "top_k", "top_p", "repetition_penalty", "typical_epsilon")
-    SamplingConfig(**{k: getattr(a, k) for k in keys if getattr(a, k, None) is not None}).check()
+    config_from(SamplingConfig, a).check()
 
 
 def _grammar(a):
@@ -52,23 +51,14 @@ def _cmd_tune(a) -> int:
     from edgespec.runtime.config import RuntimeConfig
 
     _check_sampling(a)
-    tune(
-        TuneConfig(
-            engine=a.engine,
-            runtime=RuntimeConfig.from_args(a),
-            prompts=a.prompts,
-            limit=a.limit,
-            max_new_tokens=a.max_new_tokens,
-            write=not a.dry_run,
-        )
-    )
+    tune(config_from(TuneConfig, a, runtime=RuntimeConfig.from_args(a)))
     return 0
 
 
 def _cmd_chat(a) -> int:
     from edgespec.runtime.apps.chat import ChatSettings, chat_loop
 
-    settings = ChatSettings(a.temperature, a.max_new_tokens)
+    settings = config_from(ChatSettings, a)
     settings.check()
     if not _default_engine_ready(a, "chat"):
         return 2
@@ -139,7 +129,7 @@ def _cmd_generate(a) -> int:
         return 0
     from edgespec.runtime.sampling import SamplingConfig
 
-    sampling = SamplingConfig(a.temperature, a.top_k, a.top_p, a.seed, a.repetition_penalty, a.typical_epsilon)
+    sampling = config_from(SamplingConfig, a)
     g.constraint(grammar)  # a grammar this vocabulary cannot run fails before anything streams
     for piece in g.stream_text(g.codec.encode(prompt), a.max_new_tokens, sampling, a.stop, grammar):
         sys.stdout.write(piece)

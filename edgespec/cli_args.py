@@ -7,8 +7,11 @@ from __future__ import annotations
 from edgespec.cli_fields import add_fields, flag_fields
 from edgespec.cli_offline import DEFAULT_ENGINE
 from edgespec.runtime.apps.bench import BenchConfig
+from edgespec.runtime.apps.chat import ChatSettings
 from edgespec.runtime.apps.server_config import ServeConfig
+from edgespec.runtime.apps.tune import TuneConfig
 from edgespec.runtime.config import CoreConfig, RuntimeConfig
+from edgespec.runtime.sampling import SamplingConfig
 
 
 def add_runtime_args(p) -> None:
@@ -35,24 +38,8 @@ def add_generate(sub) -> None:
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message via the chat template")
     add_choice(p)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument(
-        "--repetition-penalty",
-        type=float,
-        default=1.0,
-        help="> 1 discourages repeating context tokens (same rule for draft and target; default 1 = off)",
-    )
-    p.add_argument(
-        "--typical-epsilon",
-        type=float,
-        default=0.0,
-        help="LOSSY typical acceptance with this threshold, e.g. 0.09; sampling only. "
-        "Default 0: exact rejection sampling (output follows the target's distribution)",
-    )
-    p.add_argument("--seed", type=int)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated at most (default %(default)s)")
+    add_fields(p, SamplingConfig, ["temperature", "top_k", "top_p", "repetition_penalty", "typical_epsilon", "seed"])
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--json", help="also write the stats as JSON to this file")
     p.add_argument(
@@ -109,8 +96,7 @@ def add_apps(sub) -> None:
     )
     add_runtime_args(c)
     add_choice(c)
-    c.add_argument("--temperature", type=float, default=0.0)
-    c.add_argument("--max-new-tokens", type=int, default=512)
+    add_fields(c, ChatSettings)
     s = sub.add_parser(
         "serve",
         help="OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)",
@@ -137,7 +123,4 @@ def add_tune(sub) -> None:
         "(used by generate, chat, serve and demo). Plain decoding wins when nothing pays.",
     )
     add_runtime_args(t)
-    t.add_argument("--prompts", help="your prompts, JSONL as for bench (default: HumanEval)")
-    t.add_argument("--limit", type=int, default=8, help="prompts used (default 8)")
-    t.add_argument("--max-new-tokens", type=int, default=128)
-    t.add_argument("--dry-run", action="store_true", help="report only; do not change the manifest")
+    add_fields(t, TuneConfig, ["prompts", "limit", "max_new_tokens", "write"])

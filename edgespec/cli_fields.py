@@ -13,8 +13,8 @@ The metadata keys ("help" required, the rest optional):
     env      an environment variable that, when set, gives the flag's default instead
 
 The flag's value lands in the namespace under the field's name, so `config_from` builds the config
-back. A default argparse cannot show (an object, e.g. a TreeConfig) is None on the command line:
-unset, the field keeps its own."""
+back. A field without a default is a required flag. A default argparse cannot show (an object, e.g.
+a TreeConfig) is None on the command line: unset, the field keeps its own."""
 
 from __future__ import annotations
 
@@ -33,21 +33,28 @@ def flag_fields(cls) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls) if "help" in f.metadata}
 
 
-def add_fields(p, cls, names: Iterable[str] | None = None, helps: dict[str, str] | None = None) -> None:
+def add_fields(
+    p, cls, names: Iterable[str] | None = None, helps: dict[str, str] | None = None, fill: dict | None = None
+) -> None:
     """Add the flags of `cls`'s fields `names` (default: every flag field, in field order) to the
-    parser `p`; `helps`: another help text for some, where a command gives the option another sense."""
+    parser `p`; `helps`: another help text for some, where a command gives the option another sense;
+    `fill`: the help texts are format strings of these names and `default` (the field's)."""
     fields = flag_fields(cls)
     hints = typing.get_type_hints(cls)  # the annotations as types (they are strings in the modules)
     for name in fields if names is None else names:
         flags, kw = _argument(fields[name], hints[name])
         if helps and name in helps:
             kw["help"] = helps[name]
+        if fill is not None:
+            kw["help"] = kw["help"].format(default=fields[name].default, **fill)
         p.add_argument(*flags, **kw)
 
 
 def cli_default(f: dataclasses.Field):
     """The value a flag holds when not given: the field's default (argparse's form of it)."""
     default = os.environ.get(f.metadata["env"], f.default) if "env" in f.metadata else f.default
+    if default is dataclasses.MISSING:  # a field without a default: a required flag
+        return None
     if isinstance(default, tuple):
         return list(default) if f.metadata.get("action") == "append" else ",".join(map(str, default))
     return default if default is None or isinstance(default, SIMPLE) else None
@@ -74,6 +81,8 @@ def _argument(f: dataclasses.Field, hint) -> tuple[tuple[str, ...], dict]:
     flags = (flags,) if isinstance(flags, str) else tuple(flags)
     kind, item = _kind(hint)
     kw = {"dest": f.name, "default": cli_default(f), "help": m["help"]() if callable(m["help"]) else m["help"]}
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        kw["required"] = True
     action = m.get("action")
     if kind is bool and action is None:
         action = "store_true" if f.default is False else argparse.BooleanOptionalAction

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from edgespec.cli_fields import add_fields, comma_list, config_from, flag_fields
+from edgespec.cli_fields import add_fields, config_from, flag_fields
 
 DEFAULT_ENGINE = "engines/smollm2-135m-instruct"
 
@@ -73,34 +73,11 @@ def _cmd_build_trt(a) -> int:
     return 0
 
 
-def _add_labelling(t, what: str) -> None:
-    """The flags `text-data` and `answer-data` share: soft labels, threads, eval files kept out."""
-    t.add_argument("--top-k", type=int, default=8, help="soft labels kept per position (default 8)")
-    t.add_argument("--threads", type=int, help="ONNX Runtime threads (default: every core this process may use)")
-    t.add_argument(
-        "--keep-out",
-        action="append",
-        default=[],
-        metavar="FILE.jsonl",
-        help=f"another eval prompt file whose 8-word windows {what} (repeatable; the repo's "
-        "tools/prompts/*.jsonl and HumanEval are always kept out)",
-    )
-
-
-def _data_parser(sub, name: str, engine: str, **texts):
-    """The parser of text-data or answer-data with the flags they share first: --engine (what it does
-    there) and --out."""
-    t = sub.add_parser(name, **texts)
-    t.add_argument("--engine", required=True, help=f"engine folder {engine}")
-    t.add_argument("--out", required=True, help="data folder to write (and resume)")
-    return t
-
-
 def _add_text_data(sub) -> None:
-    t = _data_parser(
-        sub,
+    from edgespec.export.train.text_data import TextDataConfig
+
+    t = sub.add_parser(
         "text-data",
-        "whose target graph labels the text",
         help="teacher-forced drafter data: this machine's text labelled by an engine's target graph",
         description="Text the machine has (the Python standard library's sources, /usr/share/doc READMEs, man "
         "pages, or given files and folders) cut into sequences and run through the exact target graph of an "
@@ -109,24 +86,8 @@ def _add_text_data(sub) -> None:
         "8-word window with an eval prompt file (tools/prompts/*.jsonl, HumanEval) is dropped. Resumable: run "
         "again with the same --out. Train on it with `edgespec train-eagle --text-data DIR`.",
     )
-    t.add_argument(
-        "--sources",
-        default="stdlib,doc,man",
-        type=comma_list(str),
-        help="comma-separated: stdlib, doc, man (this machine's text) and/or files and folders "
-        "(default stdlib,doc,man)",
-    )
-    t.add_argument(
-        "--tokens",
-        dest="max_tokens",
-        metavar="TOKENS",
-        type=int,
-        default=200_000,
-        help="tokens to label in all (default 200000)",
-    )
-    t.add_argument("--seq-tokens", type=int, default=256, help="tokens per sequence (default 256)")
-    _add_labelling(t, "the data must not hold")
-    t.add_argument("--seed", type=int, default=0, help="document order (default 0)")
+    fields = ["engine", "out", "sources", "max_tokens", "seq_tokens", "top_k", "threads", "keep_out", "seed"]
+    add_fields(t, TextDataConfig, fields)
 
 
 def _cmd_text_data(a) -> int:
@@ -149,10 +110,10 @@ def _data_command(cmd: str, run) -> int:
 
 
 def _add_answer_data(sub) -> None:
-    t = _data_parser(
-        sub,
+    from edgespec.export.train.answer_data import AnswerDataConfig
+
+    t = sub.add_parser(
         "answer-data",
-        "that answers and labels",
         help="self-distillation data through the exact graph: an engine answers chat prompts itself",
         description="The engine folder's own Generator answers chat prompts of the wide mix (nine families: "
         "passages, multi-turn, math, role play, code, short, long, writing, JSON), greedy, with the folder's "
@@ -162,25 +123,8 @@ def _add_answer_data(sub) -> None:
         "8-word window with an eval prompt file are dropped. Resumable: run again with the same --out. "
         "Train on it with `edgespec train-eagle --data DIR` (several folders: DIR1,DIR2).",
     )
-    t.add_argument(
-        "--prompts",
-        dest="n_prompts",
-        metavar="PROMPTS",
-        type=int,
-        default=1000,
-        help="chat prompts to answer (default 1000)",
-    )
-    t.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default 192)")
-    t.add_argument("--drafter", help="drafter that speeds the answers up (default: the folder's)")
-    t.add_argument(
-        "--answers-from",
-        metavar="DIR",
-        help="an earlier answer-data folder: label its answered sequences through this --engine's target graph "
-        "instead of answering again (same tokens; e.g. an engine exported with --eagle3-features adds the aux "
-        "features train-eagle3 reads)",
-    )
-    _add_labelling(t, "no prompt may share")
-    t.add_argument("--seed", type=int, default=101, help="the prompt mix's seed (default 101)")
+    fields = ["engine", "out", "n_prompts", "max_new_tokens", "drafter", "answers_from", "top_k", "threads"]
+    add_fields(t, AnswerDataConfig, [*fields, "keep_out", "seed"])
 
 
 def _cmd_answer_data(a) -> int:

@@ -6,20 +6,40 @@ the processed distribution (temperature, top-k, top-p) and one draw from it. p (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    temperature: float = 0.0  # 0 = greedy (argmax); >0 divides logits before softmax
-    top_k: int = 0  # keep the k most likely tokens (0 = off)
-    top_p: float = 1.0  # keep the smallest set with this much probability mass (1 = off)
-    seed: int | None = None  # RNG seed: same seed, same output
-    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the context (CTRL rule:
-    #                                  positive logits divided by it, negative ones multiplied); 1 = off
-    typical_epsilon: float = 0.0  # > 0: LOSSY typical acceptance with this threshold (0.09 in its paper)
+    """A generation's sampling settings; a field with a "help" is a flag of `edgespec generate` with
+    that default (edgespec/cli_fields.py)."""
+
+    temperature: float = field(  # 0 = greedy (argmax); >0 divides logits before softmax
+        default=0.0, metadata={"help": "0 = greedy (default)"}
+    )
+    top_k: int = field(  # keep the k most likely tokens (0 = off)
+        default=0, metadata={"help": "keep the k most likely tokens (default 0 = off)"}
+    )
+    top_p: float = field(  # keep the smallest set with this much probability mass (1 = off)
+        default=1.0, metadata={"help": "keep the smallest set of tokens with this much probability (default 1 = off)"}
+    )
+    seed: int | None = field(  # RNG seed: same seed, same output
+        default=None, metadata={"help": "sampling seed: the same seed, the same output (default: a fresh one)"}
+    )
+    repetition_penalty: float = field(  # > 1 discourages tokens already in the context (CTRL rule:
+        #                                 positive logits divided by it, negative ones multiplied); 1 = off
+        default=1.0,
+        metadata={"help": "> 1 discourages repeating context tokens (same rule for draft and target; default 1 = off)"},
+    )
+    typical_epsilon: float = field(  # > 0: LOSSY typical acceptance with this threshold (0.09 in its paper)
+        default=0.0,
+        metadata={
+            "help": "LOSSY typical acceptance with this threshold, e.g. 0.09; sampling only. "
+            "Default 0: exact rejection sampling (output follows the target's distribution)"
+        },
+    )
     masked: bool = False  # a grammar masks the target's logits (constrain.py): what follows a row need not
     #                       be its argmax (set by the generator for its drafter)
 

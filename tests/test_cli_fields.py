@@ -9,9 +9,13 @@ import pytest
 
 from edgespec.cli import build_parser
 from edgespec.cli_fields import add_fields, cli_default, config_from, flag_fields
+from edgespec.cli_offline import DEFAULT_ENGINE
 from edgespec.runtime.apps.bench import BenchConfig
+from edgespec.runtime.apps.chat import ChatSettings
 from edgespec.runtime.apps.server_config import ServeConfig
+from edgespec.runtime.apps.tune import TuneConfig
 from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.sampling import SamplingConfig
 
 RUNTIME_COMMANDS = {"generate": ["--prompt", "x"], "chat": [], "serve": [], "tune": [], "demo": []}
 
@@ -89,11 +93,23 @@ def test_one_help_per_option():
     """Each flag's help is its field's: the help of every flag field shows in --help."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for cmd, cls in (("export", _export_config()), ("generate", RuntimeConfig), ("serve", ServeConfig)):
+    from edgespec.export.train.answer_data import AnswerDataConfig
+    from edgespec.export.train.text_data import TextDataConfig
+
+    configs = [("export", _export_config()), ("generate", RuntimeConfig), ("serve", ServeConfig)]
+    configs += [("generate", SamplingConfig), ("chat", ChatSettings), ("tune", TuneConfig)]
+    configs += [("text-data", TextDataConfig), ("answer-data", AnswerDataConfig)]
+    for cmd, cls in configs:
         helps = {a.dest: a.help for a in sub.choices[cmd]._actions}
         for name, f in flag_fields(cls).items():
             text = f.metadata["help"]() if callable(f.metadata["help"]) else f.metadata["help"]
             assert helps[name] == text, (cmd, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Required:
+    out: str = dataclasses.field(metadata={"help": "{what} folder"})
+    n: int = dataclasses.field(default=2, metadata={"help": "(default {default})"})
 
 
 def test_add_fields_types_and_actions():
@@ -115,6 +131,12 @@ def test_add_fields_types_and_actions():
     p = argparse.ArgumentParser()
     add_fields(p, Toy)
     assert config_from(Toy, p.parse_args([])) == Toy()
+    with pytest.raises(SystemExit):  # a field without a default is a required flag
+        add_fields(q := argparse.ArgumentParser(), Required)
+        q.parse_args([])
+    assert config_from(Required, q.parse_args(["--out", "o"])) == Required("o")
+    add_fields(r := argparse.ArgumentParser(), Required, fill={"what": "head"})  # help as a format string
+    assert "head folder" in r.format_help() and "(default 2)" in r.format_help()
     a = p.parse_args(["--n", "3", "--rate", "0.5", "--on", "--no-keep", "--k", "4,5", "--tags", "x", "--mode", "b"])
     assert config_from(Toy, a) == Toy(3, 0.5, True, False, (4, 5), ("x",), "b")
     assert p.parse_args(["--name", "y"]).name == "y"
@@ -124,9 +146,7 @@ def test_add_fields_types_and_actions():
 
 
 def test_data_commands_build_their_configs():
-    """text-data and answer-data: their flags' defaults are their configs' (the flags are written in
-    cli_offline, the configs in export/train: this keeps the two alike)."""
-    pytest.importorskip("torch")
+    """text-data and answer-data: their flags are their configs' fields (required ones too)."""
     from edgespec.export.train.answer_data import AnswerDataConfig
     from edgespec.export.train.text_data import TextDataConfig
 
@@ -138,3 +158,38 @@ def test_data_commands_build_their_configs():
         "e", "o", ("doc", "x.txt"), max_tokens=5, keep_out=("k.jsonl",)
     )
     assert config_from(AnswerDataConfig, _parse("answer-data", *req, "--prompts", "7")).n_prompts == 7
+
+
+def test_app_flags_build_their_configs():
+    """generate's sampling flags, chat's and tune's are their configs' fields, defaults included."""
+    assert config_from(SamplingConfig, _parse("generate", "--prompt", "x")) == SamplingConfig()
+    a = _parse("generate", "--prompt", "x", "--top-k", "5", "--seed", "3", "--typical-epsilon", "0.1")
+    assert config_from(SamplingConfig, a) == SamplingConfig(top_k=5, seed=3, typical_epsilon=0.1)
+    assert config_from(ChatSettings, _parse("chat")) == ChatSettings()
+    assert config_from(ChatSettings, _parse("chat", "--temperature", "0.5")).temperature == 0.5
+    tune = config_from(TuneConfig, _parse("tune"), runtime=RuntimeConfig())
+    assert tune == TuneConfig(engine=DEFAULT_ENGINE) and tune.write
+    assert not config_from(TuneConfig, _parse("tune", "--dry-run", "--limit", "3"), runtime=RuntimeConfig()).write
+
+
+TRAIN = {  # command: (its config's module, class, flags setting its own fields, the fields they set)
+    "train-eagle": ("eagle", "TrainConfig", ["--init", "h", "--no-skip-copies"], {"init": "h", "skip_copies": False}),
+    "train-eagle3": ("eagle3", "Eagle3TrainConfig", ["--steps", "2"], {"n_steps": 2}),
+    "train-medusa": ("medusa", "MedusaTrainConfig", ["--heads", "3", "--layers", "2"], {"n_heads": 3, "n_layers": 2}),
+    "train-dflash": ("dflash", "TrainConfig", ["--block", "4", "--anchors", "5"], {"block_size": 4, "anchors": 5}),
+}
+
+
+@pytest.mark.parametrize("cmd", sorted(TRAIN))
+def test_train_flags_build_the_kind_configs(cmd):
+    """A train-<name> command's flags are its kind's training config's fields (one default each: the
+    command with no flags trains what the config trains with no arguments); the configs are
+    torch-free, so the CLI builds its parsers without torch."""
+    import importlib
+
+    module, name, flags, fields = TRAIN[cmd]
+    cls = getattr(importlib.import_module(f"edgespec.export.drafters.{module}"), name)
+    assert config_from(cls, _parse(cmd, "--out", "o"), data="d") == cls(data="d", out="o")
+    a = _parse(cmd, "--out", "o", "--minutes", "2", "--lr", "0.01", *flags)
+    assert config_from(cls, a, data="d") == cls(data="d", out="o", minutes=2.0, lr=0.01, **fields)
+    assert (a.prompts, a.data, a.gen_batch) == (3600, None, 48)  # the data the command makes first

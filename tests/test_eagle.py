@@ -11,8 +11,9 @@ from edgespec.runtime.drafters import shipped
 
 torch = pytest.importorskip("torch")
 
+from edgespec.export.drafters.eagle.checkpoint import read_head, save_head  # noqa: E402
 from edgespec.export.drafters.eagle.head import build_head, init_arrays  # noqa: E402
-from edgespec.export.train.checkpoint import HeadFormatError, prune_draft_vocab, read_head, save_head  # noqa: E402
+from edgespec.export.train.checkpoint import HeadFormatError, prune_draft_vocab  # noqa: E402
 from edgespec.export.train.trainer import draft_vocab  # noqa: E402
 
 

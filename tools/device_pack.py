@@ -67,9 +67,9 @@ def tiny_eagle_head(hf: Path, out: Path) -> Path:
     import numpy as np
     from transformers import AutoModelForCausalLM
 
+    from edgespec.export.drafters.eagle.checkpoint import save_head
     from edgespec.export.drafters.eagle.head import build_head, init_arrays
     from edgespec.export.target.arch import arch_from_config
-    from edgespec.export.train.checkpoint import save_head
 
     model = AutoModelForCausalLM.from_pretrained(hf)
     arch = arch_from_config(model.config, 256)

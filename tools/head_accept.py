@@ -119,9 +119,9 @@ def main(cfg: AcceptConfig) -> None:
     tt = trainer.target_tensors(None)
     V, H = tt.arch.vocab_size, tt.arch.hidden_size
     for folder in cfg.eagle:
+        from edgespec.export.drafters.eagle.checkpoint import read_head
         from edgespec.export.drafters.eagle.head import build_head
         from edgespec.export.drafters.eagle.train import _collate
-        from edgespec.export.train.checkpoint import read_head
 
         hc, arrays = read_head(folder, H, V)
         head = build_head(hc, arrays, tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin).eval()

@@ -25,30 +25,63 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from edgespec.export.train.text_data import EVAL_MARK, TextDataError, eval_windows, label, soft_labels, windows
+from edgespec.export.train.text_data import (
+    EVAL_MARK,
+    OUT,
+    THREADS,
+    TOP_K,
+    TextDataError,
+    eval_windows,
+    keep_out_flag,
+    label,
+    soft_labels,
+    windows,
+)
 
 
 @dataclass(frozen=True)
 class AnswerDataConfig:
-    engine: str  # engine folder: its Generator answers, its target graph labels
-    out: str  # folder for prompts.jsonl, shards, generation.json
-    n_prompts: int = 1000  # chat prompts of the wide mix to answer
-    max_new_tokens: int = 192  # answer length cap (an answer stops at the end-of-turn token before)
-    drafter: str | None = None  # the Generator's drafter (None: the folder's default); greedy output
-    #                             is plain decoding's either way, a drafter only makes it faster
-    top_k: int = 8  # soft labels kept per position
+    """What `edgespec answer-data` makes; a field with a "help" is one of its flags (edgespec/cli_fields.py)."""
+
+    engine: str = field(  # engine folder: its Generator answers, its target graph labels
+        metadata={"help": "engine folder that answers and labels"}
+    )
+    out: str = field(metadata=OUT)  # folder for prompts.jsonl, shards, generation.json
+    n_prompts: int = field(  # chat prompts of the wide mix to answer
+        default=1000,
+        metadata={"help": "chat prompts to answer (default %(default)s)", "flag": "--prompts", "metavar": "PROMPTS"},
+    )
+    max_new_tokens: int = field(  # an answer stops at the end-of-turn token before
+        default=192, metadata={"help": "answer length cap (default %(default)s)"}
+    )
+    drafter: str | None = field(  # None: the folder's default; greedy output is plain decoding's either
+        #                           way, a drafter only makes it faster
+        default=None,
+        metadata={"help": "drafter that speeds the answers up (default: the folder's)"},
+    )
+    top_k: int = field(default=8, metadata=TOP_K)  # soft labels kept per position
     shard_seqs: int = 32  # answers per shard
-    threads: int | None = None  # ORT intra-op threads of each session (None: every core)
-    seed: int = 101  # the prompt mix's seed (the shipped heads' data used 0..4)
-    keep_out: tuple[str, ...] = ()  # more eval prompt files (.jsonl) whose windows prompts must not share
-    answers_from: str | None = None  # another answer-data folder: label its answered sequences through
-    #                                  this folder's target graph instead of answering again (the tokens
-    #                                  are the same, e.g. to add EAGLE-3's aux features)
+    threads: int | None = field(default=None, metadata=THREADS)  # ORT intra-op threads of each session
+    seed: int = field(  # the shipped heads' data used 0..4
+        default=101, metadata={"help": "the prompt mix's seed (default %(default)s)"}
+    )
+    keep_out: tuple[str, ...] = field(  # more eval prompt files (.jsonl) whose windows prompts must not share
+        default=(), metadata=keep_out_flag("no prompt may share")
+    )
+    answers_from: str | None = field(  # the tokens are the same, e.g. to add EAGLE-3's aux features
+        default=None,
+        metadata={
+            "help": "an earlier answer-data folder: label its answered sequences through this --engine's target "
+            "graph instead of answering again (same tokens; e.g. an engine exported with --eagle3-features adds "
+            "the aux features train-eagle3 reads)",
+            "metavar": "DIR",
+        },
+    )
 
 
 class RowRecorder:

@@ -1,8 +1,7 @@
 """Head checkpoints on disk, in the Hugging Face layouts the methods publish: what every layout
-shares (`write_checkpoint`, `_read_d2t`, `CheckpointError`), EAGLE-1's error and draft-vocabulary
-cut, and EAGLE-1's reader and writer by name (`read_head`, `save_head`: export/drafters/eagle/
-checkpoint.py holds its layouts, the official one among them). Other drafters' layouts are read
-and written in their own modules, on the helpers here.
+shares (`write_checkpoint`, `_read_d2t`, `CheckpointError`, `HeadFormatError`) and the
+draft-vocabulary cut. Each drafter's layouts are read and written in its own package (EAGLE-1's:
+export/drafters/eagle/checkpoint.py `read_head`, `save_head`), on the helpers here.
 
 Each is a folder of `config.json` + `model.safetensors` (float weights in fp16). A reduced draft
 vocabulary is stored as EAGLE-3 does: `d2t` [Vd] int64 with target_id = i + d2t[i], and
@@ -86,22 +85,6 @@ def _read_d2t(
     if draft_vocab == vocab_size:
         return np.arange(vocab_size, dtype=np.int64)
     raise error(f"{folder}: draft_vocab_size {draft_vocab} < vocab but no d2t tensor")
-
-
-# ---- EAGLE (its layouts: export/drafters/eagle/checkpoint.py) ------------------------------------------
-def save_head(head, folder: str | Path, extra: dict | None = None) -> Path:
-    """An EagleHead in edgespec's EAGLE-1 layout (eagle.checkpoint.save_head)."""
-    from edgespec.export.drafters.eagle import checkpoint
-
-    return checkpoint.save_head(head, folder, extra)
-
-
-def read_head(folder: str | Path, hidden_size: int, vocab_size: int):
-    """(HeadConfig, float32 arrays + d2t) of an EAGLE-1 head in either layout, checked against the
-    target's sizes (eagle.checkpoint.read_head)."""
-    from edgespec.export.drafters.eagle import checkpoint
-
-    return checkpoint.read_head(folder, hidden_size, vocab_size)
 
 
 def prune_draft_vocab(hc, arrays: dict[str, np.ndarray], n: int, rows: tuple[str, ...] = ("d2t",)) -> tuple:

@@ -28,12 +28,29 @@ import sys
 import sysconfig
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 KINDS = ("stdlib", "doc", "man")  # this machine's own text, by kind
+
+# the flags text-data and answer-data share (their configs' field metadata: edgespec/cli_fields.py)
+OUT = {"help": "data folder to write (and resume)"}
+TOP_K = {"help": "soft labels kept per position (default %(default)s)"}
+THREADS = {"help": "ONNX Runtime threads (default: every core this process may use)"}
+
+
+def keep_out_flag(what: str) -> dict:
+    """The --keep-out flag of a data command whose eval windows `what`."""
+    return {
+        "help": f"another eval prompt file whose 8-word windows {what} (repeatable; the repo's "
+        "tools/prompts/*.jsonl and HumanEval are always kept out)",
+        "action": "append",
+        "metavar": "FILE.jsonl",
+    }
+
+
 REPO_PROMPTS = Path(__file__).resolve().parents[2] / "tools" / "prompts"  # a source checkout's eval files
 EVAL_MARK = "EVAL"  # a data folder holding this file holds answers to eval prompts (tools/head_accept.py):
 #                    no trainer reads it, answer-data does not relabel it
@@ -48,18 +65,36 @@ class TextDataError(ValueError):
 
 @dataclass(frozen=True)
 class TextDataConfig:
-    engine: str  # engine folder: its target graph (the one the runtime runs) gives features and labels
-    out: str  # folder for shards, plan.npz, generation.json
-    sources: tuple[str, ...] = KINDS  # kinds of this machine's text (KINDS) and/or files and folders
-    seq_tokens: int = 256  # tokens per sequence (a multiple of the prefill chunk wastes no padding)
-    max_tokens: int = 200_000  # stop planning sequences once this many tokens are planned
-    top_k: int = 8  # soft labels kept per position
+    """What `edgespec text-data` makes; a field with a "help" is one of its flags (edgespec/cli_fields.py)."""
+
+    engine: str = field(  # engine folder: its target graph (the one the runtime runs) gives features and labels
+        metadata={"help": "engine folder whose target graph labels the text"}
+    )
+    out: str = field(metadata=OUT)  # folder for shards, plan.npz, generation.json
+    sources: tuple[str, ...] = field(  # kinds of this machine's text (KINDS) and/or files and folders
+        default=KINDS,
+        metadata={
+            "help": "comma-separated: stdlib, doc, man (this machine's text) and/or files and folders "
+            "(default %(default)s)"
+        },
+    )
+    seq_tokens: int = field(  # a multiple of the prefill chunk wastes no padding
+        default=256, metadata={"help": "tokens per sequence (default %(default)s)"}
+    )
+    max_tokens: int = field(  # stop planning sequences once this many tokens are planned
+        default=200_000,
+        metadata={"help": "tokens to label in all (default %(default)s)", "flag": "--tokens", "metavar": "TOKENS"},
+    )
+    top_k: int = field(default=8, metadata=TOP_K)  # soft labels kept per position
     shard_seqs: int = 32  # sequences per shard (an interrupted run resumes at the next shard)
     max_doc_seqs: int = 8  # at most this many sequences from one document (no single file dominates)
-    threads: int | None = None  # ORT intra-op threads (None: every core this process may use)
-    seed: int = 0  # document order
-    keep_out: tuple[str, ...] = ()  # eval prompt files (.jsonl) to keep out (); the repo's
-    #                                 tools/prompts/*.jsonl and HumanEval (when installed) always are
+    threads: int | None = field(default=None, metadata=THREADS)  # ORT intra-op threads (None: every core)
+    seed: int = field(default=0, metadata={"help": "document order (default %(default)s)"})
+    keep_out: tuple[str, ...] = field(  # eval prompt files (.jsonl) to keep out (); the repo's
+        #                                 tools/prompts/*.jsonl and HumanEval (when installed) always are
+        default=(),
+        metadata=keep_out_flag("the data must not hold"),
+    )
 
 
 # ---- what must stay out ----------------------------------------------------------------------------

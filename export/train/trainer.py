@@ -1,6 +1,6 @@
 """One training entry for every drafter that ships models, by self-distillation (torch).
 
-What every kind shares lives here: its config's common fields (`BaseTrainConfig`), the
+What every kind shares lives here: its config's common fields (`BaseTrainConfig`, from commands.py), the
 self-distillation shards (`head_data`) loaded and split by sequence, the target's frozen
 tensors, a resumed run's checkpoint and draft vocabulary, AdamW with a linear warm-up and a cosine
 decay over all epochs, a wall-clock budget per run and an epoch budget across runs,
@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from edgespec.export.train.commands import BaseTrainConfig
 from edgespec.export.train.matmul_probe import Compute, autocast, choose, default_threads
 from edgespec.export.train.text_data import EVAL_MARK
 
@@ -34,24 +35,6 @@ SAVE_EVERY_S = 300  # a running job writes checkpoint.pt this often (and at its 
 
 
 # ---- config, data and target ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class BaseTrainConfig:
-    """The fields every kind's training config has (each kind's config adds its own)."""
-
-    data: str  # folder(s) of eagle_data shards ("DIR1,DIR2")
-    out: str  # the drafter's folder (config.json + model.safetensors) and checkpoint.pt
-    target: str | None = None  # model source (None: default SmolLM2)
-    draft_vocab: int = 8192  # most frequent answer tokens the drafter may propose (0: full vocab)
-    minutes: float = 30.0  # wall-clock budget of this run (training resumes from checkpoint.pt)
-    epochs: float = 3.0  # passes over the data in total (across runs)
-    lr: float = 1e-3  # AdamW peak learning rate (cosine decay over all epochs)
-    holdout: float = 0.05  # fraction of sequences kept out for the acceptance estimate
-    threads: int | None = None  # torch threads (None: every core this process may use)
-    seed: int = 0  # data order, split and init
-    compute: str = "auto"  # forward matmuls: "bf16" autocast (fp32 master weights, fp32 loss), "fp32",
-    #                        or "auto": bf16 where the CPU's matrix units make it faster (matmul_probe)
-
-
 class TrainDataError(ValueError):
     """Training data without (or with misaligned) features a kind needs."""
 

@@ -4,7 +4,7 @@ so each turn prefills only its new text."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edgespec.runtime.backends import runnable_drafters
 from edgespec.runtime.generator import Generator
@@ -21,8 +21,10 @@ HELP = """commands:
 
 @dataclass
 class ChatSettings:
-    temperature: float = 0.0  # sampling temperature (0 = greedy)
-    max_new_tokens: int = 512  # per answer
+    """What /commands may change during a chat; a field with a "help" is a flag of `edgespec chat`."""
+
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})  # sampling temperature
+    max_new_tokens: int = field(default=512, metadata={"help": "tokens per answer at most (default %(default)s)"})
 
     def check(self) -> None:
         SamplingConfig(temperature=self.temperature).check()

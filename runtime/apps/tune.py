@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from edgespec.engines.manifest import Defaults, Manifest, Tuned, load_manifest
 from edgespec.runtime.apps.bench import BenchConfig, format_table, run_bench
@@ -21,13 +21,20 @@ from edgespec.runtime.drafters import shipped
 
 @dataclass(frozen=True)
 class TuneConfig:
+    """What `edgespec tune` runs; a field with a "help" is one of its flags (edgespec/cli_fields.py)."""
+
     engine: str  # engine folder (its manifest gets the chosen default)
     runtime: RuntimeConfig = RuntimeConfig()  # backend options the bench runs with (drafter / k: tried here)
-    prompts: str | None = None  # the user's JSONL prompts (None = HumanEval, for a demo)
-    limit: int = 8  # prompts used
-    max_new_tokens: int = 128  # per prompt
+    prompts: str | None = field(  # None = HumanEval, for a demo
+        default=None, metadata={"help": "your prompts, JSONL as for bench (default: HumanEval)"}
+    )
+    limit: int = field(default=8, metadata={"help": "prompts used (default %(default)s)"})
+    max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt (default %(default)s)"})
     ks: tuple[int, ...] = (2, 3, 4, 6, 8)  # fixed k values tried (those the folder supports)
-    write: bool = True  # record the decision in manifest.json
+    write: bool = field(  # record the decision in manifest.json
+        default=True,
+        metadata={"help": "report only; do not change the manifest", "flag": "--dry-run", "action": "store_false"},
+    )
 
 
 def tune(cfg: TuneConfig, out=sys.stdout) -> Defaults:

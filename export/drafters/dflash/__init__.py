@@ -8,10 +8,36 @@ checkpoints are written back in z-lab's layout by `edgespec export-drafter --for
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgespec.cli_fields import config_from
 from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, register
-from edgespec.export.train.commands import add_common, common_fields
+from edgespec.export.train.commands import EPOCHS, BaseTrainConfig, add_train_flags
+
+
+@dataclass(frozen=True)
+class TrainConfig(BaseTrainConfig):
+    """`edgespec train-dflash`'s config (train.py trains it); a field with a "help" is one of its flags."""
+
+    block_size: int = field(  # b: the anchor + b-1 drafted tokens per call
+        default=8,
+        metadata={
+            "help": "block size b: the anchor + b-1 drafted tokens (default {default})",
+            "flag": "--block",
+            "metavar": "BLOCK",
+        },
+    )
+    n_layers: int = field(  # drafter decoder layers (each starts as a copy of one of the target's last layers)
+        default=1,
+        metadata={"help": "drafter decoder layers (default {default})", "flag": "--layers", "metavar": "LAYERS"},
+    )
+    anchors: int = field(  # blocks trained per sequence per pass
+        default=24, metadata={"help": "blocks trained per answer per pass (default {default})"}
+    )
+    decay: float = 0.8  # loss weight decay^(i-1) at block row i
+    epochs: float = field(default=10.0, metadata=EPOCHS)  # passes over the data in total, new anchors each pass
+    batch_tokens: int = 4096  # context tokens per optimizer step (sequences padded to the longest)
 
 
 class DFlashPlugin(ExportPlugin):
@@ -100,21 +126,18 @@ class DFlashPlugin(ExportPlugin):
             raise ExportError(str(e)) from e
 
     def train_arguments(self, p) -> None:
-        add_common(p, "drafter", minutes=30.0, epochs=10.0)
-        p.add_argument("--block", type=int, default=8, help="block size b: the anchor + b-1 drafted tokens (default 8)")
-        p.add_argument("--layers", type=int, default=1, help="drafter decoder layers (default 1)")
-        p.add_argument("--anchors", type=int, default=24, help="blocks trained per answer per pass (default 24)")
+        add_train_flags(p, TrainConfig, "drafter", ["block_size", "n_layers", "anchors"])
 
     def train(self, a) -> int:
-        if a.block < 2:
-            print(f"--block must be >= 2 (got {a.block}): the anchor and at least one draft", file=sys.stderr)
+        if a.block_size < 2:
+            print(f"--block must be >= 2 (got {a.block_size}): the anchor and at least one draft", file=sys.stderr)
             return 2
         return super().train(a)
 
     def fit(self, a, data: str) -> None:
-        from edgespec.export.drafters.dflash.train import TrainConfig, train
+        from edgespec.export.drafters.dflash.train import train
 
-        train(TrainConfig(**common_fields(a, data), block_size=a.block, n_layers=a.layers, anchors=a.anchors))
+        train(config_from(TrainConfig, a, data=data))
 
 
 PLUGIN = register(DFlashPlugin())

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edgespec.export.drafters.dflash import TrainConfig
 from edgespec.export.drafters.dflash.model import (
     DFlashConfig,
     DFlashDrafter,
@@ -26,16 +27,6 @@ from edgespec.export.drafters.dflash.model import (
     save_dflash,
 )
 from edgespec.export.train import trainer
-
-
-@dataclass(frozen=True)
-class TrainConfig(trainer.BaseTrainConfig):
-    block_size: int = 8  # b: the anchor + b-1 drafted tokens per call
-    n_layers: int = 1  # drafter decoder layers (each starts as a copy of one of the target's last layers)
-    anchors: int = 24  # blocks trained per sequence per pass
-    decay: float = 0.8  # loss weight decay^(i-1) at block row i
-    epochs: float = 10.0  # passes over the data in total (across runs), new anchors each pass
-    batch_tokens: int = 4096  # context tokens per optimizer step (sequences padded to the longest)
 
 
 def mask_token(tok, vocab_size: int) -> int:

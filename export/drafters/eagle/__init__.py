@@ -7,11 +7,12 @@ bitwise the plain graph's). Its folder is checked before the target loads (`pref
 
 from __future__ import annotations
 
-import argparse
 import copy
+from dataclasses import dataclass, field
 
+from edgespec.cli_fields import config_from
 from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, register
-from edgespec.export.train.commands import add_common, common_fields
+from edgespec.export.train.commands import EPOCHS, MINUTES, BaseTrainConfig, add_train_flags
 
 # the draft-vocabulary cut; heads of other drafters that keep a frequency-ordered d2t read it too
 DRAFT_VOCAB_OPTION = ExportOption(
@@ -24,14 +25,39 @@ DRAFT_VOCAB_OPTION = ExportOption(
 )
 
 
-def add_init_flag(p, help: str) -> None:
-    """--init of a head's training command (train-eagle, train-eagle3): fine-tune that head."""
-    p.add_argument("--init", metavar="HEAD_DIR", help=help)
+@dataclass(frozen=True)
+class TrainConfig(BaseTrainConfig):
+    """`edgespec train-eagle`'s config (train.py trains it); a field with a "help" is one of its flags."""
 
-
-def add_skip_copies_flag(p, help: str) -> None:
-    """--skip-copies of a head's training command: no loss on the target's copies of its own context."""
-    p.add_argument("--skip-copies", action=argparse.BooleanOptionalAction, default=True, help=help)
+    minutes: float = field(default=35.0, metadata=MINUTES)  # wall-clock budget of this run
+    epochs: float = field(default=5.0, metadata=EPOCHS)  # passes over the data in total (across runs)
+    init: str | None = field(  # start from this head folder's weights and draft vocabulary (fine-tuning:
+        #                        a fresh optimizer and schedule); ignored when `out` holds a checkpoint
+        default=None,
+        metadata={
+            "help": "fine-tune: start from this head's weights and draft vocabulary (e.g. the shipped one, on "
+            "your own data; a lower --lr such as 3e-4 suits), with a fresh optimizer and schedule",
+            "metavar": "HEAD_DIR",
+        },
+    )
+    batch_tokens: int = field(  # tokens per optimizer step (sequences padded to the longest)
+        default=4096,
+        metadata={
+            "help": "tokens per optimizer step, sequences padded to the longest (default {default}; larger "
+            "batches keep bf16 matrix units busier, fewer steps per epoch)"
+        },
+    )
+    ce_weight: float = 1.0  # token cross-entropy weight next to the feature regression
+    n_steps: int = 2  # unrolled drafting steps per row (2 = EAGLE-3's training-time test)
+    feature_noise: float = 0.05  # Gaussian noise on input features, in per-dimension standard deviations
+    skip_copies: bool = field(  # False: `eagle` alone learns to continue the target's loops too
+        default=True,
+        metadata={
+            "help": "no loss where the answer repeats an 8-gram of its own context (the target's loops, which "
+            "prompt lookup drafts for free); --no-skip-copies trains on them too, so `eagle` alone learns to "
+            "continue loops (default: skip)"
+        },
+    )
 
 
 class EaglePlugin(ExportPlugin):
@@ -138,32 +164,12 @@ class EaglePlugin(ExportPlugin):
         return report
 
     def train_arguments(self, p) -> None:
-        add_common(p, "head", minutes=35.0, epochs=5.0)
-        add_init_flag(
-            p,
-            "fine-tune: start from this head's weights and draft vocabulary (e.g. the shipped one, on your own "
-            "data; a lower --lr such as 3e-4 suits), with a fresh optimizer and schedule",
-        )
-        add_skip_copies_flag(
-            p,
-            "no loss where the answer repeats an 8-gram of its own context (the target's loops, which prompt "
-            "lookup drafts for free); --no-skip-copies trains on them too, so `eagle` alone learns to continue "
-            "loops (default: skip)",
-        )
-        p.add_argument(
-            "--batch-tokens",
-            type=int,
-            default=4096,
-            help="tokens per optimizer step, sequences padded to the longest (default 4096; larger batches "
-            "keep bf16 matrix units busier, fewer steps per epoch)",
-        )
+        add_train_flags(p, TrainConfig, "head", ["init", "skip_copies", "batch_tokens"])
 
     def fit(self, a, data: str) -> None:
-        from edgespec.export.drafters.eagle.train import TrainConfig, train
+        from edgespec.export.drafters.eagle.train import train
 
-        train(
-            TrainConfig(**common_fields(a, data), skip_copies=a.skip_copies, init=a.init, batch_tokens=a.batch_tokens)
-        )
+        train(config_from(TrainConfig, a, data=data))
 
 
 PLUGIN = register(EaglePlugin())

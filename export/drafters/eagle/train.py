@@ -17,21 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edgespec.export.drafters.eagle import TrainConfig
+from edgespec.export.drafters.eagle.checkpoint import read_head, save_head
 from edgespec.export.drafters.eagle.head import EagleHead, build_head, init_arrays
 from edgespec.export.train import trainer
-from edgespec.export.train.checkpoint import read_head, save_head
-
-
-@dataclass(frozen=True)
-class TrainConfig(trainer.BaseTrainConfig):
-    init: str | None = None  # start from this head folder's weights and draft vocabulary (fine-tuning:
-    #                          a fresh optimizer and schedule); ignored when `out` holds a checkpoint
-    batch_tokens: int = 4096  # tokens per optimizer step (sequences padded to the longest)
-    ce_weight: float = 1.0  # token cross-entropy weight next to the feature regression
-    n_steps: int = 2  # unrolled drafting steps per row (2 = EAGLE-3's training-time test)
-    feature_noise: float = 0.05  # Gaussian noise on input features, in per-dimension standard deviations
-    skip_copies: bool = True  # no loss where the answer repeats an 8-gram of its own context (loops;
-    #                           False: `eagle` alone learns to continue them too)
 
 
 def _collate(group, data: trainer.TrainData, t2d: np.ndarray, label_ids: np.ndarray):

@@ -7,11 +7,46 @@ reads, at the layers the head names. An EAGLE-3 folder given to --eagle is taken
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgespec.cli_fields import config_from
 from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, register
-from edgespec.export.drafters.eagle import DRAFT_VOCAB_OPTION, add_init_flag, add_skip_copies_flag
-from edgespec.export.train.commands import add_common, common_fields
+from edgespec.export.drafters.eagle import DRAFT_VOCAB_OPTION
+from edgespec.export.train.commands import EPOCHS, MINUTES, BaseTrainConfig, add_train_flags
+
+
+@dataclass(frozen=True)
+class Eagle3TrainConfig(BaseTrainConfig):
+    """`edgespec train-eagle3`'s config (train.py trains it); a field with a "help" is one of its flags."""
+
+    minutes: float = field(default=35.0, metadata=MINUTES)  # wall-clock budget of this run
+    epochs: float = field(default=5.0, metadata=EPOCHS)  # passes over the data in total (across runs)
+    init: str | None = field(  # start from this EAGLE-3 head folder (fine-tuning: fresh optimizer and
+        #                        schedule); ignored when `out` holds a checkpoint
+        default=None,
+        metadata={
+            "help": "fine-tune: start from this EAGLE-3 head's weights and draft vocabulary, with a fresh "
+            "optimizer and schedule",
+            "metavar": "HEAD_DIR",
+        },
+    )
+    batch_tokens: int = 4096  # tokens per optimizer step (sequences padded to the longest)
+    n_steps: int = field(  # unrolled draft steps per row (training-time test)
+        default=3,
+        metadata={
+            "help": "draft steps unrolled per position in training (default {default})",
+            "flag": "--steps",
+            "metavar": "STEPS",
+        },
+    )
+    step_decay: float = 0.8  # loss weight of step s is step_decay^(s-1) (EAGLE-3's)
+    feature_noise: float = 0.05  # Gaussian noise on the aux features, in per-dimension standard deviations
+    #                              (the runtime's come from int8-activation kernels, not this fp32 model)
+    skip_copies: bool = field(  # no loss where the answer repeats an 8-gram of its own context
+        default=True,
+        metadata={"help": "no loss where the answer repeats an 8-gram of its own context (default: skip)"},
+    )
 
 
 class Eagle3Plugin(ExportPlugin):
@@ -124,21 +159,12 @@ class Eagle3Plugin(ExportPlugin):
         return Shipped(section, ew)
 
     def train_arguments(self, p) -> None:
-        add_common(p, "head", minutes=35.0, epochs=5.0)
-        add_init_flag(
-            p,
-            "fine-tune: start from this EAGLE-3 head's weights and draft vocabulary, with a fresh optimizer and "
-            "schedule",
-        )
-        p.add_argument("--steps", type=int, default=3, help="draft steps unrolled per position in training (default 3)")
-        add_skip_copies_flag(p, "no loss where the answer repeats an 8-gram of its own context (default: skip)")
+        add_train_flags(p, Eagle3TrainConfig, "head", ["init", "n_steps", "skip_copies"])
 
     def fit(self, a, data: str) -> None:
-        from edgespec.export.drafters.eagle3.train import Eagle3TrainConfig, train_eagle3
+        from edgespec.export.drafters.eagle3.train import train_eagle3
 
-        train_eagle3(
-            Eagle3TrainConfig(**common_fields(a, data), skip_copies=a.skip_copies, init=a.init, n_steps=a.steps)
-        )
+        train_eagle3(config_from(Eagle3TrainConfig, a, data=data))
 
 
 PLUGIN = register(Eagle3Plugin())

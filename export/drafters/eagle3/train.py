@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edgespec.export.drafters.eagle3 import Eagle3TrainConfig
 from edgespec.export.drafters.eagle3.head import (
     Eagle3Config,
     Eagle3Head,
@@ -27,18 +28,6 @@ from edgespec.export.drafters.eagle3.head import (
     save_eagle3,
 )
 from edgespec.export.train import trainer
-
-
-@dataclass(frozen=True)
-class Eagle3TrainConfig(trainer.BaseTrainConfig):
-    init: str | None = None  # start from this EAGLE-3 head folder (fine-tuning: fresh optimizer and
-    #                          schedule); ignored when `out` holds a checkpoint
-    batch_tokens: int = 4096  # tokens per optimizer step (sequences padded to the longest)
-    n_steps: int = 3  # unrolled draft steps per row (training-time test)
-    step_decay: float = 0.8  # loss weight of step s is step_decay^(s-1) (EAGLE-3's)
-    feature_noise: float = 0.05  # Gaussian noise on the aux features, in per-dimension standard deviations
-    #                              (the runtime's come from int8-activation kernels, not this fp32 model)
-    skip_copies: bool = True  # no loss where the answer repeats an 8-gram of its own context
 
 
 def _collate(group, data: trainer.TrainData, aux: np.ndarray, t2d: np.ndarray, label_ids: np.ndarray, n_steps: int):

@@ -5,8 +5,28 @@ one graph of all K heads (export/drafters/medusa/graph.py); and the way out, `ex
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from edgespec.cli_fields import config_from
 from edgespec.export.drafters import ExportOption, ExportPlugin, Shipped, register
-from edgespec.export.train.commands import add_common, common_fields
+from edgespec.export.train.commands import EPOCHS, BaseTrainConfig, add_train_flags
+
+
+@dataclass(frozen=True)
+class MedusaTrainConfig(BaseTrainConfig):
+    """`edgespec train-medusa`'s config (train.py trains it); a field with a "help" is one of its flags."""
+
+    n_heads: int = field(  # K heads: drafts of up to K tokens per step
+        default=4,
+        metadata={"help": "K heads = longest draft chain (default {default})", "flag": "--heads", "metavar": "HEADS"},
+    )
+    n_layers: int = field(  # residual blocks per head
+        default=1,
+        metadata={"help": "residual blocks per head (default {default})", "flag": "--layers", "metavar": "LAYERS"},
+    )
+    epochs: float = field(default=2.0, metadata=EPOCHS)  # passes over the answer positions in total (across runs)
+    batch_rows: int = 2048  # positions per optimizer step
+    decay: float = 0.8  # loss weight of head i: decay**i (Medusa's)
 
 
 class MedusaPlugin(ExportPlugin):
@@ -72,14 +92,12 @@ class MedusaPlugin(ExportPlugin):
         return Shipped(MedusaSection(spec), mw)
 
     def train_arguments(self, p) -> None:
-        add_common(p, "heads", minutes=30.0, epochs=2.0)
-        p.add_argument("--heads", type=int, default=4, help="K heads = longest draft chain (default 4)")
-        p.add_argument("--layers", type=int, default=1, help="residual blocks per head (default 1)")
+        add_train_flags(p, MedusaTrainConfig, "heads", ["n_heads", "n_layers"])
 
     def fit(self, a, data: str) -> None:
-        from edgespec.export.drafters.medusa.train import MedusaTrainConfig, train_medusa
+        from edgespec.export.drafters.medusa.train import train_medusa
 
-        train_medusa(MedusaTrainConfig(**common_fields(a, data), n_heads=a.heads, n_layers=a.layers))
+        train_medusa(config_from(MedusaTrainConfig, a, data=data))
 
 
 PLUGIN = register(MedusaPlugin())

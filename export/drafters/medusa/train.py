@@ -15,18 +15,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from edgespec.export.drafters.medusa import MedusaTrainConfig
 from edgespec.export.drafters.medusa.checkpoint import save_heads
 from edgespec.export.drafters.medusa.head import MedusaConfig, MedusaHeads
 from edgespec.export.train import trainer
-
-
-@dataclass(frozen=True)
-class MedusaTrainConfig(trainer.BaseTrainConfig):
-    n_heads: int = 4  # K heads: drafts of up to K tokens per step
-    n_layers: int = 1  # residual blocks per head
-    epochs: float = 2.0  # passes over the answer positions in total (across runs)
-    batch_rows: int = 2048  # positions per optimizer step
-    decay: float = 0.8  # loss weight of head i: decay**i (Medusa's)
 
 
 def _rows(data: trainer.TrainData, seqs: np.ndarray, n_heads: int) -> tuple[np.ndarray, np.ndarray]:
