@@ -11,9 +11,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.drafters.base import Drafter, penalized
+from edgespec.runtime.drafters.base import Drafter, DrafterPlugin, Option, penalized
 from edgespec.runtime.sampling import probs, sample
 from edgespec.runtime.state import SeqState
+
+# chain cut-off on the head's path probability (the product of its confidences so far): a verify
+# row costs a good part of a decode on a CPU, so rows unlikely to be kept do not pay
+MIN_CONFIDENCE = 0.25
+
+MIN_CONFIDENCE_OPTION = Option(
+    "eagle_min_confidence",
+    float,
+    None,
+    "eagle/hybrid (and the other chain-cutting head drafters): stop a draft "
+    "chain when the head's own probability of the chain so far (the product of its per-token probabilities) is "
+    f"below this (default: the folder's, else {MIN_CONFIDENCE})",
+    fallback=MIN_CONFIDENCE,
+)
+
+
+class ChainHeadPlugin(DrafterPlugin):
+    """The plugin of a head drafter whose chains the shared cut-off stops (eagle, eagle3, dflash):
+    hybrid may pair it with a lookup, and a drafted token costs about a tenth of a decode."""
+
+    draft_cost = 0.1
+    pairs = True
+    options = (MIN_CONFIDENCE_OPTION,)
 
 
 class HeadDrafter(Drafter):

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, WeightSpec, check_decode
-from edgespec.runtime.drafters import DrafterPlugin, register
-from edgespec.runtime.drafters.eagle import MIN_CONFIDENCE_OPTION, EagleDrafter
+from edgespec.runtime.drafters import register
+from edgespec.runtime.drafters._head import ChainHeadPlugin
+from edgespec.runtime.drafters.eagle import EagleDrafter
 from edgespec.runtime.state import SeqState
 
 FC_NORMS = ("none", "per_layer", "whole")  # Eagle3Section.fc_norm's values
@@ -100,7 +101,7 @@ class Eagle3Drafter(EagleDrafter):
         return super()._catch_up(seq, feat_out)
 
 
-class Eagle3Plugin(DrafterPlugin):
+class Eagle3Plugin(ChainHeadPlugin):
     name = "eagle3"
     order = 7
     summary = (
@@ -110,10 +111,7 @@ class Eagle3Plugin(DrafterPlugin):
     section = Eagle3Section
     export_hint = "--eagle3-head HEAD_DIR (from `edgespec train-eagle3`)"
     trees = True
-    draft_cost = 0.1
     reads_aux = True
-    pairs = True
-    options = (MIN_CONFIDENCE_OPTION,)
 
     def build(self, ctx) -> Eagle3Drafter:
         head = ctx.engines.models["eagle3"]

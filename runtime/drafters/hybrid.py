@@ -110,17 +110,55 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return i
 
 
-class SuffixHeadHybrid(Drafter):
-    """hybrid: per step, suffix decoding or the EAGLE head by expected accepted length (module
-    docstring). The head keeps catching up on verified tokens whenever it runs, so it is ready."""
+class LookupHeadPair(Drafter):
+    """A lookup drafter and a head drafter, one of them proposing each step: the head keeps catching
+    up on every verified token (it runs the verify calls' engine too), so it is ready; trees are the
+    lookup's where it matches, the head's elsewhere."""
 
     name = "hybrid"
     drafts_trees = True
+    lookup_name = ""  # the lookup, as the stats name the source
+
+    def __init__(self, lookup: Drafter, head: Drafter) -> None:
+        super().__init__()
+        self.lookup, self.head = lookup, head
+        self.engine, self.verifier = head.engine, head.verifier
+
+    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
+        super().configure(sampling, rng)
+        self.lookup.configure(sampling, rng)
+        self.head.configure(sampling, rng)
+
+    def forget(self) -> None:
+        self.head.forget()
+
+    def finish(self, seq: SeqState) -> None:
+        self.lookup.finish(seq)
+        self.head.finish(seq)
+
+    def start(self, seq: SeqState, n_cached: int = 0) -> None:
+        self.head.start(seq, n_cached)
+
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        self.lookup.propose_tree(seq, tree, cfg)
+        self.source = self.lookup_name
+        if tree.n == 1:
+            self.head.propose_tree(seq, tree, cfg)
+            self.source = HEAD if tree.n > 1 else ""
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        self.head.accepted(seq, n_old, n_acc)
+
+
+class SuffixHeadHybrid(LookupHeadPair):
+    """hybrid: per step, suffix decoding or the EAGLE head by expected accepted length (module
+    docstring)."""
+
+    lookup_name = SUFFIX
 
     def __init__(self, suffix: SuffixDrafter, head, cfg: ChoiceConfig = ChoiceConfig()) -> None:
-        super().__init__()
-        self.suffix, self.head, self.cfg = suffix, head, cfg
-        self.engine, self.verifier = head.engine, head.verifier
+        super().__init__(suffix, head)
+        self.suffix, self.cfg = suffix, cfg
         head.track_confidence = True  # its chain estimate needs the confidences even without a cut-off
         self.greedy_picker = SourcePicker(cfg)  # greedy estimates keep learning across calls
         self.picker = self.greedy_picker
@@ -132,19 +170,7 @@ class SuffixHeadHybrid(Drafter):
 
     def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
         super().configure(sampling, rng)
-        self.suffix.configure(sampling, rng)
-        self.head.configure(sampling, rng)
         self.picker = self.greedy_picker if sampling.greedy else SourcePicker(self.cfg)
-
-    def forget(self) -> None:
-        self.head.forget()
-
-    def finish(self, seq: SeqState) -> None:
-        self.suffix.finish(seq)
-        self.head.finish(seq)
-
-    def start(self, seq: SeqState, n_cached: int = 0) -> None:
-        self.head.start(seq, n_cached)
 
     def _use(self, source: str, seq: SeqState) -> Proposal:
         """The chain of `source`, back in the draft slots (the other may have written over them)."""
@@ -179,14 +205,10 @@ class SuffixHeadHybrid(Drafter):
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         self._chosen = ""  # trees teach no estimates
-        self.suffix.propose_tree(seq, tree, cfg)
-        self.source = SUFFIX
-        if tree.n == 1:
-            self.head.propose_tree(seq, tree, cfg)
-            self.source = HEAD if tree.n > 1 else ""
+        super().propose_tree(seq, tree, cfg)
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
-        self.head.accepted(seq, n_old, n_acc)
+        super().accepted(seq, n_old, n_acc)
         pk, chosen = self.picker, self._chosen
         self._chosen = ""  # a step that proposes nothing (k = 0) must not learn from this one's chains
         if not chosen:
@@ -205,50 +227,20 @@ class SuffixHeadHybrid(Drafter):
                 pk.observe(source, self._size, self._pred[i], kept)
 
 
-class HybridDrafter(Drafter):
+class HybridDrafter(LookupHeadPair):
     """`--hybrid-lookup ngram`: prompt lookup where the context has a match (it copies long spans
-    for free), the head drafter elsewhere (new text). The head still catches up on every verified
-    token, so it is ready."""
+    for free), the head drafter elsewhere (new text)."""
 
-    name = "hybrid"
-    drafts_trees = True
-
-    def __init__(self, ngram: NgramDrafter, head: Drafter) -> None:
-        super().__init__()
-        self.ngram, self.head = ngram, head
-        self.engine, self.verifier = head.engine, head.verifier
-
-    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
-        self.head.configure(sampling, rng)
-
-    def forget(self) -> None:
-        self.head.forget()
-
-    def finish(self, seq: SeqState) -> None:
-        self.ngram.finish(seq)
-        self.head.finish(seq)
-
-    def start(self, seq: SeqState, n_cached: int = 0) -> None:
-        self.head.start(seq, n_cached)
+    lookup_name = "ngram"
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
-        prop = self.ngram.propose(seq, k)
+        prop = self.lookup.propose(seq, k)
         if prop.n_drafted == 0:
             prop = self.head.propose(seq, k)
-            self.source = "head" if prop.n_drafted else ""
+            self.source = HEAD if prop.n_drafted else ""
         else:
-            self.source = "ngram"
+            self.source = self.lookup_name
         return prop
-
-    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
-        self.ngram.propose_tree(seq, tree, cfg)
-        self.source = "ngram"
-        if tree.n == 1:
-            self.head.propose_tree(seq, tree, cfg)
-            self.source = "head" if tree.n > 1 else ""
-
-    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
-        self.head.accepted(seq, n_old, n_acc)
 
 
 LOOKUPS = ("suffix", "ngram")  # what hybrid pairs its head drafter with

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, check_head
-from edgespec.runtime.drafters import DrafterPlugin, register
-from edgespec.runtime.drafters._head import HeadDrafter
-from edgespec.runtime.drafters.eagle import MIN_CONFIDENCE_OPTION
+from edgespec.runtime.drafters import register
+from edgespec.runtime.drafters._head import ChainHeadPlugin, HeadDrafter
 from edgespec.runtime.state import Proposal, SeqState, chain
 
 
@@ -86,7 +85,7 @@ class DFlashDrafter(HeadDrafter):
         pass  # the context holds verified positions only: nothing to roll back
 
 
-class DFlashPlugin(DrafterPlugin):
+class DFlashPlugin(ChainHeadPlugin):
     name = "dflash"
     order = 8
     summary = (
@@ -95,10 +94,7 @@ class DFlashPlugin(DrafterPlugin):
     )
     section = DFlashSection
     export_hint = "--dflash DIR (z-lab's published DFlash drafters, or `edgespec train-dflash`)"
-    draft_cost = 0.1
     reads_aux = True
-    pairs = True
-    options = (MIN_CONFIDENCE_OPTION,)
 
     def build(self, ctx) -> DFlashDrafter:
         engine = ctx.engines.models["dflash"]

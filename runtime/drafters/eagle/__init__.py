@@ -10,14 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, ManifestError, ModelSpec, check_decode, check_head
-from edgespec.runtime.drafters import DrafterPlugin, Option, register
-from edgespec.runtime.drafters._head import HeadDrafter
+from edgespec.runtime.drafters import Option, register
+from edgespec.runtime.drafters._head import MIN_CONFIDENCE_OPTION, ChainHeadPlugin, HeadDrafter
 from edgespec.runtime.prefill import prefill
 from edgespec.runtime.state import SeqState, chain
-
-# chain cut-off on the head's path probability (the product of its confidences so far): a verify
-# row costs a good part of a decode on a CPU, so rows unlikely to be kept do not pay
-MIN_CONFIDENCE = 0.25
 
 
 @dataclass(frozen=True)
@@ -186,26 +182,13 @@ class EagleDrafter(HeadDrafter):
         self._caught_up_by_target(seq, n_old - 1)
 
 
-MIN_CONFIDENCE_OPTION = Option(
-    "eagle_min_confidence",
-    float,
-    None,
-    "eagle/hybrid (and the other chain-cutting head drafters): stop a draft "
-    "chain when the head's own probability of the chain so far (the product of its per-token probabilities) is "
-    f"below this (default: the folder's, else {MIN_CONFIDENCE})",
-    fallback=MIN_CONFIDENCE,
-)
-
-
-class EaglePlugin(DrafterPlugin):
+class EaglePlugin(ChainHeadPlugin):
     name = "eagle"
     order = 4
     summary = "an EAGLE head (one decoder layer) drafting from the target's own hidden states"
     section = EagleSection
     export_hint = "--eagle HEAD_DIR (the default model's export includes one)"
     trees = True
-    draft_cost = 0.1
-    pairs = True
     options = (
         MIN_CONFIDENCE_OPTION,
         Option(
