@@ -38,6 +38,39 @@ _ST_DTYPES = {
 }
 
 
+# config.json keys that change nothing a model computes, whatever the drafter: ids, bookkeeping and
+# transformers' training and output switches (each reader adds its own kind's inert keys; keys that
+# start with "_" are transformers' bookkeeping too)
+HF_INERT = frozenset(
+    {
+        "architectures",
+        "model_type",
+        "auto_map",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "initializer_range",
+        "use_cache",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "attention_dropout",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "torchscript",
+        "tokenizer_class",
+    }
+)
+
+
+def unknown_keys(cfg: dict, *known) -> list[str]:
+    """The keys of config `cfg` that no reader interprets, in its order: in none of the collections
+    `known`, not in HF_INERT and not bookkeeping ("_..."). A reader refuses them, as they may change
+    what the drafter computes."""
+    return [k for k in cfg if k not in HF_INERT and not k.startswith("_") and not any(k in s for s in known)]
+
+
 class WeightsFileError(ValueError):
     """A checkpoint folder whose weights cannot be found or read."""
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgespec.export.drafters._files import HF_INERT, unknown_keys
 from edgespec.export.target.arch import ROPE_TYPES
 from edgespec.export.train.checkpoint import CheckpointError
 
@@ -64,19 +65,7 @@ DRAFT_KEYS = (
     "final_logit_softcapping",
 )
 # top-level keys that change nothing the drafter computes (bookkeeping, training-only, checked elsewhere)
-INERT_KEYS = {
-    "architectures",
-    "model_type",
-    "auto_map",
-    "transformers_version",
-    "dtype",
-    "torch_dtype",
-    "initializer_range",
-    "use_cache",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "attention_dropout",  # training only
+INERT_KEYS = HF_INERT | {
     "max_position_embeddings",  # read by dynamic rope types only (refused)
     "tie_word_embeddings",  # the drafter has no embedding or LM head of its own
     "vocab_size",  # checked against the target's
@@ -84,10 +73,6 @@ INERT_KEYS = {
     "draft_vocab_size",  # edgespec's layout: the d2t tensor's length
     "edgespec",  # edgespec's training record
     "dflash_config",
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict",
-    "_name_or_path",
 }
 # the rope parameters each type reads besides theta (transformers' rope initializers)
 ROPE_PARAMS = {
@@ -215,9 +200,8 @@ def _checked_config(cfg: dict, folder: Path) -> dict:
         )
     if "DFlashDraftModel" not in arch:
         raise fail(folder, f"config.json is not a DFlash drafter's (architectures {arch}, not DFlashDraftModel)", HINT)
-    unknown = sorted(set(cfg) - INERT_KEYS - set(QWEN3_DEFAULTS) - set(DRAFT_KEYS) - {
-        "layer_types", "is_causal", "rope_parameters", "rope_scaling", "partial_rotary_factor"
-    })  # fmt: skip
+    rope = {"layer_types", "is_causal", "rope_parameters", "rope_scaling", "partial_rotary_factor"}
+    unknown = sorted(unknown_keys(cfg, INERT_KEYS, QWEN3_DEFAULTS, DRAFT_KEYS, rope))
     unknown += [f"dflash_config.{k}" for k in sorted(set(cfg.get("dflash_config") or {}) - set(DRAFT_KEYS))]
     if unknown:
         raise fail(

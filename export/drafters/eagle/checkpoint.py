@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.export.drafters import _files
 from edgespec.export.drafters._files import WeightsFileError, load_tensors, tensor_infos, weights_file
 from edgespec.export.drafters._torch import HeadShape
 from edgespec.export.drafters.eagle.head import BIAS_NAMES, EagleHead, HeadConfig
@@ -49,20 +50,8 @@ _INTS = {"I64", "I32", "int64", "int32"}
 # config.json keys that do not change what the head computes (the official code reads none of them
 # for its computation; max_position_embeddings sizes a rotary cache it extends on demand;
 # pretraining_tp splits matmuls into slices whose sum is the same product)
-_INERT = {
-    "architectures",
-    "model_type",
-    "torch_dtype",
-    "dtype",
-    "transformers_version",
-    "_name_or_path",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "use_cache",
-    "initializer_range",
+_INERT = _files.HF_INERT | {
     "tie_word_embeddings",
-    "attention_dropout",
     "max_position_embeddings",
     "pretraining_tp",
     "sliding_window",
@@ -190,21 +179,19 @@ def _rope(folder: Path, config: dict, layout: str) -> tuple[float | None, str, t
 def _check_keys(folder: Path, config: dict, layout: str) -> None:
     """Refuse config keys that would change the computation in a way not honoured here."""
     for key, value in config.items():
-        if key in _HONOURED or key in _INERT:
-            continue
-        if key in _INERT_AT:
-            if value != _INERT_AT[key]:
-                raise _error(
-                    folder,
-                    f"config.json has {key}: {json.dumps(value)}, which the official EAGLE head does not "
-                    f"compute (it has {json.dumps(_INERT_AT[key])}); edgespec would run another head than "
-                    "the one trained",
-                )
-            continue
+        if key in _INERT_AT and value != _INERT_AT[key]:
+            raise _error(
+                folder,
+                f"config.json has {key}: {json.dumps(value)}, which the official EAGLE head does not "
+                f"compute (it has {json.dumps(_INERT_AT[key])}); edgespec would run another head than "
+                "the one trained",
+            )
+    unknown = _files.unknown_keys(config, _HONOURED, _INERT, _INERT_AT)
+    if unknown:
         raise _error(
             folder,
-            f"config.json has `{key}` ({json.dumps(value)[:60]}), a field edgespec's EAGLE-1 reader does "
-            "not know: it may change what the head computes",
+            f"config.json has `{unknown[0]}` ({json.dumps(config[unknown[0]])[:60]}), a field edgespec's EAGLE-1 "
+            "reader does not know: it may change what the head computes",
             "if it does not (a note, an id), remove it from config.json",
         )
     if config.get("hidden_act", "silu") != "silu":

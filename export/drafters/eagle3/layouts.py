@@ -49,11 +49,13 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.export.drafters._files import (
+    HF_INERT,
     WEIGHT_NAMES,
     TensorInfo,
     WeightsFileError,
     load_tensors,
     tensor_infos,
+    unknown_keys,
     weights_file,
 )
 from edgespec.export.drafters.eagle3.head import (
@@ -83,32 +85,14 @@ ROPE_KEYS = {  # the numbers each RoPE type reads
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
 }
 # config keys that do not change the head's computation (ids, bookkeeping, training-only switches)
-HARMLESS = frozenset(
-    {
-        "architectures",
-        "auto_map",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "initializer_range",
-        "transformers_version",
-        "torch_dtype",
-        "dtype",
-        "use_cache",
-        "max_position_embeddings",  # the tables are built over the export's max_len
-        "attention_dropout",
-        "pretraining_tp",  # the same matmuls, split for tensor parallel training
-        "max_window_layers",
-        "target_model_type",
-        "embed_requires_grad",
-        "speculators_version",
-        "output_attentions",
-        "output_hidden_states",
-        "return_dict",
-        "torchscript",
-        "tokenizer_class",
-    }
-)
+HARMLESS = HF_INERT | {
+    "max_position_embeddings",  # the tables are built over the export's max_len
+    "pretraining_tp",  # the same matmuls, split for tensor parallel training
+    "max_window_layers",
+    "target_model_type",
+    "embed_requires_grad",
+    "speculators_version",
+}
 # the layer's config keys each reader interprets (a Llama decoder layer's config)
 LAYER_KEYS = frozenset(
     {
@@ -259,7 +243,7 @@ def _refuse(folder: Path, what: str) -> Eagle3FormatError:
 
 def _no_unknown(folder: Path, cfg: dict, known: frozenset | set, where: str) -> None:
     """Refuse keys no reader here interprets: they may change the computation."""
-    extra = sorted(k for k in cfg if k not in known and k not in HARMLESS and not k.startswith("_"))
+    extra = sorted(unknown_keys(cfg, known, HARMLESS))
     if extra:
         raise _refuse(
             folder,

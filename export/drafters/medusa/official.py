@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.export.drafters import _files
 from edgespec.export.drafters._files import WeightsFileError, load_tensors, tensor_infos, weights_file
 from edgespec.export.drafters.medusa.checkpoint import MedusaFormatError
 from edgespec.export.train import checkpoint
@@ -38,17 +39,15 @@ FULL_PREFIX = "medusa_head."  # Medusa-2: the heads' names inside the whole mode
 MEDUSA_KEYS = ("medusa_num_heads", "medusa_num_layers", "base_model_name_or_path", "version")
 # PretrainedConfig's own keys (transformers 4.x and 5.x write them into every config.json): none is
 # read by Medusa's heads, so none changes what they compute
-GENERIC_KEYS = frozenset(
-    "_name_or_path _commit_hash _attn_implementation_internal add_cross_attention architectures "
-    "bad_words_ids begin_suppress_tokens bos_token_id chunk_size_feed_forward cross_attention_hidden_size "
-    "decoder_start_token_id diversity_penalty do_sample dtype early_stopping encoder_no_repeat_ngram_size "
-    "eos_token_id exponential_decay_length_penalty finetuning_task forced_bos_token_id forced_eos_token_id "
-    "id2label is_decoder is_encoder_decoder label2id length_penalty max_length min_length model_type "
-    "no_repeat_ngram_size num_beam_groups num_beams num_return_sequences output_attentions "
-    "output_hidden_states output_scores pad_token_id prefix problem_type pruned_heads remove_invalid_values "
-    "repetition_penalty return_dict return_dict_in_generate sep_token_id suppress_tokens task_specific_params "
-    "temperature tf_legacy_loss tie_encoder_decoder tie_word_embeddings tokenizer_class top_k top_p "
-    "torch_dtype torchscript transformers_version typical_p use_bfloat16".split()
+GENERIC_KEYS = _files.HF_INERT | frozenset(  # the other attributes every transformers PretrainedConfig has
+    "add_cross_attention bad_words_ids begin_suppress_tokens chunk_size_feed_forward cross_attention_hidden_size "
+    "decoder_start_token_id diversity_penalty do_sample early_stopping encoder_no_repeat_ngram_size "
+    "exponential_decay_length_penalty finetuning_task forced_bos_token_id forced_eos_token_id "
+    "id2label is_decoder is_encoder_decoder label2id length_penalty max_length min_length "
+    "no_repeat_ngram_size num_beam_groups num_beams num_return_sequences output_scores prefix problem_type "
+    "pruned_heads remove_invalid_values repetition_penalty return_dict_in_generate sep_token_id suppress_tokens "
+    "task_specific_params temperature tf_legacy_loss tie_encoder_decoder tie_word_embeddings top_k top_p "
+    "typical_p use_bfloat16".split()
 )
 EDGESPEC_KEYS = ("draft_vocab_size",)  # a published edgespec head's draft vocabulary (with its d2t tensor)
 FLOATS = {"F32", "F16", "BF16", "float32", "float16", "bfloat16"}
@@ -128,8 +127,8 @@ def _config(folder: Path, variant: str) -> dict:
     medusa = {k for k in cfg if k.startswith("medusa")}
     unknown = sorted(medusa - set(MEDUSA_KEYS))
     if variant == "heads":
-        known = set(MEDUSA_KEYS) | GENERIC_KEYS | set(EDGESPEC_KEYS) | {"hidden_size", "vocab_size"}
-        unknown += sorted(set(cfg) - medusa - known)
+        known = (medusa, MEDUSA_KEYS, GENERIC_KEYS, EDGESPEC_KEYS, ("hidden_size", "vocab_size"))
+        unknown += sorted(_files.unknown_keys(cfg, *known))
     if unknown:
         raise MedusaFormatError(
             f"{folder}/config.json: {', '.join(unknown)}: not a setting of Medusa's heads that edgespec "
