@@ -87,13 +87,33 @@ def vocab_maps(vocab):
     return d2t, t2d
 
 
-def save_reference(folder: Path, tokens, aux, embed, steps: list, meta: dict) -> None:
+def fresh(name: str) -> Path:
+    """The fixture folder `name`, made empty."""
+    folder = OUT / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        f.unlink()
+    return folder
+
+
+def own_embedding(seed: int, width: int):
+    """A head's own embedding table [V, width] (the heads that carry one)."""
     import numpy as np
 
-    arrays = {"tokens": tokens, "aux": aux, "embed": embed}
+    return (np.random.default_rng(seed + 7).standard_normal((V, width)) * 0.5).astype(np.float32)
+
+
+def save_reference(folder: Path, data: tuple, steps: list, meta: dict) -> None:
+    """The upstream forward's logits per draft step on `data` (tokens, aux, embed), and who computed
+    them (meta, and the transformers version that ran); says it wrote the folder."""
+    import numpy as np
+
+    arrays = dict(zip(("tokens", "aux", "embed"), data, strict=True))
     arrays |= {f"logits_s{i + 1}": np.asarray(s, np.float32) for i, s in enumerate(steps)}
     np.savez_compressed(folder / "reference.npz", **arrays)
+    meta = meta | {"transformers": __import__("transformers").__version__}
     (folder / "upstream.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {folder}")
 
 
 # ---- official (SafeAILab EAGLE) --------------------------------------------------------------------
@@ -144,10 +164,7 @@ def part_official(src: str) -> None:
     from eagle.model.configs import EConfig
 
     for name, dtype, seed in (("eagle3-official", torch.float16, 1),):
-        folder = OUT / name
-        folder.mkdir(parents=True, exist_ok=True)
-        for f in folder.iterdir():
-            f.unlink()
+        folder = fresh(name)
         tokens, aux, embed, vocab = inputs(seed)
         cfg = json.loads((Path(src) / "eagle" / "traineagle3" / "config.json").read_text())
         cfg |= dict(
@@ -175,23 +192,9 @@ def part_official(src: str) -> None:
         }
         torch.save(state, folder / "pytorch_model.bin")
         (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        ref = official_model(folder, embed, src)
-        steps = official_chains(ref, tokens, aux)
-        save_reference(
-            folder,
-            tokens,
-            aux,
-            embed,
-            steps,
-            {
-                "project": "SafeAILab/EAGLE",
-                "commit": git_head(src),
-                "class": "eagle.model.cnets.Model",
-                "dtype": str(dtype),
-                "transformers": __import__("transformers").__version__,
-            },
-        )
-        print(f"wrote {folder}")
+        steps = official_chains(official_model(folder, embed, src), tokens, aux)
+        meta = {"project": "SafeAILab/EAGLE", "commit": git_head(src), "class": "eagle.model.cnets.Model"}
+        save_reference(folder, (tokens, aux, embed), steps, meta | {"dtype": str(dtype)})
 
 
 def git_head(src: str) -> str:
@@ -285,10 +288,7 @@ def part_specforge() -> None:
         ),
     )
     for name, seed, extra, ht in variants:
-        folder = OUT / name
-        folder.mkdir(parents=True, exist_ok=True)
-        for f in folder.iterdir():
-            f.unlink()
+        folder = fresh(name)
         tokens, aux, embed, vocab = inputs(seed, ht)
         base = dict(
             architectures=["LlamaForCausalLMEagle3"],
@@ -314,36 +314,25 @@ def part_specforge() -> None:
             model = LlamaForCausalLMEagle3(LlamaConfig(**{k: v for k, v in cfg.items()}))
             randomize(model, seed)
             d2t, t2d = vocab_maps(vocab)
-            own = torch.from_numpy(
-                (
-                    __import__("numpy").random.default_rng(seed + 7).standard_normal((V, cfg["hidden_size"])) * 0.5
-                ).astype("float32")
-            )
             with torch.no_grad():
-                model.embed_tokens.weight.copy_(own)
+                model.embed_tokens.weight.copy_(torch.from_numpy(own_embedding(seed, cfg["hidden_size"])))
             # a training state as SpecForge's trainer keeps it: the draft in bf16 (its torch_dtype)
             sd = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items() if k not in ("d2t", "t2d")}
             sd |= {"d2t": d2t, "t2d": t2d}
             torch.save({"draft_state_dict": sd}, Path(tmp) / "training_state.pt")
             export_to_hf(str(Path(tmp) / "training_state.pt"), str(cfg_path), str(folder))
-        ref = specforge_load(folder)
-        steps = specforge_chains(ref, tokens, aux)
         save_reference(
             folder,
-            tokens,
-            aux,
-            embed,
-            steps,
+            (tokens, aux, embed),
+            specforge_chains(specforge_load(folder), tokens, aux),
             {
                 "project": "sgl-project/SpecForge",
                 "version": "specforge 0.2.0",
                 "class": "specforge.modeling.draft.llama3_eagle.LlamaForCausalLMEagle3",
                 "dtype": "torch.bfloat16",
                 "saved_by": "specforge.export.to_hf.export_to_hf",
-                "transformers": __import__("transformers").__version__,
             },
         )
-        print(f"wrote {folder}")
 
 
 # ---- speculators ---------------------------------------------------------------------------------------
@@ -388,7 +377,6 @@ def speculators_load(folder: Path):
 
 
 def part_speculators() -> None:
-    import numpy as np
     import torch
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
@@ -411,10 +399,7 @@ def part_speculators() -> None:
         ("eagle3-speculators-fcnorm", 6, dict(fc_norm=True), dict(rope_theta=10000.0)),
     )
     for name, seed, top, rope in variants:
-        folder = OUT / name
-        folder.mkdir(parents=True, exist_ok=True)
-        for f in folder.iterdir():
-            f.unlink()
+        folder = fresh(name)
         tokens, aux, embed, vocab = inputs(seed)
         layer = LlamaConfig(
             hidden_size=H,
@@ -443,30 +428,22 @@ def part_speculators() -> None:
         d2t, t2d = vocab_maps(vocab)
         model.load_vocab_mappings(t2d, d2t)
         with torch.no_grad():  # from_training_args' load_verifier_weights would copy the verifier's
-            model.embed_tokens.weight.copy_(
-                torch.from_numpy((np.random.default_rng(seed + 7).standard_normal((V, H)) * 0.5).astype(np.float32))
-            )
+            model.embed_tokens.weight.copy_(torch.from_numpy(own_embedding(seed, H)))
         model.to(torch.bfloat16).save_pretrained(str(folder))
         for extra in folder.glob("*.py"):  # the config class's source, which save_pretrained copies beside it
             extra.unlink()
-        ref = speculators_load(folder)
-        steps = speculators_chains(ref, tokens, aux)
         save_reference(
             folder,
-            tokens,
-            aux,
-            embed,
-            steps,
+            (tokens, aux, embed),
+            speculators_chains(speculators_load(folder), tokens, aux),
             {
                 "project": "vllm-project/speculators",
                 "version": "speculators 0.9.0",
                 "class": "speculators.models.eagle3.Eagle3DraftModel",
                 "dtype": "torch.bfloat16",
                 "saved_by": "save_pretrained",
-                "transformers": __import__("transformers").__version__,
             },
         )
-        print(f"wrote {folder}")
 
 
 # ---- round trip: edgespec's own head -> export-drafter -> the upstream loaders -------------------------------
@@ -509,10 +486,7 @@ def digest(tensors: dict) -> str:
 
 
 def part_roundtrip_write(edgespec_python: str) -> Path:
-    folder = OUT / "eagle3-edgespec"
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in folder.iterdir():
-        f.unlink()
+    folder = fresh("eagle3-edgespec")
     subprocess.run([edgespec_python, "-c", EDGESPEC_HEAD, str(folder)], check=True)
     tokens, aux, embed, _ = inputs(9)
     import numpy as np
