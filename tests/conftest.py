@@ -44,3 +44,15 @@ def default_engine(tmp_path_factory):
     return export(
         ExportConfig(out=str(out), draft="self:8", max_len=1024, k=8, precision="int4", trees=True, progress=False)
     )
+
+
+@pytest.fixture
+def target_never_loads(monkeypatch):
+    """Loading (or probing) the target fails the test: a drafter folder's refusal must come before it."""
+    from edgespec.export.target import probe, sources
+
+    def no(*_a, **_k):
+        raise AssertionError("the target was loaded (or probed) before the drafter folder was checked")
+
+    monkeypatch.setattr(sources, "load", no)
+    monkeypatch.setattr(probe, "choose_precision", no)

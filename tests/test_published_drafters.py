@@ -28,18 +28,6 @@ def _checkpoints(layout: str) -> list[Path]:
     return sorted(p.parent for p in FIXTURES.glob(f"{layout}*/**/config.json"))
 
 
-@pytest.fixture
-def target_never_loads(monkeypatch):
-    """Loading the target fails the test: a refusal must come before it."""
-    from edgespec.export.target import probe, sources
-
-    def no(*_a, **_k):
-        raise AssertionError("the target was loaded (or probed) before the drafter folder was checked")
-
-    monkeypatch.setattr(sources, "load", no)
-    monkeypatch.setattr(probe, "choose_precision", no)
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_has_a_fixture_and_a_test_module(layout):
     assert _checkpoints(layout), f"no fixture for {layout} under {FIXTURES} (tools/published_fixtures/)"

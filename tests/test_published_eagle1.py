@@ -122,6 +122,15 @@ def test_head_graph_matches_the_upstream_forward(engines, tiny_models, layout, d
     assert np.abs(ref["out_hidden_cached"] - ref["out_hidden"]).max() < 1e-5
 
 
+def _forward(head, ref) -> tuple:
+    """(features [n, H] as a tensor, logits [n, V]) of edgespec's PyTorch head on the reference's rows, one step."""
+    n = ref["input_ids"].shape[1]
+    rows = (torch.from_numpy(ref["input_ids"]), torch.from_numpy(ref["hidden_states"]), torch.arange(n)[None])
+    with torch.no_grad():
+        feat = head(*rows, torch.ones(1, n, dtype=torch.bool), n_steps=1)[0]
+        return feat, head.logits(feat).numpy()
+
+
 @pytest.mark.parametrize(("layout", "dtype"), CASES)
 def test_pytorch_head_matches_the_upstream_forward(tiny_models, layout, dtype):
     """edgespec's PyTorch head (what validation and training use) on the read checkpoint, whatever its
@@ -133,16 +142,7 @@ def test_pytorch_head_matches_the_upstream_forward(tiny_models, layout, dtype):
     assert hc.rope_theta == (1e6 if layout.endswith("qwen2") else 5e5) != arch.rope_theta
     cos, sin = arch.rope_tables()
     head = build_head(hc, arrays, embed, lm_head, cos, sin)
-    n = ref["input_ids"].shape[1]
-    with torch.no_grad():
-        feat = head(
-            torch.from_numpy(ref["input_ids"]),
-            torch.from_numpy(ref["hidden_states"]),
-            torch.arange(n)[None],
-            torch.ones(1, n, dtype=torch.bool),
-            n_steps=1,
-        )[0]
-        logits = head.logits(feat).numpy()
+    feat, logits = _forward(head, ref)
     assert np.abs(logits - ref["logits"]).max() < 1e-4
     if dtype == "fp32":
         assert np.abs(feat.numpy() - ref["out_hidden"]).max() < 1e-5
@@ -270,14 +270,8 @@ REFUSED = {
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
-def test_a_bad_folder_is_refused_before_the_target_loads(tiny_models, tmp_path, monkeypatch, case):
+def test_a_bad_folder_is_refused_before_the_target_loads(tiny_models, tmp_path, case, target_never_loads):
     """One line naming the reason, exit status 2, no traceback, in seconds: the target never loads."""
-    from edgespec.export.target import sources
-
-    def no_load(*a, **k):
-        raise AssertionError("the target loaded before the head was checked")
-
-    monkeypatch.setattr(sources, "load", no_load)
     layout, config, tensors, reason = REFUSED[case]
     folder = _mutated(tmp_path, layout, config, tensors)
     extra = ["--eagle-draft-vocab", "100"] if case == "draft-vocab-cut" else []
@@ -441,17 +435,8 @@ def test_the_upstream_class_loads_what_publish_wrote(tiny_models, tmp_path):
         hc, arrays = read_head(tmp_path / layout / "edgespec", 64, 256)  # as stored (fp16)
         head = build_head(hc, arrays, embed, lm_head, cos, sin)
         ref = _reference(layout, "fp16")
-        n = ref["input_ids"].shape[1]
-        with torch.no_grad():
-            feat = head(
-                torch.from_numpy(ref["input_ids"]),
-                torch.from_numpy(ref["hidden_states"]),
-                torch.arange(n)[None],
-                torch.ones(1, n, dtype=torch.bool),
-                n_steps=1,
-            )[0]
         mine = tmp_path / layout / "edgespec.npz"
-        np.savez(mine, input_ids=ref["input_ids"], hidden_states=ref["hidden_states"], logits=head.logits(feat).numpy())
+        np.savez(mine, input_ids=ref["input_ids"], hidden_states=ref["hidden_states"], logits=_forward(head, ref)[1])
         assert _publish(tmp_path / layout / "edgespec", tmp_path / layout / "official")[0] == 0
         script = ROOT / "tools" / "published_fixtures" / "eagle1.py"
         check = [str(tmp_path / layout / "official"), FAMILY[layout], str(mine)]

@@ -188,17 +188,6 @@ def test_per_head_lm_heads_at_other_precisions(target, tmp_path, capsys, precisi
 
 
 # ---- refused before the target loads ----------------------------------------------------------------
-@pytest.fixture
-def target_never_loads(monkeypatch):
-    from edgespec.export.target import probe, sources
-
-    def no(*_a, **_k):
-        raise AssertionError("the target was loaded (or probed) before the heads folder was checked")
-
-    monkeypatch.setattr(sources, "load", no)
-    monkeypatch.setattr(probe, "choose_precision", no)
-
-
 def _copy(tmp_path: Path, name: str, config=None, tensors=None) -> Path:
     """A copy of fixture `name`, its config.json changed by `config` (dict -> None) and the tensors of
     its medusa_lm_head.pt by `tensors` (dict -> None)."""
