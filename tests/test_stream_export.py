@@ -112,7 +112,7 @@ def test_synthetic_bf16_model_streams_to_the_same_folder(small_blocks, tmp_path,
         )
     )
     err = capsys.readouterr().err
-    assert "streaming export" in err and "layers [0, 4] of 5" in err, err
+    assert "streaming export" in err and "layers [0, 1] of 5" in err, err
     old = export(
         ExportConfig(
             target=str(tmp_path / "src"),

@@ -115,7 +115,7 @@ class CoreExportConfig:
             "help": "auto (default): a safetensors target of the llama, mistral, qwen2, qwen3 or gemma3_text "
             "family exported without drafter models is read, quantized and written one tensor at a time "
             "(memory follows the largest tensor, not the model; validated on a sampled model of its first "
-            "and last layers; the folder is the same bytes); off: loaded whole through transformers "
+            "layers; the folder is the same bytes); off: loaded whole through transformers "
             "(docs/results/streaming-export.md)",
             "choices": ("auto", "off"),
         },

@@ -76,34 +76,51 @@ class ReadWeight(np.ndarray):
         return super().astype(dtype, order=order, casting=casting, subok=subok, copy=copy)
 
 
-def read_tensor(e: TensorEntry) -> ReadWeight:
+def read_tensor(e: TensorEntry, rows: np.ndarray | None = None) -> ReadWeight:
     """One tensor as float32 (BF16 and F16 widened exactly: bf16 is the top half of a float32),
-    converted piece by piece: peak memory is the float32 result plus one piece."""
+    converted piece by piece: peak memory is the float32 result plus one piece. rows: only these
+    rows (sorted, of the first axis; contiguous runs read at once)."""
     if e.dtype not in DTYPES:
         raise CheckpointError(f"tensor dtype {e.dtype} is not read by the streaming export (F32, F16, BF16)")
     src_type = np.dtype(DTYPES[e.dtype])
-    out = np.empty(e.shape, np.float32)
-    flat = out.reshape(-1)
-    n = flat.size
-    if n * src_type.itemsize != e.nbytes:
+    if int(np.prod(e.shape, dtype=np.int64)) * src_type.itemsize != e.nbytes:
         raise CheckpointError(f"{e.file}: a tensor of shape {e.shape} {e.dtype} holds {e.nbytes} bytes")
-    step = max(1, CHUNK_BYTES // 4)
+    row = int(np.prod(e.shape[1:], dtype=np.int64)) if e.shape else 1
+    if rows is None:
+        out = np.empty(e.shape, np.float32)
+        runs = [(0, e.shape[0] if e.shape else 1)]
+    else:
+        rows = np.asarray(rows, np.int64)
+        out = np.empty((len(rows), *e.shape[1:]), np.float32)
+        cut = np.flatnonzero(np.diff(rows) != 1) + 1  # runs of consecutive rows
+        runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(rows, cut) if len(r)]
+    flat, at = out.reshape(-1), 0
     with open(e.file, "rb", buffering=0) as fh:
-        fh.seek(e.start)
-        if e.dtype == "F32":
-            _read_exactly(fh, memoryview(flat.view(np.uint8)), e.file)
-        else:
-            buf = np.empty(min(step, n), src_type)
-            for i in range(0, n, step):
-                piece = buf[: min(step, n - i)]
-                _read_exactly(fh, memoryview(piece.view(np.uint8)), e.file)
-                if e.dtype == "BF16":
-                    np.left_shift(piece, 16, out=flat[i : i + len(piece)].view(np.uint32), dtype=np.uint32)
-                else:
-                    flat[i : i + len(piece)] = piece
+        for r0, r1 in runs:
+            n = (r1 - r0) * row
+            fh.seek(e.start + r0 * row * src_type.itemsize)
+            _read_converted(fh, e, src_type, flat[at : at + n])
+            at += n
     out = out.view(ReadWeight)
     out.flags.writeable = False
     return out
+
+
+def _read_converted(fh, e: TensorEntry, src_type: np.dtype, flat: np.ndarray) -> None:
+    """len(flat) values of the file's type from fh's position into float32 `flat`."""
+    n = len(flat)
+    if e.dtype == "F32":
+        _read_exactly(fh, memoryview(flat.view(np.uint8)), e.file)
+        return
+    step = max(1, CHUNK_BYTES // 4)
+    buf = np.empty(min(step, n), src_type)
+    for i in range(0, n, step):
+        piece = buf[: min(step, n - i)]
+        _read_exactly(fh, memoryview(piece.view(np.uint8)), e.file)
+        if e.dtype == "BF16":
+            np.left_shift(piece, 16, out=flat[i : i + len(piece)].view(np.uint32), dtype=np.uint32)
+        else:
+            flat[i : i + len(piece)] = piece
 
 
 def _read_exactly(fh, view: memoryview, file: Path) -> None:
@@ -143,6 +160,16 @@ class StreamedWeights(Mapping):
             self._alive[src] = arr
         return arr
 
+    def get(self, name: str, default=None):
+        """The tensor unread (a LazyTensor), or default. The graph writer asks for the LM head this
+        way and keeps it in a local through every layer; unread, it holds nothing meanwhile
+        (StreamingWriter reads it when it stores the linear)."""
+        return LazyTensor(self, name) if name in self else default
+
+    def rows(self, name: str, rows: np.ndarray) -> ReadWeight:
+        """Rows of a tensor (sorted indices of its first axis), reading only those."""
+        return read_tensor(self.entries[self.source(name)], rows)
+
     def __iter__(self) -> Iterator[str]:
         return iter(list(self.entries) + [a for a in self.aliases if a not in self.entries])
 
@@ -151,6 +178,17 @@ class StreamedWeights(Mapping):
 
     def __contains__(self, name) -> bool:
         return self.source(name) in self.entries
+
+
+@dataclass(frozen=True)
+class LazyTensor:
+    """A checkpoint tensor not read yet (StreamedWeights.get)."""
+
+    weights: StreamedWeights  # where it is read from
+    name: str  # its state-dict name
+
+    def read(self) -> ReadWeight:
+        return self.weights[self.name]
 
 
 @dataclass(frozen=True)
