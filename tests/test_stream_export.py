@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 from tiny import make_tiny  # noqa: E402
 
 from edgespec.engines.manifest import load_manifest  # noqa: E402
-from edgespec.export.target import stream, tensors  # noqa: E402
+from edgespec.export.target import sampled, stream, tensors  # noqa: E402
 from edgespec.export.target.arch import arch_from_config  # noqa: E402
 from edgespec.export.target.exporter import ExportConfig, export  # noqa: E402
 from edgespec.export.target.spec import ExportError  # noqa: E402
@@ -27,7 +27,7 @@ def small_blocks(monkeypatch):
     """Row blocks, file pieces and the sampled vocabulary small enough that tiny models take many."""
     monkeypatch.setattr(stream, "CHUNK_BYTES", 3000)
     monkeypatch.setattr(tensors, "CHUNK_BYTES", 1000)
-    monkeypatch.setattr(stream, "VOCAB_ROWS", 40)
+    monkeypatch.setattr(sampled, "VOCAB_ROWS", 40)
 
 
 def _both(src, tmp_path, **kw):

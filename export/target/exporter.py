@@ -30,8 +30,9 @@ from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter
 from edgespec.export.target.lean_graph import probe_portable_ops
 from edgespec.export.target.linears import one_row_int4_differs
 from edgespec.export.target.reference import hf_weights
+from edgespec.export.target.sampled import validate_sampled
 from edgespec.export.target.spec import ExportConfig, ExportError, aux_layers, tolerance
-from edgespec.export.target.stream import StreamingWriter, check_floats, open_weights, validate_sampled, why_not
+from edgespec.export.target.stream import StreamingWriter, check_floats, open_weights, why_not
 from edgespec.export.target.tensors import CheckpointError
 from edgespec.export.target.validate import validate_model, validation_tokens
 from edgespec.export.target.weights import write_weights
