@@ -12,7 +12,7 @@ from tiny import TINY_EXPORT, assert_rows_bitwise_alike
 from edgespec.engines import rowop
 
 WHY = rowop.unavailable()
-pytestmark = pytest.mark.skipif(bool(WHY), reason=f"row kernel not available: {WHY}")
+needs_op = pytest.mark.skipif(bool(WHY), reason=f"row kernel not available: {WHY}")
 
 PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7], np.int64)
 
@@ -85,6 +85,7 @@ def test_pack_folds_and_narrows_where_exact():
     assert np.array_equal(got.astype(np.float32), want)
 
 
+@needs_op
 @pytest.mark.parametrize("path", rowop.PATHS)
 def test_every_path_is_the_reference_bitwise(path):
     if not rowop.cpu_runs(path):
@@ -124,6 +125,7 @@ def _session(p, path: str):
             os.environ[rowop.ISA_ENV] = old
 
 
+@needs_op
 @pytest.mark.parametrize("path", rowop.PATHS)
 def test_op_rows_bitwise_alike_across_widths(path):
     if not rowop.cpu_runs(path):
@@ -141,6 +143,7 @@ def test_op_rows_bitwise_alike_across_widths(path):
                 assert np.array_equal(got, want[r0 : r0 + width]), f"{path} {spec} width {width} at {r0}"
 
 
+@needs_op
 def test_a_refused_path_is_a_session_error(monkeypatch):
     import onnxruntime as ort
 
@@ -159,6 +162,7 @@ def rowop_engine(tiny_models, tmp_path_factory):
     return export(ExportConfig(target=str(tiny_models["llama"]), out=str(out), eagle="none", medusa="none", **opts))
 
 
+@needs_op
 def test_folder_runs_the_op_for_every_linear(rowop_engine):
     import onnx
 
@@ -171,12 +175,14 @@ def test_folder_runs_the_op_for_every_linear(rowop_engine):
     assert rowop.needs(m.target.weights)
 
 
+@needs_op
 def test_folder_rows_bitwise_alike(rowop_engine):
     from edgespec.engines.manifest import load_manifest
 
     assert_rows_bitwise_alike(load_manifest(rowop_engine), "rowop")
 
 
+@needs_op
 @pytest.mark.parametrize("drafter", ["ngram", "suffix"])
 def test_speculative_output_is_plain_output(rowop_engine, drafter):
     from edgespec.runtime.config import RuntimeConfig
@@ -187,6 +193,7 @@ def test_speculative_output_is_plain_output(rowop_engine, drafter):
     assert [int(t) for c in g.generate_ids(PROMPT, 40) for t in c] == [int(t) for c in want for t in c]
 
 
+@needs_op
 @pytest.mark.parametrize("name", ["q4_1", "mixed"])
 def test_gguf_blocks_kept_exactly_in_the_op(name, tmp_path):
     """A GGUF's blocks (the default model's Q4_1; every K-quant and legacy type) run in the op with
@@ -220,3 +227,20 @@ def test_gguf_blocks_kept_exactly_in_the_op(name, tmp_path):
     for drafter in ("ngram", "draft"):
         g.set_drafter(drafter, k=3)
         assert [int(t) for c in g.generate_ids(PROMPT, 32) for t in c] == plain, drafter
+
+
+def test_the_probe_never_offers_an_unavailable_op_and_says_why(monkeypatch, tmp_path):
+    from edgespec.export.target import probe
+    from edgespec.export.target.exporter import ExportConfig
+    from edgespec.export.target.spec import ExportError
+
+    monkeypatch.setattr(rowop, "unavailable", lambda: "no C++ compiler (g++, c++, clang++ or $CXX)")
+    cfg = ExportConfig(target="x", out=str(tmp_path / "e"), precision="auto")
+    cands, why = probe.candidates(cfg)
+    assert set(cands) == {"int4", "int8"} and "no C++ compiler" in why
+    with pytest.raises(ExportError, match="no C\\+\\+ compiler"):
+        ExportConfig(target="x", out=str(tmp_path / "e"), precision="int4", int4_kernel="rowop").check()
+    assert set(probe.candidates(ExportConfig(target="x", int4_kernel="nbits"))[0]) == {"int4", "int8"}
+    monkeypatch.setattr(rowop, "unavailable", lambda: "")
+    assert probe.ROWOP in probe.candidates(cfg)[0]
+    assert set(probe.candidates(ExportConfig(target="x", precision="auto", int4_kernel="rowop"))[0]) == {probe.ROWOP}
