@@ -248,6 +248,37 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) {
   return nullptr;
 }
 
+// The output's type and shape for ONNX Runtime's planner: X's shape, its last dimension N.
+OrtStatus* ORT_API_CALL infer_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  const OrtApi* api = g_api;
+  const OrtOpAttr* attr = nullptr;
+  ROWOP_TRY(api->ShapeInferContext_GetAttribute(ctx, "N", &attr));
+  int64_t n = 0;
+  size_t got = 0;
+  ROWOP_TRY(api->ReadOpAttr(attr, ORT_OP_ATTR_INT, &n, sizeof(n), &got));
+  OrtTensorTypeAndShapeInfo* in = nullptr;  // owned by the context
+  ROWOP_TRY(api->ShapeInferContext_GetInputTypeShape(ctx, 0, &in));
+  size_t nd = 0;
+  OrtStatus* st = api->GetDimensionsCount(in, &nd);
+  std::vector<int64_t> dims(nd);
+  std::vector<const char*> names(nd);
+  if (st == nullptr) st = api->GetDimensions(in, dims.data(), nd);
+  if (st == nullptr) st = api->GetSymbolicDimensions(in, names.data(), nd);
+  OrtTensorTypeAndShapeInfo* out = nullptr;
+  if (st == nullptr && nd > 0) {
+    dims.back() = n;
+    names.back() = "";
+    for (const char*& name : names) name = name ? name : "";  // no name: a fixed or unknown dimension
+    st = api->CreateTensorTypeAndShapeInfo(&out);
+    if (st == nullptr) st = api->SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+    if (st == nullptr) st = api->SetDimensions(out, dims.data(), nd);
+    if (st == nullptr) st = api->SetSymbolicDimensions(out, names.data(), nd);
+    if (st == nullptr) st = api->ShapeInferContext_SetOutputTypeShape(ctx, 0, out);
+  }
+  if (out != nullptr) api->ReleaseTensorTypeAndShapeInfo(out);
+  return st;  // `in` belongs to the context
+}
+
 void ORT_API_CALL destroy_kernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return kOpType; }
 const char* ORT_API_CALL op_provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
@@ -287,6 +318,7 @@ RowOp make_op(const Isa* isa) {
   op.GetVariadicOutputHomogeneity = zero;
   op.CreateKernelV2 = create_kernel;
   op.KernelComputeV2 = compute;
+  op.InferOutputShapeFn = infer_shape;
   op.GetStartVersion = one;
   op.GetEndVersion = end_version;
   op.isa = isa;
