@@ -7,6 +7,15 @@
 
 namespace rowop {
 
+// Bytes ahead of the record being unpacked that the kernels prefetch. Measured on an 8-bit LM head
+// (30 MB, out of cache) at 9 rows: 3.0-3.4 ms without, 1.27 ms with (a record's lines requested
+// together, ahead of use, instead of one load miss after another); 4-bit and in-cache: no change.
+constexpr int kPrefetch = 4096;
+
+inline void prefetch_record(const uint8_t* p, int bytes) {
+  for (int off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
+
 // fp16 -> fp32, exact (the vector paths convert with F16C / AVX-512, also exact).
 inline float half_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

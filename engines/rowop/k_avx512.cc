@@ -10,6 +10,7 @@
 namespace rowop {
 namespace {
 
+
 inline __m512 load16(const uint8_t* p, bool f16) {
   return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))
              : _mm512_loadu_ps(reinterpret_cast<const float*>(p));
@@ -67,6 +68,7 @@ void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int6
       for (int r = 0; r < nr; ++r) _mm512_store_ps(acc + r * kPanel, _mm512_setzero_ps());
       const uint8_t* rp = w + p * nb * rec;
       for (int64_t b = 0; b < nb; ++b, rp += rec) {
+        prefetch_record(rp + kPrefetch, rec);
         __m512i W[G];
         if (BITS == 4) {
 #pragma GCC unroll 4

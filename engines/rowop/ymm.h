@@ -41,6 +41,7 @@ void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int6
         for (int r = 0; r < nr; ++r) _mm256_store_ps(acc + r * 8, _mm256_setzero_ps());
         const uint8_t* rp = w + p * nb * rec;
         for (int64_t b = 0; b < nb; ++b, rp += rec) {
+          prefetch_record(rp + kPrefetch, rec);
           __m256i W[2 * G];  // the policy may keep a second form of the codes in W[G..2G)
           if (BITS == 4) {
             for (int c = 0; c < G / 2; ++c) {
