@@ -22,7 +22,8 @@ import numpy as np
 from edgespec.export.target.graph import WeightStore
 from edgespec.export.target.weights import ALIGN
 
-CHUNK_BYTES = 64 << 20  # file reads, conversions and copies in pieces of this size
+CHUNK_BYTES = 16 << 20  # row blocks, file reads and comparisons in pieces of this size (16 MB: glibc then
+#                        reuses the freed heap instead of mapping fresh pages per block: 1B export sys time 20 -> 13 s)
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # safetensors dtype -> the bytes' numpy type
 
 
