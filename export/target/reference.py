@@ -25,10 +25,7 @@ def reference_model(model, writer: LlamaGraphWriter, copy_model: bool = True):
     with torch.no_grad():
         params = dict(ref.named_parameters(remove_duplicate=False))
         for name, arr in writer.reference.items():
-            if name == "lm_head.weight":  # untie: the graph's embedding Gather stays unquantized
-                ref.lm_head.weight = torch.nn.Parameter(torch.from_numpy(arr.copy()))
-            elif name in params:
-                params[name].copy_(torch.from_numpy(arr))
+            set_weight(ref, params, name, arr)
         if writer.n_layers < ref.config.num_hidden_layers:
             ref.model.layers = ref.model.layers[: writer.n_layers]
             ref.config.num_hidden_layers = writer.n_layers
@@ -37,6 +34,32 @@ def reference_model(model, writer: LlamaGraphWriter, copy_model: bool = True):
             if isinstance(module, torch.nn.Linear):
                 module.register_forward_pre_hook(_quantize_rows)
     return ref.eval()
+
+
+def set_weight(model, params: dict, name: str, arr: np.ndarray) -> None:
+    """One weight of `model` (params: its named_parameters, duplicates kept) set to the values a
+    graph computes with; the LM head untied (the graph's embedding Gather stays unquantized)."""
+    import torch
+
+    with torch.no_grad():
+        if name == "lm_head.weight":
+            model.lm_head.weight = torch.nn.Parameter(torch.from_numpy(np.array(arr)))
+        elif name in params:
+            params[name].copy_(torch.from_numpy(np.asarray(arr)))
+
+
+class IntoModel(dict):
+    """A graph writer's `reference` that copies each weight into a PyTorch model as the writer
+    stores it and keeps nothing (empty as a dict): the reference without a second copy of the
+    weights in memory (the streaming export's sampled model)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+        self.params = dict(model.named_parameters(remove_duplicate=False))
+
+    def __setitem__(self, name: str, arr: np.ndarray) -> None:
+        set_weight(self.model, self.params, name, arr)
 
 
 def _quantize_rows(module, args):

@@ -110,7 +110,7 @@ def validate_sampled(man, ctx, weights: StreamedWeights, hf_cfg, tokens: np.ndar
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edgespec.export.target.reference import reference_model
+    from edgespec.export.target.reference import IntoModel, reference_model
     from edgespec.export.target.validate import validate_model
     from edgespec.export.target.write import host_prologue_entry, write_model
 
@@ -124,17 +124,6 @@ def validate_sampled(man, ctx, weights: StreamedWeights, hf_cfg, tokens: np.ndar
     try:
         v_arch = sampled_arch(arch, layers, len(rows))
         v_opts = dataclasses.replace(opts, aux_layers=())
-        w = StreamingWriter(v_arch, view, v_opts, scratch / "target.spool", keep_reference=True)
-        index = w.write_weights(scratch / "target.weights")
-        _same_layers(w, ctx.writer, layers)
-        spec = host_prologue_entry(
-            write_model(w, scratch, "target", "target", ctx.widths, ctx.chunk, "target.weights", index), w
-        )
-        shutil.copy(man_dir / man.tokenizer_file, scratch / man.tokenizer_file)
-        v_man = dataclasses.replace(
-            man, folder=scratch, drafters={}, eos_token_ids=(), bos_token_id=None, chat_template_file=None, files={}
-        )
-        v_man.replace_model("target", spec).save()
         model = AutoModelForCausalLM.from_config(sampled_config(hf_cfg, layers, len(rows)), dtype=torch.float32)
         state = model.state_dict()  # the parameters themselves: filled one tensor at a time
         missing = [k for k in state if k not in view and not k.endswith("inv_freq")]
@@ -145,9 +134,19 @@ def validate_sampled(man, ctx, weights: StreamedWeights, hf_cfg, tokens: np.ndar
                 if k in view:
                     t.copy_(torch.from_numpy(np.array(view[k])))
         del state
-        ref = reference_model(model, w, copy_model=False)
-        w.reference.clear()
-        del model
+        # the writer's weights (int4: dequantized) go straight into the model: no second copy
+        w = StreamingWriter(v_arch, view, v_opts, scratch / "target.spool", reference=IntoModel(model))
+        index = w.write_weights(scratch / "target.weights")
+        _same_layers(w, ctx.writer, layers)
+        spec = host_prologue_entry(
+            write_model(w, scratch, "target", "target", ctx.widths, ctx.chunk, "target.weights", index), w
+        )
+        shutil.copy(man_dir / man.tokenizer_file, scratch / man.tokenizer_file)
+        v_man = dataclasses.replace(
+            man, folder=scratch, drafters={}, eos_token_ids=(), bos_token_id=None, chat_template_file=None, files={}
+        )
+        v_man.replace_model("target", spec).save()
+        ref = reference_model(model, w, copy_model=False)  # (int8: its rows quantized as the graph does)
         ids = np.searchsorted(rows, tokens) if not full else tokens
         diffs = validate_model(scratch, "target", ref, ids, tol)
     finally:

@@ -115,18 +115,21 @@ def open_weights(folder: Path, arch: ArchSpec) -> StreamedWeights:
 
 class StreamingWriter(LlamaGraphWriter):
     """LlamaGraphWriter storing into a SpillStore, its MatMulNBits linears quantized in row blocks
-    and checked as they are stored. keep_reference: keep the weights the graph computes with
-    (validation's sampled model); off, the writer holds no weights after storing them."""
+    and checked as they are stored. reference: where the weights the graph computes with go
+    (reference.IntoModel: into validation's PyTorch model); None: dropped, so the writer holds no
+    weights after storing them."""
 
     def __init__(
-        self, arch: ArchSpec, weights: Mapping, opts: GraphOptions, spool: Path, keep_reference: bool = False
+        self, arch: ArchSpec, weights: Mapping, opts: GraphOptions, spool: Path, reference: dict | None = None
     ) -> None:
         self.spool = spool  # set before the writer prepares (LlamaGraphWriter.__init__ stores everything)
-        self.keep_reference = keep_reference
+        self.sink = reference
         super().__init__(arch, weights, opts)
 
     def _prepare(self, w) -> None:
         self.store = self.linears.store = SpillStore(self.spool)
+        if self.sink is not None:
+            self.reference = self.sink
         super()._prepare(w)
 
     def write_weights(self, path: Path) -> dict[str, dict]:
@@ -144,7 +147,7 @@ class StreamingWriter(LlamaGraphWriter):
         if not done:
             used = lin.store_linear(name, w, tied, parts=parts)
             _check_used(name, w, used, bits, self.dtype)
-        if self.keep_reference:
+        if self.sink is not None:
             rows = 0
             for n in hf_names:
                 k = self._ref_rows(n)
@@ -182,7 +185,7 @@ class StreamingWriter(LlamaGraphWriter):
                     store.append(n, got[n])
                     rows, *rest = got[n].shape
                     shapes[n] = (shapes.get(n, (0,))[0] + rows, *rest)
-                if self.keep_reference:
+                if self.sink is not None:
                     used.append(u)
         finally:
             lin.store = store
