@@ -373,7 +373,7 @@ def _validate(man: mf.Manifest, ctx: ExportContext, shipped: dict, streamed: tup
     """Every graph of the folder against PyTorch (the target here, each drafter's by its plugin), the
     differences recorded in the manifest (saved); a model a check leaves out is dropped with its graph.
     streamed: (its StreamedWeights, its config) of a streamed target, validated on a sampled model
-    of its layers (stream.validate_sampled: the whole model is never in memory)."""
+    of its layers (sampled.validate_sampled: the whole model is never in memory)."""
     cfg, tmp = ctx.cfg, ctx.folder
     n_val = cfg.prefill_chunk + sum(w for w in ctx.widths if w != cfg.prefill_chunk)
     tokens = validation_tokens(ctx.tok, n_val, ctx.arch.vocab_size)
