@@ -27,7 +27,7 @@ import numpy as np
 
 from edgespec.export.target.arch import ArchSpec
 from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter, WeightStore
-from edgespec.export.target.linears import Linears, Part
+from edgespec.export.target.linears import IntegerLinears, Linears, Part
 from edgespec.export.target.spec import ExportError
 from edgespec.export.target.tensors import (
     CHUNK_BYTES,
@@ -142,8 +142,13 @@ class StreamingWriter(LlamaGraphWriter):
         parts = tuple(Part(n, 0, "float") for n in hf_names)  # as graph.ModelWriter._linear for a float checkpoint
         lin = self.linears
         bits = lin.bits(name)
-        blocks = type(lin) is Linears and bits in (4, 8)  # MatMulNBits: row blocks quantize alike
-        done, used = self._store_blocks(name, w, tied, parts, bits) if blocks else (False, None)
+        if type(lin) is Linears and bits in (4, 8):  # MatMulNBits: codes, scales, zero points by rows
+            layout = {f"{name}.q{bits}": 0, f"{name}.scales": 0, f"{name}.zp": 0}
+        elif type(lin) is IntegerLinears:  # int8 weights stored [K, N] (their rows are its columns), scales [N]
+            layout = {f"{name}.i8": 1, f"{name}.wscale": 0}
+        else:
+            layout = {}
+        done, used = self._store_rows(name, w, tied, parts, layout, bits) if layout else (False, None)
         if not done:
             used = lin.store_linear(name, w, tied, parts=parts)
             _check_used(name, w, used, bits, self.dtype)
@@ -154,45 +159,70 @@ class StreamingWriter(LlamaGraphWriter):
                 self.reference[n] = np.asarray(used[rows : rows + k]).astype(np.float32)
                 rows += k
 
-    def _store_blocks(self, name: str, w: np.ndarray, tied: bool, parts, bits: int) -> tuple[bool, np.ndarray | None]:
-        """A MatMulNBits linear stored row block by row block (peak: one block's temporaries), each
-        block's codes checked; (False, None) when the linears store something else than codes,
-        scales and zero points (then the caller stores it whole)."""
+    def _store_rows(
+        self, name: str, w: np.ndarray, tied: bool, parts, layout: dict[str, int], bits: int
+    ) -> tuple[bool, np.ndarray | None]:
+        """A quantized linear stored row block by row block (the quantizers work per row or per
+        block of a row, so a block's arrays are the whole matrix's rows): layout names each array
+        and the axis its rows run along. Axis 0: appended to the spool block by block (peak: one
+        block's temporaries); axis 1: filled into one array of the stored size (int8: a byte per
+        weight). Each block is checked (_check_blocks, _check_used). (False, None) when the
+        linears store other arrays (the caller then stores the linear whole)."""
         lin, store = self.linears, self.store
-        names = (f"{name}.q{bits}", f"{name}.scales", f"{name}.zp")
-        if any(n in store.arrays for n in names):
+        if any(n in store.arrays for n in layout):
             return False, None
         n_rows, n_in = w.shape
         step = max(1, CHUNK_BYTES // (4 * n_in))
-        n_origins, used, shapes = len(lin.origins), [], {}
+        n_origins, used, shapes, whole = len(lin.origins), [], {}, {}
         n_first = n_origins  # origins after the first block
         try:
             for r0 in range(0, n_rows, step):
                 lin.store = WeightStore()
                 u = lin.store_linear(name, w[r0 : r0 + step], tied, parts=parts)
                 got = lin.store.arrays
-                if set(got) != set(names):
+                if set(got) != set(layout):
                     if r0 == 0:  # nothing written yet: store it whole
                         del lin.origins[n_origins:]
                         return False, None
-                    raise ExportError(f"{name}: the linears stored {sorted(got)} for a row block, not {sorted(names)}")
+                    raise ExportError(f"{name}: the linears stored {sorted(got)} for a row block, not {sorted(layout)}")
                 if r0:  # every block records the same origins: the first block's stand
                     del lin.origins[n_first:]
                 else:
                     n_first = len(lin.origins)
-                _check_blocks(name, w[r0 : r0 + step], got, names, bits, u, self.opts.int4_block_size)
-                for n in names:
-                    store.append(n, got[n])
-                    rows, *rest = got[n].shape
-                    shapes[n] = (shapes.get(n, (0,))[0] + rows, *rest)
+                if len(layout) == 3:
+                    _check_blocks(name, w[r0 : r0 + step], got, tuple(layout), bits, u, self.opts.int4_block_size)
+                else:
+                    _check_integer(name, w[r0 : r0 + step], got, tuple(layout), u)
+                for n, axis in layout.items():
+                    a = got[n]
+                    if axis == 0:
+                        store.append(n, a)
+                        shapes[n] = (shapes.get(n, (0,))[0] + a.shape[0], *a.shape[1:])
+                    else:
+                        if n not in whole:
+                            whole[n] = np.empty((*a.shape[:1], n_rows, *a.shape[2:]), a.dtype)
+                        whole[n][:, r0 : r0 + a.shape[1]] = a
                 if self.sink is not None:
                     used.append(u)
         finally:
             lin.store = store
-        for n in names:
-            store.finish(n, shapes[n])
+        for n in layout:
+            if n in whole:
+                store.add(n, whole.pop(n))
+            else:
+                store.finish(n, shapes[n])
         lin.shapes[name] = w.shape
         return True, np.concatenate(used) if used else None
+
+
+def _check_integer(name, w, got, names, used) -> None:
+    """A row block's int8 weights [K, n] and scales [n] give the weights the linears report
+    (bitwise) and lie within half a step of the checkpoint rows `w`."""
+    q, scale = (got[n] for n in names)
+    deq = q.T.astype(np.float32) * scale[:, None]  # [n, K]
+    if not np.array_equal(deq, used):
+        raise ExportError(f"{name}: its stored int8 rows do not decode to the weights the graph's linears report")
+    _check_used(name, w, deq, 8, np.dtype(np.float32))
 
 
 def _check_blocks(name, w, got, names, bits: int, used, block_size: int) -> None:
