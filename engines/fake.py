@@ -20,6 +20,7 @@ class FakeModel:
         widths=tuple(range(1, 10)) + (16,),
         mix: float = 0.5,
         seed_table2: int = 1,
+        top_k: int = 8,
     ) -> None:
         self.vocab_size = table.shape[0]
         self.table = table.astype(np.float32)  # [V, V]: logits of the next token given the token
@@ -34,6 +35,10 @@ class FakeModel:
         self.hidden_size = self.vocab_size  # "hidden state" of a row = its logits (for a fake head)
         self.takes_tree = True
         self.has_hidden = True
+        # each row's top-k next tokens and their probabilities (last_topk), as a real graph outputs them
+        self.top_k = min(top_k, self.vocab_size)
+        self._topk_ids = np.zeros((max(self.widths), max(self.top_k, 1)), np.int64)
+        self._topk_probs = np.zeros((max(self.widths), max(self.top_k, 1)), np.float32)
 
     def load_widths(self, widths) -> None:
         pass
@@ -54,8 +59,19 @@ class FakeModel:
             prev = token_ids[par] if par >= 0 else (self.kv[past_len - 1] if past_len > 0 else 0)
             assert prev >= 0, "attended to a row that was never committed"
             self._logits[i] = self.table[tok] + self.table2[prev]
+        if self.top_k:
+            rows = self._logits[:n]
+            ids = np.argsort(-rows, axis=-1, kind="stable")[:, : self.top_k]
+            p = np.exp(rows - rows.max(axis=-1, keepdims=True))
+            p /= p.sum(axis=-1, keepdims=True)
+            self._topk_ids[:n] = ids
+            self._topk_probs[:n] = np.take_along_axis(p, ids, axis=-1)
         self._new[:n] = token_ids
         return self._logits[:n]
+
+    def last_topk(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [n, top_k], probabilities [n, top_k]) of the last forward's rows, best first."""
+        return self._topk_ids[:n], self._topk_probs[:n]
 
     def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
         if rows is None:

@@ -10,8 +10,10 @@
 - IOBinding objects are built once per (width, bucket) and reused.
 - Optional parts, each where it lives: the cache in device memory on a GPU provider
   (engines/device.py DeviceKV), CUDA graph capture (engines/cuda_graph.py), the aux features output
-  `hidden_aux` (a buffer here). A subclass whose graph has more inputs and outputs (a drafter's
-  verifying engine over a graph with the target in it) names them in `_extra_io`.
+  `hidden_aux` and the top-k outputs `topk_ids` / `topk_probs` (buffers here; `last_topk` gives views
+  of them: the recycle drafter's table reads them without a copy). A subclass whose graph has more
+  inputs and outputs (a drafter's verifying engine over a graph with the target in it) names them in
+  `_extra_io`.
 - --host-prologue folders: the per-call masks and slot indices are built here (engines/prologue.py);
   on the CUDA provider such a folder's calls are captured as CUDA graphs, one per (width, window),
   unless cuda_graph=False.
@@ -140,6 +142,10 @@ class OrtModel:
         # aux features (targets exported with them): low/mid/high residual streams [1, T, n_aux*H]
         aux = spec.aux_width
         self._hidden_aux = {w: np.zeros((1, w, aux), dtype) for w in self.widths} if aux else None
+        # each row's top_k next tokens and their probabilities (graphs that output them: spec.top_k)
+        k = self.top_k = spec.top_k
+        self._topk_ids = {w: np.zeros((1, w, k), np.int64) for w in self.widths} if k else None
+        self._topk_probs = {w: np.zeros((1, w, k), np.float32) for w in self.widths} if k else None
         # token trees (takes_tree): tree_mask [T, T] (1: column node is the row node or one of its ancestors);
         # a chain is lower-triangular, rewritten only after a tree call
         self._chain = {w: np.tril(np.ones((w, w), np.int64)) for w in self.widths}
@@ -225,6 +231,8 @@ class OrtModel:
         }
         if self._hidden_aux is not None:
             arrays["hidden_aux"] = self._hidden_aux[width]
+        if self.top_k:
+            arrays["topk_ids"], arrays["topk_probs"] = self._topk_ids[width], self._topk_probs[width]
         return arrays | self.prologue.views(width, n_slots)
 
     def _binding(self, width: int, n_slots: int) -> ort.IOBinding:
@@ -274,6 +282,8 @@ class OrtModel:
         outputs = [("logits", self._logits[width]), ("hidden", self._hidden[width])]
         if self._hidden_aux is not None:
             outputs.append(("hidden_aux", self._hidden_aux[width]))
+        if self.top_k:
+            outputs += [("topk_ids", self._topk_ids[width]), ("topk_probs", self._topk_probs[width])]
         outputs += extra_out
         if self._dkv is None:
             outputs.append(("new_kv", self._new_kv[width]))
@@ -344,6 +354,15 @@ class OrtModel:
         if self._graph_bufs is not None:  # a captured call leaves it on the device until asked for
             self._graph_bufs.read_back("hidden_aux")
         return self._hidden_aux[self._last_width][0, :n]
+
+    def last_topk(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [n, top_k] int64, probabilities [n, top_k] float32) of the last forward's first n rows:
+        each row's most likely next tokens, best first, as the graph computed them (views, valid until
+        the next call). Graphs without them (top_k 0) raise EngineError."""
+        if not self.top_k:
+            raise EngineError("this folder's target graph has no top-k output; re-export it")
+        w = self._last_width
+        return self._topk_ids[w][0, :n], self._topk_probs[w][0, :n]
 
     def last_hidden(self, n: int) -> np.ndarray:
         """Final-norm hidden states [n, H] of the last forward (for drafters that need them)."""

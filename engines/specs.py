@@ -178,6 +178,13 @@ class ModelSpec(Serial):
         aux = self.graph.output("hidden_aux")
         return int(aux.shape[-1]) if aux else 0
 
+    @property
+    def top_k(self) -> int:
+        """Next-token candidates per row the graph outputs (topk_ids, topk_probs: the recycle drafter's
+        table reads them), 0 when it has none (portable graphs, folders written before them)."""
+        ids = self.graph.output("topk_ids")
+        return int(ids.shape[-1]) if ids else 0
+
     def widths(self) -> list[int]:
         return list(self.graph.widths)
 

@@ -42,6 +42,7 @@ from edgespec.export.target.linears import Part, linears_class
 from edgespec.export.target.portable_graph import PortableOps
 
 OPSET = 17
+TOP_K = 8  # next-token candidates per row a decoder graph outputs beside its logits (GraphOptions.top_k)
 FLAVOURS: dict[str, type[LayerOps]] = {
     "portable": PortableOps,
     "lean": LeanOps,  # GraphOptions.flavour -> ops
@@ -82,6 +83,15 @@ class GraphOptions:
     #                              the graph, so ONNX Runtime's CUDA graphs can capture it; heads keep theirs
     int4_kernel: str = "nbits"  # int4 linears: "nbits" (ONNX Runtime's MatMulNBits) or "rowop" (edgespec's
     #                             row kernel, a custom op: linears.RowLinears, engines/rowop)
+    top_k: int = TOP_K  # target/draft graphs of the ONNX Runtime flavours also output each row's top_k next
+    #                     tokens (topk_ids) and their probabilities (topk_probs), read off the logits output
+    #                     (which stays bitwise the same): the recycle drafter's table. 0: none
+
+    @property
+    def writes_top_k(self) -> int:
+        """The top-k a decoder graph written with these options outputs (0: none). Portable graphs
+        have none: native TensorRT binds every output of its engines, and build-trt's have three."""
+        return self.top_k if self.flavour != "portable" else 0
 
 
 class WeightStore:
@@ -266,9 +276,11 @@ class ModelWriter:
         extra_inputs: list | None = None,
         extra_outputs: list | None = None,
         locations: dict[str, tuple[str, int, np.ndarray]] | None = None,
+        top_k: int = 0,
     ) -> onnx.ModelProto:
         """A token graph (graph I/O above): outputs logits [1, T, n_logits], new_kv [L, 2, T, Hkv*D],
-        hidden [1, T, H]."""
+        hidden [1, T, H]; with top_k also topk_ids [1, T, top_k] int64 and topk_probs [1, T, top_k]
+        float32 (`_top_k`)."""
         a = self.arch
         f = self.dtype
         L, kv_w = n_layers, a.n_kv_heads * a.head_dim
@@ -319,7 +331,26 @@ class ModelWriter:
             helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
             helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size]),
         ] + (extra_outputs or [])
+        if top_k:
+            outputs += _top_k(b, top_k)
         return self._model(b, "edgespec_decoder", inputs, outputs, weights_location, offsets, locations, ops.OPSET)
+
+
+def _top_k(b: GraphBuilder, k: int) -> list:
+    """The k most likely next tokens of every row and their probabilities, as outputs read off the
+    finished `logits` output: topk_ids [1, T, k] int64 (TopK on the logits, largest first: the
+    first is the row's argmax) and topk_probs [1, T, k] float32 (a Softmax over the row gathered at
+    them). Consumers of a graph output leave how it is computed alone, so the logits are the same bits
+    with or without them (tests/test_recycle.py); on the CPU the three ops cost ~0.1 ms per call
+    against a numpy argpartition's ~0.6 ms per 49k-wide row."""
+    k_in = b.const("top_k", np.array([k], np.int64))
+    b.nodes.append(helper.make_node("TopK", ["logits", k_in], ["/topk/values", "topk_ids"], name="/topk/TopK", axis=-1))
+    probs = b.op("Softmax", ["logits"], "/topk/Softmax", axis=-1)  # [1, T, V]
+    b.nodes.append(helper.make_node("GatherElements", [probs, "topk_ids"], ["topk_probs"], name="/topk/probs", axis=-1))
+    return [
+        helper.make_tensor_value_info("topk_ids", TensorProto.INT64, [1, "T", k]),
+        helper.make_tensor_value_info("topk_probs", TensorProto.FLOAT, [1, "T", k]),
+    ]
 
 
 def _times(ops: LayerOps, b: GraphBuilder, x: str, factor: float, const: str, name: str) -> str:
@@ -450,4 +481,5 @@ class LlamaGraphWriter(ModelWriter):
             offsets=offsets,
             extra_inputs=ops.extra_inputs(),
             extra_outputs=extra_out,
+            top_k=self.opts.writes_top_k,
         )

@@ -326,6 +326,9 @@ def token_graph(
     ]
     if aux_width:
         outputs.append(TensorSpec("hidden_aux", (1, T, aux_width), kv_dtype))
+    top_k = opts.writes_top_k if opts and not features else 0  # (graph.LlamaGraphWriter writes it; heads none)
+    if top_k:
+        outputs += [TensorSpec("topk_ids", (1, T, top_k), "int64"), TensorSpec("topk_probs", (1, T, top_k), "float32")]
     phases = {p: tuple(w for w in widths if phase_of(w, chunk) == p) for p in PHASES}
     flavour = opts.flavour if opts else "portable"
     return GraphSpec(
