@@ -338,15 +338,14 @@ class ModelWriter:
 
 def _top_k(b: GraphBuilder, k: int) -> list:
     """The k most likely next tokens of every row and their probabilities, as outputs read off the
-    finished `logits` output: topk_ids [1, T, k] int64 (TopK on the logits, largest first: the
-    first is the row's argmax) and topk_probs [1, T, k] float32 (a Softmax over the row gathered at
-    them). Consumers of a graph output leave how it is computed alone, so the logits are the same bits
-    with or without them (tests/test_recycle.py); on the CPU the three ops cost ~0.1 ms per call
-    against a numpy argpartition's ~0.6 ms per 49k-wide row."""
-    k_in = b.const("top_k", np.array([k], np.int64))
-    b.nodes.append(helper.make_node("TopK", ["logits", k_in], ["/topk/values", "topk_ids"], name="/topk/TopK", axis=-1))
+    finished `logits` output: a Softmax over the row, then its TopK (largest first): topk_probs
+    [1, T, k] float32 and topk_ids [1, T, k] int64. Consumers of a graph output leave how it is
+    computed alone, so the logits are the same bits with or without them (tests/test_recycle.py).
+    (Ids from the probabilities: a near tie that rounds to equal probabilities may order two ids
+    otherwise than their logits; they are draft candidates, verification decides.)"""
     probs = b.op("Softmax", ["logits"], "/topk/Softmax", axis=-1)  # [1, T, V]
-    b.nodes.append(helper.make_node("GatherElements", [probs, "topk_ids"], ["topk_probs"], name="/topk/probs", axis=-1))
+    k_in = b.const("top_k", np.array([k], np.int64))
+    b.nodes.append(helper.make_node("TopK", [probs, k_in], ["topk_probs", "topk_ids"], name="/topk/TopK", axis=-1))
     return [
         helper.make_tensor_value_info("topk_ids", TensorProto.INT64, [1, "T", k]),
         helper.make_tensor_value_info("topk_probs", TensorProto.FLOAT, [1, "T", k]),
