@@ -32,7 +32,8 @@ HOST_SIDE = {
     "past_len": "unused: the host built the masks",
     "tree_mask": "unused: the host built the masks",
 }
-LAZY = ("hidden", "hidden_aux")  # COPY_OUT outputs read back only when asked for: most drafters never read them
+LAZY = ("hidden", "hidden_aux", "topk_ids", "topk_probs")  # COPY_OUT outputs read back only when asked for:
+#                                                        most drafters never read them
 ALIGN = 256  # bytes between staged inputs in their shared block (cudaMalloc's alignment)
 PROVIDER_OPTIONS = {"enable_cuda_graph": "1"}  # CUDAExecutionProvider option that turns capture on
 RUN_GRAPH_ID = "gpu_graph_id"  # RunOptions config key: which captured graph a run records or replays

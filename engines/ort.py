@@ -361,6 +361,9 @@ class OrtModel:
         the next call). Graphs without them (top_k 0) raise EngineError."""
         if not self.top_k:
             raise EngineError("this folder's target graph has no top-k output; re-export it")
+        if self._graph_bufs is not None:  # a captured call leaves them on the device until asked for
+            self._graph_bufs.read_back("topk_ids")
+            self._graph_bufs.read_back("topk_probs")
         w = self._last_width
         return self._topk_ids[w][0, :n], self._topk_probs[w][0, :n]
 

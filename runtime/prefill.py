@@ -14,6 +14,7 @@ def prefill(
     aux_out: np.ndarray | None = None,
     tap=None,
     give_next=None,
+    seen=None,
 ) -> tuple[int, np.ndarray | None]:
     """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
     commit them; return (new past length, logits [V] of the last token, None if no tokens).
@@ -24,7 +25,8 @@ def prefill(
     a head). give_next: called before each chunk's call with the tokens that follow its rows (known
     in a prefill, all but the very last row's): a drafter's verifier that drafts inside the call
     takes them (its `give_next`). tap: called per chunk with (past, logits [n, V], hidden [n, H],
-    hidden_aux [n, A] or None) of its committed rows (Generator.tap)."""
+    hidden_aux [n, A] or None) of its committed rows (Generator.tap). seen: called per chunk with
+    (past, n, logits [n, V]) right after its call (the recycle drafter's table reads its rows)."""
     widest = max(engine.widths)
     logits = None
     for i in range(0, len(tokens), widest):
@@ -36,6 +38,8 @@ def prefill(
         else:
             logits = engine.forward(chunk, past)
         engine.commit(past, len(chunk))
+        if seen is not None:
+            seen(past, len(chunk), logits)
         if hidden_out is not None:
             hidden_out[past : past + len(chunk)] = engine.last_hidden(len(chunk))
         if aux_out is not None:

@@ -60,6 +60,8 @@ class TokenTree:
         self.parents = np.full(max_nodes, -1, np.int64)
         self.depth = np.zeros(max_nodes, np.int64)
         self.score = np.zeros(max_nodes, np.float64)  # drafter's path probability (for ranking)
+        self.source = np.zeros(max_nodes, np.int8)  # which of a combinator's drafters added the node (0: the only)
+        self.prob = np.ones(max_nodes, np.float64)  # its drafter's own probability of it given its parent
         self.path = np.zeros(max_nodes, np.int64)  # accepted node ids, root first
         self.max_nodes = max_nodes
         self.limit = max_nodes  # node budget of the current step
@@ -75,8 +77,10 @@ class TokenTree:
         self.n = 1
         self.limit = self.max_nodes if limit is None else max(1, min(limit, self.max_nodes))
 
-    def add(self, parent: int, token: int, score: float = 1.0) -> int:
-        """Append a child (no duplicates of a sibling); its node id, or -1 when the tree is full."""
+    def add(self, parent: int, token: int, score: float = 1.0, source: int = 0, prob: float = 1.0) -> int:
+        """Append a child (no duplicates of a sibling); its node id, or -1 when the tree is full.
+        source, prob: who drafted it and how likely they thought it given its parent (a combinator
+        calibrates its sources by them)."""
         c = self.child(parent, token)
         if c >= 0:
             return c
@@ -84,6 +88,7 @@ class TokenTree:
             return -1
         i = self.n
         self.tokens[i], self.parents[i], self.depth[i], self.score[i] = token, parent, self.depth[parent] + 1, score
+        self.source[i], self.prob[i] = source, prob
         self.n += 1
         return i
 
@@ -147,6 +152,7 @@ class TokenTree:
                     self.depth[i],
                     self.score[i],
                 )
+                self.source[m], self.prob[m] = self.source[i], self.prob[i]
                 m += 1
         self.n = m
 

@@ -191,10 +191,14 @@ def _totals(stats: list[GenerationStats]) -> dict:
             t = sources.setdefault(src, {"steps": 0, "drafted": 0, "accepted": 0})
             for key, n in zip(("steps", "drafted", "accepted"), counts, strict=True):
                 t[key] += n
+    # the decode phase: tokens after each prompt's first, over the time after its first token (TTFT)
+    decode_tokens = sum(max(s.n_output - 1, 0) for s in stats)
+    decode_s = sum(s.total_s - s.ttft_s for s in stats)
     return {
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
         "mean_accepted_length": sum(s.n_step_tokens for s in stats) / calls if calls else 0.0,
         # tokens per verify call incl. the pending one: the target's cost side (trees: nodes)
         "mean_verify_width": (drafted + forced_rows + calls) / calls if calls else 0.0,

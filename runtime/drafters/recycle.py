@@ -1,0 +1,543 @@
+"""Token recycling (after Luo et al. 2024, arXiv 2408.08696): draft from what the target itself
+predicted the last time it saw the same context, with no model call.
+
+Every target call returns, beside its logits, each row's top-8 next tokens and their probabilities
+(the graph's TopK output, engines' `last_topk`): prefill chunks, verified chains, rejected drafts and
+every tree node alike. `RecycleTable` keeps the latest of them per context: the row's token alone
+(order 1: a dense [V, 8] table), and the row's last 2 and 3 tokens (orders 2 and 3: direct-mapped
+hash tables of 2**bits slots each, a slot holding its key so a collision is a miss, never a wrong
+row). A later context drafts from its longest order present: the chain follows each row's first
+token while the path's stored probability stays at or above `min_prob`; a tree adds the best
+candidate of the whole frontier at a time (score: the product of stored probabilities along the
+path), the top `branch` tokens of each node's row, so the cost-sized tree machinery (TreeBudget,
+tree.keep_best) sizes it by those scores.
+
+Cost: an update is a few vectorised numpy calls over at most T x 8 entries into preallocated
+arrays (no row of the 49k vocabulary is ever scanned); drafting reads one table row per node.
+Memory: (V + 2 * 2**bits) rows of 8 int32 ids, 8 float16 probabilities and one int64 key, 56 bytes
+each: 10.1 MB for a 49,152-token vocabulary at bits = 16 (`RecycleTable.nbytes`).
+
+The table lives in the generator's drafter store: across requests and drafter switches, for the
+generator's life; with --suffix-cache FILE it is saved beside it (FILE's stem + .recycle.npz) every
+`SAVE_EVERY` requests and loaded at the next start. Drafts are deterministic candidates (a one-hot
+q), so verification is the usual lossless rule, chains and trees alike (runtime/verify.py).
+
+A folder exported before its target graph had the top-k output still runs: the table then keeps
+each row's argmax only (read off the logits in numpy: one 49k-wide scan per row, the slow path the
+graph output exists to avoid), with probability 1, and the drafter says once to re-export.
+"""
+
+from __future__ import annotations
+
+import heapq
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
+from edgespec.runtime.state import Proposal, SeqState, chain
+
+TOP_K = 8  # candidates kept per context (the graphs' top-k output: export/target/graph.py TOP_K)
+ORDERS = 3  # longest context keyed (tokens)
+MULT = 0x9E3779B97F4A7C15  # Fibonacci hashing: key * MULT mod 2**64, its top bits are the slot
+M64 = (1 << 64) - 1
+SAVE_EVERY = 16  # requests between saves of a table kept in a file
+
+
+@dataclass(frozen=True)
+class RecycleConfig:
+    bits: int = 16  # log2 of the slots of each hashed order (2 and 3)
+    min_prob: float = 0.0  # chains stop when the path's stored probability falls below it
+    file: str | None = None  # .npz the table is loaded from and saved to (None: kept in memory only)
+
+
+class RecycleTable:
+    """The target's latest top-k next tokens per context of 1, 2 and 3 tokens (module docstring).
+    Rows: [0, V) order 1 (keyed by the token), [V, V + S) order 2, [V + S, V + 2S) order 3, and one
+    scratch row that writes of contexts too short for an order land on."""
+
+    def __init__(
+        self, vocab: int, cfg: RecycleConfig = RecycleConfig(), k: int = TOP_K, start: str | Path | None = None
+    ) -> None:
+        """start: a table to start from when cfg.file has none yet (a folder's `edgespec warm` table)."""
+        if not 4 <= cfg.bits <= 24:
+            raise ValueError(f"recycle table bits {cfg.bits}: choose 4..24 (2**bits slots per order)")
+        self.cfg, self.vocab, self.k = cfg, vocab, k
+        self.slots = 1 << cfg.bits
+        self.shift = 64 - cfg.bits
+        rows = vocab + 2 * self.slots + 1
+        self.scratch = rows - 1
+        self.keys = np.full(rows, -1, np.int64)  # [rows] each row's context key (-1: empty)
+        self.ids = np.full((rows, k), -1, np.int32)  # [rows, k] next tokens, best first (-1: none)
+        self.probs = np.zeros((rows, k), np.float16)  # [rows, k] their target probabilities
+        self._buf_rows = 0
+        self._grow(64)
+        self.requests = 0  # requests finished since the last save
+        self.seen = 0  # rows written (stats)
+        if cfg.file and Path(cfg.file).exists():
+            self.load(cfg.file)
+        elif start is not None and Path(start).exists():
+            self.load(start)
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.ids.nbytes + self.probs.nbytes
+
+    def _grow(self, n: int) -> None:
+        """Scratch buffers for updates of up to n rows (grown once to the widest call, then reused)."""
+        if n <= self._buf_rows:
+            return
+        self._buf_rows = n
+        self._ctx = np.full((n, ORDERS), -1, np.int64)  # [n, 3] (t-2, t-1, t) of each row
+        self._ext = np.full(n + 2, -1, np.int64)  # a call's two context tokens, then its row tokens
+        self._par = np.zeros(n + 2, np.int64)  # parent of each entry of _ext (0 and 1: the context)
+        self._count = np.arange(n + 2)  # 0, 1, 2, ...: a chain's parents
+        self._p2 = np.zeros(n, np.int64)
+        self._keyb = np.zeros((ORDERS, n), np.int64)  # [3, n] keys per order
+        self._hash = np.zeros((ORDERS - 1, n), np.uint64)  # [2, n] hashed orders 2 and 3
+        self._rows = np.zeros((ORDERS, n), np.int64)  # [3, n] table rows written
+        self._argmax = np.zeros((n, 1), np.int64)  # the argmax-only fallback's ids and probabilities
+        self._ones = np.ones((n, 1), np.float32)
+
+    # ---- update -----------------------------------------------------------------------------------
+    def observe_span(self, tokens: np.ndarray, start: int, n: int, ids: np.ndarray, probs: np.ndarray) -> None:
+        """Rows for tokens[start:start + n] (consecutive positions: a prefill chunk), their contexts
+        read from tokens before them; ids / probs [n, k'] their next tokens."""
+        self._grow(n)
+        c = self._ctx[:n]
+        c[:, 2] = tokens[start : start + n]
+        for col, back in ((1, 1), (0, 2)):
+            lo = min(n, max(0, back - start))  # rows whose context would reach before position 0
+            c[:lo, col] = -1
+            c[lo:, col] = tokens[start + lo - back : start + n - back]
+        self._write(n, ids, probs)
+
+    def observe_tree(
+        self,
+        tokens: np.ndarray,
+        before: int,
+        nodes: np.ndarray,
+        parents: np.ndarray | None,
+        ids: np.ndarray,
+        probs: np.ndarray,
+    ) -> None:
+        """Rows for a verify call's nodes [n] (parents [n]: a tree, parents[0] = -1; None: a chain)
+        whose root follows tokens[:before]; ids / probs [n, k'] their next tokens."""
+        n = len(nodes)
+        self._grow(n)
+        ext, par = self._ext[: n + 2], self._par[: n + 2]
+        ext[0] = tokens[before - 2] if before >= 2 else -1
+        ext[1] = tokens[before - 1] if before >= 1 else -1
+        ext[2:] = nodes
+        par[0], par[1], par[2] = 0, 0, 1  # (ext indices: the root's parent is the last context token)
+        if parents is None:
+            par[3:] = self._count[2 : n + 1]  # a chain: node i's parent is node i - 1
+        else:
+            np.add(parents[1:], 2, out=par[3:])
+        c, p1, p2 = self._ctx[:n], par[2:], self._p2[:n]
+        c[:, 2] = nodes
+        np.take(ext, p1, out=c[:, 1])
+        np.take(par, p1, out=p2)
+        np.take(ext, p2, out=c[:, 0])
+        self._write(n, ids, probs)
+
+    def _write(self, n: int, ids: np.ndarray, probs: np.ndarray) -> None:
+        """The rows of self._ctx[:n] into their slots of every order (the latest write wins)."""
+        c, keys, rows, h = self._ctx[:n], self._keyb[:, :n], self._rows[:, :n], self._hash[:, :n]
+        V = self.vocab
+        keys[0] = c[:, 2]
+        np.multiply(c[:, 1], V, out=keys[1])
+        keys[1] += c[:, 2]
+        np.multiply(c[:, 0], V, out=keys[2])
+        keys[2] += c[:, 1]
+        keys[2] *= V
+        keys[2] += c[:, 2]
+        np.multiply(keys[1:].view(np.uint64), np.uint64(MULT), out=h)
+        h >>= np.uint64(self.shift)
+        rows[0] = c[:, 2]
+        np.add(h[0], V, out=rows[1], casting="unsafe")
+        np.add(h[1], V + self.slots, out=rows[2], casting="unsafe")
+        np.copyto(rows[1], self.scratch, where=c[:, 1] < 0)
+        np.copyto(rows[2], self.scratch, where=c[:, 0] < 0)
+        k = min(ids.shape[1], self.k)
+        self.keys[rows] = keys
+        self.ids[rows, :k] = ids[None, :, :k]
+        self.probs[rows, :k] = probs[None, :, :k]
+        if k < self.k:
+            self.ids[rows, k:] = -1
+        self.seen += n
+
+    # ---- lookup -----------------------------------------------------------------------------------
+    def row(self, t2: int, t1: int, t0: int) -> int:
+        """The table row of the longest of the contexts (t2, t1, t0), (t1, t0), (t0,) present; -1:
+        none (t2, t1 may be -1: unknown)."""
+        V, keys = self.vocab, self.keys
+        if t1 >= 0:
+            if t2 >= 0:
+                key = (t2 * V + t1) * V + t0
+                r = V + self.slots + (((key * MULT) & M64) >> self.shift)
+                if keys[r] == key:
+                    return r
+            key = t1 * V + t0
+            r = V + (((key * MULT) & M64) >> self.shift)
+            if keys[r] == key:
+                return r
+        return t0 if keys[t0] == t0 else -1
+
+    # ---- file -------------------------------------------------------------------------------------
+    def save(self, file: str | None = None) -> None:
+        file = file or self.cfg.file
+        if not file:
+            return
+        Path(file).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(file).with_name(Path(file).name + ".partial.npz")
+        np.savez(tmp, keys=self.keys, ids=self.ids, probs=self.probs, vocab=self.vocab, bits=self.cfg.bits)
+        tmp.replace(file)
+        self.requests = 0
+
+    def load(self, file: str) -> None:
+        """A saved table of the same vocabulary, width and size (another one is skipped with a warning)."""
+        with np.load(file) as z:
+            if int(z["vocab"]) != self.vocab or int(z["bits"]) != self.cfg.bits or z["ids"].shape != self.ids.shape:
+                warnings.warn(
+                    f"{file}: a recycle table of another vocabulary or size (vocab {int(z['vocab'])}, bits "
+                    f"{int(z['bits'])}); starting an empty one",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return
+            self.keys[:], self.ids[:], self.probs[:] = z["keys"], z["ids"], z["probs"]
+
+    # ---- what a call returned ---------------------------------------------------------------------
+    def rows_of(self, engine, logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [n, k], probs [n, k]) of the engine's last call: its top-k output (views), or on a
+        graph without one each row's argmax with probability 1 (a numpy scan of the rows)."""
+        if getattr(engine, "top_k", 0):
+            return engine.last_topk(n)
+        self._grow(n)
+        np.argmax(logits[:n], axis=-1, out=self._argmax[:n, 0])
+        return self._argmax[:n], self._ones[:n]
+
+
+def recycle_path(suffix_cache: str | None) -> str | None:
+    """The file the table is kept in beside a suffix cache file (None: none)."""
+    if not suffix_cache:
+        return None
+    p = Path(suffix_cache)
+    return str(p.with_name(p.stem + ".recycle.npz"))
+
+
+WARM_FILE = "recycle.npz"  # an engine folder's table filled by `edgespec warm` (loaded as a start, never written)
+
+
+def shared_table(ctx) -> RecycleTable:
+    """The generator's table: made at the first build, then kept in its drafter store, so it lives
+    across requests and drafter switches (and a combinator that recycles shares it). It starts from
+    its --suffix-cache file's table, else from the folder's `edgespec warm` table, else empty."""
+    if "recycle" not in ctx.store:
+        c = ctx.cfg
+        cfg = RecycleConfig(bits=c.recycle_bits, min_prob=c.recycle_min_prob, file=recycle_path(c.suffix_cache))
+        man = getattr(ctx.engines.target, "manifest", None)
+        start = man.path(WARM_FILE) if man is not None else None
+        ctx.store["recycle"] = RecycleTable(ctx.target_vocab, cfg, start=start)
+        if not getattr(ctx.engines.target, "top_k", 0):
+            warnings.warn(
+                "recycle: this folder's target graph has no top-k output (exported before it had one); "
+                "the table keeps each row's argmax only, read off the logits (slower, a chain per context). "
+                "Hint: re-export the folder (edgespec export --out FOLDER --force)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return ctx.store["recycle"]
+
+
+class RecycleDrafter(Drafter):
+    """Drafts from the table of the target's own earlier predictions (module docstring)."""
+
+    name = "recycle"
+    drafts_trees = True
+
+    def __init__(self, table: RecycleTable, min_prob: float = 0.0) -> None:
+        super().__init__()
+        self.recycle_table = table  # the generator updates it from every target call (Generator._observe)
+        self.min_prob = min_prob
+        self.last_score = 0.0  # the last chain's sum of path probabilities: its expected accepted length
+
+    def finish(self, seq: SeqState) -> None:
+        t = self.recycle_table
+        t.requests += 1
+        if t.cfg.file and t.requests >= SAVE_EVERY:
+            t.save()
+
+    def propose(self, seq: SeqState, k: int) -> Proposal:
+        return chain(seq, self.extend(seq, 0, k))
+
+    def extend(self, seq: SeqState, m: int, k: int, path: float = 1.0) -> int:
+        """Continue a chain of m drafts in seq's draft slots (0: from the pending token) up to k from
+        the table: each context's first token while the path's stored probability (from `path`)
+        stays >= min_prob. Returns the chain's new length; last_score: the sum of path probabilities."""
+        t, toks, end = self.recycle_table, seq.tokens, seq.n + m
+        t2, t1, t0 = (
+            (int(toks[end - 3]) if end >= 3 else -1),
+            (int(toks[end - 2]) if end >= 2 else -1),
+            int(toks[end - 1]),
+        )
+        score = 0.0
+        while m < k:
+            r = t.row(t2, t1, t0)
+            if r < 0:
+                break
+            x = int(t.ids[r, 0])
+            path *= float(t.probs[r, 0])
+            if x < 0 or path < self.min_prob:
+                break
+            toks[seq.n + m] = x
+            m += 1
+            score += path
+            t2, t1, t0 = t1, t0, x
+        self.last_score = score
+        return m
+
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        grow(tree, seq, cfg, self.recycle_table)
+
+
+def _context(seq: SeqState) -> tuple[int, int, int]:
+    """The sequence's last three tokens, the pending one last (-1 before its start)."""
+    toks, n = seq.tokens, seq.n
+    return (int(toks[n - 3]) if n >= 3 else -1), (int(toks[n - 2]) if n >= 2 else -1), int(toks[n - 1])
+
+
+def grow(tree, seq: SeqState, cfg, table: RecycleTable, lookup=None, estimate=None) -> None:
+    """Grow a token tree best first from two sources: a lookup's tree (`lookup`: a TokenTree drafted
+    under the same root, or None) and the recycle table, which offers the top cfg.branch tokens of
+    its row under every node, the lookup's included. The next node is always the best candidate of
+    the whole frontier; a candidate's score is its parent's times `estimate(source, depth, p)`, the
+    chance it is kept given its parent was (None: p itself), p being its source's own probability of
+    it (the lookup's continuation frequency, the target's stored probability); down to cfg.depth,
+    while scores stay >= cfg.min_score, until the tree is full. Each node records its source (0: the
+    lookup, 1: the table) and p (TokenTree.source / prob), which the calibration learns from."""
+    heap: list = []
+    pushed = 0
+    branch = min(cfg.branch, table.k)
+    floor = max(cfg.min_score, 1e-12)
+    kids: dict[int, list[int]] = {}  # a lookup node -> its children
+    if lookup is not None:
+        for j in range(1, lookup.n):
+            kids.setdefault(int(lookup.parents[j]), []).append(j)
+
+    def offer(node: int, score: float, ctx: tuple, at: int, table_too: bool = True) -> None:
+        """Push the candidates under tree node `node` (its context ctx; lookup node `at`, or -1)."""
+        nonlocal pushed
+        depth = int(tree.depth[node]) + 1
+        if depth > cfg.depth:
+            return
+        for j in kids.get(at, ()):
+            ps = float(lookup.score[lookup.parents[j]])
+            p = float(lookup.score[j]) / ps if ps > 0 else 0.0
+            s = score * (estimate(0, depth, p) if estimate else p)
+            if s >= floor:
+                pushed += 1
+                heapq.heappush(heap, (-s, pushed, node, int(lookup.tokens[j]), 0, p, ctx, j))
+        r = table.row(*ctx) if table_too else -1
+        if r < 0:
+            return
+        ids, probs = table.ids[r], table.probs[r]
+        for i in range(branch):
+            x, p = int(ids[i]), float(probs[i])
+            s = score * (estimate(1, depth, p) if estimate else p)
+            if x < 0 or s < floor:
+                break  # (best first: the rest are no better)
+            pushed += 1
+            heapq.heappush(heap, (-s, pushed, node, x, 1, p, ctx, -1))
+
+    offer(0, 1.0, _context(seq), 0 if lookup is not None else -1)
+    while heap and tree.n < tree.limit:
+        neg, _, parent, tok, source, p, pctx, at = heapq.heappop(heap)
+        before = tree.n
+        c = tree.add(parent, tok, -neg, source, p)
+        if c < 0:
+            return
+        if c < before:  # the same token from the table, added already with a better score: the
+            if at >= 0:  # lookup's continuations of it go under that node (the table's are there)
+                offer(c, float(tree.score[c]), (pctx[1], pctx[2], tok), at, table_too=False)
+            continue
+        offer(c, -neg, (pctx[1], pctx[2], tok), at)
+
+
+DEPTHS = 4  # calibration depth buckets: 1, 2, 3, 4 and deeper
+P_EDGES = (0.1, 0.2, 0.35, 0.5, 0.7, 0.9)  # calibration bins of a source's own probability
+_BIN = [sum(q / 20 >= e for e in P_EDGES) for q in range(21)]  # bin of p by round-down to 0.05
+
+
+class Calibration:
+    """The chance a node is kept given its parent was, learned online per source (0: the lookup, 1:
+    the table), depth bucket and bin of the source's own probability p: decayed counts of the nodes
+    verify calls tested (those whose parent was kept) and of the kept ones among them, started from
+    a prior of `prior` nodes kept at the bin's middle probability (uncalibrated: p itself)."""
+
+    def __init__(self, n_sources: int = 2, decay: float = 0.995, prior: float = 2.0) -> None:
+        mids = np.array([0.05, 0.15, 0.275, 0.425, 0.6, 0.8, 0.95])  # [bins]
+        shape = (n_sources, DEPTHS, len(mids))
+        self.decay = decay
+        self.tested = np.full(shape, prior)  # [sources, depths, bins] decayed tested counts (+ prior)
+        self.kept = np.broadcast_to(prior * mids, shape).copy()  # their kept counts (+ prior)
+        self.est = self.kept / self.tested  # [sources, depths, bins] the estimates
+        self._on = np.zeros(256, bool)  # scratch: nodes on the accepted path
+        self._bin = np.array(_BIN)  # [21] bin of p by round-down to 0.05
+
+    def estimate(self, source: int, depth: int, p: float) -> float:
+        return float(self.est[source, min(depth, DEPTHS) - 1, _BIN[int(min(p, 1.0) * 20)]])
+
+    def observe_tree(self, tree, n_acc: int) -> None:
+        """A verified tree whose accepted path is tree.path[:n_acc + 1]: every node whose parent was
+        kept was tested, kept or not."""
+        n = tree.n
+        if n <= 1:
+            return
+        on = self._on[:n]
+        on[:] = False
+        on[tree.path[: n_acc + 1]] = True
+        tested = on[tree.parents[1:n]]  # [n-1]
+        src = tree.source[1:n][tested]
+        dep = np.minimum(tree.depth[1:n][tested], DEPTHS) - 1
+        bins = np.minimum(tree.prob[1:n][tested] * 20, 20).astype(np.int64)
+        cell = (src, dep, self._bin[bins])
+        self.tested[cell] *= self.decay  # (decayed where seen: a rare cell keeps what it learned)
+        self.kept[cell] *= self.decay
+        np.add.at(self.tested, cell, 1.0)
+        np.add.at(self.kept, cell, on[1:n][tested].astype(np.float64))
+        np.divide(self.kept, self.tested, out=self.est)
+
+
+class MergedDrafter(Drafter):
+    """merged: a lookup (suffix decoding or prompt lookup) first, the recycle table after. Chains:
+    the lookup's chain, continued from the table up to k (the table's alone where the lookup has no
+    match). Trees: one tree of both, best node first (`grow`), each node scored by the calibrated
+    chance it is kept (`Calibration`, per source, depth and own probability, learned from every
+    verified tree), so the cost-sized tree machinery (--adaptive: TreeBudget keeps the nodes that pay
+    for their verify rows by the folder's measured width table) sizes one tree over both sources.
+    Greedy calls keep learning across calls; a sampled call starts from the prior (its seed then
+    reproduces its output given the same table and cache)."""
+
+    name = "merged"
+    drafts_trees = True
+
+    def __init__(self, lookup: Drafter, recycle: RecycleDrafter) -> None:
+        super().__init__()
+        self.lookup, self.recycle = lookup, recycle
+        self.recycle_table = recycle.recycle_table  # (the generator updates it: Generator._observe)
+        self.greedy_calibration = Calibration()
+        self.calibration = self.greedy_calibration
+        self._scratch = None  # the lookup's own tree, merged into the step's
+        self._tree = None  # the tree drafted this step (learned from after its verify call)
+
+    def configure(self, sampling, rng) -> None:
+        super().configure(sampling, rng)
+        self.lookup.configure(sampling, rng)
+        self.recycle.configure(sampling, rng)
+        self.calibration = self.greedy_calibration if sampling.greedy else Calibration()
+
+    def finish(self, seq: SeqState) -> None:
+        self.lookup.finish(seq)
+        self.recycle.finish(seq)
+
+    def propose(self, seq: SeqState, k: int) -> Proposal:
+        self._tree = None
+        m = self.lookup.propose(seq, k).n_drafted
+        total = self.recycle.extend(seq, m, k)
+        look = self.lookup.name
+        self.source = (look if total == m else f"{look}+recycle") if m else ("recycle" if total else "")
+        return chain(seq, total)
+
+    def propose_tree(self, seq: SeqState, tree, cfg) -> None:
+        from edgespec.runtime.tree import TokenTree
+
+        if self._scratch is None or self._scratch.max_nodes < tree.max_nodes:
+            self._scratch = TokenTree(tree.max_nodes)
+        look = self._scratch
+        look.reset(int(tree.tokens[0]), tree.limit)
+        self.lookup.propose_tree(seq, look, cfg)
+        grow(tree, seq, cfg, self.recycle_table, look, self.calibration.estimate)
+        self._tree = tree
+        srcs = tree.source[1 : tree.n]
+        look = self.lookup.name
+        self.source = (
+            "" if tree.n == 1 else ("recycle" if srcs.all() else look if not srcs.any() else f"{look}+recycle")
+        )
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        if self._tree is not None:
+            self.calibration.observe_tree(self._tree, n_acc)
+            self._tree = None
+
+
+LOOKUPS = ("suffix", "ngram")  # what merged drafts first
+
+
+class RecyclePlugin(DrafterPlugin):
+    name = "recycle"
+    order = 2
+    aliases = ("token_recycling",)
+    summary = (
+        "token recycling: the target's own top-8 next tokens from the last time it saw the last 3/2/1 "
+        "tokens (every verified row of every call, kept across requests; no model call)"
+    )
+    trees = True
+    draft_cost = 0.01
+    redrafts = True
+    options = (
+        Option(
+            "recycle_min_prob",
+            float,
+            0.0,
+            "recycle drafter: stop a chain when its path's stored target probability falls below this (default 0)",
+        ),
+        Option(
+            "recycle_bits",
+            int,
+            16,
+            "recycle drafter: 2**bits hashed slots for each of the 2- and 3-token contexts (default 16: "
+            "10 MB with a 49k vocabulary)",
+        ),
+    )
+
+    def build(self, ctx) -> Drafter:
+        return RecycleDrafter(shared_table(ctx), ctx.cfg.recycle_min_prob)
+
+
+PLUGIN = register(RecyclePlugin())
+
+
+class MergedPlugin(DrafterPlugin):
+    name = "merged"
+    order = 5
+    summary = (
+        "suffix decoding (or prompt lookup) first, token recycling after: chains continued from the table, "
+        "trees of both scored by calibrated acceptance and sized by the width table (--adaptive)"
+    )
+    trees = True
+    draft_cost = 0.04
+    redrafts = True
+    options = (
+        Option(
+            "merged_lookup",
+            str,
+            "suffix",
+            "merged drafter: the lookup drafted first, suffix (default) or ngram (prompt lookup)",
+            choices=LOOKUPS,
+        ),
+    )
+
+    def build(self, ctx) -> Drafter:
+        from edgespec.runtime.drafters.ngram import NgramDrafter, ngram_config
+        from edgespec.runtime.drafters.suffix import SuffixDrafter, recent_requests
+
+        c = ctx.cfg
+        lookup = NgramDrafter(ngram_config(c)) if c.merged_lookup == "ngram" else SuffixDrafter(recent_requests(ctx))
+        return MergedDrafter(lookup, RecycleDrafter(shared_table(ctx), c.recycle_min_prob))
+
+
+MERGED = register(MergedPlugin())
