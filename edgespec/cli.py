@@ -268,6 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
     from edgespec.runtime.apps.quality import add_arguments
 
     add_arguments(q)
+    from edgespec import warm
+
+    warm.add_arguments(
+        sub.add_parser(
+            "warm",
+            help="fill a folder's recycle table from the target's prefill over a corpus (FOLDER/recycle.npz)",
+            description="Forward passes only; eval prompt files are refused (edgespec/warm.py).",
+        )
+    )
     return parser
 
 
@@ -303,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             "tune": _cmd_tune,
             "check": _cmd_check,
             "quality": _cmd_quality,
+            "warm": lambda a: __import__("edgespec.warm").warm.run_command(a),
         } | offline.COMMANDS
         return cmds[a.cmd](a)
     except errors as e:
