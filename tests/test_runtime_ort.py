@@ -243,7 +243,7 @@ def test_tune_records_the_fastest_lossless_setting(tiny_engine, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "workload:" in res.stdout and "decision:" in res.stdout
     m = load_manifest(folder)
-    assert m.defaults.drafter in ("none", "ngram", "suffix", "draft") and m.defaults.tuned.table
+    assert m.defaults.drafter in ("none", "ngram", "suffix", "draft", "recycle", "merged") and m.defaults.tuned.table
     g = Generator.load(folder)
     assert g.drafter.name == m.defaults.drafter
     gen = subprocess.run(

@@ -265,7 +265,11 @@ OrtStatus* ORT_API_CALL infer_shape(const OrtCustomOp*, OrtShapeInferContext* ct
   if (st == nullptr) st = api->GetDimensions(in, dims.data(), nd);
   if (st == nullptr) st = api->GetSymbolicDimensions(in, names.data(), nd);
   OrtTensorTypeAndShapeInfo* out = nullptr;
-  if (st == nullptr && nd > 0) {
+  // A dimension neither fixed nor named would reach ONNX as the value -1, which later shape
+  // inference takes as a real -1 (a Shape of it feeding a Reshape is "multiple -1"): then say nothing.
+  bool unknown = false;
+  for (size_t i = 0; st == nullptr && i + 1 < nd; ++i) unknown |= dims[i] < 0 && (names[i] == nullptr || !*names[i]);
+  if (st == nullptr && nd > 0 && !unknown) {
     dims.back() = n;
     names.back() = "";
     for (const char*& name : names) name = name ? name : "";  // no name: a fixed or unknown dimension
