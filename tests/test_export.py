@@ -84,7 +84,8 @@ def test_graph_runs_in_a_plain_onnxruntime_session_with_static_shapes(tiny_engin
     }  # a chain
     for i in range(m.target.n_layers):
         feed[f"past_key_{i}"] = feed[f"past_value_{i}"] = np.zeros((32, m.target.kv_width), np.float32)
-    logits, new_kv, hidden = sess.run(None, feed)
+    logits, new_kv, hidden, topk_ids, topk_probs = sess.run(None, feed)
+    assert topk_ids.shape == topk_probs.shape == (1, 4, 8) and (topk_ids[0, :, 0] == logits[0].argmax(-1)).all()
     assert logits.shape == (1, 4, 256) and new_kv.shape == (2, 2, 4, m.target.kv_width)
     assert hidden.shape == (1, 4, 64) and np.isfinite(logits).all()
 
@@ -140,7 +141,7 @@ def test_manifest_records_the_contract(tiny_engine):
     assert {i["name"] for i in g["inputs"]} >= {"input_ids", "positions", "past_len", "past_{kind}_{layer}"}
     assert next(i for i in g["inputs"] if i["name"] == "input_ids")["shape"] == [1, "T"]
     assert next(i for i in g["inputs"] if i["name"] == "past_{kind}_{layer}")["layers"] == 2
-    assert [o["name"] for o in g["outputs"]] == ["logits", "new_kv", "hidden"]
+    assert [o["name"] for o in g["outputs"]] == ["logits", "new_kv", "hidden", "topk_ids", "topk_probs"]
 
 
 def test_manifest_declares_each_graphs_io_in_graph_order(tiny_engine):
