@@ -276,8 +276,7 @@ class Generator(TextAPI):
         t_drafted = time.perf_counter()
         tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents)  # verify: [T, V]
         t_verified = time.perf_counter()
-        if self._recycle is not None:  # (before acceptance writes over a chain's rejected drafts)
-            self._observe(tgt, tgt_logits, seq, prop)
+        self._observe(tgt, tgt_logits, seq, prop)  # before acceptance writes over a chain's rejected drafts
         n_acc, nxt = con.accept(prop, tgt_logits, seq, sampling, rng)  # accept
         rows = prop.rows()  # the accepted rows: the first n_acc+1 (chain), the tree's path
         tgt.commit(seq.tgt_past, n_acc + 1, rows)  # commit their K/V ...
@@ -290,7 +289,9 @@ class Generator(TextAPI):
 
     def _observe(self, tgt, logits: np.ndarray, seq: SeqState, prop: Proposal) -> None:
         """Every row of a verify call (accepted or not, tree nodes included) into the recycle table:
-        each row's top-k next tokens, keyed by its path's last tokens."""
+        each row's top-k next tokens, keyed by its path's last tokens. No recycle table: nothing."""
+        if self._recycle is None:
+            return
         table, n = self._recycle, len(prop.tokens)
         ids, probs = table.rows_of(tgt, logits, n)
         table.observe_tree(seq.tokens, seq.n - 1, prop.tokens, prop.parents, ids, probs)
