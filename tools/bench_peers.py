@@ -36,13 +36,15 @@ def edgespec_systems(engine: str, specs: list[str]) -> list[System]:
     from edgespec.runtime.generator import Generator
 
     g = Generator.load(engine, RuntimeConfig(drafter="none"))
-    out = []
+    out, stores = [], {}
     for spec in specs:  # "none", "ngram:4", "ngram:8:adaptive"
         parts = spec.split(":")
         drafter, k, adaptive = parts[0], int(parts[1]) if len(parts) > 1 else None, "adaptive" in parts
 
-        def run(prompt, n, drafter=drafter, k=k, adaptive=adaptive):
-
+        # each configuration its own drafter store (suffix cache, recycle table): the systems run the same
+        # prompts, and one configuration's stored answer would be another's perfect draft
+        def run(prompt, n, drafter=drafter, k=k, adaptive=adaptive, store=stores.setdefault(spec, {})):
+            g.drafter_store = store
             g.reconfigure(drafter=drafter, k=k, adaptive=adaptive)
             g.forget()
             return [int(t) for c in g.generate_ids(g.codec.encode(prompt), n) for t in c]
