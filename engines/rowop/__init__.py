@@ -43,13 +43,16 @@ ISA_ENV = "EDGESPEC_ROWOP_ISA"  # forces a path (tests); read when a session reg
 HEADER = "onnxruntime_c_api.h"
 
 SRC = Path(__file__).parent
-SOURCES = ("op.cc", "k_portable.cc", "k_avx2.cc", "k_avxvnni.cc", "k_avx512.cc")
-HEADERS = ("rowop.h", "common.h", "ymm.h")
+SOURCES = ("op.cc", "k_portable.cc", "k_avx2.cc", "k_avxvnni.cc", "k_avx512.cc", "a_portable.cc", "a_avx2.cc")
+SOURCES += ("a_avx512.cc",)  # a_*: the attention op (attention.h)
+HEADERS = ("rowop.h", "common.h", "ymm.h", "attention.h", "attention_impl.h")
 # per source: the instruction sets it is compiled for (op.cc and the portable path: none)
 ISA_FLAGS = {
     "k_avx2.cc": ("-mavx2", "-mf16c"),
     "k_avxvnni.cc": ("-mavx2", "-mf16c", "-mavxvnni"),
     "k_avx512.cc": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "a_avx2.cc": ("-mavx2", "-mfma"),
+    "a_avx512.cc": ("-mavx512f", "-mfma"),
 }
 # -ffp-contract=off: no fused multiply-adds, so every path rounds where the NumPy reference does
 CXXFLAGS = ("-O2", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-strict-aliasing")

@@ -1,10 +1,16 @@
-// The ONNX Runtime custom-op library: domain "edgespec.rowop", op "RowMatMul" (rowop.h has the
-// arithmetic). Written against ONNX Runtime's C API alone (onnxruntime_c_api.h, versioned and
+// The ONNX Runtime custom-op library: domain "edgespec.rowop", ops "RowMatMul" (rowop.h has the
+// arithmetic) and "RowAttention" (attention.h). Written against ONNX Runtime's C API alone (onnxruntime_c_api.h, versioned and
 // backward compatible: a library built with an older header loads in a newer runtime).
 //
 //   Y[..., N] = RowMatMul(X[..., K] float, W uint8 [panels * blocks * record])
 //   attributes: K, N, bits (4|8), block_size (16|32), zero_point (0 none, 1..255 every block's,
 //               -1 one per block and output in the record), mins (0|1), f16 (0|1)
+//
+//   Y[1, T, Hq*D] = RowAttention(Q [1, T, Hq*D], K [1, T, Hkv*D], V [1, T, Hkv*D] (the call's new rows),
+//                                past_key, past_value [S, Hkv*D], past_len [1] int64, (tree_mask [T, T] int64))
+//   attributes: num_heads, kv_heads, head_dim, scale (float), window (0: none)
+//   tree_mask (optional; without it the rows are a chain): 1 where column node c is row node t or one
+//   of its ancestors. The op reads the window's rows [lo, past_len) and writes no cache.
 //
 // The instruction-set path is chosen when a session registers the library: the best this CPU runs,
 // or the one EDGESPEC_ROWOP_ISA names (portable, avx2, avxvnni, avx512vnni; refused where the CPU
@@ -19,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "attention.h"
 #include "onnxruntime_c_api.h"
 #include "rowop.h"
 
@@ -28,11 +35,13 @@ namespace {
 const OrtApi* g_api = nullptr;
 constexpr const char* kDomain = "edgespec.rowop";
 constexpr const char* kOpType = "RowMatMul";
+constexpr const char* kAttnType = "RowAttention";
+constexpr int64_t kAttnSplit = 1 << 16;  // query row x key x D products of a call above which the heads run in parallel
 constexpr int64_t kQuantizeSplit = 1 << 15;  // inputs of a call above which the rows are quantized in parallel
 
 // ---- which paths this CPU runs (cpuid, and the OS saving the vector registers: xgetbv) ----
 struct Cpu {
-  bool avx2 = false, f16c = false, avxvnni = false, avx512 = false, avx512vnni = false;
+  bool avx2 = false, f16c = false, fma = false, avxvnni = false, avx512 = false, avx512vnni = false;
 };
 
 Cpu detect_cpu() {
@@ -41,6 +50,7 @@ Cpu detect_cpu() {
   if (!__get_cpuid(1, &a, &b, &cx, &d)) return c;
   const bool osxsave = cx & (1u << 27), avx = cx & (1u << 28);
   c.f16c = cx & (1u << 29);
+  c.fma = cx & (1u << 12);
   uint64_t xcr0 = 0;
   if (osxsave) {
     unsigned lo, hi;
@@ -51,7 +61,7 @@ Cpu detect_cpu() {
   const bool zmm_os = ymm_os && (xcr0 & 0xE0) == 0xE0;
   if (__get_cpuid_max(0, nullptr) < 7) return c;
   __cpuid_count(7, 0, a, b, cx, d);
-  c.avx2 = ymm_os && c.f16c && (b & (1u << 5));
+  c.avx2 = ymm_os && c.f16c && c.fma && (b & (1u << 5));  // FMA: the attention's 256-bit path
   c.avx512 = zmm_os && (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31));  // F, BW, VL
   c.avx512vnni = c.avx512 && (cx & (1u << 11));
   __cpuid_count(7, 1, a, b, cx, d);
@@ -65,6 +75,13 @@ const Cpu& cpu() {
 }
 
 const Isa* const kPaths[] = {&kAvx512Vnni, &kAvxVnni, &kAvx2, &kPortable};  // best first
+
+// The attention each path runs (the AVX-VNNI path has no attention of its own: AVX2's).
+const AttnIsa* attention_of(const Isa* isa) {
+  if (isa == &kAvx512Vnni) return &kAttnAvx512;
+  if (isa == &kAvxVnni || isa == &kAvx2) return &kAttnAvx2;
+  return &kAttnPortable;
+}
 
 bool runs(const Isa* isa) {
   const Cpu& c = cpu();
@@ -248,14 +265,10 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) {
   return nullptr;
 }
 
-// The output's type and shape for ONNX Runtime's planner: X's shape, its last dimension N.
-OrtStatus* ORT_API_CALL infer_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+// The output's type and shape for ONNX Runtime's planner: input 0's shape, its last dimension n
+// (n < 0: kept).
+OrtStatus* infer_like_input0(OrtShapeInferContext* ctx, int64_t n) {
   const OrtApi* api = g_api;
-  const OrtOpAttr* attr = nullptr;
-  ROWOP_TRY(api->ShapeInferContext_GetAttribute(ctx, "N", &attr));
-  int64_t n = 0;
-  size_t got = 0;
-  ROWOP_TRY(api->ReadOpAttr(attr, ORT_OP_ATTR_INT, &n, sizeof(n), &got));
   OrtTensorTypeAndShapeInfo* in = nullptr;  // owned by the context
   ROWOP_TRY(api->ShapeInferContext_GetInputTypeShape(ctx, 0, &in));
   size_t nd = 0;
@@ -268,10 +281,13 @@ OrtStatus* ORT_API_CALL infer_shape(const OrtCustomOp*, OrtShapeInferContext* ct
   // A dimension neither fixed nor named would reach ONNX as the value -1, which later shape
   // inference takes as a real -1 (a Shape of it feeding a Reshape is "multiple -1"): then say nothing.
   bool unknown = false;
-  for (size_t i = 0; st == nullptr && i + 1 < nd; ++i) unknown |= dims[i] < 0 && (names[i] == nullptr || !*names[i]);
+  const size_t checked = n >= 0 && nd > 0 ? nd - 1 : nd;  // the last dimension is n's where given
+  for (size_t i = 0; st == nullptr && i < checked; ++i) unknown |= dims[i] < 0 && (names[i] == nullptr || !*names[i]);
   if (st == nullptr && nd > 0 && !unknown) {
-    dims.back() = n;
-    names.back() = "";
+    if (n >= 0) {
+      dims.back() = n;
+      names.back() = "";
+    }
     for (const char*& name : names) name = name ? name : "";  // no name: a fixed or unknown dimension
     st = api->CreateTensorTypeAndShapeInfo(&out);
     if (st == nullptr) st = api->SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
@@ -283,7 +299,207 @@ OrtStatus* ORT_API_CALL infer_shape(const OrtCustomOp*, OrtShapeInferContext* ct
   return st;  // `in` belongs to the context
 }
 
+// RowMatMul: X's shape, its last dimension N.
+OrtStatus* ORT_API_CALL infer_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  const OrtApi* api = g_api;
+  const OrtOpAttr* attr = nullptr;
+  ROWOP_TRY(api->ShapeInferContext_GetAttribute(ctx, "N", &attr));
+  int64_t n = 0;
+  size_t got = 0;
+  ROWOP_TRY(api->ReadOpAttr(attr, ORT_OP_ATTR_INT, &n, sizeof(n), &got));
+  return infer_like_input0(ctx, n);
+}
+
+// ---- RowAttention ----
+struct AttnOp : OrtCustomOp {
+  const AttnIsa* isa = nullptr;
+};
+
+struct AttnKernel {
+  int64_t hq, hkv, d, window;
+  float scale;
+  const AttnIsa* isa;
+};
+
+OrtStatus* ORT_API_CALL create_attn_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
+                                           void** out) {
+  int64_t v[4] = {0, 0, 0, 0};
+  const char* names[4] = {"num_heads", "kv_heads", "head_dim", "window"};
+  for (int i = 0; i < 4; ++i) {
+    if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, names[i], &v[i])) {
+      if (i < 3) return st;  // window is optional
+      api->ReleaseStatus(st);
+    }
+  }
+  float scale = 0.0f;
+  ROWOP_TRY(api->KernelInfoGetAttribute_float(info, "scale", &scale));
+  if (v[0] <= 0 || v[1] <= 0 || v[0] % v[1] || v[2] <= 0 || v[3] < 0) {
+    return error(std::string(kAttnType) + ": num_heads must be a positive multiple of kv_heads, head_dim positive, "
+                 "window >= 0 (num_heads " + std::to_string(v[0]) + ", kv_heads " + std::to_string(v[1]) +
+                 ", head_dim " + std::to_string(v[2]) + ", window " + std::to_string(v[3]) + ")");
+  }
+  *out = new AttnKernel{v[0], v[1], v[2], v[3], scale, static_cast<const AttnOp*>(op)->isa};
+  return nullptr;
+}
+
+// Row t's new keys in logical order: its ancestors (mask[t][c] != 0, c != t) by depth (their own
+// ancestor count; ties by index), then t. No mask: a chain, 0..t.
+void order_keys(int64_t T, const int64_t* mask, int32_t* keys, int32_t* n, int32_t* depth) {
+  if (mask == nullptr) {
+    for (int64_t t = 0; t < T; ++t) {
+      n[t] = static_cast<int32_t>(t + 1);
+      for (int64_t i = 0; i <= t; ++i) keys[t * T + i] = static_cast<int32_t>(i);
+    }
+    return;
+  }
+  for (int64_t c = 0; c < T; ++c) {
+    int32_t k = 0;
+    for (int64_t j = 0; j < T; ++j) k += j != c && mask[c * T + j] != 0;
+    depth[c] = k;
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t* row = keys + t * T;
+    int32_t m = 0;
+    for (int64_t c = 0; c < T; ++c) {
+      if (c != t && mask[t * T + c] != 0) row[m++] = static_cast<int32_t>(c);
+    }
+    std::sort(row, row + m, [depth](int32_t a, int32_t b) { return depth[a] != depth[b] ? depth[a] < depth[b] : a < b; });
+    row[m] = static_cast<int32_t>(t);
+    n[t] = m + 1;
+  }
+}
+
+// Query rows of one kv head per task: blocks of <= 64 rows, split further (down to 8 rows) until
+// there are two tasks per worker.
+int64_t attn_rows_per_task(int64_t per_head, int64_t hkv, int64_t workers) {
+  int64_t blocks = (per_head + 63) / 64;
+  const int64_t want = 2 * workers;
+  if (hkv * blocks < want) blocks = std::max<int64_t>(1, std::min((per_head + 7) / 8, (want + hkv - 1) / hkv));
+  return (per_head + blocks - 1) / blocks;
+}
+
+struct AttnCall {
+  std::vector<int32_t> keys, n, depth;
+};
+thread_local AttnCall t_call;
+
+struct AttnJob {
+  const AttnProblem* pr;
+  AttnTaskFn fn;
+};
+
+void attn_job(void* p, size_t t) {
+  const AttnJob& j = *static_cast<const AttnJob*>(p);
+  j.fn(*j.pr, static_cast<int64_t>(t));
+}
+
+OrtStatus* tensor_dims(const OrtValue* v, std::vector<int64_t>* dims, int64_t* count) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  ROWOP_TRY(g_api->GetTensorTypeAndShape(v, &info));
+  size_t nd = 0;
+  g_api->GetDimensionsCount(info, &nd);
+  dims->assign(nd, 0);
+  g_api->GetDimensions(info, dims->data(), nd);
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  *count = 1;
+  for (int64_t d : *dims) *count *= d;
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
+  const AttnKernel& K = *static_cast<const AttnKernel*>(kernel);
+  const OrtApi* api = g_api;
+  size_t n_in = 0;
+  ROWOP_TRY(api->KernelContext_GetInputCount(ctx, &n_in));
+  const OrtValue* in[7] = {};
+  for (size_t i = 0; i < std::min<size_t>(n_in, 7); ++i) ROWOP_TRY(api->KernelContext_GetInput(ctx, i, &in[i]));
+  for (int i = 0; i < 6; ++i) {
+    if (in[i] == nullptr) return error(std::string(kAttnType) + ": input " + std::to_string(i) + " is missing");
+  }
+  const int64_t kv_w = K.hkv * K.d;
+  std::vector<int64_t> qd, dims;
+  int64_t count[7] = {};
+  ROWOP_TRY(tensor_dims(in[0], &qd, &count[0]));
+  for (int i = 1; i < 7; ++i) {
+    if (in[i] != nullptr) ROWOP_TRY(tensor_dims(in[i], &dims, &count[i]));
+  }
+  if (qd.empty() || qd.back() != K.hq * K.d) {
+    return error(std::string(kAttnType) + ": the queries' last dimension must be num_heads * head_dim = " +
+                 std::to_string(K.hq * K.d));
+  }
+  const int64_t T = count[0] / (K.hq * K.d), S = count[3] / kv_w;
+  if (count[1] != T * kv_w || count[2] != T * kv_w || count[3] % kv_w || count[4] != count[3] || count[5] != 1 ||
+      (in[6] != nullptr && count[6] != T * T)) {
+    return error(std::string(kAttnType) + ": shapes: q [1, T, Hq*D], k and v [1, T, Hkv*D], past_key and past_value "
+                 "[S, Hkv*D], past_len [1], tree_mask [T, T] (T " + std::to_string(T) + ", Hkv*D " +
+                 std::to_string(kv_w) + ")");
+  }
+  void* data[7] = {};
+  for (int i = 0; i < 7; ++i) {
+    if (in[i] != nullptr) ROWOP_TRY(api->GetTensorMutableData(const_cast<OrtValue*>(in[i]), &data[i]));
+  }
+  const int64_t past = *static_cast<const int64_t*>(data[5]);
+  if (past < 0 || past > S) {
+    return error(std::string(kAttnType) + ": past_len " + std::to_string(past) + " outside the window of " +
+                 std::to_string(S) + " slots");
+  }
+  OrtValue* yv = nullptr;
+  ROWOP_TRY(api->KernelContext_GetOutput(ctx, 0, qd.data(), qd.size(), &yv));
+  void* yp = nullptr;
+  ROWOP_TRY(api->GetTensorMutableData(yv, &yp));
+  if (T == 0) return nullptr;
+  AttnCall& call = t_call;
+  if (static_cast<int64_t>(call.n.size()) < T) {
+    call.keys.resize(T * T);
+    call.n.resize(T);
+    call.depth.resize(T);
+  } else if (static_cast<int64_t>(call.keys.size()) < T * T) {
+    call.keys.resize(T * T);
+  }
+  order_keys(T, static_cast<const int64_t*>(data[6]), call.keys.data(), call.n.data(), call.depth.data());
+  AttnProblem pr;
+  pr.t = T;
+  pr.hq = K.hq;
+  pr.hkv = K.hkv;
+  pr.d = K.d;
+  pr.past = past;
+  pr.window = K.window;
+  pr.scale = K.scale;
+  pr.q = static_cast<const float*>(data[0]);
+  pr.k = static_cast<const float*>(data[1]);
+  pr.v = static_cast<const float*>(data[2]);
+  pr.kc = static_cast<const float*>(data[3]);
+  pr.vc = static_cast<const float*>(data[4]);
+  pr.keys = call.keys.data();
+  pr.n_keys = call.n.data();
+  pr.out = static_cast<float*>(yp);
+  const bool split = K.hq * T * (past + T) * K.d >= kAttnSplit;
+  pr.rows_per_task = attn_rows_per_task(pr.rows_per_head(), K.hkv, split ? workers() : 1);
+  AttnJob job{&pr, K.isa->task};
+  const int64_t tasks = pr.tasks();
+  if (split && tasks > 1) {
+    OrtStatus* st = api->KernelContext_ParallelFor(ctx, attn_job, static_cast<size_t>(tasks), 0, &job);
+    if (st == nullptr) return nullptr;
+    api->ReleaseStatus(st);  // no pool API in this build: run the tasks here
+  }
+  for (int64_t t = 0; t < tasks; ++t) attn_job(&job, static_cast<size_t>(t));
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL infer_attn_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  return infer_like_input0(ctx, -1);
+}
+
 void ORT_API_CALL destroy_kernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
+void ORT_API_CALL destroy_attn_kernel(void* kernel) { delete static_cast<AttnKernel*>(kernel); }
+const char* ORT_API_CALL attn_name(const OrtCustomOp*) { return kAttnType; }
+ONNXTensorElementDataType ORT_API_CALL attn_input_type(const OrtCustomOp*, size_t i) {
+  return i < 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+}
+size_t ORT_API_CALL attn_input_count(const OrtCustomOp*) { return 7; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL attn_input_required(const OrtCustomOp*, size_t i) {
+  return i == 6 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // tree_mask
+}
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return kOpType; }
 const char* ORT_API_CALL op_provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp*, size_t i) {
@@ -329,9 +545,37 @@ RowOp make_op(const Isa* isa) {
   return op;
 }
 
-// One op and one domain per path, made on first use and kept for the process (ONNX Runtime
-// requires both to outlive every session that registered them).
+AttnOp make_attn_op(const Isa* isa) {
+  AttnOp op;
+  std::memset(static_cast<OrtCustomOp*>(&op), 0, sizeof(OrtCustomOp));
+  op.version = ORT_API_VERSION;
+  op.GetName = attn_name;
+  op.GetExecutionProviderType = op_provider;
+  op.GetInputType = attn_input_type;
+  op.GetInputTypeCount = attn_input_count;
+  op.GetOutputType = output_type;
+  op.GetOutputTypeCount = output_count;
+  op.KernelDestroy = destroy_attn_kernel;
+  op.GetInputCharacteristic = attn_input_required;
+  op.GetOutputCharacteristic = required;
+  op.GetInputMemoryType = mem_type;
+  op.GetVariadicInputMinArity = one;
+  op.GetVariadicInputHomogeneity = zero;
+  op.GetVariadicOutputMinArity = one;
+  op.GetVariadicOutputHomogeneity = zero;
+  op.CreateKernelV2 = create_attn_kernel;
+  op.KernelComputeV2 = attn_compute;
+  op.InferOutputShapeFn = infer_attn_shape;
+  op.GetStartVersion = one;
+  op.GetEndVersion = end_version;
+  op.isa = attention_of(isa);
+  return op;
+}
+
+// The ops and one domain per path, made on first use and kept for the process (ONNX Runtime
+// requires them to outlive every session that registered them).
 RowOp g_ops[4];
+AttnOp g_attn_ops[4];
 OrtCustomOpDomain* g_domains[4] = {};
 std::mutex g_mutex;
 
@@ -354,9 +598,11 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_domains[slot] == nullptr) {
       g_ops[slot] = make_op(isa);
+      g_attn_ops[slot] = make_attn_op(isa);
       OrtCustomOpDomain* domain = nullptr;
       if (OrtStatus* st = api->CreateCustomOpDomain(kDomain, &domain)) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_ops[slot])) return st;
+      if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_attn_ops[slot])) return st;
       g_domains[slot] = domain;
     }
   }
@@ -405,6 +651,46 @@ int edgespec_rowop_matmul(const char* name, const int64_t* attrs, const float* x
   isa->quantize(x, L.k, L.bs, L.zp, m, 0, m, xq.data(), s.data(), xsum.data(), xsumf.data(), zsum.data());
   const Rows rows{m, L.blocks(), L.bs, xq.data(), s.data(), xsum.data(), xsumf.data(), zsum.data()};
   isa->panels(L, w, rows, 0, m, 0, L.panels(), y, L.n);
+  return 0;
+}
+
+// dims: T, Hq, Hkv, D, S, past_len, window; tree_mask [T, T] or nullptr (a chain). The op on one
+// thread with a named path, in tasks of rows_per_task query rows (0: the op's choice for one worker).
+// Returns 0, or -1 (unknown or unsupported path, bad shape).
+int edgespec_rowop_attention(const char* name, const int64_t* dims, float scale, const float* q, const float* k,
+                             const float* v, const float* kc, const float* vc, const int64_t* tree_mask,
+                             int64_t rows_per_task, float* out) {
+  using namespace rowop;
+  const Isa* isa = nullptr;
+  for (const Isa* p : kPaths) {
+    if (std::strcmp(p->name, name) == 0 && runs(p)) isa = p;
+  }
+  AttnProblem pr;
+  pr.t = dims[0];
+  pr.hq = dims[1];
+  pr.hkv = dims[2];
+  pr.d = dims[3];
+  pr.past = dims[5];
+  pr.window = dims[6];
+  if (isa == nullptr || pr.t < 0 || pr.hq <= 0 || pr.hkv <= 0 || pr.hq % pr.hkv || pr.d <= 0 || pr.past < 0 ||
+      pr.past > dims[4] || pr.window < 0) {
+    return -1;
+  }
+  if (pr.t == 0) return 0;
+  std::vector<int32_t> keys(pr.t * pr.t), n(pr.t), depth(pr.t);
+  order_keys(pr.t, tree_mask, keys.data(), n.data(), depth.data());
+  pr.scale = scale;
+  pr.q = q;
+  pr.k = k;
+  pr.v = v;
+  pr.kc = kc;
+  pr.vc = vc;
+  pr.keys = keys.data();
+  pr.n_keys = n.data();
+  pr.out = out;
+  pr.rows_per_task = rows_per_task > 0 ? rows_per_task : attn_rows_per_task(pr.rows_per_head(), pr.hkv, 1);
+  const AttnIsa* a = attention_of(isa);
+  for (int64_t t = 0; t < pr.tasks(); ++t) a->task(pr, t);
   return 0;
 }
 

@@ -25,6 +25,13 @@ order), so a fused attention would break greedy speculative == plain. The Gemm f
 rows are independent in every GEMM, the new keys' scores land in the columns a chain would have
 them at, and a row's reduction always sees the same values at the same places.
 
+Over the row kernel's linears (--int4-kernel rowop: linears.RowLinears) attention is edgespec's own
+exact op instead, one node per layer (engines/rowop/attention.h: RowAttention, in the same library):
+each row's float32 operations are fixed by its keys' positions alone (dots over D in order, a fixed
+16-lane exp sum, the context in position order), so it keeps the rule by arithmetic, reads the
+sequence-major window as is, and does the work once per kv head (the block-diagonal Gemms do it once
+per query head of the group). That flavour's prologue is only the rotary rows (row_prologue).
+
 The residual stream is [1, T, H] throughout (RotaryEmbedding and MatMulNBits take it as is); a
 sublayer's output is carried to the next norm, which adds it (SkipSimplifiedLayerNormalization's
 sum output is the stream).
@@ -38,8 +45,8 @@ import numpy as np
 from onnx import TensorProto, ValueInfoProto, helper
 
 from edgespec.export.target.layer_ops import LayerOps, Stream
-from edgespec.export.target.lean_prologue import graph_prologue, host_prologue, host_prologue_inputs
-from edgespec.export.target.linears import IntegerLinears
+from edgespec.export.target.lean_prologue import graph_prologue, host_prologue, host_prologue_inputs, row_prologue
+from edgespec.export.target.linears import IntegerLinears, RowLinears
 
 if TYPE_CHECKING:
     from edgespec.export.target.graph import GraphBuilder
@@ -60,6 +67,12 @@ class LeanOps(LayerOps):
 
     def _gate_up_split(self, i: int) -> str:
         return "gu_split"
+
+    @property
+    def row_attention(self) -> bool:
+        """Attention as edgespec's exact op (engines/rowop/attention.h): the linears are the row
+        kernel's, so the graph already runs on its library (ONNX Runtime's CPU provider only)."""
+        return isinstance(self.linears, RowLinears)
 
     def store_tables(self) -> None:
         """Half-width caches for RotaryEmbedding, or the full HF tables for the portable rotation."""
@@ -96,8 +109,9 @@ class LeanOps(LayerOps):
         a, f = self.arch, self.dtype
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
         kv_w = n_kv * d
-        b.const("ninf_f", np.array(-1e9, f))  # a masked score: exp gives exactly 0
-        b.const("zero_f", np.array(0.0, f))
+        if not self.row_attention:
+            b.const("ninf_f", np.array(-1e9, f))  # a masked score: exp gives exactly 0
+            b.const("zero_f", np.array(0.0, f))
         b.const("eps", np.array(a.rms_norm_eps, f))
         b.const("two", np.array(2.0, f))
         b.const("axes_last", np.array([-1], np.int64))
@@ -106,6 +120,8 @@ class LeanOps(LayerOps):
         b.const("zero_i", np.array(0, np.int64))
         b.const("one_i", np.array(1, np.int64))
         b.const("one_1", np.array([1], np.int64))
+        if self.row_attention:
+            return row_prologue(self, b)
         b.const("shape_q4", np.array([-1, n_q, 1, d], np.int64))
         b.const("shape_rows", np.array([-1, kv_w], np.int64))
         b.const("shape_ctx", np.array([1, -1, n_q * kv_w], np.int64))
@@ -251,6 +267,8 @@ class LeanOps(LayerOps):
         if i not in a.nope_layers:
             q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
             k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
+        if self.row_attention:
+            return self._row_attention(b, i, q, k, v, ctx, p), k, v
         qbd = b.op(
             "Reshape",
             [b.op("Mul", [b.op("Reshape", [q, "shape_q4"], p + "/q4"), "head_mask"], p + "/q_blocks"), "shape_rows"],
@@ -273,6 +291,28 @@ class LeanOps(LayerOps):
         )  # [1, T, Hq*D]
         out = self.pad_rows(b, ctx, out, p + "/ctx_rows")
         return self.linear(b, out, f"l{i}.o"), k, v
+
+    def _row_attention(self, b: GraphBuilder, i: int, q: str, k: str, v: str, ctx: dict, p: str) -> str:
+        """Layer i's attention output after o_proj: one RowAttention node over q [1, T, Hq*D], the new
+        k, v rows [1, T, Hkv*D], the window, past_len and (trees) tree_mask; ctx["window"]: a sliding
+        layer's key window (row_prologue)."""
+        from edgespec.engines.rowop import DOMAIN
+        from edgespec.engines.rowop.attention import OP_TYPE
+
+        a = self.arch
+        inputs = [q, k, v, f"past_key_{i}", f"past_value_{i}", "past_len"] + (["tree_mask"] if self.opts.trees else [])
+        out = b.op(
+            OP_TYPE,
+            inputs,
+            f"{p}/{OP_TYPE}",
+            domain=DOMAIN,
+            num_heads=a.n_heads,
+            kv_heads=a.n_kv_heads,
+            head_dim=a.head_dim,
+            scale=float(a.attn_scale),
+            window=int(ctx.get("window", 0)),
+        )  # [1, T, Hq*D]
+        return self.linear(b, self.pad_rows(b, ctx, out, p + "/ctx_rows"), f"l{i}.o")
 
     def kv_rows(self, b: GraphBuilder, k: str, v: str, name: str) -> list[str]:
         return [k, v]

@@ -161,6 +161,16 @@ def host_prologue(ops: LeanOps, b: GraphBuilder) -> dict:
     return rope_rows(ops, b, ctx)
 
 
+def row_prologue(ops: LeanOps, b: GraphBuilder) -> dict:
+    """The prologue of a graph whose attention is edgespec's op (LeanOps.row_attention): the op reads
+    past_len and tree_mask and builds each row's keys itself, so only the rotary rows, and the
+    sliding layers' key window (ctx["sliding"]["window"], their attention's attribute)."""
+    ctx: dict = {}
+    if ops.arch.sliding_window:
+        ctx["sliding"] = {"window": int(ops.arch.sliding_window)}
+    return rope_rows(ops, b, ctx)
+
+
 def rope_rows(ops: LeanOps, b: GraphBuilder, ctx: dict) -> dict:
     """ctx with the rotary inputs: the fused RotaryEmbedding reads its caches by name (rope_suffix
     picks the sliding layers' own); the portable rotation, cos/sin rows of the positions gathered

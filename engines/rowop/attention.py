@@ -1,0 +1,102 @@
+"""edgespec's exact attention op, RowAttention (engines/rowop/attention.h has the arithmetic): a call's
+query rows against the cache window and the call's new keys, each row's float32 operations fixed by
+the positions of its keys alone, so its bits do not depend on the call's width, the other rows, tree
+against chain, or the instruction-set path.
+
+- `reference()`: the same semantics in float64 (NumPy), for tolerance checks;
+- `run()`: the library's op on one thread with a named path, without ONNX Runtime (tests, benches).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from edgespec.engines import rowop
+
+OP_TYPE = "RowAttention"  # in rowop.DOMAIN, beside RowMatMul
+
+
+def new_keys(t_len: int, tree_mask: np.ndarray | None) -> list[list[int]]:
+    """Each row's new keys in logical order: its ancestors by depth (ties by index), then itself; a
+    chain (no mask): 0..t."""
+    if tree_mask is None:
+        return [list(range(t + 1)) for t in range(t_len)]
+    m = np.asarray(tree_mask).reshape(t_len, t_len) != 0
+    depth = [int(m[c].sum() - m[c, c]) for c in range(t_len)]
+    out = []
+    for t in range(t_len):
+        out.append(sorted((c for c in range(t_len) if c != t and m[t, c]), key=lambda c: (depth[c], c)) + [t])
+    return out
+
+
+def reference(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    past_key: np.ndarray,
+    past_value: np.ndarray,
+    past_len: int,
+    n_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    scale: float,
+    window: int = 0,
+    tree_mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """[T, Hq*D] float64: row t, head h sees the cached positions [lo, past_len) and its new keys at
+    past_len + i (lo = 0, or its position - window + 1), softmax(q k * scale) v."""
+    d = head_dim
+    q = np.asarray(q, np.float64).reshape(-1, n_heads, d)
+    t_len = len(q)
+    k = np.asarray(k, np.float64).reshape(t_len, kv_heads, d)
+    v = np.asarray(v, np.float64).reshape(t_len, kv_heads, d)
+    kc = np.asarray(past_key, np.float64).reshape(-1, kv_heads, d)[:past_len]
+    vc = np.asarray(past_value, np.float64).reshape(-1, kv_heads, d)[:past_len]
+    out = np.zeros((t_len, n_heads, d))
+    g = n_heads // kv_heads
+    for t, keys in enumerate(new_keys(t_len, tree_mask)):
+        pos = past_len + len(keys) - 1
+        lo = max(0, pos - window + 1) if window else 0
+        kk = np.concatenate([kc, k[keys]])[lo:]  # [n, Hkv, D] positions lo .. pos
+        vv = np.concatenate([vc, v[keys]])[lo:]
+        for h in range(n_heads):
+            s = kk[:, h // g] @ q[t, h] * scale
+            p = np.exp(s - s.max())
+            out[t, h] = p @ vv[:, h // g] / p.sum()
+    return out.reshape(t_len, n_heads * d)
+
+
+def run(
+    path: str,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    past_key: np.ndarray,
+    past_value: np.ndarray,
+    past_len: int,
+    n_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    scale: float,
+    window: int = 0,
+    tree_mask: np.ndarray | None = None,
+    rows_per_task: int = 0,
+) -> np.ndarray:
+    """[T, Hq*D] float32: the op on one thread with the named path (rowop.PATHS), in tasks of
+    rows_per_task query rows of a kv head (0: the op's choice)."""
+    f = [np.ascontiguousarray(a, np.float32) for a in (q, k, v, past_key, past_value)]
+    t_len = f[0].size // (n_heads * head_dim)
+    s = f[3].size // (kv_heads * head_dim)
+    mask = None if tree_mask is None else np.ascontiguousarray(tree_mask, np.int64).reshape(t_len, t_len)
+    out = np.empty((t_len, n_heads * head_dim), np.float32)
+    dims = np.array([t_len, n_heads, kv_heads, head_dim, s, past_len, window], np.int64)
+    lib = rowop._native()
+    fn = lib.edgespec_rowop_attention
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_float] + [ctypes.c_void_p] * 6
+    fn.argtypes += [ctypes.c_int64, ctypes.c_void_p]
+    ptrs = [a.ctypes.data for a in f] + [None if mask is None else mask.ctypes.data]
+    if fn(path.encode(), dims.ctypes.data, scale, *ptrs, rows_per_task, out.ctypes.data):
+        raise rowop.RowopUnavailable(f"rowop path {path!r} does not run on this CPU (or bad shapes)")
+    return out

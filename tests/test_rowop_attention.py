@@ -1,0 +1,299 @@
+"""edgespec's exact attention op (engines/rowop/attention.h: RowAttention): every instruction-set path
+gives the same bits and the float64 reference to rounding; a row's bits do not depend on the call's
+width, the other rows, the task split, or tree against chain; tiny llama / qwen3 / gemma3 (sliding
+layers) exported with --int4-kernel rowop run it in every layer, keep their rows bitwise alike in
+prefill / verify / decode calls and on tree rows, and decode speculatively exactly as plainly."""
+
+import os
+
+import numpy as np
+import pytest
+from tiny import TINY_EXPORT, assert_rows_bitwise_alike, make_tiny
+
+from edgespec.engines import rowop
+from edgespec.engines.rowop import attention as ra
+
+WHY = rowop.unavailable()
+needs_op = pytest.mark.skipif(bool(WHY), reason=f"row kernel not available: {WHY}")
+
+
+def _paths() -> list[str]:
+    return [p for p in rowop.PATHS if rowop.cpu_runs(p)] if not WHY else []
+
+
+def _seq(rng, n: int, hq: int, hkv: int, d: int):
+    """q, k, v rows of n positions (scores of a few units, so the softmax is neither flat nor one-hot)."""
+    q = (rng.standard_normal((n, hq * d)) * 1.5).astype(np.float32)
+    k = rng.standard_normal((n, hkv * d)).astype(np.float32)
+    v = rng.standard_normal((n, hkv * d)).astype(np.float32)
+    return q, k, v
+
+
+def _window(k: np.ndarray, past: int, slots: int, rng) -> np.ndarray:
+    """A cache window of `slots` rows: positions < past from k, the rest garbage (must not be read)."""
+    w = (rng.standard_normal((slots, k.shape[1])) * 1e3).astype(np.float32)
+    w[:past] = k[:past]
+    return w
+
+
+def _tree(rng, n: int, shuffle: bool) -> tuple[np.ndarray, list[list[int]]]:
+    """(tree_mask [n, n], each node's root-to-node path): random parents; shuffle: nodes numbered out
+    of topological order (a parent may come after its child)."""
+    parents = [-1] + [int(rng.integers(i)) for i in range(1, n)]
+    order = rng.permutation(n) if shuffle else np.arange(n)  # node i is numbered order[i]
+    paths = []
+    for i in range(n):
+        p, j = [], i
+        while j >= 0:
+            p.append(j)
+            j = parents[j]
+        paths.append([int(order[x]) for x in reversed(p)])
+    mask = np.zeros((n, n), np.int64)
+    by_number = [None] * n
+    for i in range(n):
+        by_number[order[i]] = paths[i]
+        mask[order[i], paths[i]] = 1
+    return mask, by_number
+
+
+# (T, past, Hq, Hkv, D, window, tree): D 40 and 24 leave tails after the vector widths
+CASES = [
+    (1, 0, 4, 2, 16, 0, False),
+    (1, 37, 9, 3, 64, 0, False),
+    (5, 20, 4, 2, 16, 0, True),
+    (16, 100, 8, 8, 40, 0, False),
+    (37, 50, 6, 2, 32, 7, True),
+    (64, 200, 9, 3, 64, 0, False),
+    (9, 30, 4, 1, 24, 12, True),
+    (3, 5, 2, 2, 8, 2, False),
+    (12, 0, 4, 2, 64, 5, True),
+]
+
+
+@needs_op
+@pytest.mark.parametrize("case", CASES)
+def test_paths_agree_bitwise_and_with_the_reference(case):
+    t, past, hq, hkv, d, window, tree = case
+    rng = np.random.default_rng(t * 1000 + past)
+    q, k, v = _seq(rng, t, hq, hkv, d)
+    pk, pv = _seq(rng, past + 3, hkv, hkv, d)[1:]
+    kc, vc = _window(pk, past, past + 3, rng), _window(pv, past, past + 3, rng)
+    mask = _tree(rng, t, shuffle=True)[0] if tree else None
+    args = (q, k, v, kc, vc, past, hq, hkv, d, 0.3, window, mask)
+    want = ra.reference(*args)
+    outs = {p: ra.run(p, *args) for p in _paths()}
+    for p, got in outs.items():
+        assert np.allclose(got, want, rtol=2e-5, atol=2e-5), (p, case, np.abs(got - want).max())
+        for rows in (1, 3, 1000):  # the task split
+            assert np.array_equal(ra.run(p, *args, rows_per_task=rows), got), (p, case, rows)
+    first = next(iter(outs.values()))
+    for p, got in outs.items():
+        assert np.array_equal(got, first), (p, case, np.abs(got - first).max())
+
+
+@needs_op
+@pytest.mark.parametrize("window", [0, 6])
+def test_tree_rows_are_chain_rows(window):
+    """A tree node's row is the row of its root-to-node chain's last token, bitwise, on every path
+    (nodes numbered in and out of topological order)."""
+    hq, hkv, d, past, n = 6, 2, 32, 21, 12
+    rng = np.random.default_rng(window)
+    q, k, v = _seq(rng, n, hq, hkv, d)
+    pk, pv = _seq(rng, past, hkv, hkv, d)[1:]
+    for shuffle in (False, True):
+        mask, node_paths = _tree(rng, n, shuffle)
+        for p in _paths():
+            tree = ra.run(p, q, k, v, pk, pv, past, hq, hkv, d, 0.25, window, mask)
+            for node, path in enumerate(node_paths):
+                chain = ra.run(p, q[path], k[path], v[path], pk, pv, past, hq, hkv, d, 0.25, window)
+                assert np.array_equal(tree[node], chain[-1]), (p, shuffle, node)
+
+
+def _session(hq, hkv, d, scale, window, tree, path):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    inputs = [
+        helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, "T", hq * d]),
+        helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, "T", hkv * d]),
+        helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, "T", hkv * d]),
+        helper.make_tensor_value_info("past_key", TensorProto.FLOAT, ["S", hkv * d]),
+        helper.make_tensor_value_info("past_value", TensorProto.FLOAT, ["S", hkv * d]),
+        helper.make_tensor_value_info("past_len", TensorProto.INT64, [1]),
+    ] + ([helper.make_tensor_value_info("tree_mask", TensorProto.INT64, ["T", "T"])] if tree else [])
+    node = helper.make_node(
+        ra.OP_TYPE,
+        [i.name for i in inputs],
+        ["y"],
+        domain=rowop.DOMAIN,
+        num_heads=hq,
+        kv_heads=hkv,
+        head_dim=d,
+        scale=scale,
+        window=window,
+    )
+    graph = helper.make_graph([node], "attn", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    old = os.environ.get(rowop.ISA_ENV)
+    os.environ[rowop.ISA_ENV] = path  # read when the session registers the library
+    try:
+        rowop.register(so)
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    finally:
+        if old is None:
+            del os.environ[rowop.ISA_ENV]
+        else:
+            os.environ[rowop.ISA_ENV] = old
+
+
+@needs_op
+@pytest.mark.parametrize("window", [0, 5])
+def test_op_rows_bitwise_alike_across_widths_and_paths(window):
+    """In ONNX Runtime (2 threads), each path forced: rows of widths 1..16 and 64 at two cache
+    lengths equal the one-row calls of their positions (each at its own window size), and every path
+    gives the same bits."""
+    hq, hkv, d, scale = 9, 3, 64, 0.125
+    rng = np.random.default_rng(7 + window)
+    n = 200 + 64
+    q, k, v = _seq(rng, n, hq, hkv, d)
+    rows = {}
+    for path in _paths():
+        sess = _session(hq, hkv, d, scale, window, False, path)
+
+        def call(past, t, slots, sess=sess):
+            feeds = {
+                "q": q[None, past : past + t],
+                "k": k[None, past : past + t],
+                "v": v[None, past : past + t],
+                "past_key": _window(k, past, slots, rng),
+                "past_value": _window(v, past, slots, rng),
+                "past_len": np.array([past], np.int64),
+            }
+            return sess.run(None, feeds)[0][0]
+
+        one = {p: call(p, 1, p + 1 + p % 7)[0] for p in list(range(10, 30)) + list(range(200, 264))}
+        for past in (10, 200):
+            for t in list(range(1, 17)) + ([64] if past == 200 else []):
+                wide = call(past, t, past + t + 32)
+                for i in range(t):
+                    assert np.array_equal(wide[i], one[past + i]), (path, window, past, t, i)
+        rows[path] = np.stack([one[p] for p in sorted(one)])
+        want = np.stack(
+            [
+                ra.reference(q[p : p + 1], k[p : p + 1], v[p : p + 1], k, v, p, hq, hkv, d, scale, window)[0]
+                for p in sorted(one)
+            ]
+        )
+        assert np.allclose(rows[path], want, rtol=2e-5, atol=2e-5), path
+    for path, r in rows.items():
+        assert np.array_equal(r, next(iter(rows.values()))), path
+
+
+@needs_op
+def test_op_trees_in_onnx_runtime():
+    hq, hkv, d, past, n = 4, 2, 16, 40, 10
+    rng = np.random.default_rng(3)
+    q, k, v = _seq(rng, n, hq, hkv, d)
+    pk, pv = _seq(rng, past, hkv, hkv, d)[1:]
+    mask, node_paths = _tree(rng, n, shuffle=True)
+    sess = _session(hq, hkv, d, 0.25, 0, True, rowop.cpu_path())
+    feeds = dict(q=q[None], k=k[None], v=v[None], past_key=pk, past_value=pv, past_len=np.array([past], np.int64))
+    got = sess.run(None, feeds | {"tree_mask": mask})[0][0]
+    assert np.array_equal(got, ra.run(rowop.cpu_path(), q, k, v, pk, pv, past, hq, hkv, d, 0.25, 0, mask))
+    chain = sess.run(None, feeds | {"tree_mask": np.tril(np.ones((n, n), np.int64))})[0][0]
+    assert np.array_equal(chain, ra.run(rowop.cpu_path(), q, k, v, pk, pv, past, hq, hkv, d, 0.25))
+
+
+# ---- the rowop flavour's graphs --------------------------------------------------------------------
+FAMILIES = {
+    "llama": ("llama", {}),
+    "qwen3": ("qwen3", {}),
+    "gemma3": (  # layer 0 sliding with a window the rows cross, layer 1 full (test_families' tiny Gemma 3)
+        "gemma3_text",
+        dict(
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+            tie_word_embeddings=True,
+        ),
+    ),
+}
+PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7, 5, 9, 5, 9, 12], np.int64)
+
+
+@pytest.fixture(scope="module")
+def rowop_folders(tmp_path_factory):
+    pytest.importorskip("torch")
+    from edgespec.export.target.exporter import ExportConfig, export
+
+    root = tmp_path_factory.mktemp("rowop_attention")
+    out = {}
+    for name, (mt, kw) in FAMILIES.items():
+        src = make_tiny(mt, root / f"{name}-hf", **kw)
+        opts = TINY_EXPORT | dict(precision="int4", int4_kernel="rowop", k=4)
+        out[name] = export(ExportConfig(target=str(src), out=str(root / name), eagle="none", medusa="none", **opts))
+    return out
+
+
+@needs_op
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_folder_attention_is_the_op_and_keeps_the_rule(rowop_folders, name):
+    import onnx
+
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+
+    m = load_manifest(rowop_folders[name])
+    g = onnx.load(m.path(m.target.graph.file), load_external_data=False).graph
+    ops = [n.op_type for n in g.node]
+    assert ops.count(ra.OP_TYPE) == m.target.n_layers, name
+    assert not {"Gemm", "Softmax", "ScatterElements", "ScatterND", "GatherElements", "CumSum"} & set(ops), name
+    windows = [
+        onnx.helper.get_attribute_value(a)
+        for n in g.node
+        if n.op_type == ra.OP_TYPE
+        for a in n.attribute
+        if a.name == "window"
+    ]
+    assert windows == ([8, 0] if name == "gemma3" else [0, 0]), windows
+    assert_rows_bitwise_alike(m, name)
+    want = Generator.load(rowop_folders[name], RuntimeConfig(drafter="none")).generate_ids(PROMPT, 40)
+    want = [int(t) for c in want for t in c]
+    for drafter in ("ngram", "suffix"):
+        g = Generator.load(rowop_folders[name], RuntimeConfig(drafter=drafter, k=4))
+        assert [int(t) for c in g.generate_ids(PROMPT, 40) for t in c] == want, (name, drafter)
+
+
+@needs_op
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_folder_tree_rows_are_chain_rows(rowop_folders, name):
+    """As test_lean_graph's trees: a tree verify call's path rows equal the decode rows bitwise."""
+    from test_tree import random_tree
+
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+    from edgespec.runtime.prefill import prefill
+    from edgespec.runtime.tree import tree_chain_prefix
+
+    m = load_manifest(rowop_folders[name])
+    e = OrtModel(m, m.target)
+    for past in (20, 41):
+        rng = np.random.default_rng(past)
+        seq = rng.integers(3, 256, past + 6).astype(np.int64)
+        prefill(e, seq[:past], 0)
+        ref = []
+        for i, t in enumerate(seq[past : past + 4]):
+            ref.append(e.forward(np.array([t]), past + i)[0].copy())
+            e.commit(past + i, 1)
+        tokens, parents, on_path = random_tree(rng, seq[past : past + 4], 5, 256, tree_chain_prefix(past, 4))
+        logits = e.forward(tokens, past, parents=parents)
+        for d, node in enumerate(on_path):
+            assert np.array_equal(logits[node], ref[d]), (name, past, d)
