@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 import warnings
 from collections.abc import Iterator
@@ -172,9 +173,6 @@ class Generator(TextAPI):
         ctx = BuildContext(self.engines, c, self.tgt_rows, self.drafter_store)
         self.drafter: Drafter = make_drafter(name, ctx)
         self.drafter_name = spec.name  # the registered name (an alias resolved)
-        # the table of the target's own predictions a recycling drafter (or a combinator with one) drafts
-        # from: every row of every target call goes into it (_observe); None for the other drafters
-        self._recycle = getattr(self.drafter, "recycle_table", None)
         self.k = 0 if name == "none" else k
         self.tree = None  # the step's token tree (preallocated), when trees are on
         if c.tree.nodes and name != "none":
@@ -276,7 +274,7 @@ class Generator(TextAPI):
         t_drafted = time.perf_counter()
         tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents)  # verify: [T, V]
         t_verified = time.perf_counter()
-        self._observe(tgt, tgt_logits, seq, prop)  # before acceptance writes over a chain's rejected drafts
+        self.drafter.observe(tgt, seq, prop, tgt_logits)  # before acceptance writes over a chain's rejected drafts
         n_acc, nxt = con.accept(prop, tgt_logits, seq, sampling, rng)  # accept
         rows = prop.rows()  # the accepted rows: the first n_acc+1 (chain), the tree's path
         tgt.commit(seq.tgt_past, n_acc + 1, rows)  # commit their K/V ...
@@ -286,15 +284,6 @@ class Generator(TextAPI):
         seq.advance(n_acc, nxt)
         self.drafter.accepted(seq, n_old, con.drafter_kept(n_acc))
         return prop, n_acc, t_drafted, t_verified
-
-    def _observe(self, tgt, logits: np.ndarray, seq: SeqState, prop: Proposal) -> None:
-        """Every row of a verify call (accepted or not, tree nodes included) into the recycle table:
-        each row's top-k next tokens, keyed by its path's last tokens. No recycle table: nothing."""
-        if self._recycle is None:
-            return
-        table, n = self._recycle, len(prop.tokens)
-        ids, probs = table.rows_of(tgt, logits, n)
-        table.observe_tree(seq.tokens, seq.n - 1, prop.tokens, prop.parents, ids, probs)
 
     def _tap_rows(self, past: int, logits: np.ndarray, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
         """Hand the committed rows of a verify call (in sequence order) to self.tap."""
@@ -329,7 +318,7 @@ class Generator(TextAPI):
             aux_out=self.tgt_rows.aux,
             tap=self.tap,
             give_next=self._give_next,
-            seen=self._seen_prefill(seq) if self._recycle is not None else None,
+            seen=functools.partial(self.drafter.observe_prefill, self.target, seq),
         )
         if sampling.repetition_penalty != 1.0:
             last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]
@@ -338,16 +327,6 @@ class Generator(TextAPI):
         seq.n += 1
         self.drafter.start(seq, n_cached)
         return first, n_cached
-
-    def _seen_prefill(self, seq: SeqState):
-        """prefill's `seen`: a chunk's rows into the recycle table."""
-        table, tgt = self._recycle, self.target
-
-        def seen(past: int, n: int, logits: np.ndarray) -> None:
-            ids, probs = table.rows_of(tgt, logits, n)
-            table.observe_span(seq.tokens, past, n, ids, probs)
-
-        return seen
 
     def generate_ids(
         self,

@@ -26,7 +26,8 @@ def prefill(
     in a prefill, all but the very last row's): a drafter's verifier that drafts inside the call
     takes them (its `give_next`). tap: called per chunk with (past, logits [n, V], hidden [n, H],
     hidden_aux [n, A] or None) of its committed rows (Generator.tap). seen: called per chunk with
-    (past, n, logits [n, V]) right after its call (the recycle drafter's table reads its rows)."""
+    (past, n, logits [n', V]) right after its call (the drafter's `observe_prefill`: a recycle table
+    reads the chunk's rows)."""
     widest = max(engine.widths)
     logits = None
     for i in range(0, len(tokens), widest):

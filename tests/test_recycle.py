@@ -115,6 +115,92 @@ def test_the_table_learns_from_prefill_and_every_node():
     assert st.n_drafted > st.n_accepted  # (rejected nodes among them)
 
 
+@pytest.mark.parametrize(("every_row", "orders"), [("1", 3), ("", 3), ("3", 3), ("1234", 4), ("1", 4), ("1234", 1)])
+def test_committed_only_orders_and_context_lengths_equal_plain(every_row, orders):
+    ref = _run(_fake("none", k=None), PROMPT, 120)
+    for tree in (TreeConfig(), TreeConfig(9, 4, 2, 2)):
+        g = _fake(k=8 if tree.nodes else 4, tree=tree, recycle_every_row=every_row, recycle_orders=orders)
+        for _ in range(2):
+            assert _run(g, PROMPT, 120) == ref
+        assert g.last_stats.n_drafted > 0 and g.drafter.recycle_table.orders == orders
+
+
+def test_committed_only_orders_hold_committed_contexts_only():
+    """recycle_every_row="1": the 2- and 3-token contexts come from committed rows only (prefill and
+    accepted paths); with every order from every row, rejected tree nodes' contexts are there too."""
+
+    def hashed_keys(g):
+        t = g.drafter.recycle_table
+        k2, k3 = t.keys[V : V + t.slots], t.keys[V + t.slots : V + 2 * t.slots]
+        return set(k2[k2 >= 0].tolist()), set(k3[k3 >= 0].tolist())
+
+    for every_row in ("1", "1234"):
+        g = _fake(k=8, tree=TreeConfig(9, 4, 3, 2), recycle_every_row=every_row)
+        _run(g, PROMPT, 120)
+        toks = g._tokens[: len(PROMPT) + 1 + g.last_stats.n_step_tokens].tolist()  # prompt and committed tokens
+        two = {toks[i - 1] * V + toks[i] for i in range(1, len(toks))}
+        three = {(toks[i - 2] * V + toks[i - 1]) * V + toks[i] for i in range(2, len(toks))}
+        k2, k3 = hashed_keys(g)
+        assert k2 and k3
+        if every_row == "1":
+            assert k2 <= two and k3 <= three
+        else:
+            assert not k3 <= three  # (rejected nodes' contexts)
+
+
+def test_drafters_observe_every_target_call():
+    """The plugin hooks: observe_prefill sees each prefill chunk's rows, observe each verify call
+    before its acceptance (a drafter's own state, not the generator's)."""
+    from edgespec.runtime.drafters import DrafterPlugin, register, unregister
+    from edgespec.runtime.drafters.ngram import NgramDrafter, ngram_config
+
+    class Watch(NgramDrafter):
+        name = "toy_watch"
+
+        def __init__(self, cfg) -> None:
+            super().__init__(cfg)
+            self.prefill_rows, self.calls = 0, []
+
+        def observe_prefill(self, tgt, seq, past, n, logits) -> None:
+            assert past == self.prefill_rows  # chunks in order
+            self.prefill_rows += n
+
+        def observe(self, tgt, seq, prop, logits) -> None:
+            assert prop.tokens[0] == seq.tokens[seq.n - 1]  # before acceptance: the root is the pending token
+            self.calls.append(len(prop.tokens))
+
+    class WatchPlugin(DrafterPlugin):
+        name = "toy_watch"
+        summary = "prompt lookup that counts what it observes"
+
+        def build(self, ctx):
+            return Watch(ngram_config(ctx.cfg))
+
+    register(WatchPlugin())
+    try:
+        g = _fake("toy_watch")
+        prompt = PROMPT * 12  # (more than one prefill chunk of the fake engine)
+        _run(g, prompt, 60)
+        st = g.last_stats
+        assert g.drafter.prefill_rows == len(prompt)
+        assert len(g.drafter.calls) == st.n_target_calls and sum(g.drafter.calls) == st.n_target_calls + st.n_drafted
+        assert st.n_drafted > 0
+        assert not hasattr(g, "_observe") and not hasattr(g, "_recycle")
+    finally:
+        unregister("toy_watch")
+
+
+def test_table_settings_are_checked():
+    from edgespec.runtime.drafters.recycle import RecycleError
+
+    with pytest.raises(RecycleError, match="orders 5"):
+        RecycleTable(V, RecycleConfig(orders=5))
+    with pytest.raises(RecycleError, match="vocab"):
+        RecycleTable(200_000, RecycleConfig(orders=4))
+    with pytest.raises(RecycleError, match="every_row"):
+        RecycleTable(V, RecycleConfig(every_row="15"))
+
+
 @pytest.mark.parametrize("lookup", ["suffix", "ngram"])
 @pytest.mark.parametrize("tree", ["", "9:4:2:2", "9:6:3:1"])
 def test_greedy_merged_equals_plain(lookup, tree):

@@ -8,6 +8,11 @@ A drafter proposes the next tokens:
   accepted(seq, n_old, n_acc)   after the target kept n_acc of them (roll back own state)
   finish(seq)            after the call: seq holds its prompt and output (a drafter that learns
                          from served requests keeps them)
+  observe(tgt, seq, prop, logits)           after every verify call, before its acceptance: the
+                         target's rows of every node it checked (a drafter that learns from them)
+  observe_prefill(tgt, seq, past, n, logits)  after every prefill chunk's call: the same for its rows
+The observers read the engine's own per-row outputs (its top-k: `tgt.last_topk`); the full logits
+[T, V] are on the host for them only where `needs_logits` says so (else they may be None).
 
 A proposal's q is the drafter's distribution of each proposed token (needed for lossless
 sampling); None means the drafter is deterministic (q is one-hot on its token).
@@ -49,6 +54,9 @@ class Drafter:
     # inside the call may take a prefill's next tokens (`give_next`, runtime/prefill.py)
     verifier = None
     source = ""  # a combinator: which of its drafters made the last proposal ("" for the others, or nothing)
+    # observe / observe_prefill read the call's full logits [T, V] on the host (False: at most what the
+    # engine keeps beside them, its top-k output; the generator may then skip copying the logits back)
+    needs_logits = False
 
     def __init__(self) -> None:
         self.sampling = SamplingConfig()
@@ -75,6 +83,14 @@ class Drafter:
 
     def finish(self, seq: SeqState) -> None:
         """After a call (also one cut short): seq.tokens[:seq.n] is its prompt and output."""
+
+    def observe(self, tgt, seq: SeqState, prop: Proposal, logits: np.ndarray | None) -> None:
+        """After each verify call by engine tgt, before its acceptance: prop (its root follows
+        seq.tokens[:seq.n - 1]) was checked; logits [T, V] its rows (None unless needs_logits)."""
+
+    def observe_prefill(self, tgt, seq: SeqState, past: int, n: int, logits: np.ndarray | None) -> None:
+        """After each prefill chunk's call by engine tgt: the rows of seq.tokens[past:past + n];
+        logits [n', V] (n' >= n, padded; None unless needs_logits)."""
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,18 @@ class LookupHeadPair(Drafter):
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         self.head.start(seq, n_cached)
 
+    @property
+    def needs_logits(self) -> bool:
+        return self.lookup.needs_logits or self.head.needs_logits
+
+    def observe(self, tgt, seq: SeqState, prop: Proposal, logits) -> None:
+        self.lookup.observe(tgt, seq, prop, logits)
+        self.head.observe(tgt, seq, prop, logits)
+
+    def observe_prefill(self, tgt, seq: SeqState, past: int, n: int, logits) -> None:
+        self.lookup.observe_prefill(tgt, seq, past, n, logits)
+        self.head.observe_prefill(tgt, seq, past, n, logits)
+
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         self.lookup.propose_tree(seq, tree, cfg)
         self.source = self.lookup_name

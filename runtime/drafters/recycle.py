@@ -3,19 +3,21 @@ predicted the last time it saw the same context, with no model call.
 
 Every target call returns, beside its logits, each row's top-8 next tokens and their probabilities
 (the graph's TopK output, engines' `last_topk`): prefill chunks, verified chains, rejected drafts and
-every tree node alike. `RecycleTable` keeps the latest of them per context: the row's token alone
-(order 1: a dense [V, 8] table), and the row's last 2 and 3 tokens (orders 2 and 3: direct-mapped
-hash tables of 2**bits slots each, a slot holding its key so a collision is a miss, never a wrong
-row). A later context drafts from its longest order present: the chain follows each row's first
-token while the path's stored probability stays at or above `min_prob`; a tree adds the best
-candidate of the whole frontier at a time (score: the product of stored probabilities along the
-path), the top `branch` tokens of each node's row, so the cost-sized tree machinery (TreeBudget,
-tree.keep_best) sizes it by those scores.
+every tree node alike; the drafter's observe hooks (base.Drafter.observe / observe_prefill) hand
+them over. `RecycleTable` keeps the latest of them per context: the row's token alone (order 1: a
+dense [V, 8] table), and the row's last 2 .. `orders` tokens (default 3; direct-mapped hash tables
+of 2**bits slots each, a slot holding its key so a collision is a miss, never a wrong row). Each
+order is written either from every row a verify call checked or from its committed rows only (the
+accepted path, once acceptance is known: `every_row`). A later context drafts from its longest
+order present: the chain follows each row's first token while the path's stored probability stays
+at or above `min_prob`; a tree adds the best candidate of the whole frontier at a time (score: the
+product of stored probabilities along the path), the top `branch` tokens of each node's row, so the
+cost-sized tree machinery (TreeBudget, tree.keep_best) sizes it by those scores.
 
 Cost: an update is a few vectorised numpy calls over at most T x 8 entries into preallocated
 arrays (no row of the 49k vocabulary is ever scanned); drafting reads one table row per node.
-Memory: (V + 2 * 2**bits) rows of 8 int32 ids, 8 float16 probabilities and one int64 key, 56 bytes
-each: 10.1 MB for a 49,152-token vocabulary at bits = 16 (`RecycleTable.nbytes`).
+Memory: (V + (orders - 1) * 2**bits) rows of 8 int32 ids, 8 float16 probabilities and one int64 key,
+56 bytes each: 10.1 MB for a 49,152-token vocabulary at orders = 3, bits = 16 (`RecycleTable.nbytes`).
 
 The table lives in the generator's drafter store: across requests and drafter switches, for the
 generator's life; with --suffix-cache FILE it is saved beside it (FILE's stem + .recycle.npz) every
@@ -40,7 +42,7 @@ from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
 from edgespec.runtime.state import Proposal, SeqState, chain
 
 TOP_K = 8  # candidates kept per context (the graphs' top-k output: export/target/graph.py TOP_K)
-ORDERS = 3  # longest context keyed (tokens)
+MAX_ORDERS = 4  # longest context that may be keyed (tokens): 4 keys fit int64 for vocabularies < 55,109
 MULT = 0x9E3779B97F4A7C15  # Fibonacci hashing: key * MULT mod 2**64, its top bits are the slot
 M64 = (1 << 64) - 1
 SAVE_EVERY = 16  # requests between saves of a table kept in a file
@@ -48,34 +50,62 @@ SAVE_EVERY = 16  # requests between saves of a table kept in a file
 
 @dataclass(frozen=True)
 class RecycleConfig:
-    bits: int = 16  # log2 of the slots of each hashed order (2 and 3)
+    bits: int = 16  # log2 of the slots of each hashed order (2 and up)
     min_prob: float = 0.0  # chains stop when the path's stored probability falls below it
     file: str | None = None  # .npz the table is loaded from and saved to (None: kept in memory only)
+    orders: int = 3  # longest context keyed (tokens, 1..MAX_ORDERS)
+    # the orders written from every row a verify call checked (rejected drafts, tree nodes); the others
+    # from committed rows only (prefill rows and the accepted path), e.g. "1": orders 2.. committed only
+    every_row: str = "1234"
+
+
+class RecycleError(ValueError):
+    """A recycle table setting outside what the table can key."""
 
 
 class RecycleTable:
-    """The target's latest top-k next tokens per context of 1, 2 and 3 tokens (module docstring).
-    Rows: [0, V) order 1 (keyed by the token), [V, V + S) order 2, [V + S, V + 2S) order 3, and one
-    scratch row that writes of contexts too short for an order land on."""
+    """The target's latest top-k next tokens per context of 1 .. `orders` tokens (module docstring).
+    Rows: [0, V) order 1 (keyed by the token), then one block of 2**bits hashed slots per order 2 ..
+    `orders`, and one scratch row that writes of contexts too short for an order (or of an order
+    not written from that row) land on."""
 
     def __init__(
         self, vocab: int, cfg: RecycleConfig = RecycleConfig(), k: int = TOP_K, start: str | Path | None = None
     ) -> None:
         """start: a table to start from when cfg.file has none yet (a folder's `edgespec warm` table)."""
         if not 4 <= cfg.bits <= 24:
-            raise ValueError(f"recycle table bits {cfg.bits}: choose 4..24 (2**bits slots per order)")
-        self.cfg, self.vocab, self.k = cfg, vocab, k
+            raise RecycleError(f"recycle table bits {cfg.bits}: choose 4..24 (2**bits slots per order)")
+        if not 1 <= cfg.orders <= MAX_ORDERS or vocab**cfg.orders >= 1 << 63:
+            raise RecycleError(
+                f"recycle table orders {cfg.orders}: choose 1..{MAX_ORDERS} with vocab**orders < 2**63 "
+                f"(vocabulary {vocab:,}). Hint: --recycle-orders 3"
+            )
+        if not set(cfg.every_row) <= set("1234"):
+            raise RecycleError(
+                f"recycle every_row {cfg.every_row!r}: a string of the orders written from every row a call "
+                "checked, e.g. '1234' (all) or '1' (the longer contexts from committed rows only). "
+                "Hint: --recycle-every-row 1234"
+            )
+        self.cfg, self.vocab, self.k, self.orders = cfg, vocab, k, cfg.orders
         self.slots = 1 << cfg.bits
         self.shift = 64 - cfg.bits
-        rows = vocab + 2 * self.slots + 1
+        self._base = [0, 0] + [vocab + (o - 2) * self.slots for o in range(2, cfg.orders + 1)]  # first row per order
+        self._pow = [vocab**i for i in range(cfg.orders)]  # V**i: a context's token i back weighs V**i in its key
+        rows = vocab + (cfg.orders - 1) * self.slots + 1
         self.scratch = rows - 1
         self.keys = np.full(rows, -1, np.int64)  # [rows] each row's context key (-1: empty)
         self.ids = np.full((rows, k), -1, np.int32)  # [rows, k] next tokens, best first (-1: none)
         self.probs = np.zeros((rows, k), np.float16)  # [rows, k] their target probabilities
+        every = [str(o) in cfg.every_row for o in range(1, cfg.orders + 1)]
+        self.every_row = tuple(every)  # per order: written from every row a verify call checked
+        self.committed = tuple(not e for e in every)  # per order: written from the committed rows only
+        self.all_orders = (True,) * cfg.orders
+        self.needs_logits = False  # set where the engine has no top-k output (the argmax fallback reads logits)
+        self._pending = None  # (seq.n, proposal) of the verify call whose committed rows are still to write
         self._buf_rows = 0
         self._grow(64)
         self.requests = 0  # requests finished since the last save
-        self.seen = 0  # rows written (stats)
+        self.seen = 0  # rows of target calls observed (stats)
         if cfg.file and Path(cfg.file).exists():
             self.load(cfg.file)
         elif start is not None and Path(start).exists():
@@ -90,29 +120,40 @@ class RecycleTable:
         if n <= self._buf_rows:
             return
         self._buf_rows = n
-        self._ctx = np.full((n, ORDERS), -1, np.int64)  # [n, 3] (t-2, t-1, t) of each row
-        self._ext = np.full(n + 2, -1, np.int64)  # a call's two context tokens, then its row tokens
-        self._par = np.zeros(n + 2, np.int64)  # parent of each entry of _ext (0 and 1: the context)
-        self._count = np.arange(n + 2)  # 0, 1, 2, ...: a chain's parents
-        self._p2 = np.zeros(n, np.int64)
-        self._keyb = np.zeros((ORDERS, n), np.int64)  # [3, n] keys per order
-        self._hash = np.zeros((ORDERS - 1, n), np.uint64)  # [2, n] hashed orders 2 and 3
-        self._rows = np.zeros((ORDERS, n), np.int64)  # [3, n] table rows written
+        O = self.orders
+        self._ctx = np.full((n, O), -1, np.int64)  # [n, O] each row's context, its own token last
+        self._ext = np.full(n + O - 1, -1, np.int64)  # a call's O-1 context tokens, then its row tokens
+        self._count = np.arange(n + O - 1)  # 0, 1, 2, ...: a chain's parents
+        # parent of each entry of _ext: a context token's is the one before it (the oldest's is never
+        # followed), the root's the last context token; the nodes' are written per call
+        self._par = np.maximum(self._count - 1, 0)
+        self._p = np.zeros((2, n), np.int64)  # ancestors, one generation at a time (two buffers)
+        self._keyb = np.zeros((O, n), np.int64)  # [O, n] keys per order
+        self._hash = np.zeros((max(O - 1, 1), n), np.uint64)  # [O-1, n] hashed orders 2..O
+        self._rows = np.zeros((O, n), np.int64)  # [O, n] table rows written
         self._argmax = np.zeros((n, 1), np.int64)  # the argmax-only fallback's ids and probabilities
         self._ones = np.ones((n, 1), np.float32)
+        self._call_ids = np.full((n, self.k), -1, np.int64)  # a verify call's rows, kept for its commit
+        self._call_probs = np.zeros((n, self.k), np.float32)
+        self._sel_ids = np.full((n, self.k), -1, np.int64)  # its committed rows, in sequence order
+        self._sel_probs = np.zeros((n, self.k), np.float32)
 
     # ---- update -----------------------------------------------------------------------------------
-    def observe_span(self, tokens: np.ndarray, start: int, n: int, ids: np.ndarray, probs: np.ndarray) -> None:
-        """Rows for tokens[start:start + n] (consecutive positions: a prefill chunk), their contexts
-        read from tokens before them; ids / probs [n, k'] their next tokens."""
+    def observe_span(
+        self, tokens: np.ndarray, start: int, n: int, ids: np.ndarray, probs: np.ndarray, orders=None
+    ) -> None:
+        """Rows for tokens[start:start + n] (consecutive positions: a prefill chunk, a committed path),
+        their contexts read from tokens before them; ids / probs [n, k'] their next tokens; orders:
+        per order, written or not (None: all)."""
         self._grow(n)
-        c = self._ctx[:n]
-        c[:, 2] = tokens[start : start + n]
-        for col, back in ((1, 1), (0, 2)):
+        O, c = self.orders, self._ctx[:n]
+        c[:, O - 1] = tokens[start : start + n]
+        for back in range(1, O):
+            col = O - 1 - back
             lo = min(n, max(0, back - start))  # rows whose context would reach before position 0
             c[:lo, col] = -1
             c[lo:, col] = tokens[start + lo - back : start + n - back]
-        self._write(n, ids, probs)
+        self._write(n, ids, probs, orders or self.all_orders)
 
     def observe_tree(
         self,
@@ -122,69 +163,118 @@ class RecycleTable:
         parents: np.ndarray | None,
         ids: np.ndarray,
         probs: np.ndarray,
+        orders=None,
     ) -> None:
         """Rows for a verify call's nodes [n] (parents [n]: a tree, parents[0] = -1; None: a chain)
-        whose root follows tokens[:before]; ids / probs [n, k'] their next tokens."""
-        n = len(nodes)
+        whose root follows tokens[:before]; ids / probs [n, k'] their next tokens; orders: per order,
+        written or not (None: all)."""
+        n, O = len(nodes), self.orders
         self._grow(n)
-        ext, par = self._ext[: n + 2], self._par[: n + 2]
-        ext[0] = tokens[before - 2] if before >= 2 else -1
-        ext[1] = tokens[before - 1] if before >= 1 else -1
-        ext[2:] = nodes
-        par[0], par[1], par[2] = 0, 0, 1  # (ext indices: the root's parent is the last context token)
-        if parents is None:
-            par[3:] = self._count[2 : n + 1]  # a chain: node i's parent is node i - 1
+        ext, par = self._ext[: n + O - 1], self._par[: n + O - 1]
+        for j in range(O - 1):  # the context: tokens[before - (O - 1) : before]
+            at = before - (O - 1) + j
+            ext[j] = tokens[at] if at >= 0 else -1
+        ext[O - 1 :] = nodes
+        if parents is None:  # (par[:O]: the context's and the root's parents, set by _grow)
+            par[O:] = self._count[O - 1 : O - 2 + n]  # a chain: node i's parent is node i - 1
         else:
-            np.add(parents[1:], 2, out=par[3:])
-        c, p1, p2 = self._ctx[:n], par[2:], self._p2[:n]
-        c[:, 2] = nodes
-        np.take(ext, p1, out=c[:, 1])
-        np.take(par, p1, out=p2)
-        np.take(ext, p2, out=c[:, 0])
-        self._write(n, ids, probs)
+            np.add(parents[1:], O - 1, out=par[O:])
+        c, p, q = self._ctx[:n], self._p[0, :n], self._p[1, :n]
+        c[:, O - 1] = nodes
+        p[:] = self._count[O - 1 : O - 1 + n]  # ext indices of the nodes, then of their ancestors
+        for col in range(O - 2, -1, -1):
+            np.take(par, p, out=q, mode="clip")
+            np.take(ext, q, out=c[:, col], mode="clip")
+            p, q = q, p
+        self._write(n, ids, probs, orders or self.all_orders)
 
-    def _write(self, n: int, ids: np.ndarray, probs: np.ndarray) -> None:
-        """The rows of self._ctx[:n] into their slots of every order (the latest write wins)."""
-        c, keys, rows, h = self._ctx[:n], self._keyb[:, :n], self._rows[:, :n], self._hash[:, :n]
-        V = self.vocab
-        keys[0] = c[:, 2]
-        np.multiply(c[:, 1], V, out=keys[1])
-        keys[1] += c[:, 2]
-        np.multiply(c[:, 0], V, out=keys[2])
-        keys[2] += c[:, 1]
-        keys[2] *= V
-        keys[2] += c[:, 2]
-        np.multiply(keys[1:].view(np.uint64), np.uint64(MULT), out=h)
-        h >>= np.uint64(self.shift)
-        rows[0] = c[:, 2]
-        np.add(h[0], V, out=rows[1], casting="unsafe")
-        np.add(h[1], V + self.slots, out=rows[2], casting="unsafe")
-        np.copyto(rows[1], self.scratch, where=c[:, 1] < 0)
-        np.copyto(rows[2], self.scratch, where=c[:, 0] < 0)
+    def _write(self, n: int, ids: np.ndarray, probs: np.ndarray, orders) -> None:
+        """The rows of self._ctx[:n] into their slots of the orders marked in `orders` (the latest write
+        wins)."""
+        O, c, keys, rows = self.orders, self._ctx[:n], self._keyb[:, :n], self._rows[:, :n]
+        keys[0] = c[:, O - 1]
+        rows[0] = c[:, O - 1]
+        for o in range(2, O + 1):  # key of order o: the order o-1 key + the token o-1 back * V**(o-1)
+            np.multiply(c[:, O - o], self._pow[o - 1], out=keys[o - 1])
+            keys[o - 1] += keys[o - 2]
+        if O > 1:
+            h = self._hash[:, :n]
+            np.multiply(keys[1:].view(np.uint64), np.uint64(MULT), out=h)
+            h >>= np.uint64(self.shift)
+            for o in range(2, O + 1):
+                np.add(h[o - 2], self._base[o], out=rows[o - 1], casting="unsafe")
+                np.copyto(rows[o - 1], self.scratch, where=c[:, O - o] < 0)
+        for o in range(O):
+            if not orders[o]:
+                rows[o] = self.scratch
         k = min(ids.shape[1], self.k)
         self.keys[rows] = keys
         self.ids[rows, :k] = ids[None, :, :k]
         self.probs[rows, :k] = probs[None, :, :k]
         if k < self.k:
             self.ids[rows, k:] = -1
+
+    # ---- what the generator hands over (through the drafters' observe hooks) -----------------------
+    def observe_prefill(self, engine, tokens: np.ndarray, past: int, n: int, logits) -> None:
+        """A prefill chunk's rows (committed: every order)."""
+        ids, probs = self.rows_of(engine, logits, n)
+        self.observe_span(tokens, past, n, ids, probs)
         self.seen += n
 
+    def observe_call(self, engine, seq, prop, logits) -> None:
+        """A verify call's rows, before its acceptance: the orders written from every row now; the
+        others once its committed rows are known (`observe_commit`)."""
+        n = len(prop.tokens)
+        ids, probs = self.rows_of(engine, logits, n)
+        self.seen += n
+        if any(self.every_row):
+            self.observe_tree(seq.tokens, seq.n - 1, prop.tokens, prop.parents, ids, probs, self.every_row)
+        if not any(self.committed):
+            return
+        self._grow(n)
+        k = ids.shape[1]
+        self._call_ids[:n, :k] = ids  # (the engine's buffers are the next call's)
+        self._call_probs[:n, :k] = probs
+        self._call_k = k
+        self._pending = (seq.n, prop)
+
+    def observe_commit(self, seq) -> None:
+        """After the acceptance of the call `observe_call` saw: its committed rows (the root and the
+        accepted path, now seq.tokens[n - 1 : seq.n - 1] for the n it saw) into the other orders."""
+        if self._pending is None:
+            return
+        n_before, prop = self._pending
+        self._pending = None
+        m, k = seq.n - n_before, self._call_k  # committed rows: the root and the accepted drafts
+        if m <= 0:
+            return
+        rows = prop.rows()
+        if rows is None:
+            ids, probs = self._call_ids[:m, :k], self._call_probs[:m, :k]
+        else:
+            ids, probs = self._sel_ids[:m, :k], self._sel_probs[:m, :k]
+            np.take(self._call_ids[:, :k], rows[:m], axis=0, out=ids)
+            np.take(self._call_probs[:, :k], rows[:m], axis=0, out=probs)
+        self.observe_span(seq.tokens, n_before - 1, m, ids, probs, self.committed)
+
     # ---- lookup -----------------------------------------------------------------------------------
-    def row(self, t2: int, t1: int, t0: int) -> int:
-        """The table row of the longest of the contexts (t2, t1, t0), (t1, t0), (t0,) present; -1:
-        none (t2, t1 may be -1: unknown)."""
-        V, keys = self.vocab, self.keys
-        if t1 >= 0:
-            if t2 >= 0:
-                key = (t2 * V + t1) * V + t0
-                r = V + self.slots + (((key * MULT) & M64) >> self.shift)
-                if keys[r] == key:
-                    return r
-            key = t1 * V + t0
-            r = V + (((key * MULT) & M64) >> self.shift)
+    def row(self, *ctx: int) -> int:
+        """The table row of the longest context present among the last 1 .. orders tokens of ctx
+        (oldest first, the newest last; unknown tokens -1); -1: none."""
+        keys, V = self.keys, self.vocab
+        t0 = ctx[-1]
+        best = t0 if keys[t0] == t0 else -1
+        key, mult = t0, V
+        for o in range(2, min(len(ctx), self.orders) + 1):
+            t = ctx[-o]
+            if t < 0:
+                break
+            key += t * mult
+            mult *= V
+            r = self._base[o] + (((key * MULT) & M64) >> self.shift)
             if keys[r] == key:
-                return r
-        return t0 if keys[t0] == t0 else -1
+                best = r
+        return best
 
     # ---- file -------------------------------------------------------------------------------------
     def save(self, file: str | None = None) -> None:
@@ -193,17 +283,24 @@ class RecycleTable:
             return
         Path(file).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(file).with_name(Path(file).name + ".partial.npz")
-        np.savez(tmp, keys=self.keys, ids=self.ids, probs=self.probs, vocab=self.vocab, bits=self.cfg.bits)
+        sizes = dict(vocab=self.vocab, bits=self.cfg.bits, orders=self.orders)
+        np.savez(tmp, keys=self.keys, ids=self.ids, probs=self.probs, **sizes)
         tmp.replace(file)
         self.requests = 0
 
     def load(self, file: str) -> None:
         """A saved table of the same vocabulary, width and size (another one is skipped with a warning)."""
         with np.load(file) as z:
-            if int(z["vocab"]) != self.vocab or int(z["bits"]) != self.cfg.bits or z["ids"].shape != self.ids.shape:
+            orders = int(z["orders"]) if "orders" in z else 3  # (tables saved before orders were a setting)
+            if (
+                int(z["vocab"]) != self.vocab
+                or int(z["bits"]) != self.cfg.bits
+                or orders != self.orders
+                or z["ids"].shape != self.ids.shape
+            ):
                 warnings.warn(
                     f"{file}: a recycle table of another vocabulary or size (vocab {int(z['vocab'])}, bits "
-                    f"{int(z['bits'])}); starting an empty one",
+                    f"{int(z['bits'])}, orders {orders}); starting an empty one",
                     RuntimeWarning,
                     stacklevel=3,
                 )
@@ -211,7 +308,7 @@ class RecycleTable:
             self.keys[:], self.ids[:], self.probs[:] = z["keys"], z["ids"], z["probs"]
 
     # ---- what a call returned ---------------------------------------------------------------------
-    def rows_of(self, engine, logits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def rows_of(self, engine, logits: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids [n, k], probs [n, k]) of the engine's last call: its top-k output (views), or on a
         graph without one each row's argmax with probability 1 (a numpy scan of the rows)."""
         if getattr(engine, "top_k", 0):
@@ -238,11 +335,18 @@ def shared_table(ctx) -> RecycleTable:
     its --suffix-cache file's table, else from the folder's `edgespec warm` table, else empty."""
     if "recycle" not in ctx.store:
         c = ctx.cfg
-        cfg = RecycleConfig(bits=c.recycle_bits, min_prob=c.recycle_min_prob, file=recycle_path(c.suffix_cache))
+        cfg = RecycleConfig(
+            bits=c.recycle_bits,
+            min_prob=c.recycle_min_prob,
+            file=recycle_path(c.suffix_cache),
+            orders=c.recycle_orders,
+            every_row=c.recycle_every_row,
+        )
         man = getattr(ctx.engines.target, "manifest", None)
         start = man.path(WARM_FILE) if man is not None else None
-        ctx.store["recycle"] = RecycleTable(ctx.target_vocab, cfg, start=start)
+        table = ctx.store["recycle"] = RecycleTable(ctx.target_vocab, cfg, start=start)
         if not getattr(ctx.engines.target, "top_k", 0):
+            table.needs_logits = True
             warnings.warn(
                 "recycle: this folder's target graph has no top-k output (exported before it had one); "
                 "the table keeps each row's argmax only, read off the logits (slower, a chain per context). "
@@ -261,9 +365,22 @@ class RecycleDrafter(Drafter):
 
     def __init__(self, table: RecycleTable, min_prob: float = 0.0) -> None:
         super().__init__()
-        self.recycle_table = table  # the generator updates it from every target call (Generator._observe)
+        self.recycle_table = table  # filled from every target call (the observe hooks)
         self.min_prob = min_prob
         self.last_score = 0.0  # the last chain's sum of path probabilities: its expected accepted length
+
+    @property
+    def needs_logits(self) -> bool:  # (only a folder without the top-k output: the argmax fallback)
+        return self.recycle_table.needs_logits
+
+    def observe(self, tgt, seq: SeqState, prop: Proposal, logits) -> None:
+        self.recycle_table.observe_call(tgt, seq, prop, logits)
+
+    def observe_prefill(self, tgt, seq: SeqState, past: int, n: int, logits) -> None:
+        self.recycle_table.observe_prefill(tgt, seq.tokens, past, n, logits)
+
+    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        self.recycle_table.observe_commit(seq)  # (the committed-only orders of the last verify call)
 
     def finish(self, seq: SeqState) -> None:
         t = self.recycle_table
@@ -278,25 +395,21 @@ class RecycleDrafter(Drafter):
         """Continue a chain of m drafts in seq's draft slots (0: from the pending token) up to k from
         the table: each context's first token while the path's stored probability (from `path`)
         stays >= min_prob. Returns the chain's new length; last_score: the sum of path probabilities."""
-        t, toks, end = self.recycle_table, seq.tokens, seq.n + m
-        t2, t1, t0 = (
-            (int(toks[end - 3]) if end >= 3 else -1),
-            (int(toks[end - 2]) if end >= 2 else -1),
-            int(toks[end - 1]),
-        )
+        t = self.recycle_table
+        ctx = _context(seq.tokens, seq.n + m, t.orders)
         score = 0.0
         while m < k:
-            r = t.row(t2, t1, t0)
+            r = t.row(*ctx)
             if r < 0:
                 break
             x = int(t.ids[r, 0])
             path *= float(t.probs[r, 0])
             if x < 0 or path < self.min_prob:
                 break
-            toks[seq.n + m] = x
+            seq.tokens[seq.n + m] = x
             m += 1
             score += path
-            t2, t1, t0 = t1, t0, x
+            ctx = ctx[1:] + (x,)
         self.last_score = score
         return m
 
@@ -304,10 +417,9 @@ class RecycleDrafter(Drafter):
         grow(tree, seq, cfg, self.recycle_table)
 
 
-def _context(seq: SeqState) -> tuple[int, int, int]:
-    """The sequence's last three tokens, the pending one last (-1 before its start)."""
-    toks, n = seq.tokens, seq.n
-    return (int(toks[n - 3]) if n >= 3 else -1), (int(toks[n - 2]) if n >= 2 else -1), int(toks[n - 1])
+def _context(tokens: np.ndarray, end: int, orders: int) -> tuple[int, ...]:
+    """tokens[end - orders : end] as ints, oldest first (-1 before the start)."""
+    return tuple(int(tokens[i]) if i >= 0 else -1 for i in range(end - orders, end))
 
 
 def grow(tree, seq: SeqState, cfg, table: RecycleTable, lookup=None, estimate=None) -> None:
@@ -353,7 +465,7 @@ def grow(tree, seq: SeqState, cfg, table: RecycleTable, lookup=None, estimate=No
             pushed += 1
             heapq.heappush(heap, (-s, pushed, node, x, 1, p, ctx, -1))
 
-    offer(0, 1.0, _context(seq), 0 if lookup is not None else -1)
+    offer(0, 1.0, _context(seq.tokens, seq.n, table.orders), 0 if lookup is not None else -1)
     while heap and tree.n < tree.limit:
         neg, _, parent, tok, source, p, pctx, at = heapq.heappop(heap)
         before = tree.n
@@ -362,9 +474,9 @@ def grow(tree, seq: SeqState, cfg, table: RecycleTable, lookup=None, estimate=No
             return
         if c < before:  # the same token from the table, added already with a better score: the
             if at >= 0:  # lookup's continuations of it go under that node (the table's are there)
-                offer(c, float(tree.score[c]), (pctx[1], pctx[2], tok), at, table_too=False)
+                offer(c, float(tree.score[c]), pctx[1:] + (tok,), at, table_too=False)
             continue
-        offer(c, -neg, (pctx[1], pctx[2], tok), at)
+        offer(c, -neg, pctx[1:] + (tok,), at)
 
 
 DEPTHS = 4  # calibration depth buckets: 1, 2, 3, 4 and deeper
@@ -428,7 +540,7 @@ class MergedDrafter(Drafter):
     def __init__(self, lookup: Drafter, recycle: RecycleDrafter) -> None:
         super().__init__()
         self.lookup, self.recycle = lookup, recycle
-        self.recycle_table = recycle.recycle_table  # (the generator updates it: Generator._observe)
+        self.recycle_table = recycle.recycle_table  # (shared: filled through the observe hooks)
         self.greedy_calibration = Calibration()
         self.calibration = self.greedy_calibration
         self._scratch = None  # the lookup's own tree, merged into the step's
@@ -443,6 +555,18 @@ class MergedDrafter(Drafter):
     def finish(self, seq: SeqState) -> None:
         self.lookup.finish(seq)
         self.recycle.finish(seq)
+
+    @property
+    def needs_logits(self) -> bool:
+        return self.lookup.needs_logits or self.recycle.needs_logits
+
+    def observe(self, tgt, seq: SeqState, prop: Proposal, logits) -> None:
+        self.lookup.observe(tgt, seq, prop, logits)
+        self.recycle.observe(tgt, seq, prop, logits)
+
+    def observe_prefill(self, tgt, seq: SeqState, past: int, n: int, logits) -> None:
+        self.lookup.observe_prefill(tgt, seq, past, n, logits)
+        self.recycle.observe_prefill(tgt, seq, past, n, logits)
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         self._tree = None
@@ -469,6 +593,8 @@ class MergedDrafter(Drafter):
         )
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        self.lookup.accepted(seq, n_old, n_acc)
+        self.recycle.accepted(seq, n_old, n_acc)
         if self._tree is not None:
             self.calibration.observe_tree(self._tree, n_acc)
             self._tree = None
@@ -494,6 +620,19 @@ class RecyclePlugin(DrafterPlugin):
             float,
             0.0,
             "recycle drafter: stop a chain when its path's stored target probability falls below this (default 0)",
+        ),
+        Option(
+            "recycle_orders",
+            int,
+            3,
+            f"recycle drafter: the longest context keyed, in tokens (1..{MAX_ORDERS}; default 3)",
+        ),
+        Option(
+            "recycle_every_row",
+            str,
+            "1234",
+            "recycle drafter: the context orders written from every row a verify call checked (rejected "
+            "drafts and tree nodes too); the others from committed rows only (default 1234: all)",
         ),
         Option(
             "recycle_bits",
