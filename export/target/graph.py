@@ -85,7 +85,8 @@ class GraphOptions:
     #                             row kernel, a custom op: linears.RowLinears, engines/rowop)
     top_k: int = TOP_K  # target/draft graphs of the ONNX Runtime flavours also output each row's top_k next
     #                     tokens (topk_ids) and their probabilities (topk_probs), read off the logits output
-    #                     (which stays bitwise the same): the recycle drafter's table. 0: none
+    #                     (which stays bitwise the same): the recycle drafter's table, and the argmax a greedy
+    #                     verify accepts from (ids only leave the GPU). 0: none
 
     @property
     def writes_top_k(self) -> int:
@@ -338,14 +339,24 @@ class ModelWriter:
 
 def _top_k(b: GraphBuilder, k: int) -> list:
     """The k most likely next tokens of every row and their probabilities, as outputs read off the
-    finished `logits` output: a Softmax over the row, then its TopK (largest first): topk_probs
-    [1, T, k] float32 and topk_ids [1, T, k] int64. Consumers of a graph output leave how it is
-    computed alone, so the logits are the same bits with or without them (tests/test_recycle.py).
-    (Ids from the probabilities: a near tie that rounds to equal probabilities may order two ids
-    otherwise than their logits; they are draft candidates, verification decides.)"""
-    probs = b.op("Softmax", ["logits"], "/topk/Softmax", axis=-1)  # [1, T, V]
+    finished `logits` output: TopK over the logits themselves (largest first; of equal logits the
+    lower id first, as ONNX specifies, so topk_ids[..., 0] is the row's first maximum, numpy's argmax:
+    the greedy verify accepts from it), topk_ids [1, T, k] int64, and their probabilities
+    exp(l - max - log(sum(exp(row - max)))), topk_probs [1, T, k] float32 (the row's max is TopK's first
+    value: one V-wide Sub, Exp and ReduceSum, no V-wide divide). A Softmax before the TopK would round
+    near ties to one probability and could rank a lower id first. Consumers of a graph output leave
+    how it is computed alone, so the logits are the same bits with or without them
+    (tests/test_recycle.py)."""
     k_in = b.const("top_k", np.array([k], np.int64))
-    b.nodes.append(helper.make_node("TopK", [probs, k_in], ["topk_probs", "topk_ids"], name="/topk/TopK", axis=-1))
+    values = "/topk/values"  # [1, T, k] the top logits, largest first
+    b.nodes.append(helper.make_node("TopK", ["logits", k_in], [values, "topk_ids"], name="/topk/TopK", axis=-1))
+    zero, one = b.const("topk_zero", np.array([0], np.int64)), b.const("topk_one", np.array([1], np.int64))
+    last = b.const("topk_last_axis", np.array([-1], np.int64))
+    top = b.op("Slice", [values, zero, one, last], "/topk/Max")  # [1, T, 1] the row's max
+    shifted = b.op("Exp", [b.op("Sub", ["logits", top], "/topk/Shift")], "/topk/Exp")  # [1, T, V] in (0, 1]
+    log_sum = b.op("Log", [b.op("ReduceSum", [shifted, last], "/topk/Sum", keepdims=1)], "/topk/LogSum")  # [1, T, 1]
+    log_p = b.op("Sub", [b.op("Sub", [values, top], "/topk/ShiftTop"), log_sum], "/topk/LogProbs")  # [1, T, k]
+    b.nodes.append(helper.make_node("Exp", [log_p], ["topk_probs"], name="/topk/Probs"))
     return [
         helper.make_tensor_value_info("topk_ids", TensorProto.INT64, [1, "T", k]),
         helper.make_tensor_value_info("topk_probs", TensorProto.FLOAT, [1, "T", k]),
