@@ -218,6 +218,30 @@ class Packed:
     mins: np.ndarray | None  # [N, K / bs] float32 m, or None
 
 
+@dataclass(frozen=True)
+class PackChoices:
+    """What pack decides from the whole matrix's scales, zero points and minimums."""
+
+    fold: bool  # zero points folded into the minimums (m - d z, exact in fp32 for every block)
+    zero_point: int  # the zero point every block shares after folding (the op's attribute); -1: per output
+    f16: bool  # scales and minimums stored as fp16 (every one exactly an fp16)
+
+
+def pack_choices(scales: np.ndarray, zero_points: np.ndarray | None, mins: np.ndarray | None) -> PackChoices:
+    """pack's decisions for blocks d (scales [N, nb]), z (zero points) and m (minimums, or None)."""
+    d = np.asarray(scales, np.float32)
+    z = np.zeros(d.shape, np.int32) if zero_points is None else np.asarray(zero_points, np.int32).reshape(d.shape)
+    m = None if mins is None else np.asarray(mins, np.float32).reshape(d.shape)
+    fold = False
+    if m is not None and z.any():
+        folded = m.astype(np.float64) - d.astype(np.float64) * z
+        if np.array_equal(folded.astype(np.float32).astype(np.float64), folded):
+            m, z, fold = folded.astype(np.float32), np.zeros_like(z), True
+    zp = 0 if not z.any() else (int(z.flat[0]) if (z == z.flat[0]).all() else -1)
+    f16 = all(np.array_equal(a.astype(np.float16).astype(np.float32), a) for a in (d, m) if a is not None)
+    return PackChoices(fold, zp, f16)
+
+
 def pack(
     codes: np.ndarray,
     scales: np.ndarray,
@@ -225,6 +249,7 @@ def pack(
     mins: np.ndarray | None,
     bits: int,
     block_size: int,
+    choices: PackChoices | None = None,
 ) -> Packed:
     """w[n, k] = d (code - z) (+ m) per block of block_size inputs, in the kernel's layout.
 
@@ -232,7 +257,9 @@ def pack(
     integer per row and block instead of one per output); with block minimums it is folded into
     them (m - d z) where that is exact in fp32, as GGUF's own Q4_1 minimums are, which saves the
     per-output zero points. Scales and minimums are stored as fp16 where every one is exactly an
-    fp16 (GGUF's own are), a sixth less to stream at 4 bits."""
+    fp16 (GGUF's own are), a sixth less to stream at 4 bits. choices: those three decisions taken
+    for the whole matrix (pack_choices) when these rows are a row block of it (a multiple of PANEL
+    rows, but the last): the blocks then concatenate to the whole matrix's bytes."""
     codes = np.asarray(codes, np.uint8)
     n, k = codes.shape
     nb = k // block_size
@@ -243,12 +270,10 @@ def pack(
     d = np.asarray(scales, np.float32).reshape(n, nb)
     z = np.zeros((n, nb), np.int32) if zero_points is None else np.asarray(zero_points, np.int32).reshape(n, nb)
     m = None if mins is None else np.asarray(mins, np.float32).reshape(n, nb)
-    if m is not None and z.any():
-        folded = m.astype(np.float64) - d.astype(np.float64) * z
-        if np.array_equal(folded.astype(np.float32).astype(np.float64), folded):
-            m, z = folded.astype(np.float32), np.zeros_like(z)
-    zp = 0 if not z.any() else (int(z.flat[0]) if (z == z.flat[0]).all() else -1)
-    f16 = all(np.array_equal(a.astype(np.float16).astype(np.float32), a) for a in (d, m) if a is not None)
+    ch = choices or pack_choices(d, z, m)
+    if ch.fold and m is not None:
+        m, z = (m.astype(np.float64) - d.astype(np.float64) * z).astype(np.float32), np.zeros_like(z)
+    zp, f16 = ch.zero_point, ch.f16
     p = -(-n // PANEL)
     pad = p * PANEL - n
 

@@ -26,6 +26,7 @@ from edgespec.export.drafters import sources as drafter_sources
 from edgespec.export.target import sources
 from edgespec.export.target.arch import arch_from_config
 from edgespec.export.target.gguf_blocks import CheckpointWeights, read_blocks
+from edgespec.export.target.gguf_stream import open_gguf
 from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter
 from edgespec.export.target.lean_graph import probe_portable_ops
 from edgespec.export.target.linears import one_row_int4_differs
@@ -40,7 +41,7 @@ from edgespec.export.target.write import describe_origins, host_prologue_entry, 
 
 __all__ = ["ExportConfig", "ExportError", "export"]
 
-GGUF_KINDS = ("gguf", "default", "packaged")  # Source kinds read from a GGUF file
+GGUF_KINDS = sources.GGUF_KINDS  # Source kinds read from a GGUF file
 
 
 class _Progress:
@@ -178,7 +179,8 @@ def export(cfg: ExportConfig) -> Path:
             progress.step(f"loaded {src.name}")
         if cfg.progress:  # which path ran (not in --precision auto's scratch exports)
             how = (
-                "streaming export: safetensors read, quantized and written one tensor at a time"
+                f"streaming export: {'GGUF' if src.kind in GGUF_KINDS else 'safetensors'} read, quantized and "
+                "written one tensor at a time"
                 if weights is not None
                 else f"export through transformers (the whole model in float32): {why}"
             )
@@ -299,12 +301,16 @@ def export(cfg: ExportConfig) -> Path:
 
 def _streamed_weights(cfg: ExportConfig, src: sources.Source, shipping: dict):
     """(the target's tensors, read one at a time, or None; why not; its config) (stream.why_not,
-    stream.open_weights)."""
+    stream.open_weights, gguf_stream.open_gguf: a GGUF's config is transformers' own)."""
     hf_cfg = sources.target_config(src) if src.kind == "hf" else None
     why = why_not(cfg, src, shipping, hf_cfg)
     if why is not None:
         return None, why, hf_cfg
     try:
+        if src.kind in GGUF_KINDS:
+            hf_cfg = sources.gguf_hf_config(src)
+            keep = cfg.precision == "int4" and cfg.gguf_blocks == "keep"  # as the transformers path keeps them
+            return open_gguf(src.path, arch_from_config(hf_cfg, cfg.max_len), hf_cfg, keep), "", hf_cfg
         return open_weights(Path(src.path), arch_from_config(hf_cfg, cfg.max_len)), "", hf_cfg
     except CheckpointError as e:
         return None, str(e), hf_cfg

@@ -56,6 +56,16 @@ class Blocks:
             w = w + self.mins[..., None]
         return w.reshape(n, k)
 
+    def rows(self, r0: int, r1: int) -> Blocks:
+        """Rows r0:r1 (views): a row block of the linear, every block intact (blocks run along a row)."""
+        return replace(
+            self,
+            codes=self.codes[r0:r1],
+            scales=self.scales[r0:r1],
+            zero_points=self.zero_points[r0:r1],
+            mins=None if self.mins is None else self.mins[r0:r1],
+        )
+
     def with_block_size(self, block_size: int) -> Blocks:
         """The same weights in smaller blocks (each block's scale, zero point and min repeated)."""
         if block_size == self.block_size:

@@ -107,11 +107,7 @@ class Linears:
         kept = [self.keep(name, p) for p in parts]
         if any(b is not None for b, _ in kept):
             return self._store_kept(name, w_out_in, parts, kept)
-        stored = f"int{bits} (re-quantized)" if bits else self.dtype.name.replace("float", "fp")
-        exact = not bits and self.dtype == np.float32  # fp32 holds any checkpoint's values (dequantized) exactly
-        self.origins += [
-            Origin(p.hf_name, p.source, stored, exact, why) for p, (_, why) in zip(parts, kept, strict=True)
-        ]
+        self.record(parts, kept, bits)
         if bits:
             codes, scales, zero_points, used = (quantize_int8 if bits == 8 else quantize_int4)(
                 w_out_in, self.opts.int4_block_size
@@ -124,8 +120,25 @@ class Linears:
         self.store.add(name, np.ascontiguousarray(w_out_in.T).astype(self.dtype))  # [in, out]
         return w_out_in.astype(self.dtype)
 
+    def record(self, parts: tuple[Part, ...], kept, bits: int) -> None:
+        """The origins of a linear none of whose parts' blocks are kept: re-quantized to `bits`, or
+        floats in the graph's dtype (bits 0)."""
+        stored = f"int{bits} (re-quantized)" if bits else self.dtype.name.replace("float", "fp")
+        exact = not bits and self.dtype == np.float32  # fp32 holds any checkpoint's values (dequantized) exactly
+        self.origins += [
+            Origin(p.hf_name, p.source, stored, exact, why) for p, (_, why) in zip(parts, kept, strict=True)
+        ]
+
     def _store_kept(self, name: str, w: np.ndarray, parts, kept) -> np.ndarray:
         """A linear whose parts' blocks are kept (the others re-quantized to int4 beside them)."""
+        b = self.kept_blocks(name, w, parts, kept)
+        self._store_blocks(name, b)
+        self.layouts[name] = Layout(b.bits, b.block_size, b.mins is not None)
+        return b.dequantized()
+
+    def kept_blocks(self, name: str, w: np.ndarray, parts, kept) -> Blocks:
+        """The blocks of a linear some of whose parts' blocks are kept: theirs, and the other parts
+        re-quantized to int4, concatenated (concat); each part's origin recorded."""
         bs = self.opts.int4_block_size
         if sum(p.rows for p in parts) != len(w):
             raise ValueError(f"{name}: its parts hold {sum(p.rows for p in parts)} rows, the weight {len(w)}")
@@ -140,10 +153,7 @@ class Linears:
                 self.origins.append(Origin(p.hf_name, p.source, f"int{b.bits} codes{mins}{size}", True))
             blocks.append(b)
             row += p.rows
-        b = concat(blocks)
-        self._store_blocks(name, b)
-        self.layouts[name] = Layout(b.bits, b.block_size, b.mins is not None)
-        return b.dequantized()
+        return concat(blocks)
 
     def _store_quantized(self, name: str, bits: int, codes, scales, zero_points) -> None:
         """A linear re-quantized by quant.quantize_int4 / quantize_int8 (their MatMulNBits layout)."""
@@ -286,6 +296,9 @@ class RowLinears(Linears):
     def __init__(self, opts: GraphOptions, dtype: np.dtype, store: WeightStore) -> None:
         super().__init__(opts, dtype, store)
         self.attrs: dict[str, dict] = {}  # name -> the op's attributes of each packed linear
+        self.deferred: list[Blocks] | None = None  # a list: blocks are collected here instead of packed
+        #                                            (the streaming export packs a linear's row blocks
+        #                                            with the whole matrix's choices: stream.py)
 
     def _store_quantized(self, name: str, bits: int, codes, scales, zero_points) -> None:
         n, bs = len(scales), self.opts.int4_block_size
@@ -298,6 +311,9 @@ class RowLinears(Linears):
     def _store_blocks(self, name: str, b: Blocks) -> None:
         from edgespec.engines import rowop
 
+        if self.deferred is not None:
+            self.deferred.append(b)
+            return
         p = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size)
         self.store.add(name + rowop.WEIGHT_SUFFIX, p.data)
         self.attrs[name] = p.attrs

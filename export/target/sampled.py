@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from edgespec.export.target.arch import ArchSpec
+from edgespec.export.target.linears import Part
 from edgespec.export.target.spec import ExportError
 from edgespec.export.target.stream import StreamingWriter
 from edgespec.export.target.tensors import StreamedWeights
@@ -66,6 +67,15 @@ class SampledWeights(Mapping):
 
     def __contains__(self, name) -> bool:
         return self._name(name) in self.base
+
+    def part(self, name: str, n_rows: int, w: np.ndarray, decode_blocks: bool) -> Part:
+        """The base checkpoint's linears.Part of a tensor (gguf_stream.GgufWeights.part: a GGUF's
+        kept blocks, of the sampled rows), or a float one."""
+        base_part = getattr(self.base, "part", None)
+        if base_part is None:
+            return Part(name, 0, "float")
+        rows = self.rows if self.rows is not None and name in ("model.embed_tokens.weight", "lm_head.weight") else None
+        return dataclasses.replace(base_part(self._name(name), n_rows, w, decode_blocks, rows), hf_name=name)
 
     def __iter__(self) -> Iterator[str]:
         n = len(self.layers)

@@ -45,6 +45,9 @@ PACKAGED = {
 }
 
 
+GGUF_KINDS = ("gguf", "default", "packaged")  # Source kinds read from a GGUF file
+
+
 class SourceError(ValueError):
     """A model source that cannot be read."""
 
@@ -169,7 +172,7 @@ def load(source: Source):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"dtype": torch.float32}
-    if source.kind in ("gguf", "default", "packaged"):
+    if source.kind in GGUF_KINDS:
         p = Path(source.path)
         kwargs["gguf_file"] = p.name
         where = str(p.parent)
@@ -196,10 +199,14 @@ def load(source: Source):
 
 
 def load_tokenizer(source: Source):
-    """The tokenizer of an HF folder alone (the streaming export loads no model)."""
+    """The tokenizer of an HF folder or a GGUF alone, as `load` loads it (the streaming export
+    loads no model)."""
     from transformers import AutoTokenizer
 
     try:
+        if source.kind in GGUF_KINDS:
+            p = Path(source.path)
+            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
         return AutoTokenizer.from_pretrained(source.path)
     except (OSError, ValueError, KeyError) as e:
         raise SourceError(f"could not load the tokenizer of {source.path}: {e}") from e
@@ -214,15 +221,29 @@ class ModelConfigs:
 
 
 def generation_config(source: Source, hf_cfg) -> ModelConfigs:
-    """An HF folder's generation config as transformers gives a model loaded from it:
-    generation_config.json where there is one, else made from the model config."""
+    """An HF folder's (or a GGUF's) generation config as transformers gives a model loaded from it:
+    generation_config.json where there is one (a GGUF: beside it), else made from the model config."""
     from transformers import GenerationConfig
 
-    if (Path(source.path) / "generation_config.json").exists():
-        gen = GenerationConfig.from_pretrained(source.path)
+    folder = Path(source.path).parent if source.kind in GGUF_KINDS else Path(source.path)
+    if (folder / "generation_config.json").exists():
+        gen = GenerationConfig.from_pretrained(str(folder))
     else:
         gen = GenerationConfig.from_model_config(hf_cfg)
     return ModelConfigs(hf_cfg, gen)
+
+
+def gguf_hf_config(source: Source):
+    """A GGUF's transformers config as `load` gets it (AutoConfig with gguf_file: its whole header
+    read by gguf's reader, seconds; no tensor read), for the streaming export, whose graphs must be
+    the ones the loaded model's config gives."""
+    from transformers import AutoConfig
+
+    p = Path(source.path)
+    try:
+        return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+    except (OSError, ValueError, KeyError) as e:
+        raise SourceError(f"could not read the config of {source.path}: {e}") from e
 
 
 # GGUF general.architecture -> HF model_type, where they differ (transformers' GGUF loader's names)
@@ -242,7 +263,7 @@ def target_config(source: Source):
     from edgespec.export.target.arch import SUPPORTED, UnsupportedModelError
 
     hint = f"edgespec exports {', '.join(SUPPORTED)} (Llama-family decoders). Hint: convert the model to one of these"
-    if source.kind in ("gguf", "default", "packaged"):
+    if source.kind in GGUF_KINDS:
         return _gguf_config(source, hint)
     if source.kind == "hf":
         try:

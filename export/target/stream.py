@@ -27,7 +27,7 @@ import numpy as np
 
 from edgespec.export.target.arch import ArchSpec
 from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter, WeightStore
-from edgespec.export.target.linears import IntegerLinears, Linears, Part
+from edgespec.export.target.linears import IntegerLinears, Layout, Linears, Part, RowLinears
 from edgespec.export.target.spec import ExportError
 from edgespec.export.target.tensors import (
     CHUNK_BYTES,
@@ -45,15 +45,18 @@ IGNORED = ("rotary_emb.inv_freq",)  # checkpoint tensors transformers ignores to
 
 def why_not(cfg, src, shipping: dict, hf_cfg) -> str | None:
     """Why this export cannot stream its target (then it loads the model through transformers), or
-    None when it can: a local safetensors folder of a streamed family, no drafter that ships
-    models (they read the target's PyTorch model and its whole weights), not a quantized
-    checkpoint, not --stream-weights off."""
+    None when it can: a local safetensors folder of a streamed family or a local GGUF (its
+    architecture and tensor types are checked when it opens: gguf_stream.open_gguf), no drafter
+    that ships models (they read the target's PyTorch model and its whole weights), not a quantized
+    safetensors checkpoint, not --stream-weights off."""
     if getattr(cfg, "stream_weights", "auto") == "off":
         return "--stream-weights off"
-    if src.kind != "hf":
-        return f"a {'hub id' if src.kind == 'hub' else 'GGUF'} target (streamed from local safetensors only)"
+    if src.kind == "hub":
+        return "a hub id (streamed from local safetensors and GGUF files only)"
     if shipping:
         return f"the drafters {', '.join(shipping)} read the target's PyTorch model"
+    if src.kind != "hf":
+        return None
     mt = getattr(hf_cfg, "model_type", None)
     if mt not in FAMILIES:
         return f"model_type {mt!r} is not streamed yet ({', '.join(FAMILIES)} are)"
@@ -127,6 +130,7 @@ class StreamingWriter(LlamaGraphWriter):
         super().__init__(arch, weights, opts)
 
     def _prepare(self, w) -> None:
+        self.float_linears: dict[str, list[str]] = {}  # float linears stored [in, out] -> their checkpoint tensors
         self.store = self.linears.store = SpillStore(self.spool)
         if self.sink is not None:
             self.reference = self.sink
@@ -139,17 +143,19 @@ class StreamingWriter(LlamaGraphWriter):
     def _linear(self, name: str, w_out_in: np.ndarray, hf_names, tied: bool = False) -> None:
         hf_names = [hf_names] if isinstance(hf_names, str) else list(hf_names)
         w = np.asarray(w_out_in.read() if isinstance(w_out_in, LazyTensor) else w_out_in)  # [N, K]
-        parts = tuple(Part(n, 0, "float") for n in hf_names)  # as graph.ModelWriter._linear for a float checkpoint
         lin = self.linears
         bits = lin.bits(name)
-        if type(lin) is Linears and bits in (4, 8):  # MatMulNBits: codes, scales, zero points by rows
-            layout = {f"{name}.q{bits}": 0, f"{name}.scales": 0, f"{name}.zp": 0}
-        elif type(lin) is IntegerLinears:  # int8 weights stored [K, N] (their rows are its columns), scales [N]
-            layout = {f"{name}.i8": 1, f"{name}.wscale": 0}
-        else:
-            layout = {}
-        done, used = self._store_rows(name, w, tied, parts, layout, bits) if layout else (False, None)
-        if not done:
+        parts = self._parts(hf_names, w, bits)
+        kept = [lin.keep(name, p) for p in parts]
+        if isinstance(lin, RowLinears) and (bits or any(b is not None for b, _ in kept)):
+            used = self._store_packed(name, w, tied, parts, kept)
+        elif any(b is not None for b, _ in kept):
+            used = self._store_kept(name, w, parts, kept)
+        elif type(lin) in (Linears, RowLinears) and not bits and not tied:
+            used = self._store_float(name, w, parts, kept, hf_names)
+        elif type(lin) in (Linears, IntegerLinears) and bits:
+            used = self._store_requantized(name, w, tied, parts)
+        else:  # a tied float LM head (the embedding itself: nothing stored)
             used = lin.store_linear(name, w, tied, parts=parts)
             _check_used(name, w, used, bits, self.dtype)
         if self.sink is not None:
@@ -159,43 +165,77 @@ class StreamingWriter(LlamaGraphWriter):
                 self.reference[n] = np.asarray(used[rows : rows + k]).astype(np.float32)
                 rows += k
 
-    def _store_rows(
-        self, name: str, w: np.ndarray, tied: bool, parts, layout: dict[str, int], bits: int
-    ) -> tuple[bool, np.ndarray | None]:
-        """A quantized linear stored row block by row block (the quantizers work per row or per
-        block of a row, so a block's arrays are the whole matrix's rows): layout names each array
-        and the axis its rows run along. Axis 0: appended to the spool block by block (peak: one
-        block's temporaries); axis 1: filled into one array of the stored size (int8: a byte per
-        weight). Each block is checked (_check_blocks, _check_used). (False, None) when the
-        linears store other arrays (the caller then stores the linear whole)."""
-        lin, store = self.linears, self.store
-        if any(n in store.arrays for n in layout):
-            return False, None
-        n_rows, n_in = w.shape
+    def _store_requantized(self, name: str, w: np.ndarray, tied: bool, parts) -> np.ndarray | None:
+        """A re-quantized linear by row blocks: MatMulNBits codes, scales and zero points (rows
+        appended), or the int8 precision's integer weights stored [K, N] (their rows are its
+        columns) and scales [N]; each row block checked (_check_blocks, _check_integer)."""
+        lin, bits = self.linears, self.linears.bits(name)
+        if type(lin) is IntegerLinears:
+            layout = {f"{name}.i8": 1, f"{name}.wscale": 0}
+
+            def check(r0, r1, got, u):
+                _check_integer(name, w[r0:r1], got, tuple(layout), u)
+        else:
+            layout = {f"{name}.q{bits}": 0, f"{name}.scales": 0, f"{name}.zp": 0}
+
+            def check(r0, r1, got, u):
+                _check_blocks(name, w[r0:r1], got, tuple(layout), bits, u, self.opts.int4_block_size)
+
+        def store_block(r0: int, r1: int) -> np.ndarray:
+            return lin.store_linear(name, w[r0:r1], tied, parts=parts)
+
+        return self._spool_rows(name, w.shape, layout, store_block, check)
+
+    def _parts(self, hf_names: list[str], w: np.ndarray, bits: int) -> tuple[Part, ...]:
+        """The checkpoint weights among a linear's rows (linears.Part): their GGUF types and kept
+        blocks where the checkpoint has a `part` (gguf_stream.GgufWeights), else floats (as
+        graph.ModelWriter._linear gives a float checkpoint's)."""
+        part = getattr(self.checkpoint, "part", None)
+        if part is None:
+            return tuple(Part(n, 0, "float") for n in hf_names)
+        out, row = [], 0
+        for n in hf_names:
+            k = self._ref_rows(n) if len(hf_names) > 1 else len(w)
+            out.append(part(n, k, w[row : row + k], bits != 0))
+            row += k
+        return tuple(out)
+
+    def _step(self, n_in: int) -> int:
+        """Rows per row block: about CHUNK_BYTES of float32 rows, a whole number of the row kernel's
+        panels (its packed row blocks then concatenate to the whole matrix's bytes)."""
+        from edgespec.engines.rowop import PANEL
+
         step = max(1, CHUNK_BYTES // (4 * n_in))
-        n_origins, used, shapes, whole = len(lin.origins), [], {}, {}
-        n_first = n_origins  # origins after the first block
+        return -(-step // PANEL) * PANEL
+
+    def _spool_rows(self, name: str, shape, layout: dict[str, int | None], store_block, check) -> np.ndarray | None:
+        """A linear stored row block by row block: store_block(r0, r1) stores rows r0:r1 into the
+        linears' store (a fresh WeightStore per block) and returns the weights they multiply by;
+        check(r0, r1, arrays, used) checks them. layout names each array and the axis its rows run
+        along: 0, appended to the spool block by block; 1, filled into one array of the stored size
+        (int8 [K, N]: a byte per weight; block minimums [K/bs, N]); None, the same for every block
+        (the block-sum matrix), stored once. Every block records the same origins: the first
+        block's stand. Returns the used rows, concatenated (only when a reference takes them)."""
+        lin, store = self.linears, self.store
+        n_rows = shape[0]
+        used, shapes, whole = [], {}, {}
         try:
-            for r0 in range(0, n_rows, step):
+            for r0 in range(0, n_rows, self._step(shape[1])):
+                r1 = min(n_rows, r0 + self._step(shape[1]))
                 lin.store = WeightStore()
-                u = lin.store_linear(name, w[r0 : r0 + step], tied, parts=parts)
+                mark = len(lin.origins)
+                u = store_block(r0, r1)
+                if r0:
+                    del lin.origins[mark:]
                 got = lin.store.arrays
                 if set(got) != set(layout):
-                    if r0 == 0:  # nothing written yet: store it whole
-                        del lin.origins[n_origins:]
-                        return False, None
                     raise ExportError(f"{name}: the linears stored {sorted(got)} for a row block, not {sorted(layout)}")
-                if r0:  # every block records the same origins: the first block's stand
-                    del lin.origins[n_first:]
-                else:
-                    n_first = len(lin.origins)
-                if len(layout) == 3:
-                    _check_blocks(name, w[r0 : r0 + step], got, tuple(layout), bits, u, self.opts.int4_block_size)
-                else:
-                    _check_integer(name, w[r0 : r0 + step], got, tuple(layout), u)
+                check(r0, r1, got, u)
                 for n, axis in layout.items():
                     a = got[n]
-                    if axis == 0:
+                    if axis is None:
+                        store.add(n, a)
+                    elif axis == 0:
                         store.append(n, a)
                         shapes[n] = (shapes.get(n, (0,))[0] + a.shape[0], *a.shape[1:])
                     else:
@@ -206,13 +246,115 @@ class StreamingWriter(LlamaGraphWriter):
                     used.append(u)
         finally:
             lin.store = store
-        for n in layout:
-            if n in whole:
-                store.add(n, whole.pop(n))
-            else:
+        for n, axis in layout.items():
+            if axis == 0:
                 store.finish(n, shapes[n])
+            elif axis == 1:
+                store.add(n, whole.pop(n))
+        lin.shapes[name] = tuple(shape)
+        return np.concatenate(used) if used else None
+
+    def _store_kept(self, name: str, w: np.ndarray, parts, kept) -> np.ndarray | None:
+        """A MatMulNBits linear some of whose parts keep the checkpoint's blocks (the others
+        re-quantized beside them: Linears.kept_blocks), stored row block by row block, each block's
+        arrays decoded back to the weights the graph multiplies by and checked against the rows
+        read (kept parts: bitwise; re-quantized ones: within a step)."""
+        lin = self.linears
+        b = lin.kept_blocks(name, w, parts, kept)
+        lin.layouts[name] = Layout(b.bits, b.block_size, b.mins is not None)
+        layout = {f"{name}.q{b.bits}": 0, f"{name}.scales": 0, f"{name}.zp": 0}
+        if b.mins is not None:
+            layout |= {f"{name}.mins": 1, lin._sum_weight(w.shape[1], b.block_size): None}
+
+        def store_block(r0: int, r1: int) -> np.ndarray:
+            sub = b.rows(r0, r1)
+            lin._store_blocks(name, sub)
+            return sub.dequantized()
+
+        def check(r0, r1, got, u):
+            _check_blocks(name, w[r0:r1], got, tuple(layout)[:3], b.bits, u, b.block_size, got.get(f"{name}.mins"))
+
+        return self._spool_rows(name, w.shape, layout, store_block, check)
+
+    def _store_packed(self, name: str, w: np.ndarray, tied: bool, parts, kept) -> np.ndarray | None:
+        """A row-kernel linear (linears.RowLinears: 4 or 8 bits, kept or re-quantized blocks)
+        packed row block by row block: the blocks of every row block first (re-quantized ones by
+        rows, kept ones sliced from the linear's), then the packing's choices for the whole matrix
+        (rowop.pack_choices), then each row block packed with them and spooled: the bytes of the
+        whole matrix packed at once, each row block read back (rowop.unpack) and checked."""
+        from edgespec.engines import rowop
+
+        lin, store = self.linears, self.store
+        n_rows, n_in = w.shape
+        step = self._step(n_in)
+        used, total = [], 0
+        keeps = any(b is not None for b, _ in kept)
+        if keeps:
+            b = lin.kept_blocks(name, w, parts, kept)
+            lin.layouts[name] = Layout(b.bits, b.block_size, b.mins is not None)
+            pieces = [b.rows(r0, r0 + step) for r0 in range(0, n_rows, step)]
+        else:
+            lin.deferred = []
+            try:
+                for r0 in range(0, n_rows, step):
+                    mark = len(lin.origins)
+                    u = lin.store_linear(name, w[r0 : r0 + step], tied, parts=parts)
+                    if r0:
+                        del lin.origins[mark:]
+                    _check_used(name, w[r0 : r0 + step], u, lin.bits(name), self.dtype)
+                    if self.sink is not None:
+                        used.append(u)
+                pieces = lin.deferred
+            finally:
+                lin.deferred = None
+        ch = rowop.pack_choices(
+            np.concatenate([p.scales for p in pieces]),
+            np.concatenate([p.zero_points for p in pieces]),
+            None if pieces[0].mins is None else np.concatenate([p.mins for p in pieces]),
+        )
+        key = name + rowop.WEIGHT_SUFFIX
+        for r0, piece in zip(range(0, n_rows, step), pieces, strict=True):
+            packed = rowop.pack(
+                piece.codes, piece.scales, piece.zero_points, piece.mins, piece.bits, piece.block_size, ch
+            )
+            back = rowop.unpack(packed.data, packed.attrs)
+            same = all(
+                (x is None and y is None) or np.array_equal(x, y)
+                for x, y in zip(
+                    (back.codes, back.scales, back.zero_points, back.mins),
+                    (packed.codes, packed.scales, packed.zero_points, packed.mins),
+                    strict=True,
+                )
+            )
+            if not same:
+                raise ExportError(f"{name}: rows {r0}.. do not read back from the row kernel's layout as packed")
+            if keeps:
+                u = piece.dequantized()
+                _within_a_step(name, w[r0 : r0 + step], u, piece.scales, piece.block_size)
+                if self.sink is not None:
+                    used.append(u)
+            store.append(key, packed.data)
+            total += packed.data.nbytes
+            attrs = packed.attrs
+        store.finish(key, (total,))
+        lin.attrs[name] = attrs | {"N": n_rows}
         lin.shapes[name] = w.shape
-        return True, np.concatenate(used) if used else None
+        return np.concatenate(used) if used else None
+
+    def _store_float(self, name: str, w: np.ndarray, parts, kept, hf_names: list[str]) -> np.ndarray | None:
+        """A float linear (fp32, fp16), stored [in, out] as Linears stores it, appended to the spool
+        a block of its input columns at a time (each a block of the stored array's rows): no whole
+        transposed copy. check_floats compares the file's bytes with the checkpoint afterwards."""
+        lin, store = self.linears, self.store
+        lin.record(parts, kept, 0)
+        n_out, n_in = w.shape
+        step = max(1, CHUNK_BYTES // (4 * n_out))
+        for k0 in range(0, n_in, step):
+            store.append(name, np.ascontiguousarray(w[:, k0 : k0 + step].T).astype(self.dtype))
+        store.finish(name, (n_in, n_out), self.dtype)
+        lin.shapes[name] = w.shape
+        self.float_linears[name] = hf_names
+        return w.astype(self.dtype) if self.sink is not None else None
 
 
 def _check_integer(name, w, got, names, used) -> None:
@@ -225,9 +367,10 @@ def _check_integer(name, w, got, names, used) -> None:
     _check_used(name, w, deq, 8, np.dtype(np.float32))
 
 
-def _check_blocks(name, w, got, names, bits: int, used, block_size: int) -> None:
-    """A row block's stored codes, scales and zero points decode to the weights the linears report
-    (`used`, bitwise) and lie within one quantization step of the checkpoint rows `w`."""
+def _check_blocks(name, w, got, names, bits: int, used, block_size: int, mins=None) -> None:
+    """A row block's stored codes, scales and zero points (and block minimums [K/bs, n], kept
+    blocks') decode to the weights the linears report (`used`, bitwise) and lie within one
+    quantization step of the checkpoint rows `w` (kept blocks: on them)."""
     codes, scales, zp = (got[n] for n in names)
     n, nb = scales.shape
     if bits == 4:
@@ -239,15 +382,26 @@ def _check_blocks(name, w, got, names, bits: int, used, block_size: int) -> None
         z = z[:, :nb]
     else:
         q, z = codes, zp.reshape(n, nb)
-    deq = ((q.astype(np.float32) - z[..., None]) * scales[..., None]).reshape(n, -1)  # [n, K]
+    deq = (q.astype(np.float32) - z[..., None]) * scales[..., None]  # [n, nb, bs]
+    if mins is not None:  # as gguf_blocks.Blocks.dequantized adds them
+        deq = deq + mins.T[..., None]
+    deq = deq.reshape(n, -1)  # [n, K]
     if not np.array_equal(deq, used):
         raise ExportError(f"{name}: its stored blocks do not decode to the weights the graph's linears report")
+    _within_a_step(name, w, deq, scales, block_size)
+
+
+def _within_a_step(name: str, w: np.ndarray, deq: np.ndarray, scales: np.ndarray, block_size: int) -> None:
+    """Weights stored in blocks [n, K] lie within one quantization step |scale| of the checkpoint
+    rows `w` (a GGUF's own blocks: on them; a GGUF's d may be negative)."""
+    n, nb = scales.shape
+    step = np.abs(scales)
     err = np.abs(deq - w).reshape(n, nb, block_size).max(axis=-1)  # [n, nb]
-    if not np.all(err <= scales * np.float32(1.0001) + np.float32(1e-30)):
-        r, b = np.unravel_index(int(np.argmax(err / scales)), err.shape)
+    if not np.all(err <= step * np.float32(1.0001) + np.float32(1e-30)):
+        r, b = np.unravel_index(int(np.argmax(err - step * np.float32(1.0001))), err.shape)
         raise ExportError(
             f"{name}: row {r} block {b} is stored {err[r, b]:.3g} from the checkpoint's weights, more than one "
-            f"quantization step ({scales[r, b]:.3g}): the tensor written is not the one read"
+            f"quantization step ({step[r, b]:.3g}): the tensor written is not the one read"
         )
 
 
@@ -336,14 +490,4 @@ def _file_equals(path: Path, e: dict, want_rows) -> bool:
 
 def _float_linears(writer: StreamingWriter) -> Iterator[tuple[str, list[str]]]:
     """(store name, checkpoint tensors) of the linears stored as floats [in, out]: fp32 / fp16."""
-    if writer.opts.precision not in ("fp32", "fp16") or type(writer.linears) is not Linears:
-        return
-    a = writer.arch
-    if not a.tie_word_embeddings:
-        yield "lm_head", ["lm_head.weight"]
-    for i in range(a.n_layers):
-        p = f"model.layers.{i}."
-        yield f"l{i}.qkv", [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
-        yield f"l{i}.o", [p + "self_attn.o_proj.weight"]
-        yield f"l{i}.gate_up", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
-        yield f"l{i}.down", [p + "mlp.down_proj.weight"]
+    yield from writer.float_linears.items()

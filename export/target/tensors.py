@@ -156,7 +156,7 @@ class StreamedWeights(Mapping):
             raise KeyError(name)
         arr = self._alive.get(src)
         if arr is None:
-            arr = read_tensor(self.entries[src])
+            arr = self.read(self.entries[src])
             self.reads += 1
             self._alive[src] = arr
         return arr
@@ -169,7 +169,12 @@ class StreamedWeights(Mapping):
 
     def rows(self, name: str, rows: np.ndarray) -> ReadWeight:
         """Rows of a tensor (sorted indices of its first axis), reading only those."""
-        return read_tensor(self.entries[self.source(name)], rows)
+        return self.read(self.entries[self.source(name)], rows)
+
+    def read(self, entry, rows: np.ndarray | None = None) -> ReadWeight:
+        """One checkpoint tensor (or those rows of it) as float32: a safetensors entry here, a GGUF
+        one in gguf_stream.GgufWeights."""
+        return read_tensor(entry, rows)
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self.entries) + [a for a in self.aliases if a not in self.entries])
