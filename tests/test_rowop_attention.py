@@ -206,6 +206,19 @@ def test_op_trees_in_onnx_runtime():
     assert np.array_equal(chain, ra.run(rowop.cpu_path(), q, k, v, pk, pv, past, hq, hkv, d, 0.25))
 
 
+@needs_op
+def test_op_refuses_bad_shapes_and_a_past_beyond_the_window():
+    hq, hkv, d = 4, 2, 16
+    rng = np.random.default_rng(4)
+    q, k, v = _seq(rng, 3, hq, hkv, d)
+    sess = _session(hq, hkv, d, 0.25, 0, False, rowop.cpu_path())
+    feeds = dict(q=q[None], k=k[None], v=v[None], past_key=k, past_value=v, past_len=np.array([4], np.int64))
+    with pytest.raises(Exception, match="outside the window of 3 slots"):
+        sess.run(None, feeds)
+    with pytest.raises(Exception, match="shapes"):
+        sess.run(None, feeds | {"k": k[None, :2], "past_len": np.array([1], np.int64)})
+
+
 # ---- the rowop flavour's graphs --------------------------------------------------------------------
 FAMILIES = {
     "llama": ("llama", {}),
