@@ -32,10 +32,21 @@ class Engine(Protocol):
     n_calls: int  # forward calls so far (stats)
     takes_tree: bool  # forward takes parents (a token tree)
     has_hidden: bool  # last_hidden gives the final-norm hidden states (the head drafters draft from them)
+    top_k: int  # next-token candidates per row its graph outputs (last_topk; 0: none)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
+    def forward(
+        self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None, logits: bool = True
+    ) -> np.ndarray | None:
         """Run len(token_ids) <= max(widths) tokens at positions past_len...; logits [n, V] (a view,
-        valid until the next call). parents [n]: a token tree (takes_tree)."""
+        valid until the next call). parents [n]: a token tree (takes_tree). logits=False: the caller
+        reads the rows through argmax_rows / last_topk only, so the logits may stay where the engine
+        computed them (a GPU): returns None."""
+        ...
+
+    def argmax_rows(self, n: int) -> np.ndarray:
+        """Each of the last forward's first n rows' argmax [n] int64 (its first maximum, as numpy's):
+        the graph's top-k output's first ids where it has one (n x top_k ids cross from a GPU, not the
+        n x V logits), else read off the logits (a view, valid until the next call)."""
         ...
 
     def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
@@ -54,6 +65,10 @@ class Engine(Protocol):
 
     def load_widths(self, widths) -> None:
         """Create the session(s) and run each width once (a first real call then pays nothing)."""
+        ...
+
+    def close(self) -> None:
+        """Free what the engine holds beyond host arrays (device memory, sessions); it cannot run after."""
         ...
 
 
@@ -169,3 +184,25 @@ def fill_tree(tree: np.ndarray, pos: np.ndarray, parents: np.ndarray, n: int, pa
 def window_slots(past_len: int, width: int, bucket: int, max_len: int) -> int:
     """Cache window S fed to a call: the bucket multiple that holds the new rows too (<= max_len)."""
     return min(max_len, -(-(past_len + width) // bucket) * bucket)
+
+
+# CUDA graphs an engine captures at load (its calls' other (width, window) pairs are captured at their
+# first use). Each capture is one run at load (the capture itself) and a graph ONNX Runtime / the CUDA
+# driver keep for the session's life, with the memory its run used; all the pairs of a 2048-slot folder
+# are ~170, most of which a request never reaches, so the load pays for the short contexts every request
+# starts with
+CAPTURE_AT_LOAD = 64
+
+
+def load_calls(widths, bucket: int, max_len: int, budget: int = CAPTURE_AT_LOAD) -> list[tuple[int, int]]:
+    """(width, past_len) of the calls that capture CUDA graphs at load: for each width, its first
+    budget // len(widths) cache windows (at least one), from the smallest that holds its rows up, each
+    reached at past_len = window - width (window_slots and the host prologue's windows alike: the
+    bucket multiple that holds past_len + width); windows past max_len are left to their first use."""
+    widths = sorted(set(widths))
+    per = max(1, budget // max(1, len(widths)))
+    calls = []
+    for w in widths:
+        first = -(-w // bucket) * bucket
+        calls += [(w, s - w) for s in range(first, first + per * bucket, bucket) if s <= max_len]
+    return calls

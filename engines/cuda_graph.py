@@ -3,10 +3,13 @@
 A captured CUDA graph replays the kernels of its first run on the same addresses; ONNX Runtime
 skips everything else on replay (no feed copies, no shape inference). So a call binds every tensor
 at an address fixed per (width, window): host values are packed into one device block before the
-run (one upload, one sync), the logits' real rows copied back after it, and the hidden states only
-when a drafter reads them; each (width, window) gets its own `gpu_graph_id`, so each shape is
-captured once and replayed afterwards. The plan is plain data, testable without a GPU;
-GraphBuffers binds and runs a call by it (HostOps runs the same code on host memory in tests).
+run (one upload, one sync), and every output stays on the device until it is asked for: the
+logits' real rows when a caller reads them (a greedy verify reads only the top-k ids: T x 8 ids
+back, not T x V floats), the hidden states when a drafter reads them. Each (width, window) gets its
+own `gpu_graph_id`, so each shape is captured once and replayed afterwards; the engine captures a
+bounded set of them at load (engines.base.load_calls) and the rest at their first use. The plan is
+plain data, testable without a GPU; GraphBuffers binds and runs a call by it (HostOps runs the same
+code on host memory in tests).
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ HOST_SIDE = {
     "past_len": "unused: the host built the masks",
     "tree_mask": "unused: the host built the masks",
 }
-LAZY = ("hidden", "hidden_aux", "topk_ids", "topk_probs")  # COPY_OUT outputs read back only when asked for:
-#                                                        most drafters never read them
+# COPY_OUT outputs read back only when asked for: a greedy verify reads the top-k ids alone, most
+# drafters never read the hidden states
+LAZY = ("logits", "hidden", "hidden_aux", "topk_ids", "topk_probs")
 ALIGN = 256  # bytes between staged inputs in their shared block (cudaMalloc's alignment)
 PROVIDER_OPTIONS = {"enable_cuda_graph": "1"}  # CUDAExecutionProvider option that turns capture on
 RUN_GRAPH_ID = "gpu_graph_id"  # RunOptions config key: which captured graph a run records or replays
@@ -141,23 +145,29 @@ class GraphBuffers:
     def copy_out(
         self, plan: list[Placement], arrays: dict[str, np.ndarray], width: int, n_rows: int | None = None
     ) -> None:
-        """The logits back (their first n_rows rows: the real tokens'; padding rows stay); the LAZY
-        outputs stay on the device until read_back asks for them."""
+        """After a run: the outputs stay on the device until read_back asks for them (the logits' first
+        n_rows rows only: the real tokens'; padding rows are never read)."""
         self._unread = {}
         for p in plan:
             if p.where != COPY_OUT:
                 continue
-            if p.name in LAZY:
-                self._unread[p.name] = (arrays[p.name], self._bufs[p.name, width].ptr)
-                continue
             dst = arrays[p.name][0, :n_rows] if p.name == "logits" and n_rows is not None else arrays[p.name]
-            self.ops.d2h(dst, self._bufs[p.name, width].ptr)
+            if p.name in LAZY:
+                self._unread[p.name] = (dst, self._bufs[p.name, width].ptr)
+            else:
+                self.ops.d2h(dst, self._bufs[p.name, width].ptr)
 
     def read_back(self, name: str) -> None:
-        """A LAZY output of the last run into its host array, the first time it is asked for."""
+        """An output of the last run into its host array, the first time it is asked for."""
         if name in self._unread:
             dst, ptr = self._unread.pop(name)
             self.ops.d2h(dst, ptr)
+
+    def free(self) -> None:
+        """Release every device buffer (the outputs' and the staged inputs' blocks)."""
+        for buf in (*self._bufs.values(), *(block for block, _ in self._in.values())):
+            self.ops.free(buf)
+        self._unread = {}
 
     def bind(
         self, b: ort.IOBinding, width: int, window: int, arrays: dict[str, np.ndarray], kv: DeviceKV, mem: str
@@ -191,8 +201,9 @@ class GraphBuffers:
         arrays: dict[str, np.ndarray],
         n_rows: int | None = None,
     ) -> None:
-        """One captured call: stage the inputs, run (record or replay) its graph id, read the logits
-        (n_rows of them) back."""
+        """One captured call: stage the inputs (their sync also waits for the commits enqueued before on
+        the same stream), run (record or replay) its graph id; the outputs stay on the device (the
+        logits' first n_rows rows are what read_back("logits") brings back)."""
         plan = binding_plan(self.graph, width, window)
         self.copy_in(plan, arrays, width, window)
         session.run_with_iobinding(b, self._run_options[width, window])

@@ -39,6 +39,8 @@ class FakeModel:
         self.top_k = min(top_k, self.vocab_size)
         self._topk_ids = np.zeros((max(self.widths), max(self.top_k, 1)), np.int64)
         self._topk_probs = np.zeros((max(self.widths), max(self.top_k, 1)), np.float32)
+        self._argmax = np.zeros(max(self.widths), np.int64)  # argmax_rows without a top-k output
+        self.closed = False
 
     def load_widths(self, widths) -> None:
         pass
@@ -49,8 +51,11 @@ class FakeModel:
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
-        """parents: a token tree (row i follows row parents[i]; -1: the committed context)."""
+    def forward(
+        self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None, logits: bool = True
+    ) -> np.ndarray | None:
+        """parents: a token tree (row i follows row parents[i]; -1: the committed context). logits=False:
+        None, as a GPU engine that leaves them on the device (argmax_rows / last_topk read the rows)."""
         n = len(token_ids)
         assert past_len + n <= self.max_len, "context overflow"
         self.n_calls += 1
@@ -67,7 +72,17 @@ class FakeModel:
             self._topk_ids[:n] = ids
             self._topk_probs[:n] = np.take_along_axis(p, ids, axis=-1)
         self._new[:n] = token_ids
-        return self._logits[:n]
+        return self._logits[:n] if logits else None
+
+    def argmax_rows(self, n: int) -> np.ndarray:
+        """Each of the last forward's first n rows' argmax [n]: the top-k output's first ids (the first
+        maximum: a stable sort), or the logits' argmax without one."""
+        if self.top_k:
+            return self._topk_ids[:n, 0]
+        return np.argmax(self._logits[:n], axis=-1, out=self._argmax[:n])
+
+    def close(self) -> None:
+        self.closed = True
 
     def last_topk(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids [n, top_k], probabilities [n, top_k]) of the last forward's rows, best first."""

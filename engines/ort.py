@@ -16,7 +16,12 @@
   `_extra_io`.
 - --host-prologue folders: the per-call masks and slot indices are built here (engines/prologue.py);
   on the CUDA provider such a folder's calls are captured as CUDA graphs, one per (width, window),
-  unless cuda_graph=False.
+  unless cuda_graph=False: `load_widths` captures a bounded set of them (engines.base.load_calls),
+  the rest are captured at their first use.
+- On a device (a GPU provider, or HostOps), a call's logits stay in device memory until read
+  (`forward(logits=True)`, or `argmax_rows` on a graph without top-k): a greedy verify reads its rows'
+  argmax from the top-k output, T x 8 ids back instead of T x V floats. `close` frees the device
+  memory and the session.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import onnxruntime as ort
 
 from edgespec.engines import cuda_graph as cg
 from edgespec.engines import session as es
-from edgespec.engines.base import EngineError, commit_host, fill_tree, pick_width, window_slots
+from edgespec.engines.base import EngineError, commit_host, fill_tree, load_calls, pick_width, window_slots
 from edgespec.engines.device import CudaOps, DeviceKV
 from edgespec.engines.manifest import Manifest, ModelSpec
 from edgespec.engines.prologue import HostPrologue, cache_slots, host_window_slots, takes_host_prologue
@@ -125,7 +130,10 @@ class OrtModel:
         )
         self._session: ort.InferenceSession | None = None
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
-        self._last_width = 0
+        self._last_width = self._last_n = 0  # the last call's width and real rows
+        self._logits_unread = False  # the last call's logits are still on the device only
+        self.captured_at_load: list[tuple[int, int]] = []  # (width, window) calls load_widths captured
+        self.closed = False
         self.n_calls = 0  # forward calls so far (stats)
         self._session_options, self._initializers = es.session_options(manifest, spec, threads, prepack)
 
@@ -137,6 +145,7 @@ class OrtModel:
         # position of every slot, clipped so padding rows past max_len stay inside the rope table
         self._slot_pos = np.minimum(np.arange(self.max_len + max(self.widths)), self.max_len - 1)
         self._logits = {w: np.zeros((1, w, spec.vocab_size), np.float32) for w in self.widths}
+        self._argmax = np.zeros(max(self.widths), np.int64)  # argmax_rows of a graph without top-k
         self._new_kv = {w: np.zeros((spec.n_layers, 2, w, spec.kv_width), dtype) for w in self.widths}
         self._hidden = {w: np.zeros((1, w, spec.hidden_size), dtype) for w in self.widths}
         # aux features (targets exported with them): low/mid/high residual streams [1, T, n_aux*H]
@@ -163,6 +172,7 @@ class OrtModel:
         self.device = None  # the device ops (engines.device), None: host memory
         self._mem = "cpu" if self.provider == "cpu" else "cuda"  # where device buffers are bound (HostOps: the host)
         self._dkv: DeviceKV | None = None
+        self._dev_logits: dict = {}  # width -> device buffer an uncaptured call leaves its logits in
         if self.provider != "cpu" or device_ops is not None:
             self.device = device_ops or CudaOps()
             self._dkv = DeviceKV(self.device, self.n_layers, self.kv_slots, shape[3] * dtype.itemsize, self.widths)
@@ -173,6 +183,8 @@ class OrtModel:
     # ---- sessions --------------------------------------------------------------------------------
     def session(self, width: int | None = None) -> ort.InferenceSession:
         """The model's one session (every phase width runs through it)."""
+        if self.closed:
+            raise EngineError(f"{self.spec.role} engine of {self.manifest.folder} used after close()")
         if self._session is None:
             path = self.manifest.path(self.spec.graph.file)
             capture = self.cuda_graph and self.provider == "cuda"
@@ -211,10 +223,18 @@ class OrtModel:
                     )
 
     def load_widths(self, widths) -> None:
-        """Load the session and run each width once, so a first real call pays for nothing."""
+        """Load the session and run each width once, so a first real call pays for nothing; with CUDA
+        graphs, also each width's first windows (load_calls: a bounded set), which captures them."""
+        widths = [w for w in dict.fromkeys(widths) if w in self.widths]
         for w in widths:
-            if w in self.widths:
-                self.forward(np.zeros(w, np.int64), 0)
+            self.forward(np.zeros(w, np.int64), 0, logits=False)
+        if not self.cuda_graph:  # (also when the session could not capture: it turned it off)
+            return
+        for w, past in load_calls(widths, self.bucket, self.max_len):
+            key = (w, host_window_slots(past, w, self.bucket))
+            if key not in self._bindings:  # (the first loop captured each width's first window)
+                self.forward(np.zeros(w, np.int64), past, logits=False)
+            self.captured_at_load.append(key)
 
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
@@ -279,7 +299,14 @@ class OrtModel:
                         (n_slots, self.spec.kv_width),
                         self._dkv.window_ptr(layer, j),
                     )
-        outputs = [("logits", self._logits[width]), ("hidden", self._hidden[width])]
+        outputs = [("hidden", self._hidden[width])]
+        if self._dkv is None:
+            outputs.append(("logits", self._logits[width]))
+        else:  # left on the device until read (_logits_back)
+            if width not in self._dev_logits:
+                self._dev_logits[width] = self.device.alloc(self._logits[width].nbytes)
+            shape = self._logits[width].shape
+            b.bind_output("logits", self._mem, 0, np.float32, shape, self._dev_logits[width].ptr)
         if self._hidden_aux is not None:
             outputs.append(("hidden_aux", self._hidden_aux[width]))
         if self.top_k:
@@ -294,10 +321,14 @@ class OrtModel:
         return b
 
     # ---- the two calls of the protocol ------------------------------------------------------------
-    def forward(self, token_ids: np.ndarray, past_len: int, features=None, parents=None) -> np.ndarray:
+    def forward(
+        self, token_ids: np.ndarray, past_len: int, features=None, parents=None, logits: bool = True
+    ) -> np.ndarray | None:
         """features [n, H]: a head's feature input (rows past n repeat the last one).
         parents [n]: a token tree (parents[0] = -1, parents[i] < i): node i sits at position
-        past_len + depth(i) and sees only its ancestors; None is the chain 0 <- 1 <- ... <- n-1."""
+        past_len + depth(i) and sees only its ancestors; None is the chain 0 <- 1 <- ... <- n-1.
+        logits=False: returns None, and on a device the logits stay there (argmax_rows, last_topk
+        read the rows)."""
         n = len(token_ids)
         width = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
@@ -325,13 +356,57 @@ class OrtModel:
             n_slots = host_window_slots(past_len, width, self.bucket)
             self.prologue.fill(width, n_slots, past_len, pos[0], self._tree[width])
         binding = self._binding(width, n_slots)
-        if self.cuda_graph:
+        if self.cuda_graph:  # (its staged upload's sync waits for the commits enqueued before)
             self._graph_bufs.run(self.session(width), binding, width, n_slots, self._host_arrays(width, n_slots), n)
+            self._dkv.pending = False
         else:
+            if self._dkv is not None:
+                self._dkv.wait()
             self.session(width).run_with_iobinding(binding)
-        self._last_width = width
+        self._last_width, self._last_n = width, n
+        self._logits_unread = self._dkv is not None
         self.n_calls += 1
-        return self._logits[width][0, :n]
+        return self._logits_back(n) if logits else None
+
+    def _logits_back(self, n: int) -> np.ndarray:
+        """The last call's logits [n, V] in the host buffer; on a device, brought back (those n rows
+        only) the first time they are asked for."""
+        out = self._logits[self._last_width][0, :n]
+        if self._logits_unread:
+            if n > self._last_n:
+                raise EngineError(f"{n} logits rows asked for; the last call had {self._last_n}")
+            self._logits_unread = False
+            w = self._last_width
+            if self.cuda_graph:  # copy_out registered the call's real rows
+                self._graph_bufs.read_back("logits")
+            else:
+                self.device.d2h(self._logits[w][0, : self._last_n], self._dev_logits[w].ptr)
+        return out
+
+    def argmax_rows(self, n: int) -> np.ndarray:
+        """Each of the last forward's first n rows' argmax [n] int64 (the first maximum, as numpy's): the
+        top-k output's first ids (on a device only those cross: n x top_k ids, not n x V logits), or
+        read off the logits on a graph without one (a view, valid until the next call)."""
+        if self.top_k:
+            if self._graph_bufs is not None:
+                self._graph_bufs.read_back("topk_ids")
+            return self._topk_ids[self._last_width][0, :n, 0]
+        return np.argmax(self._logits_back(n), axis=-1, out=self._argmax[:n])
+
+    def close(self) -> None:
+        """Free the device memory (the KV cache, the CUDA-graph buffers, the logits left on the device)
+        and the session; the engine cannot run after (an EngineError says so). Safe to call twice."""
+        self.closed = True
+        self._bindings.clear()
+        self._session = None
+        if self.device is not None:
+            if self._dkv is not None:
+                self._dkv.free()
+            if self._graph_bufs is not None:
+                self._graph_bufs.free()
+            for buf in self._dev_logits.values():
+                self.device.free(buf)
+            self._dev_logits.clear()
 
     def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
         """Write K/V rows of the last forward into the cache at past_len: its first n_rows, or the

@@ -13,7 +13,9 @@ through ONNX Runtime on host memory (tests/test_trt_fake.py); it has NOT run on 
   window past_key_l is always the first S rows of layer l's block, so only its shape changes with
   the bucket (set again only when the bucket changes).
 - A call: copy ids/positions/past_len up (a few bytes), execute_async_v3 on one stream (replayed
-  from a CUDA graph captured once per (width, window) pair), copy the n logits rows down.
+  from a CUDA graph captured once per (width, window) pair: a bounded set at load, engines.base.load_calls,
+  the rest at their first use), copy the n logits rows down (its graphs have no top-k output, so
+  a greedy verify's argmax is read off them on the host).
 - Commit: ONE strided device copy (cudaMemcpy2DAsync) writes the accepted rows of all 2L layer
   blocks at past_len.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.engines.base import EngineError, fill_tree, pick_width, window_slots
+from edgespec.engines.base import EngineError, fill_tree, load_calls, pick_width, window_slots
 from edgespec.engines.device import CudaOps
 from edgespec.engines.manifest import Manifest, ModelSpec
 
@@ -79,6 +81,7 @@ class TrtModel:
         # the engines `edgespec build-trt` makes return logits and KV only: no hidden states (so no
         # head drafters on this backend)
         self.has_hidden = False
+        self.top_k = 0  # nor a top-k output (argmax_rows reads the logits)
         self.widths = tuple(sorted(profiles))
         self.n_calls = 0
         dt = np.dtype(spec.kv_dtype)
@@ -99,6 +102,7 @@ class TrtModel:
                 self._in_views[w]["tree_mask"][:] = self._chain[w]
         self._tree_dirty = dict.fromkeys(self.widths, False)
         self._logits = {w: np.zeros((w, spec.vocab_size), np.float32) for w in self.widths}
+        self._argmax = np.zeros(max(self.widths), np.int64)
         self._slot_pos = np.minimum(np.arange(self.max_len + max(self.widths)), self.max_len - 1)
         self._bufs, self._ctx, self._ctx_slots = {}, {}, {}
         for w in self.widths:
@@ -160,12 +164,17 @@ class TrtModel:
         return pick_width(self.widths, n_tokens)
 
     def load_widths(self, widths) -> None:
-        for w in widths:
-            if w in self.widths:
-                self.forward(np.zeros(w, np.int64), 0)
+        """Run each width once; on a GPU also each width's first windows (load_calls), capturing them."""
+        widths = [w for w in dict.fromkeys(widths) if w in self.widths]
+        calls = [(w, 0) for w in widths] + (load_calls(widths, self.bucket, self.max_len) if self.cuda_graphs else [])
+        for w, past in calls:
+            self.forward(np.zeros(w, np.int64), past, logits=False)
 
-    def forward(self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None) -> np.ndarray:
-        """As OrtModel.forward (parents: a token tree, None: a chain)."""
+    def forward(
+        self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None, logits: bool = True
+    ) -> np.ndarray | None:
+        """As OrtModel.forward (parents: a token tree, None: a chain). The logits always come back (no
+        top-k output to read an argmax from); logits=False returns None all the same."""
         n = len(token_ids)
         w = pick_width(self.widths, n)
         assert past_len + n <= self.max_len, "context overflow (the generator checks this before)"
@@ -196,7 +205,19 @@ class TrtModel:
         self.ops.d2h(out, self._bufs[w]["logits"].ptr, self.stream)  # only the n real rows
         self._last_width = w
         self.n_calls += 1
-        return out
+        return out if logits else None
+
+    def argmax_rows(self, n: int) -> np.ndarray:
+        """Each of the last forward's first n rows' argmax [n] (the first maximum), off the logits."""
+        return np.argmax(self._logits[self._last_width][:n], axis=-1, out=self._argmax[:n])
+
+    def close(self) -> None:
+        """Free the device buffers (the KV cache, every width's inputs and outputs); contexts and the
+        engine go with their references."""
+        for buf in (self.kv, *(b for bufs in self._bufs.values() for b in bufs.values())):
+            self.ops.free(buf)
+        self._ctx.clear()
+        self._graphs.clear()
 
     def _execute(self, w: int, n_slots: int) -> None:
         """Run the width-w context; on a GPU, replay a CUDA graph captured per (width, window):

@@ -9,6 +9,8 @@ per hook, no allocation).
   first(logits, sampling, rng)              the first output token from the prompt's last logits [V]
   shape(prop, seq, tgt, drafter, k)         the proposal to verify with the engine tgt
   accept(prop, logits, seq, sampling, rng)  (n accepted, the step's last token) of the verified proposal
+  needs_logits(sampling)                    whether accept reads the rows' logits; if not, the loop leaves
+                                            them on the device and calls accept_argmax(prop, tgt, seq)
   drafter_kept(n_acc)                       how many of the drafter's own tokens were kept (drafter.accepted)
   drafts(prop), drafts_kept(n_acc), depth(prop), forced_kept
                                             the step's counts for GenerationStats.record_step
@@ -22,7 +24,7 @@ import numpy as np
 
 from edgespec.runtime.sampling import SamplingConfig, probs, sample
 from edgespec.runtime.state import Proposal, SeqState
-from edgespec.runtime.verify import accept
+from edgespec.runtime.verify import accept, accept_argmax
 
 
 class OutputConstraint:
@@ -50,6 +52,20 @@ class OutputConstraint:
         self, prop: Proposal, tgt_logits: np.ndarray, seq: SeqState, sampling: SamplingConfig, rng
     ) -> tuple[int, int]:
         return accept(prop, tgt_logits, seq, sampling, rng)
+
+    def needs_logits(self, sampling: SamplingConfig) -> bool:
+        """Does accept() read the verified rows' logits [T, V]? A greedy call without a repetition
+        penalty accepted by verify.accept (this class's accept, not overridden) reads only each row's
+        argmax: the loop then asks the engine for its rows' argmax ids (on a GPU T ids come back, not
+        T x V floats) and calls accept_argmax. Sampling, a penalty and a constraint's own accept (a
+        grammar masks the logits) read the logits."""
+        own = type(self).accept is not OutputConstraint.accept
+        return own or not sampling.greedy or sampling.repetition_penalty != 1.0
+
+    def accept_argmax(self, prop: Proposal, tgt, seq: SeqState) -> tuple[int, int]:
+        """accept() of a call needs_logits() said False for, from the verified rows' argmax ids [T]
+        (the engine tgt's argmax_rows: its logits may have stayed on the device)."""
+        return accept_argmax(prop, tgt.argmax_rows(len(prop.tokens)), seq)
 
     def drafter_kept(self, n_acc: int) -> int:
         return n_acc

@@ -271,11 +271,11 @@ class Generator(TextAPI):
         seq then holds the new tokens. con: the call's output constraint (a grammar: forced tokens, masks)."""
         tgt, n_old = self.target, seq.n
         prop = con.shape(self._draft(seq, k, trees=con.trees_ok), seq, tgt, self.drafter, k)  # draft, shape
-        t_drafted = time.perf_counter()
-        tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents)  # verify: [T, V]
+        t_drafted, need = time.perf_counter(), self._verify_logits(sampling, con)  # need: read the logits
+        tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents, logits=need)  # verify: [T, V] / None
         t_verified = time.perf_counter()
         self.drafter.observe(tgt, seq, prop, tgt_logits)  # before acceptance writes over a chain's rejected drafts
-        n_acc, nxt = con.accept(prop, tgt_logits, seq, sampling, rng)  # accept
+        n_acc, nxt = con.accept(prop, tgt_logits, seq, sampling, rng) if need else con.accept_argmax(prop, tgt, seq)
         rows = prop.rows()  # the accepted rows: the first n_acc+1 (chain), the tree's path
         tgt.commit(seq.tgt_past, n_acc + 1, rows)  # commit their K/V ...
         self.tgt_rows.keep(tgt, seq.tgt_past, n_acc + 1, rows, len(prop.tokens))  # ... and what drafters read
@@ -284,6 +284,13 @@ class Generator(TextAPI):
         seq.advance(n_acc, nxt)
         self.drafter.accepted(seq, n_old, con.drafter_kept(n_acc))
         return prop, n_acc, t_drafted, t_verified
+
+    def _verify_logits(self, sampling: SamplingConfig, con: OutputConstraint) -> bool:
+        """Does a verify call bring its logits [T, V] back? Only for a reader: acceptance (sampling, a
+        repetition penalty, a grammar: con.needs_logits), the tap, a drafter's observer; otherwise a
+        greedy call accepts from its rows' argmax ids (con.accept_argmax) and on a GPU the logits stay
+        there (T x top_k ids come back, not T x V floats)."""
+        return con.needs_logits(sampling) or self.tap is not None or self.drafter.needs_logits
 
     def _tap_rows(self, past: int, logits: np.ndarray, n_rows: int, rows: np.ndarray | None, n_call: int) -> None:
         """Hand the committed rows of a verify call (in sequence order) to self.tap."""
@@ -419,3 +426,18 @@ class Generator(TextAPI):
         hit = np.flatnonzero(np.isin(new, self.eos)) if len(self.eos) else ()
         n_emit = min(int(hit[0]) + 1 if len(hit) else len(new), room)
         return n_emit, len(hit) > 0 or n_emit >= room
+
+    def close(self) -> None:
+        """Free the engines' device memory (KV caches, CUDA-graph buffers) and sessions now, not when the
+        garbage collector gets to them (a server that swaps models); the generator cannot generate after.
+        Closing twice does nothing. `with Generator.load(...) as g:` closes on leaving the block."""
+        for e in (self.engines.target, *self.engines.models.values()):
+            for part in vars(e).values() if dataclasses.is_dataclass(e) else (e,):  # (a drafter's engines)
+                if callable(getattr(part, "close", None)):
+                    part.close()
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

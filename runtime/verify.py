@@ -1,7 +1,10 @@
 """Verification: which draft tokens the target keeps, greedy or lossless sampling.
 
 Greedy: accept while draft[i] == argmax(p_i); then the target's own token (correction, or the
-bonus token when every draft token was accepted). The output equals plain greedy decoding.
+bonus token when every draft token was accepted). The output equals plain greedy decoding. Without a
+repetition penalty only each row's argmax is read, so a greedy call can take the rows' argmax ids
+instead of their logits (`accept_argmax`: an engine's top-k output, T ids back from a GPU instead of
+T x V floats).
 
 Sampling (Leviathan et al. 2023; Chen et al. 2023): draft token x_i ~ q_i is kept with
 probability min(1, p_i(x) / q_i(x)); at the first rejection the replacement is drawn from
@@ -50,9 +53,21 @@ def accept(
     return accept_sampled(draft, prop.q, tgt_logits, sampling, rng)
 
 
+def accept_argmax(prop: Proposal, tgt_ids: np.ndarray, seq: SeqState) -> tuple[int, int]:
+    """accept() of a greedy call without a repetition penalty, from the verified rows' argmax ids [T]
+    (each row's first maximum: an engine's argmax_rows) instead of their logits: the same result."""
+    if prop.parents is not None:
+        return accept_tree_greedy(prop.tree, None, seq.tokens, seq.n, tgt_ids=tgt_ids)
+    return accept_greedy_ids(prop.tokens[1:], tgt_ids)
+
+
 def accept_greedy(draft: np.ndarray, tgt_logits: np.ndarray) -> tuple[int, int]:
     """(n accepted, next token): draft [m], tgt_logits [m+1, V]."""
-    tgt_ids = tgt_logits.argmax(axis=-1)  # [m+1]
+    return accept_greedy_ids(draft, tgt_logits.argmax(axis=-1))
+
+
+def accept_greedy_ids(draft: np.ndarray, tgt_ids: np.ndarray) -> tuple[int, int]:
+    """(n accepted, next token): draft [m], tgt_ids [m+1] the target's argmax of each row."""
     n = 0
     while n < len(draft) and draft[n] == tgt_ids[n]:
         n += 1
@@ -99,17 +114,26 @@ def accept_typical(draft: np.ndarray, p: np.ndarray, eps: float, rng: np.random.
 
 
 def accept_tree_greedy(
-    tree, tgt_logits: np.ndarray, tokens: np.ndarray, n: int, repetition_penalty: float = 1.0
+    tree,
+    tgt_logits: np.ndarray | None,
+    tokens: np.ndarray,
+    n: int,
+    repetition_penalty: float = 1.0,
+    tgt_ids: np.ndarray | None = None,
 ) -> tuple[int, int]:
     """(n accepted, next token); tree.path[:n_acc+1] = the accepted nodes, root first, and their
-    tokens are written at tokens[n:] (tokens[:n] is the context before them)."""
+    tokens are written at tokens[n:] (tokens[:n] is the context before them). tgt_ids [T]: the
+    nodes' argmax ids in place of their logits (no repetition penalty then)."""
     cur, n_acc = 0, 0
     tree.path[0] = 0
     while True:
-        row = tgt_logits[cur]
-        if repetition_penalty != 1.0:
-            row = penalize(row[None], tokens, n + n_acc, repetition_penalty)[0]
-        x = int(row.argmax())
+        if tgt_ids is not None:
+            x = int(tgt_ids[cur])
+        else:
+            row = tgt_logits[cur]
+            if repetition_penalty != 1.0:
+                row = penalize(row[None], tokens, n + n_acc, repetition_penalty)[0]
+            x = int(row.argmax())
         nxt = tree.child(cur, x)
         if nxt < 0:
             return n_acc, x

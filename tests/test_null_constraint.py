@@ -82,10 +82,11 @@ def test_the_null_counters_leave_the_stats_as_they_were():
     [("ngram", 4, {}), ("draft", 3, {"adaptive": True}), ("suffix", 3, {"tree": TreeConfig(9, 4, 2, 2)})],
 )
 def test_a_plain_call_runs_through_the_null_constraint(monkeypatch, drafter, k, cfg, sampling):
-    """generate_ids without a grammar hands every hook NO_CONSTRAINT, and speculation equals plain
-    decoding (greedy), or the same seed gives the same output twice (sampling)."""
+    """generate_ids without a grammar hands every hook NO_CONSTRAINT (a greedy call accepts from the
+    rows' argmax ids: accept_argmax), and speculation equals plain decoding (greedy), or the same seed
+    gives the same output twice (sampling)."""
     seen = []
-    for hook in ("shape", "accept", "first", "drafter_kept"):
+    for hook in ("shape", "needs_logits", "accept", "accept_argmax", "first", "drafter_kept"):
         orig = getattr(OutputConstraint, hook)
 
         def spy(self, *a, _orig=orig, _hook=hook):
@@ -95,7 +96,8 @@ def test_a_plain_call_runs_through_the_null_constraint(monkeypatch, drafter, k, 
         monkeypatch.setattr(OutputConstraint, hook, spy)
     g = _gen(drafter, k, **cfg)
     out = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 60, sampling)])
-    assert {h for h, _ in seen} == {"shape", "accept", "first", "drafter_kept"}
+    accepts = "accept_argmax" if sampling.greedy and sampling.repetition_penalty == 1.0 else "accept"
+    assert {h for h, _ in seen} == {"shape", "needs_logits", accepts, "first", "drafter_kept"}
     assert all(con is NO_CONSTRAINT for _, con in seen)
     d = g.last_stats.to_dict()
     assert d["grammar"] is None and d["forced_tokens"] == d["grammar_cut"] == d["grammar_masks"] == 0

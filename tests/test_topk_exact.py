@@ -79,3 +79,40 @@ def test_every_top_k_graph_flavour_uses_the_builder():
     assert writers == ["graph.py"], writers
     assert "/topk/Softmax" not in sources[next(p for p in sources if p.name == "graph.py")]
 
+
+def test_greedy_accept_from_argmax_ids_is_accept_from_logits():
+    """verify.accept_argmax (a greedy verify that left its logits on the device) keeps what accept
+    keeps from the logits, on chains and trees with ties, -inf and extreme values (test_properties'
+    cases), given each row's first maximum."""
+    pytest.importorskip("hypothesis")
+    from hypothesis import given
+    from test_properties import FAST, chain_case, tree_case
+
+    from edgespec.runtime.sampling import SamplingConfig
+    from edgespec.runtime.state import Proposal, SeqState
+    from edgespec.runtime.verify import accept, accept_argmax
+
+    def seq():
+        return SeqState(tokens=np.zeros(64, np.int64), n=3, n_prompt=3, tgt_past=2)
+
+    @FAST
+    @given(chain_case())
+    def chains(case):
+        draft, tgt = case
+        prop = Proposal(np.concatenate([[0], draft]).astype(np.int64))
+        ids = tgt.argmax(-1)
+        assert accept_argmax(prop, ids, seq()) == accept(prop, tgt, seq(), SamplingConfig(), None)
+
+    @FAST
+    @given(tree_case())
+    def trees(case):
+        tree, tgt = case
+        prop = Proposal(tree.tokens[: tree.n], tree.parents[: tree.n], None, tree)
+        a, b = seq(), seq()
+        want = accept(prop, tgt, a, SamplingConfig(), None)
+        path = tree.path[: want[0] + 1].copy()
+        assert accept_argmax(prop, tgt.argmax(-1), b) == want
+        assert np.array_equal(tree.path[: want[0] + 1], path) and np.array_equal(a.tokens, b.tokens)
+
+    chains()
+    trees()

@@ -62,13 +62,13 @@ class FusedVerifier(OrtModel):
         call's head rows take them; a call without them (verify) takes the target's argmax everywhere."""
         self._next = next_ids
 
-    def forward(self, token_ids: np.ndarray, past_len: int, features=None, parents=None) -> np.ndarray:
+    def forward(self, token_ids: np.ndarray, past_len: int, features=None, parents=None, logits: bool = True):
         nxt, self._next = self._next, None
         given = 0 if nxt is None else len(nxt)
         if given:
             self._head_ids[pick_width(self.widths, len(token_ids))][0, :given] = nxt
         self._given[0] = given
-        return super().forward(token_ids, past_len, features, parents)
+        return super().forward(token_ids, past_len, features, parents, logits)
 
     def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
         # the head's rows ride along: its KV is aligned with the target's
