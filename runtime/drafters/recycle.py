@@ -497,11 +497,12 @@ class Calibration:
         self.tested = np.full(shape, prior)  # [sources, depths, bins] decayed tested counts (+ prior)
         self.kept = np.broadcast_to(prior * mids, shape).copy()  # their kept counts (+ prior)
         self.est = self.kept / self.tested  # [sources, depths, bins] the estimates
+        self._est = self.est.tolist()  # the same as nested lists (read per candidate while drafting)
         self._on = np.zeros(256, bool)  # scratch: nodes on the accepted path
         self._bin = np.array(_BIN)  # [21] bin of p by round-down to 0.05
 
     def estimate(self, source: int, depth: int, p: float) -> float:
-        return float(self.est[source, min(depth, DEPTHS) - 1, _BIN[int(min(p, 1.0) * 20)]])
+        return self._est[source][min(depth, DEPTHS) - 1][_BIN[int(min(p, 1.0) * 20)]]
 
     def observe_tree(self, tree, n_acc: int) -> None:
         """A verified tree whose accepted path is tree.path[:n_acc + 1]: every node whose parent was
@@ -522,6 +523,7 @@ class Calibration:
         np.add.at(self.tested, cell, 1.0)
         np.add.at(self.kept, cell, on[1:n][tested].astype(np.float64))
         np.divide(self.kept, self.tested, out=self.est)
+        self._est = self.est.tolist()
 
 
 class MergedDrafter(Drafter):

@@ -5,8 +5,10 @@ AND in the recent requests of this process, weighted by how often each continuat
 The cache of recent requests is a suffix array over their tokens, kept as one sorted array of
 fixed-width byte keys (the first DEPTH tokens of every suffix, big-endian, so byte order is token
 order): finding every occurrence of a pattern of n <= DEPTH tokens is two binary searches
-(`np.searchsorted`), whatever the cache size. New requests go to a small unsorted tail searched
-directly; the tail is merged into the sorted part when it grows past `tail_tokens`. The oldest
+(`np.searchsorted`), whatever the cache size. New requests go to a small unsorted tail, searched
+through its positions ordered by token (re-sorted once after each request: a pattern's first token
+by binary search, then filtered token by token); the tail is merged into the sorted part when it
+grows past `tail_tokens`. The oldest
 requests are dropped when the cache passes `max_tokens` (bounded memory: ~2 * DEPTH + 8 bytes per
 cached token with 16-bit ids).
 
@@ -54,6 +56,9 @@ class SuffixCache:
         self._n_sorted = 0  # tokens[:_n_sorted] are in the sorted index
         self._keys = np.zeros(0, f"S{DEPTH * self._dtype.itemsize}")  # [n_sorted] sorted suffix keys
         self._pos = np.zeros(0, np.int64)  # [n_sorted] start of each key's suffix in tokens
+        self._tail_for = (-1, -1)  # (len(tokens), n_sorted) the tail's index below was built for
+        self._tail_order = np.zeros(0, np.int64)  # [tail] the tail's positions ordered by token
+        self._tail_sorted = np.zeros(0, np.int64)  # [tail] its tokens in that order
         if cfg.file and Path(cfg.file).exists():
             self.tokens = np.load(cfg.file).astype(np.int64)[-cfg.max_tokens :]
             self._reindex()
@@ -107,28 +112,69 @@ class SuffixCache:
 
     def count(self, pattern: np.ndarray) -> bool:
         """Does pattern occur in the cache (followed by a token)?"""
+        return self.sorted_count(pattern) or len(self._tail_hits(pattern)) > 0
+
+    def sorted_count(self, pattern: np.ndarray) -> bool:
+        """Does pattern occur in the sorted part?"""
+        if not self._n_sorted:
+            return False
         lo, hi = self._range(pattern)
-        return hi > lo or len(self._tail_hits(pattern)) > 0
+        return hi > lo
+
+    def tail_places(self, token: int) -> np.ndarray:
+        """Positions in tokens of `token` in the unsorted tail, ascending: a binary search in the
+        tail's positions ordered by token (re-sorted once after the cache changed)."""
+        if self._tail_for != (len(self.tokens), self._n_sorted):
+            tail = self.tokens[self._n_sorted :]
+            self._tail_order = np.argsort(tail, kind="stable") + self._n_sorted  # (stable: ascending places)
+            self._tail_sorted = self.tokens[self._tail_order]
+            self._tail_for = (len(self.tokens), self._n_sorted)
+        lo = int(np.searchsorted(self._tail_sorted, token, side="left"))
+        hi = int(np.searchsorted(self._tail_sorted, token, side="right"))
+        return self._tail_order[lo:hi]
 
     def _tail_hits(self, pattern: np.ndarray) -> np.ndarray:
         """Positions after each occurrence of pattern in the unsorted tail (the sorted part ends
-        with a separator, so no match spans both)."""
-        n, tail = len(pattern), self.tokens[self._n_sorted :]
-        if len(tail) <= n:
-            return np.zeros(0, np.int64)
-        windows = np.lib.stride_tricks.sliding_window_view(tail[:-1], n)
-        return np.flatnonzero((windows == pattern).all(axis=1)) + self._n_sorted + n
+        with a separator, so no match spans both): the places of its first token (`tail_places`),
+        filtered token by token (never a scan of the tail)."""
+        n, toks = len(pattern), self.tokens
+        at = self.tail_places(int(pattern[0]))
+        at = at[at < len(toks) - n]  # (a match must be followed by a token)
+        for j in range(1, n):
+            if not len(at):
+                break
+            at = at[toks[at + j] == pattern[j]]
+        return at + n
+
+    def sorted_occurrences(self, pattern: np.ndarray) -> np.ndarray:
+        """Positions just after occurrences of pattern (len <= DEPTH) in the sorted part: at most
+        cfg.max_candidates (an even sample beyond)."""
+        n = len(pattern)
+        if not self._n_sorted:
+            return self._pos[:0]
+        lo, hi = self._range(pattern)
+        if hi - lo > self.cfg.max_candidates:  # an even sample: the index groups them by what follows
+            return self._pos[np.linspace(lo, hi - 1, self.cfg.max_candidates).astype(np.int64)] + n
+        return self._pos[lo:hi] + n
 
     def occurrences(self, pattern: np.ndarray) -> np.ndarray:
         """Positions just after cached occurrences of pattern (len <= DEPTH): at most
         cfg.max_candidates from the sorted index, then every one in the unsorted tail."""
-        n = len(pattern)
-        lo, hi = self._range(pattern)
-        if hi - lo > self.cfg.max_candidates:  # an even sample: the index groups them by what follows
-            found = self._pos[np.linspace(lo, hi - 1, self.cfg.max_candidates).astype(np.int64)] + n
-        else:
-            found = self._pos[lo:hi] + n
-        return np.concatenate([found, self._tail_hits(pattern)])
+        return np.concatenate([self.sorted_occurrences(pattern), self._tail_hits(pattern)])
+
+
+def _agreeing(arr: np.ndarray, cand: np.ndarray, toks: np.ndarray, end: int, top: int) -> np.ndarray:
+    """For each place in cand (arr[place] == toks[end]): how many tokens agree counting backwards
+    from it, at most top (a separator or the array's start ends the agreement)."""
+    agree = np.ones(len(cand), np.int64)
+    alive = np.ones(len(cand), bool)
+    for d in range(1, top):
+        alive &= cand >= d
+        alive[alive] = arr[cand[alive] - d] == toks[end - d]
+        if not alive.any():
+            break
+        agree += alive
+    return agree
 
 
 class _Match:
@@ -145,8 +191,8 @@ class _Match:
         self.here = self.here[self.here < n]  # the drafts past n are ours, not evidence
         nxt = np.concatenate([seq_tokens[self.here], cache_tokens[self.cached]])
         nxt = nxt[nxt != SEP]
-        if not len(nxt):
-            return nxt, nxt
+        if len(nxt) <= 1:  # (most often a single occurrence)
+            return nxt, np.ones(len(nxt), np.int64)
         ids, counts = np.unique(nxt, return_counts=True)
         order = np.argsort(-counts, kind="stable")
         return ids[order], counts[order]
@@ -176,34 +222,33 @@ class SuffixDrafter(Drafter):
 
     def _longest(self, seq: SeqState) -> tuple[int, _Match | None]:
         """(n, its occurrences) for the longest suffix of the sequence (min_match..DEPTH tokens)
-        that occurred before. In the sequence: the earlier places of its last token, extended
-        backwards while they agree (one scan); in the cache: a binary search on n (a suffix that
-        occurs has shorter ones that do), two `searchsorted` calls per probe."""
-        toks, n = seq.tokens, seq.n
+        that occurred before. In the sequence and in the cache's unsorted tail: the earlier places
+        of its last token, extended backwards while they agree (one pass each); in the sorted part:
+        a binary search on n (a suffix that occurs has shorter ones that do), two `searchsorted`
+        calls per probe, only for lengths the others did not reach."""
+        toks, n, cache = seq.tokens, seq.n, self.cache
         top = min(DEPTH, n - 1)
         if top < self.cfg.min_match:
             return 0, None
-        cand = np.flatnonzero(toks[: n - 1] == toks[n - 1])  # earlier places of the last token
-        agree = np.ones(len(cand), np.int64)  # tokens that agree, counted backwards from each
-        alive = np.ones(len(cand), bool)
-        for d in range(1, top):
-            alive &= cand >= d
-            alive[alive] = toks[cand[alive] - d] == toks[n - 1 - d]
-            if not alive.any():
-                break
-            agree += alive
-        size_here = int(agree.max()) if len(cand) else 0
-        lo, hi, size_cache = max(size_here + 1, self.cfg.min_match), top, 0
-        while lo <= hi:  # the cache may match longer than the sequence does
+        last = toks[n - 1]
+        here = np.flatnonzero(toks[: n - 1] == last)  # earlier places of the last token
+        agree_here = _agreeing(toks, here, toks, n - 1, top)
+        tail = cache.tail_places(int(last))
+        agree_tail = _agreeing(cache.tokens, tail, toks, n - 1, top)
+        size = max(int(agree_here.max()) if len(here) else 0, int(agree_tail.max()) if len(tail) else 0)
+        lo, hi = max(size + 1, self.cfg.min_match), top
+        while lo <= hi:  # the sorted part may match longer
             mid = (lo + hi) // 2
-            if self.cache.count(toks[n - mid : n]):
-                lo, size_cache = mid + 1, mid
+            if cache.sorted_count(toks[n - mid : n]):
+                lo, size = mid + 1, mid
             else:
                 hi = mid - 1
-        size = max(size_here, size_cache)
         if size < self.cfg.min_match:
             return 0, None
-        return size, _Match(cand[agree >= size] + 1, self.cache.occurrences(toks[n - size : n]))
+        cached = cache.sorted_occurrences(toks[n - size : n])
+        if len(tail):
+            cached = np.concatenate([cached, tail[agree_tail >= size] + 1])
+        return size, _Match(here[agree_here >= size] + 1, cached)
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         size, match = self._longest(seq)
