@@ -53,6 +53,12 @@ def test_dry_run_runs_every_stage(engines, tmp_path):
         cg = report["cuda_graph"][role]
         assert cg["on"]["captured"] and not cg["off"]["captured"], cg
         assert cg["ngram_output_identical"] and cg["max_abs_diff_on_vs_off"] == {"t1": 0.0, "t5": 0.0}
+        on, off = cg["on"], cg["off"]
+        assert on["captured_at_load"] > 0 and off["captured_at_load"] == 0
+        assert on["device_bytes_after_close"] == off["device_bytes_after_close"] == 0
+        greedy, full = on["verify5_traffic"]["greedy"], on["verify5_traffic"]["with_logits"]
+        assert greedy["d2h_bytes"] == 5 * 8 * 8 and greedy["h2d_calls"] == 1  # the ids, not 5 x V floats
+        assert full["d2h_bytes"] == greedy["d2h_bytes"] + 5 * 256 * 4  # (the tiny vocabulary: 256)
     assert set(report["width_table_cpu"]["ref"]["ms_p50"]) == {"1", "2", "3", "5", "9", "16"}
     assert report["transformers"]["identical_to_edgespec_none"] == "2/2"
 

@@ -46,7 +46,8 @@ STAGES = (
     "providers",  # one session per GPU provider, asserted to run there (engines/session.py), or why not
     "parity",  # logits of each folder on each provider against the same weights on ONNX Runtime's CPU
     "bench",  # none / ngram / draft / eagle: greedy identical to none, tokens/s, acceptance
-    "cuda_graph",  # decode and verify call times with capture on and off, logits and greedy output alike
+    "cuda_graph",  # decode and verify call times with capture on and off, logits and greedy output alike, the
+    #                capture at load, a greedy verify call's traffic, device memory freed by close()
     "width_table",  # median ms of one target call per width at a fixed past
     "transformers",  # the tiny HF model's greedy on torch: the same ids as edgespec's plain run
 )
@@ -245,13 +246,16 @@ def bench(cfg: CheckConfig, provider: str) -> dict:
     return out
 
 
-def _median_ms(engine, ids: np.ndarray, past: int, calls: int) -> float:
+def _median_ms(engine, ids: np.ndarray, past: int, calls: int, logits: bool = True) -> float:
+    """Median ms of one call; logits=False: a greedy verify's (no logits back, the rows' argmax read)."""
     for _ in range(3):  # a plain run, then the capture, then replays (ONNX Runtime's CUDA EP)
         engine.forward(ids, past)
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        engine.forward(ids, past)
+        engine.forward(ids, past, logits=logits)
+        if not logits:
+            engine.argmax_rows(len(ids))
         times.append(time.perf_counter() - t0)
     return round(1000 * float(np.median(times)), 4)
 
@@ -264,9 +268,25 @@ def _prefill(engine, m, past: int) -> None:
         engine.commit(p, n)
 
 
+def _verify_traffic(engine, ids: np.ndarray, past: int) -> dict:
+    """What one greedy verify call moves (the device ops' counters): the call without its logits and
+    its rows' argmax, as the loop makes it; then the same call with its logits, for comparison."""
+    ops = engine.device
+    out = {}
+    for label, logits in (("greedy", False), ("with_logits", True)):
+        engine.forward(ids, past, logits=logits)  # warm (a first call binds)
+        ops.reset_counts()
+        engine.forward(ids, past, logits=logits)
+        engine.argmax_rows(len(ids))
+        out[label] = ops.traffic()
+    return out
+
+
 def cuda_graph(cfg: CheckConfig) -> dict:
     """Each --host-prologue folder's decode (width 1) and verify (width 5) call with CUDA graph capture
-    on and off: median ms, the logits' difference, and greedy ngram output with capture on = off."""
+    on and off: median ms (a greedy verify too: its argmax ids back, not its logits), the logits'
+    difference, greedy ngram output with capture on = off; the seconds and graphs of the capture at
+    load, the bytes one greedy verify call moves, and the device bytes left after Generator.close()."""
     from edgespec.engines.prologue import takes_host_prologue
     from edgespec.runtime.backends import Engines
     from edgespec.runtime.config import RuntimeConfig
@@ -284,12 +304,21 @@ def cuda_graph(cfg: CheckConfig) -> dict:
         past = min(64, m.max_len // 4)
         for mode in ("on", "off"):
             _, e = target_engine(folder, provider, cfg, cuda_graph=mode == "on")
+            t0 = time.perf_counter()
+            e.load_widths([1, 2, 3, 4, 5, m.prefill_chunk])  # as Generator.load does for k = 4
+            row[mode] = {
+                "captured": bool(e.cuda_graph),
+                "load_widths_s": round(time.perf_counter() - t0, 3),
+                "captured_at_load": len(e.captured_at_load),
+            }
             _prefill(e, m, past)
-            row[mode] = {"captured": bool(e.cuda_graph)}
             for w, label in ((1, "decode"), (5, "verify5")):
                 ids = np.full(w, 42, np.int64)
                 row[mode][f"{label}_ms_p50"] = _median_ms(e, ids, past, cfg.calls)
                 logits[mode, w] = e.forward(ids, past).copy()
+            ids = np.full(5, 42, np.int64)
+            row[mode]["verify5_greedy_ms_p50"] = _median_ms(e, ids, past, cfg.calls, logits=False)
+            row[mode]["verify5_traffic"] = _verify_traffic(e, ids, past)
             # the engine as Generator.load makes it, without drafter models (ngram needs none)
             g = Generator(m, Engines(e), RuntimeConfig(drafter="ngram", k=4, adaptive=False), TextCodec(m))
             t0, n, texts[mode] = time.perf_counter(), 0, []
@@ -298,6 +327,8 @@ def cuda_graph(cfg: CheckConfig) -> dict:
                 texts[mode].append(new)
                 n += len(new)
             row[mode]["ngram_tokens_per_s"] = round(n / (time.perf_counter() - t0), 1)
+            g.close()
+            row[mode]["device_bytes_after_close"] = e.device.live_bytes
             del g, e
             gc.collect()
         row["max_abs_diff_on_vs_off"] = {
