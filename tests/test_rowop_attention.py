@@ -1,8 +1,9 @@
 """edgespec's exact attention op (engines/rowop/attention.h: RowAttention): every instruction-set path
 gives the same bits and the float64 reference to rounding; a row's bits do not depend on the call's
-width, the other rows, the task split, or tree against chain; tiny llama / qwen3 / gemma3 (sliding
-layers) exported with --int4-kernel rowop run it in every layer, keep their rows bitwise alike in
-prefill / verify / decode calls and on tree rows, and decode speculatively exactly as plainly."""
+width, the other rows, the task split, or tree against chain; RowQkvAttention is the split, the
+rotation and the op; tiny llama / qwen2 / qwen3 / gemma3 (sliding layers) exported with --int4-kernel
+rowop run one of them in every layer, keep their rows bitwise alike in prefill / verify / decode
+calls and on tree rows, and decode speculatively exactly as plainly."""
 
 import os
 
@@ -207,6 +208,67 @@ def test_op_trees_in_onnx_runtime():
 
 
 @needs_op
+@pytest.mark.parametrize("tree", [False, True])
+def test_qkv_op_is_the_split_rotation_then_the_op(tree):
+    """RowQkvAttention(qkv, ..., positions, cos, sin) = RowAttention(rotate(q), rotate(k), v, ...) and
+    its k, v outputs the rotated k and v, bitwise, each path."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    hq, hkv, d, past, t, n_pos = 4, 2, 32, 30, 7, 64
+    rng = np.random.default_rng(11)
+    q, k, v = _seq(rng, t, hq, hkv, d)
+    pk, pv = _seq(rng, past, hkv, hkv, d)[1:]
+    ang = np.arange(n_pos)[:, None] / 100.0 ** (np.arange(d // 2) / (d // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    pos = past + np.arange(t)
+    mask = _tree(rng, t, shuffle=False)[0] if tree else None
+    if tree:  # positions by depth
+        pos = past + mask.sum(axis=1) - 1
+    want = {"k": ra.rotate(k, cos[pos], sin[pos], d), "v": v}
+    qr = ra.rotate(q, cos[pos], sin[pos], d)
+    f = TensorProto.FLOAT
+    inputs = [
+        helper.make_tensor_value_info("qkv", f, [1, "T", (hq + 2 * hkv) * d]),
+        helper.make_tensor_value_info("past_key", f, ["S", hkv * d]),
+        helper.make_tensor_value_info("past_value", f, ["S", hkv * d]),
+        helper.make_tensor_value_info("past_len", TensorProto.INT64, [1]),
+        helper.make_tensor_value_info("positions", TensorProto.INT64, [1, "T"]),
+        helper.make_tensor_value_info("cos", f, [n_pos, d // 2]),
+        helper.make_tensor_value_info("sin", f, [n_pos, d // 2]),
+    ] + ([helper.make_tensor_value_info("tree_mask", TensorProto.INT64, ["T", "T"])] if tree else [])
+    attrs = dict(num_heads=hq, kv_heads=hkv, head_dim=d, scale=0.25, window=0)
+    node = helper.make_node(ra.QKV_OP_TYPE, [i.name for i in inputs], ["y", "k", "v"], domain=rowop.DOMAIN, **attrs)
+    outs = [helper.make_tensor_value_info(n, f, None) for n in ("y", "k", "v")]
+    model = helper.make_model(
+        helper.make_graph([node], "qkv", inputs, outs),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)],
+    )
+    feeds = {
+        "qkv": np.concatenate([q, k, v], axis=1)[None],
+        "past_key": pk,
+        "past_value": pv,
+        "past_len": np.array([past], np.int64),
+        "positions": pos[None].astype(np.int64),
+        "cos": cos,
+        "sin": sin,
+    } | ({"tree_mask": mask} if tree else {})
+    for path in _paths():
+        os.environ[rowop.ISA_ENV] = path
+        try:
+            so = ort.SessionOptions()
+            rowop.register(so)
+            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        finally:
+            del os.environ[rowop.ISA_ENV]
+        y, k_out, v_out = (o[0] for o in sess.run(None, feeds))
+        assert np.array_equal(k_out, want["k"]) and np.array_equal(v_out, want["v"]), path
+        assert np.array_equal(y, ra.run(path, qr, want["k"], v, pk, pv, past, hq, hkv, d, 0.25, 0, mask)), path
+        with pytest.raises(Exception, match="outside the rotary tables"):
+            sess.run(None, feeds | {"positions": (pos[None] + n_pos).astype(np.int64)})
+
+
+@needs_op
 def test_op_refuses_bad_shapes_and_a_past_beyond_the_window():
     hq, hkv, d = 4, 2, 16
     rng = np.random.default_rng(4)
@@ -222,6 +284,7 @@ def test_op_refuses_bad_shapes_and_a_past_beyond_the_window():
 # ---- the rowop flavour's graphs --------------------------------------------------------------------
 FAMILIES = {
     "llama": ("llama", {}),
+    "qwen2": ("qwen2", {}),  # q/k/v biases before the op's split
     "qwen3": ("qwen3", {}),
     "gemma3": (  # layer 0 sliding with a window the rows cross, layer 1 full (test_families' tiny Gemma 3)
         "gemma3_text",
@@ -267,12 +330,15 @@ def test_folder_attention_is_the_op_and_keeps_the_rule(rowop_folders, name):
     m = load_manifest(rowop_folders[name])
     g = onnx.load(m.path(m.target.graph.file), load_external_data=False).graph
     ops = [n.op_type for n in g.node]
-    assert ops.count(ra.OP_TYPE) == m.target.n_layers, name
+    norms = name in ("qwen3", "gemma3")  # q/k norms between the split and RoPE: the unfused op
+    kind = ra.OP_TYPE if norms else ra.QKV_OP_TYPE
+    assert ops.count(kind) == m.target.n_layers, name
     assert not {"Gemm", "Softmax", "ScatterElements", "ScatterND", "GatherElements", "CumSum"} & set(ops), name
+    assert ("RotaryEmbedding" in ops) == norms, name
     windows = [
         onnx.helper.get_attribute_value(a)
         for n in g.node
-        if n.op_type == ra.OP_TYPE
+        if n.op_type == kind
         for a in n.attribute
         if a.name == "window"
     ]

@@ -16,6 +16,7 @@ import numpy as np
 from edgespec.engines import rowop
 
 OP_TYPE = "RowAttention"  # in rowop.DOMAIN, beside RowMatMul
+QKV_OP_TYPE = "RowQkvAttention"  # the same over a packed qkv row, split and rotated (RoPE) in the op
 
 
 def new_keys(t_len: int, tree_mask: np.ndarray | None) -> list[list[int]]:
@@ -29,6 +30,16 @@ def new_keys(t_len: int, tree_mask: np.ndarray | None) -> list[list[int]]:
     for t in range(t_len):
         out.append(sorted((c for c in range(t_len) if c != t and m[t, c]), key=lambda c: (depth[c], c)) + [t])
     return out
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, head_dim: int) -> np.ndarray:
+    """RowQkvAttention's rotation of rows x [T, heads*D] by cos/sin rows [T, D/2], in its float32
+    operations: y = x cos - rot(x) sin per element (halves, no fused multiply-add)."""
+    x = np.asarray(x, np.float32).reshape(len(x), -1, head_dim)
+    half = head_dim // 2
+    a, b = x[..., :half], x[..., half:]
+    c, s = np.asarray(cos, np.float32)[:, None], np.asarray(sin, np.float32)[:, None]
+    return np.concatenate([a * c - b * s, b * c + a * s], axis=-1).reshape(len(x), -1)
 
 
 def reference(

@@ -12,6 +12,12 @@
 //   tree_mask (optional; without it the rows are a chain): 1 where column node c is row node t or one
 //   of its ancestors. The op reads the window's rows [lo, past_len) and writes no cache.
 //
+//   Y, K [1, T, Hkv*D], V = RowQkvAttention(QKV [1, T, (Hq+2Hkv)*D], past_key, past_value, past_len,
+//                                           positions [1, T] int64, cos, sin [P, D/2], (tree_mask))
+//   the same after splitting QKV and rotating q and k by the positions (RoPE, halves: y = x cos -
+//   rot(x) sin per element, fp32, no FMA): one node for a layer's split, rotations and attention;
+//   K (rotated) and V are the rows the engine commits.
+//
 // The instruction-set path is chosen when a session registers the library: the best this CPU runs,
 // or the one EDGESPEC_ROWOP_ISA names (portable, avx2, avxvnni, avx512vnni; refused where the CPU
 // lacks it). Threads: ONNX Runtime's intra-op pool (KernelContext_ParallelFor) splits the panels.
@@ -36,6 +42,7 @@ const OrtApi* g_api = nullptr;
 constexpr const char* kDomain = "edgespec.rowop";
 constexpr const char* kOpType = "RowMatMul";
 constexpr const char* kAttnType = "RowAttention";
+constexpr const char* kQkvType = "RowQkvAttention";
 constexpr int64_t kAttnSplit = 1 << 16;  // query row x key x D products of a call above which the heads run in parallel
 constexpr int64_t kQuantizeSplit = 1 << 15;  // inputs of a call above which the rows are quantized in parallel
 
@@ -267,7 +274,7 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) {
 
 // The output's type and shape for ONNX Runtime's planner: input 0's shape, its last dimension n
 // (n < 0: kept).
-OrtStatus* infer_like_input0(OrtShapeInferContext* ctx, int64_t n) {
+OrtStatus* infer_like_input0(OrtShapeInferContext* ctx, int64_t n, size_t output = 0) {
   const OrtApi* api = g_api;
   OrtTensorTypeAndShapeInfo* in = nullptr;  // owned by the context
   ROWOP_TRY(api->ShapeInferContext_GetInputTypeShape(ctx, 0, &in));
@@ -293,7 +300,7 @@ OrtStatus* infer_like_input0(OrtShapeInferContext* ctx, int64_t n) {
     if (st == nullptr) st = api->SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
     if (st == nullptr) st = api->SetDimensions(out, dims.data(), nd);
     if (st == nullptr) st = api->SetSymbolicDimensions(out, names.data(), nd);
-    if (st == nullptr) st = api->ShapeInferContext_SetOutputTypeShape(ctx, 0, out);
+    if (st == nullptr) st = api->ShapeInferContext_SetOutputTypeShape(ctx, output, out);
   }
   if (out != nullptr) api->ReleaseTensorTypeAndShapeInfo(out);
   return st;  // `in` belongs to the context
@@ -313,12 +320,14 @@ OrtStatus* ORT_API_CALL infer_shape(const OrtCustomOp*, OrtShapeInferContext* ct
 // ---- RowAttention ----
 struct AttnOp : OrtCustomOp {
   const AttnIsa* isa = nullptr;
+  bool qkv = false;  // RowQkvAttention
 };
 
 struct AttnKernel {
   int64_t hq, hkv, d, window;
   float scale;
   const AttnIsa* isa;
+  bool qkv;
 };
 
 OrtStatus* ORT_API_CALL create_attn_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
@@ -338,7 +347,9 @@ OrtStatus* ORT_API_CALL create_attn_kernel(const OrtCustomOp* op, const OrtApi* 
                  "window >= 0 (num_heads " + std::to_string(v[0]) + ", kv_heads " + std::to_string(v[1]) +
                  ", head_dim " + std::to_string(v[2]) + ", window " + std::to_string(v[3]) + ")");
   }
-  *out = new AttnKernel{v[0], v[1], v[2], v[3], scale, static_cast<const AttnOp*>(op)->isa};
+  const AttnOp* aop = static_cast<const AttnOp*>(op);
+  if (aop->qkv && v[2] % 2) return error(std::string(kQkvType) + ": head_dim must be even (RoPE halves)");
+  *out = new AttnKernel{v[0], v[1], v[2], v[3], scale, aop->isa, aop->qkv};
   return nullptr;
 }
 
@@ -380,7 +391,17 @@ int64_t attn_rows_per_task(int64_t per_head, int64_t hkv, int64_t workers) {
 
 struct AttnCall {
   std::vector<int32_t> keys, n, depth;
+  std::vector<float> q;  // RowQkvAttention: the rotated queries
 };
+
+// y = x rotated by one position's cos/sin halves (RotaryEmbedding's non-interleaved form).
+void rotate(const float* x, const float* c, const float* s, int64_t half, float* y) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    y[i] = a * c[i] - b * s[i];
+    y[i + half] = b * c[i] + a * s[i];
+  }
+}
 thread_local AttnCall t_call;
 
 struct AttnJob {
@@ -409,46 +430,94 @@ OrtStatus* tensor_dims(const OrtValue* v, std::vector<int64_t>* dims, int64_t* c
 OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
   const AttnKernel& K = *static_cast<const AttnKernel*>(kernel);
   const OrtApi* api = g_api;
+  const char* name = K.qkv ? kQkvType : kAttnType;
+  // input slots: q/qkv, k, v, past_key, past_value, past_len, tree_mask, positions, cos, sin
+  enum { kQ, kK, kV, kPk, kPv, kPast, kTree, kPos, kCos, kSin, kSlots };
+  const int map_plain[7] = {kQ, kK, kV, kPk, kPv, kPast, kTree};
+  const int map_qkv[8] = {kQ, kPk, kPv, kPast, kPos, kCos, kSin, kTree};
+  const int* map = K.qkv ? map_qkv : map_plain;
+  const size_t n_slots = K.qkv ? 8 : 7;
   size_t n_in = 0;
   ROWOP_TRY(api->KernelContext_GetInputCount(ctx, &n_in));
-  const OrtValue* in[7] = {};
-  for (size_t i = 0; i < std::min<size_t>(n_in, 7); ++i) ROWOP_TRY(api->KernelContext_GetInput(ctx, i, &in[i]));
-  for (int i = 0; i < 6; ++i) {
-    if (in[i] == nullptr) return error(std::string(kAttnType) + ": input " + std::to_string(i) + " is missing");
+  const OrtValue* in[kSlots] = {};
+  for (size_t i = 0; i < std::min(n_in, n_slots); ++i) ROWOP_TRY(api->KernelContext_GetInput(ctx, i, &in[map[i]]));
+  for (size_t i = 0; i + 1 < n_slots; ++i) {
+    if (in[map[i]] == nullptr) return error(std::string(name) + ": input " + std::to_string(i) + " is missing");
   }
-  const int64_t kv_w = K.hkv * K.d;
-  std::vector<int64_t> qd, dims;
-  int64_t count[7] = {};
-  ROWOP_TRY(tensor_dims(in[0], &qd, &count[0]));
-  for (int i = 1; i < 7; ++i) {
-    if (in[i] != nullptr) ROWOP_TRY(tensor_dims(in[i], &dims, &count[i]));
+  const int64_t kv_w = K.hkv * K.d, q_w = K.hq * K.d, in_w = K.qkv ? q_w + 2 * kv_w : q_w, half = K.d / 2;
+  std::vector<int64_t> qd, dims, cos_dims;
+  int64_t count[kSlots] = {};
+  ROWOP_TRY(tensor_dims(in[kQ], &qd, &count[kQ]));
+  for (int i = 1; i < kSlots; ++i) {
+    if (in[i] != nullptr) ROWOP_TRY(tensor_dims(in[i], i == kCos ? &cos_dims : &dims, &count[i]));
   }
-  if (qd.empty() || qd.back() != K.hq * K.d) {
-    return error(std::string(kAttnType) + ": the queries' last dimension must be num_heads * head_dim = " +
-                 std::to_string(K.hq * K.d));
+  if (qd.empty() || qd.back() != in_w) {
+    return error(std::string(name) + ": the input's last dimension must be " +
+                 (K.qkv ? "(num_heads + 2 kv_heads) * head_dim = " : "num_heads * head_dim = ") +
+                 std::to_string(in_w));
   }
-  const int64_t T = count[0] / (K.hq * K.d), S = count[3] / kv_w;
-  if (count[1] != T * kv_w || count[2] != T * kv_w || count[3] % kv_w || count[4] != count[3] || count[5] != 1 ||
-      (in[6] != nullptr && count[6] != T * T)) {
-    return error(std::string(kAttnType) + ": shapes: q [1, T, Hq*D], k and v [1, T, Hkv*D], past_key and past_value "
-                 "[S, Hkv*D], past_len [1], tree_mask [T, T] (T " + std::to_string(T) + ", Hkv*D " +
-                 std::to_string(kv_w) + ")");
+  const int64_t T = count[kQ] / in_w, S = count[kPk] / kv_w;
+  bool ok = count[kPk] % kv_w == 0 && count[kPv] == count[kPk] && count[kPast] == 1 &&
+            (in[kTree] == nullptr || count[kTree] == T * T);
+  if (K.qkv) {
+    ok = ok && count[kPos] == T && cos_dims.size() == 2 && cos_dims[1] == half && count[kSin] == count[kCos];
+  } else {
+    ok = ok && count[kK] == T * kv_w && count[kV] == T * kv_w;
   }
-  void* data[7] = {};
-  for (int i = 0; i < 7; ++i) {
+  if (!ok) {
+    return error(std::string(name) + ": shapes: " +
+                 (K.qkv ? "qkv [1, T, (Hq+2Hkv)*D], positions [1, T], cos and sin [P, D/2], "
+                        : "q [1, T, Hq*D], k and v [1, T, Hkv*D], ") +
+                 "past_key and past_value [S, Hkv*D], past_len [1], tree_mask [T, T] (T " + std::to_string(T) +
+                 ", Hkv*D " + std::to_string(kv_w) + ")");
+  }
+  void* data[kSlots] = {};
+  for (int i = 0; i < kSlots; ++i) {
     if (in[i] != nullptr) ROWOP_TRY(api->GetTensorMutableData(const_cast<OrtValue*>(in[i]), &data[i]));
   }
-  const int64_t past = *static_cast<const int64_t*>(data[5]);
+  const int64_t past = *static_cast<const int64_t*>(data[kPast]);
   if (past < 0 || past > S) {
-    return error(std::string(kAttnType) + ": past_len " + std::to_string(past) + " outside the window of " +
+    return error(std::string(name) + ": past_len " + std::to_string(past) + " outside the window of " +
                  std::to_string(S) + " slots");
   }
+  std::vector<int64_t> od(qd);
+  od.back() = q_w;
   OrtValue* yv = nullptr;
-  ROWOP_TRY(api->KernelContext_GetOutput(ctx, 0, qd.data(), qd.size(), &yv));
+  ROWOP_TRY(api->KernelContext_GetOutput(ctx, 0, od.data(), od.size(), &yv));
   void* yp = nullptr;
   ROWOP_TRY(api->GetTensorMutableData(yv, &yp));
-  if (T == 0) return nullptr;
   AttnCall& call = t_call;
+  const float *q = static_cast<const float*>(data[kQ]), *k = static_cast<const float*>(data[kK]);
+  const float* v = static_cast<const float*>(data[kV]);
+  if (K.qkv) {  // split, rotate q and k, copy v
+    od.back() = kv_w;
+    OrtValue *kv_out[2] = {nullptr, nullptr};
+    void* kv_p[2] = {nullptr, nullptr};
+    for (int i = 0; i < 2; ++i) {
+      ROWOP_TRY(api->KernelContext_GetOutput(ctx, 1 + i, od.data(), od.size(), &kv_out[i]));
+      ROWOP_TRY(api->GetTensorMutableData(kv_out[i], &kv_p[i]));
+    }
+    if (static_cast<int64_t>(call.q.size()) < T * q_w) call.q.resize(T * q_w);
+    const int64_t n_pos = cos_dims[0];
+    const int64_t* pos = static_cast<const int64_t*>(data[kPos]);
+    const float *cs = static_cast<const float*>(data[kCos]), *sn = static_cast<const float*>(data[kSin]);
+    float *qr = call.q.data(), *kr = static_cast<float*>(kv_p[0]), *vr = static_cast<float*>(kv_p[1]);
+    for (int64_t t = 0; t < T; ++t) {
+      if (pos[t] < 0 || pos[t] >= n_pos) {
+        return error(std::string(name) + ": position " + std::to_string(pos[t]) + " outside the rotary tables' " +
+                     std::to_string(n_pos));
+      }
+      const float* x = q + t * in_w;
+      const float *c = cs + pos[t] * half, *sv = sn + pos[t] * half;
+      for (int64_t h = 0; h < K.hq; ++h) rotate(x + h * K.d, c, sv, half, qr + t * q_w + h * K.d);
+      for (int64_t h = 0; h < K.hkv; ++h) rotate(x + q_w + h * K.d, c, sv, half, kr + t * kv_w + h * K.d);
+      std::memcpy(vr + t * kv_w, x + q_w + kv_w, kv_w * sizeof(float));
+    }
+    q = qr;
+    k = kr;
+    v = vr;
+  }
+  if (T == 0) return nullptr;
   if (static_cast<int64_t>(call.n.size()) < T) {
     call.keys.resize(T * T);
     call.n.resize(T);
@@ -456,7 +525,7 @@ OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
   } else if (static_cast<int64_t>(call.keys.size()) < T * T) {
     call.keys.resize(T * T);
   }
-  order_keys(T, static_cast<const int64_t*>(data[6]), call.keys.data(), call.n.data(), call.depth.data());
+  order_keys(T, static_cast<const int64_t*>(data[kTree]), call.keys.data(), call.n.data(), call.depth.data());
   AttnProblem pr;
   pr.t = T;
   pr.hq = K.hq;
@@ -465,11 +534,11 @@ OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
   pr.past = past;
   pr.window = K.window;
   pr.scale = K.scale;
-  pr.q = static_cast<const float*>(data[0]);
-  pr.k = static_cast<const float*>(data[1]);
-  pr.v = static_cast<const float*>(data[2]);
-  pr.kc = static_cast<const float*>(data[3]);
-  pr.vc = static_cast<const float*>(data[4]);
+  pr.q = q;
+  pr.k = k;
+  pr.v = v;
+  pr.kc = static_cast<const float*>(data[kPk]);
+  pr.vc = static_cast<const float*>(data[kPv]);
   pr.keys = call.keys.data();
   pr.n_keys = call.n.data();
   pr.out = static_cast<float*>(yp);
@@ -486,19 +555,34 @@ OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
   return nullptr;
 }
 
-OrtStatus* ORT_API_CALL infer_attn_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
-  return infer_like_input0(ctx, -1);
+OrtStatus* ORT_API_CALL infer_attn_shape(const OrtCustomOp* op, OrtShapeInferContext* ctx) {
+  if (!static_cast<const AttnOp*>(op)->qkv) return infer_like_input0(ctx, -1, 0);
+  const OrtApi* api = g_api;
+  int64_t v[3] = {0, 0, 0};
+  const char* names[3] = {"num_heads", "kv_heads", "head_dim"};
+  for (int i = 0; i < 3; ++i) {
+    const OrtOpAttr* attr = nullptr;
+    size_t got = 0;
+    ROWOP_TRY(api->ShapeInferContext_GetAttribute(ctx, names[i], &attr));
+    ROWOP_TRY(api->ReadOpAttr(attr, ORT_OP_ATTR_INT, &v[i], sizeof(v[i]), &got));
+  }
+  ROWOP_TRY(infer_like_input0(ctx, v[0] * v[2], 0));
+  ROWOP_TRY(infer_like_input0(ctx, v[1] * v[2], 1));
+  return infer_like_input0(ctx, v[1] * v[2], 2);
 }
 
 void ORT_API_CALL destroy_kernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
 void ORT_API_CALL destroy_attn_kernel(void* kernel) { delete static_cast<AttnKernel*>(kernel); }
-const char* ORT_API_CALL attn_name(const OrtCustomOp*) { return kAttnType; }
-ONNXTensorElementDataType ORT_API_CALL attn_input_type(const OrtCustomOp*, size_t i) {
-  return i < 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+bool is_qkv(const OrtCustomOp* op) { return static_cast<const AttnOp*>(op)->qkv; }
+const char* ORT_API_CALL attn_name(const OrtCustomOp* op) { return is_qkv(op) ? kQkvType : kAttnType; }
+ONNXTensorElementDataType ORT_API_CALL attn_input_type(const OrtCustomOp* op, size_t i) {
+  const bool f = is_qkv(op) ? (i < 3 || i == 5 || i == 6) : i < 5;  // qkv: positions, past_len, tree int64
+  return f ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
 }
-size_t ORT_API_CALL attn_input_count(const OrtCustomOp*) { return 7; }
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL attn_input_required(const OrtCustomOp*, size_t i) {
-  return i == 6 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // tree_mask
+size_t ORT_API_CALL attn_input_count(const OrtCustomOp* op) { return is_qkv(op) ? 8 : 7; }
+size_t ORT_API_CALL attn_output_count(const OrtCustomOp* op) { return is_qkv(op) ? 3 : 1; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL attn_input_required(const OrtCustomOp* op, size_t i) {
+  return i + 1 == attn_input_count(op) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // tree_mask
 }
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return kOpType; }
 const char* ORT_API_CALL op_provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
@@ -545,7 +629,7 @@ RowOp make_op(const Isa* isa) {
   return op;
 }
 
-AttnOp make_attn_op(const Isa* isa) {
+AttnOp make_attn_op(const Isa* isa, bool qkv) {
   AttnOp op;
   std::memset(static_cast<OrtCustomOp*>(&op), 0, sizeof(OrtCustomOp));
   op.version = ORT_API_VERSION;
@@ -554,7 +638,7 @@ AttnOp make_attn_op(const Isa* isa) {
   op.GetInputType = attn_input_type;
   op.GetInputTypeCount = attn_input_count;
   op.GetOutputType = output_type;
-  op.GetOutputTypeCount = output_count;
+  op.GetOutputTypeCount = attn_output_count;
   op.KernelDestroy = destroy_attn_kernel;
   op.GetInputCharacteristic = attn_input_required;
   op.GetOutputCharacteristic = required;
@@ -569,13 +653,14 @@ AttnOp make_attn_op(const Isa* isa) {
   op.GetStartVersion = one;
   op.GetEndVersion = end_version;
   op.isa = attention_of(isa);
+  op.qkv = qkv;
   return op;
 }
 
 // The ops and one domain per path, made on first use and kept for the process (ONNX Runtime
 // requires them to outlive every session that registered them).
 RowOp g_ops[4];
-AttnOp g_attn_ops[4];
+AttnOp g_attn_ops[4], g_qkv_ops[4];
 OrtCustomOpDomain* g_domains[4] = {};
 std::mutex g_mutex;
 
@@ -598,11 +683,13 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_domains[slot] == nullptr) {
       g_ops[slot] = make_op(isa);
-      g_attn_ops[slot] = make_attn_op(isa);
+      g_attn_ops[slot] = make_attn_op(isa, false);
+      g_qkv_ops[slot] = make_attn_op(isa, true);
       OrtCustomOpDomain* domain = nullptr;
       if (OrtStatus* st = api->CreateCustomOpDomain(kDomain, &domain)) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_ops[slot])) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_attn_ops[slot])) return st;
+      if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_qkv_ops[slot])) return st;
       g_domains[slot] = domain;
     }
   }

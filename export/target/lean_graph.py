@@ -259,6 +259,8 @@ class LeanOps(LayerOps):
         qkv = self.real_rows(b, ctx, self.linear(b, h, f"l{i}.qkv"), p + "/qkv_rows")  # attention: the T real rows
         if a.qkv_bias:
             qkv = b.op("Add", [qkv, b.weight(f"l{i}.qkv_b")], p + "/qkv_bias")
+        if self.row_attention and not a.qk_norm and i not in a.nope_layers and self._fused("rotary"):
+            return self._row_attention(b, i, [qkv], ctx, p)  # split and RoPE in the op too
         split = b.const("qkv_split", np.array([n_q * d, n_kv * d, n_kv * d], np.int64))
         q, k, v = b.op("Split", [qkv, split], p + "/Split", n_out=3, axis=-1)  # [1, T, *]
         if a.qk_norm:
@@ -268,7 +270,7 @@ class LeanOps(LayerOps):
             q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
             k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
         if self.row_attention:
-            return self._row_attention(b, i, q, k, v, ctx, p), k, v
+            return self._row_attention(b, i, [q, k, v], ctx, p)
         qbd = b.op(
             "Reshape",
             [b.op("Mul", [b.op("Reshape", [q, "shape_q4"], p + "/q4"), "head_mask"], p + "/q_blocks"), "shape_rows"],
@@ -292,27 +294,36 @@ class LeanOps(LayerOps):
         out = self.pad_rows(b, ctx, out, p + "/ctx_rows")
         return self.linear(b, out, f"l{i}.o"), k, v
 
-    def _row_attention(self, b: GraphBuilder, i: int, q: str, k: str, v: str, ctx: dict, p: str) -> str:
-        """Layer i's attention output after o_proj: one RowAttention node over q [1, T, Hq*D], the new
-        k, v rows [1, T, Hkv*D], the window, past_len and (trees) tree_mask; ctx["window"]: a sliding
-        layer's key window (row_prologue)."""
+    def _row_attention(self, b: GraphBuilder, i: int, rows: list[str], ctx: dict, p: str) -> tuple[str, str, str]:
+        """Layer i's (attention output after o_proj, new k rows, new v rows) as one node of edgespec's
+        op: RowAttention over rows = [q [1, T, Hq*D], k, v [1, T, Hkv*D]] (rotated, normed), or
+        RowQkvAttention over rows = [qkv [1, T, (Hq+2Hkv)*D]], which splits it and rotates q and k by
+        the positions itself (the RotaryEmbedding caches; its k and v outputs are the new rows); both
+        with the window, past_len and (trees) tree_mask; ctx["window"]: a sliding layer's key window
+        (row_prologue)."""
         from edgespec.engines.rowop import DOMAIN
-        from edgespec.engines.rowop.attention import OP_TYPE
+        from edgespec.engines.rowop.attention import OP_TYPE, QKV_OP_TYPE
 
         a = self.arch
-        inputs = [q, k, v, f"past_key_{i}", f"past_value_{i}", "past_len"] + (["tree_mask"] if self.opts.trees else [])
-        out = b.op(
-            OP_TYPE,
-            inputs,
-            f"{p}/{OP_TYPE}",
+        inputs = rows + [f"past_key_{i}", f"past_value_{i}", "past_len"]
+        if len(rows) == 1:
+            suffix = ctx.get("rope_suffix", "")  # a sliding layer's own caches
+            inputs += ["positions", b.weight(f"rope_cos_half{suffix}"), b.weight(f"rope_sin_half{suffix}")]
+        op = OP_TYPE if len(rows) == 3 else QKV_OP_TYPE
+        outs = b.op(
+            op,
+            inputs + (["tree_mask"] if self.opts.trees else []),
+            f"{p}/{op}",
+            n_out=1 if len(rows) == 3 else 3,
             domain=DOMAIN,
             num_heads=a.n_heads,
             kv_heads=a.n_kv_heads,
             head_dim=a.head_dim,
             scale=float(a.attn_scale),
             window=int(ctx.get("window", 0)),
-        )  # [1, T, Hq*D]
-        return self.linear(b, self.pad_rows(b, ctx, out, p + "/ctx_rows"), f"l{i}.o")
+        )
+        out, k, v = (outs, rows[1], rows[2]) if len(rows) == 3 else outs  # out: [1, T, Hq*D]
+        return self.linear(b, self.pad_rows(b, ctx, out, p + "/ctx_rows"), f"l{i}.o"), k, v
 
     def kv_rows(self, b: GraphBuilder, k: str, v: str, name: str) -> list[str]:
         return [k, v]
