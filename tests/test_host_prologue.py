@@ -315,7 +315,8 @@ class CountingOps:
 def test_captured_verify_call_traffic(folders):
     """Per captured verify call of n tokens: one upload (every staged input in one block), one sync
     before the run, and n logits rows back: no padding rows, no hidden states unless a drafter asks
-    (then once). What still crosses is the n x V logits: an argmax on the device would make it n ids."""
+    (then once). A call asked for its logits (this one) brings back n x V floats; a greedy verify asks
+    for none and reads the top-k ids (tests/test_device_traffic.py)."""
     from edgespec.engines import cuda_graph as cg
     from edgespec.engines.prologue import host_window_slots
 
