@@ -376,3 +376,24 @@ def test_folder_tree_rows_are_chain_rows(rowop_folders, name):
         logits = e.forward(tokens, past, parents=parents)
         for d, node in enumerate(on_path):
             assert np.array_equal(logits[node], ref[d]), (name, past, d)
+
+
+@needs_op
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_folder_logits_are_the_same_bits_on_every_path(rowop_folders, name, monkeypatch):
+    """The whole model (row kernel and attention) gives the same logits whichever path runs it."""
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
+
+    m = load_manifest(rowop_folders[name])
+    toks = np.random.default_rng(1).integers(3, 256, 40)
+    got = {}
+    for path in _paths():
+        monkeypatch.setenv(rowop.ISA_ENV, path)
+        e = OrtModel(m, m.target)
+        e.forward(toks[:16], 0)
+        e.commit(0, 16)
+        got[path] = (e.forward(toks[16:32], 16).copy(), e.forward(toks[16:20], 16).copy())
+    first = next(iter(got.values()))
+    for path, (wide, verify) in got.items():
+        assert np.array_equal(wide, first[0]) and np.array_equal(verify, first[1]), (name, path)
