@@ -269,6 +269,46 @@ def test_qkv_op_is_the_split_rotation_then_the_op(tree):
 
 
 @needs_op
+@pytest.mark.parametrize("inter", [37, 1536])
+def test_swiglu_op_every_path_and_width(inter):
+    """RowSwiGLU: (g / (1 + exp(-g))) * u within rounding of float64, the same bits on every path and
+    for a row alone or in a call of 64 (tails after the vector widths: inter 37)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(inter)
+    x = (rng.standard_normal((64, 2 * inter)) * 4).astype(np.float32)
+    x[0, :6] = [0.0, -0.0, 100.0, -100.0, 88.5, -88.5]
+    g, u = x[:, :inter].astype(np.float64), x[:, inter:].astype(np.float64)
+    want = g / (1 + np.exp(-g)) * u
+    node = helper.make_node(ra.SWIGLU_OP_TYPE, ["x"], ["y"], domain=rowop.DOMAIN, inter=inter)
+    graph = helper.make_graph(
+        [node],
+        "swiglu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", 2 * inter])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
+    got = {}
+    for path in _paths():
+        os.environ[rowop.ISA_ENV] = path
+        try:
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = 2
+            rowop.register(so)
+            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        finally:
+            del os.environ[rowop.ISA_ENV]
+        got[path] = sess.run(None, {"x": x[None]})[0][0]
+        assert got[path].shape == (64, inter)
+        assert np.allclose(got[path], want, rtol=1e-5, atol=1e-6), (path, np.abs(got[path] - want).max())
+        for r in (0, 5, 63):
+            assert np.array_equal(sess.run(None, {"x": x[None, r : r + 1]})[0][0, 0], got[path][r]), (path, r)
+    for path, y in got.items():
+        assert np.array_equal(y, next(iter(got.values()))), path
+
+
+@needs_op
 def test_op_refuses_bad_shapes_and_a_past_beyond_the_window():
     hq, hkv, d = 4, 2, 16
     rng = np.random.default_rng(4)
@@ -335,6 +375,8 @@ def test_folder_attention_is_the_op_and_keeps_the_rule(rowop_folders, name):
     assert ops.count(kind) == m.target.n_layers, name
     assert not {"Gemm", "Softmax", "ScatterElements", "ScatterND", "GatherElements", "CumSum"} & set(ops), name
     assert ("RotaryEmbedding" in ops) == norms, name
+    silu = name != "gemma3"  # Gemma's GELU MLP keeps its ops
+    assert ops.count(ra.SWIGLU_OP_TYPE) == (m.target.n_layers if silu else 0) and "QuickGelu" not in ops
     windows = [
         onnx.helper.get_attribute_value(a)
         for n in g.node

@@ -62,6 +62,6 @@ struct V8 {
 
 }  // namespace
 
-const AttnIsa kAttnAvx2 = {"avx2", attn_task<V8>};
+const AttnIsa kAttnAvx2 = {"avx2", attn_task<V8>, swiglu<V8>};
 
 }  // namespace rowop

@@ -66,6 +66,6 @@ struct V16 {
 
 }  // namespace
 
-const AttnIsa kAttnAvx512 = {"avx512", attn_task<V16>};
+const AttnIsa kAttnAvx512 = {"avx512", attn_task<V16>, swiglu<V16>};
 
 }  // namespace rowop

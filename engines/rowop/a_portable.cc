@@ -3,6 +3,6 @@
 
 namespace rowop {
 
-const AttnIsa kAttnPortable = {"portable", attn_task<V1>};
+const AttnIsa kAttnPortable = {"portable", attn_task<V1>, swiglu<V1>};
 
 }  // namespace rowop

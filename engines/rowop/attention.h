@@ -46,10 +46,14 @@ struct AttnProblem {
 
 // One task: kv head task / blocks_per_head(), its rows block task % blocks_per_head().
 using AttnTaskFn = void (*)(const AttnProblem& pr, int64_t task);
+// The gated MLP's activation (op RowSwiGLU): y[r, i] = (g / (1 + exp(-g))) * u for g = x[r, i],
+// u = x[r, inter + i], rows [r0, r1) of x [rows, 2 inter]; exp: edgespec's (vexp, over [-87, 88]).
+using SwiGluFn = void (*)(const float* x, int64_t inter, int64_t r0, int64_t r1, float* y);
 
 struct AttnIsa {
   const char* name;
   AttnTaskFn task;
+  SwiGluFn swiglu;
 };
 
 // Each in its own translation unit, compiled for its instruction set (a_*.cc).

@@ -17,6 +17,7 @@ from edgespec.engines import rowop
 
 OP_TYPE = "RowAttention"  # in rowop.DOMAIN, beside RowMatMul
 QKV_OP_TYPE = "RowQkvAttention"  # the same over a packed qkv row, split and rotated (RoPE) in the op
+SWIGLU_OP_TYPE = "RowSwiGLU"  # the gated MLP's (g / (1 + exp(-g))) * u over the packed gate/up row
 
 
 def new_keys(t_len: int, tree_mask: np.ndarray | None) -> list[list[int]]:

@@ -43,7 +43,7 @@ struct V1 {
   static T div(T a, T b) { return a / b; }
   static T max(T a, T b) { return a > b ? a : b; }  // vmaxps: the second operand unless a > b
   static T min(T a, T b) { return a < b ? a : b; }  // vminps: the second operand unless a < b
-  static T pow2(T n) {  // 2^n, n integral in [-126, 0]
+  static T pow2(T n) {  // 2^n, n integral in [-126, 127]
     const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
     float f;
     std::memcpy(&f, &bits, 4);
@@ -52,14 +52,14 @@ struct V1 {
   static bool transpose(const float*, int64_t, int64_t, float*, int64_t) { return false; }
 };
 
-// exp(x) for x <= 0 (clamped to [-87, 0]): n = round(x log2 e), r = x - n ln 2 in two parts (Cephes),
-// a degree-7 polynomial, times 2^n. Only fma, mul, add, sub, min, max and an exact conversion: every
-// path rounds the same.
+// exp(x) for x <= hi (clamped to [-87, hi], hi 0 or 88): n = round(x log2 e), r = x - n ln 2 in two
+// parts (Cephes), a degree-7 polynomial, times 2^n. Only fma, mul, add, sub, min, max and an exact
+// conversion: every path rounds the same.
 template <class V>
-inline typename V::T vexp(typename V::T x) {
+inline typename V::T vexp(typename V::T x, float hi = 0.0f) {
   using T = typename V::T;
   x = V::max(x, V::set1(-87.0f));
-  x = V::min(x, V::set1(0.0f));
+  x = V::min(x, V::set1(hi));
   const T magic = V::set1(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer (half to even)
   const T n = V::sub(V::fma(x, V::set1(1.44269504088896341f), magic), magic);
   T r = V::fma(n, V::set1(-0.693359375f), x);
@@ -301,6 +301,28 @@ struct Kern {
     }
   }
 };
+
+// RowSwiGLU's rows (attention.h SwiGluFn): vectors of W, the tail one by one.
+template <class V>
+void swiglu(const float* x, int64_t inter, int64_t r0, int64_t r1, float* y) {
+  using T = typename V::T;
+  const T one = V::set1(1.0f), zero = V::zero();
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* g = x + r * 2 * inter;
+    const float* u = g + inter;
+    float* o = y + r * inter;
+    int64_t i = 0;
+    for (; i + V::W <= inter; i += V::W) {
+      const T gv = V::load(g + i);
+      const T s = V::div(gv, V::add(one, vexp<V>(V::sub(zero, gv), 88.0f)));
+      V::store(o + i, V::mul(s, V::load(u + i)));
+    }
+    for (; i < inter; ++i) {
+      const float s = g[i] / (1.0f + vexp<V1>(0.0f - g[i], 88.0f));
+      o[i] = s * u[i];
+    }
+  }
+}
 
 // Per calling thread, grown once.
 struct AttnScratch {

@@ -18,6 +18,10 @@
 //   rot(x) sin per element, fp32, no FMA): one node for a layer's split, rotations and attention;
 //   K (rotated) and V are the rows the engine commits.
 //
+//   Y[..., I] = RowSwiGLU(X[..., 2I])   attribute: inter (I). y = (g / (1 + exp(-g))) * u for the
+//   halves g, u of X (the gated MLP's SiLU and product), with the attention's exp: one node for a
+//   layer's Split, QuickGelu and Mul, every path the same bits.
+//
 // The instruction-set path is chosen when a session registers the library: the best this CPU runs,
 // or the one EDGESPEC_ROWOP_ISA names (portable, avx2, avxvnni, avx512vnni; refused where the CPU
 // lacks it). Threads: ONNX Runtime's intra-op pool (KernelContext_ParallelFor) splits the panels.
@@ -43,6 +47,8 @@ constexpr const char* kDomain = "edgespec.rowop";
 constexpr const char* kOpType = "RowMatMul";
 constexpr const char* kAttnType = "RowAttention";
 constexpr const char* kQkvType = "RowQkvAttention";
+constexpr const char* kSwiGluType = "RowSwiGLU";
+constexpr int64_t kSwiGluSplit = 1 << 15;  // outputs of a call above which its rows run in parallel
 constexpr int64_t kAttnSplit = 1 << 16;  // query row x key x D products of a call above which the heads run in parallel
 constexpr int64_t kQuantizeSplit = 1 << 15;  // inputs of a call above which the rows are quantized in parallel
 
@@ -571,7 +577,85 @@ OrtStatus* ORT_API_CALL infer_attn_shape(const OrtCustomOp* op, OrtShapeInferCon
   return infer_like_input0(ctx, v[1] * v[2], 2);
 }
 
+// ---- RowSwiGLU ----
+struct SwiGluOp : OrtCustomOp {
+  const AttnIsa* isa = nullptr;
+};
+
+struct SwiGluKernel {
+  int64_t inter;
+  const AttnIsa* isa;
+};
+
+OrtStatus* ORT_API_CALL create_swiglu_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
+                                             void** out) {
+  int64_t inter = 0;
+  ROWOP_TRY(api->KernelInfoGetAttribute_int64(info, "inter", &inter));
+  if (inter <= 0) return error(std::string(kSwiGluType) + ": inter must be positive");
+  *out = new SwiGluKernel{inter, static_cast<const SwiGluOp*>(op)->isa};
+  return nullptr;
+}
+
+struct SwiGluJob {
+  const SwiGluKernel* k;
+  const float* x;
+  float* y;
+  int64_t rows, tasks;
+};
+
+void swiglu_job(void* p, size_t t) {
+  const SwiGluJob& j = *static_cast<const SwiGluJob*>(p);
+  const int64_t r0 = j.rows * static_cast<int64_t>(t) / j.tasks, r1 = j.rows * static_cast<int64_t>(t + 1) / j.tasks;
+  j.k->isa->swiglu(j.x, j.k->inter, r0, r1, j.y);
+}
+
+OrtStatus* ORT_API_CALL swiglu_compute(void* kernel, OrtKernelContext* ctx) {
+  const SwiGluKernel& K = *static_cast<const SwiGluKernel*>(kernel);
+  const OrtApi* api = g_api;
+  const OrtValue* xv = nullptr;
+  ROWOP_TRY(api->KernelContext_GetInput(ctx, 0, &xv));
+  std::vector<int64_t> dims;
+  int64_t count = 0;
+  ROWOP_TRY(tensor_dims(xv, &dims, &count));
+  if (dims.empty() || dims.back() != 2 * K.inter) {
+    return error(std::string(kSwiGluType) + ": the input's last dimension must be 2 inter = " +
+                 std::to_string(2 * K.inter));
+  }
+  dims.back() = K.inter;
+  OrtValue* yv = nullptr;
+  ROWOP_TRY(api->KernelContext_GetOutput(ctx, 0, dims.data(), dims.size(), &yv));
+  void *xp = nullptr, *yp = nullptr;
+  ROWOP_TRY(api->GetTensorMutableData(const_cast<OrtValue*>(xv), &xp));
+  ROWOP_TRY(api->GetTensorMutableData(yv, &yp));
+  const int64_t rows = count / (2 * K.inter);
+  if (rows == 0) return nullptr;
+  SwiGluJob job{&K, static_cast<const float*>(xp), static_cast<float*>(yp), rows, 1};
+  if (rows * K.inter >= kSwiGluSplit) job.tasks = std::min(rows, 2 * workers());
+  if (job.tasks > 1) {
+    OrtStatus* st = api->KernelContext_ParallelFor(ctx, swiglu_job, static_cast<size_t>(job.tasks), 0, &job);
+    if (st == nullptr) return nullptr;
+    api->ReleaseStatus(st);
+  }
+  for (int64_t t = 0; t < job.tasks; ++t) swiglu_job(&job, static_cast<size_t>(t));
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL infer_swiglu_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  const OrtApi* api = g_api;
+  const OrtOpAttr* attr = nullptr;
+  ROWOP_TRY(api->ShapeInferContext_GetAttribute(ctx, "inter", &attr));
+  int64_t inter = 0;
+  size_t got = 0;
+  ROWOP_TRY(api->ReadOpAttr(attr, ORT_OP_ATTR_INT, &inter, sizeof(inter), &got));
+  return infer_like_input0(ctx, inter);
+}
+
 void ORT_API_CALL destroy_kernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
+void ORT_API_CALL destroy_swiglu_kernel(void* kernel) { delete static_cast<SwiGluKernel*>(kernel); }
+const char* ORT_API_CALL swiglu_name(const OrtCustomOp*) { return kSwiGluType; }
+ONNXTensorElementDataType ORT_API_CALL float_type(const OrtCustomOp*, size_t) {
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
 void ORT_API_CALL destroy_attn_kernel(void* kernel) { delete static_cast<AttnKernel*>(kernel); }
 bool is_qkv(const OrtCustomOp* op) { return static_cast<const AttnOp*>(op)->qkv; }
 const char* ORT_API_CALL attn_name(const OrtCustomOp* op) { return is_qkv(op) ? kQkvType : kAttnType; }
@@ -657,10 +741,38 @@ AttnOp make_attn_op(const Isa* isa, bool qkv) {
   return op;
 }
 
+SwiGluOp make_swiglu_op(const Isa* isa) {
+  SwiGluOp op;
+  std::memset(static_cast<OrtCustomOp*>(&op), 0, sizeof(OrtCustomOp));
+  op.version = ORT_API_VERSION;
+  op.GetName = swiglu_name;
+  op.GetExecutionProviderType = op_provider;
+  op.GetInputType = float_type;
+  op.GetInputTypeCount = output_count;  // 1
+  op.GetOutputType = output_type;
+  op.GetOutputTypeCount = output_count;
+  op.KernelDestroy = destroy_swiglu_kernel;
+  op.GetInputCharacteristic = required;
+  op.GetOutputCharacteristic = required;
+  op.GetInputMemoryType = mem_type;
+  op.GetVariadicInputMinArity = one;
+  op.GetVariadicInputHomogeneity = zero;
+  op.GetVariadicOutputMinArity = one;
+  op.GetVariadicOutputHomogeneity = zero;
+  op.CreateKernelV2 = create_swiglu_kernel;
+  op.KernelComputeV2 = swiglu_compute;
+  op.InferOutputShapeFn = infer_swiglu_shape;
+  op.GetStartVersion = one;
+  op.GetEndVersion = end_version;
+  op.isa = attention_of(isa);
+  return op;
+}
+
 // The ops and one domain per path, made on first use and kept for the process (ONNX Runtime
 // requires them to outlive every session that registered them).
 RowOp g_ops[4];
 AttnOp g_attn_ops[4], g_qkv_ops[4];
+SwiGluOp g_swiglu_ops[4];
 OrtCustomOpDomain* g_domains[4] = {};
 std::mutex g_mutex;
 
@@ -685,11 +797,13 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
       g_ops[slot] = make_op(isa);
       g_attn_ops[slot] = make_attn_op(isa, false);
       g_qkv_ops[slot] = make_attn_op(isa, true);
+      g_swiglu_ops[slot] = make_swiglu_op(isa);
       OrtCustomOpDomain* domain = nullptr;
       if (OrtStatus* st = api->CreateCustomOpDomain(kDomain, &domain)) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_ops[slot])) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_attn_ops[slot])) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_qkv_ops[slot])) return st;
+      if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_swiglu_ops[slot])) return st;
       g_domains[slot] = domain;
     }
   }

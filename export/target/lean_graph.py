@@ -325,6 +325,18 @@ class LeanOps(LayerOps):
         out, k, v = (outs, rows[1], rows[2]) if len(rows) == 3 else outs  # out: [1, T, Hq*D]
         return self.linear(b, self.pad_rows(b, ctx, out, p + "/ctx_rows"), f"l{i}.o"), k, v
 
+    def mlp(self, b: GraphBuilder, i: int, h: str, name: str, names=None, sized: bool = True) -> str:
+        """The row kernel's flavour with SwiGLU: the gate/up Split, SiLU and product as one RowSwiGLU
+        node of edgespec's library (its own exp, every path the same bits); else LayerOps.mlp."""
+        if not (self.row_attention and self.arch.mlp_act == "silu"):
+            return super().mlp(b, i, h, name, *([names] if names else []), sized=sized)
+        from edgespec.engines.rowop import DOMAIN
+        from edgespec.engines.rowop.attention import SWIGLU_OP_TYPE
+
+        gu = self.linear(b, h, f"l{i}.gate_up")  # [1, T, 2I]
+        act = b.op(SWIGLU_OP_TYPE, [gu], f"{name}/{SWIGLU_OP_TYPE}", domain=DOMAIN, inter=self.arch.intermediate_size)
+        return self.linear(b, act, f"l{i}.down")
+
     def kv_rows(self, b: GraphBuilder, k: str, v: str, name: str) -> list[str]:
         return [k, v]
 
