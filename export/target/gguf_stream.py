@@ -8,9 +8,9 @@ per tensor and checked against it bitwise (tests/test_stream_export.py):
     own tensor name map for the architecture (gguf.get_tensor_name_map), the suffix put back;
     tensors no parameter maps to are not read (llama 3's rope_freqs: IGNORED);
   - values: gguf.quants.dequantize of the tensor's bytes, float32 (F16 and BF16 widened exactly);
-  - llama (and so Mistral, which llama.cpp files as llama): attn_q and attn_k rows un-permuted from
-    llama.cpp's rotary layout, reshape(heads, rows / heads / 2, 2, K).swapaxes(1, 2), heads the
-    header's attention.head_count (q) and attention.head_count_kv (k);
+  - llama (a Mistral GGUF, which transformers reads as mistral, is not streamed): attn_q and attn_k
+    rows un-permuted from llama.cpp's rotary layout, reshape(heads, rows / heads / 2, 2,
+    K).swapaxes(1, 2), heads the header's attention.head_count (q) and attention.head_count_kv (k);
   - gemma3: every tensor named *norm.weight stored as 1 + w, loaded as (1 + w) - 1 in float32 (the
     writer adds the 1 back, in float32, as it does on the transformers path).
 The config is transformers' own (AutoConfig with gguf_file: the one the loaded model would have).

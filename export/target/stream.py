@@ -151,11 +151,11 @@ class StreamingWriter(LlamaGraphWriter):
             used = self._store_packed(name, w, tied, parts, kept)
         elif any(b is not None for b, _ in kept):
             used = self._store_kept(name, w, parts, kept)
-        elif type(lin) in (Linears, RowLinears) and not bits and not tied:
-            used = self._store_float(name, w, parts, kept, hf_names)
+        elif type(lin) in (Linears, RowLinears) and not bits:
+            used = self._store_float(name, w, parts, kept, hf_names, tied)
         elif type(lin) in (Linears, IntegerLinears) and bits:
             used = self._store_requantized(name, w, tied, parts)
-        else:  # a tied float LM head (the embedding itself: nothing stored)
+        else:  # linears of another kind: stored whole
             used = lin.store_linear(name, w, tied, parts=parts)
             _check_used(name, w, used, bits, self.dtype)
         if self.sink is not None:
@@ -341,18 +341,22 @@ class StreamingWriter(LlamaGraphWriter):
         lin.shapes[name] = w.shape
         return np.concatenate(used) if used else None
 
-    def _store_float(self, name: str, w: np.ndarray, parts, kept, hf_names: list[str]) -> np.ndarray | None:
+    def _store_float(self, name: str, w: np.ndarray, parts, kept, hf_names: list[str], tied: bool) -> np.ndarray | None:
         """A float linear (fp32, fp16), stored [in, out] as Linears stores it, appended to the spool
         a block of its input columns at a time (each a block of the stored array's rows): no whole
-        transposed copy. check_floats compares the file's bytes with the checkpoint afterwards."""
+        transposed copy. check_floats compares the file's bytes with the checkpoint afterwards. A
+        tied LM head stores nothing (its Gemm reads the embedding, which check_floats compares)."""
         lin, store = self.linears, self.store
         lin.record(parts, kept, 0)
+        lin.shapes[name] = w.shape
+        if tied:
+            lin.tied.add(name)
+            return w.astype(self.dtype) if self.sink is not None else None
         n_out, n_in = w.shape
         step = max(1, CHUNK_BYTES // (4 * n_out))
         for k0 in range(0, n_in, step):
             store.append(name, np.ascontiguousarray(w[:, k0 : k0 + step].T).astype(self.dtype))
         store.finish(name, (n_in, n_out), self.dtype)
-        lin.shapes[name] = w.shape
         self.float_linears[name] = hf_names
         return w.astype(self.dtype) if self.sink is not None else None
 
