@@ -1,4 +1,6 @@
 // Helpers the instruction-set paths share: record offsets, fp16 scales, the portable quantization.
+// static: each path's object file keeps its own copy, compiled with its own -m flags (an inline
+// function would be one weak symbol, and the linker could hand the portable path the AVX2 copy).
 #pragma once
 
 #include <cstring>
@@ -12,12 +14,12 @@ namespace rowop {
 // together, ahead of use, instead of one load miss after another); 4-bit and in-cache: no change.
 constexpr int kPrefetch = 4096;
 
-inline void prefetch_record(const uint8_t* p, int bytes) {
+static inline void prefetch_record(const uint8_t* p, int bytes) {
   for (int off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
 // fp16 -> fp32, exact (the vector paths convert with F16C / AVX-512, also exact).
-inline float half_to_float(uint16_t h) {
+static inline float half_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1Fu;
   uint32_t man = h & 0x3FFu;
@@ -42,7 +44,7 @@ inline float half_to_float(uint16_t h) {
 }
 
 // Scales (or mins) of one record, 16 of them, as fp32.
-inline void load_scales(const uint8_t* p, bool f16, float* out) {
+static inline void load_scales(const uint8_t* p, bool f16, float* out) {
   if (f16) {
     for (int i = 0; i < kPanel; ++i) {
       uint16_t h;
@@ -55,7 +57,7 @@ inline void load_scales(const uint8_t* p, bool f16, float* out) {
 }
 
 // Rows [r0, r1) of x, one block at a time, by the scalar definition (rowop.h).
-inline void quantize_rows_scalar(const float* x, int64_t k, int bs, int zp, int64_t m, int64_t r0, int64_t r1,
+static inline void quantize_rows_scalar(const float* x, int64_t k, int bs, int zp, int64_t m, int64_t r0, int64_t r1,
                                  int8_t* xq, float* s, int32_t* xsum, float* xsumf, int32_t* zsum) {
   const int64_t nb = k / bs;
   for (int64_t r = r0; r < r1; ++r) {
