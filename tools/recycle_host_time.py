@@ -78,8 +78,9 @@ def main() -> None:
         label = f"{drafter} {'tree ' + tree if tree else 'chain k<=8'}{' adaptive' if adaptive else ''}"
         label += "".join(f" {k}={v}" for k, v in more.items())
         print(
-            f"{label}: update {(obs.s + acc.s) * 1e3 / max(obs.n, 1):.3f} ms/step (verify rows "
-            f"{obs.ms():.3f} + committed {acc.ms(obs.n):.3f}), draft {draft.ms():.3f} ms/step over {draft.n} steps; "
+            f"{label}: update {(obs.s + acc.s) * 1e3 / max(obs.n, 1):.3f} ms/step (observe "
+            f"{obs.ms():.3f} + accepted {acc.ms(obs.n):.3f}: committed rows, merged's calibration), "
+            f"draft {draft.ms():.3f} ms/step over {draft.n} steps; "
             f"width {np.mean(widths):.2f}, tokens/call {np.mean(tpc):.2f}; table {t.nbytes / 2**20:.1f} MiB"
         )
 
