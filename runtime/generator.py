@@ -234,7 +234,7 @@ class Generator(TextAPI):
                 times = []
                 for _ in range(repeats + 1):  # the first run warms up
                     t0 = time.perf_counter()
-                    tgt.forward(probe[:w], 0)
+                    tgt.forward(probe[:w], 0, logits=False)  # as a greedy verify runs (a GPU keeps them)
                     times.append(time.perf_counter() - t0)
                 cache[w] = float(np.median(times[1:]))
         self._tgt_valid = 0  # the probes wrote nothing, but do not trust a prefix across them
