@@ -326,6 +326,7 @@ class Generator(TextAPI):
             tap=self.tap,
             give_next=self._give_next,
             seen=functools.partial(self.drafter.observe_prefill, self.target, seq),
+            seen_logits=self.drafter.needs_logits,
         )
         if sampling.repetition_penalty != 1.0:
             last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]

@@ -15,6 +15,7 @@ def prefill(
     tap=None,
     give_next=None,
     seen=None,
+    seen_logits: bool = False,
 ) -> tuple[int, np.ndarray | None]:
     """Run tokens through an engine in chunks of its widest graph (the last chunk padded) and
     commit them; return (new past length, logits [V] of the last token, None if no tokens).
@@ -27,7 +28,8 @@ def prefill(
     takes them (its `give_next`). tap: called per chunk with (past, logits [n, V], hidden [n, H],
     hidden_aux [n, A] or None) of its committed rows (Generator.tap). seen: called per chunk with
     (past, n, logits [n', V]) right after its call (the drafter's `observe_prefill`: a recycle table
-    reads the chunk's rows)."""
+    reads the chunk's rows); seen_logits: it reads the logits (else it gets None before the last chunk:
+    on a GPU the other chunks' [n, V] logits then stay on the device)."""
     widest = max(engine.widths)
     logits = None
     for i in range(0, len(tokens), widest):
@@ -36,8 +38,9 @@ def prefill(
             give_next(tokens[i + 1 : i + 1 + widest])
         if features is not None:
             logits = engine.forward(chunk, past, features=features[i : i + widest])
-        else:
-            logits = engine.forward(chunk, past)
+        else:  # only the last chunk's last row is returned; the others' logits only for a reader
+            need = i + widest >= len(tokens) or tap is not None or seen_logits
+            logits = engine.forward(chunk, past, logits=need)
         engine.commit(past, len(chunk))
         if seen is not None:
             seen(past, len(chunk), logits)
