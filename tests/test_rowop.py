@@ -4,6 +4,9 @@ not depend on how many rows share the call (widths 1..16 and 64), and a tiny mod
 --int4-kernel rowop decodes speculatively exactly as it decodes plainly."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,6 +45,13 @@ LAYOUTS = [
     for zp, mins in (("none", False), ("uniform", False), ("block", False), ("none", True), ("block", True))
     for f16 in (False, True)
 ]
+
+
+# Layouts in the order a GGUF model's linears meet them on one thread (every RowMatMul shares the
+# thread's buffers for the quantized rows): 8-bit blocks of 16 (Q6_K, the widest of a Q4_1 q/k and
+# Q6_K v qkv) at K=256, then blocks of 32 with as many cells per row and twice the bytes (K=512).
+CHAIN = [((8, 16, "none", False, True), 256, 512), ((4, 32, "none", True, True), 512, 256)]
+CHAIN += [((8, 16, "block", True, False), 256, 512), ((8, 32, "uniform", False, True), 512, 24)]
 
 
 def rows(m=64, k=96, seed=1):
@@ -96,6 +106,62 @@ def test_every_path_is_the_reference_bitwise(path):
         want = rowop.reference(x, p)
         got = rowop.matmul(x, p, path)
         assert np.array_equal(got, want), f"{path} {spec}: max |diff| {np.abs(got - want).max():.3g}"
+
+
+@needs_op
+@pytest.mark.parametrize("path", rowop.PATHS)
+def test_every_path_after_blocks_of_16(path):
+    """Blocks of 32 after blocks of 16 with as many cells: the buffers hold each call's bytes."""
+    if not rowop.cpu_runs(path):
+        pytest.skip(f"this CPU does not run the {path} path")
+    for m in (64, 9, 128):
+        for spec, k, n in CHAIN[:2]:
+            p, x = layout(*spec, n=n, k=k), rows(m=m, k=k)
+            assert np.array_equal(rowop.matmul(x, p, path), rowop.reference(x, p)), (path, spec, k, m)
+
+
+CHAIN_SCRIPT = """
+import sys
+import numpy as np, onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+from test_rowop import CHAIN, layout, rows
+from edgespec.engines import rowop
+
+packed = [layout(*spec, n=n, k=k, seed=i) for i, (spec, k, n) in enumerate(CHAIN[: int(sys.argv[1])])]
+names = ["x"] + [f"h{i}" for i in range(len(packed))]
+nodes = [helper.make_node(rowop.OP_TYPE, [names[i], f"w{i}"], [names[i + 1]], domain=rowop.DOMAIN, **p.attrs)
+         for i, p in enumerate(packed)]
+graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", 256])],
+    [helper.make_tensor_value_info(names[-1], TensorProto.FLOAT, None)],
+    [numpy_helper.from_array(p.data, f"w{i}") for i, p in enumerate(packed)])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
+so = ort.SessionOptions()
+so.intra_op_num_threads = 2
+rowop.register(so)
+sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+for m in (64, 9, 128, 64):
+    want = rows(m=m, k=256)
+    for p in packed:
+        want = rowop.reference(want, p)
+    for _ in range(3):
+        assert np.array_equal(sess.run(None, {"x": rows(m=m, k=256)[None]})[0][0], want), m
+print("chain ok")
+"""
+
+
+@needs_op
+@pytest.mark.parametrize("n_nodes", [2, 4])
+def test_a_graph_of_mixed_block_sizes_keeps_the_heap(n_nodes):
+    """A tiny GGUF's layers in ONNX Runtime: a blocks-of-16 qkv, then blocks-of-32 linears
+    (the thread's row buffers, sized by block cells alone, would take the second node's writes past
+    their end: free(): invalid size). In a child process: a corrupted heap fails this test, not the run."""
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", CHAIN_SCRIPT, str(n_nodes)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0 and "chain ok" in r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
 
 
 def _session(p, path: str):

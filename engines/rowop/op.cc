@@ -133,13 +133,29 @@ struct Kernel {
   const Isa* isa;
 };
 
-// Per calling thread, grown once: a call's quantized rows (the pool's workers read them).
+// Per calling thread, grown once: a call's quantized rows (the pool's workers read them). Shared by
+// every RowMatMul node (and session) the thread runs, whatever their layouts.
 struct Scratch {
-  std::vector<int8_t> xq;
-  std::vector<float> s, xsumf;
+  std::vector<int8_t> xq;  // [m * K]: bytes per cell are the block size
+  std::vector<float> s, xsumf;  // [m * K / bs] cells
   std::vector<int32_t> xsum, zsum;
 };
 thread_local Scratch t_scratch;
+
+// The buffers for m rows of layout L, each grown to its own need: the cells and the bytes of a call
+// do not grow together (blocks of 16 have twice the cells of blocks of 32 for the same bytes), so
+// sizing xq by the cells alone lets a blocks-of-32 call write past what a blocks-of-16 call left.
+Rows scratch_rows(Scratch& sc, const Layout& L, int64_t m) {
+  const size_t cells = static_cast<size_t>(m * L.blocks()), bytes = cells * static_cast<size_t>(L.bs);
+  if (sc.xq.size() < bytes) sc.xq.resize(bytes);
+  if (sc.s.size() < cells) {
+    sc.s.resize(cells);
+    sc.xsumf.resize(cells);
+    sc.xsum.resize(cells);
+    sc.zsum.resize(cells);
+  }
+  return Rows{m, L.blocks(), L.bs, sc.xq.data(), sc.s.data(), sc.xsum.data(), sc.xsumf.data(), sc.zsum.data()};
+}
 
 OrtStatus* error(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str()); }
 
@@ -262,17 +278,9 @@ OrtStatus* ORT_API_CALL compute(void* kernel, OrtKernelContext* ctx) {
   if (m == 0) return nullptr;
 
   Scratch& sc = t_scratch;
-  const size_t cells = static_cast<size_t>(m * L.blocks());
-  if (sc.s.size() < cells) {
-    sc.xq.resize(cells * L.bs);
-    sc.s.resize(cells);
-    sc.xsumf.resize(cells);
-    sc.xsum.resize(cells);
-    sc.zsum.resize(cells);
-  }
-  Job job{&K, static_cast<const float*>(xp), static_cast<const uint8_t*>(wp), static_cast<float*>(yp), Rows{},
+  const Rows rows = scratch_rows(sc, L, m);
+  Job job{&K, static_cast<const float*>(xp), static_cast<const uint8_t*>(wp), static_cast<float*>(yp), rows,
           sc.xq.data(), sc.s.data(), sc.xsumf.data(), sc.xsum.data(), sc.zsum.data(), m, 1};
-  job.rows = Rows{m, L.blocks(), L.bs, sc.xq.data(), sc.s.data(), sc.xsum.data(), sc.xsumf.data(), sc.zsum.data()};
   parallel(ctx, quantize_task, &job, m * L.k >= kQuantizeSplit ? std::min(m, workers()) : 1);
   parallel(ctx, panels_task, &job, std::min(L.panels(), 4 * workers()));
   return nullptr;
@@ -845,12 +853,11 @@ int edgespec_rowop_matmul(const char* name, const int64_t* attrs, const float* x
   L.mins = attrs[5] != 0;
   L.f16 = attrs[6] != 0;
   if (isa == nullptr || !check_layout(L).empty()) return -1;
-  const size_t cells = static_cast<size_t>(m * L.blocks());
-  std::vector<int8_t> xq(cells * L.bs);
-  std::vector<float> s(cells), xsumf(cells);
-  std::vector<int32_t> xsum(cells), zsum(cells);
-  isa->quantize(x, L.k, L.bs, L.zp, m, 0, m, xq.data(), s.data(), xsum.data(), xsumf.data(), zsum.data());
-  const Rows rows{m, L.blocks(), L.bs, xq.data(), s.data(), xsum.data(), xsumf.data(), zsum.data()};
+  if (m == 0) return 0;
+  Scratch& sc = t_scratch;  // the op's own buffers, grown as the op grows them (the tests' layouts in turn)
+  const Rows rows = scratch_rows(sc, L, m);
+  isa->quantize(x, L.k, L.bs, L.zp, m, 0, m, sc.xq.data(), sc.s.data(), sc.xsum.data(), sc.xsumf.data(),
+                sc.zsum.data());
   isa->panels(L, w, rows, 0, m, 0, L.panels(), y, L.n);
   return 0;
 }
