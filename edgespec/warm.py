@@ -49,8 +49,9 @@ def paragraphs(files, keep_out=()) -> tuple[list[str], int]:
     return kept, dropped
 
 
-def warm(folder: str, files, max_tokens: int = 200_000, keep_out=(), out=sys.stderr) -> Path:
-    """Prefill the corpus through the folder's target into its recycle table; the table's file."""
+def warm(folder: str, files, max_tokens: int = 200_000, keep_out=(), out=None) -> Path:
+    """Prefill the corpus through the folder's target into its recycle table; the table's file.
+    out: where the summary line goes (None: sys.stderr at call time, so a redirected stderr gets it)."""
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.drafters.recycle import WARM_FILE
     from edgespec.runtime.generator import Generator
@@ -73,7 +74,7 @@ def warm(folder: str, files, max_tokens: int = 200_000, keep_out=(), out=sys.std
         f"edgespec warm: {len(ids)} tokens of {len(texts)} paragraphs ({dropped} left out: an eval prompt's "
         f"8-word window) in {time.perf_counter() - t0:.0f} s; {table.seen} rows -> {path} "
         f"({table.nbytes / 2**20:.1f} MiB)",
-        file=out,
+        file=out if out is not None else sys.stderr,
     )
     return path
 

@@ -364,7 +364,7 @@ def test_warm_fills_the_folder_table_and_refuses_eval_files(tiny_engine, tmp_pat
         warm(str(tiny_engine), ["tools/prompts/drafts_eval.jsonl"])
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog.\n\n" * 20)
-    path = warm(str(tiny_engine), [str(corpus)], out=io.StringIO())  # (its default out is the stderr of its import)
+    path = warm(str(tiny_engine), [str(corpus)], out=io.StringIO())
     try:
         assert path == tiny_engine / WARM_FILE and path.exists()
         g = Generator.load(tiny_engine, RuntimeConfig(drafter="recycle", k=4))
