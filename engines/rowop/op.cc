@@ -694,56 +694,51 @@ int ORT_API_CALL zero(const OrtCustomOp*) { return 0; }
 int ORT_API_CALL one(const OrtCustomOp*) { return 1; }
 int ORT_API_CALL end_version(const OrtCustomOp*) { return 2147483647; }
 
-RowOp make_op(const Isa* isa) {
-  RowOp op;
-  std::memset(static_cast<OrtCustomOp*>(&op), 0, sizeof(OrtCustomOp));
+// What every op of the library sets alike: the API version, the CPU provider, float outputs, no
+// variadic arguments, any opset; the rest zero.
+void base_op(OrtCustomOp& op) {
+  std::memset(&op, 0, sizeof(OrtCustomOp));
   op.version = ORT_API_VERSION;
-  op.GetName = op_name;
   op.GetExecutionProviderType = op_provider;
-  op.GetInputType = input_type;
-  op.GetInputTypeCount = input_count;
   op.GetOutputType = output_type;
-  op.GetOutputTypeCount = output_count;
-  op.KernelDestroy = destroy_kernel;
-  op.GetInputCharacteristic = required;
   op.GetOutputCharacteristic = required;
   op.GetInputMemoryType = mem_type;
   op.GetVariadicInputMinArity = one;
   op.GetVariadicInputHomogeneity = zero;
   op.GetVariadicOutputMinArity = one;
   op.GetVariadicOutputHomogeneity = zero;
+  op.GetStartVersion = one;
+  op.GetEndVersion = end_version;
+}
+
+RowOp make_op(const Isa* isa) {
+  RowOp op;
+  base_op(op);
+  op.GetName = op_name;
+  op.GetInputType = input_type;
+  op.GetInputTypeCount = input_count;
+  op.GetOutputTypeCount = output_count;
+  op.KernelDestroy = destroy_kernel;
+  op.GetInputCharacteristic = required;
   op.CreateKernelV2 = create_kernel;
   op.KernelComputeV2 = compute;
   op.InferOutputShapeFn = infer_shape;
-  op.GetStartVersion = one;
-  op.GetEndVersion = end_version;
   op.isa = isa;
   return op;
 }
 
 AttnOp make_attn_op(const Isa* isa, bool qkv) {
   AttnOp op;
-  std::memset(static_cast<OrtCustomOp*>(&op), 0, sizeof(OrtCustomOp));
-  op.version = ORT_API_VERSION;
+  base_op(op);
   op.GetName = attn_name;
-  op.GetExecutionProviderType = op_provider;
   op.GetInputType = attn_input_type;
   op.GetInputTypeCount = attn_input_count;
-  op.GetOutputType = output_type;
   op.GetOutputTypeCount = attn_output_count;
   op.KernelDestroy = destroy_attn_kernel;
   op.GetInputCharacteristic = attn_input_required;
-  op.GetOutputCharacteristic = required;
-  op.GetInputMemoryType = mem_type;
-  op.GetVariadicInputMinArity = one;
-  op.GetVariadicInputHomogeneity = zero;
-  op.GetVariadicOutputMinArity = one;
-  op.GetVariadicOutputHomogeneity = zero;
   op.CreateKernelV2 = create_attn_kernel;
   op.KernelComputeV2 = attn_compute;
   op.InferOutputShapeFn = infer_attn_shape;
-  op.GetStartVersion = one;
-  op.GetEndVersion = end_version;
   op.isa = attention_of(isa);
   op.qkv = qkv;
   return op;
@@ -751,27 +746,16 @@ AttnOp make_attn_op(const Isa* isa, bool qkv) {
 
 SwiGluOp make_swiglu_op(const Isa* isa) {
   SwiGluOp op;
-  std::memset(static_cast<OrtCustomOp*>(&op), 0, sizeof(OrtCustomOp));
-  op.version = ORT_API_VERSION;
+  base_op(op);
   op.GetName = swiglu_name;
-  op.GetExecutionProviderType = op_provider;
   op.GetInputType = float_type;
   op.GetInputTypeCount = output_count;  // 1
-  op.GetOutputType = output_type;
   op.GetOutputTypeCount = output_count;
   op.KernelDestroy = destroy_swiglu_kernel;
   op.GetInputCharacteristic = required;
-  op.GetOutputCharacteristic = required;
-  op.GetInputMemoryType = mem_type;
-  op.GetVariadicInputMinArity = one;
-  op.GetVariadicInputHomogeneity = zero;
-  op.GetVariadicOutputMinArity = one;
-  op.GetVariadicOutputHomogeneity = zero;
   op.CreateKernelV2 = create_swiglu_kernel;
   op.KernelComputeV2 = swiglu_compute;
   op.InferOutputShapeFn = infer_swiglu_shape;
-  op.GetStartVersion = one;
-  op.GetEndVersion = end_version;
   op.isa = attention_of(isa);
   return op;
 }
