@@ -19,13 +19,17 @@ import numpy as np
 
 def width_table(folders: list[str], past: int, widths: list[int], repeats: int) -> dict[str, dict[int, float]]:
     import edgespec.runtime.drafters  # noqa: F401  (registers the drafter sections a folder ships)
+    from edgespec.engines.base import EngineError
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.engines.session import share_thread_pool
 
     # One thread pool for every folder, as the CLI runs: with a pool per session, each target's
     # threads spin after its call and steal the cores of the next folder's call (up to 2x on 2 cores).
-    share_thread_pool()
+    try:
+        share_thread_pool()
+    except EngineError:  # sessions exist already (called from a process that made them): keep their pools
+        pass
     engines = {}
     for f in folders:
         m = load_manifest(f)
