@@ -273,8 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_arguments(
         sub.add_parser(
             "warm",
-            help="fill a folder's recycle table from the target's prefill over a corpus (FOLDER/recycle.npz)",
-            description="Forward passes only; eval prompt files are refused (edgespec/warm.py).",
+            help="fill a folder's recycle table from the model's own answers or a corpus (FOLDER/recycle.npz)",
+            description="Fill FOLDER/recycle.npz, where every later Generator of the folder starts its recycle "
+            "table: --answers N has the folder answer N wide-mix chat prompts (greedy; e.g. 300, ~2 min for the "
+            "default model on 2 cores), --text prefills a corpus. Forward passes only, no training; prompts "
+            "sharing an 8-word window with an eval prompt are left out, eval prompt files refused "
+            "(edgespec/warm.py).",
         )
     )
     return parser

@@ -1,6 +1,12 @@
-"""`edgespec warm FOLDER --text FILE...`: fill a folder's recycle table from the target's own prefill
-over a corpus (forward passes only, no training), saved as FOLDER/recycle.npz, where every later
-Generator of that folder starts its table (runtime/drafters/recycle.py WARM_FILE).
+"""`edgespec warm FOLDER --answers N` / `--text FILE...`: fill a folder's recycle table from the
+target's own forward passes (no training), saved as FOLDER/recycle.npz, where every later Generator of
+that folder starts its table (runtime/drafters/recycle.py WARM_FILE).
+
+--answers N: the folder's Generator answers N chat prompts of the wide mix (export/train/wide_prompts.py:
+nine families, seeded), greedy, drafting from the table it fills: every prefill chunk and verify row
+writes the target's top-k into the table, so it holds what this model says next in its own answers
+(the text recycling meets at run time). --text: the target's prefill over a corpus (what it predicts
+in someone else's text). Both may be given; the answers come last, so their entries win.
 
 The eval prompt files (tools/prompts/*.jsonl, HumanEval when installed: export/train/text_data.py
 eval_files) are refused outright, and any paragraph of the corpus that shares an 8-word window with
@@ -22,7 +28,19 @@ class WarmError(ValueError):
 
 def add_arguments(p) -> None:
     p.add_argument("folder", help="engine folder whose table to fill (written to FOLDER/recycle.npz)")
-    p.add_argument("--text", nargs="+", required=True, metavar="FILE", help="plain-text corpus files")
+    p.add_argument(
+        "--answers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="answer N chat prompts of the wide mix (nine families) and keep the target's rows; "
+        "300 take ~2 min on 2 cores for the 135M default (default 0)",
+    )
+    p.add_argument("--seed", type=int, default=301, help="which wide-mix prompts --answers draws (default %(default)s)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=160, help="answer length cap of --answers (default %(default)s)"
+    )
+    p.add_argument("--text", nargs="+", default=[], metavar="FILE", help="plain-text corpus files")
     p.add_argument(
         "--max-tokens", type=int, default=200_000, help="corpus tokens to prefill at most (default %(default)s)"
     )
@@ -49,36 +67,96 @@ def paragraphs(files, keep_out=()) -> tuple[list[str], int]:
     return kept, dropped
 
 
-def warm(folder: str, files, max_tokens: int = 200_000, keep_out=(), out=None) -> Path:
-    """Prefill the corpus through the folder's target into its recycle table; the table's file.
-    out: where the summary line goes (None: sys.stderr at call time, so a redirected stderr gets it)."""
+def answer_prompts(n: int, seed: int, keep_out=()) -> tuple[list[dict], int]:
+    """(the wide mix's first n chat rows sharing no 8-word window with an eval prompt, how many were dropped)."""
+    from edgespec.export.train.text_data import eval_windows, windows
+    from edgespec.export.train.wide_prompts import wide_prompts
+
+    blocked = eval_windows(tuple(keep_out))
+    rows = wide_prompts(n, seed)
+    kept = [r for r in rows if not windows("\n".join(m["content"] for m in r["messages"])) & blocked]
+    return kept, len(rows) - len(kept)
+
+
+def warm(
+    folder: str,
+    files=(),
+    max_tokens: int = 200_000,
+    keep_out=(),
+    out=None,
+    answers: int = 0,
+    seed: int = 301,
+    max_new_tokens: int = 160,
+) -> Path:
+    """Fill the folder's recycle table from the corpus's prefill, then from `answers` greedy answers to
+    wide-mix prompts; the table's file. out: where progress and the summary go (None: sys.stderr at
+    call time, so a redirected stderr gets it)."""
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.drafters.recycle import WARM_FILE
     from edgespec.runtime.generator import Generator
 
-    texts, dropped = paragraphs(files, keep_out)
-    if not texts:
+    out = out if out is not None else sys.stderr
+    if answers < 0 or max_new_tokens < 1:
+        raise WarmError(f"--answers {answers} / --max-new-tokens {max_new_tokens}: need answers >= 0 and a cap >= 1")
+    if not files and not answers:
+        raise WarmError("nothing to read: give --answers N (the model's own answers; e.g. 300) and/or --text FILE...")
+    texts, dropped = paragraphs(files, keep_out) if files else ([], 0)
+    if files and not texts:
         raise WarmError("no text left to read (every paragraph empty or sharing an 8-word window with an eval prompt)")
+    prompts, n_dropped = answer_prompts(answers, seed, keep_out) if answers else ([], 0)
+    # k=4 chains from the table being filled: greedy, so the answers are plain decoding's, only sooner
     g = Generator.load(folder, RuntimeConfig(drafter="recycle", k=1, adaptive=False))
+    k_max = max(w for w in g.target.widths if all(v in g.target.widths for v in range(2, w + 1))) - 1
+    if prompts and k_max > 1:
+        g.reconfigure(k=min(4, k_max))
+    if g.codec is None and (texts or prompts):
+        raise WarmError(f"{folder} has no tokenizer: warm reads text. Hint: re-export the folder with its tokenizer")
     table = g.drafter.recycle_table
-    window = g.target.max_len - 2
-    ids = np.concatenate([g.codec.encode(t + "\n\n") for t in texts])[:max_tokens]
     t0 = time.perf_counter()
-    for i in range(0, len(ids), window):
+    said = []
+    if texts:
+        window = g.target.max_len - 2
+        ids = np.concatenate([g.codec.encode(t + "\n\n") for t in texts])[:max_tokens]
+        for i in range(0, len(ids), window):
+            g.forget()
+            for _ in g.generate_ids(ids[i : i + window], 1):  # the prefill's rows go into the table
+                pass
+        said.append(
+            f"{len(ids)} tokens of {len(texts)} paragraphs ({dropped} left out: an eval prompt's 8-word window)"
+        )
+    n_answered = 0
+    for i, row in enumerate(prompts):
+        ids = g.codec.encode(row["messages"])
+        if len(ids) + max_new_tokens + max(g.target.widths) > g.target.max_len:
+            continue  # (a prompt too long for the folder's context: the next one)
         g.forget()
-        for _ in g.generate_ids(ids[i : i + window], 1):  # the prefill's rows go into the table
-            pass
+        n_answered += sum(len(c) for c in g.generate_ids(ids, max_new_tokens))
+        if (i + 1) % 50 == 0 or i + 1 == len(prompts):
+            el = time.perf_counter() - t0
+            left = el / (i + 1) * (len(prompts) - i - 1)
+            print(f"edgespec warm: {i + 1}/{len(prompts)} answers, {el:.0f} s, ~{left:.0f} s left", file=out)
+    if prompts:
+        said.append(
+            f"{n_answered} answer tokens to {len(prompts)} wide-mix prompts ({n_dropped} dropped: eval overlap)"
+        )
     path = g.manifest.path(WARM_FILE)
     table.save(path)
     print(
-        f"edgespec warm: {len(ids)} tokens of {len(texts)} paragraphs ({dropped} left out: an eval prompt's "
-        f"8-word window) in {time.perf_counter() - t0:.0f} s; {table.seen} rows -> {path} "
+        f"edgespec warm: {'; '.join(said)} in {time.perf_counter() - t0:.0f} s; {table.seen} rows -> {path} "
         f"({table.nbytes / 2**20:.1f} MiB)",
-        file=out if out is not None else sys.stderr,
+        file=out,
     )
     return path
 
 
 def run_command(a) -> int:
-    warm(a.folder, a.text, a.max_tokens, tuple(a.keep_out))
+    warm(
+        a.folder,
+        a.text,
+        a.max_tokens,
+        tuple(a.keep_out),
+        answers=a.answers,
+        seed=a.seed,
+        max_new_tokens=a.max_new_tokens,
+    )
     return 0

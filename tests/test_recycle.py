@@ -371,3 +371,24 @@ def test_warm_fills_the_folder_table_and_refuses_eval_files(tiny_engine, tmp_pat
         assert g.drafter.recycle_table.seen == 0 and (g.drafter.recycle_table.keys >= 0).sum() > 20
     finally:
         path.unlink()
+
+
+def test_warm_from_the_models_own_answers(tiny_engine):
+    from edgespec.runtime.drafters.recycle import WARM_FILE
+    from edgespec.warm import WarmError, warm
+
+    with pytest.raises(WarmError, match="--answers"):
+        warm(str(tiny_engine))
+    log = io.StringIO()
+    path = warm(str(tiny_engine), answers=6, max_new_tokens=12, out=log)
+    try:
+        assert "answer tokens to 6 wide-mix prompts" in log.getvalue() and path.name == WARM_FILE
+        g = Generator.load(tiny_engine, RuntimeConfig(drafter="recycle", k=4))
+        assert (g.drafter.recycle_table.keys >= 0).sum() > 20
+        plain = Generator.load(tiny_engine, RuntimeConfig(drafter="none"))
+        ids = plain.codec.encode([{"role": "user", "content": "hello there"}])
+        want = [int(t) for c in plain.generate_ids(ids, 24) for t in c]
+        assert [int(t) for c in g.generate_ids(ids, 24) for t in c] == want
+        assert g.last_stats.n_drafted > 0
+    finally:
+        path.unlink()
