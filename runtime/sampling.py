@@ -6,6 +6,7 @@ the processed distribution (temperature, top-k, top-p) and one draw from it. p (
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,7 +115,91 @@ def probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     return p
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+BLOCK = 256  # tokens per block of a draw: a row's block sums, then one block's running sum, not a 49k cumsum
+
+
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from p [V] by inverse CDF (one uniform, no allocation beyond the cumsum)."""
-    c = np.cumsum(p)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
+    """One draw from p [V] (unnormalised weights >= 0 will do) by inverse CDF over blocks of BLOCK
+    tokens: one uniform, the block sums' running sum, then one block's (no 49k-wide cumsum)."""
+    blocks = np.add.reduceat(p, np.arange(0, len(p), BLOCK))
+    return _draw(p, np.cumsum(blocks, dtype=np.float64), rng.random())
+
+
+def _draw(w: np.ndarray, cum: np.ndarray, u: float) -> int:
+    """The token of weights w [V] at fraction u in [0, 1) of their total, cum [nb] the running sum of
+    w's block sums. A token with zero weight is never drawn, even where rounding puts u * total past
+    the last block's or token's running sum (the last one with weight is taken then)."""
+    v = u * cum[-1]
+    b = int(np.searchsorted(cum, v, side="right"))
+    if b >= len(cum):
+        b = int(np.searchsorted(cum, cum[-1]))
+    lo = b * BLOCK
+    seg = np.cumsum(w[lo : lo + BLOCK], dtype=np.float64)  # [<= BLOCK]
+    i = int(np.searchsorted(seg, v - (cum[b - 1] if b else 0.0), side="right"))
+    if i >= len(seg):
+        i = int(np.searchsorted(seg, seg[-1]))
+    return lo + i
+
+
+class RowDist:
+    """One row's processed distribution as the verify walk and a plain draw read it: unnormalised
+    float32 weights w = exp((logits - max) / temperature), their block sums and total, written into
+    buffers that live as long as the workspace (no allocation per token). Rows are loaded one at a
+    time, as the walk reaches them: a rejected draft's row is the last one processed. Settings with
+    top-k / top-p, or a row with an infinite logit, go through probs() (float64) first."""
+
+    def __init__(self, vocab: int) -> None:
+        self.w = np.zeros(vocab, np.float32)  # [V] the loaded row's weights (zeroed tokens: removed)
+        self.starts = np.arange(0, vocab, BLOCK)  # [nb] first token of each block
+        self.blocks = np.zeros(len(self.starts), np.float32)  # [nb] each block's sum of w
+        self.cum = np.zeros(len(self.starts))  # [nb] their running sum (float64); cum[-1] the total
+        self.total = 0.0  # sum of w: p(x) = w[x] / total
+
+    def load(self, logits: np.ndarray, cfg: SamplingConfig) -> RowDist:
+        """The distribution of one row of logits [V] (float32 from an engine, float64 once penalised)."""
+        w, scale = self.w, 1.0 / cfg.temperature
+        mx = logits.max()
+        if cfg.top_k or cfg.top_p < 1.0 or not np.isfinite(mx) or scale > FLOAT32_MAX:
+            np.copyto(w, probs(logits, cfg), casting="same_kind")
+        else:  # one pass per operation, in place: the row's shift, scale and exp
+            with np.errstate(over="ignore"):  # a logit ~1e38 below the max: -inf, weight 0
+                np.subtract(logits, mx, out=w, casting="same_kind")
+                np.multiply(w, np.float32(scale), out=w)
+            np.exp(w, out=w)
+        np.add.reduceat(w, self.starts, out=self.blocks)
+        np.cumsum(self.blocks, dtype=np.float64, out=self.cum)
+        self.total = float(self.cum[-1])
+        return self
+
+    def p(self, x: int) -> float:
+        """The normalised probability of token x (0 once removed)."""
+        return float(self.w[x]) / self.total
+
+    def remove(self, x: int) -> None:
+        """Zero token x's weight (a rejected candidate): what is left is p with x's mass taken out,
+        renormalised implicitly by the smaller total. Its block is summed again, not decremented, so a
+        block whose tokens are all removed is exactly 0."""
+        if self.w[x] == 0.0:
+            return
+        self.w[x] = 0.0
+        b = x // BLOCK
+        self.blocks[b] = self.w[b * BLOCK : (b + 1) * BLOCK].sum()
+        np.cumsum(self.blocks, dtype=np.float64, out=self.cum)
+        self.total = float(self.cum[-1])
+
+    def draw(self, rng: np.random.Generator) -> int:
+        """One token from what is loaded (total must be > 0)."""
+        return _draw(self.w, self.cum, rng.random())
+
+
+_LOCAL = threading.local()
+
+
+def row_dist(vocab: int) -> RowDist:
+    """This thread's RowDist for a vocabulary size (made once, then reused: one row at a time)."""
+    cache = _LOCAL.__dict__.setdefault("dists", {})
+    d = cache.get(vocab)
+    if d is None:
+        d = cache[vocab] = RowDist(vocab)
+    return d

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
+from edgespec.runtime.sampling import SamplingConfig, penalize, probs, row_dist, sample
 from edgespec.runtime.state import Proposal, SeqState
 
 
@@ -81,24 +81,40 @@ def accept_sampled(
     cfg: SamplingConfig,
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """(n accepted, next token) by rejection sampling; dft_probs [m, V] or None (one-hot q)."""
-    p = probs(tgt_logits, cfg)  # [m+1, V]
+    """(n accepted, next token) by rejection sampling; dft_probs [m, V] or None (one-hot q). Only the
+    rows the walk reaches are processed, one at a time (a row's distribution: sampling.RowDist)."""
     if cfg.typical_epsilon > 0:
-        return accept_typical(draft, p, cfg.typical_epsilon, rng)
+        return accept_typical(draft, probs(tgt_logits, cfg), cfg.typical_epsilon, rng)
+    if dft_probs is not None:
+        return _accept_sampled_q(draft, dft_probs, tgt_logits, cfg, rng)
+    d = row_dist(tgt_logits.shape[-1])
     for i, x in enumerate(draft):
-        q_x = 1.0 if dft_probs is None else dft_probs[i, x]
-        if q_x > 0 and rng.random() * q_x < p[i, x]:  # u < p(x)/q(x), without dividing
+        d.load(tgt_logits[i], cfg)
+        if rng.random() * d.total < d.w[x]:  # u < p(x), one-hot q(x) = 1
             continue
-        if dft_probs is None:  # one-hot q: max(0, p - onehot(x)) is p with x zeroed
-            residual = p[i].copy()
-            residual[x] = 0.0
-        else:
-            residual = p[i] - dft_probs[i]
+        d.remove(x)  # max(0, p - onehot(x)) is p with x zeroed
+        if d.total <= 0.0:  # p was one-hot on x (rounding): any draw from p is right
+            d.load(tgt_logits[i], cfg)
+        return i, d.draw(rng)
+    return len(draft), d.load(tgt_logits[len(draft)], cfg).draw(rng)
+
+
+def _accept_sampled_q(
+    draft: np.ndarray, dft_probs: np.ndarray, tgt_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator
+) -> tuple[int, int]:
+    """accept_sampled with a drafter's distributions dft_probs [m, V]: p in float64 (the residual
+    max(0, p - q) compares it with q entry by entry), per row reached."""
+    for i, x in enumerate(draft):
+        p = probs(tgt_logits[i], cfg)  # [V]
+        q_x = dft_probs[i, x]
+        if q_x > 0 and rng.random() * q_x < p[x]:  # u < p(x)/q(x), without dividing
+            continue
+        residual = np.subtract(p, dft_probs[i], out=p)
         np.maximum(residual, 0.0, out=residual)
         if residual.sum() <= 0.0:  # p == q exactly: any draw from p is right
-            residual = p[i]
+            residual = probs(tgt_logits[i], cfg)
         return i, sample(residual, rng)
-    return len(draft), sample(p[len(draft)], rng)
+    return len(draft), row_dist(tgt_logits.shape[-1]).load(tgt_logits[len(draft)], cfg).draw(rng)
 
 
 def accept_typical(draft: np.ndarray, p: np.ndarray, eps: float, rng: np.random.Generator) -> tuple[int, int]:
@@ -148,29 +164,28 @@ def accept_tree_sampled(
 ) -> tuple[int, int]:
     """Lossless tree acceptance (module docstring). tokens[:n] is the context before the root's
     successor; accepted tokens are written at tokens[n:] as the walk goes (the repetition
-    penalty of a row sees its own path)."""
+    penalty of a row sees its own path). Only the nodes on the walk are processed."""
+    d = row_dist(tgt_logits.shape[-1])
     cur, n_acc = 0, 0
     tree.path[0] = 0
     while True:
         row = tgt_logits[cur]
         if cfg.repetition_penalty != 1.0:
             row = penalize(row[None], tokens, n + n_acc, cfg.repetition_penalty)[0]
-        p = probs(row, cfg)
-        total = 1.0
+        d.load(row, cfg)
         kept = -1
         for c in range(cur + 1, tree.n):
             if tree.parents[c] != cur:
                 continue
             x = tree.tokens[c]
-            if rng.random() * total < p[x]:  # u < p(x) / total: p renormalised over what is left
+            if rng.random() * d.total < d.w[x]:  # u < p(x) / what is left of p
                 kept = c
                 break
-            total -= p[x]
-            p[x] = 0.0
+            d.remove(x)
         if kept < 0:
-            if total <= 1e-12:  # every token with mass was a rejected child: numerically empty
-                return n_acc, sample(probs(row, cfg), rng)
-            return n_acc, sample(p, rng)
+            if d.total <= 0.0:  # every token with mass was a rejected child (rounding)
+                d.load(row, cfg)
+            return n_acc, d.draw(rng)
         cur = kept
         tokens[n + n_acc] = tree.tokens[cur]
         n_acc += 1
