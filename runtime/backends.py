@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 from edgespec.engines.base import Engine, EngineError
 from edgespec.engines.manifest import Manifest
@@ -32,6 +32,15 @@ class Engines:
     def get(self, name: str):
         """Section `name`'s loaded engine(s), or None."""
         return self.models.get(name)
+
+    def close(self) -> None:
+        """Close every loaded engine: the target, and each section's (one engine, or a dataclass of
+        several, e.g. a head and its fused graph). Closing twice does nothing."""
+        for e in (self.target, *self.models.values()):
+            parts = [getattr(e, f.name) for f in fields(e)] if is_dataclass(e) else [e]
+            for part in parts:
+                if callable(getattr(part, "close", None)):
+                    part.close()
 
     def why_off(self, drafter: str, cfg) -> str | None:
         """Why drafter cannot run with these engines and cfg (a broken or missing section), else None."""
