@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny import TINY_EXPORT, assert_rows_bitwise_alike
+from tiny import TINY_EXPORT, assert_rows_bitwise_alike, rowop_session
 
 from edgespec.engines import rowop
 
@@ -165,7 +165,6 @@ def test_a_graph_of_mixed_block_sizes_keeps_the_heap(n_nodes):
 
 
 def _session(p, path: str):
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     node = helper.make_node(rowop.OP_TYPE, ["x", "w"], ["y"], domain=rowop.DOMAIN, **p.attrs)
@@ -177,18 +176,7 @@ def _session(p, path: str):
         [numpy_helper.from_array(p.data, "w")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    old = os.environ.get(rowop.ISA_ENV)
-    os.environ[rowop.ISA_ENV] = path  # read when the session registers the library
-    try:
-        rowop.register(so)
-        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    finally:
-        if old is None:
-            del os.environ[rowop.ISA_ENV]
-        else:
-            os.environ[rowop.ISA_ENV] = old
+    return rowop_session(model, path)
 
 
 @needs_op

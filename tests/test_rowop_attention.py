@@ -5,11 +5,9 @@ rotation and the op; tiny llama / qwen2 / qwen3 / gemma3 (sliding layers) export
 rowop run one of them in every layer, keep their rows bitwise alike in prefill / verify / decode
 calls and on tree rows, and decode speculatively exactly as plainly."""
 
-import os
-
 import numpy as np
 import pytest
-from tiny import TINY_EXPORT, assert_rows_bitwise_alike, make_tiny
+from tiny import TINY_EXPORT, assert_rows_bitwise_alike, make_tiny, rowop_session
 
 from edgespec.engines import rowop
 from edgespec.engines.rowop import attention as ra
@@ -111,7 +109,6 @@ def test_tree_rows_are_chain_rows(window):
 
 
 def _session(hq, hkv, d, scale, window, tree, path):
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     inputs = [
@@ -135,18 +132,7 @@ def _session(hq, hkv, d, scale, window, tree, path):
     )
     graph = helper.make_graph([node], "attn", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    old = os.environ.get(rowop.ISA_ENV)
-    os.environ[rowop.ISA_ENV] = path  # read when the session registers the library
-    try:
-        rowop.register(so)
-        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    finally:
-        if old is None:
-            del os.environ[rowop.ISA_ENV]
-        else:
-            os.environ[rowop.ISA_ENV] = old
+    return rowop_session(model, path)
 
 
 @needs_op
@@ -212,7 +198,6 @@ def test_op_trees_in_onnx_runtime():
 def test_qkv_op_is_the_split_rotation_then_the_op(tree):
     """RowQkvAttention(qkv, ..., positions, cos, sin) = RowAttention(rotate(q), rotate(k), v, ...) and
     its k, v outputs the rotated k and v, bitwise, each path."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     hq, hkv, d, past, t, n_pos = 4, 2, 32, 30, 7, 64
@@ -254,13 +239,7 @@ def test_qkv_op_is_the_split_rotation_then_the_op(tree):
         "sin": sin,
     } | ({"tree_mask": mask} if tree else {})
     for path in _paths():
-        os.environ[rowop.ISA_ENV] = path
-        try:
-            so = ort.SessionOptions()
-            rowop.register(so)
-            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        finally:
-            del os.environ[rowop.ISA_ENV]
+        sess = rowop_session(model, path)
         y, k_out, v_out = (o[0] for o in sess.run(None, feeds))
         assert np.array_equal(k_out, want["k"]) and np.array_equal(v_out, want["v"]), path
         assert np.array_equal(y, ra.run(path, qr, want["k"], v, pk, pv, past, hq, hkv, d, 0.25, 0, mask)), path
@@ -273,7 +252,6 @@ def test_qkv_op_is_the_split_rotation_then_the_op(tree):
 def test_swiglu_op_every_path_and_width(inter):
     """RowSwiGLU: (g / (1 + exp(-g))) * u within rounding of float64, the same bits on every path and
     for a row alone or in a call of 64 (tails after the vector widths: inter 37)."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     rng = np.random.default_rng(inter)
@@ -291,14 +269,7 @@ def test_swiglu_op_every_path_and_width(inter):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
     got = {}
     for path in _paths():
-        os.environ[rowop.ISA_ENV] = path
-        try:
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = 2
-            rowop.register(so)
-            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        finally:
-            del os.environ[rowop.ISA_ENV]
+        sess = rowop_session(model, path)
         got[path] = sess.run(None, {"x": x[None]})[0][0]
         assert got[path].shape == (64, inter)
         assert np.allclose(got[path], want, rtol=1e-5, atol=1e-6), (path, np.abs(got[path] - want).max())

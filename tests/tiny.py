@@ -160,3 +160,26 @@ def make_tiny_gguf(path: Path, types: dict[str, str], seed: int = 0, hidden: int
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def rowop_session(model, path: str):
+    """An ONNX Runtime session (2 threads) of an onnx model that uses the row-kernel ops, with the
+    library's ISA path `path` forced (the variable is read when the session registers the library)."""
+    import os
+
+    import onnxruntime as ort
+
+    from edgespec.engines import rowop
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    old = os.environ.get(rowop.ISA_ENV)
+    os.environ[rowop.ISA_ENV] = path
+    try:
+        rowop.register(so)
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    finally:
+        if old is None:
+            del os.environ[rowop.ISA_ENV]
+        else:
+            os.environ[rowop.ISA_ENV] = old
