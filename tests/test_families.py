@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tiny import assert_rows_bitwise_alike, make_tiny  # noqa: E402
+from tiny import GEMMA3_FIELDS, assert_rows_bitwise_alike, make_tiny  # noqa: E402
 
 from edgespec.engines.manifest import load_manifest  # noqa: E402
 from edgespec.export.target.arch import UnsupportedModelError, arch_from_config  # noqa: E402
@@ -22,17 +22,7 @@ FAMILIES = {
     "smollm3": dict(no_rope_layers=[0, 1]),  # layer 0 (the self:1 draft) without rope, layer 1 with
     # layer 0 (the self:1 draft) sliding with a window the prompt and a prefill chunk cross, layer 1
     # full; rope bases apart, the score scale not 1/sqrt(head_dim), random norms (their 1 + w folded)
-    "gemma3_text": dict(
-        head_dim=32,
-        query_pre_attn_scalar=24,
-        sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
-        rope_parameters={
-            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-        },
-        tie_word_embeddings=True,
-    ),
+    "gemma3_text": GEMMA3_FIELDS,
 }
 PROMPT = "hello hello world, hello world again and again; hello"
 N_NEW = 40

@@ -80,27 +80,14 @@ def test_lean_layers_have_a_third_of_the_portable_nodes(tiny_models, tmp_path):
 
 def test_chain_graphs_and_trees_in_both_flavours(tiny_models, tmp_path):
     """A tree's rows equal the chain's rows (portable and lean, each its own tree attention)."""
-    from test_tree import random_tree
+    from test_tree import assert_tree_rows_are_chain_rows
 
     from edgespec.engines.ort import OrtModel
-    from edgespec.runtime.prefill import prefill
-    from edgespec.runtime.tree import tree_chain_prefix
 
     for graph in ("lean", "portable"):
         m = load_manifest(_export(tiny_models["llama"], tmp_path / graph, graph=graph, max_len=192))
-        e = OrtModel(m, m.target)
-        for past in (20, 126):  # 126: the tree straddles a 128-slot block of the attention GEMM
-            rng = np.random.default_rng(past)
-            seq = rng.integers(3, 256, past + 6).astype(np.int64)
-            prefill(e, seq[:past], 0)
-            ref = []
-            for i, t in enumerate(seq[past : past + 4]):
-                ref.append(e.forward(np.array([t]), past + i)[0].copy())
-                e.commit(past + i, 1)
-            tokens, parents, on_path = random_tree(rng, seq[past : past + 4], 4, 256, tree_chain_prefix(past, 4))
-            logits = e.forward(tokens, past, parents=parents)
-            for d, node in enumerate(on_path):
-                assert np.array_equal(logits[node], ref[d]), (graph, past, d)
+        # 126: the tree straddles a 128-slot block of the attention GEMM
+        assert_tree_rows_are_chain_rows(OrtModel(m, m.target), (20, 126), 4, graph)
 
 
 def test_rows_padded_past_the_last_slot_are_dropped(tiny_models, tmp_path):

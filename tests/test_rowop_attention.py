@@ -7,7 +7,7 @@ calls and on tree rows, and decode speculatively exactly as plainly."""
 
 import numpy as np
 import pytest
-from tiny import TINY_EXPORT, assert_rows_bitwise_alike, make_tiny, rowop_session
+from tiny import GEMMA3_FIELDS, TINY_EXPORT, assert_rows_bitwise_alike, make_tiny, rowop_session
 
 from edgespec.engines import rowop
 from edgespec.engines.rowop import attention as ra
@@ -297,19 +297,9 @@ FAMILIES = {
     "llama": ("llama", {}),
     "qwen2": ("qwen2", {}),  # q/k/v biases before the op's split
     "qwen3": ("qwen3", {}),
-    "gemma3": (  # layer 0 sliding with a window the rows cross, layer 1 full (test_families' tiny Gemma 3)
+    "gemma3": (  # layer 0 sliding with a window the rows cross, layer 1 full
         "gemma3_text",
-        dict(
-            head_dim=32,
-            query_pre_attn_scalar=24,
-            sliding_window=8,
-            layer_types=["sliding_attention", "full_attention"],
-            rope_parameters={
-                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-            tie_word_embeddings=True,
-        ),
+        GEMMA3_FIELDS,
     ),
 }
 PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7, 5, 9, 5, 9, 12], np.int64)
@@ -368,27 +358,13 @@ def test_folder_attention_is_the_op_and_keeps_the_rule(rowop_folders, name):
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_folder_tree_rows_are_chain_rows(rowop_folders, name):
     """As test_lean_graph's trees: a tree verify call's path rows equal the decode rows bitwise."""
-    from test_tree import random_tree
+    from test_tree import assert_tree_rows_are_chain_rows
 
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
-    from edgespec.runtime.prefill import prefill
-    from edgespec.runtime.tree import tree_chain_prefix
 
     m = load_manifest(rowop_folders[name])
-    e = OrtModel(m, m.target)
-    for past in (20, 41):
-        rng = np.random.default_rng(past)
-        seq = rng.integers(3, 256, past + 6).astype(np.int64)
-        prefill(e, seq[:past], 0)
-        ref = []
-        for i, t in enumerate(seq[past : past + 4]):
-            ref.append(e.forward(np.array([t]), past + i)[0].copy())
-            e.commit(past + i, 1)
-        tokens, parents, on_path = random_tree(rng, seq[past : past + 4], 5, 256, tree_chain_prefix(past, 4))
-        logits = e.forward(tokens, past, parents=parents)
-        for d, node in enumerate(on_path):
-            assert np.array_equal(logits[node], ref[d]), (name, past, d)
+    assert_tree_rows_are_chain_rows(OrtModel(m, m.target), (20, 41), 5, name)
 
 
 @needs_op

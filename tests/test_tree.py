@@ -65,6 +65,26 @@ def random_tree(rng, path: np.ndarray, n_nodes: int, vocab: int, n_chain: int = 
     return np.array(tokens, np.int64), np.array(parents, np.int64), np.array(on_path, np.int64)
 
 
+def assert_tree_rows_are_chain_rows(e, pasts, n_nodes: int, label: str = "") -> None:
+    """Engine e: after a random prefill of each past, the rows of a random tree of n_nodes that holds a
+    4-token path equal, bitwise, the one-token decodes of that path."""
+    from edgespec.runtime.prefill import prefill
+    from edgespec.runtime.tree import tree_chain_prefix
+
+    for past in pasts:
+        rng = np.random.default_rng(past)
+        seq = rng.integers(3, 256, past + 6).astype(np.int64)
+        prefill(e, seq[:past], 0)
+        ref = []
+        for i, t in enumerate(seq[past : past + 4]):
+            ref.append(e.forward(np.array([t]), past + i)[0].copy())
+            e.commit(past + i, 1)
+        tokens, parents, on_path = random_tree(rng, seq[past : past + 4], n_nodes, 256, tree_chain_prefix(past, 4))
+        logits = e.forward(tokens, past, parents=parents)
+        for d, node in enumerate(on_path):
+            assert np.array_equal(logits[node], ref[d]), (label, past, d)
+
+
 @pytest.mark.parametrize("past", [20, 30, 60, 62, 95, 120, 124, 126, 127, 250])
 def test_tree_rows_equal_chain_rows_bitwise(tree_model, past):
     from edgespec.runtime.prefill import prefill

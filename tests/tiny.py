@@ -183,3 +183,18 @@ def rowop_session(model, path: str):
             del os.environ[rowop.ISA_ENV]
         else:
             os.environ[rowop.ISA_ENV] = old
+
+
+# A tiny Gemma 3's config fields: layer 0 sliding with a window that prompts and prefill chunks cross,
+# layer 1 full; rope bases apart, the score scale not 1/sqrt(head_dim)
+GEMMA3_FIELDS = dict(
+    head_dim=32,
+    query_pre_attn_scalar=24,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"],
+    rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    },
+    tie_word_embeddings=True,
+)
