@@ -14,8 +14,10 @@ at or above `min_prob`; a tree adds the best candidate of the whole frontier at 
 product of stored probabilities along the path), the top `branch` tokens of each node's row, so the
 cost-sized tree machinery (TreeBudget, tree.keep_best) sizes it by those scores.
 
-Cost: an update is a few vectorised numpy calls over at most T x 8 entries into preallocated
-arrays (no row of the 49k vocabulary is ever scanned); drafting reads one table row per node.
+Cost: an update works out its T rows' contexts, keys and slots on Python ints and writes them with
+three numpy assignments (with the caches cold after the model call each numpy call costs
+microseconds, more than the arithmetic; no row of the 49k vocabulary is ever scanned); drafting
+reads one table row per node.
 Memory: (V + (orders - 1) * 2**bits) rows of 8 int32 ids, 8 float16 probabilities and one int64 key,
 56 bytes each: 10.1 MB for a 49,152-token vocabulary at orders = 3, bits = 16 (`RecycleTable.nbytes`).
 
@@ -121,16 +123,8 @@ class RecycleTable:
             return
         self._buf_rows = n
         O = self.orders
-        self._ctx = np.full((n, O), -1, np.int64)  # [n, O] each row's context, its own token last
-        self._ext = np.full(n + O - 1, -1, np.int64)  # a call's O-1 context tokens, then its row tokens
-        self._count = np.arange(n + O - 1)  # 0, 1, 2, ...: a chain's parents
-        # parent of each entry of _ext: a context token's is the one before it (the oldest's is never
-        # followed), the root's the last context token; the nodes' are written per call
-        self._par = np.maximum(self._count - 1, 0)
-        self._p = np.zeros((2, n), np.int64)  # ancestors, one generation at a time (two buffers)
-        self._keyb = np.zeros((O, n), np.int64)  # [O, n] keys per order
-        self._hash = np.zeros((max(O - 1, 1), n), np.uint64)  # [O-1, n] hashed orders 2..O
-        self._rows = np.zeros((O, n), np.int64)  # [O, n] table rows written
+        self._rows = np.zeros(O * n, np.int64)  # [O * n] table rows written, order-major
+        self._keyb = np.zeros(O * n, np.int64)  # [O * n] their keys
         self._argmax = np.zeros((n, 1), np.int64)  # the argmax-only fallback's ids and probabilities
         self._ones = np.ones((n, 1), np.float32)
         self._call_ids = np.full((n, self.k), -1, np.int64)  # a verify call's rows, kept for its commit
@@ -145,15 +139,7 @@ class RecycleTable:
         """Rows for tokens[start:start + n] (consecutive positions: a prefill chunk, a committed path),
         their contexts read from tokens before them; ids / probs [n, k'] their next tokens; orders:
         per order, written or not (None: all)."""
-        self._grow(n)
-        O, c = self.orders, self._ctx[:n]
-        c[:, O - 1] = tokens[start : start + n]
-        for back in range(1, O):
-            col = O - 1 - back
-            lo = min(n, max(0, back - start))  # rows whose context would reach before position 0
-            c[:lo, col] = -1
-            c[lo:, col] = tokens[start + lo - back : start + n - back]
-        self._write(n, ids, probs, orders or self.all_orders)
+        self.observe_tree(tokens, start, tokens[start : start + n], None, ids, probs, orders)
 
     def observe_tree(
         self,
@@ -167,52 +153,56 @@ class RecycleTable:
     ) -> None:
         """Rows for a verify call's nodes [n] (parents [n]: a tree, parents[0] = -1; None: a chain)
         whose root follows tokens[:before]; ids / probs [n, k'] their next tokens; orders: per order,
-        written or not (None: all)."""
+        written or not (None: all). The contexts, keys and slots are worked out on Python ints (a
+        call has a few rows; with the caches cold after the model call, every numpy call costs
+        microseconds), then three writes into the table."""
         n, O = len(nodes), self.orders
         self._grow(n)
-        ext, par = self._ext[: n + O - 1], self._par[: n + O - 1]
-        for j in range(O - 1):  # the context: tokens[before - (O - 1) : before]
-            at = before - (O - 1) + j
-            ext[j] = tokens[at] if at >= 0 else -1
-        ext[O - 1 :] = nodes
-        if parents is None:  # (par[:O]: the context's and the root's parents, set by _grow)
-            par[O:] = self._count[O - 1 : O - 2 + n]  # a chain: node i's parent is node i - 1
-        else:
-            np.add(parents[1:], O - 1, out=par[O:])
-        c, p, q = self._ctx[:n], self._p[0, :n], self._p[1, :n]
-        c[:, O - 1] = nodes
-        p[:] = self._count[O - 1 : O - 1 + n]  # ext indices of the nodes, then of their ancestors
-        for col in range(O - 2, -1, -1):
-            np.take(par, p, out=q, mode="clip")
-            np.take(ext, q, out=c[:, col], mode="clip")
-            p, q = q, p
-        self._write(n, ids, probs, orders or self.all_orders)
-
-    def _write(self, n: int, ids: np.ndarray, probs: np.ndarray, orders) -> None:
-        """The rows of self._ctx[:n] into their slots of the orders marked in `orders` (the latest write
-        wins)."""
-        O, c, keys, rows = self.orders, self._ctx[:n], self._keyb[:, :n], self._rows[:, :n]
-        keys[0] = c[:, O - 1]
-        rows[0] = c[:, O - 1]
-        for o in range(2, O + 1):  # key of order o: the order o-1 key + the token o-1 back * V**(o-1)
-            np.multiply(c[:, O - o], self._pow[o - 1], out=keys[o - 1])
-            keys[o - 1] += keys[o - 2]
-        if O > 1:
-            h = self._hash[:, :n]
-            np.multiply(keys[1:].view(np.uint64), np.uint64(MULT), out=h)
-            h >>= np.uint64(self.shift)
-            for o in range(2, O + 1):
-                np.add(h[o - 2], self._base[o], out=rows[o - 1], casting="unsafe")
-                np.copyto(rows[o - 1], self.scratch, where=c[:, O - o] < 0)
-        for o in range(O):
-            if not orders[o]:
-                rows[o] = self.scratch
+        orders = orders or self.all_orders
+        toks = nodes.tolist()
+        lo = before - (O - 1)  # the root's context: tokens[lo:before], -1 before position 0
+        ctx = [-1] * -lo + tokens[:before].tolist() if lo < 0 else tokens[lo:before].tolist()
+        if parents is None:  # a chain: each node's context is the O - 1 tokens before it
+            line = ctx + toks
+            back = [line[i : i + O - 1] for i in range(n)]
+        else:  # a node's context: its parent's, shifted by the parent's token
+            par = parents.tolist()
+            back = [ctx]
+            for i in range(1, n):
+                p = par[i]
+                back.append((back[p] + [toks[p]])[1:])
+        base, pw, shift, scratch = self._base, self._pow, self.shift, self.scratch
+        rows, keys = [scratch] * (O * n), [0] * (O * n)  # order-major: order o's row of node i at (o-1)*n + i
+        first = orders[0]
+        for i in range(n):
+            key = toks[i]
+            keys[i] = key
+            if first:
+                rows[i] = key
+            ctx_i = back[i]
+            for o in range(2, O + 1):  # key of order o: the order o-1 key + the token o-1 back * V**(o-1)
+                t = ctx_i[O - o]
+                if t < 0:  # (before position 0: so are the older ones)
+                    break
+                key += t * pw[o - 1]
+                j = (o - 1) * n + i
+                keys[j] = key
+                if orders[o - 1]:
+                    rows[j] = base[o] + (((key * MULT) & M64) >> shift)
+        m = O * n
+        r, kb = self._rows[:m], self._keyb[:m]
+        r[:] = rows
+        kb[:] = keys
+        self.keys[r] = kb  # (a row written twice: the latest write wins, as numpy assigns in order)
+        r = r.reshape(O, n)
         k = min(ids.shape[1], self.k)
-        self.keys[rows] = keys
-        self.ids[rows, :k] = ids[None, :, :k]
-        self.probs[rows, :k] = probs[None, :, :k]
-        if k < self.k:
-            self.ids[rows, k:] = -1
+        if ids.shape[1] == self.k:
+            self.ids[r] = ids
+            self.probs[r] = probs
+        else:
+            self.ids[r, :k] = ids[:, :k]
+            self.probs[r, :k] = probs[:, :k]
+            self.ids[r, k:] = -1
 
     # ---- what the generator hands over (through the drafters' observe hooks) -----------------------
     def observe_prefill(self, engine, tokens: np.ndarray, past: int, n: int, logits) -> None:
