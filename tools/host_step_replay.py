@@ -34,6 +34,7 @@ import numpy as np
 from edgespec.engines.ort import share_thread_pool
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.constraint import NO_CONSTRAINT
+from edgespec.runtime.drafters import recycle
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.state import SeqState
@@ -102,7 +103,7 @@ def wrap_prefill(g: Generator, stand_in) -> None:
 class Pieces:
     """perf_counter sums around the loop's host pieces (wrapped on the generator, drafter, engine)."""
 
-    NAMES = ("forward", "observe", "accept", "commit", "keep", "advance", "accepted", "emit")
+    NAMES = ("lookup", "grow", "forward", "observe", "accept", "commit", "keep", "advance", "accepted", "emit")
 
     def __init__(self) -> None:
         self.s = dict.fromkeys(self.NAMES, 0.0)
@@ -125,18 +126,25 @@ class Pieces:
         nc.accept_argmax = self.wrap("accept", type(nc).accept_argmax.__get__(nc))
         g.tgt_rows.keep, g._emit = self.wrap("keep", g.tgt_rows.keep), self.wrap("emit", g._emit)
         SeqState.advance = self.wrap("advance", _ADVANCE)
+        recycle.grow = self.wrap("grow", _GROW)  # (merged's and recycle's trees)
+        lookup = getattr(d, "lookup", None)  # merged's suffix / prompt lookup, drafted first
+        if lookup is not None:
+            lookup.propose, lookup.propose_tree = (
+                self.wrap("lookup", lookup.propose),
+                self.wrap("lookup", lookup.propose_tree),
+            )
 
     @staticmethod
     def remove(g: Generator) -> None:
         del g.target.forward, g.target.commit, g.tgt_rows.keep, g._emit, NO_CONSTRAINT.accept_argmax
-        SeqState.advance = _ADVANCE
+        SeqState.advance, recycle.grow = _ADVANCE, _GROW
 
     @staticmethod
     def best(runs: list[Pieces], steps: int) -> str:
         return " ".join(f"{k} {min(p.s[k] for p in runs) * 1e3 / steps:.3f}" for k in Pieces.NAMES)
 
 
-_ADVANCE = SeqState.advance
+_ADVANCE, _GROW = SeqState.advance, recycle.grow
 
 
 def configure(g: Generator, spec: str) -> None:
