@@ -16,8 +16,8 @@ calls use `sampled_policy`: the same model on fixed relative costs (a verify row
 in decodes: `ROW_COST`, each drafter's `DrafterPlugin.draft_cost`) and a fresh acceptance estimate
 per call that learns from accepted counts only, so k, and the output, follow from the seed, the folder and the settings.
 It settles on k = 0 when acceptance is too low to pay (drafts at temperature 0.7 are kept less
-often than greedy ones), and its probes draft one token (`probe_k`), which costs about a quarter
-of a decode on a CPU instead of k_max rows.
+often than greedy ones), and its probes draft one token (`probe_k`): one extra verify row instead
+of k_max.
 """
 
 from __future__ import annotations
@@ -37,11 +37,14 @@ class AdaptiveConfig:
     probe_k: int = 0  # tokens a probe drafts (0: k_max)
 
 
-SAMPLED = AdaptiveConfig(probe_k=1)  # sampled calls: a cheap probe (a CPU verify row is ~1/4 of a decode)
-# Fixed costs of the sampled policy, in decodes (a width-1 target call = 1). An extra verify row:
-# ~0.25 on the CPU (docs/results/lean-graph.md: 2.49 ms against a 10.1 ms decode), a few percent
-# on a GPU, where rows are nearly free
-ROW_COST = {"cpu": 0.25, "cuda": 0.05, "tensorrt": 0.05, "trt": 0.05}
+SAMPLED = AdaptiveConfig(probe_k=1)  # sampled calls: a cheap probe (one extra verify row)
+# Fixed costs of the sampled policy, in decodes (a width-1 target call = 1), used where the folder
+# recorded no width table (manifest export_probe). An extra verify row on the CPU: 0.06 with the row
+# kernel (135M attn-full, quiet, past 256: T=9 6.79 ms against T=1 4.55), 0.10-0.13 with MatMulNBits
+# or a 1B target (docs/results/row-kernel.md); 0.08 sits between, and the sampled recycle tree's
+# decode speed moves < 1.5% over 0.04-0.12 (offline replay, docs/results/recycle.md). On a GPU rows
+# are nearly free.
+ROW_COST = {"cpu": 0.08, "cuda": 0.02, "tensorrt": 0.02, "trt": 0.02}
 
 
 class AdaptiveK:

@@ -54,7 +54,7 @@ def test_policy_ignores_timings_and_follows_accepted_counts():
 
 def test_policy_turns_off_when_drafts_are_not_kept_and_probes_cheaply():
     pol = sampled_policy(8, "ngram", "cpu")
-    assert pol.choose() >= 1  # prior acceptance 0.5 pays for a CPU verify row of 1/4 decode
+    assert pol.choose() >= 1  # prior acceptance 0.5 pays for a CPU verify row
     for _ in range(40):
         pol.observe(1, 1, 0, 0.0, 0.0)
     ks = [pol.choose() for _ in range(64)]
@@ -126,8 +126,10 @@ def test_rejected_drafts_settle_on_plain_decoding():
         _run(g, 200, T07)
     st = adaptive.last_stats
     assert st.n_accepted == 0 and fixed.last_stats.n_drafted >= 6 * 199
-    # the prior drafts one token a few times, then a one-token probe every 16 steps
-    assert st.n_drafted <= 10 + st.n_target_calls // 16, st.n_drafted
+    # the prior drafts a few tokens while its acceptance estimate decays (a CPU row costs 0.08 of a
+    # decode, so that takes ~15 steps), then a one-token probe every 16 steps
+    assert st.n_drafted <= 40 + st.n_target_calls // 16, st.n_drafted
+    assert st.n_target_calls - st.n_drafted > 150  # nearly every step plain
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "draft", "hybrid", "eagle"])
