@@ -488,32 +488,37 @@ class Calibration:
         self.kept = np.broadcast_to(prior * mids, shape).copy()  # their kept counts (+ prior)
         self.est = self.kept / self.tested  # [sources, depths, bins] the estimates
         self._est = self.est.tolist()  # the same as nested lists (read per candidate while drafting)
-        self._on = np.zeros(256, bool)  # scratch: nodes on the accepted path
-        self._bin = np.array(_BIN)  # [21] bin of p by round-down to 0.05
 
     def estimate(self, source: int, depth: int, p: float) -> float:
         return self._est[source][min(depth, DEPTHS) - 1][_BIN[int(min(p, 1.0) * 20)]]
 
     def observe_tree(self, tree, n_acc: int) -> None:
         """A verified tree whose accepted path is tree.path[:n_acc + 1]: every node whose parent was
-        kept was tested, kept or not."""
+        kept was tested, kept or not. Each cell a tree tested decays once, then counts its nodes. On
+        Python ints and floats (a tree has a few nodes; numpy's calls cost more with the caches cold
+        after the model call)."""
         n = tree.n
         if n <= 1:
             return
-        on = self._on[:n]
-        on[:] = False
-        on[tree.path[: n_acc + 1]] = True
-        tested = on[tree.parents[1:n]]  # [n-1]
-        src = tree.source[1:n][tested]
-        dep = np.minimum(tree.depth[1:n][tested], DEPTHS) - 1
-        bins = np.minimum(tree.prob[1:n][tested] * 20, 20).astype(np.int64)
-        cell = (src, dep, self._bin[bins])
-        self.tested[cell] *= self.decay  # (decayed where seen: a rare cell keeps what it learned)
-        self.kept[cell] *= self.decay
-        np.add.at(self.tested, cell, 1.0)
-        np.add.at(self.kept, cell, on[1:n][tested].astype(np.float64))
-        np.divide(self.kept, self.tested, out=self.est)
-        self._est = self.est.tolist()
+        on = set(tree.path[: n_acc + 1].tolist())
+        par, src = tree.parents[1:n].tolist(), tree.source[1:n].tolist()
+        dep, prob = tree.depth[1:n].tolist(), tree.prob[1:n].tolist()
+        cells: dict[tuple[int, int, int], list[int]] = {}  # cell -> [nodes tested, nodes kept], in node order
+        for i in range(n - 1):
+            if par[i] in on:
+                cell = (src[i], min(dep[i], DEPTHS) - 1, _BIN[int(min(prob[i] * 20, 20))])
+                seen = cells.setdefault(cell, [0, 0])
+                seen[0] += 1
+                seen[1] += i + 1 in on
+        tested, kept, decay = self.tested, self.kept, self.decay
+        for cell, (n_tested, n_kept) in cells.items():
+            t, k = float(tested[cell]) * decay, float(kept[cell]) * decay
+            for _ in range(n_tested):  # (one at a time: the same sums, bit for bit, as counting node by node)
+                t += 1.0
+            for _ in range(n_kept):
+                k += 1.0
+            tested[cell], kept[cell] = t, k
+            self.est[cell] = self._est[cell[0]][cell[1]][cell[2]] = k / t
 
 
 class MergedDrafter(Drafter):
