@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
+from edgespec.runtime.drafters.suffix import agreeing
 from edgespec.runtime.state import Proposal, SeqState, chain
 
 MAX_TREE_MATCHES = 8  # earlier occurrences an n-gram tree merges (per suffix length)
@@ -33,18 +34,24 @@ class NgramDrafter(Drafter):
         self.cfg = cfg
 
     def _matches(self, seq: SeqState):
-        """(suffix size, starts of its earlier occurrences), longest suffix first; each start j has
-        j + size <= n - 1, so at least one token follows the match."""
+        """(suffix size, places just after its earlier occurrences, ascending), longest suffix first;
+        each place is <= n - 1, so at least one token follows the match. From the earlier places of
+        the last token and how far back each agrees with the sequence's end (suffix.agreeing: one
+        comparison for every size, not a window scan per size)."""
         toks, n = seq.tokens, seq.n
-        for size in range(min(self.cfg.max_n, n - 1), self.cfg.min_n - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(toks[: n - 1], size)  # [n-size, size]
-            hits = np.flatnonzero((windows == toks[n - size : n]).all(axis=1))
-            if len(hits):
-                yield size, hits
+        top = min(self.cfg.max_n, n - 1)
+        if top < self.cfg.min_n:
+            return
+        ends = np.flatnonzero(toks[: n - 1] == toks[n - 1])  # earlier places of the last token
+        if not len(ends):
+            return
+        agree = agreeing(toks, ends, toks, n - 1, top)
+        for size in range(min(int(agree.max()), top), self.cfg.min_n - 1, -1):
+            yield size, ends[agree >= size] + 1
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
-        for size, hits in self._matches(seq):  # the most recent occurrence of the longest suffix
-            start = int(hits[-1]) + size
+        for _size, after in self._matches(seq):  # the most recent occurrence of the longest suffix
+            start = int(after[-1])
             m = min(k, seq.n - start)
             seq.draft_slots(m)[:] = seq.tokens[start : start + m]
             return chain(seq, m)
@@ -54,10 +61,10 @@ class NgramDrafter(Drafter):
         """A trie of the continuations after several earlier occurrences of the suffix (longest
         suffix first, most recent first), so the chain proposal is its first branch."""
         toks, n = seq.tokens, seq.n
-        for size, hits in self._matches(seq):
-            for h in hits[::-1][:MAX_TREE_MATCHES]:
+        for _size, after in self._matches(seq):
+            for h in after[::-1][:MAX_TREE_MATCHES].tolist():
                 parent = 0
-                for j in range(int(h) + size, min(int(h) + size + cfg.depth, n)):
+                for j in range(h, min(h + cfg.depth, n)):
                     parent = tree.add(parent, toks[j])
                     if parent < 0:
                         return

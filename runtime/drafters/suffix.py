@@ -164,7 +164,7 @@ class SuffixCache:
         return np.concatenate([self.sorted_occurrences(pattern), self._tail_hits(pattern)])
 
 
-def _agreeing(arr: np.ndarray, cand: np.ndarray, toks: np.ndarray, end: int, top: int) -> np.ndarray:
+def agreeing(arr: np.ndarray, cand: np.ndarray, toks: np.ndarray, end: int, top: int) -> np.ndarray:
     """For each place in cand (arr[place] == toks[end]): how many tokens agree counting backwards
     from it, at most top (a separator or the array's start ends the agreement). All the places at
     once, as a [len(cand), top] comparison (a loop over the distance made ~40 numpy calls a step on
@@ -230,9 +230,9 @@ class SuffixDrafter(Drafter):
             return 0, None
         last = toks[n - 1]
         here = np.flatnonzero(toks[: n - 1] == last)  # earlier places of the last token
-        agree_here = _agreeing(toks, here, toks, n - 1, top)
+        agree_here = agreeing(toks, here, toks, n - 1, top)
         tail = cache.tail_places(int(last))
-        agree_tail = _agreeing(cache.tokens, tail, toks, n - 1, top)
+        agree_tail = agreeing(cache.tokens, tail, toks, n - 1, top)
         size = max(int(agree_here.max()) if len(here) else 0, int(agree_tail.max()) if len(tail) else 0)
         lo, hi = max(size + 1, self.cfg.min_match), top
         while lo <= hi:  # the sorted part may match longer
