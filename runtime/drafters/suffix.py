@@ -130,8 +130,8 @@ class SuffixCache:
             self._tail_order = np.argsort(tail, kind="stable") + self._n_sorted  # (stable: ascending places)
             self._tail_sorted = self.tokens[self._tail_order]
             self._tail_for = (len(self.tokens), self._n_sorted)
-        lo = int(np.searchsorted(self._tail_sorted, token, side="left"))
-        hi = int(np.searchsorted(self._tail_sorted, token, side="right"))
+        lo = int(self._tail_sorted.searchsorted(token, "left"))
+        hi = int(self._tail_sorted.searchsorted(token, "right"))
         return self._tail_order[lo:hi]
 
     def _tail_hits(self, pattern: np.ndarray) -> np.ndarray:
@@ -169,34 +169,60 @@ def agreeing(arr: np.ndarray, cand: np.ndarray, toks: np.ndarray, end: int, top:
     from it, at most top (a separator or the array's start ends the agreement). All the places at
     once, as a [len(cand), top] comparison (a loop over the distance made ~40 numpy calls a step on
     repetitive text, each microseconds with the caches cold after the model call)."""
+    if not len(cand):
+        return cand
     back = cand[:, None] - _BACK[:top]  # [c, top] the places d = 0 .. top-1 tokens back
     eq = arr[np.maximum(back, 0)] == toks[end - top + 1 : end + 1][::-1]  # [c, top] (toks[end - d])
     eq &= back >= 0
     return np.logical_and.accumulate(eq, axis=1).sum(axis=1)
 
 
+SMALL = 64  # occurrences a match keeps as Python ints (read token by token); more stay arrays
+
+
 class _Match:
     """Where a pattern occurs: positions of the token after each occurrence, in the current
-    sequence (`here`, all < its length) and in the cache (`cached`)."""
+    sequence (`here`, all < its length) and in the cache (`cached`). A few occurrences (the common
+    case: SMALL or fewer) are kept as lists of ints and their tokens read one by one, as numpy's
+    calls cost more than that with the caches cold after the model call; more stay arrays."""
 
-    __slots__ = ("here", "cached")
+    __slots__ = ("here", "cached", "_next")
 
-    def __init__(self, here: np.ndarray, cached: np.ndarray) -> None:
+    def __init__(self, here: np.ndarray | list, cached: np.ndarray | list) -> None:
+        if isinstance(here, np.ndarray) and len(here) + len(cached) <= SMALL:
+            here, cached = here.tolist(), cached.tolist()
         self.here, self.cached = here, cached
+        self._next = None  # the tokens at here and cached, read by followers (after reuses them)
 
-    def followers(self, seq_tokens: np.ndarray, n: int, cache_tokens: np.ndarray):
-        """(tokens, counts) that follow the occurrences, most frequent first."""
-        self.here = self.here[self.here < n]  # the drafts past n are ours, not evidence
+    def followers(self, seq_tokens: np.ndarray, n: int, cache_tokens: np.ndarray) -> tuple[list, list]:
+        """(tokens, counts) that follow the occurrences, most frequent first (ties: the lower id)."""
+        if isinstance(self.here, list):
+            self.here = [i for i in self.here if i < n]  # the drafts past n are ours, not evidence
+            at_seq, at_cache = seq_tokens.item, cache_tokens.item
+            self._next = nxt_here, nxt_cached = [at_seq(i) for i in self.here], [at_cache(i) for i in self.cached]
+            counts: dict[int, int] = {}
+            for t in nxt_here + nxt_cached:
+                if t != SEP:
+                    counts[t] = counts.get(t, 0) + 1
+            ranked = sorted(counts.items(), key=lambda tc: (-tc[1], tc[0]))
+            return [t for t, _ in ranked], [c for _, c in ranked]
+        self.here = self.here[self.here < n]
         nxt = np.concatenate([seq_tokens[self.here], cache_tokens[self.cached]])
         nxt = nxt[nxt != SEP]
-        if len(nxt) <= 1:  # (most often a single occurrence)
-            return nxt, np.ones(len(nxt), np.int64)
         ids, counts = np.unique(nxt, return_counts=True)
         order = np.argsort(-counts, kind="stable")
-        return ids[order], counts[order]
+        return ids[order].tolist(), counts[order].tolist()
 
     def after(self, seq_tokens: np.ndarray, cache_tokens: np.ndarray, token: int) -> _Match:
-        """The occurrences of pattern + token."""
+        """The occurrences of pattern + token (after followers, whose tokens it reuses)."""
+        if isinstance(self.here, list):
+            if self._next is None:
+                self._next = [seq_tokens.item(i) for i in self.here], [cache_tokens.item(i) for i in self.cached]
+            nxt_here, nxt_cached = self._next
+            return _Match(
+                [i + 1 for i, t in zip(self.here, nxt_here, strict=True) if t == token],
+                [i + 1 for i, t in zip(self.cached, nxt_cached, strict=True) if t == token],
+            )
         return _Match(
             self.here[seq_tokens[self.here] == token] + 1, self.cached[cache_tokens[self.cached] == token] + 1
         )
@@ -234,7 +260,7 @@ class SuffixDrafter(Drafter):
         tail = cache.tail_places(int(last))
         agree_tail = agreeing(cache.tokens, tail, toks, n - 1, top)
         size = max(int(agree_here.max()) if len(here) else 0, int(agree_tail.max()) if len(tail) else 0)
-        lo, hi = max(size + 1, self.cfg.min_match), top
+        lo, hi = max(size + 1, self.cfg.min_match), top if cache._n_sorted else 0
         while lo <= hi:  # the sorted part may match longer
             mid = (lo + hi) // 2
             if cache.sorted_count(toks[n - mid : n]):
@@ -243,9 +269,9 @@ class SuffixDrafter(Drafter):
                 hi = mid - 1
         if size < self.cfg.min_match:
             return 0, None
-        cached = cache.sorted_occurrences(toks[n - size : n])
-        if len(tail):
-            cached = np.concatenate([cached, tail[agree_tail >= size] + 1])
+        cached = tail[agree_tail >= size] + 1
+        if cache._n_sorted:
+            cached = np.concatenate([cache.sorted_occurrences(toks[n - size : n]), cached])
         return size, _Match(here[agree_here >= size] + 1, cached)
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
@@ -258,13 +284,13 @@ class SuffixDrafter(Drafter):
             ids, cnt = match.followers(seq.tokens, seq.n, ctoks)
             if not len(ids):
                 break
-            path *= cnt[0] / cnt.sum()
+            path *= cnt[0] / sum(cnt)
             if path < self.cfg.min_prob:
                 break
             slots[m] = ids[0]
             m += 1
             self.last_score += path
-            match = match.after(seq.tokens, ctoks, int(ids[0]))
+            match = match.after(seq.tokens, ctoks, ids[0])
         return chain(seq, m)
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
@@ -277,9 +303,9 @@ class SuffixDrafter(Drafter):
             cands = []
             for u, mu in frontier:
                 ids, cnt = mu.followers(seq.tokens, seq.n, ctoks)
-                total = cnt.sum()
+                total = sum(cnt)
                 top = zip(ids[: cfg.branch], cnt[: cfg.branch], strict=True)
-                cands.extend((tree.score[u] * c / total, u, int(t), mu) for t, c in top)
+                cands.extend((tree.score[u] * c / total, u, t, mu) for t, c in top)
             cands.sort(key=lambda c: -c[0])
             frontier = []
             for score, u, tok, mu in cands:
