@@ -70,11 +70,17 @@ class TokenTree:
         self._keep = np.zeros(max_nodes, bool)
         self._eff = np.zeros(max_nodes, np.float64)  # path_scores
         self._new = np.zeros(max_nodes, np.int64)
+        # the same tree on Python ints, for the per-node lookups while it grows and is walked (numpy
+        # scalar reads cost more, with the caches cold after the model call): (parent, token) -> node
+        self._kids: dict[tuple[int, int], int] = {}
+        self._depths: list[int] = []  # depth of each node
 
     def reset(self, root_token: int, limit: int | None = None) -> None:
         """Start a tree at the pending token; at most `limit` nodes this step (context room)."""
         self.tokens[0], self.parents[0], self.depth[0], self.score[0] = root_token, -1, 0, 1.0
         self.n = 1
+        self._kids.clear()
+        self._depths[:] = [0]
         self.limit = self.max_nodes if limit is None else max(1, min(limit, self.max_nodes))
 
     def add(self, parent: int, token: int, score: float = 1.0, source: int = 0, prob: float = 1.0) -> int:
@@ -87,20 +93,25 @@ class TokenTree:
         if self.n >= self.limit:
             return -1
         i = self.n
-        self.tokens[i], self.parents[i], self.depth[i], self.score[i] = token, parent, self.depth[parent] + 1, score
+        d = self._depths[parent] + 1
+        self.tokens[i], self.parents[i], self.depth[i], self.score[i] = token, parent, d, score
         self.source[i], self.prob[i] = source, prob
+        self._kids[parent, int(token)] = i
+        self._depths.append(d)
         self.n += 1
         return i
 
     def child(self, parent: int, token: int) -> int:
-        for i in range(parent + 1, self.n):
-            if self.parents[i] == parent and self.tokens[i] == token:
-                return i
-        return -1
+        """parent's child with this token, -1: none."""
+        return self._kids.get((parent, int(token)), -1)
+
+    def node_depth(self, i: int) -> int:
+        """Node i's depth (an int; the root's 0)."""
+        return self._depths[i]
 
     @property
     def max_depth(self) -> int:
-        return int(self.depth[: self.n].max()) if self.n else 0
+        return max(self._depths[: self.n]) if self.n else 0
 
     def keep_chain_prefix(self, n_chain: int) -> None:
         """Prune to a tree whose nodes 0..n_chain-1 are a chain (node i at depth i) and whose other
@@ -155,6 +166,9 @@ class TokenTree:
                 self.source[m], self.prob[m] = self.source[i], self.prob[i]
                 m += 1
         self.n = m
+        toks, pars = self.tokens[:m].tolist(), self.parents[:m].tolist()
+        self._kids = {(pars[j], toks[j]): j for j in range(1, m)}
+        self._depths = self.depth[:m].tolist()
 
     def proposal(self) -> Proposal:
         """The drafted tree as the verify call takes it (views of the buffers)."""

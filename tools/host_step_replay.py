@@ -67,6 +67,7 @@ class Replayer:
     def __init__(self, engine, session, calls, evict: np.ndarray | None = None) -> None:
         self.engine, self.session, self.calls, self.i = engine, session, calls, 0
         self.evict = evict  # a buffer read and written in each call, as the model call sweeps the caches
+        self.run_s = 0.0  # seconds in the replayed runs (the forward pieces less these: its host side)
         self.prefilling = False
         self.seen: list[np.ndarray] = []
 
@@ -74,6 +75,7 @@ class Replayer:
         return self.session.io_binding()
 
     def run_with_iobinding(self, binding) -> None:
+        t0 = time.perf_counter()
         w, ids, top_ids, top_probs, logits = self.calls[self.i]
         e = self.engine
         self.seen.append(e._ids[w].copy())  # (checked after the timed run: the same call, the same inputs?)
@@ -84,6 +86,7 @@ class Replayer:
         if self.evict is not None:
             self.evict += 1
         self.i += 1
+        self.run_s += time.perf_counter() - t0
 
 
 def wrap_prefill(g: Generator, stand_in) -> None:
@@ -103,6 +106,7 @@ def wrap_prefill(g: Generator, stand_in) -> None:
 class Pieces:
     """perf_counter sums around the loop's host pieces (wrapped on the generator, drafter, engine)."""
 
+    # forward: the verify call's host side (the replayed run's own time taken off)
     NAMES = ("lookup", "grow", "forward", "observe", "accept", "commit", "keep", "advance", "accepted", "emit")
 
     def __init__(self) -> None:
@@ -271,6 +275,7 @@ def main() -> None:
                 continue
             if a.pieces:
                 Pieces.remove(g)
+                pieces[old][-1].s["forward"] -= rep.run_s
             (before if old else times).append(per_step(t))
         eng._session = real
         del g._prefill

@@ -433,7 +433,7 @@ def grow(tree, seq: SeqState, cfg, table: RecycleTable, lookup=None, estimate=No
     def offer(node: int, score: float, ctx: tuple, at: int, table_too: bool = True) -> None:
         """Push the candidates under tree node `node` (its context ctx; lookup node `at`, or -1)."""
         nonlocal pushed
-        depth = int(tree.depth[node]) + 1
+        depth = tree.node_depth(node) + 1
         if depth > cfg.depth:
             return
         for j in kids.get(at, ()):
