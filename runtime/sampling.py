@@ -154,7 +154,7 @@ class RowDist:
         self.starts = np.arange(0, vocab, BLOCK)  # [nb] first token of each block
         self.blocks = np.zeros(len(self.starts), np.float32)  # [nb] each block's sum of w
         self.cum = np.zeros(len(self.starts))  # [nb] their running sum (float64); cum[-1] the total
-        self.total = 0.0  # sum of w: p(x) = w[x] / total
+        self.total = 0.0  # sum of w: p(x) = w[x] / total (the walk tests u * total < w[x])
 
     def load(self, logits: np.ndarray, cfg: SamplingConfig) -> RowDist:
         """The distribution of one row of logits [V] (float32 from an engine, float64 once penalised)."""
@@ -171,10 +171,6 @@ class RowDist:
         np.cumsum(self.blocks, dtype=np.float64, out=self.cum)
         self.total = float(self.cum[-1])
         return self
-
-    def p(self, x: int) -> float:
-        """The normalised probability of token x (0 once removed)."""
-        return float(self.w[x]) / self.total
 
     def remove(self, x: int) -> None:
         """Zero token x's weight (a rejected candidate): what is left is p with x's mass taken out,
