@@ -583,11 +583,9 @@ class MergedDrafter(Drafter):
         self.lookup.propose_tree(seq, look, cfg)
         grow(tree, seq, cfg, self.recycle_table, look, self.calibration.estimate)
         self._tree = tree
-        srcs = tree.source[1 : tree.n]
+        srcs = tree.source[1 : tree.n].tolist()  # (not .all() / .any(): two more numpy paths a step)
         look = self.lookup.name
-        self.source = (
-            "" if tree.n == 1 else ("recycle" if srcs.all() else look if not srcs.any() else f"{look}+recycle")
-        )
+        self.source = "" if tree.n == 1 else ("recycle" if all(srcs) else look if not any(srcs) else f"{look}+recycle")
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         self.lookup.accepted(seq, n_old, n_acc)
