@@ -180,6 +180,17 @@ def agreeing(arr: np.ndarray, cand: np.ndarray, toks: np.ndarray, end: int, top:
 SMALL = 64  # occurrences a match keeps as Python ints (read token by token); more stay arrays
 
 
+def _agree(arr: np.ndarray, place: int, want: list) -> int:
+    """agreeing() of one place, on Python ints: want[d] = the token d back from the end."""
+    got = arr[max(place - len(want) + 1, 0) : place + 1].tolist()
+    a = 0
+    for x, y in zip(reversed(got), want, strict=False):  # (got is shorter at the start of arr)
+        if x != y:
+            break
+        a += 1
+    return a
+
+
 class _Match:
     """Where a pattern occurs: positions of the token after each occurrence, in the current
     sequence (`here`, all < its length) and in the cache (`cached`). A few occurrences (the common
@@ -189,8 +200,11 @@ class _Match:
     __slots__ = ("here", "cached", "_next")
 
     def __init__(self, here: np.ndarray | list, cached: np.ndarray | list) -> None:
-        if isinstance(here, np.ndarray) and len(here) + len(cached) <= SMALL:
-            here, cached = here.tolist(), cached.tolist()
+        if len(here) + len(cached) <= SMALL:
+            here = here.tolist() if isinstance(here, np.ndarray) else here
+            cached = cached.tolist() if isinstance(cached, np.ndarray) else cached
+        else:
+            here, cached = np.asarray(here, np.int64), np.asarray(cached, np.int64)
         self.here, self.cached = here, cached
         self._next = None  # the tokens at here and cached, read by followers (after reuses them)
 
@@ -256,23 +270,45 @@ class SuffixDrafter(Drafter):
             return 0, None
         last = toks[n - 1]
         here = np.flatnonzero(toks[: n - 1] == last)  # earlier places of the last token
-        agree_here = agreeing(toks, here, toks, n - 1, top)
         tail = cache.tail_places(int(last))
+        if len(here) + len(tail) <= SMALL:  # (the common case: on Python ints, no more numpy paths)
+            return self._longest_few(toks, n, top, here.tolist(), tail.tolist())
+        agree_here = agreeing(toks, here, toks, n - 1, top)
         agree_tail = agreeing(cache.tokens, tail, toks, n - 1, top)
         size = max(int(agree_here.max()) if len(here) else 0, int(agree_tail.max()) if len(tail) else 0)
-        lo, hi = max(size + 1, self.cfg.min_match), top if cache._n_sorted else 0
-        while lo <= hi:  # the sorted part may match longer
-            mid = (lo + hi) // 2
-            if cache.sorted_count(toks[n - mid : n]):
-                lo, size = mid + 1, mid
-            else:
-                hi = mid - 1
+        size = self._sorted_longer(toks, n, top, size)
         if size < self.cfg.min_match:
             return 0, None
         cached = tail[agree_tail >= size] + 1
         if cache._n_sorted:
             cached = np.concatenate([cache.sorted_occurrences(toks[n - size : n]), cached])
         return size, _Match(here[agree_here >= size] + 1, cached)
+
+    def _longest_few(self, toks: np.ndarray, n: int, top: int, here: list, tail: list) -> tuple[int, _Match | None]:
+        """_longest for a few earlier places of the last token (here: in the sequence, tail: in the
+        cache's unsorted tail): each one's agreement counted on Python ints."""
+        want = toks[n - top : n].tolist()[::-1]  # toks[n - 1 - d], d = 0 .. top - 1
+        agree_here = [_agree(toks, c, want) for c in here]
+        agree_tail = [_agree(self.cache.tokens, c, want) for c in tail]
+        size = self._sorted_longer(toks, n, top, max(agree_here + agree_tail, default=0))
+        if size < self.cfg.min_match:
+            return 0, None
+        cached = [c + 1 for c, a in zip(tail, agree_tail, strict=True) if a >= size]
+        if self.cache._n_sorted:
+            cached = np.concatenate([self.cache.sorted_occurrences(toks[n - size : n]), np.array(cached, np.int64)])
+        return size, _Match([c + 1 for c, a in zip(here, agree_here, strict=True) if a >= size], cached)
+
+    def _sorted_longer(self, toks: np.ndarray, n: int, top: int, size: int) -> int:
+        """The longest suffix found: size, or longer where the cache's sorted part has one (a binary
+        search on the length: a suffix that occurs has shorter ones that do)."""
+        lo, hi = max(size + 1, self.cfg.min_match), top if self.cache._n_sorted else 0
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if self.cache.sorted_count(toks[n - mid : n]):
+                lo, size = mid + 1, mid
+            else:
+                hi = mid - 1
+        return size
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         size, match = self._longest(seq)
