@@ -251,9 +251,9 @@ class RecycleTable:
     def row(self, *ctx: int) -> int:
         """The table row of the longest context present among the last 1 .. orders tokens of ctx
         (oldest first, the newest last; unknown tokens -1); -1: none."""
-        keys, V = self.keys, self.vocab
+        key_of, V = self.keys.item, self.vocab  # (item: a Python int, no numpy scalar per read)
         t0 = ctx[-1]
-        best = t0 if keys[t0] == t0 else -1
+        best = t0 if key_of(t0) == t0 else -1
         key, mult = t0, V
         for o in range(2, min(len(ctx), self.orders) + 1):
             t = ctx[-o]
@@ -262,7 +262,7 @@ class RecycleTable:
             key += t * mult
             mult *= V
             r = self._base[o] + (((key * MULT) & M64) >> self.shift)
-            if keys[r] == key:
+            if key_of(r) == key:
                 best = r
         return best
 
@@ -392,8 +392,8 @@ class RecycleDrafter(Drafter):
             r = t.row(*ctx)
             if r < 0:
                 break
-            x = int(t.ids[r, 0])
-            path *= float(t.probs[r, 0])
+            x = t.ids.item(r, 0)
+            path *= t.probs.item(r, 0)
             if x < 0 or path < self.min_prob:
                 break
             seq.tokens[seq.n + m] = x
@@ -409,7 +409,8 @@ class RecycleDrafter(Drafter):
 
 def _context(tokens: np.ndarray, end: int, orders: int) -> tuple[int, ...]:
     """tokens[end - orders : end] as ints, oldest first (-1 before the start)."""
-    return tuple(int(tokens[i]) if i >= 0 else -1 for i in range(end - orders, end))
+    lo = end - orders
+    return tuple(tokens[lo:end].tolist()) if lo >= 0 else (-1,) * -lo + tuple(tokens[:end].tolist())
 
 
 def grow(tree, seq: SeqState, cfg, table: RecycleTable, lookup=None, estimate=None) -> None:
@@ -426,9 +427,12 @@ def grow(tree, seq: SeqState, cfg, table: RecycleTable, lookup=None, estimate=No
     branch = min(cfg.branch, table.k)
     floor = max(cfg.min_score, 1e-12)
     kids: dict[int, list[int]] = {}  # a lookup node -> its children
-    if lookup is not None:
-        for j in range(1, lookup.n):
-            kids.setdefault(int(lookup.parents[j]), []).append(j)
+    if lookup is not None:  # (its nodes as Python ints and floats: read per candidate)
+        n_look = lookup.n
+        look_parent, look_token = lookup.parents[:n_look].tolist(), lookup.tokens[:n_look].tolist()
+        look_score = lookup.score[:n_look].tolist()
+        for j in range(1, n_look):
+            kids.setdefault(look_parent[j], []).append(j)
 
     def offer(node: int, score: float, ctx: tuple, at: int, table_too: bool = True) -> None:
         """Push the candidates under tree node `node` (its context ctx; lookup node `at`, or -1)."""
@@ -437,18 +441,16 @@ def grow(tree, seq: SeqState, cfg, table: RecycleTable, lookup=None, estimate=No
         if depth > cfg.depth:
             return
         for j in kids.get(at, ()):
-            ps = float(lookup.score[lookup.parents[j]])
-            p = float(lookup.score[j]) / ps if ps > 0 else 0.0
+            ps = look_score[look_parent[j]]
+            p = look_score[j] / ps if ps > 0 else 0.0
             s = score * (estimate(0, depth, p) if estimate else p)
             if s >= floor:
                 pushed += 1
-                heapq.heappush(heap, (-s, pushed, node, int(lookup.tokens[j]), 0, p, ctx, j))
+                heapq.heappush(heap, (-s, pushed, node, look_token[j], 0, p, ctx, j))
         r = table.row(*ctx) if table_too else -1
         if r < 0:
             return
-        ids, probs = table.ids[r], table.probs[r]
-        for i in range(branch):
-            x, p = int(ids[i]), float(probs[i])
+        for x, p in zip(table.ids[r, :branch].tolist(), table.probs[r, :branch].tolist(), strict=True):
             s = score * (estimate(1, depth, p) if estimate else p)
             if x < 0 or s < floor:
                 break  # (best first: the rest are no better)
