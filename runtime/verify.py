@@ -68,10 +68,11 @@ def accept_greedy(draft: np.ndarray, tgt_logits: np.ndarray) -> tuple[int, int]:
 
 def accept_greedy_ids(draft: np.ndarray, tgt_ids: np.ndarray) -> tuple[int, int]:
     """(n accepted, next token): draft [m], tgt_ids [m+1] the target's argmax of each row."""
+    draft, tgt_ids = draft.tolist(), tgt_ids.tolist()  # (compared as ints: no numpy scalar per read)
     n = 0
     while n < len(draft) and draft[n] == tgt_ids[n]:
         n += 1
-    return n, int(tgt_ids[n])
+    return n, tgt_ids[n]
 
 
 def accept_sampled(
@@ -142,9 +143,10 @@ def accept_tree_greedy(
     nodes' argmax ids in place of their logits (no repetition penalty then)."""
     cur, n_acc = 0, 0
     tree.path[0] = 0
+    ids = tgt_ids.tolist() if tgt_ids is not None else None
     while True:
-        if tgt_ids is not None:
-            x = int(tgt_ids[cur])
+        if ids is not None:
+            x = ids[cur]
         else:
             row = tgt_logits[cur]
             if repetition_penalty != 1.0:
