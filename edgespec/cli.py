@@ -192,7 +192,8 @@ def _cmd_demo(a) -> int:
     k = a.k or g.manifest.defaults.k
     g.set_drafter(drafter, k)
     print(f"folder default: {describe_default(g.manifest)}", file=sys.stderr)
-    print(f"--- speculative ({drafter}, k={k}{' adaptive' if g.adaptive else ''}) ---", file=sys.stderr)
+    adaptive = " adaptive" if g.adaptive or g.chain_budget else ""
+    print(f"--- speculative ({drafter}, k={k}{adaptive}) ---", file=sys.stderr)
     spec = ""
     for piece in g.stream(DEMO_PROMPT, max_new_tokens=a.max_new_tokens):
         spec += piece

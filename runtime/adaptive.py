@@ -117,7 +117,9 @@ class TreeBudget:
     best-scored nodes yields E(n) = 1 + r * (s_(1) + ... + s_(n-1)) tokens at cost verify(n), the
     measured time of a width-n target call (the width table). n = 1 (the pending token alone, a
     plain decode) is a candidate, so a tree that does not pay on this machine shrinks by itself.
-    Drafting is already spent when n is chosen, so it does not enter the ratio. Under sampling the
+    Drafting is already spent when n is chosen, so it does not enter the ratio. Chains of drafters
+    that score their drafts (Drafter.scores_chains: recycle, merged) are cut the same way
+    (choose_chain): a chain's prefixes are its only subtrees. Under sampling the
     costs stay fixed (timed=False) for the same reason as sampled_policy's."""
 
     def __init__(
@@ -130,6 +132,7 @@ class TreeBudget:
         self.cfg = cfg
         self.timed = timed
         self.verify_s = np.array([verify_cost_s.get(w, np.nan) for w in range(max_nodes + 1)])  # [max_nodes+1]
+        self._verify = self.verify_s.tolist()  # the same as Python floats (choose_chain)
         self.calibration = 1.0  # r: accepted drafts per unit of kept score
         self.predicted = 0.0  # sum of the kept nodes' scores of the last choice
         self._gain = np.zeros(max_nodes + 1)  # [max_nodes+1] E(n), index n
@@ -150,6 +153,27 @@ class TreeBudget:
         self.predicted = float(gain[best] - 1.0) / self.calibration if best > 1 else 0.0
         return best
 
+    def choose_chain(self, scores: list[float]) -> int:
+        """choose for a chain: nodes to keep (root included) of a chain whose drafts have these path
+        scores, best first by position. A prefix is all a chain can keep, so a draft's score is capped
+        by the ones before it; on Python floats (a chain has a few drafts, and each numpy call costs
+        microseconds with the caches cold after the model call)."""
+        v, r = self._verify, self.calibration
+        best, best_rate, kept, total, cap = 1, 1.0 / v[1], 0.0, 0.0, 1.0
+        for i, s in enumerate(scores[: len(v) - 2]):
+            cap = min(cap, s)
+            total += cap
+            rate = (1.0 + r * total) / v[i + 2]  # (nan where a width was never measured: never chosen)
+            if rate > best_rate:
+                best, best_rate, kept = i + 2, rate, total
+        if best == 1 and scores:  # the probe, as in choose
+            self._steps_at_one += 1
+            if self._steps_at_one >= self.cfg.probe_every:
+                self._steps_at_one, best = 0, min(len(scores), len(v) - 2) + 1
+                kept = sum(scores[: best - 1])
+        self.predicted = kept
+        return best
+
     def floor(self) -> float:
         """The lowest path score worth drafting: a node adds r * s tokens for at least the cheapest
         extra row, verify(2) - verify(1), which must beat plain decoding's 1 token per verify(1).
@@ -167,7 +191,7 @@ class TreeBudget:
         e = self.cfg.ema
         if self.timed and n < len(self.verify_s):
             old = self.verify_s[n]
-            self.verify_s[n] = verify_s if np.isnan(old) else (1 - e) * old + e * verify_s
+            self.verify_s[n] = self._verify[n] = verify_s if np.isnan(old) else (1 - e) * old + e * verify_s
         if self.predicted > 0:
             self.calibration = (1 - e) * self.calibration + e * min(4.0, n_acc / self.predicted)
 

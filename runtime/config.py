@@ -34,7 +34,8 @@ class CoreConfig:
         metadata={
             "help": "choose k per step (up to --k) from verify costs and running acceptance; k=0 when "
             "speculation does not pay; with --tree, verify each step's best-scored nodes, as many as "
-            "pay by the measured width table (1: plain decoding). Greedy: measured costs; sampling: fixed "
+            "pay by the measured width table (1: plain decoding); recycle and merged chains: the prefix "
+            "that pays by its drafts' calibrated scores. Greedy: measured costs; sampling: fixed "
             "relative costs and accepted counts, so a seed still reproduces its output (default: the "
             "folder's default)"
         },

@@ -191,11 +191,15 @@ class Generator(TextAPI):
                 )
             self.tree = TokenTree(c.tree.nodes)
         self.adaptive = self.tree_budget = None
+        self.chain_budget = None  # adaptive chains of a drafter that scores them: cut per step as trees are
         if c.adaptive and self.k > 0 and self.tree is None:
-            self.adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
+            if self.drafter.scores_chains:
+                self.chain_budget = TreeBudget(self.k + 1, self.verify_costs(range(1, self.k + 2)))
+            else:
+                self.adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
         if c.adaptive and self.tree is not None:  # trees cut each step to the size that pays
             self.tree_budget = TreeBudget(c.tree.nodes, self.verify_costs(range(1, c.tree.nodes + 1)))
-        self._budget = self.tree_budget  # the running call's (a sampled call gets fixed costs)
+        self._budget = self.tree_budget or self.chain_budget  # the running call's (a sampled call: fixed costs)
 
     def _sampled_adaptive(self) -> AdaptiveK | None:
         """Adaptive k for a sampled call (when adaptive is on): fixed relative costs instead of
@@ -252,7 +256,12 @@ class Generator(TextAPI):
         if k == 0:
             return chain(seq, 0)
         if self.tree is None or not trees:
-            return self.drafter.propose(seq, k)
+            prop = self.drafter.propose(seq, k)
+            if self.chain_budget is None or not prop.n_drafted:
+                return prop
+            m = self._budget.choose_chain(self.drafter.chain_scores()) - 1  # the prefix that pays
+            self.drafter.chain_verified(m)
+            return prop if m == prop.n_drafted else chain(seq, m)
         tree = self.tree
         tree.reset(seq.pending, self.target.max_len - seq.tgt_past)
         grow, floor = self.cfg.tree, self._budget.floor() if self._budget is not None else 0.0
@@ -363,9 +372,9 @@ class Generator(TextAPI):
         # greedy adaptive k follows measured times; under sampling that would make the RNG draws,
         # and so a seeded output, depend on timing: sampled calls get the fixed-cost policy
         adaptive = self.adaptive if sampling.greedy else self._sampled_adaptive()
-        self._budget = self.tree_budget
-        if self.tree_budget is not None and not sampling.greedy:
-            nodes = self.cfg.tree.nodes
+        self._budget = self.tree_budget or self.chain_budget
+        if self._budget is not None and not sampling.greedy:
+            nodes = self.cfg.tree.nodes if self.tree_budget is not None else self.k + 1
             self._budget = sampled_tree_budget(nodes, self.cfg.provider, self._recorded_costs(nodes))
         st = self.last_stats = GenerationStats(
             drafter=self.drafter.name,

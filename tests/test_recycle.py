@@ -11,7 +11,7 @@ import pytest
 from edgespec.engines.fake import FakeModel, random_table
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
-from edgespec.runtime.drafters.recycle import RecycleConfig, RecycleTable
+from edgespec.runtime.drafters.recycle import Calibration, RecycleConfig, RecycleTable
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.tree import TreeConfig
@@ -392,3 +392,64 @@ def test_warm_from_the_models_own_answers(tiny_engine):
         assert g.last_stats.n_drafted > 0
     finally:
         path.unlink()
+
+
+def test_calibration_counts_a_chain_as_the_same_chain_as_a_tree():
+    """observe_chain (cost-sized chains) against observe_tree (the reference) on the same drafts."""
+    from edgespec.runtime.drafters.recycle import Calibration
+    from edgespec.runtime.tree import TokenTree
+
+    rng = np.random.default_rng(3)
+    by_chain, by_tree, tree = Calibration(), Calibration(), TokenTree(12)
+    for _ in range(300):
+        n, n_look = int(rng.integers(1, 9)), int(rng.integers(0, 4))
+        probs = rng.random(n).round(3).tolist()
+        n_acc = int(rng.integers(0, n + 1))
+        by_chain.observe_chain(probs, n_look, n, n_acc)
+        tree.reset(0)
+        for i, p in enumerate(probs):
+            tree.add(i, 100 + i, p, source=0 if i < n_look else 1, prob=p)
+        tree.path[: n_acc + 1] = np.arange(n_acc + 1)
+        by_tree.observe_tree(tree, n_acc)
+    assert np.array_equal(by_chain.tested, by_tree.tested) and np.array_equal(by_chain.kept, by_tree.kept)
+    scores = by_chain.chain_scores([0.9, 0.5, 0.2], 1, [])
+    assert scores[0] == by_chain.estimate(0, 1, 0.9)
+    assert scores[2] == scores[1] * by_chain.estimate(1, 3, 0.2) < scores[0]
+
+
+def test_chain_budget_keeps_the_prefix_that_pays():
+    from edgespec.runtime.adaptive import TreeBudget
+
+    cheap = TreeBudget(9, {w: 1.0 + 0.01 * (w - 1) for w in range(1, 10)})  # rows nearly free
+    dear = TreeBudget(9, {w: float(w) for w in range(1, 10)})  # a row costs a decode
+    scores = [0.9, 0.8, 0.6, 0.3, 0.1, 0.05]
+    assert cheap.choose_chain(scores) == 7  # every draft
+    assert dear.choose_chain(scores) == 1  # plain decoding
+    mid = TreeBudget(9, {w: 1.0 + 0.1 * (w - 1) for w in range(1, 10)})  # 1 + 0.9 + ... per 1 + 0.1 per row
+    assert mid.choose_chain(scores) == 5  # 3.6 / 1.4 beats 3.3 / 1.3 and 3.7 / 1.5
+    assert cheap.choose_chain([0.9, 0.95, 0.95]) == 4 and abs(cheap.predicted - 2.7) < 1e-12  # (capped: a prefix)
+    picks = [dear.choose_chain(scores) for _ in range(2 * dear.cfg.probe_every - 1)]  # (16 counted already: 1)
+    assert picks.count(7) == 2 and picks[dear.cfg.probe_every - 2] == 7  # each 16th step probes the whole chain
+
+
+@pytest.mark.parametrize("drafter", ["recycle", "merged"])
+def test_adaptive_chains_are_cut_by_their_scores(drafter):
+    """--adaptive chains of a drafter that scores them: a cost-sized prefix per step (TreeBudget), and
+    greedy output still plain decoding's."""
+    ref = _run(_fake("none", k=None), PROMPT, 120)
+    g = _fake(drafter, k=6, adaptive=True)
+    assert g.chain_budget is not None and g.adaptive is None
+    widths = []
+    real = g._step
+
+    def step(seq, k, *a, **kw):
+        out = real(seq, k, *a, **kw)
+        widths.append(len(out[0].tokens))
+        return out
+
+    g._step = step
+    for _ in range(2):
+        assert _run(g, PROMPT, 120) == ref
+    assert g.last_stats.adaptive and g.last_stats.n_drafted > 0
+    assert len(set(widths)) > 1, set(widths)
+    assert g.drafter.calibration.tested.sum() > Calibration().tested.sum()  # it learned from the chains

@@ -6,6 +6,8 @@ A drafter proposes the next tokens:
   propose(seq, k)        write up to k tokens into seq.draft_slots(k); return their Proposal
   propose_tree(seq, tree, cfg)  grow a token tree under the pending token (drafts_trees)
   accepted(seq, n_old, n_acc)   after the target kept n_acc of them (roll back own state)
+  chain_scores() / chain_verified(m)  (scores_chains) each draft's estimated chance of being kept,
+                         and how many of the chain's drafts the cost-sized verify call took
   finish(seq)            after the call: seq holds its prompt and output (a drafter that learns
                          from served requests keeps them)
   observe(tgt, seq, prop, logits)           after every verify call, before its acceptance: the
@@ -57,6 +59,9 @@ class Drafter:
     # observe / observe_prefill read the call's full logits [T, V] on the host (False: at most what the
     # engine keeps beside them, its top-k output; the generator may then skip copying the logits back)
     needs_logits = False
+    # chain_scores gives each draft of the last chain its estimated chance of being kept (with --adaptive,
+    # chains are then cut per step to the prefix that pays by the width table; False: AdaptiveK's k)
+    scores_chains = False
 
     def __init__(self) -> None:
         self.sampling = SamplingConfig()
@@ -77,6 +82,15 @@ class Drafter:
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         pass
+
+    def chain_scores(self) -> list[float]:
+        """scores_chains drafters: the last chain's path scores, one per draft (the estimated chance
+        the target keeps it and every draft before it)."""
+        raise NotImplementedError(f"drafter {self.name!r} does not score its chains")
+
+    def chain_verified(self, m: int) -> None:
+        """scores_chains drafters: the verify call takes the first m drafts of the last chain (a
+        cost-sized chain; called after propose, before accepted)."""
 
     def forget(self) -> None:
         """Drop state kept from the last call (the next prompt is prefilled in full)."""

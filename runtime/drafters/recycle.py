@@ -12,7 +12,11 @@ accepted path, once acceptance is known: `every_row`). A later context drafts fr
 order present: the chain follows each row's first token while the path's stored probability stays
 at or above `min_prob`; a tree adds the best candidate of the whole frontier at a time (score: the
 product of stored probabilities along the path), the top `branch` tokens of each node's row, so the
-cost-sized tree machinery (TreeBudget, tree.keep_best) sizes it by those scores.
+cost-sized tree machinery (TreeBudget, tree.keep_best) sizes it by those scores. With --adaptive a
+chain is sized the same way (TreeBudget.choose_chain): each draft scored by the calibrated chance
+it is kept (`Calibration`, learned from the verified chains), the step verifies the prefix that pays
+by the width table; on this CPU that beats a k chosen from one running acceptance rate, since a
+context the table knows well is worth a longer chain than one it saw once.
 
 Cost: an update works out its T rows' contexts, keys and slots on Python ints and writes them with
 three numpy assignments (with the caches cold after the model call each numpy call costs
@@ -352,12 +356,28 @@ class RecycleDrafter(Drafter):
 
     name = "recycle"
     drafts_trees = True
+    scores_chains = True
 
     def __init__(self, table: RecycleTable, min_prob: float = 0.0) -> None:
         super().__init__()
         self.recycle_table = table  # filled from every target call (the observe hooks)
         self.min_prob = min_prob
         self.last_score = 0.0  # the last chain's sum of path probabilities: its expected accepted length
+        self.greedy_calibration = Calibration()  # kept across greedy calls; a sampled call starts afresh
+        self.calibration = self.greedy_calibration
+        self.chain_probs: list[float] = []  # the last chain's stored probability per draft
+        self._scores: list[float] = []  # its path scores (chain_scores)
+        self._verified = -1  # drafts of it the verify call took (-1: not cost-sized, nothing to learn)
+
+    def configure(self, sampling, rng) -> None:
+        super().configure(sampling, rng)
+        self.calibration = self.greedy_calibration if sampling.greedy else Calibration()
+
+    def chain_scores(self) -> list[float]:
+        return self.calibration.chain_scores(self.chain_probs, 0, self._scores)
+
+    def chain_verified(self, m: int) -> None:
+        self._verified = m
 
     @property
     def needs_logits(self) -> bool:  # (only a folder without the top-k output: the argmax fallback)
@@ -371,6 +391,9 @@ class RecycleDrafter(Drafter):
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         self.recycle_table.observe_commit(seq)  # (the committed-only orders of the last verify call)
+        if self._verified >= 0:
+            self.calibration.observe_chain(self.chain_probs, 0, self._verified, n_acc)
+            self._verified = -1
 
     def finish(self, seq: SeqState) -> None:
         t = self.recycle_table
@@ -379,12 +402,14 @@ class RecycleDrafter(Drafter):
             t.save()
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
-        return chain(seq, self.extend(seq, 0, k))
+        self.chain_probs.clear()
+        return chain(seq, self.extend(seq, 0, k, probs=self.chain_probs))
 
-    def extend(self, seq: SeqState, m: int, k: int, path: float = 1.0) -> int:
+    def extend(self, seq: SeqState, m: int, k: int, path: float = 1.0, probs: list | None = None) -> int:
         """Continue a chain of m drafts in seq's draft slots (0: from the pending token) up to k from
         the table: each context's first token while the path's stored probability (from `path`)
-        stays >= min_prob. Returns the chain's new length; last_score: the sum of path probabilities."""
+        stays >= min_prob. Returns the chain's new length; last_score: the sum of path probabilities;
+        probs (if given): each new draft's stored probability appended."""
         t = self.recycle_table
         ctx = _context(seq.tokens, seq.n + m, t.orders)
         score = 0.0
@@ -392,13 +417,15 @@ class RecycleDrafter(Drafter):
             r = t.row(*ctx)
             if r < 0:
                 break
-            x = t.ids.item(r, 0)
-            path *= t.probs.item(r, 0)
+            x, p = t.ids.item(r, 0), t.probs.item(r, 0)
+            path *= p
             if x < 0 or path < self.min_prob:
                 break
             seq.tokens[seq.n + m] = x
             m += 1
             score += path
+            if probs is not None:
+                probs.append(p)
             ctx = ctx[1:] + (x,)
         self.last_score = score
         return m
@@ -512,6 +539,32 @@ class Calibration:
                 seen = cells.setdefault(cell, [0, 0])
                 seen[0] += 1
                 seen[1] += i + 1 in on
+        self._count(cells)
+
+    def observe_chain(self, probs: list[float], n_look: int, n: int, n_acc: int) -> None:
+        """A verified chain of n drafts (the first n_look from the lookup, source 0; the rest from the
+        table), probs their sources' own probabilities, n_acc of them kept: draft i was tested when
+        every draft before it was kept. The same counts as observe_tree of that chain as a tree."""
+        cells: dict[tuple[int, int, int], list[int]] = {}
+        for i in range(min(n, n_acc + 1)):
+            cell = (0 if i < n_look else 1, min(i + 1, DEPTHS) - 1, _BIN[int(min(probs[i] * 20, 20))])
+            seen = cells.setdefault(cell, [0, 0])
+            seen[0] += 1
+            seen[1] += i < n_acc
+        self._count(cells)
+
+    def chain_scores(self, probs: list[float], n_look: int, out: list[float]) -> list[float]:
+        """out := the path scores of a chain whose first n_look drafts came from the lookup (source 0),
+        the rest from the table: the product of each draft's estimate down to it."""
+        out.clear()
+        path, est = 1.0, self.estimate
+        for i, p in enumerate(probs):
+            path *= est(0 if i < n_look else 1, i + 1, p)
+            out.append(path)
+        return out
+
+    def _count(self, cells: dict) -> None:
+        """Decay each tested cell once, then count its nodes tested and kept."""
         tested, kept, decay = self.tested, self.kept, self.decay
         for cell, (n_tested, n_kept) in cells.items():
             t, k = float(tested[cell]) * decay, float(kept[cell]) * decay
@@ -529,12 +582,14 @@ class MergedDrafter(Drafter):
     match). Trees: one tree of both, best node first (`grow`), each node scored by the calibrated
     chance it is kept (`Calibration`, per source, depth and own probability, learned from every
     verified tree), so the cost-sized tree machinery (--adaptive: TreeBudget keeps the nodes that pay
-    for their verify rows by the folder's measured width table) sizes one tree over both sources.
+    for their verify rows by the folder's measured width table) sizes one tree over both sources;
+    --adaptive chains are cut the same way, each draft scored by the same calibration.
     Greedy calls keep learning across calls; a sampled call starts from the prior (its seed then
     reproduces its output given the same table and cache)."""
 
     name = "merged"
     drafts_trees = True
+    scores_chains = True
 
     def __init__(self, lookup: Drafter, recycle: RecycleDrafter) -> None:
         super().__init__()
@@ -544,6 +599,10 @@ class MergedDrafter(Drafter):
         self.calibration = self.greedy_calibration
         self._scratch = None  # the lookup's own tree, merged into the step's
         self._tree = None  # the tree drafted this step (learned from after its verify call)
+        self.chain_probs: list[float] = []  # the last chain's per-draft probability (its source's own)
+        self._n_look = 0  # drafts of it from the lookup (the rest from the table)
+        self._scores: list[float] = []
+        self._verified = -1  # drafts of it the verify call took (-1: not cost-sized, nothing to learn)
 
     def configure(self, sampling, rng) -> None:
         super().configure(sampling, rng)
@@ -570,7 +629,12 @@ class MergedDrafter(Drafter):
     def propose(self, seq: SeqState, k: int) -> Proposal:
         self._tree = None
         m = self.lookup.propose(seq, k).n_drafted
-        total = self.recycle.extend(seq, m, k)
+        probs = self.chain_probs
+        probs.clear()
+        look = getattr(self.lookup, "last_probs", None)  # (prompt lookup has none: 1 each)
+        probs += look[:m] if look is not None else [1.0] * m
+        total = self.recycle.extend(seq, m, k, probs=probs)
+        self._n_look = m
         look = self.lookup.name
         self.source = (look if total == m else f"{look}+recycle") if m else ("recycle" if total else "")
         return chain(seq, total)
@@ -589,12 +653,21 @@ class MergedDrafter(Drafter):
         look = self.lookup.name
         self.source = "" if tree.n == 1 else ("recycle" if all(srcs) else look if not any(srcs) else f"{look}+recycle")
 
+    def chain_scores(self) -> list[float]:
+        return self.calibration.chain_scores(self.chain_probs, self._n_look, self._scores)
+
+    def chain_verified(self, m: int) -> None:
+        self._verified = m
+
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         self.lookup.accepted(seq, n_old, n_acc)
         self.recycle.accepted(seq, n_old, n_acc)
         if self._tree is not None:
             self.calibration.observe_tree(self._tree, n_acc)
             self._tree = None
+        if self._verified >= 0:
+            self.calibration.observe_chain(self.chain_probs, self._n_look, self._verified, n_acc)
+            self._verified = -1
 
 
 LOOKUPS = ("suffix", "ngram")  # what merged drafts first

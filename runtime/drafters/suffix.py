@@ -254,6 +254,7 @@ class SuffixDrafter(Drafter):
         self.cache, self.cfg = cache, cache.cfg
         self.last_size = 0  # the last chain's match length (0: no match)
         self.last_score = 0.0  # the last chain's sum of path probabilities: its expected accepted length
+        self.last_probs: list[float] = []  # the last chain's continuation frequency per draft
 
     def finish(self, seq: SeqState) -> None:
         self.cache.add(seq.tokens[: seq.n])  # the request it served becomes evidence for the next ones
@@ -316,14 +317,18 @@ class SuffixDrafter(Drafter):
         slots = seq.draft_slots(limit)
         path, m, ctoks = 1.0, 0, self.cache.tokens
         self.last_size, self.last_score = size, 0.0
+        probs = self.last_probs
+        probs.clear()
         while m < limit:
             ids, cnt = match.followers(seq.tokens, seq.n, ctoks)
             if not len(ids):
                 break
-            path *= cnt[0] / sum(cnt)
+            p = cnt[0] / sum(cnt)
+            path *= p
             if path < self.cfg.min_prob:
                 break
             slots[m] = ids[0]
+            probs.append(float(p))
             m += 1
             self.last_score += path
             match = match.after(seq.tokens, ctoks, ids[0])
