@@ -1,7 +1,7 @@
 """Tokens per target call against mean verify width for drafter settings, greedy, fixed k: one
-folder loaded once, each setting with a fresh drafter store (its recycle table and suffix cache learn
-over the prompts in order, as in `edgespec bench`), every output checked against the first setting's
-(greedy speculative output is plain output, so they must all agree).
+folder loaded once, each setting from the same base config with a fresh drafter store (its recycle
+table and suffix cache learn over the prompts in order, as in `edgespec bench`), every output checked
+against the first setting's (greedy speculative output is plain output, so they must all agree).
 
     python tools/recycle_sweep.py FOLDER PROMPTS.jsonl [PROMPTS2.jsonl ...] --k 4 \\
         --set drafter=ngram --set drafter=recycle,recycle_min_prob=0.3 [--json out.json]
@@ -54,10 +54,11 @@ def main() -> None:
     prompts = [p for f in a.prompts for p in load_prompts(f, a.limit)]
     g = Generator.load(a.folder, RuntimeConfig(drafter="none", k=a.k, adaptive=False, threads=a.threads))
     encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
-    rows, ref = [], None
+    rows, ref, base = [], None, g.cfg
     for spec in a.set:
         changes = parse_set(spec)
         g.drafter_store = {}  # a fresh table / suffix cache: nothing learned from another setting
+        g.cfg = base  # (reconfigure keeps what it is not told: no setting may inherit the one before)
         g.reconfigure(**({"k": a.k, "adaptive": False, "tree": TreeConfig()} | changes))
         calls = steps_tokens = drafted = 0
         outs = []
