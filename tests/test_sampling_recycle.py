@@ -24,9 +24,11 @@ def test_recycle_sampling_keeps_the_target_distribution(drafter, tree, adaptive)
         assert st.n_drafted > st.n_target_calls  # more than one candidate per step
 
 
-def test_a_seed_reproduces_the_output():
-    g = _gen("merged", TREE)
+@pytest.mark.parametrize("tree", [True, False])  # (False: a cost-sized chain)
+def test_a_seed_reproduces_the_output(tree):
+    g = _gen("merged", TREE) if tree else _gen("merged")
     g.reconfigure(adaptive=True)
+    assert (g.tree_budget if tree else g.chain_budget) is not None
     cfg = SamplingConfig(temperature=0.7, seed=5)
     prompt = np.array([1, 2, 3, 1, 2])
     g.drafter_store = {}

@@ -631,8 +631,8 @@ class MergedDrafter(Drafter):
         m = self.lookup.propose(seq, k).n_drafted
         probs = self.chain_probs
         probs.clear()
-        look = getattr(self.lookup, "last_probs", None)  # (prompt lookup has none: 1 each)
-        probs += look[:m] if look is not None else [1.0] * m
+        look_probs = getattr(self.lookup, "last_probs", None)  # (prompt lookup has none: 1 each)
+        probs += look_probs[:m] if look_probs is not None else [1.0] * m
         total = self.recycle.extend(seq, m, k, probs=probs)
         self._n_look = m
         look = self.lookup.name
