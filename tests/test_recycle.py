@@ -383,6 +383,7 @@ def test_warm_from_the_models_own_answers(tiny_engine):
     path = warm(str(tiny_engine), answers=6, max_new_tokens=12, out=log)
     try:
         assert "answer tokens to 6 wide-mix prompts" in log.getvalue() and path.name == WARM_FILE
+        assert f"edgespec tune {tiny_engine} --prompts" in log.getvalue()  # (the default drafter is ngram)
         g = Generator.load(tiny_engine, RuntimeConfig(drafter="recycle", k=4))
         assert (g.drafter.recycle_table.keys >= 0).sum() > 20
         plain = Generator.load(tiny_engine, RuntimeConfig(drafter="none"))
