@@ -157,8 +157,10 @@ class Origins:
         return out
 
 
-# ANSI colours by provenance: accepted draft tokens by position (greens), correction, bonus
+# ANSI colours by provenance: accepted draft tokens by position (greens; recycled from the target's own
+# earlier predictions: magentas), correction, bonus
 _POS = ["\033[38;5;46m", "\033[38;5;40m", "\033[38;5;34m", "\033[38;5;28m", "\033[38;5;22m"]
+_RECYCLED = ["\033[38;5;207m", "\033[38;5;170m", "\033[38;5;133m", "\033[38;5;96m", "\033[38;5;89m"]
 CORRECTION, BONUS, RESET = "\033[38;5;196m", "\033[38;5;33m", "\033[0m"
 
 
@@ -176,18 +178,25 @@ def show_acceptance(g, prompt, max_new_tokens: int, temperature: float, seed, ou
     ids = g.codec.encode(prompt)
     decoder = StreamDecoder(g.codec)
     eos = set(g.manifest.eos_token_ids)
+    recycled = False
     for new in g.generate_ids(ids, max_new_tokens, SamplingConfig(temperature, seed=seed), grammar):
         m, n_acc = g.last_step
+        n_kept = min(n_acc, len(new))
+        runs = g.drafter.kept_sources(n_kept) if n_kept else ()
+        sources = [src or g.drafter.name for n, src in runs for _ in range(n)]  # per kept draft
         for tok, kind in zip(new, provenance(m, n_acc, len(new)), strict=True):
             piece = decoder.push([] if int(tok) in eos else [tok])
-            colour = (
-                _POS[min(int(kind[5:]), len(_POS) - 1)]
-                if kind.startswith("draft")
-                else {"correction": CORRECTION, "bonus": BONUS}.get(kind, "")
-            )
+            if kind.startswith("draft"):
+                i = int(kind[5:])
+                shades = _RECYCLED if sources[i] == "recycle" else _POS
+                recycled |= shades is _RECYCLED
+                colour = shades[min(i, len(shades) - 1)]
+            else:
+                colour = {"correction": CORRECTION, "bonus": BONUS}.get(kind, "")
             out.write(f"{colour}{piece}{RESET if colour else ''}")
         out.flush()
     out.write(
-        f"\n{_POS[0]}accepted draft{RESET} (darker = later position)  {CORRECTION}target correction"
-        f"{RESET}  {BONUS}bonus{RESET}  plain = no draft\n"
+        f"\n{_POS[0]}accepted draft{RESET} (darker = later position)  "
+        + (f"{_RECYCLED[0]}recycled draft{RESET} (the target's own earlier prediction)  " if recycled else "")
+        + f"{CORRECTION}target correction{RESET}  {BONUS}bonus{RESET}  plain = no draft\n"
     )

@@ -79,11 +79,13 @@ class TextAPI:
         try:
             for new in gen:
                 n_dft = min(self.last_step[1], len(new))  # the step's kept draft tokens come first
-                for part, label in ((new[:n_dft], self._draft_label()), (new[n_dft:], TARGET)):
-                    if len(part):
-                        piece = decoder.push([t for t in part if int(t) not in eos])
+                at = 0
+                for n, label in (*self._draft_runs(n_dft), (len(new) - n_dft, TARGET)):
+                    if n:
+                        piece = decoder.push([t for t in new[at : at + n] if int(t) not in eos])
                         origins.add(len(piece), label)  # text held back by the decoder goes to the later part
                         text += piece
+                        at += n
                 cut = min((i for i in (text.find(x) for x in stop) if i >= 0), default=-1)
                 if cut >= 0:
                     if cut > emitted:
@@ -102,10 +104,13 @@ class TextAPI:
         finally:
             gen.close()
 
-    def _draft_label(self) -> str:
-        """Who drafted this step's tokens: the drafter, or for hybrid the source it chose."""
-        src = self.drafter.source
-        return (self.cfg.hybrid_head if src == "head" else src) or self.drafter.name
+    def _draft_runs(self, n_kept: int) -> list[tuple[int, str]]:
+        """Who drafted this step's n_kept kept tokens, as runs (count, label): the drafter, or the
+        source it chose (hybrid: suffix or the head) or used per token (merged: its lookup, recycle)."""
+        if not n_kept:
+            return []
+        name, head = self.drafter.name, self.cfg.hybrid_head
+        return [(n, (head if src == "head" else src) or name) for n, src in self.drafter.kept_sources(n_kept)]
 
     def generate(self, prompt, **kwargs) -> str:
         return "".join(self.stream(prompt, **kwargs))

@@ -454,3 +454,21 @@ def test_adaptive_chains_are_cut_by_their_scores(drafter):
     assert g.last_stats.adaptive and g.last_stats.n_drafted > 0
     assert len(set(widths)) > 1, set(widths)
     assert g.drafter.calibration.tested.sum() > Calibration().tested.sum()  # it learned from the chains
+
+
+@pytest.mark.parametrize("tree", ["", "9:4:2:2"])
+def test_merged_names_the_source_of_each_kept_draft(tree):
+    """kept_sources: the step's kept drafts as runs of their sources (the chat page's and
+    --show-acceptance's colours): a chain's lookup drafts before its table drafts, a tree's by its path."""
+    g = _fake("merged", k=6, tree=TreeConfig.parse(tree) if tree else TreeConfig())
+    seen = set()
+    for _ in g.generate_ids(np.array(PROMPT, np.int64), 120):
+        m, n_acc = g.last_step
+        runs = g.drafter.kept_sources(n_acc)
+        assert sum(n for n, _ in runs) == n_acc and all(n > 0 for n, _ in runs)
+        labels = [label for _, label in runs]
+        assert set(labels) <= {"suffix", "recycle"}
+        if not tree:
+            assert labels in ([], ["suffix"], ["recycle"], ["suffix", "recycle"])
+        seen |= set(labels)
+    assert seen == {"suffix", "recycle"}

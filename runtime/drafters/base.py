@@ -83,6 +83,11 @@ class Drafter:
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         pass
 
+    def kept_sources(self, n_kept: int) -> list[tuple[int, str]]:
+        """The last step's first n_kept drafts (the kept ones, after accepted) as runs of (count,
+        source label) in order; a drafter that mixes sources within a step (merged) splits them."""
+        return [(n_kept, self.source)]
+
     def chain_scores(self) -> list[float]:
         """scores_chains drafters: the last chain's path scores, one per draft (the estimated chance
         the target keeps it and every draft before it)."""

@@ -603,6 +603,7 @@ class MergedDrafter(Drafter):
         self._n_look = 0  # drafts of it from the lookup (the rest from the table)
         self._scores: list[float] = []
         self._verified = -1  # drafts of it the verify call took (-1: not cost-sized, nothing to learn)
+        self._kept = (None, 0)  # the last step's (tree or None for a chain, drafts kept): kept_sources
 
     def configure(self, sampling, rng) -> None:
         super().configure(sampling, rng)
@@ -659,9 +660,26 @@ class MergedDrafter(Drafter):
     def chain_verified(self, m: int) -> None:
         self._verified = m
 
+    def kept_sources(self, n_kept: int) -> list[tuple[int, str]]:
+        runs: list[tuple[int, str]] = []
+        look, (tree, n_acc) = self.lookup.name, self._kept
+        n = min(n_kept, n_acc)
+        if tree is None:  # a chain: the lookup's drafts first
+            srcs = [0] * min(n, self._n_look) + [1] * max(0, n - self._n_look)
+        else:  # the kept path of the tree (read before the next step resets it)
+            srcs = tree.source[tree.path[1 : n + 1]].tolist()
+        for src in srcs:  # 0: the lookup, 1: the table
+            label = "recycle" if src else look
+            if runs and runs[-1][1] == label:
+                runs[-1] = (runs[-1][0] + 1, label)
+            else:
+                runs.append((1, label))
+        return runs
+
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
         self.lookup.accepted(seq, n_old, n_acc)
         self.recycle.accepted(seq, n_old, n_acc)
+        self._kept = (self._tree, n_acc)  # (kept_sources reads it, if anyone asks)
         if self._tree is not None:
             self.calibration.observe_tree(self._tree, n_acc)
             self._tree = None
