@@ -40,7 +40,7 @@ import numpy as np
 from edgespec.runtime.constraint import OutputConstraint
 from edgespec.runtime.drafters import spec_of
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
-from edgespec.runtime.state import Proposal, SeqState, chain
+from edgespec.runtime.state import Proposal, SeqState, SparseQ, chain
 from edgespec.runtime.verify import accept_sampled
 
 INSTALL_HINT = "pip install 'edgespec[structured]'"
@@ -464,7 +464,9 @@ class Constraint(OutputConstraint):
                     break
                 self.forced[n] = False
                 self._has_q[n] = q_src is not None
-                if q_src is not None:  # kept now: a drafter may reuse its q buffer when it drafts again
+                if isinstance(q_src, SparseQ):  # kept now: a drafter may reuse its q buffer when it drafts again
+                    q_src.dense_row(n - base, self._q_rows()[n])
+                elif q_src is not None:
                     np.copyto(self._q_rows()[n], q_src[n - base])
                 same, used, budget = same + 1, used + 1, budget - 1
                 self.drafted += 1

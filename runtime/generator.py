@@ -34,7 +34,7 @@ from edgespec.runtime.constraint import NO_CONSTRAINT, OutputConstraint
 from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens, penalize
-from edgespec.runtime.state import Proposal, SeqState, TargetRows, chain
+from edgespec.runtime.state import Proposal, SeqState, TargetRows, chain, chain_prefix
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import TextCodec
 from edgespec.runtime.text_api import TextAPI
@@ -261,7 +261,7 @@ class Generator(TextAPI):
                 return prop
             m = self._budget.choose_chain(self.drafter.chain_scores()) - 1  # the prefix that pays
             self.drafter.chain_verified(m)
-            return prop if m == prop.n_drafted else chain(seq, m)
+            return chain_prefix(seq, prop, m)
         tree = self.tree
         tree.reset(seq.pending, self.target.max_len - seq.tgt_past)
         grow, floor = self.cfg.tree, self._budget.floor() if self._budget is not None else 0.0

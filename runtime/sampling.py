@@ -184,6 +184,20 @@ class RowDist:
         np.cumsum(self.blocks, dtype=np.float64, out=self.cum)
         self.total = float(self.cum[-1])
 
+    def subtract(self, ids: list[int], qs: list[float]) -> None:
+        """w := max(0, w - q * total) over q's tokens ids (-1: none), q a distribution: what is left is
+        the residual max(0, p - q) of a rejected draft drawn from q, scaled by the old total. The blocks
+        touched are summed again."""
+        w, total, touched = self.w, self.total, set()
+        for x, q in zip(ids, qs, strict=True):
+            if x >= 0 and q > 0.0:
+                w[x] = max(0.0, float(w[x]) - q * total)
+                touched.add(x // BLOCK)
+        for b in touched:
+            self.blocks[b] = w[b * BLOCK : (b + 1) * BLOCK].sum()
+        np.cumsum(self.blocks, dtype=np.float64, out=self.cum)
+        self.total = float(self.cum[-1])
+
     def draw(self, rng: np.random.Generator) -> int:
         """One token from what is loaded (total must be > 0)."""
         return _draw(self.w, self.cum, rng.random())

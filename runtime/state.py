@@ -42,12 +42,12 @@ class Proposal:
     tokens [T]: node 0 is the pending token, then the drafts (a chain: a view of the sequence's
     draft slots, so accepted tokens are already in place; a tree: its nodes in topological order).
     parents [T] or None: a token tree (parents[0] = -1, parents[i] < i); None is the chain
-    0 <- 1 <- ... <- T-1. q [T-1, V] or None: the drafter's distribution of each draft (None: a
-    one-hot q on its token, i.e. a deterministic drafter or greedy decoding)."""
+    0 <- 1 <- ... <- T-1. q [T-1, V], a SparseQ, or None: the drafter's distribution of each draft
+    (None: a one-hot q on its token, i.e. a deterministic drafter or greedy decoding)."""
 
     tokens: np.ndarray  # [T] int64, T = 1 + drafted tokens
     parents: np.ndarray | None = None  # [T] a tree's parent of each node; None: a chain
-    q: np.ndarray | None = None  # [T-1, V] draft distributions (lossless sampling); None: one-hot
+    q: np.ndarray | SparseQ | None = None  # [T-1, V] draft distributions (lossless sampling); None: one-hot
     tree: object | None = None  # the TokenTree behind a tree proposal (children lookup, accepted path)
     depth: int = 0  # longest drafted path (a chain: its length); per-position stats count by it
 
@@ -61,9 +61,41 @@ class Proposal:
         return None if self.parents is None else self.tree.path
 
 
-def chain(seq: SeqState, m: int, q: np.ndarray | None = None) -> Proposal:
+def chain(seq: SeqState, m: int, q: np.ndarray | SparseQ | None = None) -> Proposal:
     """The proposal of m drafts a drafter wrote into seq.draft_slots(m)."""
     return Proposal(seq.verify_window(m), None, q, None, m)
+
+
+def chain_prefix(seq: SeqState, prop: Proposal, m: int) -> Proposal:
+    """A chain proposal cut to its first m drafts (their q rows with them)."""
+    if m == prop.n_drafted:
+        return prop
+    q = prop.q
+    return chain(seq, m, None if q is None else q.head(m) if isinstance(q, SparseQ) else q[:m])
+
+
+@dataclass
+class SparseQ:
+    """Draft distributions over a few tokens each (a table drafter's: the rest of the vocabulary has
+    q = 0): row i puts probs[i, j] on ids[i, j], distinct tokens; ids -1 pad a row (probability 0). Verification
+    reads only these entries (verify._accept_sampled_sparse) instead of V-wide rows."""
+
+    ids: np.ndarray  # [m, K] int64 the tokens each draft's q covers (-1: none)
+    probs: np.ndarray  # [m, K] float64 their probabilities (each row sums to 1)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def head(self, m: int) -> SparseQ:
+        return SparseQ(self.ids[:m], self.probs[:m])
+
+    def dense_row(self, i: int, out: np.ndarray) -> np.ndarray:
+        """out [V] := row i as a dense distribution."""
+        out.fill(0.0)
+        for x, q in zip(self.ids[i].tolist(), self.probs[i].tolist(), strict=True):
+            if x >= 0:
+                out[x] += q
+        return out
 
 
 class TargetRows:

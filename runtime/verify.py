@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs, row_dist, sample
-from edgespec.runtime.state import Proposal, SeqState
+from edgespec.runtime.state import Proposal, SeqState, SparseQ
 
 
 def accept(
@@ -77,15 +77,18 @@ def accept_greedy_ids(draft: np.ndarray, tgt_ids: np.ndarray) -> tuple[int, int]
 
 def accept_sampled(
     draft: np.ndarray,
-    dft_probs: np.ndarray | None,
+    dft_probs: np.ndarray | SparseQ | None,
     tgt_logits: np.ndarray,
     cfg: SamplingConfig,
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """(n accepted, next token) by rejection sampling; dft_probs [m, V] or None (one-hot q). Only the
-    rows the walk reaches are processed, one at a time (a row's distribution: sampling.RowDist)."""
+    """(n accepted, next token) by rejection sampling; dft_probs [m, V], a SparseQ, or None (one-hot
+    q). Only the rows the walk reaches are processed, one at a time (a row's distribution:
+    sampling.RowDist)."""
     if cfg.typical_epsilon > 0:
         return accept_typical(draft, probs(tgt_logits, cfg), cfg.typical_epsilon, rng)
+    if isinstance(dft_probs, SparseQ):
+        return _accept_sampled_sparse(draft, dft_probs, tgt_logits, cfg, rng)
     if dft_probs is not None:
         return _accept_sampled_q(draft, dft_probs, tgt_logits, cfg, rng)
     d = row_dist(tgt_logits.shape[-1])
@@ -116,6 +119,25 @@ def _accept_sampled_q(
             residual = probs(tgt_logits[i], cfg)
         return i, sample(residual, rng)
     return len(draft), row_dist(tgt_logits.shape[-1]).load(tgt_logits[len(draft)], cfg).draw(rng)
+
+
+def _accept_sampled_sparse(
+    draft: np.ndarray, q: SparseQ, tgt_logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator
+) -> tuple[int, int]:
+    """accept_sampled with draft distributions over a few tokens each: the same rule on RowDist's
+    float32 weights (p = w / total), the residual max(0, p - q) written over q's few tokens only."""
+    d = row_dist(tgt_logits.shape[-1])
+    for i, x in enumerate(draft.tolist()):
+        d.load(tgt_logits[i], cfg)
+        ids, qs = q.ids[i].tolist(), q.probs[i].tolist()
+        q_x = sum(p for t, p in zip(ids, qs, strict=True) if t == x)
+        if rng.random() * q_x * d.total < d.w[x]:  # u < p(x) / q(x), without dividing
+            continue
+        d.subtract(ids, qs)
+        if d.total <= 0.0:  # p <= q everywhere, i.e. p == q up to rounding: any draw from p is right
+            d.load(tgt_logits[i], cfg)
+        return i, d.draw(rng)
+    return len(draft), d.load(tgt_logits[len(draft)], cfg).draw(rng)
 
 
 def accept_typical(draft: np.ndarray, p: np.ndarray, eps: float, rng: np.random.Generator) -> tuple[int, int]:

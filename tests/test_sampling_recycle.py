@@ -38,3 +38,122 @@ def test_a_seed_reproduces_the_output(tree):
     g.reconfigure()
     b = np.concatenate([c.copy() for c in g.generate_ids(prompt, 40, cfg)])
     assert np.array_equal(a, b)
+
+
+# ---- sampled drafts from the table's stored rows (SparseQ) ----------------------------------------
+
+
+def _sparse_q_run(n: int = 30_000):
+    """(p-value of the step's token against p, kept fraction, sum(min(p, q))) of n one-draft steps,
+    x ~ q over a few tokens (one with no target mass) on rows wider than one block."""
+    from scipy.stats import chisquare
+
+    from edgespec.runtime.state import SparseQ
+    from edgespec.runtime.verify import accept_sampled
+
+    V = 600
+    rng = np.random.default_rng(0)
+    logits = np.full((2, V), -30.0, np.float32)  # [T, V] the mass on 12 tokens in three blocks
+    hot = np.array([3, 9, 17, 260, 261, 300, 511, 512, 513, 590, 595, 599])
+    logits[0, hot] = rng.standard_normal(len(hot)).astype(np.float32) * 1.5
+    cfg = SamplingConfig(temperature=0.7)
+    p = np.exp((logits[0] - logits[0].max()) / 0.7).astype(np.float64)
+    p /= p.sum()
+    ids = np.array([[260, 3, 512, 42, 599, -1, -1, -1]])  # 42: no target mass
+    qs = np.array([[0.35, 0.25, 0.2, 0.1, 0.1, 0.0, 0.0, 0.0]])
+    q = SparseQ(ids, qs)
+    draws = rng.choice(5, size=n, p=qs[0, :5])
+    counts, kept = np.zeros(V), 0
+    for j in draws:
+        n_acc, nxt = accept_sampled(ids[0, j : j + 1], q, logits, cfg, rng)
+        tok = ids[0, j] if n_acc else nxt
+        kept += n_acc
+        counts[tok] += 1
+    keep = p * n > 5
+    obs, exp = np.append(counts[keep], counts[~keep].sum()), np.append(p[keep] * n, p[~keep].sum() * n)
+    dense_q = np.zeros(V)
+    dense_q[ids[0, :5]] = qs[0, :5]
+    return chisquare(obs, exp).pvalue, kept / n, np.minimum(p, dense_q).sum()
+
+
+def test_a_sparse_q_keeps_the_target_distribution_and_keeps_sum_min_p_q():
+    """The sparse rule: the step's token follows p exactly, and x is kept with chance
+    sum(min(p, q)) (against p(x) alone for the first candidate)."""
+    pytest.importorskip("scipy")
+    n = 30_000
+    pvalue, kept, want = _sparse_q_run(n)
+    assert pvalue > 1e-3
+    assert abs(kept - want) < 4 * np.sqrt(want * (1 - want) / n)
+
+
+def test_a_residual_left_unsubtracted_is_caught(monkeypatch):
+    """Redraw from p itself after a rejection (no residual): the test above must notice."""
+    pytest.importorskip("scipy")
+    from edgespec.runtime.sampling import RowDist
+
+    monkeypatch.setattr(RowDist, "subtract", lambda self, ids, qs: None)
+    assert _sparse_q_run()[0] < 1e-3
+
+
+def test_subtract_leaves_the_residual():
+    """RowDist.subtract: w = max(0, p - q) * the old total over q's tokens, the rest unchanged, the
+    block sums and total current."""
+    from edgespec.runtime.sampling import RowDist
+
+    V = 700
+    logits = np.random.default_rng(1).standard_normal(V).astype(np.float32)
+    d = RowDist(V).load(logits, SamplingConfig(temperature=1.0))
+    w0, total = d.w.astype(np.float64), d.total
+    ids, qs = [5, 300, 699, -1], [0.5, 0.3, 0.2, 0.0]
+    d.subtract(ids, qs)
+    want = w0.copy()
+    for x, q in zip(ids[:3], qs[:3], strict=True):
+        want[x] = max(0.0, w0[x] - q * total)
+    np.testing.assert_allclose(d.w, want, rtol=1e-6)
+    np.testing.assert_allclose(d.total, want.sum(), rtol=1e-5)
+    np.testing.assert_allclose(d.blocks.sum(), d.total, rtol=1e-6)
+
+
+def _table_drafter(sharpen):
+    from edgespec.runtime.drafters.recycle import RecycleDrafter, RecycleTable
+    from edgespec.runtime.state import SeqState
+
+    V = 50
+    table = RecycleTable(V)
+    ids = np.array([[7, 8, 9, 10, -1, -1, -1, -1]])
+    probs = np.array([[0.5, 0.3, 0.15, 0.05, 0, 0, 0, 0]], np.float32)
+    for ctx in range(V):  # every token's row: the same four candidates
+        table.observe_span(np.array([ctx]), 0, 1, ids, probs)
+    d = RecycleDrafter(table, sharpen=sharpen)
+    d.configure(SamplingConfig(temperature=0.7), np.random.default_rng(3))
+    seq = SeqState(np.zeros(16, np.int64), 1, 1, 0)
+    return d, seq, table.probs[0, :4].astype(np.float64)  # (as stored: float16)
+
+
+def test_sampled_drafts_are_drawn_from_the_sharpened_row():
+    d, seq, stored = _table_drafter(2.0)
+    want = stored ** (2.0 / 0.7)
+    want /= want.sum()
+    seen = np.zeros(4)
+    for _ in range(4000):
+        prop = d.propose(seq, 2)
+        assert prop.n_drafted == 2 and prop.q is not None
+        np.testing.assert_allclose(prop.q.probs[:, :4], [want, want])
+        np.testing.assert_allclose(prop.q.probs.sum(axis=1), 1.0)
+        seen[prop.tokens[1] - 7] += 1
+    assert np.abs(seen / seen.sum() - want).max() < 0.03
+
+
+def test_sharpen_inf_drafts_the_first_candidate_one_hot():
+    d, seq, _ = _table_drafter(float("inf"))
+    for _ in range(50):
+        prop = d.propose(seq, 3)
+        assert prop.tokens[1:].tolist() == [7, 7, 7]
+        assert prop.q.probs[:, 0].tolist() == [1.0] * 3
+
+
+def test_a_sharpen_of_zero_is_refused():
+    from edgespec.runtime.drafters.recycle import RecycleError
+
+    with pytest.raises(RecycleError, match="--recycle-sharpen"):
+        _table_drafter(0.0)

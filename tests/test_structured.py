@@ -175,7 +175,7 @@ def _chi2(g, grammar, cfg, n=4) -> float:
     return float(chisquare(obs_k, exp_k * obs_k.sum() / exp_k.sum()).pvalue)
 
 
-@pytest.mark.parametrize("drafter", ["none", "draft", "ngram", "eagle", "medusa"])
+@pytest.mark.parametrize("drafter", ["none", "draft", "ngram", "eagle", "medusa", "recycle", "merged"])
 def test_constrained_sampling_keeps_the_masked_target_distribution(drafter):
     """Masked p, q restricted the same way, cut drafts' positions drawn from p': chi-square."""
     pytest.importorskip("scipy")

@@ -21,14 +21,18 @@ context the table knows well is worth a longer chain than one it saw once.
 Cost: an update works out its T rows' contexts, keys and slots on Python ints and writes them with
 three numpy assignments (with the caches cold after the model call each numpy call costs
 microseconds, more than the arithmetic; no row of the 49k vocabulary is ever scanned); drafting
-reads one table row per node.
+reads one table row per node. A sampled chain draws each draft from its row's stored candidates
+(at the call's temperature / `sharpen`: a q over 8 tokens, `SparseQ`), not their first: verified by
+the rejection rule with that q, it keeps sum(min(p, q)) of the target's row p, where the first token
+alone keeps p(first), and its verification touches only q's tokens of each row.
 Memory: (V + (orders - 1) * 2**bits) rows of 8 int32 ids, 8 float16 probabilities and one int64 key,
 56 bytes each: 10.1 MB for a 49,152-token vocabulary at orders = 3, bits = 16 (`RecycleTable.nbytes`).
 
 The table lives in the generator's drafter store: across requests and drafter switches, for the
 generator's life; with --suffix-cache FILE it is saved beside it (FILE's stem + .recycle.npz) every
-`SAVE_EVERY` requests and loaded at the next start. Drafts are deterministic candidates (a one-hot
-q), so verification is the usual lossless rule, chains and trees alike (runtime/verify.py).
+`SAVE_EVERY` requests and loaded at the next start. Greedy drafts and tree nodes are deterministic
+candidates (a one-hot q); sampled chains carry their q; either way verification is the usual
+lossless rule (runtime/verify.py).
 
 A folder exported before its target graph had the top-k output still runs: the table then keeps
 each row's argmax only (read off the logits in numpy: one 49k-wide scan per row, the slow path the
@@ -45,13 +49,14 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
-from edgespec.runtime.state import Proposal, SeqState, chain
+from edgespec.runtime.state import Proposal, SeqState, SparseQ, chain
 
 TOP_K = 8  # candidates kept per context (the graphs' top-k output: export/target/graph.py TOP_K)
 MAX_ORDERS = 4  # longest context that may be keyed (tokens): 4 keys fit int64 for vocabularies < 55,109
 MULT = 0x9E3779B97F4A7C15  # Fibonacci hashing: key * MULT mod 2**64, its top bits are the slot
 M64 = (1 << 64) - 1
 SAVE_EVERY = 16  # requests between saves of a table kept in a file
+SHARPEN = 2.0  # sampled chains draw each draft at the call's temperature / SHARPEN (RecycleDrafter._draw)
 
 
 @dataclass(frozen=True)
@@ -358,16 +363,24 @@ class RecycleDrafter(Drafter):
     drafts_trees = True
     scores_chains = True
 
-    def __init__(self, table: RecycleTable, min_prob: float = 0.0) -> None:
+    def __init__(self, table: RecycleTable, min_prob: float = 0.0, sharpen: float = SHARPEN) -> None:
         super().__init__()
+        if not sharpen > 0:
+            raise RecycleError(
+                f"recycle sharpen {sharpen}: choose > 0 (sampled drafts are drawn at the call's temperature "
+                "/ sharpen; inf: each row's first candidate). Hint: --recycle-sharpen 2"
+            )
         self.recycle_table = table  # filled from every target call (the observe hooks)
         self.min_prob = min_prob
+        self.sharpen = sharpen  # sampled drafts: drawn at the call's temperature / sharpen
         self.last_score = 0.0  # the last chain's sum of path probabilities: its expected accepted length
         self.greedy_calibration = Calibration()  # kept across greedy calls; a sampled call starts afresh
         self.calibration = self.greedy_calibration
         self.chain_probs: list[float] = []  # the last chain's stored probability per draft
         self._scores: list[float] = []  # its path scores (chain_scores)
         self._verified = -1  # drafts of it the verify call took (-1: not cost-sized, nothing to learn)
+        self._q_ids = np.full((0, table.k), -1, np.int64)  # [k, K] a sampled chain's draft distributions:
+        self._q_probs = np.zeros((0, table.k))  # [k, K]  the tokens and probabilities of each (SparseQ)
 
     def configure(self, sampling, rng) -> None:
         super().configure(sampling, rng)
@@ -403,16 +416,25 @@ class RecycleDrafter(Drafter):
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         self.chain_probs.clear()
-        return chain(seq, self.extend(seq, 0, k, probs=self.chain_probs))
+        m = self.extend(seq, 0, k, probs=self.chain_probs)
+        return chain(seq, m, self.sparse_q(m))
+
+    def sparse_q(self, m: int) -> SparseQ | None:
+        """The draft distributions of the last chain's first m drafts (None: greedy, one-hot drafts)."""
+        return None if self.sampling.greedy else SparseQ(self._q_ids[:m], self._q_probs[:m])
 
     def extend(self, seq: SeqState, m: int, k: int, path: float = 1.0, probs: list | None = None) -> int:
         """Continue a chain of m drafts in seq's draft slots (0: from the pending token) up to k from
-        the table: each context's first token while the path's stored probability (from `path`)
-        stays >= min_prob. Returns the chain's new length; last_score: the sum of path probabilities;
-        probs (if given): each new draft's stored probability appended."""
+        the table while the path's stored probability (from `path`) stays >= min_prob: greedy, each
+        context's first token; sampling, a token drawn from the row's stored top-k at the call's
+        temperature (`_draw`: its q row written at slot m). Returns the chain's new length;
+        last_score: the sum of path probabilities; probs (if given): each new draft's row's stored
+        top probability appended (a greedy draft's own)."""
         t = self.recycle_table
         ctx = _context(seq.tokens, seq.n + m, t.orders)
-        score = 0.0
+        score, greedy = 0.0, self.sampling.greedy
+        if not greedy:
+            self._grow_q(k)
         while m < k:
             r = t.row(*ctx)
             if r < 0:
@@ -421,6 +443,8 @@ class RecycleDrafter(Drafter):
             path *= p
             if x < 0 or path < self.min_prob:
                 break
+            if not greedy:
+                x = self._draw(r, m)
             seq.tokens[seq.n + m] = x
             m += 1
             score += path
@@ -429,6 +453,38 @@ class RecycleDrafter(Drafter):
             ctx = ctx[1:] + (x,)
         self.last_score = score
         return m
+
+    def _grow_q(self, k: int) -> None:
+        if len(self._q_ids) < k:
+            self._q_ids = np.full((k, self.recycle_table.k), -1, np.int64)
+            self._q_probs = np.zeros((k, self.recycle_table.k))
+
+    def _draw(self, r: int, m: int) -> int:
+        """A token drawn from table row r's stored candidates, q written at slot m: their stored
+        probabilities at the call's temperature / sharpen, renormalised over them (past the call's
+        top_k none). Lossless whatever q is (verify.accept_sampled); a draft drawn from q is kept with
+        chance sum(min(p, q)) of the target's row p, the first candidate alone with p(first). The
+        stored row is an earlier context's, flatter or sharper than this one's; q sharper than it
+        (sharpen 2) kept the most on the tuning prompts (docs/results/recycle.md)."""
+        t, cfg = self.recycle_table, self.sampling
+        ids, ps = t.ids[r].tolist(), t.probs[r].tolist()
+        power, top = self.sharpen / cfg.temperature, cfg.top_k or len(ids)
+        if power == float("inf"):
+            ws = [1.0] + [0.0] * (len(ids) - 1)
+        else:
+            ws = [p**power if x >= 0 and j < top else 0.0 for j, (x, p) in enumerate(zip(ids, ps, strict=True))]
+        total = sum(ws)
+        if total <= 0.0:  # (stored probabilities that underflowed: the row's first token, one-hot)
+            ws, total = [1.0] + [0.0] * (len(ids) - 1), 1.0
+        u, j = self.rng.random() * total, 0
+        while j < len(ws) - 1 and (u >= ws[j] or ws[j] == 0.0):
+            u -= ws[j]
+            j += 1
+        if ws[j] == 0.0:  # (rounding past the last weighted candidate)
+            j = max(i for i, w in enumerate(ws) if w > 0.0)
+        self._q_ids[m] = ids
+        self._q_probs[m] = [w / total for w in ws]
+        return ids[j]
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         grow(tree, seq, cfg, self.recycle_table)
@@ -634,11 +690,19 @@ class MergedDrafter(Drafter):
         probs.clear()
         look_probs = getattr(self.lookup, "last_probs", None)  # (prompt lookup has none: 1 each)
         probs += look_probs[:m] if look_probs is not None else [1.0] * m
-        total = self.recycle.extend(seq, m, k, probs=probs)
+        rec = self.recycle
+        total = rec.extend(seq, m, k, probs=probs)
         self._n_look = m
         look = self.lookup.name
         self.source = (look if total == m else f"{look}+recycle") if m else ("recycle" if total else "")
-        return chain(seq, total)
+        if self.sampling.greedy or not total:
+            return chain(seq, total)
+        rec._grow_q(m)  # the lookup's drafts: one-hot q rows
+        rec._q_ids[:m] = -1
+        rec._q_ids[:m, 0] = seq.tokens[seq.n : seq.n + m]
+        rec._q_probs[:m] = 0.0
+        rec._q_probs[:m, 0] = 1.0
+        return chain(seq, total, rec.sparse_q(total))
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         from edgespec.runtime.tree import TokenTree
@@ -710,6 +774,13 @@ class RecyclePlugin(DrafterPlugin):
             "recycle drafter: stop a chain when its path's stored target probability falls below this (default 0)",
         ),
         Option(
+            "recycle_sharpen",
+            float,
+            SHARPEN,
+            "recycle drafter, sampling: draw each draft from its row's stored candidates at the call's "
+            f"temperature / this (default {SHARPEN:g}; inf: always the first candidate)",
+        ),
+        Option(
             "recycle_orders",
             int,
             3,
@@ -732,7 +803,7 @@ class RecyclePlugin(DrafterPlugin):
     )
 
     def build(self, ctx) -> Drafter:
-        return RecycleDrafter(shared_table(ctx), ctx.cfg.recycle_min_prob)
+        return RecycleDrafter(shared_table(ctx), ctx.cfg.recycle_min_prob, ctx.cfg.recycle_sharpen)
 
 
 PLUGIN = register(RecyclePlugin())
@@ -764,7 +835,7 @@ class MergedPlugin(DrafterPlugin):
 
         c = ctx.cfg
         lookup = NgramDrafter(ngram_config(c)) if c.merged_lookup == "ngram" else SuffixDrafter(recent_requests(ctx))
-        return MergedDrafter(lookup, RecycleDrafter(shared_table(ctx), c.recycle_min_prob))
+        return MergedDrafter(lookup, RecycleDrafter(shared_table(ctx), c.recycle_min_prob, c.recycle_sharpen))
 
 
 MERGED = register(MergedPlugin())
