@@ -153,11 +153,17 @@ class TreeBudget:
         self.predicted = float(gain[best] - 1.0) / self.calibration if best > 1 else 0.0
         return best
 
-    def choose_chain(self, scores: list[float]) -> int:
+    def choose_chain(self, scores: list[float], stopping: bool = False) -> int:
         """choose for a chain: nodes to keep (root included) of a chain whose drafts have these path
         scores, best first by position. A prefix is all a chain can keep, so a draft's score is capped
         by the ones before it; on Python floats (a chain has a few drafts, and each numpy call costs
-        microseconds with the caches cold after the model call)."""
+        microseconds with the caches cold after the model call).
+        stopping: stop at the first draft that does not raise the rate instead of taking the best
+        prefix, so whether draft i is kept for the verify call depends on scores[:i + 1] alone. A
+        sampled chain needs this: its drafts are drawn from q, and draft i's own token decides the
+        rows, hence the scores, of the drafts after it; a cut that looked at those would verify x
+        more often where x leads somewhere confident, drafting from a q the acceptance rule does
+        not assume (verify.accept_sampled, docs/design.md)."""
         v, r = self._verify, self.calibration
         best, best_rate, kept, total, cap = 1, 1.0 / v[1], 0.0, 0.0, 1.0
         for i, s in enumerate(scores[: len(v) - 2]):
@@ -166,6 +172,8 @@ class TreeBudget:
             rate = (1.0 + r * total) / v[i + 2]  # (nan where a width was never measured: never chosen)
             if rate > best_rate:
                 best, best_rate, kept = i + 2, rate, total
+            elif stopping:
+                break
         if best == 1 and scores:  # the probe, as in choose
             self._steps_at_one += 1
             if self._steps_at_one >= self.cfg.probe_every:

@@ -259,7 +259,8 @@ class Generator(TextAPI):
             prop = self.drafter.propose(seq, k)
             if self.chain_budget is None or not prop.n_drafted:
                 return prop
-            m = self._budget.choose_chain(self.drafter.chain_scores()) - 1  # the prefix that pays
+            sampled = not self.drafter.sampling.greedy  # (drafts drawn from q: a stopping rule)
+            m = self._budget.choose_chain(self.drafter.chain_scores(), stopping=sampled) - 1  # the prefix that pays
             self.drafter.chain_verified(m)
             return chain_prefix(seq, prop, m)
         tree = self.tree

@@ -157,3 +157,29 @@ def test_a_sharpen_of_zero_is_refused():
 
     with pytest.raises(RecycleError, match="--recycle-sharpen"):
         _table_drafter(0.0)
+
+
+def test_a_sampled_chain_cut_is_a_stopping_rule():
+    """stopping=True (sampled chains): whether draft i is verified depends on scores[:i + 1] alone, so
+    replacing every score past the first draft left out never moves the cut; the best-prefix rule
+    of greedy chains does look past it (the check has teeth)."""
+    from edgespec.runtime.adaptive import AdaptiveConfig, TreeBudget
+
+    rng = np.random.default_rng(4)
+    # a width table that is not convex (as measured ones can be: a kernel's blocking makes width 4
+    # about as dear as 3), where a longer prefix can pay though the draft before it did not
+    costs = dict(enumerate([1.0, 1.2, 1.22, 1.24, 1.5, 1.52, 1.54, 1.8, 1.82], start=1))
+    moved = {True: 0, False: 0}
+    for _ in range(3000):
+        scores = np.cumprod(rng.uniform(0.05, 1.0, 8)).tolist()  # path scores: falling with depth
+        tail = np.cumprod(rng.uniform(0.05, 1.0, 8)).tolist()
+        for stopping in (True, False):
+            b = TreeBudget(9, costs, AdaptiveConfig(probe_every=10**9), timed=False)
+            m = b.choose_chain(scores, stopping=stopping)  # nodes: the root and m - 1 drafts
+            if m > len(scores):
+                continue
+            cap = scores[m - 1]  # the first draft left out; its successors' scores follow its token
+            other = scores[:m] + [cap * t for t in tail][: len(scores) - m]
+            moved[stopping] += b.choose_chain(other, stopping=stopping) != m
+    assert moved[True] == 0
+    assert moved[False] > 0
