@@ -131,7 +131,7 @@ def _accept_sampled_sparse(
         d.load(tgt_logits[i], cfg)
         ids, qs = q.ids[i].tolist(), q.probs[i].tolist()
         q_x = sum(p for t, p in zip(ids, qs, strict=True) if t == x)
-        if rng.random() * q_x * d.total < d.w[x]:  # u < p(x) / q(x), without dividing
+        if q_x > 0.0 and rng.random() * q_x * d.total < d.w[x]:  # u < p(x) / q(x), without dividing
             continue
         d.subtract(ids, qs)
         if d.total <= 0.0:  # p <= q everywhere, i.e. p == q up to rounding: any draw from p is right
