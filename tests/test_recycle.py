@@ -4,6 +4,7 @@ sampling that keeps the target's distribution, and the graph's top-k output leav
 bitwise alone."""
 
 import io
+import warnings
 
 import numpy as np
 import pytest
@@ -379,9 +380,14 @@ def test_warm_from_the_models_own_answers(tiny_engine):
 
     with pytest.raises(WarmError, match="--answers"):
         warm(str(tiny_engine))
+    with pytest.warns(RuntimeWarning, match=f"has no warm table.*Hint: edgespec warm {tiny_engine} --answers"):
+        Generator.load(tiny_engine, RuntimeConfig(drafter="recycle", k=4))
     log = io.StringIO()
     path = warm(str(tiny_engine), answers=6, max_new_tokens=12, out=log)
     try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # warm now: nothing to say
+            Generator.load(tiny_engine, RuntimeConfig(drafter="merged", k=4))
         assert "answer tokens to 6 wide-mix prompts" in log.getvalue() and path.name == WARM_FILE
         assert f"edgespec tune {tiny_engine} --prompts" in log.getvalue()  # (the default drafter is ngram)
         g = Generator.load(tiny_engine, RuntimeConfig(drafter="recycle", k=4))

@@ -344,6 +344,16 @@ def shared_table(ctx) -> RecycleTable:
         man = getattr(ctx.engines.target, "manifest", None)
         start = man.path(WARM_FILE) if man is not None else None
         table = ctx.store["recycle"] = RecycleTable(ctx.target_vocab, cfg, start=start)
+        cold = start is not None and not start.exists() and not (cfg.file and Path(cfg.file).exists())
+        if cold:  # (said once per generator: the table lives in its store from here on)
+            warnings.warn(
+                f"recycle: {man.folder} has no warm table, so the table starts empty and fills as you generate "
+                "(on new chat text a cold table drafts little: docs/results/recycle.md). Hint: edgespec warm "
+                f"{man.folder} --answers 300 (~2 min for the default model on 2 cores) starts every later load "
+                "from the model's own answers",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if not getattr(ctx.engines.target, "top_k", 0):
             table.needs_logits = True
             warnings.warn(
