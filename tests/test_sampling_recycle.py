@@ -183,3 +183,28 @@ def test_a_sampled_chain_cut_is_a_stopping_rule():
             moved[stopping] += b.choose_chain(other, stopping=stopping) != m
     assert moved[True] == 0
     assert moved[False] > 0
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_hybrid_with_merged_as_its_lookup(tree):
+    """--hybrid-lookup merged: per step merged's chain (suffix decoding continued from the table) or
+    the head's; greedy output equals plain, sampled output follows the target (chi-square), and both
+    sources propose."""
+    pytest.importorskip("scipy")
+    from test_sampling import PROMPT
+
+    from edgespec.runtime.drafters.recycle import MergedDrafter
+
+    g = _gen("hybrid", TREE) if tree else _gen("hybrid")
+    g.reconfigure(hybrid_lookup="merged")
+    assert isinstance(g.drafter.lookup, MergedDrafter)
+    plain = _gen("none")
+    want = np.concatenate([c.copy() for c in plain.generate_ids(PROMPT, 40)])
+    for _ in range(3):  # the table fills across calls
+        assert np.array_equal(np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 40)]), want)
+    assert g.last_stats.sources["merged"][2] > 0  # (drafts of merged kept)
+    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    assert p > 1e-3, f"hybrid with merged, tree={tree}: chi-square p = {p:.2g}"
+    if not tree:  # a sampled call: the head drafts where merged's estimate falls short
+        list(g.generate_ids(PROMPT, 40, SamplingConfig(temperature=1.0, seed=3)))
+        assert {"merged", "head"} <= set(g.last_stats.sources)

@@ -22,6 +22,12 @@ Lossless: the choice uses only what is known before verification.
             These estimates start afresh every call, so a seed reproduces its output given the
             same cache of recent requests.
 Trees: suffix decoding's tree where it matches, the head's elsewhere.
+
+--hybrid-lookup merged puts merged (recycle.py: suffix decoding continued from the recycle table)
+in suffix decoding's place: its estimate is its calibrated sum of path scores, per lookup match
+length (0: the table alone). Its sampled table drafts are drawn from q, so its sampled estimate
+counts only the drafts whose rows follow from the prefix (MergedDrafter.last_score), and the
+chosen chain carries its q.
 """
 
 from __future__ import annotations
@@ -159,6 +165,7 @@ class LookupHeadPair(Drafter):
             self.source = HEAD if tree.n > 1 else ""
 
     def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
+        self.lookup.accepted(seq, n_old, n_acc)  # (merged: its table's committed rows, its calibration)
         self.head.accepted(seq, n_old, n_acc)
 
 
@@ -168,9 +175,12 @@ class SuffixHeadHybrid(LookupHeadPair):
 
     lookup_name = SUFFIX
 
-    def __init__(self, suffix: SuffixDrafter, head, cfg: ChoiceConfig = ChoiceConfig()) -> None:
+    def __init__(self, suffix: Drafter, head, cfg: ChoiceConfig = ChoiceConfig(), lookup_name: str = SUFFIX) -> None:
+        """suffix: suffix decoding, or a lookup reporting the same last_size / last_score of its chain
+        (merged: suffix decoding continued from the recycle table)."""
         super().__init__(suffix, head)
-        self.suffix, self.cfg = suffix, cfg
+        self.suffix, self.cfg, self.lookup_name = suffix, cfg, lookup_name
+        self._q = None  # the lookup's chain's q this step (merged, sampled: its table drafts are drawn)
         head.track_confidence = True  # its chain estimate needs the confidences even without a cut-off
         self.greedy_picker = SourcePicker(cfg)  # greedy estimates keep learning across calls
         self.picker = self.greedy_picker
@@ -189,12 +199,17 @@ class SuffixHeadHybrid(LookupHeadPair):
         i = 0 if source == SUFFIX else 1
         m = self._m[i]
         seq.draft_slots(m)[:] = self._chains[i, :m]
-        self._chosen, self.source = source, source if m else ""
-        return chain(seq, m)
+        self._chosen, self.source = source, (self.lookup_name if i == 0 else source) if m else ""
+        if i == 0:
+            verified = getattr(self.suffix, "chain_verified", None)
+            if verified is not None:  # (merged: its calibration learns from the chain it verifies)
+                verified(m)
+        return chain(seq, m, self._q if i == 0 else None)
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         k, pk = min(k, MAX_DRAFT), self.picker
-        m_s = self.suffix.propose(seq, k).n_drafted
+        prop = self.suffix.propose(seq, k)
+        m_s, self._q = prop.n_drafted, prop.q
         self._size, self._pred[0] = self.suffix.last_size, self.suffix.last_score
         self._chains[0, :m_s] = seq.draft_slots(m_s)
         self._m[0], self._m[1] = m_s, 0
@@ -255,7 +270,7 @@ class HybridDrafter(LookupHeadPair):
         return prop
 
 
-LOOKUPS = ("suffix", "ngram")  # what hybrid pairs its head drafter with
+LOOKUPS = ("suffix", "ngram", "merged")  # what hybrid pairs its head drafter with
 
 
 def head_names() -> tuple[str, ...]:
@@ -280,7 +295,8 @@ class HybridPlugin(DrafterPlugin):
             str,
             "suffix",
             "what the hybrid drafter pairs its head with: suffix (default: "
-            "per step, suffix decoding or the head, whichever is expected to keep more tokens) or ngram "
+            "per step, suffix decoding or the head, whichever is expected to keep more tokens), merged "
+            "(the same choice with suffix decoding continued from the recycle table) or ngram "
             "(prompt lookup wherever it matches, the head elsewhere)",
             choices=LOOKUPS,
         ),
@@ -298,6 +314,8 @@ class HybridPlugin(DrafterPlugin):
         head = spec_of(ctx.cfg.hybrid_head).build(ctx)
         if ctx.cfg.hybrid_lookup == "ngram":
             return HybridDrafter(NgramDrafter(ngram_config(ctx.cfg)), head)
+        if ctx.cfg.hybrid_lookup == "merged":
+            return SuffixHeadHybrid(spec_of("merged").build(ctx), head, lookup_name="merged")
         return SuffixHeadHybrid(SuffixDrafter(recent_requests(ctx)), head)
 
     def needs(self, cfg) -> tuple[str, ...]:

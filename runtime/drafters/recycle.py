@@ -734,6 +734,21 @@ class MergedDrafter(Drafter):
     def chain_verified(self, m: int) -> None:
         self._verified = m
 
+    @property
+    def last_size(self) -> int:
+        """The last chain's lookup match length (0: the table's drafts alone), as suffix decoding
+        reports it: hybrid calibrates each match length apart (--hybrid-lookup merged)."""
+        return getattr(self.lookup, "last_size", 0) if self._n_look else 0
+
+    @property
+    def last_score(self) -> float:
+        """The last chain's expected accepted length by the calibration: the sum of its path scores.
+        Sampled, only the drafts whose rows follow from the prefix (the lookup's and the first table
+        draft): the later table drafts' scores follow from drawn tokens, and a choice of this chain
+        by them would verify a drawn token more often where it leads somewhere confident."""
+        scores = self.chain_scores()
+        return sum(scores if self.sampling.greedy else scores[: self._n_look + 1])
+
     def kept_sources(self, n_kept: int) -> list[tuple[int, str]]:
         runs: list[tuple[int, str]] = []
         look, (tree, n_acc) = self.lookup.name, self._kept
