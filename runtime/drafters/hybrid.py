@@ -200,10 +200,8 @@ class SuffixHeadHybrid(LookupHeadPair):
         m = self._m[i]
         seq.draft_slots(m)[:] = self._chains[i, :m]
         self._chosen, self.source = source, (self.lookup_name if i == 0 else source) if m else ""
-        if i == 0:
-            verified = getattr(self.suffix, "chain_verified", None)
-            if verified is not None:  # (merged: its calibration learns from the chain it verifies)
-                verified(m)
+        if i == 0:  # (merged: its calibration learns from the chain it verifies; suffix: nothing)
+            self.suffix.chain_verified(m)
         return chain(seq, m, self._q if i == 0 else None)
 
     def propose(self, seq: SeqState, k: int) -> Proposal:

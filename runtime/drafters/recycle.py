@@ -464,6 +464,16 @@ class RecycleDrafter(Drafter):
         self.last_score = score
         return m
 
+    def one_hot_q(self, tokens: np.ndarray) -> None:
+        """q rows 0 .. len(tokens) - 1 one-hot on these tokens (a combinator's deterministic drafts
+        before the table's, in the same chain)."""
+        m = len(tokens)
+        self._grow_q(m)
+        self._q_ids[:m] = -1
+        self._q_ids[:m, 0] = tokens
+        self._q_probs[:m] = 0.0
+        self._q_probs[:m, 0] = 1.0
+
     def _grow_q(self, k: int) -> None:
         if len(self._q_ids) < k:
             self._q_ids = np.full((k, self.recycle_table.k), -1, np.int64)
@@ -487,7 +497,7 @@ class RecycleDrafter(Drafter):
         if total <= 0.0:  # (stored probabilities that underflowed: the row's first token, one-hot)
             ws, total = [1.0] + [0.0] * (len(ids) - 1), 1.0
         u, j = self.rng.random() * total, 0
-        while j < len(ws) - 1 and (u >= ws[j] or ws[j] == 0.0):
+        while j < len(ws) - 1 and u >= ws[j]:  # (u >= 0: a zero weight is always passed)
             u -= ws[j]
             j += 1
         if ws[j] == 0.0:  # (rounding past the last weighted candidate)
@@ -707,11 +717,7 @@ class MergedDrafter(Drafter):
         self.source = (look if total == m else f"{look}+recycle") if m else ("recycle" if total else "")
         if self.sampling.greedy or not total:
             return chain(seq, total)
-        rec._grow_q(m)  # the lookup's drafts: one-hot q rows
-        rec._q_ids[:m] = -1
-        rec._q_ids[:m, 0] = seq.tokens[seq.n : seq.n + m]
-        rec._q_probs[:m] = 0.0
-        rec._q_probs[:m, 0] = 1.0
+        rec.one_hot_q(seq.draft_slots(m))  # the lookup's drafts
         return chain(seq, total, rec.sparse_q(total))
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
