@@ -188,6 +188,13 @@ def _set(path: str, value):
     return edit
 
 
+def _sliding(cfg, window: int) -> None:
+    """speculators 0.9's trainer default: its draft layers marked sliding_attention with a window."""
+    cfg["transformer_layer_config"] |= dict(
+        layer_types=["sliding_attention"], sliding_window=window, use_sliding_window=True
+    )
+
+
 REFUSED = [
     ("eagle3-official", _set("rope_scaling", {"type": "dynamic", "factor": 2.0}), "'dynamic'"),
     ("eagle3-official", _set("eagle_config.eagle_aux_hidden_state_layer_ids", [1, 3, 4]), "never reads"),
@@ -204,6 +211,7 @@ REFUSED = [
     ("eagle3-speculators", _set("eagle_aux_hidden_state_layer_ids", [2, 4, 8]), "outside this 8-layer target"),
     ("eagle3-speculators", _set("eagle_aux_hidden_state_layer_ids", [2, 4]), "names 2 target layers"),
     ("eagle3-speculators", _set("draft_vocab_size", 64), "lm_head.weight is BF16 [48, 64], the config says"),
+    ("eagle3-speculators", lambda c: _sliding(c, 64), "sliding_window=64, smaller than --max-len 128"),
 ]
 
 
@@ -220,6 +228,32 @@ def test_refused_with_the_reason_before_the_target_loads(src, edit, why, target,
     assert rc == 2 and len(err) == 1 and "Traceback" not in err[0], err
     assert why in err[0] and "--eagle3-head" in err[0], err[0]
     assert time.perf_counter() - t0 < 10
+
+
+def test_speculators_default_sliding_layer_exports_as_full_attention(target, tmp_path, capsys):
+    """speculators' trainer output as it writes it by default (the draft layer sliding, window 2048)
+    exports at --max-len <= 2048 unedited, says so once, and computes the project's own forward."""
+    from edgespec.cli import main
+
+    head = _copy("eagle3-speculators", tmp_path, lambda c: _sliding(c, 2048))
+    out = tmp_path / "engine"
+    assert main(["export", "--target", str(target), "--eagle3-head", str(head), "--out", str(out), *EXPORT_FLAGS]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "sliding_window" in line]
+    assert len(said) == 1 and "sliding_window=2048 >= --max-len 128: full attention" in said[0], said
+    ref = np.load(FIXTURES / "eagle3-speculators" / "reference.npz")
+    for s, got in enumerate(_head_chains(out, ref)):
+        assert float(np.abs(got - ref[f"logits_s{s + 1}"]).max()) < 1e-4, s + 1
+
+
+def test_a_sliding_layer_goes_back_out_sliding_or_is_refused(tmp_path, capsys):
+    from edgespec.cli import main
+    from edgespec.export.drafters.eagle3.head import read_eagle3
+
+    head = _copy("eagle3-speculators", tmp_path, lambda c: _sliding(c, 2048))
+    assert main(["export-drafter", str(head), "--format", "speculators", "--out", str(tmp_path / "spec")]) == 0
+    assert read_eagle3(tmp_path / "spec", 64, 256, 8)[0].sliding_window == 2048
+    rc = main(["export-drafter", str(head), "--format", "eagle3-official", "--out", str(tmp_path / "official")])
+    assert rc == 2 and "sliding_window=2048" in capsys.readouterr().err
 
 
 def test_mismatched_and_broken_folders_refused_by_preflight(target, tmp_path, monkeypatch, capsys):

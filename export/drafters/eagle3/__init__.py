@@ -7,6 +7,7 @@ reads, at the layers the head names. An EAGLE-3 folder given to --eagle is taken
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,9 +128,17 @@ class Eagle3Plugin(ExportPlugin):
         ck = self._checkpoint(head_dir)
         try:
             if target is not None:
-                ck.check(target.hidden_size, target.vocab_size, target.n_layers)
+                ck.check(target.hidden_size, target.vocab_size, target.n_layers, cfg.max_len)
+            else:
+                ck.check(None, None, None, cfg.max_len)
         except (CheckpointError, ValueError) as e:
             raise ExportError(f"--eagle3-head {e}") from e
+        if ck.ec.sliding_window:  # said once, here: it spans every position this export serves
+            print(
+                f"edgespec: --eagle3-head {head_dir}: sliding_window={ck.ec.sliding_window} >= --max-len "
+                f"{cfg.max_len}: full attention",
+                file=sys.stderr,
+            )
 
     def _checkpoint(self, head_dir):
         from edgespec.export.drafters.eagle3.layouts import inspect

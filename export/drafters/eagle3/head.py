@@ -89,6 +89,8 @@ class Eagle3Config(HeadShape):
     feed_normed: bool = False  # the output fed back to the next step is norm(x), not x (speculators norm_output)
     own_embed: bool = False  # tokens embedded by the head's own table (embed_tokens.weight [V, H]), not the target's
     layout: str = "eagle3-edgespec"  # the checkpoint layout it was read from (layouts.LAYOUTS)
+    sliding_window: int = 0  # the layer's key window as its config states (a query at p sees keys j with
+    #                          p - j < this); 0: none. Exported only where it spans --max-len (full attention)
 
     @property
     def feature_width(self) -> int:

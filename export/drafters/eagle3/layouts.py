@@ -162,10 +162,20 @@ class Eagle3Checkpoint:
     fc_norm_names: tuple[str, ...]  # stored names of the features' norm weights, in feature order (): none
     ec: Eagle3Config  # the head; aux_layers entering ids, () where the layout leaves them to the target
 
-    def check(self, hidden_size: int | None, vocab_size: int | None, n_layers: int | None) -> Eagle3Config:
-        """The head checked against a target's numbers (None: unknown, unchecked), its aux layers
-        resolved for a target of n_layers; Eagle3FormatError says what does not fit."""
+    def check(
+        self, hidden_size: int | None, vocab_size: int | None, n_layers: int | None, max_len: int | None = None
+    ) -> Eagle3Config:
+        """The head checked against a target's numbers and the export's --max-len (None: unknown,
+        unchecked), its aux layers resolved for a target of n_layers; Eagle3FormatError says what does
+        not fit. A key window of at least max_len is full attention; a smaller one is refused (the head
+        graph attends to every cached position)."""
         ec, f = self.ec, self.folder
+        if max_len is not None and 0 < ec.sliding_window < max_len:
+            raise Eagle3FormatError(
+                f"{f}: its layer is sliding_attention with sliding_window={ec.sliding_window}, smaller than "
+                f"--max-len {max_len} (edgespec's head graph attends to every position); export with --max-len "
+                f"<= {ec.sliding_window}"
+            )
         if hidden_size is not None and ec.feature_width != hidden_size:
             raise Eagle3FormatError(
                 f"{f}: the head's fc reads features of width {ec.feature_width} (fc.weight "
@@ -315,8 +325,12 @@ def _layer(folder: Path, cfg: dict, where: str, official: bool = False) -> dict:
         raise _refuse(
             folder, f"{where} sets tie_word_embeddings: an EAGLE-3 head's lm_head is its own (draft vocabulary)"
         )
-    if "sliding_attention" in (cfg.get("layer_types") or []):
-        raise _refuse(folder, f"{where}: a sliding-window attention layer; the head attends to every position")
+    kinds = list(cfg.get("layer_types") or [])
+    if set(kinds) - {"full_attention", "sliding_attention"}:
+        raise _refuse(folder, f"{where} has layer_types {kinds}: the head's layer is full or sliding attention")
+    # speculators' trainer marks its draft layers sliding by default (window 2048): a key window checked
+    # against --max-len when the head is exported (Eagle3Checkpoint.check); no window: every position
+    window = int(cfg.get("sliding_window") or 0) if "sliding_attention" in kinds else 0
     H, n_h = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     return dict(
         hidden_size=H,
@@ -327,6 +341,7 @@ def _layer(folder: Path, cfg: dict, where: str, official: bool = False) -> dict:
         head_dim=H // n_h if official else int(cfg.get("head_dim") or H // n_h),
         rms_norm_eps=float(cfg.get("rms_norm_eps") or 1e-6),  # LlamaConfig's and EConfig's default
         vocab_size=int(cfg["vocab_size"]),
+        sliding_window=window,
         **_rope(folder, cfg, official),
     )
 
@@ -675,7 +690,7 @@ def _llama_layer(ec: Eagle3Config) -> dict:
         "mlp_bias": False,
         "tie_word_embeddings": False,
         "rope_parameters": {"rope_type": ec.rope_type, "rope_theta": ec.rope_theta, **dict(ec.rope_params)},
-    }
+    } | ({"layer_types": ["sliding_attention"], "sliding_window": ec.sliding_window} if ec.sliding_window else {})
 
 
 def _speculators_config(ck: Eagle3Checkpoint) -> dict:
@@ -737,6 +752,8 @@ def _official_config(ck: Eagle3Checkpoint) -> dict:
         why.append(f"head_dim {ec.head_dim} x {ec.num_attention_heads} heads != hidden_size {ec.hidden_size}")
     if ec.n_blocks != 3:
         why.append(f"{ec.n_blocks} feature blocks (it feeds 3)")
+    if ec.sliding_window:
+        why.append(f"a sliding-window layer (sliding_window={ec.sliding_window}; it attends to every position)")
     ids = ec.aux_layers
     if ids and (len(ids) != 3 or ids[0] != 2 or ids[1] != (ids[2] + 3) // 2):
         why.append(f"aux layers {list(ids)} (its target code feeds the streams entering 2, L//2, L-3)")
