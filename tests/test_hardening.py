@@ -424,18 +424,26 @@ def test_force_replaces_only_engine_folders_or_empty_ones(tiny_models, tmp_path,
 
 
 def test_stale_partials_of_dead_exports_are_removed(tiny_models, tmp_path, capsys):
+    from edgespec.export.partials import mark
+
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = tmp_path / f".old.partial-{dead.pid}"
     (stale / "x").mkdir(parents=True)
     (stale / "x" / "target.weights").write_bytes(b"0" * 1000)
+    mark(stale, dead.pid)  # edgespec's marker: only such folders are removed
     alive = tmp_path / f".busy.partial-{os.getppid()}"  # an export still running: left alone
     alive.mkdir()
+    mark(alive, os.getppid())
     unrelated = tmp_path / ".notes.partial-draft"  # not ours (no pid)
     unrelated.mkdir()
+    lookalike = tmp_path / f".mine.partial-{dead.pid}"  # a user's folder named like ours, no marker: kept
+    (lookalike / "notes.txt").parent.mkdir()
+    (lookalike / "notes.txt").write_text("mine")
     _export(tiny_models, tmp_path / "e")
     err = capsys.readouterr().err
     assert not stale.exists() and alive.exists() and unrelated.exists()
+    assert (lookalike / "notes.txt").read_text() == "mine" and str(lookalike) not in err
     assert f"removed {stale}" in err and f"pid {dead.pid}" in err
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
 import shutil
 import sys
 import time
@@ -23,6 +22,7 @@ from edgespec import __version__
 from edgespec.engines import manifest as mf
 from edgespec.export.drafters import ExportContext, registry
 from edgespec.export.drafters import sources as drafter_sources
+from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
 from edgespec.export.target import sources
 from edgespec.export.target.arch import arch_from_config
 from edgespec.export.target.gguf_blocks import CheckpointWeights, read_blocks
@@ -109,36 +109,6 @@ def check_out(out: Path, force: bool) -> None:
         )
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
-def clean_stale_partials(parent: Path) -> list[Path]:
-    """Remove the `.NAME.partial-PID` folders of exports whose process is gone (killed mid-way);
-    says so on stderr. Returns what was removed."""
-    removed = []
-    if not parent.is_dir():
-        return removed
-    for p in sorted(parent.glob(".*.partial-*")):
-        pid = p.name.rsplit("-", 1)[1]
-        if not (p.is_dir() and pid.isdigit()) or int(pid) == os.getpid() or _pid_alive(int(pid)):
-            continue
-        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20
-        shutil.rmtree(p, ignore_errors=True)
-        print(
-            f"edgespec: removed {p} ({size:.0f} MiB), left by an export (pid {pid}) that did not finish",
-            file=sys.stderr,
-        )
-        removed.append(p)
-    return removed
-
-
 def export(cfg: ExportConfig) -> Path:
     """Run the whole export; returns the finished folder."""
     cfg.check()
@@ -164,11 +134,8 @@ def export(cfg: ExportConfig) -> Path:
     widths = cfg.widths()
     aux_readers = [name for name, p in plugins.items() if p.reads_aux(cfg, shipping.get(name))]
     progress = _Progress(6 + sum(plugins[name].steps for name in shipping), cfg.progress)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    tmp = make_partial(out)  # marked as edgespec's: only such folders are ever cleaned up
     try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
         weights, why, hf_cfg = _streamed_weights(cfg, src, shipping)
         if weights is not None:  # the target's tensors one at a time: no PyTorch model of it
             model, tok = None, sources.load_tokenizer(src)
@@ -282,10 +249,10 @@ def export(cfg: ExportConfig) -> Path:
         if out.exists():
             check_out(out, cfg.force)  # again: the folder may have changed during the export
             shutil.rmtree(out)
-        tmp.rename(out)  # the only step that makes the folder loadable
+        finish_partial(tmp, out)  # the only step that makes the folder loadable
     except BaseException:
         progress.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_partial(tmp)
         raise
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     print(f"edgespec: exported {out} ({size:.0f} MiB) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 from pathlib import Path
 
 from edgespec.export.drafters.dflash.config import DFlashFormatError, zlab_config
 from edgespec.export.drafters.dflash.layout import read_dflash, read_layout
+from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
 
 # the stored dtype (safetensors' or torch's name) -> config.json's torch_dtype
 DTYPE_NAMES = {
@@ -56,13 +55,12 @@ def publish_zlab(folder: Path, out: Path) -> Path:
     config = zlab_config(dataclasses.replace(c, draft_vocab_size=c.vocab_size), name)
     if lay.has_d2t:
         config["edgespec"] = {"published_by": "edgespec export-drafter", "trained_draft_vocab_size": c.draft_vocab_size}
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    tmp.mkdir(parents=True)
+    clean_stale_partials(out.parent)
+    tmp = make_partial(out)
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        tmp.rename(out)
+        return finish_partial(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_partial(tmp)
         raise
-    return out

@@ -28,7 +28,6 @@ does not know; edgespec refuses instead).
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from edgespec.export.drafters import _files
 from edgespec.export.drafters._files import WeightsFileError, load_tensors, tensor_infos, weights_file
 from edgespec.export.drafters._torch import HeadShape
 from edgespec.export.drafters.eagle.head import BIAS_NAMES, EagleHead, HeadConfig
+from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
 from edgespec.export.train.checkpoint import CONFIG_FILE, HeadFormatError, _read_d2t, write_checkpoint
 
 OFFICIAL = "eagle1-official"
@@ -568,13 +568,15 @@ def publish_official(folder: str | Path, out: str | Path) -> Path:
     dtype = getattr(torch, _TORCH_NAMES[hf.dtype])
     state = {k: torch.from_numpy(np.ascontiguousarray(arrays[k])).to(dtype) for k in hf.names}
     out = Path(out)
-    tmp = out.parent / f".{out.name}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / "pytorch_model.bin")
-    (tmp / CONFIG_FILE).write_text(json.dumps(official_config(hf), indent=2) + "\n")
-    tmp.rename(out)
-    return out
+    clean_stale_partials(out.parent)
+    tmp = make_partial(out)  # an interrupted write leaves nothing under `out`
+    try:
+        torch.save(state, tmp / "pytorch_model.bin")
+        (tmp / CONFIG_FILE).write_text(json.dumps(official_config(hf), indent=2) + "\n")
+        return finish_partial(tmp, out)
+    except BaseException:
+        remove_partial(tmp)
+        raise
 
 
 def is_eagle1_folder(folder: Path) -> bool:

@@ -18,13 +18,13 @@ different ResBlocks within one head (Medusa's head repeats one ResBlock module).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.export.drafters.medusa import official
 from edgespec.export.drafters.medusa.checkpoint import MedusaFormatError, read_heads
+from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
 from edgespec.export.target.spec import ExportError
 
 # The packaged models' Hugging Face ids: what Medusa's loader needs as base_model_name_or_path (edgespec
@@ -158,11 +158,13 @@ def publish_official(folder: Path, out: Path) -> Path:
     if len(d2t) < V or not np.array_equal(d2t, np.arange(V)):  # edgespec's draft vocabulary, kept for the way back
         state["d2t"] = torch.from_numpy(d2t - np.arange(len(d2t)))  # EAGLE-3's convention: target = i + d2t[i]
         config["draft_vocab_size"] = len(d2t)
-    tmp = out.parent / f".{out.name}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    torch.save(state, tmp / "medusa_lm_head.pt")
-    official.inspect(tmp)  # what was written reads back as Medusa's layout
-    tmp.rename(out)
-    return out
+    clean_stale_partials(out.parent)
+    tmp = make_partial(out)  # an interrupted write leaves nothing under `out`
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        torch.save(state, tmp / "medusa_lm_head.pt")
+        official.inspect(tmp)  # what was written reads back as Medusa's layout
+        return finish_partial(tmp, out)
+    except BaseException:
+        remove_partial(tmp)
+        raise
