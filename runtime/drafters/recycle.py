@@ -42,13 +42,17 @@ graph output exists to avoid), with probability 1, and the drafter says once to 
 from __future__ import annotations
 
 import heapq
+import os
+import stat
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
+from edgespec.runtime.files import set_aside, write_atomic
 from edgespec.runtime.state import Proposal, SeqState, SparseQ, chain
 
 TOP_K = 8  # candidates kept per context (the graphs' top-k output: export/target/graph.py TOP_K)
@@ -72,6 +76,10 @@ class RecycleConfig:
 
 class RecycleError(ValueError):
     """A recycle table setting outside what the table can key."""
+
+
+class _OtherTable(ValueError):
+    """A whole saved table of another vocabulary, size or width (not damaged: made with other settings)."""
 
 
 class RecycleTable:
@@ -277,34 +285,94 @@ class RecycleTable:
 
     # ---- file -------------------------------------------------------------------------------------
     def save(self, file: str | None = None) -> None:
+        """Write the table to `file` (else cfg.file) whole: a temporary file renamed over the old one,
+        so a kill or a failed write mid-save leaves the old table or none, never half of one."""
         file = file or self.cfg.file
         if not file:
             return
-        Path(file).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(file).with_name(Path(file).name + ".partial.npz")
         sizes = dict(vocab=self.vocab, bits=self.cfg.bits, orders=self.orders)
-        np.savez(tmp, keys=self.keys, ids=self.ids, probs=self.probs, **sizes)
-        tmp.replace(file)
+        write_atomic(file, lambda f: np.savez(f, keys=self.keys, ids=self.ids, probs=self.probs, **sizes))
         self.requests = 0
 
     def load(self, file: str) -> None:
-        """A saved table of the same vocabulary, width and size (another one is skipped with a warning)."""
-        with np.load(file) as z:
-            orders = int(z["orders"]) if "orders" in z else 3  # (tables saved before orders were a setting)
-            if (
-                int(z["vocab"]) != self.vocab
-                or int(z["bits"]) != self.cfg.bits
-                or orders != self.orders
-                or z["ids"].shape != self.ids.shape
-            ):
-                warnings.warn(
-                    f"{file}: a recycle table of another vocabulary or size (vocab {int(z['vocab'])}, bits "
-                    f"{int(z['bits'])}, orders {orders}); starting an empty one",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                return
-            self.keys[:], self.ids[:], self.probs[:] = z["keys"], z["ids"], z["probs"]
+        """A saved table of the same vocabulary, width and size. Another table's, or a damaged file
+        (`_read_checked`), is one warning and an empty table, never an error at each step; a damaged
+        file of the table's own (cfg.file) is also set aside as NAME.bad so the next start is quiet."""
+        try:
+            arrays = self._read_checked(file)
+        except _OtherTable as e:
+            msg = f"{file}: a recycle table of another {e}; starting an empty one"
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            return
+        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as e:
+            own = self.cfg.file is not None and Path(file).resolve() == Path(self.cfg.file).resolve()
+            bad = set_aside(file) if own else None
+            where = f"set aside as {bad.name}" if bad else "ignored"
+            warnings.warn(
+                f"{file}: damaged recycle table ({str(e).splitlines()[0] if str(e) else type(e).__name__}), {where}; "
+                "the recycle drafter starts cold (an empty table)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+        self.keys[:], self.ids[:], self.probs[:] = arrays
+
+    def _arrays(self) -> tuple[tuple[str, np.ndarray], ...]:
+        """(name, array) of what a saved table holds beside its settings."""
+        return ("keys", self.keys), ("ids", self.ids), ("probs", self.probs)
+
+    def _read_checked(self, file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, ids, probs) of a saved table, each checked: a regular file of a bounded size, the
+        arrays present with this table's dtypes and shapes, every id in -1 .. vocab - 1, every key in
+        the row its context hashes to, probabilities finite in [0, 1]. _OtherTable for a whole table of
+        another setting; ValueError (or the reader's OSError / BadZipFile) for a damaged one."""
+        if not stat.S_ISREG(os.stat(file).st_mode):  # (a FIFO or a device would block np.load or never end)
+            raise ValueError("not a regular file")
+        with np.load(file, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise ValueError("not an .npz archive")
+            missing = {"keys", "ids", "probs", "vocab", "bits"} - set(z.files)
+            if missing:
+                raise ValueError(f"no {', '.join(sorted(missing))} array")
+
+            def member(name: str, limit: int) -> np.ndarray:  # (its stated size bounds what reading allocates)
+                if z.zip.getinfo(name + ".npy").file_size > limit:
+                    raise ValueError(f"its {name} array is larger than a table of these settings")
+                return z[name]
+
+            sizes = {n: member(n, 1024) for n in ("vocab", "bits", "orders") if n in z.files}
+            if any(a.shape != () or a.dtype.kind not in "iu" for a in sizes.values()):
+                raise ValueError("vocab / bits / orders are not whole numbers")
+            vocab, bits = int(sizes["vocab"]), int(sizes["bits"])
+            orders = int(sizes["orders"]) if "orders" in sizes else 3  # (tables saved before orders were a setting)
+            if (vocab, bits, orders) != (self.vocab, self.cfg.bits, self.orders):
+                raise _OtherTable(f"vocabulary or size (vocab {vocab}, bits {bits}, orders {orders})")
+            keys, ids, probs = (member(n, a.nbytes + 1024) for n, a in self._arrays())
+        if ids.shape != self.ids.shape and ids.ndim == 2 and ids.shape[0] == self.ids.shape[0]:
+            raise _OtherTable(f"width ({ids.shape[1]} candidates per row, this one {self.k})")
+        for (name, want), a in zip(self._arrays(), (keys, ids, probs), strict=True):
+            if a.shape != want.shape:
+                raise ValueError(f"{name} of shape {a.shape}, this table's is {want.shape}")
+        if keys.dtype.kind not in "iu" or ids.dtype.kind not in "iu" or probs.dtype.kind != "f":
+            raise ValueError(f"dtypes keys {keys.dtype}, ids {ids.dtype}, probs {probs.dtype}")
+        if ids.size and (int(ids.min()) < -1 or int(ids.max()) >= self.vocab):
+            raise ValueError(f"ids from {int(ids.min())} to {int(ids.max())}, outside -1 .. {self.vocab - 1}")
+        if not (np.isfinite(probs).all() and (probs >= 0).all() and (probs <= 1.001).all()):
+            raise ValueError("probabilities not finite or outside [0, 1]")
+        keys = keys.astype(np.int64, copy=False)
+        first = keys[: self.vocab]
+        if ((first != -1) & (first != np.arange(self.vocab))).any():
+            raise ValueError("an order-1 row keyed by another token")
+        for o in range(2, self.orders + 1):
+            block = keys[self._base[o] : self._base[o] + self.slots]
+            used = block != -1
+            if ((block < -1) | (used & (block >= self.vocab**o))).any():
+                raise ValueError(f"an order-{o} key outside 0 .. vocab**{o} - 1")
+            with np.errstate(over="ignore"):
+                slot = (block[used].astype(np.uint64) * np.uint64(MULT)) >> np.uint64(self.shift)
+            if (slot != np.flatnonzero(used)).any():
+                raise ValueError(f"an order-{o} key in a slot its context does not hash to")
+        return keys, ids, probs
 
     # ---- what a call returned ---------------------------------------------------------------------
     def rows_of(self, engine, logits: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -22,12 +22,16 @@ candidates (a one-hot q), so verification is the usual lossless rule.
 
 from __future__ import annotations
 
+import os
+import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
+from edgespec.runtime.files import set_aside, write_atomic
 from edgespec.runtime.state import Proposal, SeqState, chain
 
 DEPTH = 12  # longest pattern matched in the cache (tokens); longer contexts match on their last DEPTH
@@ -61,7 +65,7 @@ class SuffixCache:
         self._tail_order = np.zeros(0, np.int64)  # [tail] the tail's positions ordered by token
         self._tail_sorted = np.zeros(0, np.int64)  # [tail] its tokens in that order
         if cfg.file and Path(cfg.file).exists():
-            self.tokens = np.load(cfg.file).astype(np.int64)[-cfg.max_tokens :]
+            self.tokens = self._load(cfg.file, vocab_size)
             self._reindex()
 
     def __len__(self) -> int:
@@ -81,10 +85,27 @@ class SuffixCache:
             self.save()  # the file follows the index: at most tail_tokens behind
 
     def save(self) -> None:
-        """Write the cached tokens to cfg.file (when set)."""
+        """Write the cached tokens to cfg.file (when set) whole: a temporary file renamed over the old
+        one, so a kill mid-save leaves the old cache, never half of one."""
         if self.cfg.file:
-            Path(self.cfg.file).parent.mkdir(parents=True, exist_ok=True)
-            np.save(self.cfg.file, self.tokens.astype(np.int32))
+            tokens = self.tokens.astype(np.int32)
+            write_atomic(self.cfg.file, lambda f: np.save(f, tokens))
+
+    def _load(self, file: str, vocab_size: int) -> np.ndarray:
+        """The last max_tokens of a saved cache; a damaged one (`read_tokens`) is set aside as
+        NAME.bad with one warning and the cache starts empty, never an error at each request."""
+        try:
+            return read_tokens(file, vocab_size, self.cfg.max_tokens)
+        except (ValueError, OSError, EOFError) as e:
+            bad = set_aside(file)
+            where = f"set aside as {bad.name}" if bad else "ignored"
+            warnings.warn(
+                f"{file}: damaged suffix cache ({str(e).splitlines()[0] if str(e) else type(e).__name__}), "
+                f"{where}; the suffix drafter starts cold (an empty cache)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return np.zeros(0, np.int64)
 
     def _encode(self, rows: np.ndarray) -> np.ndarray:
         """[n, DEPTH] token rows (SEP = -1 padding) -> [n] byte keys in token order."""
@@ -162,6 +183,29 @@ class SuffixCache:
         """Positions just after cached occurrences of pattern (len <= DEPTH): at most
         cfg.max_candidates from the sorted index, then every one in the unsorted tail."""
         return np.concatenate([self.sorted_occurrences(pattern), self._tail_hits(pattern)])
+
+
+def read_tokens(file: str, vocab_size: int, max_tokens: int) -> np.ndarray:
+    """The last max_tokens of a saved cache (.npy of int32 tokens, SEP between requests), checked: a
+    regular .npy file (a FIFO or a device would block or never end) holding a 1-D integer array of
+    ids in SEP .. vocab_size - 1; ValueError (or the reader's OSError) names what is wrong. The file
+    is mapped, so only the kept tail is read."""
+    st = os.stat(file)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    with open(file, "rb") as f:
+        if f.read(6) != b"\x93NUMPY":
+            raise ValueError("not a .npy file")
+    arr = np.load(file, mmap_mode="r", allow_pickle=False)
+    try:
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(f"an array of shape {arr.shape} and dtype {arr.dtype}, not a 1-D list of token ids")
+        tokens = np.array(arr[-max_tokens:] if max_tokens else arr[:0], np.int64)
+    finally:
+        del arr  # (the map closes: the file may be renamed next)
+    if len(tokens) and (int(tokens.min()) < SEP or int(tokens.max()) >= vocab_size):
+        raise ValueError(f"ids from {int(tokens.min())} to {int(tokens.max())}, outside {SEP} .. {vocab_size - 1}")
+    return tokens
 
 
 def agreeing(arr: np.ndarray, cand: np.ndarray, toks: np.ndarray, end: int, top: int) -> np.ndarray:
