@@ -5,7 +5,10 @@ result depends on that row alone, so its bits do not depend on how many rows sha
 
 - `library()`: the compiled library, built on first use into an ignored build folder (the source's
   hash names it) with the machine's C++ compiler and ONNX Runtime's C API header; `unavailable()`
-  says why there is none (no compiler, no header, a failed build) instead of raising.
+  says why there is none (no compiler, no header, a failed build) instead of raising. The build
+  writes the library's size and sha256 beside it (librowop.so.json) and renames both into place;
+  a library is loaded only when they match (a truncated file would kill the process with SIGBUS),
+  else rebuilt once, else refused in one line (`damage()`).
 - `pack()`: a linear's blocks in the kernel's layout (panels of 16 outputs, one record per block),
   written by the export; `reference()`: the same arithmetic in NumPy (the tests compare bitwise).
 - `register(so)`: ONNX Runtime session options that can run the op.
@@ -22,8 +25,10 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -59,7 +64,13 @@ CXXFLAGS = ("-O2", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-strict-alia
 DEB_PACKAGE = "libonnxruntime-dev"  # Debian's package with the header (trixie and later)
 DEB_SUITE = "trixie"  # where setup looks for it when this system's own lists have none
 
-_LIB: dict[str, object] = {}  # "path" -> Path of the loaded library, or "why" -> str
+LIBRARY = "librowop.so"  # the library's name in its keyed build folder
+RECORD_SUFFIX = ".json"  # beside it, LIBRARY + this: the size and sha256 the build wrote
+SETUP = "python -m edgespec.engines.rowop setup"
+
+# "path" -> Path of the loaded library, or "why" -> str; "damaged" -> the Path of a library found
+# damaged in this process (rebuilt or refused)
+_LIB: dict[str, object] = {}
 
 
 class RowopUnavailable(EngineError):
@@ -108,31 +119,124 @@ def _key(cxx: str, include: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def library_file(cxx: str, include: Path) -> Path:
+    """Where the library of these sources, this compiler and this header is built (its keyed path)."""
+    return build_dir() / _key(cxx, include) / LIBRARY
+
+
+def record_file(lib: Path) -> Path:
+    """The build's record of `lib`: its size and sha256 (JSON)."""
+    return lib.with_name(lib.name + RECORD_SUFFIX)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def damage(lib: Path) -> str:
+    """What is wrong with the library file `lib` ("" where its size and sha256 are the ones its build
+    recorded; "is missing" where there is none): a truncated or foreign file must never be loaded."""
+    try:
+        st = lib.stat()
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    rec_path = record_file(lib)
+    try:
+        rec = json.loads(rec_path.read_text())
+    except FileNotFoundError:
+        return f"has no checksum record ({rec_path.name}, written by the build)"
+    except (OSError, ValueError, UnicodeDecodeError):
+        return f"has an unreadable checksum record ({rec_path.name})"
+    size, digest = (rec.get("size"), rec.get("sha256")) if isinstance(rec, dict) else (None, None)
+    if not isinstance(size, int) or not isinstance(digest, str):
+        return f"has an unreadable checksum record ({rec_path.name})"
+    if st.st_size != size:
+        what = "is empty" if st.st_size == 0 else f"is {st.st_size:,} bytes"
+        return f"{what}, its build wrote {size:,} (truncated or replaced)"
+    try:
+        got = _sha256(lib)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if got != digest:
+        return f"does not match its build's sha256 ({got[:16]}..., recorded {digest[:16]}...)"
+    return ""
+
+
 def build(verbose: bool = False) -> Path:
-    """Compile the library (once per source, header and compiler); returns its path."""
+    """The library (compiled now where its keyed path holds none, or one whose size and sha256 are
+    not its build's record: rebuilt once); returns its path. RowopUnavailable says why there is none,
+    in one line naming the file and what to do."""
     cxx, include = find_compiler(), find_header()
     if cxx is None:
         raise RowopUnavailable("no C++ compiler (g++, c++, clang++ or $CXX). Hint: apt-get install g++")
     if include is None:
         raise RowopUnavailable(
-            f"no {HEADER} (ONNX Runtime's C API header). Hint: python -m edgespec.engines.rowop setup "
+            f"no {HEADER} (ONNX Runtime's C API header). Hint: {SETUP} "
             f"(fetches Debian's {DEB_PACKAGE}), or set EDGESPEC_ORT_INCLUDE to a folder with it"
         )
-    out = build_dir() / _key(cxx, include) / "librowop.so"
-    if out.is_file():
+    out = library_file(cxx, include)
+    why = damage(out)
+    if not why:
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        objs = []
-        for name in SOURCES:
-            obj = Path(tmp) / (name + ".o")
-            cmd = [cxx, *CXXFLAGS, *ISA_FLAGS.get(name, ()), "-I", str(SRC), "-I", str(include), "-c"]
-            _run(cmd + [str(SRC / name), "-o", str(obj)], verbose)
-            objs.append(str(obj))
-        lib = Path(tmp) / "librowop.so"
-        _run([cxx, "-shared", "-o", str(lib), *objs], verbose)
-        os.replace(lib, out)  # atomic: a concurrent build of the same key finds a whole file
+    found = why != "is missing"
+    if found:
+        _LIB["damaged"] = out
+        print(f"edgespec: warning: the row kernel's library {out} {why}; rebuilding it", file=sys.stderr)
+    try:
+        _install(cxx, include, out, verbose)
+    except (RowopUnavailable, OSError) as e:
+        if not found and isinstance(e, RowopUnavailable):
+            raise
+        raise RowopUnavailable(
+            f"the row kernel's library {out} {why}, and building it failed ({_one_line(str(e), 300)}). "
+            f"Hint: fix the build, then {SETUP} (or delete {out.parent})"
+        ) from None
+    why = damage(out)
+    if why:  # another process replaced it mid-way, or the disk lost it
+        raise RowopUnavailable(
+            f"the row kernel's library {out} {why} right after its build. Hint: delete {out.parent}, then {SETUP}"
+        )
     return out
+
+
+def _compile(cxx: str, include: Path, folder: Path, verbose: bool) -> Path:
+    """Compile and link the library into `folder` (a temporary one); returns its path there."""
+    objs = []
+    for name in SOURCES:
+        obj = folder / (name + ".o")
+        cmd = [cxx, *CXXFLAGS, *ISA_FLAGS.get(name, ()), "-I", str(SRC), "-I", str(include), "-c"]
+        _run(cmd + [str(SRC / name), "-o", str(obj)], verbose)
+        objs.append(str(obj))
+    lib = folder / LIBRARY
+    _run([cxx, "-shared", "-o", str(lib), *objs], verbose)
+    return lib
+
+
+def _install(cxx: str, include: Path, out: Path, verbose: bool) -> None:
+    """Build into a temporary folder beside `out`, record the library's size and sha256, and rename
+    both into place: a kill mid-build leaves nothing at `out` (a whole file or none), and a
+    library renamed in without its record (or the other way round) is a mismatch, rebuilt."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".build-") as tmp:
+        lib = _compile(cxx, include, Path(tmp), verbose)
+        rec = Path(tmp) / (LIBRARY + RECORD_SUFFIX)
+        rec.write_text(json.dumps({"file": LIBRARY, "size": lib.stat().st_size, "sha256": _sha256(lib)}) + "\n")
+        os.replace(lib, out)
+        os.replace(rec, record_file(out))
+
+
+def _one_line(text: str, limit: int) -> str:
+    """text on one line (its whitespace runs as single spaces), its last `limit` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else "..." + flat[-limit:]
 
 
 def _run(cmd: list[str], verbose: bool) -> None:
@@ -140,7 +244,9 @@ def _run(cmd: list[str], verbose: bool) -> None:
         print(" ".join(cmd), file=sys.stderr)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
-        raise RowopUnavailable(f"the build failed: {' '.join(cmd[:2])} ...: {r.stderr.strip()[-2000:]}")
+        if verbose:
+            print(r.stderr, file=sys.stderr)
+        raise RowopUnavailable(f"the build failed: {' '.join(cmd[:2])} ...: {_one_line(r.stderr, 600)}")
 
 
 def library() -> Path:
@@ -155,6 +261,11 @@ def library() -> Path:
     return _LIB["path"]  # type: ignore[return-value]
 
 
+def damaged() -> Path | None:
+    """The library this process found damaged at its keyed path (then rebuilt, or refused), or None."""
+    return _LIB.get("damaged")  # type: ignore[return-value]
+
+
 def unavailable() -> str:
     """Why the op cannot run in this process ("" where it can): no library, or a refused path."""
     try:
@@ -166,7 +277,14 @@ def unavailable() -> str:
 
 
 def _native() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(library()))
+    path = library()  # its size and sha256 checked: a truncated file is never mapped
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise RowopUnavailable(
+            f"the row kernel's library {path} does not load ({_one_line(str(e), 300)}). Hint: delete "
+            f"{path.parent}, then {SETUP}"
+        ) from None
     lib.edgespec_rowop_path.restype = ctypes.c_char_p
     lib.edgespec_rowop_path.argtypes = [ctypes.POINTER(ctypes.c_char_p)]
     lib.edgespec_rowop_runs.argtypes = [ctypes.c_char_p]
@@ -194,8 +312,7 @@ def register(so) -> None:
     if why:
         raise RowopUnavailable(
             f"this folder's linears run edgespec's row kernel (exported with --int4-kernel rowop), which is not "
-            f"available here: {why}. Hint: python -m edgespec.engines.rowop setup, or re-export with "
-            "--int4-kernel nbits"
+            f"available here: {why}. Hint: {SETUP}, or re-export with --int4-kernel nbits"
         )
     so.register_custom_ops_library(str(library()))
 

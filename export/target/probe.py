@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -98,6 +99,8 @@ def candidates(cfg) -> tuple[dict[str, dict], str]:
         why = f"--int4-accuracy-level {cfg.int4_accuracy_level} (the row kernel's activations are int8)"
     else:
         why = rowop.unavailable()
+        if why and rowop.damaged():  # a damaged build that could not be rebuilt: said even without progress
+            print(f"edgespec: warning: {why}; the int4 linears use MatMulNBits instead", file=sys.stderr)
     if not why:
         out[ROWOP] = dict(precision="int4", int4_kernel="rowop")
     return out, why
@@ -141,8 +144,6 @@ def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
         "score_tokens_per_s": {p: round(s, 2) for p, s in scores.items()},
     }
     if progress:
-        import sys
-
         table = ", ".join(
             f"{p}: T=1 {c[1] * 1e3:.1f} ms, T={widths[-1]} {c[widths[-1]] * 1e3:.1f} ms, {scores[p]:.0f} tok/s"
             for p, c in costs.items()
