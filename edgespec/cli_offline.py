@@ -163,11 +163,12 @@ def _cmd_export_drafter(a) -> int:
         from edgespec.export.target.spec import ExportError
     except ImportError as e:
         return _needs_export_extra("export-drafter", e)
+    from edgespec.runtime.files import new_folder
+
     folder, out = Path(a.folder), Path(a.out)
     if not folder.is_dir():
         raise ExportError(f"{folder}: not a folder. Hint: pass the folder holding the drafter's config.json")
-    if out.exists():
-        raise ExportError(f"--out {out} already exists; choose a new folder")
+    new_folder(out, "--out")  # (exists, or under a file: refused before the checkpoint is read)
     plugin = _formats()[a.format]
     written = plugin.publish(folder, a.format, out)
     print(f"edgespec: wrote {written} ({a.format} layout of a {plugin.title or plugin.name})", file=sys.stderr)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.runtime.files import MAX_TEXT_BYTES, input_file, output_file, read_text
+
 
 class WarmError(ValueError):
     """A corpus `edgespec warm` refuses (an eval file, nothing left to read)."""
@@ -57,7 +59,7 @@ def paragraphs(files, keep_out=()) -> tuple[list[str], int]:
     for f in map(Path, files):
         if f.resolve() in evals or f.suffix == ".jsonl" and f.name in {e.name for e in evals}:
             raise WarmError(f"{f} is an eval prompt file: a table warmed on it would draft its answers")
-        for para in f.read_text(encoding="utf-8", errors="replace").split("\n\n"):
+        for para in read_text(f, "--text").split("\n\n"):
             if not para.strip():
                 continue
             if windows(para) & blocked:
@@ -65,6 +67,31 @@ def paragraphs(files, keep_out=()) -> tuple[list[str], int]:
                 continue
             kept.append(para)
     return kept, dropped
+
+
+def check_inputs(files, max_tokens: int, keep_out, answers: int, max_new_tokens: int) -> None:
+    """Every number and file warm reads, refused in one line before anything is read (a folder,
+    FIFO, device, unreadable, empty or oversized --text is an InputFileError; one not UTF-8 is
+    refused as paragraphs() reads it)."""
+    if answers < 0 or max_new_tokens < 1:
+        raise WarmError(f"--answers {answers} / --max-new-tokens {max_new_tokens}: need answers >= 0 and a cap >= 1")
+    if max_tokens < 1:
+        raise WarmError(f"--max-tokens {max_tokens}: give at least 1 (corpus tokens to prefill; default 200000)")
+    if not files and not answers:
+        raise WarmError("nothing to read: give --answers N (the model's own answers; e.g. 300) and/or --text FILE...")
+    for f in files:
+        input_file(f, "--text", MAX_TEXT_BYTES)
+    for f in keep_out:
+        input_file(f, "--keep-out", MAX_TEXT_BYTES)
+
+
+def check_folder(folder: str) -> None:
+    """An engine folder whose table file warm can write, refused in one line before the model loads."""
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.runtime.drafters.recycle import WARM_FILE
+
+    load_manifest(folder, files=False)  # (a folder that is none: its one-line ManifestError)
+    output_file(Path(folder) / WARM_FILE, "the table")
 
 
 def answer_prompts(n: int, seed: int, keep_out=()) -> tuple[list[dict], int]:
@@ -96,13 +123,11 @@ def warm(
     from edgespec.runtime.generator import Generator
 
     out = out if out is not None else sys.stderr
-    if answers < 0 or max_new_tokens < 1:
-        raise WarmError(f"--answers {answers} / --max-new-tokens {max_new_tokens}: need answers >= 0 and a cap >= 1")
-    if not files and not answers:
-        raise WarmError("nothing to read: give --answers N (the model's own answers; e.g. 300) and/or --text FILE...")
+    check_inputs(files, max_tokens, keep_out, answers, max_new_tokens)
     texts, dropped = paragraphs(files, keep_out) if files else ([], 0)
     if files and not texts:
         raise WarmError("no text left to read (every paragraph empty or sharing an 8-word window with an eval prompt)")
+    check_folder(folder)
     prompts, n_dropped = answer_prompts(answers, seed, keep_out) if answers else ([], 0)
     # k=4 chains from the table being filled: greedy, so the answers are plain decoding's, only sooner
     g = Generator.load(folder, RuntimeConfig(drafter="recycle", k=1, adaptive=False))

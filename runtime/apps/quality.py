@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.runtime.files import input_file, output_file, read_text
+
 DEFAULT_TEXTS = ("/usr/share/common-licenses/Apache-2.0", "textwrap.py")  # the second: found in the stdlib
 
 
@@ -99,6 +101,30 @@ def gguf_logprobs(path: str, ids: np.ndarray, window: int) -> np.ndarray:
     return np.concatenate(rows)
 
 
+def _same_tokenizer(first: str, m0, other: str, m, raw: list[str], ids: np.ndarray) -> None:
+    """QualityError unless folder `other` reads the text as the same ids as folder `first` (whose
+    tokenizer made `ids`): models of another vocabulary cannot be compared position by position
+    (their ids past the vocabulary would fail in the graph's Gather)."""
+    from edgespec.runtime.text import TextCodec
+
+    v0, v = m0.target.vocab_size, m.target.vocab_size
+    if v != v0:
+        raise QualityError(
+            f"{other}: a vocabulary of {v:,} ids, {first}'s has {v0:,}: quality compares models of one "
+            "tokenizer (exports of the same model). Hint: pass a reference exported from the same model"
+        )
+    if m.path(m.tokenizer_file).read_bytes() == m0.path(m0.tokenizer_file).read_bytes():
+        return
+    theirs = np.concatenate([TextCodec(m).encode(t) for t in raw])[: len(ids)]
+    if not np.array_equal(theirs, ids):
+        n = min(len(theirs), len(ids))
+        at = int(np.flatnonzero(theirs[:n] != ids[:n])[0]) if (theirs[:n] != ids[:n]).any() else n
+        raise QualityError(
+            f"{other}: its tokenizer reads the text as other ids than {first}'s (from token {at}): quality "
+            "compares models of one tokenizer. Hint: pass a reference exported from the same model"
+        )
+
+
 def _describe(model: str) -> tuple[str, str]:
     """(precision, graph) of a model for its row."""
     if model.endswith(".gguf"):
@@ -118,14 +144,18 @@ def measure(models: list[str], reference: str, texts: list[Path], max_tokens: in
     folders = [m for m in [reference, *models] if not m.endswith(".gguf")]
     if not folders:
         raise QualityError("give at least one engine folder: its tokenizer turns the text into ids")
-    for t in texts:
-        if not t.is_file():
-            raise QualityError(f"--text {t}: no such file")
-    codec_folder = load_manifest(folders[0])
+    for model in [reference, *models]:
+        if model.endswith(".gguf"):  # (a FIFO or a device named .gguf would hang llama.cpp's reader)
+            input_file(model, "--reference" if model == reference else "model")
+    raw = [read_text(t, "--text") for t in texts]
+    manifests = {f: load_manifest(f) for f in folders}  # every folder read before the first model runs
+    codec_folder = manifests[folders[0]]
     codec = TextCodec(codec_folder)
-    ids = np.concatenate([codec.encode(t.read_text(errors="replace")) for t in texts])[:max_tokens].astype(np.int64)
+    ids = np.concatenate([codec.encode(t) for t in raw])[:max_tokens].astype(np.int64)
     if len(ids) < 2:
         raise QualityError(f"the text holds {len(ids)} tokens; give more text")
+    for f in folders[1:]:
+        _same_tokenizer(folders[0], codec_folder, f, manifests[f], raw, ids)
     window = codec_folder.max_len - 1
 
     def run(model: str) -> np.ndarray:
@@ -184,6 +214,8 @@ def run_command(a) -> int:
     if a.max_tokens < 2:
         raise QualityError(f"--max-tokens {a.max_tokens}: give at least 2")
     texts = [Path(t) for t in a.text] if a.text else default_texts()
+    if a.json:
+        output_file(a.json, "--json")  # (before minutes of measuring)
     n, rows = measure(a.models, a.reference, texts, a.max_tokens)
     print(table(n, texts, a.reference, rows))
     if a.json:
