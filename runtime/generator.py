@@ -33,7 +33,7 @@ from edgespec.runtime.constrain import Constraint, Grammar
 from edgespec.runtime.constraint import NO_CONSTRAINT, OutputConstraint
 from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
-from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens, penalize
+from edgespec.runtime.sampling import KeyedDraws, SamplingConfig, check_max_new_tokens, penalize
 from edgespec.runtime.state import Proposal, SeqState, TargetRows, chain, chain_prefix
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import TextCodec
@@ -264,7 +264,9 @@ class Generator(TextAPI):
             self.drafter.chain_verified(m)
             return chain_prefix(seq, prop, m)
         tree = self.tree
-        tree.reset(seq.pending, self.target.max_len - seq.tgt_past)
+        # at most the context's room: n nodes keep at most n - 1 drafts and the target's token, so
+        # seq.n + n <= max_len, as a chain's k <= max_len - seq.n - 1 keeps it
+        tree.reset(seq.pending, self.target.max_len - seq.n)
         grow, floor = self.cfg.tree, self._budget.floor() if self._budget is not None else 0.0
         if floor > grow.min_score:  # no depths the budget would cut
             grow = dataclasses.replace(grow, min_score=floor)
@@ -341,6 +343,8 @@ class Generator(TextAPI):
         )
         if sampling.repetition_penalty != 1.0:
             last = penalize(last[None], seq.tokens, n_prompt, sampling.repetition_penalty)[0]
+        if isinstance(rng, KeyedDraws):
+            rng.base = seq.n
         first = con.first(last, sampling, rng)
         seq.tokens[seq.n] = first
         seq.n += 1
@@ -353,9 +357,12 @@ class Generator(TextAPI):
         max_new_tokens: int = 256,
         sampling: SamplingConfig = SamplingConfig(),
         grammar: Grammar | None = None,
+        rng: np.random.Generator | None = None,
     ) -> Iterator[np.ndarray]:
         """Yield the new tokens of each step (a view; copy to keep). Stats land in last_stats.
-        grammar (constrain.grammar_from): the output follows it, speculation stays lossless."""
+        grammar (constrain.grammar_from): the output follows it, speculation stays lossless. rng: draw
+        from it by rejection sampling instead (the seed's keyed draws: sampling.KeyedDraws); tests
+        of the rejection rule pass one."""
         sampling.check()
         check_max_new_tokens(max_new_tokens)
         tgt, n_prompt = self.target, len(prompt_ids)
@@ -366,10 +373,16 @@ class Generator(TextAPI):
                 f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
                 f"(max_len); shorten it or re-export with --max-len > {n_prompt}"
             )
-        rng = np.random.default_rng(sampling.seed)
+        # a seeded call draws each position's token from (seed, position) alone, so its output never depends
+        # on the drafter's state; its drafters then draft greedily (a draft is kept iff it is that token)
+        if rng is None:
+            rng = KeyedDraws(sampling.seed) if sampling.keyed else np.random.default_rng(sampling.seed)
+        keyed = isinstance(rng, KeyedDraws)
         self._eos = frozenset(self.eos.tolist())
         con = self.constraint(grammar, sampling.greedy)
-        self.drafter.configure(con.drafter_sampling(sampling), rng)
+        # (masked: the token after a verified row need not be its argmax, which a fused head assumes)
+        dft_sampling = dataclasses.replace(sampling, temperature=0.0, masked=True) if keyed else sampling
+        self.drafter.configure(con.drafter_sampling(dft_sampling), rng)
         # greedy adaptive k follows measured times; under sampling that would make the RNG draws,
         # and so a seeded output, depend on timing: sampled calls get the fixed-cost policy
         adaptive = self.adaptive if sampling.greedy else self._sampled_adaptive()
@@ -403,6 +416,8 @@ class Generator(TextAPI):
                     st.finish_reason = "length"
                     break
                 n_old, t0 = seq.n, time.perf_counter()
+                if keyed:
+                    rng.base = seq.n  # (a verify call's row 0 predicts tokens[seq.n])
                 prop, n_acc, t1, t2 = self._step(seq, k, sampling, rng, con)
                 new = seq.tokens[n_old : seq.n]
                 n_emit, done = self._emit(new, max_new_tokens - st.n_output)

@@ -12,13 +12,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+# temperatures below this decode greedily, the limit they approach: dividing logits by 5e-324 overflows
+# every row to +-inf (noise), and at 1e-5 a logit gap of 1e-3 already gives odds of e^-100
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """A generation's sampling settings; a field with a "help" is a flag of `edgespec generate` with
     that default (edgespec/cli_fields.py)."""
 
-    temperature: float = field(  # 0 = greedy (argmax); >0 divides logits before softmax
-        default=0.0, metadata={"help": "0 = greedy (default)"}
+    temperature: float = field(  # 0 (or below GREEDY_BELOW) = greedy (argmax); else divides logits before softmax
+        default=0.0, metadata={"help": f"0 = greedy (default; so is anything below {GREEDY_BELOW:g})"}
     )
     top_k: int = field(  # keep the k most likely tokens (0 = off)
         default=0, metadata={"help": "keep the k most likely tokens (default 0 = off)"}
@@ -26,8 +31,12 @@ class SamplingConfig:
     top_p: float = field(  # keep the smallest set with this much probability mass (1 = off)
         default=1.0, metadata={"help": "keep the smallest set of tokens with this much probability (default 1 = off)"}
     )
-    seed: int | None = field(  # RNG seed: same seed, same output
-        default=None, metadata={"help": "sampling seed: the same seed, the same output (default: a fresh one)"}
+    seed: int | None = field(  # RNG seed: same seed and request, same output, whatever the drafter (KeyedDraws)
+        default=None,
+        metadata={
+            "help": "sampling seed: the same seed and request, the same output, whatever the drafter or what it "
+            "remembers (default: a fresh one)"
+        },
     )
     repetition_penalty: float = field(  # > 1 discourages tokens already in the context (CTRL rule:
         #                                 positive logits divided by it, negative ones multiplied); 1 = off
@@ -46,7 +55,12 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature < GREEDY_BELOW
+
+    @property
+    def keyed(self) -> bool:
+        """Are this call's draws keyed by position (KeyedDraws)? Seeded exact sampling: yes."""
+        return not self.greedy and self.seed is not None and not self.typical_epsilon
 
     def check(self) -> None:
         """Refuse settings that would sample garbage silently (nan compares False everywhere)."""
@@ -56,6 +70,10 @@ class SamplingConfig:
                 raise ValueError(f"{name}={value!r}: must be a finite number")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise ValueError(f"top_k={self.top_k!r}: must be an integer (0 = off)")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
+            raise ValueError(f"seed={self.seed!r}: must be a whole number >= 0")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"seed={self.seed}: must be >= 0")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 = greedy)")
         if self.top_k < 0:
@@ -119,9 +137,42 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 BLOCK = 256  # tokens per block of a draw: a row's block sums, then one block's running sum, not a 49k cumsum
 
 
-def sample(p: np.ndarray, rng: np.random.Generator) -> int:
+class KeyedDraws:
+    """A seeded call's draws, keyed by sequence position (in place of a np.random.Generator): the token
+    at position j is argmax_x w_j(x) / E_j(x), w_j the row's processed weights and E_j(x) iid Exp(1)
+    drawn from (seed, j) alone (the exponential race, Gumbel-max's twin: an exact draw from w_j's
+    distribution). Verification keeps a draft iff it is that token, so the output follows from the
+    seed, the request and the target only, never from the drafter, its memory, k, trees or timing,
+    and a seeded speculative call equals the seeded plain one token for token. A deterministic draft
+    is kept with probability p(x), as rejection sampling keeps it; drafters draft greedily here."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self.base = 0  # the position the next acceptance's first row predicts (set by the loop: seq.n)
+        self.rng = np.random.default_rng(seed)  # for anything else that draws (never the output)
+        self._e = np.zeros(0)  # [V] float64 one position's Exp(1) variables (reused)
+        self._score = np.zeros(0)  # [V] float64 w / E
+
+    def random(self) -> float:
+        return self.rng.random()
+
+    def pick(self, w: np.ndarray, offset: int = 0) -> int:
+        """The token at position base + offset from weights w [V] >= 0 (unnormalised; 0: never)."""
+        n = len(w)
+        if len(self._e) != n:
+            self._e, self._score = np.zeros(n), np.zeros(n)
+        key = np.random.SeedSequence((self.seed, self.base + offset))
+        np.random.Generator(np.random.Philox(key)).standard_exponential(out=self._e)
+        np.divide(w, self._e, out=self._score)
+        return int(self._score.argmax())
+
+
+def sample(p: np.ndarray, rng: np.random.Generator | KeyedDraws) -> int:
     """One draw from p [V] (unnormalised weights >= 0 will do) by inverse CDF over blocks of BLOCK
-    tokens: one uniform, the block sums' running sum, then one block's (no 49k-wide cumsum)."""
+    tokens: one uniform, the block sums' running sum, then one block's (no 49k-wide cumsum). A
+    KeyedDraws rng: its draw at its base position."""
+    if isinstance(rng, KeyedDraws):
+        return rng.pick(p)
     blocks = np.add.reduceat(p, np.arange(0, len(p), BLOCK))
     return _draw(p, np.cumsum(blocks, dtype=np.float64), rng.random())
 

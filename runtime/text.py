@@ -188,7 +188,7 @@ def show_acceptance(g, prompt, max_new_tokens: int, temperature: float, seed, ou
             piece = decoder.push([] if int(tok) in eos else [tok])
             if kind.startswith("draft"):
                 i = int(kind[5:])
-                shades = _RECYCLED if sources[i] == "recycle" else _POS
+                shades = _RECYCLED if i < len(sources) and sources[i] == "recycle" else _POS  # (forced: no source)
                 recycled |= shades is _RECYCLED
                 colour = shades[min(i, len(shades) - 1)]
             else:

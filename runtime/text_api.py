@@ -78,9 +78,10 @@ class TextAPI:
         gen = self.generate_ids(ids, max_new_tokens, sampling, grammar)
         try:
             for new in gen:
-                n_dft = min(self.last_step[1], len(new))  # the step's kept draft tokens come first
+                runs = self._draft_runs(min(self.last_step[1], len(new)))  # the step's kept drafts come first
+                n_dft = sum(n for n, _ in runs)  # (<= the kept tokens: a grammar's forced ones are no drafts)
                 at = 0
-                for n, label in (*self._draft_runs(n_dft), (len(new) - n_dft, TARGET)):
+                for n, label in (*runs, (len(new) - n_dft, TARGET)):  # every token of `new`, once
                     if n:
                         piece = decoder.push([t for t in new[at : at + n] if int(t) not in eos])
                         origins.add(len(piece), label)  # text held back by the decoder goes to the later part

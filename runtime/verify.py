@@ -23,6 +23,12 @@ Trees (parents given): the same walk from the root, at each node over its childr
             what is left of p. Children are deterministic candidates (one-hot q each), so this is
             sampling from p by successive rejection: lossless (SpecInfer's multi-candidate rule).
 
+Seeded calls (sampling.KeyedDraws): each position's token is drawn from p by noise keyed to the seed
+and the position alone (the exponential race), and a draft or child is kept iff it is that token. Every
+token is an exact draw from p, and the output no longer depends on what was drafted: a seed fixes the
+output whatever the drafter, its memory, k or the tree (a deterministic draft is kept with chance
+p(x), as above).
+
 Typical acceptance (Cai et al. 2024, arXiv 2401.10774) is offered as an explicit LOSSY option: a draft token
 is kept when p(x) >= min(eps, sqrt(eps) * exp(-H(p))), so plausible tokens pass even where
 p(x) / q(x) would reject them; the output no longer follows the target's distribution.
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.runtime.sampling import SamplingConfig, penalize, probs, row_dist, sample
+from edgespec.runtime.sampling import KeyedDraws, SamplingConfig, penalize, probs, row_dist, sample
 from edgespec.runtime.state import Proposal, SeqState, SparseQ
 
 
@@ -87,6 +93,8 @@ def accept_sampled(
     sampling.RowDist)."""
     if cfg.typical_epsilon > 0:
         return accept_typical(draft, probs(tgt_logits, cfg), cfg.typical_epsilon, rng)
+    if isinstance(rng, KeyedDraws):
+        return _accept_keyed(draft, tgt_logits, cfg, rng)
     if isinstance(dft_probs, SparseQ):
         return _accept_sampled_sparse(draft, dft_probs, tgt_logits, cfg, rng)
     if dft_probs is not None:
@@ -101,6 +109,19 @@ def accept_sampled(
             d.load(tgt_logits[i], cfg)
         return i, d.draw(rng)
     return len(draft), d.load(tgt_logits[len(draft)], cfg).draw(rng)
+
+
+def _accept_keyed(draft: np.ndarray, tgt_logits: np.ndarray, cfg: SamplingConfig, rng: KeyedDraws) -> tuple[int, int]:
+    """A seeded call (sampling.KeyedDraws): row i's token is position base + i's keyed draw from its
+    processed distribution; a draft is kept iff it is that token, whatever its q (the first that is
+    not is the step's last token). Each position's token is an exact draw from p given the kept prefix."""
+    d = row_dist(tgt_logits.shape[-1])
+    draft = draft.tolist()
+    for i in range(len(draft) + 1):
+        y = rng.pick(d.load(tgt_logits[i], cfg).w, i)
+        if i == len(draft) or y != draft[i]:
+            return i, y
+    raise AssertionError("unreachable")
 
 
 def _accept_sampled_q(
@@ -197,6 +218,16 @@ def accept_tree_sampled(
         if cfg.repetition_penalty != 1.0:
             row = penalize(row[None], tokens, n + n_acc, cfg.repetition_penalty)[0]
         d.load(row, cfg)
+        if isinstance(rng, KeyedDraws):  # the position's keyed draw; its child, if drafted, is kept
+            y = rng.pick(d.w, n_acc)
+            kept = tree.child(cur, y)
+            if kept < 0:
+                return n_acc, y
+            cur = kept
+            tokens[n + n_acc] = y
+            n_acc += 1
+            tree.path[n_acc] = cur
+            continue
         kept = -1
         for c in range(cur + 1, tree.n):
             if tree.parents[c] != cur:

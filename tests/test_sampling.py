@@ -85,7 +85,9 @@ def _chi2_pvalue(counts: np.ndarray, expected_p: np.ndarray) -> float:
 def _sample_counts(g: Generator, cfg: SamplingConfig = CFG) -> np.ndarray:
     counts = np.zeros((V, V))
     for s in range(N_SAMPLES):
-        out = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 3, dataclasses.replace(cfg, seed=s))])
+        # an unseeded call drawing from rng: the rejection rule (a seed would key the draws by position)
+        rng = np.random.default_rng(s)
+        out = np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 3, cfg, rng=rng)])
         counts[out[1], out[2]] += 1
     return counts
 

@@ -100,11 +100,12 @@ def test_constrained_plain_follows_the_rule_and_every_drafter_matches_it(regex):
         assert m.consume_token(int(tok))
         ctx.append(int(tok))
     assert g.last_stats.n_forced > 0
-    for d in ("ngram", "suffix", "draft", "eagle", "hybrid", "medusa"):
+    for d in ("ngram", "suffix", "draft", "eagle", "hybrid", "medusa", "recycle", "merged"):
         for k in (1, 3, 8):
-            g.set_drafter(d, k)
-            out = _ids(g, 12, grammar=grammar)
-            assert np.array_equal(out, ref), (d, k, out, ref)
+            for adaptive in (False, True):  # (recycle, merged adaptive: cost-sized chains, redrafted by the grammar)
+                g.reconfigure(drafter=d, k=k, adaptive=adaptive)
+                out = _ids(g, 12, grammar=grammar)
+                assert np.array_equal(out, ref), (d, k, adaptive, out, ref)
 
 
 def test_drafts_the_grammar_forbids_never_reach_the_verify_call():
@@ -325,13 +326,17 @@ def test_tiny_speculative_equals_constrained_plain_for_every_drafter(full_engine
     prompts = [g.codec.encode(p) for p in TINY_PROMPTS]
     plain = [_ids(g, 60, grammar=grammar, prompt=p) for p in prompts]
     assert all(_conforms(g, grammar, out) for out in plain)
+    plain_text = ["".join(g.stream_text(p, 60, SamplingConfig(), grammar=grammar)) for p in prompts]
     accepted = cut = 0
-    for d in ("ngram", "suffix", "draft", "eagle", "hybrid", "medusa"):
-        for k in (2, 6):
-            g.set_drafter(d, k)
-            for p, ref in zip(prompts, plain, strict=True):
+    for d in ("ngram", "suffix", "draft", "eagle", "hybrid", "medusa", "recycle", "merged"):
+        for k, adaptive in ((2, False), (6, False), (6, True)):
+            g.reconfigure(drafter=d, k=k, adaptive=adaptive)
+            for p, ref, ref_text in zip(prompts, plain, plain_text, strict=True):
                 out = _ids(g, 60, grammar=grammar, prompt=p)
                 assert np.array_equal(out, ref), (kind, d, k, g.codec.decode(out), g.codec.decode(ref))
+                # the streamed text too: every token's piece, forced tokens among the kept drafts included
+                text = "".join(g.stream_text(p, 60, SamplingConfig(), grammar=grammar))
+                assert text == ref_text, (kind, d, k, adaptive, text, ref_text)
                 st = g.last_stats
                 accepted, cut = accepted + st.n_accepted, cut + st.n_grammar_cut
                 assert st.n_forced > 0

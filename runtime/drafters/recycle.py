@@ -493,6 +493,7 @@ class RecycleDrafter(Drafter):
             t.save()
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
+        self._verified = -1  # a new chain (a grammar redrafts mid-step): cost-sized only if chain_verified says so
         self.chain_probs.clear()
         m = self.extend(seq, 0, k, probs=self.chain_probs)
         return chain(seq, m, self.sparse_q(m))
@@ -773,6 +774,7 @@ class MergedDrafter(Drafter):
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         self._tree = None
+        self._verified = -1  # a new chain (a grammar redrafts mid-step): cost-sized only if chain_verified says so
         m = self.lookup.propose(seq, k).n_drafted
         probs = self.chain_probs
         probs.clear()

@@ -1,0 +1,136 @@
+"""Seeds, tiny temperatures and the context's edge (fake engines over an 8-token vocabulary).
+
+A seeded call's draws are keyed by position (sampling.KeyedDraws): its output follows from the seed,
+the request and the target alone, so every drafter, chain or tree, fixed or adaptive, gives the seeded
+plain output token for token, whatever it remembers from earlier requests; and those draws follow the
+target's distribution (chi-square). Temperatures below GREEDY_BELOW decode greedily. No verify call
+reaches past the context, and output there equals plain."""
+
+import numpy as np
+import pytest
+from test_sampling import PROMPT, TREE, V, _chi2_pvalue, _exact_tokens_23, _gen
+
+from edgespec.runtime.sampling import GREEDY_BELOW, KeyedDraws, SamplingConfig
+from edgespec.runtime.tree import TreeConfig
+
+CHAIN_DRAFTERS = ["draft", "ngram", "suffix", "eagle", "hybrid", "medusa", "recycle", "merged"]
+TREE_DRAFTERS = ["ngram", "suffix", "eagle", "hybrid", "medusa", "recycle", "merged"]
+STATEFUL = ["suffix", "recycle", "merged", "hybrid"]
+
+
+def _ids(g, n, cfg=SamplingConfig(), prompt=PROMPT):
+    return np.concatenate([c.copy() for c in g.generate_ids(prompt, n, cfg)])
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_seeded_speculative_equals_seeded_plain_for_every_drafter(tree, adaptive):
+    plain = _gen("none")
+    refs = {s: _ids(plain, 30, SamplingConfig(temperature=0.8, top_p=0.95, seed=s)) for s in range(8)}
+    for d in TREE_DRAFTERS if tree else CHAIN_DRAFTERS:
+        g = _gen(d, TREE) if tree else _gen(d)
+        g.reconfigure(adaptive=adaptive)
+        kept = 0
+        for s, ref in refs.items():
+            out = _ids(g, 30, SamplingConfig(temperature=0.8, top_p=0.95, seed=s))
+            assert np.array_equal(out, ref), (d, tree, adaptive, s, out, ref)
+            kept += g.last_stats.n_accepted
+        assert kept > 0, d  # drafts were kept: the equality is not plain decoding in disguise
+
+
+@pytest.mark.parametrize("drafter", STATEFUL)
+def test_a_seeded_request_repeats_whatever_the_drafter_remembers(drafter):
+    """The same seeded request 5 times on one generator (its suffix cache, recycle table and source
+    estimates grow in between, other requests interleaved): the same output every time."""
+    g = _gen(drafter)
+    cfg = SamplingConfig(temperature=1.0, seed=42)
+    first = _ids(g, 40, cfg)
+    for i in range(4):
+        _ids(g, 40, SamplingConfig(temperature=0.9, seed=100 + i), prompt=np.array([4, 5, 6, 4, 5, i % V]))
+        _ids(g, 40)  # a greedy request in between
+        assert np.array_equal(_ids(g, 40, cfg), first), (drafter, i)
+
+
+def test_seeded_draws_follow_the_target_distribution():
+    """Keyed draws, tokens 2-3 over 3000 seeds, plain and speculative (equal per seed, above)."""
+    pytest.importorskip("scipy")
+    g = _gen("none")
+    counts = np.zeros((V, V))
+    for s in range(3000):
+        out = _ids(g, 3, SamplingConfig(temperature=1.0, seed=s))
+        counts[out[1], out[2]] += 1
+    p = _chi2_pvalue(counts, _exact_tokens_23(g))
+    assert p > 1e-3, f"keyed draws: chi-square p = {p:.2g}"
+
+
+def test_keyed_draw_is_an_exact_draw_and_depends_on_seed_and_position_alone():
+    w = np.array([0.5, 0.0, 0.2, 0.3])
+    hits = np.zeros(4)
+    for s in range(4000):
+        r = KeyedDraws(s)
+        r.base = 7
+        x = r.pick(w)
+        r.rng.random(100)  # other draws do not move it
+        assert r.pick(w) == x
+        hits[x] += 1
+    assert hits[1] == 0
+    assert np.allclose(hits / hits.sum(), w, atol=0.03)
+    a, b = KeyedDraws(1), KeyedDraws(1)
+    b.base = 1
+    assert [a.pick(w, i + 1) for i in range(20)] == [b.pick(w, i) for i in range(20)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 5e-324, 1e-30, 1e-6])
+def test_tiny_temperatures_decode_greedily(temperature):
+    assert SamplingConfig(temperature=temperature).greedy
+    g = _gen("ngram")
+    greedy = _ids(g, 30)
+    for seed in (None, 3):
+        out = _ids(g, 30, SamplingConfig(temperature=temperature, seed=seed))
+        assert np.array_equal(out, greedy), (temperature, seed)
+
+
+def test_temperature_at_the_threshold_samples_its_sharp_limit_and_two_is_fine():
+    """At GREEDY_BELOW the call samples (not greedy), and its distribution is the greedy point mass
+    (chi-square on tokens 2-3 against the exact distribution at that temperature, which is it); at 2 it
+    samples a flat distribution without trouble."""
+    pytest.importorskip("scipy")
+    cfg = SamplingConfig(temperature=GREEDY_BELOW)
+    assert not cfg.greedy
+    g = _gen("ngram")
+    greedy = _ids(g, 3)
+    counts = np.zeros((V, V))
+    for s in range(200):
+        out = _ids(g, 3, SamplingConfig(temperature=GREEDY_BELOW, seed=s))
+        counts[out[1], out[2]] += 1
+    assert counts[greedy[1], greedy[2]] == 200
+    exact = _exact_tokens_23(g, cfg)
+    assert exact[greedy[1], greedy[2]] > 1 - 1e-9
+    outs = {tuple(_ids(g, 10, SamplingConfig(temperature=2.0, seed=s))) for s in range(10)}
+    assert len(outs) > 1 and all(0 <= t < V for o in outs for t in o)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_no_verify_call_reaches_past_the_context(tree):
+    """Prompts ending max_len - 1 .. max_len - 12 tokens in, every drafter: output == plain, never
+    more than max_len tokens in all, and no call's rows past the context."""
+    shape = TreeConfig(nodes=8, depth=4, branch=2, beam=2) if tree else TreeConfig()
+    for d in ["none"] + (TREE_DRAFTERS if tree else CHAIN_DRAFTERS):
+        g = _gen(d, shape) if d != "none" else _gen("none")
+        g.reconfigure(drafter=d, k=8 if d != "none" else None)
+        tgt = g.engines.target
+        calls = []
+        forward = tgt.forward
+
+        def spy(tokens, past, *a, _f=forward, **kw):
+            calls.append(past + len(tokens))
+            return _f(tokens, past, *a, **kw)
+
+        tgt.forward = spy
+        for room in range(1, 13):
+            prompt = np.resize(np.array([1, 2, 3, 1, 2, 4]), tgt.max_len - room)
+            out = _ids(g, 64, prompt=prompt)
+            assert len(prompt) + len(out) <= tgt.max_len, (d, room, len(out))
+            ref = _ids(_gen("none"), 64, prompt=prompt)
+            assert np.array_equal(out, ref), (d, tree, room)
+        assert max(calls) <= tgt.max_len, (d, max(calls))
