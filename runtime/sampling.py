@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
 # temperatures below this decode greedily, the limit they approach: dividing logits by 5e-324 overflows
 # every row to +-inf (noise), and at 1e-5 a logit gap of 1e-3 already gives odds of e^-100
 GREEDY_BELOW = 1e-5

@@ -1,7 +1,5 @@
 """Lossless sampling: speculative samples follow the target's distribution (chi-square tests)."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 

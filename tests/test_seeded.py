@@ -122,8 +122,8 @@ def test_no_verify_call_reaches_past_the_context(tree):
         calls = []
         forward = tgt.forward
 
-        def spy(tokens, past, *a, _f=forward, **kw):
-            calls.append(past + len(tokens))
+        def spy(tokens, past, *a, _f=forward, _calls=calls, **kw):
+            _calls.append(past + len(tokens))
             return _f(tokens, past, *a, **kw)
 
         tgt.forward = spy
