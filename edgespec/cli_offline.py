@@ -154,6 +154,12 @@ def _add_export_drafter(sub) -> None:
     t.add_argument("folder", metavar="FOLDER", help="the drafter checkpoint folder (config.json + weights)")
     t.add_argument("--format", required=True, choices=sorted(formats), metavar="NAME", help=f"the layout: {listed}")
     t.add_argument("--out", required=True, metavar="DIR", help="the new folder (must not exist)")
+    t.add_argument(
+        "--verifier",
+        metavar="NAME_OR_PATH",
+        help="--format speculators: the target model the head drafts for, as speculators' from_pretrained reads "
+        "it (a hub id, or a local folder with its config.json and weights; default: the one the folder records)",
+    )
 
 
 def _cmd_export_drafter(a) -> int:
@@ -170,7 +176,9 @@ def _cmd_export_drafter(a) -> int:
         raise ExportError(f"{folder}: not a folder. Hint: pass the folder holding the drafter's config.json")
     new_folder(out, "--out")  # (exists, or under a file: refused before the checkpoint is read)
     plugin = _formats()[a.format]
-    written = plugin.publish(folder, a.format, out)
+    if a.verifier is not None and a.format != "speculators":
+        raise ExportError(f"--verifier names the target of a speculators checkpoint; --format {a.format} has none")
+    written = plugin.publish(folder, a.format, out, **({"verifier": a.verifier} if a.verifier is not None else {}))
     print(f"edgespec: wrote {written} ({a.format} layout of a {plugin.title or plugin.name})", file=sys.stderr)
     return 0
 

@@ -157,6 +157,13 @@ def test_train_eagle3_cli_end_to_end(tiny_target, tiny_data, tmp_path):
     assert {"top1_step1", "top1_step2", "top1_step3", "expected_accepted"} <= set(est)
     ec, arrays, _ = read_eagle3(head, 64, 256, 8)
     assert ec.d2t_by_frequency and len(arrays["d2t"]) == 64
+    # the target it was trained for, recorded: export-drafter's speculators verifier when none is named
+    from pathlib import Path
+
+    assert cfg["eagle3"]["target"] == str(Path(tiny_target).resolve())
+    assert main(["export-drafter", str(head), "--format", "speculators", "--out", str(tmp_path / "spec")]) == 0
+    verifier = json.loads((tmp_path / "spec" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == str(Path(tiny_target).resolve())
 
 
 @pytest.fixture(scope="module")

@@ -355,3 +355,102 @@ def test_published_layouts_carry_the_head_or_refuse(case, fmt, tmp_path, capsys)
     keep = ("fc_norm", "norm_before_residual", "logits_norm", "feed_normed", "own_embed", "aux_layers", "rope_type",
             "rope_theta", "rope_params", "rms_norm_eps", "head_dim", "draft_vocab_size")  # fmt: skip
     assert all(getattr(ec, k) == getattr(ec0, k) for k in keep), case
+
+
+def test_the_speculators_verifier_is_named_and_checked(target, tmp_path, capsys):
+    """--verifier (or the one the folder records) goes into speculators_config.verifier: a local folder
+    checked against the head and written absolute; another model's, a missing path, another format refused."""
+    from tiny import make_tiny
+
+    from edgespec.cli import main
+
+    src, out = FIXTURES / "eagle3-edgespec", tmp_path / "spec"
+    assert (
+        main(["export-drafter", str(src), "--format", "speculators", "--out", str(out), "--verifier", str(target)]) == 0
+    )
+    verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": str(target.resolve()), "architectures": ["LlamaForCausalLM"]}
+    capsys.readouterr()
+    assert main(["export-drafter", str(src), "--format", "speculators", "--out", str(tmp_path / "null")]) == 0
+    assert "Hint: pass --verifier" in capsys.readouterr().err  # nothing recorded: null, said
+    hub = _copy("eagle3-speculators", tmp_path, _set("speculators_config.verifier.name_or_path", "org/model"))
+    assert main(["export-drafter", str(hub), "--format", "speculators", "--out", str(tmp_path / "hub")]) == 0
+    assert json.loads((tmp_path / "hub" / "config.json").read_text())["speculators_config"]["verifier"] == {
+        "name_or_path": "org/model",
+        "architectures": ["LlamaForCausalLM"],
+    }
+    narrow = make_tiny("llama", tmp_path / "narrow", hidden_size=32, num_hidden_layers=8)
+    capsys.readouterr()
+    for args, why in (
+        (["--verifier", str(narrow)], "hidden_size 32 (the head's 64)"),
+        (["--verifier", str(tmp_path / "nowhere")], "no such folder"),
+        (["--verifier", str(target), "--format", "eagle3-official"], "--format eagle3-official has none"),
+    ):
+        fmt = [] if "--format" in args else ["--format", "speculators"]
+        rc = main(["export-drafter", str(src), *fmt, "--out", str(tmp_path / "o"), *args])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and why in err[0] and not (tmp_path / "o").exists(), err
+
+
+SPECULATORS_FORWARD = """
+import sys, numpy as np, torch
+from speculators.models.attention import create_float_mask
+from speculators.models.eagle3 import Eagle3DraftModel
+model = Eagle3DraftModel.from_pretrained(sys.argv[1], torch_dtype=torch.float32)  # as published: no patch
+model._attn_impl, model._create_mask_fn = "eager", create_float_mask  # dense masks on CPU (no flex attention)
+for layer in model.layers:
+    layer.self_attn.config._attn_implementation = "eager"
+d = np.load(sys.argv[2])
+got = []
+hook = model.lm_head.register_forward_hook(lambda m, i, o: got.append(o[0, :12].detach().numpy()))
+with torch.no_grad():
+    model.eval()(hidden_states=torch.from_numpy(d["aux"][None]), input_ids=torch.from_numpy(d["tokens"][None]),
+                 document_ids=torch.zeros(1, len(d["tokens"]), dtype=torch.long), ttt_steps=3)
+np.savez(sys.argv[3], *got)
+"""
+
+
+def _speculators_env() -> dict | None:
+    """The environment a Python with speculators 0.9 runs in: this interpreter, with EDGESPEC_SPECULATORS
+    (a folder speculators and the modules it imports were installed into with pip --target --no-deps, as
+    tools/published_fixtures/ does) on its path; None: speculators is not there."""
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TORCHDYNAMO_DISABLE": "1"}  # no hub lookup may happen
+    if os.environ.get("EDGESPEC_SPECULATORS"):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ["EDGESPEC_SPECULATORS"], env.get("PYTHONPATH")]))
+    probe = [sys.executable, "-c", "import speculators.models.eagle3, speculators.utils.loading"]
+    return env if subprocess.run(probe, env=env, capture_output=True).returncode == 0 else None
+
+
+def test_speculators_own_loader_reads_the_published_head_unpatched(target, tmp_path):
+    """export-drafter --format speculators --verifier TARGET -> speculators' Eagle3DraftModel.from_pretrained
+    offline, nothing patched around it (the embedding it lacks filled from the verifier's weights) ->
+    the logits the fixture script recorded for this head, < 1e-4."""
+    import subprocess
+    import sys
+
+    from edgespec.cli import main
+
+    env = _speculators_env()
+    if env is None:
+        pytest.skip("speculators 0.9 not importable (EDGESPEC_SPECULATORS: the folder it was pip-installed into)")
+    src, out = FIXTURES / "eagle3-edgespec", tmp_path / "spec"
+    assert (
+        main(["export-drafter", str(src), "--format", "speculators", "--out", str(out), "--verifier", str(target)]) == 0
+    )
+    script = tmp_path / "forward.py"
+    script.write_text(SPECULATORS_FORWARD)
+    got = tmp_path / "got.npz"
+    run = subprocess.run(
+        [sys.executable, str(script), str(out), str(src / "inputs.npz"), str(got)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rec, got = np.load(src / "published-speculators.npz"), np.load(got)
+    for s in range(3):
+        assert np.abs(got[f"arr_{s}"] - rec[f"speculators_logits_s{s + 1}"]).max() < 1e-4, s + 1

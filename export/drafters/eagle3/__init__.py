@@ -155,10 +155,10 @@ class Eagle3Plugin(ExportPlugin):
 
         return is_eagle3_folder(folder)
 
-    def publish(self, folder: Path, fmt: str, out: Path) -> Path:
+    def publish(self, folder: Path, fmt: str, out: Path, verifier: str | None = None) -> Path:
         from edgespec.export.drafters.eagle3.layouts import publish
 
-        return publish(folder, fmt, out)
+        return publish(folder, fmt, out, verifier)
 
     def write(self, ctx, head_dir: Path) -> Shipped:
         from edgespec.export.drafters.eagle3.graph import write_eagle3

@@ -629,10 +629,11 @@ def _refuse_publish(ck: Eagle3Checkpoint, fmt: str, what: str):
     return ExportError(f"{ck.folder} ({ck.layout}) cannot be written as {fmt}: {what}")
 
 
-def publish(folder: Path, fmt: str, out: Path) -> Path:
+def publish(folder: Path, fmt: str, out: Path, verifier: str | None = None) -> Path:
     """The head in `folder` (any layout `inspect` reads) written into the new folder `out` in layout
     `fmt` (FORMATS), every float in the dtype it is stored in; what the layout cannot carry is refused
-    (ExportError) before anything is written."""
+    (ExportError) before anything is written. verifier (speculators): the target model speculators'
+    from_pretrained reads (`_verifier`)."""
     from edgespec.export.target.spec import ExportError
 
     if fmt not in FORMATS:
@@ -643,7 +644,7 @@ def publish(folder: Path, fmt: str, out: Path) -> Path:
         raise ExportError(str(e)) from e
     ec = ck.ec
     if fmt == "speculators":
-        config, rename = _speculators_config(ck), lambda n: _stored("eagle3-speculators", n)
+        config, rename = _speculators_config(ck, verifier), lambda n: _stored("eagle3-speculators", n)
     else:
         config, rename = _official_config(ck), lambda n: n
     try:
@@ -670,6 +671,14 @@ def publish(folder: Path, fmt: str, out: Path) -> Path:
 
         torch.save(tensors, out / "pytorch_model.bin")  # the official loader's first choice
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if fmt == "speculators" and config["speculators_config"]["verifier"]["name_or_path"] is None:
+        import sys
+
+        print(
+            f"edgespec: {folder} names no target model, so the speculators config's verifier is null: vLLM does not "
+            "read it, speculators' from_pretrained does. Hint: pass --verifier NAME_OR_PATH (hub id or folder)",
+            file=sys.stderr,
+        )
     return out
 
 
@@ -693,7 +702,44 @@ def _llama_layer(ec: Eagle3Config) -> dict:
     } | ({"layer_types": ["sliding_attention"], "sliding_window": ec.sliding_window} if ec.sliding_window else {})
 
 
-def _speculators_config(ck: Eagle3Checkpoint) -> dict:
+def _verifier(ck: Eagle3Checkpoint, given: str | None) -> dict:
+    """speculators' VerifierConfig of the head: `given` (--verifier), else the one the folder records (a
+    speculators config's verifier; edgespec's training record's target, a packaged model by its hub id).
+    speculators' from_pretrained reads the verifier's config.json (hidden size, depth) and fills the
+    weights the head lacks (its embedding) from the verifier's weights, so a local folder is checked
+    against the head here and written as an absolute path; a hub id is written as given."""
+    from edgespec.export.drafters.medusa.publish import HF_IDS
+
+    recorded = (ck.config.get("speculators_config") or {}).get("verifier") or {}
+    target = (ck.config.get("eagle3") or {}).get("target") if ck.layout == "eagle3-edgespec" else None
+    name = given or recorded.get("name_or_path") or (HF_IDS.get(target, target) if target else None)
+    archs = list(recorded.get("architectures") or [])
+    path = Path(name).expanduser() if name else None
+    if path is None or not path.exists():
+        if given and (given.startswith((".", "/", "~")) or given.count("/") != 1):
+            raise _refuse_publish(ck, "speculators", f"--verifier {given}: no such folder, nor a hub id (org/name)")
+        return {"name_or_path": name, "architectures": archs}
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise _refuse_publish(
+            ck,
+            "speculators",
+            f"verifier {name}: no readable config.json ({type(e).__name__}); speculators' from_pretrained reads "
+            "the target's config and weights from it. Hint: pass --verifier with the target's Hugging Face folder",
+        ) from e
+    cfg = cfg.get("text_config") or cfg  # multimodal wrappers: speculators reads the text model's
+    wrong = [
+        f"{k} {cfg.get(k)} (the head's {v})"
+        for k, v in (("hidden_size", ck.ec.feature_width), ("vocab_size", ck.ec.vocab_size))
+        if cfg.get(k) != v
+    ]
+    if wrong:
+        raise _refuse_publish(ck, "speculators", f"verifier {name} has {', '.join(wrong)}: another model's")
+    return {"name_or_path": str(path.resolve()), "architectures": list(cfg.get("architectures") or archs)}
+
+
+def _speculators_config(ck: Eagle3Checkpoint, verifier: str | None = None) -> dict:
     """An Eagle3SpeculatorConfig (speculators 0.9) of the head; aux ids stay entering ids (vLLM's)."""
     ec = ck.ec
     if not ec.logits_norm:
@@ -729,7 +775,7 @@ def _speculators_config(ck: Eagle3Checkpoint) -> dict:
                 {"proposal_type": "greedy", "speculative_tokens": 3, "verifier_accept_k": 1, "accept_tolerance": 0.0}
             ],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": None, "architectures": []},
+            "verifier": _verifier(ck, verifier),
         },
     }
 

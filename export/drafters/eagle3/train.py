@@ -27,6 +27,7 @@ from edgespec.export.drafters.eagle3.head import (
     read_eagle3,
     save_eagle3,
 )
+from edgespec.export.drafters.medusa.train import _target_spec
 from edgespec.export.train import trainer
 
 
@@ -114,6 +115,7 @@ class _Eagle3Recipe(trainer.HeadRecipe):
         record = self.record(step, epoch, est, training) | {
             "n_steps": c.n_steps,
             "lm_head": "trained (from the target's rows)",
+            "target": _target_spec(c.target),  # export-drafter's default speculators verifier
         }
         save_eagle3(self.head, c.out, record | ({"init": str(c.init)} if c.init else {}))
         steps = ", ".join(f"{est[f'top1_step{i + 1}']:.3f}" for i in range(c.n_steps))
