@@ -113,6 +113,8 @@ class HeadInfo(Serial):
     target_vocab_size: int  # the target vocabulary its d2t maps into
     trained_draft_vocab_size: int  # draft tokens it was trained with (the export may keep fewer)
     trained: dict  # the training record of the checkpoint's config.json, as its trainer wrote it
+    rope_theta: float | None = None  # the RoPE base its graph rotates with (None: not recorded)
+    rope_theta_from: str = ""  # where that base came from: its config.json, its target's, --eagle-rope-theta
 
 
 @dataclass(frozen=True)

@@ -449,3 +449,48 @@ def test_the_upstream_class_loads_what_publish_wrote(tiny_models, tmp_path):
         assert res.returncode == 0, res.stderr[-2000:]
         diff = float(res.stdout.strip().rsplit("=", 1)[1])
         assert diff < 1e-4, (layout, diff)
+
+
+def test_the_rope_base_as_stated_or_overridden(engines, tiny_models, tmp_path):
+    """eagle1-official states rope_theta 500000, which the EAGLE GitHub code applies and eagle-llm 1.2.1
+    (PyPI) ignores (10000): exported as stated by default, the export says so with the way out;
+    --eagle-rope-theta 10000 gives the head graph a PyTorch head on base 10000 computes, and the
+    manifest records the base and where it came from."""
+    import dataclasses
+
+    from edgespec.engines.manifest import load_manifest
+
+    layout, target = "eagle1-official", tiny_models["llama"]
+    ref = _reference(layout, "fp32")
+    stated = load_manifest(engines(layout, "fp32")).models()["eagle"].head
+    assert (stated.rope_theta, stated.rope_theta_from) == (500000.0, "its config.json")
+    rc, err = _export(target, _fixture(layout, "fp32"), tmp_path / "e", "--eagle-rope-theta", "10000")
+    assert rc == 0, err
+    assert "RoPE base 10000, from --eagle-rope-theta (its config.json: 500000)" in err
+    head = load_manifest(tmp_path / "e").models()["eagle"].head
+    assert head.rope_theta == 10000.0 and head.rope_theta_from.startswith("--eagle-rope-theta")
+    embed, lm_head, arch = _target_tables(target)
+    hc, arrays = read_head(_fixture(layout, "fp32"), arch.hidden_size, arch.vocab_size)
+    cos, sin = arch.rope_tables()
+    _, want = _forward(build_head(dataclasses.replace(hc, rope_theta=10000.0), arrays, embed, lm_head, cos, sin), ref)
+    got = _head_logits(tmp_path / "e", ref["input_ids"][0], ref["hidden_states"][0])
+    assert np.abs(got - want[0]).max() < 1e-4
+    assert np.abs(got - ref["logits"][0]).max() > 1e-2  # not the head on base 500000
+    rc, err = _export(target, _fixture(layout, "fp32"), tmp_path / "bad", "--eagle-rope-theta", "0")
+    assert rc == 2 and "--eagle-rope-theta must be a finite RoPE base > 1" in err
+
+
+def test_the_stated_base_of_an_official_head_is_said_before_the_target_loads(tiny_models, capsys):
+    """Where the upstreams disagree (an official head stating a base other than 10000), the preflight
+    says which base the export uses and how to get eagle-llm's."""
+    from edgespec.export.drafters import registry
+    from edgespec.export.target import sources
+    from edgespec.export.target.spec import ExportConfig
+
+    target = tiny_models["llama"]
+    shape = sources.target_shape(sources.resolve(str(target)))
+    plugin, cfg = registry()["eagle"], ExportConfig(target=str(target))
+    plugin.preflight(cfg, _fixture("eagle1-official", "fp32"), shape)
+    err = capsys.readouterr().err
+    assert "RoPE base 500000, from its config.json; eagle-llm 1.2.1 from PyPI trains with 10000" in err, err
+    assert "pass --eagle-rope-theta 10000" in err and len(err.strip().splitlines()) == 1

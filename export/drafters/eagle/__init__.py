@@ -8,6 +8,8 @@ bitwise the plain graph's). Its folder is checked before the target loads (`pref
 from __future__ import annotations
 
 import copy
+import math
+import sys
 from dataclasses import dataclass, field
 
 from edgespec.cli_fields import config_from
@@ -60,6 +62,21 @@ class TrainConfig(BaseTrainConfig):
     )
 
 
+OFFICIAL_THETA = 10000.0  # the base eagle-llm 1.2.1 (PyPI) rotates with, whatever a head's config.json says
+
+
+def rope_base(hc, override: float | None, target_theta: float | None) -> tuple[float | None, str]:
+    """(the RoPE base the head graph rotates with, where it comes from) for a head read as `hc`: the
+    --eagle-rope-theta override, else the base its config.json states, else its target's (None where
+    the target's is not known yet)."""
+    if override is not None:
+        stated = f"{hc.rope_theta:g}" if hc.rope_theta is not None else "none (its target's)"
+        return override, f"--eagle-rope-theta (its config.json: {stated})"
+    if hc.rope_theta is not None:
+        return hc.rope_theta, "its config.json"
+    return target_theta, "its target's (its config.json names none)"
+
+
 class EaglePlugin(ExportPlugin):
     name = "eagle"
     flag = "--eagle"
@@ -78,6 +95,15 @@ class EaglePlugin(ExportPlugin):
             "'auto' (default): the head shipped with edgespec when the target is the default model; 'none': no head",
         ),
         DRAFT_VOCAB_OPTION,
+        ExportOption(
+            "eagle_rope_theta",
+            float,
+            None,
+            "the EAGLE head's RoPE base, in place of the one its config.json states: eagle-llm 1.2.1 from PyPI "
+            "trains with 10000 whatever the config says (the EAGLE GitHub code applies it), so a head it trained "
+            "with another rope_theta needs --eagle-rope-theta 10000; default: as the checkpoint states",
+            metavar="THETA",
+        ),
     )
     train_module = "edgespec.export.drafters.eagle.train"
     train_help = "train an EAGLE head for a target by self-distillation (CPU or GPU)"
@@ -96,22 +122,38 @@ class EaglePlugin(ExportPlugin):
 
         if cfg.eagle_draft_vocab is not None and cfg.eagle_draft_vocab < 0:
             raise ExportError(f"--eagle-draft-vocab must be >= 0 (got {cfg.eagle_draft_vocab}; 0 keeps them all)")
+        theta = cfg.eagle_rope_theta
+        if theta is not None and not (math.isfinite(theta) and theta > 1):
+            raise ExportError(f"--eagle-rope-theta must be a finite RoPE base > 1 (got {theta:g}); e.g. 10000")
+        if theta is not None and cfg.eagle in (None, "", "none"):
+            raise ExportError("--eagle-rope-theta sets the EAGLE head's RoPE base, but --eagle none ships no head")
 
     def preflight(self, cfg, head_dir, target) -> None:
         """config.json and the tensors' names, shapes and dtypes against the target's sizes (no weights
         read), and the --eagle-draft-vocab cut against the head's draft-token order."""
-        from edgespec.export.drafters.eagle.checkpoint import inspect_head
+        from edgespec.export.drafters.eagle.checkpoint import OFFICIAL, inspect_head
         from edgespec.export.target.spec import ExportError
         from edgespec.export.train.checkpoint import CheckpointError, prune_draft_vocab
 
         try:
-            hc = inspect_head(head_dir, *((target.hidden_size, target.vocab_size) if target else (None, None))).hc
+            hf = inspect_head(head_dir, *((target.hidden_size, target.vocab_size) if target else (None, None)))
         except CheckpointError as e:
             raise ExportError(f"{self.flag} {e}") from e
+        hc = hf.hc
         try:
             prune_draft_vocab(hc, {}, cfg.eagle_draft_vocab or 0, rows=())
         except CheckpointError as e:
             raise ExportError(f"{self.flag} {head_dir}: {e}") from e
+        theta, source = rope_base(hc, cfg.eagle_rope_theta, target.rope_theta if target else None)
+        if cfg.eagle_rope_theta is not None or (hf.layout == OFFICIAL and theta != OFFICIAL_THETA):
+            # the official layout's base depends on which upstream trained the head: said, with the way out
+            hint = (
+                f"; eagle-llm 1.2.1 from PyPI trains with {OFFICIAL_THETA:g} whatever the config says: for a head "
+                f"it trained, pass --eagle-rope-theta {OFFICIAL_THETA:g}"
+                if cfg.eagle_rope_theta is None
+                else ""
+            )
+            print(f"edgespec: {self.flag} {head_dir}: RoPE base {theta:g}, from {source}{hint}", file=sys.stderr)
 
     def claims(self, folder) -> bool:
         """An EAGLE-1/2 head in either layout, given to another drafter's flag, is this one's."""

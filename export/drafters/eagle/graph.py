@@ -154,6 +154,7 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
 def write_eagle(head_dir: Path, ctx):
     """eagle.weights + eagle.onnx for the export `ctx` (HeadGraphWriter.write); (graph writer, manifest
     entry). An official head's copy of the embedding is checked against the target's first."""
+    from edgespec.export.drafters.eagle import rope_base
     from edgespec.export.drafters.eagle.checkpoint import check_embedding, inspect_head, load_head
     from edgespec.export.train.checkpoint import CheckpointError
 
@@ -163,8 +164,14 @@ def write_eagle(head_dir: Path, ctx):
         check_embedding(hf, ctx.writer.store.arrays["embed"].astype(np.float32))  # what the head graph reads
     except CheckpointError as e:
         raise es.ExportError(str(e)) from e
-    ew, _, entry = EagleGraphWriter.write(ctx, "eagle", head_dir, lambda: (hf.hc, load_head(hf)))
-    return ew, entry
+    theta, source = rope_base(hf.hc, ctx.cfg.eagle_rope_theta, arch.rope_theta)
+    hc = hf.hc
+    if ctx.cfg.eagle_rope_theta is not None:  # the base overridden; a head on its target's RoPE keeps its scaling
+        own = {} if hc.rope_theta is not None else dict(rope_type=arch.rope_type, rope_params=arch.rope_params)
+        hc = dataclasses.replace(hc, rope_theta=theta, **own)
+    ew, _, entry = EagleGraphWriter.write(ctx, "eagle", head_dir, lambda: (hc, load_head(hf)))
+    head = dataclasses.replace(entry.head, rope_theta=float(ew.arch.rope_theta), rope_theta_from=source)
+    return ew, dataclasses.replace(entry, head=head)
 
 
 def write_eagle_fused(folder: Path, target: ModelSpec, eagle: ModelSpec) -> ModelSpec:
