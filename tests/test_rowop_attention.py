@@ -292,6 +292,145 @@ def test_op_refuses_bad_shapes_and_a_past_beyond_the_window():
         sess.run(None, feeds | {"k": k[None, :2], "past_len": np.array([1], np.int64)})
 
 
+# ---- a half (fp16) cache ---------------------------------------------------------------------------
+def test_round_half_is_numpys():
+    """The op's fp32 -> fp16 rounding of a call's new rows is numpy's astype (how the engine commits
+    them): every half's midpoints (ties to even), overflow, subnormals, signed zeros."""
+    if WHY:
+        pytest.skip(WHY)
+    h = np.arange(0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    mid = ((h[:-1] + h[1:]) / 2).astype(np.float32)
+    rng = np.random.default_rng(0)
+    scales = (1e-8, 1e-5, 1.0, 1e3, 6e4)
+    x = np.concatenate(
+        [mid, -mid, h.astype(np.float32)] + [rng.standard_normal(20000).astype(np.float32) * s for s in scales]
+    )
+    x = np.concatenate([x, np.array([65519.99, 65520, 1e9, -np.inf, 2**-25, 3 * 2**-26, -0.0], np.float32)])
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    assert np.array_equal(ra.round_half(x).view(np.uint16), want.view(np.uint16))
+
+
+def _half_case(rng, t, past, hq, hkv, d):
+    q, k, v = _seq(rng, t, hq, hkv, d)
+    pk, pv = _seq(rng, past + 3, hkv, hkv, d)[1:]
+    return q, k, v, pk.astype(np.float16), pv.astype(np.float16)
+
+
+def _rounded(x):
+    return x.astype(np.float16).astype(np.float32)
+
+
+@needs_op
+@pytest.mark.parametrize("case", CASES)
+def test_half_cache_is_the_float_op_on_rounded_rows(case):
+    """A half cache: the window widened and the call's new keys and values rounded to fp16 first, then
+    the float op, bit for bit on every path and task split (so the rule holds with it as without)."""
+    t, past, hq, hkv, d, window, tree = case
+    rng = np.random.default_rng(t * 1000 + past + 1)
+    q, k, v, kc, vc = _half_case(rng, t, past, hq, hkv, d)
+    mask = _tree(rng, t, shuffle=True)[0] if tree else None
+    first = None
+    for p in _paths():
+        got = ra.run(p, q, k, v, kc, vc, past, hq, hkv, d, 0.3, window, mask)
+        want = ra.run(
+            p,
+            q,
+            _rounded(k),
+            _rounded(v),
+            kc.astype(np.float32),
+            vc.astype(np.float32),
+            past,
+            hq,
+            hkv,
+            d,
+            0.3,
+            window,
+            mask,
+        )
+        assert np.array_equal(got, want), (p, case)
+        assert np.array_equal(ra.run(p, q, k, v, kc, vc, past, hq, hkv, d, 0.3, window, mask, rows_per_task=3), got)
+        first = got if first is None else first
+        assert np.array_equal(got, first), (p, case)
+
+
+def _half_session(hq, hkv, d, path, qkv=False):
+    """RowAttention (or RowQkvAttention) with no tree_mask ("") and the half cache inputs."""
+    from onnx import TensorProto, helper
+
+    f, h = TensorProto.FLOAT, TensorProto.FLOAT16
+    rows = [("qkv", (hq + 2 * hkv) * d)] if qkv else [("q", hq * d), ("k", hkv * d), ("v", hkv * d)]
+    inputs = [helper.make_tensor_value_info(n, f, [1, "T", w]) for n, w in rows]
+    inputs += [helper.make_tensor_value_info(n, f, ["S", hkv * d]) for n in ("past_key", "past_value")]
+    inputs.append(helper.make_tensor_value_info("past_len", TensorProto.INT64, [1]))
+    tables = []
+    if qkv:
+        inputs.append(helper.make_tensor_value_info("positions", TensorProto.INT64, [1, "T"]))
+        ang = np.arange(512)[:, None] / 10000 ** (np.arange(0, d, 2) / d)
+        tables = [
+            helper.make_tensor(n, f, ang.shape, fn(ang).astype(np.float32).ravel())
+            for n, fn in (("cos", np.cos), ("sin", np.sin))
+        ]
+    half = [helper.make_tensor_value_info(n, h, ["S16", hkv * d]) for n in ("past_key_f16", "past_value_f16")]
+    names = [i.name for i in inputs] + (["cos", "sin"] if qkv else []) + ["", "past_key_f16", "past_value_f16"]
+    node = helper.make_node(
+        ra.QKV_OP_TYPE if qkv else ra.OP_TYPE,
+        names,
+        ["y", "k_out", "v_out"] if qkv else ["y"],
+        domain=rowop.DOMAIN,
+        num_heads=hq,
+        kv_heads=hkv,
+        head_dim=d,
+        scale=0.125,
+    )
+    outs = [helper.make_tensor_value_info(n, f, None) for n in node.output]
+    graph = helper.make_graph([node], "attn", inputs + half, outs, initializer=tables)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
+    return rowop_session(model, path)
+
+
+@needs_op
+@pytest.mark.parametrize("qkv", [False, True])
+def test_op_reads_the_half_cache_inputs_when_they_hold_rows(qkv):
+    """In ONNX Runtime: with the f16 inputs holding the window (the float ones empty) the op is the
+    half-cache form; with them empty, the float op as before; RowQkvAttention's k, v outputs stay
+    unrounded (the engine rounds them as it commits)."""
+    hq, hkv, d, past, t = 9, 3, 64, 70, 5
+    rng = np.random.default_rng(11)
+    q, k, v, kc, vc = _half_case(rng, t, past, hq, hkv, d)
+    empty32, empty16 = np.zeros((0, hkv * d), np.float32), np.zeros((0, hkv * d), np.float16)
+    feeds = {"past_len": np.array([past], np.int64)}
+    if qkv:
+        x = np.concatenate([q, k, v], axis=1)[None]
+        feeds |= {"qkv": x, "positions": (past + np.arange(t))[None]}
+        ang = np.arange(512)[:, None] / 10000 ** (np.arange(0, d, 2) / d)
+        pos = past + np.arange(t)
+        cos, sin = np.cos(ang).astype(np.float32)[pos], np.sin(ang).astype(np.float32)[pos]
+        q, k = ra.rotate(q, cos, sin, d), ra.rotate(k, cos, sin, d)
+    else:
+        feeds |= {"q": q[None], "k": k[None], "v": v[None]}
+    for path in _paths():
+        sess = _half_session(hq, hkv, d, path, qkv)
+        half = sess.run(None, feeds | dict(past_key=empty32, past_value=empty32, past_key_f16=kc, past_value_f16=vc))
+        want = ra.run(path, q, k, v, kc, vc, past, hq, hkv, d, 0.125)
+        assert np.array_equal(half[0][0], want), path
+        full = sess.run(
+            None,
+            feeds
+            | dict(
+                past_key=kc.astype(np.float32),
+                past_value=vc.astype(np.float32),
+                past_key_f16=empty16,
+                past_value_f16=empty16,
+            ),
+        )
+        assert np.array_equal(
+            full[0][0], ra.run(path, q, k, v, kc.astype(np.float32), vc.astype(np.float32), past, hq, hkv, d, 0.125)
+        )
+        if qkv:
+            assert np.array_equal(half[1][0], k) and np.array_equal(half[2][0], v)
+
+
 # ---- the rowop flavour's graphs --------------------------------------------------------------------
 FAMILIES = {
     "llama": ("llama", {}),

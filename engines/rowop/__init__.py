@@ -56,7 +56,7 @@ ISA_FLAGS = {
     "k_avx2.cc": ("-mavx2", "-mf16c"),
     "k_avxvnni.cc": ("-mavx2", "-mf16c", "-mavxvnni"),
     "k_avx512.cc": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
-    "a_avx2.cc": ("-mavx2", "-mfma"),
+    "a_avx2.cc": ("-mavx2", "-mfma", "-mf16c"),
     "a_avx512.cc": ("-mavx512f", "-mfma"),
 }
 # -ffp-contract=off: no fused multiply-adds, so every path rounds where the NumPy reference does

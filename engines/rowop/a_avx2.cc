@@ -1,4 +1,4 @@
-// The attention's AVX2 path (attention_impl.h over 8-lane vectors with FMA): the avx2 and avxvnni
+// The attention's AVX2 path (attention_impl.h over 8-lane vectors with FMA; F16C widens a half cache): the avx2 and avxvnni
 // paths' attention.
 #include <immintrin.h>
 
@@ -17,6 +17,7 @@ struct V8 {
   static constexpr int kVecsCtx = 4;
   static T zero() { return _mm256_setzero_ps(); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static T loadh(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }

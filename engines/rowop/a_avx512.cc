@@ -16,6 +16,7 @@ struct V16 {
   static constexpr int kVecsCtx = 4;
   static T zero() { return _mm512_setzero_ps(); }
   static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static T loadh(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static void store(float* p, T x) { _mm512_storeu_ps(p, x); }
   static T set1(float x) { return _mm512_set1_ps(x); }
   static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }

@@ -4,7 +4,11 @@ the positions of its keys alone, so its bits do not depend on the call's width, 
 against chain, or the instruction-set path.
 
 - `reference()`: the same semantics in float64 (NumPy), for tolerance checks;
-- `run()`: the library's op on one thread with a named path, without ONNX Runtime (tests, benches).
+- `run()`: the library's op on one thread with a named path, without ONNX Runtime (tests, benches);
+  with a float16 cache (past_key / past_value of dtype float16) the op's half-cache form: the window
+  read as fp16 and the call's new keys and values rounded to fp16 first, so its result is the float
+  op's over those rounded values (`round_half`), bit for bit;
+- `round_half()`: the op's fp32 -> fp16 rounding (round to nearest even, numpy's astype).
 """
 
 from __future__ import annotations
@@ -97,8 +101,12 @@ def run(
     rows_per_task: int = 0,
 ) -> np.ndarray:
     """[T, Hq*D] float32: the op on one thread with the named path (rowop.PATHS), in tasks of
-    rows_per_task query rows of a kv head (0: the op's choice)."""
-    f = [np.ascontiguousarray(a, np.float32) for a in (q, k, v, past_key, past_value)]
+    rows_per_task query rows of a kv head (0: the op's choice). A float16 past_key / past_value: the
+    half-cache form."""
+    half = np.asarray(past_key).dtype == np.float16
+    cache = np.float16 if half else np.float32
+    f = [np.ascontiguousarray(a, np.float32) for a in (q, k, v)]
+    f += [np.ascontiguousarray(a, cache) for a in (past_key, past_value)]
     t_len = f[0].size // (n_heads * head_dim)
     s = f[3].size // (kv_heads * head_dim)
     mask = None if tree_mask is None else np.ascontiguousarray(tree_mask, np.int64).reshape(t_len, t_len)
@@ -107,8 +115,18 @@ def run(
     lib = rowop._native()
     fn = lib.edgespec_rowop_attention
     fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_float] + [ctypes.c_void_p] * 6
-    fn.argtypes += [ctypes.c_int64, ctypes.c_void_p]
+    fn.argtypes += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     ptrs = [a.ctypes.data for a in f] + [None if mask is None else mask.ctypes.data]
-    if fn(path.encode(), dims.ctypes.data, scale, *ptrs, rows_per_task, out.ctypes.data):
+    if fn(path.encode(), dims.ctypes.data, scale, *ptrs, rows_per_task, out.ctypes.data, int(half)):
         raise rowop.RowopUnavailable(f"rowop path {path!r} does not run on this CPU (or bad shapes)")
+    return out
+
+
+def round_half(x: np.ndarray) -> np.ndarray:
+    """x (float32) rounded to float16 as the op rounds a half cache's new rows (the library's code)."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty(x.shape, np.float16)
+    fn = rowop._native().edgespec_rowop_round_half
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    fn(x.ctypes.data, x.size, out.ctypes.data)
     return out

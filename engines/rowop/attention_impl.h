@@ -49,8 +49,17 @@ struct V1 {
     std::memcpy(&f, &bits, 4);
     return f;
   }
+  static T loadh(const uint16_t* p) { return attn_half_to_float(*p); }
   static bool transpose(const float*, int64_t, int64_t, float*, int64_t) { return false; }
 };
+
+// n elements of a half row widened into dst (exact).
+template <class V>
+inline void widen(const uint16_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store(dst + i, V::loadh(src + i));
+  for (; i < n; ++i) dst[i] = attn_half_to_float(src[i]);
+}
 
 // exp(x) for x <= hi (clamped to [-87, hi], hi 0 or 88): n = round(x log2 e), r = x - n ln 2 in two
 // parts (Cephes), a degree-7 polynomial, times 2^n. Only fma, mul, add, sub, min, max and an exact
@@ -90,13 +99,25 @@ inline void tile(const float* src, int64_t ld, int n, int64_t D, float* kt, int6
   }
 }
 
-// Keys [c0, c0 + 64) of src (rows < n_rows) into kt [D, 64]; returns the tiles filled.
+// Half keys: the n rows widened into buf [16, D] first, then tiled as floats.
 template <class V>
-inline int tiles(const float* src, int64_t ld, int64_t c0, int64_t n_rows, int64_t D, float* kt) {
+inline void tile(const uint16_t* src, int64_t ld, int n, int64_t D, float* kt, int64_t ldk, float* buf) {
+  for (int l = 0; l < n; ++l) widen<V>(src + l * ld, D, buf + l * D);
+  tile<V>(buf, D, n, D, kt, ldk);
+}
+template <class V>
+inline void tile(const float* src, int64_t ld, int n, int64_t D, float* kt, int64_t ldk, float*) {
+  tile<V>(src, ld, n, D, kt, ldk);
+}
+
+// Keys [c0, c0 + 64) of src (rows < n_rows; float or half) into kt [D, 64]; returns the tiles filled.
+// buf: [16, D] floats (half keys are widened there).
+template <class V, class C>
+inline int tiles(const C* src, int64_t ld, int64_t c0, int64_t n_rows, int64_t D, float* kt, float* buf) {
   int nt = 0;
   for (; nt < kTiles && c0 + 16 * nt < n_rows; ++nt) {
     const int n = static_cast<int>(std::min<int64_t>(16, n_rows - c0 - 16 * nt));
-    tile<V>(src + (c0 + 16 * nt) * ld, ld, n, D, kt + 16 * nt, kLdk);
+    tile<V>(src + (c0 + 16 * nt) * ld, ld, n, D, kt + 16 * nt, kLdk, buf);
   }
   return nt;
 }
@@ -117,6 +138,9 @@ struct Kern {
   using T = typename V::T;
   static constexpr int W = V::W;
   static constexpr int NK = 16 / W;  // vectors per 16 lanes
+
+  static T loadc(const float* p) { return V::load(p); }  // a cached value row: float, or half widened
+  static T loadc(const uint16_t* p) { return V::loadh(p); }
 
   // The scores of RB rows against NT tiles of kt (16 NT keys): s[r][off + l] = dot(q[r], key l) * scale.
   // Every lane is one key's dot, over d in order: the same operations whatever RB and NT.
@@ -215,8 +239,8 @@ struct Kern {
 
   // Context columns [d0, d0 + NV * W) of RB rows: the cached values (each row from its lo), then
   // each row's new values, in position order; divided by the row's sum.
-  template <int RB, int NV>
-  static void context(const float* vc, const float* vn, int64_t ld, int64_t past, int64_t base, Row* rows,
+  template <int RB, int NV, class C>
+  static void context(const C* vc, const float* vn, int64_t ld, int64_t past, int64_t base, Row* rows,
                       int64_t d0) {
     T acc[RB][NV];
 #pragma GCC unroll 8
@@ -230,10 +254,10 @@ struct Kern {
       lo_max = std::max(lo_max, std::min(rows[r].lo, past));
     }
     for (int64_t p = lo_min; p < lo_max; ++p) {  // rows whose window starts later skip these
-      const float* vr = vc + p * ld + d0;
+      const C* vr = vc + p * ld + d0;
       T vv[NV];
 #pragma GCC unroll 8
-      for (int k = 0; k < NV; ++k) vv[k] = V::load(vr + k * W);
+      for (int k = 0; k < NV; ++k) vv[k] = loadc(vr + k * W);
 #pragma GCC unroll 8
       for (int r = 0; r < RB; ++r) {
         if (p < rows[r].lo) continue;
@@ -243,10 +267,10 @@ struct Kern {
       }
     }
     for (int64_t p = std::max(lo_min, lo_max); p < past; ++p) {
-      const float* vr = vc + p * ld + d0;
+      const C* vr = vc + p * ld + d0;
       T vv[NV];
 #pragma GCC unroll 8
-      for (int k = 0; k < NV; ++k) vv[k] = V::load(vr + k * W);
+      for (int k = 0; k < NV; ++k) vv[k] = loadc(vr + k * W);
 #pragma GCC unroll 8
       for (int r = 0; r < RB; ++r) {
         const T e = V::set1(rows[r].e[p - base]);
@@ -271,30 +295,31 @@ struct Kern {
     }
   }
 
-  template <int RB>
-  static void context_all(const float* vc, const float* vn, int64_t ld, int64_t past, int64_t base, Row* rows,
+  template <int RB, class C>
+  static void context_all(const C* vc, const float* vn, int64_t ld, int64_t past, int64_t base, Row* rows,
                           int64_t D) {
     int64_t d0 = 0;
     for (; d0 + V::kVecsCtx * W <= D; d0 += V::kVecsCtx * W) {
-      context<RB, V::kVecsCtx>(vc, vn, ld, past, base, rows, d0);
+      context<RB, V::kVecsCtx, C>(vc, vn, ld, past, base, rows, d0);
     }
-    for (; d0 + W <= D; d0 += W) context<RB, 1>(vc, vn, ld, past, base, rows, d0);
-    for (; d0 < D; ++d0) Kern<V1>::template context<RB, 1>(vc, vn, ld, past, base, rows, d0);
+    for (; d0 + W <= D; d0 += W) context<RB, 1, C>(vc, vn, ld, past, base, rows, d0);
+    for (; d0 < D; ++d0) Kern<V1>::template context<RB, 1, C>(vc, vn, ld, past, base, rows, d0);
   }
 
-  static void context_rows(const float* vc, const float* vn, int64_t ld, int64_t past, int64_t base, Row* rows,
+  template <class C>
+  static void context_rows(const C* vc, const float* vn, int64_t ld, int64_t past, int64_t base, Row* rows,
                            int64_t nr, int64_t D) {
     int64_t r = 0;
-    for (; r + V::kRowsCtx <= nr; r += V::kRowsCtx) context_all<V::kRowsCtx>(vc, vn, ld, past, base, rows + r, D);
+    for (; r + V::kRowsCtx <= nr; r += V::kRowsCtx) context_all<V::kRowsCtx, C>(vc, vn, ld, past, base, rows + r, D);
     switch (nr - r) {  // kRowsCtx <= 4
       case 3:
-        context_all<3>(vc, vn, ld, past, base, rows + r, D);
+        context_all<3, C>(vc, vn, ld, past, base, rows + r, D);
         break;
       case 2:
-        context_all<2>(vc, vn, ld, past, base, rows + r, D);
+        context_all<2, C>(vc, vn, ld, past, base, rows + r, D);
         break;
       case 1:
-        context_all<1>(vc, vn, ld, past, base, rows + r, D);
+        context_all<1, C>(vc, vn, ld, past, base, rows + r, D);
         break;
       default:
         break;
@@ -326,15 +351,15 @@ void swiglu(const float* x, int64_t inter, int64_t r0, int64_t r1, float* y) {
 
 // Per calling thread, grown once.
 struct AttnScratch {
-  std::vector<float> e, dn, kt;
+  std::vector<float> e, dn, kt, kh;  // kh: 16 half keys widened
   std::vector<Row> rows;
   std::vector<const float*> q;
   std::vector<float*> s;
 };
 thread_local AttnScratch t_attn;
 
-template <class V>
-void attn_task(const AttnProblem& pr, int64_t task) {
+template <class V, class C>
+void attn_task(const AttnProblem& pr, int64_t task, const C* kc, const C* vc) {
   const int64_t G = pr.hq / pr.hkv, per_head = pr.rows_per_head(), nblk = pr.blocks_per_head();
   const int64_t g = task / nblk, r0 = (task % nblk) * pr.rows_per_task;
   const int64_t nr = std::min(per_head, r0 + pr.rows_per_task) - r0;
@@ -369,18 +394,19 @@ void attn_task(const AttnProblem& pr, int64_t task) {
   if (sc.e.size() < need_e) sc.e.resize(need_e);
   if (sc.dn.size() < need_dn) sc.dn.resize(need_dn);
   if (sc.kt.size() < static_cast<size_t>(kLdk * D)) sc.kt.resize(kLdk * D);
+  if (sc.kh.size() < static_cast<size_t>(16 * D)) sc.kh.resize(16 * D);
   float* kt = sc.kt.data();
   for (int64_t i = 0; i < nr; ++i) rows[i].e = sc.e.data() + i * L;
 
   // 1. scores of the cached positions [base, past), 64 at a time
   for (int64_t j0 = base; j0 < past; j0 += kLdk) {
-    const int nt = tiles<V>(pr.kc + g * D, ld, j0, past, D, kt);
+    const int nt = tiles<V>(kc + g * D, ld, j0, past, D, kt, sc.kh.data());
     for (int64_t i = 0; i < nr; ++i) sc.s[i] = rows[i].e + (j0 - base);
     Kern<V>::dots_rows(kt, nt, D, sc.q.data(), nr, pr.scale, sc.s.data());
   }
   // ... and of the new keys [0, cmax], then each row's at the positions past + i
   for (int64_t c0 = 0; c0 <= cmax; c0 += kLdk) {
-    const int nt = tiles<V>(pr.k + g * D, ld, c0, cmax + 1, D, kt);
+    const int nt = tiles<V>(pr.k + g * D, ld, c0, cmax + 1, D, kt, sc.kh.data());
     for (int64_t i = 0; i < nr; ++i) sc.s[i] = sc.dn.data() + i * TN + c0;
     Kern<V>::dots_rows(kt, nt, D, sc.q.data(), nr, pr.scale, sc.s.data());
   }
@@ -394,7 +420,17 @@ void attn_task(const AttnProblem& pr, int64_t task) {
   // 2. probabilities
   for (int64_t i = 0; i < nr; ++i) rows[i].sum = Kern<V>::softmax(rows[i], base);
   // 3. context
-  Kern<V>::context_rows(pr.vc + g * D, pr.v + g * D, ld, past, base, rows, nr, D);
+  Kern<V>::context_rows(vc + g * D, pr.v + g * D, ld, past, base, rows, nr, D);
+}
+
+// One task over the float or the half cache.
+template <class V>
+void attn_task(const AttnProblem& pr, int64_t task) {
+  if (pr.kc16 != nullptr) {
+    attn_task<V, uint16_t>(pr, task, pr.kc16, pr.vc16);
+  } else {
+    attn_task<V, float>(pr, task, pr.kc, pr.vc);
+  }
 }
 
 }  // namespace

@@ -11,9 +11,13 @@
 //   attributes: num_heads, kv_heads, head_dim, scale (float), window (0: none)
 //   tree_mask (optional; without it the rows are a chain): 1 where column node c is row node t or one
 //   of its ancestors. The op reads the window's rows [lo, past_len) and writes no cache.
+//   Optional last inputs past_key_f16, past_value_f16 [S, Hkv*D] float16: a half cache. Where they
+//   hold rows, the op reads them instead of past_key / past_value (then empty) and rounds the call's
+//   new keys and values to fp16 before use (attention.h), so the engine picks the cache per call.
 //
 //   Y, K [1, T, Hkv*D], V = RowQkvAttention(QKV [1, T, (Hq+2Hkv)*D], past_key, past_value, past_len,
-//                                           positions [1, T] int64, cos, sin [P, D/2], (tree_mask))
+//                                           positions [1, T] int64, cos, sin [P, D/2], (tree_mask),
+//                                           (past_key_f16, past_value_f16))
 //   the same after splitting QKV and rotating q and k by the positions (RoPE, halves: y = x cos -
 //   rot(x) sin per element, fp32, no FMA): one node for a layer's split, rotations and attention;
 //   K (rotated) and V are the rows the engine commits.
@@ -406,7 +410,22 @@ int64_t attn_rows_per_task(int64_t per_head, int64_t hkv, int64_t workers) {
 struct AttnCall {
   std::vector<int32_t> keys, n, depth;
   std::vector<float> q;  // RowQkvAttention: the rotated queries
+  std::vector<float> kh, vh;  // a half cache's call: the new keys and values rounded to fp16
 };
+
+// The call's new rows rounded to fp16 (a half cache: attention.h), n values of k and v.
+void round_rows(const float** k, const float** v, int64_t n, AttnCall& call) {
+  if (static_cast<int64_t>(call.kh.size()) < n) {
+    call.kh.resize(n);
+    call.vh.resize(n);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    call.kh[i] = attn_round_half((*k)[i]);
+    call.vh[i] = attn_round_half((*v)[i]);
+  }
+  *k = call.kh.data();
+  *v = call.vh.data();
+}
 
 // y = x rotated by one position's cos/sin halves (RotaryEmbedding's non-interleaved form).
 void rotate(const float* x, const float* c, const float* s, int64_t half, float* y) {
@@ -445,17 +464,17 @@ OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
   const AttnKernel& K = *static_cast<const AttnKernel*>(kernel);
   const OrtApi* api = g_api;
   const char* name = K.qkv ? kQkvType : kAttnType;
-  // input slots: q/qkv, k, v, past_key, past_value, past_len, tree_mask, positions, cos, sin
-  enum { kQ, kK, kV, kPk, kPv, kPast, kTree, kPos, kCos, kSin, kSlots };
-  const int map_plain[7] = {kQ, kK, kV, kPk, kPv, kPast, kTree};
-  const int map_qkv[8] = {kQ, kPk, kPv, kPast, kPos, kCos, kSin, kTree};
+  // input slots: q/qkv, k, v, past_key, past_value, past_len, tree_mask, positions, cos, sin, the half cache
+  enum { kQ, kK, kV, kPk, kPv, kPast, kTree, kPos, kCos, kSin, kPk16, kPv16, kSlots };
+  const int map_plain[9] = {kQ, kK, kV, kPk, kPv, kPast, kTree, kPk16, kPv16};
+  const int map_qkv[10] = {kQ, kPk, kPv, kPast, kPos, kCos, kSin, kTree, kPk16, kPv16};
   const int* map = K.qkv ? map_qkv : map_plain;
-  const size_t n_slots = K.qkv ? 8 : 7;
+  const size_t n_slots = K.qkv ? 10 : 9, n_required = K.qkv ? 7 : 6;
   size_t n_in = 0;
   ROWOP_TRY(api->KernelContext_GetInputCount(ctx, &n_in));
   const OrtValue* in[kSlots] = {};
   for (size_t i = 0; i < std::min(n_in, n_slots); ++i) ROWOP_TRY(api->KernelContext_GetInput(ctx, i, &in[map[i]]));
-  for (size_t i = 0; i + 1 < n_slots; ++i) {
+  for (size_t i = 0; i < n_required; ++i) {
     if (in[map[i]] == nullptr) return error(std::string(name) + ": input " + std::to_string(i) + " is missing");
   }
   const int64_t kv_w = K.hkv * K.d, q_w = K.hq * K.d, in_w = K.qkv ? q_w + 2 * kv_w : q_w, half = K.d / 2;
@@ -470,8 +489,11 @@ OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
                  (K.qkv ? "(num_heads + 2 kv_heads) * head_dim = " : "num_heads * head_dim = ") +
                  std::to_string(in_w));
   }
-  const int64_t T = count[kQ] / in_w, S = count[kPk] / kv_w;
-  bool ok = count[kPk] % kv_w == 0 && count[kPv] == count[kPk] && count[kPast] == 1 &&
+  const bool f16 = in[kPk16] != nullptr && count[kPk16] > 0;  // the half cache holds the window
+  const int kc_slot = f16 ? kPk16 : kPk, vc_slot = f16 ? kPv16 : kPv;
+  const int64_t T = count[kQ] / in_w, S = count[kc_slot] / kv_w;
+  bool ok = count[kc_slot] % kv_w == 0 && in[vc_slot] != nullptr && count[vc_slot] == count[kc_slot] &&
+            count[kPast] == 1 &&
             (in[kTree] == nullptr || count[kTree] == T * T);
   if (K.qkv) {
     ok = ok && count[kPos] == T && cos_dims.size() == 2 && cos_dims[1] == half && count[kSin] == count[kCos];
@@ -482,7 +504,8 @@ OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
     return error(std::string(name) + ": shapes: " +
                  (K.qkv ? "qkv [1, T, (Hq+2Hkv)*D], positions [1, T], cos and sin [P, D/2], "
                         : "q [1, T, Hq*D], k and v [1, T, Hkv*D], ") +
-                 "past_key and past_value [S, Hkv*D], past_len [1], tree_mask [T, T] (T " + std::to_string(T) +
+                 "past_key and past_value (or their f16 pair) [S, Hkv*D], past_len [1], tree_mask [T, T] (T " +
+                 std::to_string(T) +
                  ", Hkv*D " + std::to_string(kv_w) + ")");
   }
   void* data[kSlots] = {};
@@ -532,6 +555,7 @@ OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
     v = vr;
   }
   if (T == 0) return nullptr;
+  if (f16) round_rows(&k, &v, T * kv_w, call);
   if (static_cast<int64_t>(call.n.size()) < T) {
     call.keys.resize(T * T);
     call.n.resize(T);
@@ -551,8 +575,13 @@ OrtStatus* ORT_API_CALL attn_compute(void* kernel, OrtKernelContext* ctx) {
   pr.q = q;
   pr.k = k;
   pr.v = v;
-  pr.kc = static_cast<const float*>(data[kPk]);
-  pr.vc = static_cast<const float*>(data[kPv]);
+  if (f16) {
+    pr.kc16 = static_cast<const uint16_t*>(data[kPk16]);
+    pr.vc16 = static_cast<const uint16_t*>(data[kPv16]);
+  } else {
+    pr.kc = static_cast<const float*>(data[kPk]);
+    pr.vc = static_cast<const float*>(data[kPv]);
+  }
   pr.keys = call.keys.data();
   pr.n_keys = call.n.data();
   pr.out = static_cast<float*>(yp);
@@ -667,14 +696,15 @@ ONNXTensorElementDataType ORT_API_CALL float_type(const OrtCustomOp*, size_t) {
 void ORT_API_CALL destroy_attn_kernel(void* kernel) { delete static_cast<AttnKernel*>(kernel); }
 bool is_qkv(const OrtCustomOp* op) { return static_cast<const AttnOp*>(op)->qkv; }
 const char* ORT_API_CALL attn_name(const OrtCustomOp* op) { return is_qkv(op) ? kQkvType : kAttnType; }
+size_t ORT_API_CALL attn_input_count(const OrtCustomOp* op) { return is_qkv(op) ? 10 : 9; }
 ONNXTensorElementDataType ORT_API_CALL attn_input_type(const OrtCustomOp* op, size_t i) {
+  if (i + 2 >= attn_input_count(op)) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;  // the half cache
   const bool f = is_qkv(op) ? (i < 3 || i == 5 || i == 6) : i < 5;  // qkv: positions, past_len, tree int64
   return f ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
 }
-size_t ORT_API_CALL attn_input_count(const OrtCustomOp* op) { return is_qkv(op) ? 8 : 7; }
 size_t ORT_API_CALL attn_output_count(const OrtCustomOp* op) { return is_qkv(op) ? 3 : 1; }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL attn_input_required(const OrtCustomOp* op, size_t i) {
-  return i + 1 == attn_input_count(op) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // tree_mask
+  return i + 3 >= attn_input_count(op) ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // tree_mask, the half cache
 }
 const char* ORT_API_CALL op_name(const OrtCustomOp*) { return kOpType; }
 const char* ORT_API_CALL op_provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
@@ -849,9 +879,10 @@ int edgespec_rowop_matmul(const char* name, const int64_t* attrs, const float* x
 // dims: T, Hq, Hkv, D, S, past_len, window; tree_mask [T, T] or nullptr (a chain). The op on one
 // thread with a named path, in tasks of rows_per_task query rows (0: the op's choice for one worker).
 // Returns 0, or -1 (unknown or unsupported path, bad shape).
+// kc / vc: float, or with half != 0 fp16 (the new rows k / v are then rounded to fp16 first, as the op does).
 int edgespec_rowop_attention(const char* name, const int64_t* dims, float scale, const float* q, const float* k,
-                             const float* v, const float* kc, const float* vc, const int64_t* tree_mask,
-                             int64_t rows_per_task, float* out) {
+                             const float* v, const void* kc, const void* vc, const int64_t* tree_mask,
+                             int64_t rows_per_task, float* out, int half) {
   using namespace rowop;
   const Isa* isa = nullptr;
   for (const Isa* p : kPaths) {
@@ -875,8 +906,22 @@ int edgespec_rowop_attention(const char* name, const int64_t* dims, float scale,
   pr.q = q;
   pr.k = k;
   pr.v = v;
-  pr.kc = kc;
-  pr.vc = vc;
+  std::vector<float> kh, vh;
+  if (half) {
+    kh.resize(pr.t * pr.hkv * pr.d);
+    vh.resize(kh.size());
+    for (size_t i = 0; i < kh.size(); ++i) {
+      kh[i] = attn_round_half(k[i]);
+      vh[i] = attn_round_half(v[i]);
+    }
+    pr.k = kh.data();
+    pr.v = vh.data();
+    pr.kc16 = static_cast<const uint16_t*>(kc);
+    pr.vc16 = static_cast<const uint16_t*>(vc);
+  } else {
+    pr.kc = static_cast<const float*>(kc);
+    pr.vc = static_cast<const float*>(vc);
+  }
   pr.keys = keys.data();
   pr.n_keys = n.data();
   pr.out = out;
@@ -884,6 +929,11 @@ int edgespec_rowop_attention(const char* name, const int64_t* dims, float scale,
   const AttnIsa* a = attention_of(isa);
   for (int64_t t = 0; t < pr.tasks(); ++t) a->task(pr, t);
   return 0;
+}
+
+// x [n] float -> out [n] fp16 bits, as the op rounds a half cache's new rows (tests: numpy's astype).
+void edgespec_rowop_round_half(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = rowop::attn_float_to_half(x[i]);
 }
 
 }  // extern "C"
