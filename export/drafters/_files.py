@@ -1,7 +1,12 @@
 """Reading published drafter checkpoints: which weights file a folder holds, its tensors' names,
 shapes and dtypes without reading the data (`tensor_infos`: what the checks before the target
-loads use), and the tensors as float32 numpy whatever they were stored in (`load_tensors`: fp32,
-fp16, bf16; .safetensors, sharded .safetensors, pytorch_model.bin, .pt).
+loads use; each file checked whole, so one cut short is refused by name there), NaN and infinities
+refused (`check_finite`), and the tensors as float32 numpy whatever they were stored in
+(`load_tensors`: fp32, fp16, bf16; .safetensors, sharded .safetensors, pytorch_model.bin, .pt).
+
+None of it imports torch: safetensors files are read through their header, torch.save zips through
+their data.pkl with an unpickler that rebuilds tensors as places in the file (only a pre-1.6
+torch.save pickle goes through torch.load). The early check refuses in seconds, not after torch's.
 
 bf16 is read explicitly (safetensors' raw bytes widened to float32 by a shift), never through
 numpy's understanding of a 'bfloat16' dtype, which exists only once some other package has
@@ -10,7 +15,11 @@ imported ml_dtypes.
 
 from __future__ import annotations
 
+import collections
+import io
 import json
+import math
+import pickle
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +45,9 @@ _ST_DTYPES = {
     "U8": np.uint8,
     "BOOL": np.bool_,
 }
+# bytes per element of each safetensors dtype: the data section's length follows from the shapes
+_ST_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4}
+_ST_SIZES |= {"U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 # config.json keys that change nothing a model computes, whatever the drafter: ids, bookkeeping and
@@ -71,6 +83,14 @@ def unknown_keys(cfg: dict, *known) -> list[str]:
     return [k for k in cfg if k not in HF_INERT and not k.startswith("_") and not any(k in s for s in known)]
 
 
+def eps_problem(eps) -> str | None:
+    """What is wrong with a config's rms_norm_eps for the graphs' RMSNorm (None: nothing): it must be
+    a finite number > 0 (NaN gives NaN everywhere, a negative one the root of a negative number)."""
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) or eps <= 0:
+        return f"rms_norm_eps {eps!r} is not a finite number > 0, which RMSNorm needs (typically 1e-5 or 1e-6)"
+    return None
+
+
 class WeightsFileError(ValueError):
     """A checkpoint folder whose weights cannot be found or read."""
 
@@ -92,42 +112,290 @@ def weights_file(folder: Path, names: tuple[str, ...] = WEIGHT_NAMES) -> Path:
 
 def _shards(path: Path) -> list[Path]:
     """The files a weights path stands for (an index.json: its shards, in order)."""
-    if path.name.endswith(".index.json"):
-        index = json.loads(path.read_text())
-        return [path.parent / f for f in dict.fromkeys(index["weight_map"].values())]
-    return [path]
+    if not path.name.endswith(".index.json"):
+        return [path]
+    try:
+        index = json.loads(_regular(path).read_text())
+        shards = [path.parent / f for f in dict.fromkeys(index["weight_map"].values())]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise WeightsFileError(
+            f"{path}: not a weights index (a JSON object with a weight_map of tensor -> file): {type(e).__name__}: {e}"
+        ) from e
+    missing = [s.name for s in shards if not s.exists()]
+    if missing:
+        raise WeightsFileError(f"{path} names shard(s) {', '.join(missing[:3])}, which the folder does not hold")
+    return shards
+
+
+def _regular(path: Path) -> Path:
+    """`path`, refused unless it is a regular file (a FIFO or device would block or never end)."""
+    if not path.is_file():
+        raise WeightsFileError(f"{path}: not a regular file (a folder, FIFO or device); pass the checkpoint's own file")
+    return path
 
 
 def _st_header(path: Path) -> tuple[dict, int]:
+    """(name -> header entry, where the data section starts) of a .safetensors file, checked: the
+    file is at least its header, every entry's offsets hold its shape in its dtype, and the data
+    section is exactly as long as the header says (a file cut short is refused here, by name)."""
+    size = _regular(path).stat().st_size
+    cut = "the file is cut short (an interrupted download or save?). Hint: download or save it again"
+    if size < 8:
+        raise WeightsFileError(f"{path}: {size} bytes, less than a safetensors header's 8-byte length: {cut}")
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+        if n > size - 8:
+            raise WeightsFileError(
+                f"{path}: its first 8 bytes give a {n}-byte header but {size - 8} bytes follow: not a safetensors "
+                f"file, or {cut}"
+            )
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WeightsFileError(f"{path}: its header is not JSON ({e}): not a safetensors file, or a damaged one") from e
+    if not isinstance(header, dict):
+        raise WeightsFileError(f"{path}: its header is a JSON {type(header).__name__}, not safetensors' object")
     header.pop("__metadata__", None)
+    end = 0
+    for k, v in header.items():
+        try:
+            shape, (a, b) = [int(s) for s in v["shape"]], [int(o) for o in v["data_offsets"]]
+            dtype = str(v["dtype"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise WeightsFileError(f"{path}: tensor {k}'s header entry {v!r} is not safetensors' ({e})") from e
+        nbytes = int(np.prod(shape, dtype=np.int64)) * _ST_SIZES.get(dtype, 0)
+        if a < 0 or b < a or min(shape, default=0) < 0 or (dtype in _ST_SIZES and b - a != nbytes):
+            raise WeightsFileError(
+                f"{path}: tensor {k} ({dtype} {shape}) has data_offsets [{a}, {b}], not the {nbytes} bytes its "
+                "shape holds: a damaged file. Hint: download or save it again"
+            )
+        end = max(end, b)
+    data = size - 8 - n
+    if end > data:
+        raise WeightsFileError(
+            f"{path}: its header places tensor data up to byte {end} of the data section, which holds {data} "
+            f"({end - data} bytes missing): {cut}"
+        )
+    if end < data:
+        raise WeightsFileError(
+            f"{path}: {data - end} bytes follow the last tensor the header lists: not a file safetensors wrote "
+            "(safetensors refuses it too). Hint: save it again"
+        )
     return header, 8 + n
+
+
+# torch's storage classes in a torch.save zip's data.pkl -> (torch's dtype name, numpy dtype; "bf16": raw uint16)
+_TORCH_STORAGES = {
+    "FloatStorage": ("float32", np.float32),
+    "HalfStorage": ("float16", np.float16),
+    "BFloat16Storage": ("bfloat16", "bf16"),
+    "DoubleStorage": ("float64", np.float64),
+    "LongStorage": ("int64", np.int64),
+    "IntStorage": ("int32", np.int32),
+    "ShortStorage": ("int16", np.int16),
+    "CharStorage": ("int8", np.int8),
+    "ByteStorage": ("uint8", np.uint8),
+    "BoolStorage": ("bool", np.bool_),
+}
+
+
+@dataclass(frozen=True)
+class _Storage:
+    key: str  # its member's name under data/
+    kind: str  # torch's storage class name (_TORCH_STORAGES)
+
+
+@dataclass(frozen=True)
+class _Pickled:
+    storage: _Storage  # where its elements are
+    offset: int  # its first element's index in the storage
+    shape: tuple[int, ...]  # as saved
+    stride: tuple[int, ...]  # in elements
+
+
+def _rebuild_tensor(storage, offset, shape, stride, *_):
+    return _Pickled(storage, int(offset), tuple(int(s) for s in shape), tuple(int(s) for s in stride))
+
+
+def _rebuild_parameter(data, *_):
+    return data
+
+
+class _StateDictUnpickler(pickle.Unpickler):
+    """data.pkl of a torch.save zip read without torch: tensors become `_Pickled` (where their data
+    is), and any object but a dict of tensors is refused (what torch.load's weights_only allows, less)."""
+
+    def __init__(self, file, path: Path) -> None:
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        if module == "torch._utils" and name in ("_rebuild_tensor", "_rebuild_tensor_v2"):
+            return _rebuild_tensor
+        if module == "torch._utils" and name == "_rebuild_parameter":
+            return _rebuild_parameter
+        if module == "torch" and name in _TORCH_STORAGES:
+            return name
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        raise WeightsFileError(f"{self.path}: holds a {module}.{name} object, not a state dict of tensors")
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage" and pid[1] in _TORCH_STORAGES):
+            raise WeightsFileError(f"{self.path}: a storage record {pid!r} torch.save does not write")
+        return _Storage(str(pid[2]), pid[1])
+
+
+def _torch_kind(path: Path) -> str:
+    """ "zip" (torch.save's format since 1.6, or what is left of one), "legacy" (an older torch.save
+    pickle), else WeightsFileError."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:1] == b"\x80":  # pickle's PROTO opcode
+        return "legacy"
+    if head == b"PK\x03\x04" or (len(head) < 4 and b"PK\x03\x04".startswith(head)):  # (a file cut short: refused)
+        return "zip"
+    raise WeightsFileError(
+        f"{path}: cannot be read as a PyTorch state dict: neither a torch.save zip nor a pickle (it starts {head!r})"
+    )
+
+
+def _pickle_views(path: Path) -> dict[str, tuple[TensorInfo, object]]:
+    """name -> (shape and dtype, a function giving its elements as stored: a numpy view of the file,
+    bf16 as uint16) of a torch.save zip (pytorch_model.bin, .pt), read without torch; every tensor's
+    storage checked present and long enough, so a file cut short or damaged is refused here."""
+    import zipfile
+
+    try:
+        z = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise WeightsFileError(
+            f"{path}: not a complete zip archive ({e}): a torch.save file cut short (an interrupted download or "
+            "save?) or damaged. Hint: download or save it again"
+        ) from e
+    with z:
+        members = {i.filename: i for i in z.infolist()}
+        pkl = [n for n in members if n.endswith("data.pkl") and n.count("/") == 1]
+        if len(pkl) != 1:
+            raise WeightsFileError(f"{path}: a zip without torch.save's <name>/data.pkl; not a PyTorch state dict")
+        prefix = pkl[0][: -len("data.pkl")]
+        order = members.get(prefix + "byteorder")
+        if order is not None and z.read(order).decode(errors="replace").strip() != "little":
+            raise WeightsFileError(f"{path}: saved big-endian; edgespec reads little-endian state dicts")
+        try:
+            sd = _StateDictUnpickler(io.BytesIO(z.read(pkl[0])), path).load()
+        except WeightsFileError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a damaged pickle raises many kinds
+            raise WeightsFileError(f"{path}: its data.pkl cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(sd, dict) or not all(isinstance(t, _Pickled) for t in sd.values()):
+        raise WeightsFileError(f"{path}: holds a {type(sd).__name__}, not a state dict of tensors")
+    size = path.stat().st_size
+    starts: dict[str, int] = {}  # storage key -> where its bytes start in the file
+    out = {}
+    for name, t in sd.items():
+        torch_name, dt = _TORCH_STORAGES[t.storage.kind]
+        item = 2 if dt == "bf16" else np.dtype(dt).itemsize
+        m = members.get(f"{prefix}data/{t.storage.key}")
+        if m is None:
+            raise WeightsFileError(f"{path}: tensor {name}'s storage data/{t.storage.key} is missing: a damaged file")
+        if m.compress_type != zipfile.ZIP_STORED:
+            raise WeightsFileError(f"{path}: tensor {name} is stored compressed; torch.save writes it uncompressed")
+        if t.storage.key not in starts:
+            with open(path, "rb") as f:  # the local header: 30 bytes, then the name and an extra field
+                f.seek(m.header_offset)
+                local = f.read(30)
+            if len(local) < 30 or local[:4] != b"PK\x03\x04":
+                raise WeightsFileError(f"{path}: tensor {name}'s storage has no zip entry header: a damaged file")
+            name_len, extra_len = struct.unpack("<HH", local[26:30])
+            starts[t.storage.key] = m.header_offset + 30 + name_len + extra_len
+        start, n_elems = starts[t.storage.key], m.file_size // item
+        if start + m.file_size > size:
+            raise WeightsFileError(f"{path}: tensor {name}'s storage runs past the end of the file: a damaged file")
+        count = int(np.prod(t.shape, dtype=np.int64))
+        extent = t.offset + sum((s - 1) * st for s, st in zip(t.shape, t.stride, strict=False)) + 1 if count else 0
+        if t.offset < 0 or min(t.stride, default=0) < 0 or extent > n_elems:
+            raise WeightsFileError(
+                f"{path}: tensor {name} {list(t.shape)} reaches element {extent} of a storage of {n_elems}: a "
+                "damaged file"
+            )
+
+        def view(path=path, start=start, n=n_elems, t=t, dt=dt):
+            raw_dt = np.uint16 if dt == "bf16" else dt
+            if not n:
+                return np.zeros(t.shape, raw_dt)
+            flat = np.memmap(path, raw_dt, "r", offset=start, shape=(n,))
+            item = flat.dtype.itemsize
+            return np.lib.stride_tricks.as_strided(
+                flat[t.offset :], t.shape, tuple(s * item for s in t.stride), writeable=False
+            )
+
+        out[name] = (TensorInfo(t.shape, torch_name), view)
+    return out
+
+
+def _st_views(path: Path) -> dict[str, tuple[TensorInfo, object]]:
+    """As _pickle_views, of a checked .safetensors file (dtypes not read here: their view is None)."""
+    header, start = _st_header(path)
+    out = {}
+    for k, v in header.items():
+        a, b = v["data_offsets"]
+        dt = _ST_DTYPES.get(v["dtype"])
+        shape = tuple(v["shape"])
+
+        def view(a=a, b=b, dt=dt, shape=shape):
+            raw_dt = np.uint16 if dt == "bf16" else dt
+            if b == a:
+                return np.zeros(shape, raw_dt)
+            return np.memmap(path, raw_dt, "r", offset=start + a, shape=(int(np.prod(shape)),)).reshape(shape)
+
+        out[k] = (TensorInfo(shape, v["dtype"]), None if dt is None else view)
+    return out
+
+
+def _views(shard: Path) -> dict[str, tuple[TensorInfo, object]]:
+    if shard.suffix == ".safetensors":
+        return _st_views(shard)
+    if _torch_kind(_regular(shard)) == "zip":
+        return _pickle_views(shard)
+    # torch's legacy (pre-1.6) format: torch reads it
+    return {
+        k: (TensorInfo(tuple(t.shape), str(t.dtype).removeprefix("torch.")), lambda t=t: _from_torch(t))
+        for k, t in _torch_load(shard).items()
+    }
+
+
+def _from_torch(t):
+    """A torch tensor's elements as _views gives them (bf16 as raw uint16)."""
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
 
 
 def _torch_load(path: Path) -> dict:
     import torch
 
     try:
-        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file it cannot read
-        raise WeightsFileError(f"{path}: cannot be read as a PyTorch state dict ({type(e).__name__}: {e})") from e
+        why = " ".join(str(e).split())[:300]  # one line: torch's messages run to paragraphs
+        raise WeightsFileError(f"{path}: cannot be read as a PyTorch state dict ({type(e).__name__}: {why})") from e
     if not isinstance(sd, dict):
         raise WeightsFileError(f"{path}: holds a {type(sd).__name__}, not a state dict of tensors")
     return sd
 
 
 def tensor_infos(path: Path) -> dict[str, TensorInfo]:
-    """name -> shape and dtype of every tensor, without reading the data (.bin/.pt: memory-mapped)."""
+    """name -> shape and dtype of every tensor, without reading the data; each file checked to be
+    whole (a safetensors header and a data section as long as it says; a torch.save zip that opens,
+    each tensor's storage there and long enough): WeightsFileError names the file and the problem.
+    Needs no torch (but for a pre-1.6 torch.save file)."""
     out = {}
     for shard in _shards(path):
-        if shard.suffix == ".safetensors":
-            header, _ = _st_header(shard)
-            out |= {k: TensorInfo(tuple(v["shape"]), v["dtype"]) for k, v in header.items()}
-        else:
-            sd = _torch_load(shard)
-            out |= {k: TensorInfo(tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in sd.items()}
+        out |= {k: info for k, (info, _) in _views(shard).items()}
     return out
 
 
@@ -140,28 +408,56 @@ def load_tensors(path: Path, names=None) -> dict[str, np.ndarray]:
     names: only these (None: all)."""
     out = {}
     for shard in _shards(path):
-        if shard.suffix == ".safetensors":
-            header, start = _st_header(shard)
-            with open(shard, "rb") as f:
-                for k, v in header.items():
-                    if names is not None and k not in names:
-                        continue
-                    a, b = v["data_offsets"]
-                    f.seek(start + a)
-                    raw = f.read(b - a)
-                    dt = _ST_DTYPES.get(v["dtype"])
-                    if dt is None:
-                        raise WeightsFileError(f"{shard}: tensor {k} has dtype {v['dtype']}, which is not read here")
-                    if dt == "bf16":
-                        arr = _bf16_to_f32(np.frombuffer(raw, np.uint16))
-                    else:
-                        arr = np.frombuffer(raw, dt).copy()
-                    arr = arr.reshape(v["shape"])
-                    out[k] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr
-        else:
-            for k, t in _torch_load(shard).items():
-                if names is not None and k not in names:
-                    continue
-                t = t.float() if t.is_floating_point() else t
-                out[k] = t.numpy().copy()
+        for k, (info, view) in _views(shard).items():
+            if names is not None and k not in names:
+                continue
+            if view is None:
+                raise WeightsFileError(f"{shard}: tensor {k} has dtype {info.dtype}, which is not read here")
+            raw = view()
+            if info.dtype in ("BF16", "bfloat16"):
+                arr = _bf16_to_f32(raw).reshape(info.shape)
+            else:
+                arr = np.array(raw)  # a copy: the file is not kept open
+            out[k] = arr.astype(np.float32) if arr.dtype.kind == "f" else arr
     return out
+
+
+# float dtypes (safetensors' and torch's names) -> (raw unsigned type, exponent bits, mantissa bits)
+_FLOAT_BITS = {
+    "F16": (np.uint16, 0x7C00, 0x03FF),
+    "float16": (np.uint16, 0x7C00, 0x03FF),
+    "BF16": (np.uint16, 0x7F80, 0x007F),
+    "bfloat16": (np.uint16, 0x7F80, 0x007F),
+    "F32": (np.uint32, 0x7F800000, 0x007FFFFF),
+    "float32": (np.uint32, 0x7F800000, 0x007FFFFF),
+    "F64": (np.uint64, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF),
+    "float64": (np.uint64, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF),
+}
+_CHUNK = 1 << 22  # elements scanned at a time (a 16 MiB float32 slice: memory stays flat on large heads)
+
+
+def check_finite(path: Path, names=None) -> None:
+    """Refuse (WeightsFileError, naming the tensor and the file) a float tensor holding NaN or an
+    infinity: a head with one drafts nothing useful, and the export's checks would compare NaN with
+    NaN. Streams over the tensors' bytes (memory-mapped, in slices); names: only these (None: all).
+    Needs no torch (but for a pre-1.6 torch.save file)."""
+    for shard in _shards(path):
+        for k, (info, view) in _views(shard).items():
+            bits = _FLOAT_BITS.get(info.dtype)
+            if bits is None or view is None or (names is not None and k not in names):
+                continue
+            raw_t, exp, mant = bits
+            flat = np.asarray(view()).reshape(-1).view(raw_t)
+            nan = inf = 0
+            for i in range(0, flat.size, _CHUNK):
+                x = flat[i : i + _CHUNK]
+                top = (x & raw_t(exp)) == exp
+                if top.any():
+                    m = (x & raw_t(mant))[top] != 0
+                    nan, inf = nan + int(m.sum()), inf + int((~m).sum())
+            if nan or inf:
+                what = " and ".join(f"{c} {w}" for c, w in ((nan, "NaN"), (inf, "infinite")) if c)
+                raise WeightsFileError(
+                    f"{shard}: tensor {k} holds {what} value(s) of {flat.size}: the head cannot draft with it (did "
+                    "its training diverge?). Hint: export a checkpoint saved before that"
+                )

@@ -79,11 +79,26 @@ class DFlashPlugin(ExportPlugin):
         return self._layout(folder, n_layers=n_layers).cfg.aux_layers
 
     def preflight(self, cfg, folder, target) -> None:
-        """config.json and the tensor shapes against the target's hidden size, vocabulary and depth."""
+        """config.json and the tensor shapes against the target's hidden size, vocabulary and depth, its
+        block against --max-len, then its weights' values (NaN, inf)."""
+        from edgespec.export.drafters._files import WeightsFileError, check_finite
+        from edgespec.export.target.spec import ExportError
+
         if target is None:
-            self._layout(folder)
+            lay = self._layout(folder)
         else:
-            self._layout(folder, target.hidden_size, target.vocab_size, target.n_layers)
+            lay = self._layout(folder, target.hidden_size, target.vocab_size, target.n_layers)
+        b = lay.cfg.block_size
+        if b > cfg.max_len:
+            raise ExportError(
+                f"{self.flag} {folder}: block_size {b} exceeds --max-len {cfg.max_len}: each drafting call computes "
+                f"all {b} block rows at positions past the context (DFlash drafters are trained with 8 to 16). "
+                "Hint: pass the block_size it was trained with"
+            )
+        try:
+            check_finite(lay.weights)
+        except WeightsFileError as e:
+            raise ExportError(f"{self.flag} {e}") from e
 
     def claims(self, folder: Path) -> bool:
         import json

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.export.drafters._files import HF_INERT, unknown_keys
+from edgespec.export.drafters._files import HF_INERT, eps_problem, unknown_keys
 from edgespec.export.target.arch import ROPE_TYPES
 from edgespec.export.train.checkpoint import CheckpointError
 
@@ -191,6 +191,15 @@ def _checked_config(cfg: dict, folder: Path) -> dict:
     """config.json's values as z-lab's class computes with them (Qwen3Config defaults filled in);
     the architecture, attention kinds and unknown keys checked."""
     arch = cfg.get("architectures") or []
+    if cfg.get("speculators_model_type") or "speculators_config" in cfg or "transformer_layer_config" in cfg:
+        kind = cfg.get("speculators_model_type") or "a speculators model"
+        raise fail(
+            folder,
+            f"a vLLM speculators checkpoint ({kind!r}, architectures {arch}): speculators' DFlash layout "
+            "(transformer_layer_config, speculators_config) is not supported; --dflash reads z-lab's "
+            "DFlashDraftModel layout (package dflash) and `edgespec train-dflash`'s",
+            "Hint: use the drafter's z-lab release, or train one with `edgespec train-dflash`",
+        )
     if "DFlash2DraftModel" in arch:
         raise fail(
             folder,
@@ -313,6 +322,8 @@ def parse_config(
     )
     if cfg.n_heads % cfg.n_kv_heads:
         raise fail(folder, f"{cfg.n_heads} query heads are not a multiple of {cfg.n_kv_heads} key/value heads")
+    if eps_problem(c["rms_norm_eps"]):
+        raise fail(folder, f"config.json: {eps_problem(c['rms_norm_eps'])}")
     return cfg, ids
 
 

@@ -130,8 +130,10 @@ class EaglePlugin(ExportPlugin):
 
     def preflight(self, cfg, head_dir, target) -> None:
         """config.json and the tensors' names, shapes and dtypes against the target's sizes (no weights
-        read), and the --eagle-draft-vocab cut against the head's draft-token order."""
-        from edgespec.export.drafters.eagle.checkpoint import OFFICIAL, inspect_head
+        read), the --eagle-draft-vocab cut against the head's draft-token order, then its weights' values
+        (NaN, inf)."""
+        from edgespec.export.drafters._files import WeightsFileError, check_finite
+        from edgespec.export.drafters.eagle.checkpoint import EMBED, OFFICIAL, inspect_head
         from edgespec.export.target.spec import ExportError
         from edgespec.export.train.checkpoint import CheckpointError, prune_draft_vocab
 
@@ -144,6 +146,10 @@ class EaglePlugin(ExportPlugin):
             prune_draft_vocab(hc, {}, cfg.eagle_draft_vocab or 0, rows=())
         except CheckpointError as e:
             raise ExportError(f"{self.flag} {head_dir}: {e}") from e
+        try:
+            check_finite(hf.weights, {*hf.names, *((EMBED,) if hf.has_embed else ())})  # the tensors it reads
+        except WeightsFileError as e:
+            raise ExportError(f"{self.flag} {e}") from e
         theta, source = rope_base(hc, cfg.eagle_rope_theta, target.rope_theta if target else None)
         if cfg.eagle_rope_theta is not None or (hf.layout == OFFICIAL and theta != OFFICIAL_THETA):
             # the official layout's base depends on which upstream trained the head: said, with the way out

@@ -30,15 +30,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgespec.export.drafters import _files
-from edgespec.export.drafters._files import WeightsFileError, load_tensors, tensor_infos, weights_file
-from edgespec.export.drafters._torch import HeadShape
-from edgespec.export.drafters.eagle.head import BIAS_NAMES, EagleHead, HeadConfig
+from edgespec.export.drafters._files import WeightsFileError, eps_problem, load_tensors, tensor_infos, weights_file
+from edgespec.export.drafters._shape import HeadShape
+from edgespec.export.drafters.eagle.config import BIAS_NAMES, HeadConfig
 from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
 from edgespec.export.train.checkpoint import CONFIG_FILE, HeadFormatError, _read_d2t, write_checkpoint
+
+if TYPE_CHECKING:  # the module needs torch; reading and checking heads does not
+    from edgespec.export.drafters.eagle.head import EagleHead
 
 OFFICIAL = "eagle1-official"
 EDGESPEC = "edgespec"
@@ -329,6 +333,8 @@ def inspect_head(folder: str | Path, hidden_size: int | None = None, vocab_size:
         rope_type=kind,
         rope_params=params,
     )
+    if eps_problem(hc.rms_norm_eps):
+        raise _error(folder, f"config.json: {eps_problem(hc.rms_norm_eps)}")
     for flag, has in (("input_layernorm", hc.input_layernorm), ("final_norm", hc.final_norm)):
         if flag in e and bool(e[flag]) != has:
             raise _error(

@@ -121,7 +121,8 @@ class Eagle3Plugin(ExportPlugin):
         return self._checkpoint(head_dir).check(None, None, n_layers).aux_layers
 
     def preflight(self, cfg, head_dir, target) -> None:
-        """The head's config and tensor shapes against the target's (no weights read)."""
+        """The head's config and tensor shapes against the target's, then its weights' values (NaN, inf)."""
+        from edgespec.export.drafters._files import check_finite
         from edgespec.export.target.spec import ExportError
         from edgespec.export.train.checkpoint import CheckpointError
 
@@ -131,6 +132,7 @@ class Eagle3Plugin(ExportPlugin):
                 ck.check(target.hidden_size, target.vocab_size, target.n_layers, cfg.max_len)
             else:
                 ck.check(None, None, None, cfg.max_len)
+            check_finite(ck.weights, {*ck.names.values(), *ck.fc_norm_names})  # the tensors it reads
         except (CheckpointError, ValueError) as e:
             raise ExportError(f"--eagle3-head {e}") from e
         if ck.ec.sliding_window:  # said once, here: it spans every position this export serves
@@ -151,9 +153,9 @@ class Eagle3Plugin(ExportPlugin):
             raise ExportError(f"--eagle3-head {e}") from e
 
     def claims(self, folder: Path) -> bool:
-        from edgespec.export.drafters.eagle3.head import is_eagle3_folder
+        from edgespec.export.drafters.eagle3.layouts import detect  # no torch: head.py's is_eagle3_folder
 
-        return is_eagle3_folder(folder)
+        return detect(Path(folder)) is not None
 
     def publish(self, folder: Path, fmt: str, out: Path, verifier: str | None = None) -> Path:
         from edgespec.export.drafters.eagle3.layouts import publish

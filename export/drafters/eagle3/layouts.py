@@ -53,12 +53,13 @@ from edgespec.export.drafters._files import (
     WEIGHT_NAMES,
     TensorInfo,
     WeightsFileError,
+    eps_problem,
     load_tensors,
     tensor_infos,
     unknown_keys,
     weights_file,
 )
-from edgespec.export.drafters.eagle3.head import (
+from edgespec.export.drafters.eagle3.config import (
     ARCHITECTURE,
     LAYER_NAMES,
     NORM_NAMES,
@@ -237,6 +238,13 @@ def resolve_aux(ec: Eagle3Config, n_layers: int, folder: Path | str = "") -> tup
             f"{folder}: fc reads {ec.n_blocks} feature blocks but the head names {len(ids)} target layers "
             f"({list(ids)}) for this {n_layers}-layer target; was it trained for another model?"
         )
+    if max(ids) == n_layers and min(ids) >= 0:  # only the last one past the graphs': not another model's ids
+        raise Eagle3FormatError(
+            f"{folder}: the head reads target layer {n_layers} (its {ec.layout} ids resolved to {list(ids)}): the "
+            f"last layer's output (speculators' --include-last-layer), which is not available as an aux layer: "
+            f"the target graphs output the streams entering layers 0..{n_layers - 1}. Hint: train the head on "
+            "layers below the last"
+        )
     if min(ids) < 0 or max(ids) >= n_layers:
         raise Eagle3FormatError(
             f"{folder}: the head reads the streams entering target layers {list(ids)} (its {ec.layout} ids "
@@ -367,6 +375,14 @@ def _eagle_config_ids(folder: Path, cfg: dict) -> tuple[int, ...] | None:
 def _ids(folder: Path, ids) -> tuple[int, ...]:
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise _refuse(folder, f"aux layer ids {ids!r} are not a list of layer numbers; {HINT}")
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise _refuse(
+            folder,
+            f"aux layer ids {ids} name layer(s) {twice} more than once: the target graphs output each layer's "
+            "features once, and a head trained on one layer's copies reads nothing the others do not. Hint: "
+            "give each feature block its own layer",
+        )
     return tuple(ids)
 
 
@@ -455,6 +471,7 @@ def inspect(folder: Path) -> Eagle3Checkpoint:
     folder = Path(folder)
     layout = detect(folder)
     if layout is None:
+        _readable(folder)  # a damaged weights file is said as such, not as another layout
         raise _refuse(
             folder,
             "not an EAGLE-3 head in a layout edgespec reads (official EAGLE, SpecForge, vLLM speculators, "
@@ -463,11 +480,15 @@ def inspect(folder: Path) -> Eagle3Checkpoint:
         )
     cfg = _config(folder)
     fields, _ = _read_config(folder, layout, cfg)
+    if eps_problem(fields["rms_norm_eps"]):
+        raise _refuse(folder, f"config.json: {eps_problem(fields['rms_norm_eps'])}")
     names = WEIGHT_NAMES if layout != "eagle3-official" else OFFICIAL_WEIGHTS
     path = weights_file_of(folder, names)
     try:
         infos = tensor_infos(path)
-    except (ValueError, OSError, EOFError) as e:  # a damaged file: a bad header, a truncated zip
+    except WeightsFileError as e:  # cut short, a bad header: its message names the file
+        raise Eagle3FormatError(str(e)) from e
+    except (ValueError, OSError, EOFError) as e:
         raise _refuse(folder, f"its {path.name} cannot be read ({type(e).__name__}: {e}); {HINT}") from e
     want = {ours: _stored(layout, ours) for ours in CORE}
     missing = [theirs for theirs in want.values() if theirs not in infos]
@@ -574,6 +595,18 @@ def _check_shapes(folder: Path, ec: Eagle3Config, infos: dict, names: dict, norm
             raise _refuse(folder, f"d2t is {infos['d2t'].dtype} {list(infos['d2t'].shape)}, not integer [{vd}]")
         if "t2d" in names and infos["t2d"].shape != (v,):
             raise _refuse(folder, f"t2d is {list(infos['t2d'].shape)}, not [vocab_size {v}]")
+
+
+def _readable(folder: Path) -> None:
+    """Eagle3FormatError when the folder's weights file is there but damaged (cut short, a bad header)."""
+    try:
+        path = weights_file(folder, OFFICIAL_WEIGHTS)
+    except WeightsFileError:
+        return
+    try:
+        tensor_infos(path)
+    except WeightsFileError as e:
+        raise Eagle3FormatError(str(e)) from e
 
 
 def weights_file_of(folder: Path, names: tuple[str, ...]) -> Path:

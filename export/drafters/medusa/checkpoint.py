@@ -13,11 +13,15 @@ Medusa-2 model) carry them, and `read_any` reads every layout `--medusa` takes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgespec.export.drafters.medusa.head import MedusaConfig, MedusaHeads, heads_state, param_names
+from edgespec.export.drafters.medusa.config import MedusaConfig, param_names
 from edgespec.export.train import checkpoint
+
+if TYPE_CHECKING:  # the module needs torch; reading and checking heads does not
+    from edgespec.export.drafters.medusa.head import MedusaHeads
 
 
 class MedusaFormatError(checkpoint.CheckpointError):
@@ -37,6 +41,8 @@ def save_heads(heads: MedusaHeads, folder: str | Path, extra: dict | None = None
         "torch_dtype": "float16",
         "medusa": {"features": "final_norm", "lm_head": "target"} | (extra or {}),
     }
+    from edgespec.export.drafters.medusa.head import heads_state
+
     return checkpoint.write_checkpoint(folder, heads_state(heads), config)
 
 
@@ -96,8 +102,9 @@ def read_heads(folder: str | Path, hidden_size: int, vocab_size: int) -> tuple[M
 
 def preflight_heads(folder: str | Path, hidden_size: int | None, vocab_size: int | None, target: str | None) -> str:
     """A heads folder of any layout `--medusa` reads, checked against the target's sizes (None: unknown
-    before it loads) on config.json and tensor names and shapes alone (no weights read); what it is back."""
-    from edgespec.export.drafters._files import WeightsFileError, tensor_infos
+    before it loads) on config.json and tensor names and shapes, then on the weights' values (NaN, inf;
+    Medusa's tied ResBlocks equal); what it is back."""
+    from edgespec.export.drafters._files import WeightsFileError, check_finite, tensor_infos
     from edgespec.export.drafters.medusa import official
 
     folder = Path(folder)
@@ -106,6 +113,7 @@ def preflight_heads(folder: str | Path, hidden_size: int | None, vocab_size: int
         if hidden_size is not None:
             official.check_target(h, hidden_size, vocab_size)
         official.check_full_target(h, target)
+        official.check_values(h)
         return h.layout
     if not (folder / checkpoint.CONFIG_FILE).exists() or not (folder / checkpoint.WEIGHTS_FILE).exists():
         raise MedusaFormatError(
@@ -115,11 +123,17 @@ def preflight_heads(folder: str | Path, hidden_size: int | None, vocab_size: int
     cfg = official.read_json(folder / checkpoint.CONFIG_FILE)
     try:
         infos = tensor_infos(folder / checkpoint.WEIGHTS_FILE)
-    except (WeightsFileError, ValueError, OSError) as e:
+    except WeightsFileError as e:  # cut short, a bad header: its message names the file
+        raise MedusaFormatError(str(e)) from e
+    except (ValueError, OSError) as e:
         raise MedusaFormatError(f"{folder}/{checkpoint.WEIGHTS_FILE}: cannot be read ({e})") from e
     mc = _check(folder, cfg, {k: v.shape for k, v in infos.items()}, hidden_size, vocab_size)
     if "d2t" in infos and infos["d2t"].shape != (mc.draft_vocab_size,):
         raise MedusaFormatError(f"{folder}: d2t has {infos['d2t'].shape} entries, config {mc.draft_vocab_size}")
+    try:
+        check_finite(folder / checkpoint.WEIGHTS_FILE)
+    except WeightsFileError as e:
+        raise MedusaFormatError(str(e)) from e
     return f"Medusa heads (edgespec's layout, {mc.n_heads} heads x {mc.n_layers} blocks)"
 
 

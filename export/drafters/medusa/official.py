@@ -303,12 +303,49 @@ def check_full_target(h: OfficialHeads, target: str | None) -> None:
         )
 
 
+def _head_names(h: OfficialHeads) -> list[str] | None:
+    """The stored names of the heads' tensors (None: every tensor of the file)."""
+    return None if h.variant == "heads" else [n for n in tensor_infos(h.files[0]) if n.startswith(h.prefix)]
+
+
+def check_values(h: OfficialHeads) -> None:
+    """The heads' weights, read before the target loads: finite (a NaN or inf named with its tensor
+    and file), and the ResBlocks each head lists equal (`_check_tied`). MedusaFormatError else."""
+    try:
+        for f in h.files:
+            _files.check_finite(f, _head_names(h))
+    except WeightsFileError as e:
+        raise MedusaFormatError(str(e)) from e
+    if any(sum((i, j) in h.blocks for j in range(h.n_layers)) > 1 for i in range(h.n_heads)):
+        names = [f"{h.prefix}{i}.{j}.linear.{p}" for i, j in h.blocks for p in ("weight", "bias")]
+        _check_tied(h, {k[len(h.prefix) :]: v for k, v in load_tensors(h.files[0], names).items()})
+
+
+def _check_tied(h: OfficialHeads, w: dict[str, np.ndarray]) -> None:
+    """A head's blocks are one tied module in Medusa: the blocks it lists must agree, else refused."""
+    for i in range(h.n_heads):
+        listed = [j for j in range(h.n_layers) if (i, j) in h.blocks]
+        for part in ("weight", "bias"):
+            vals = [w[f"{i}.{j}.linear.{part}"] for j in listed]
+            if any(not np.array_equal(v, vals[-1]) for v in vals):
+                plural = {"weight": "weights", "bias": "biases"}[part]
+                raise MedusaFormatError(
+                    f"{h.folder}: head {i}'s ResBlocks {listed} hold different {plural}. Medusa builds a head from "
+                    f"one ResBlock repeated {h.n_layers} times (its loader keeps the last), other loaders build "
+                    "separate blocks: the file means two things, so it is refused. Hint: medusa_num_layers 1"
+                )
+
+
 def read(h: OfficialHeads, vocab_size: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(float32 arrays: "{i}.{j}.linear.weight/bias" for every j < L, "{i}.lm_head" [V, H] when the heads
     have their own; d2t: the draft tokens' target ids). A head's blocks are one tied module in Medusa:
     the blocks it lists must agree (else refused), and every j gets them."""
-    names = None if h.variant == "heads" else [n for n in tensor_infos(h.files[0]) if n.startswith(h.prefix)]
-    w = {k[len(h.prefix) :]: v for k, v in load_tensors(h.files[0], names).items()}
+    try:
+        for f in h.files:
+            _files.check_finite(f, _head_names(h))
+    except WeightsFileError as e:
+        raise MedusaFormatError(str(e)) from e
+    w = {k[len(h.prefix) :]: v for k, v in load_tensors(h.files[0], _head_names(h)).items()}
     if len(h.files) == 2:
         other = load_tensors(h.files[1])
         if any(not np.array_equal(other[k], v) for k, v in w.items()):
@@ -316,19 +353,13 @@ def read(h: OfficialHeads, vocab_size: int) -> tuple[dict[str, np.ndarray], np.n
                 f"{h.folder}: {h.files[0].name} and {h.files[1].name} hold different values; Medusa's loader "
                 "reads the .pt, TGI the .safetensors. Hint: keep the one you mean"
             )
+    _check_tied(h, w)
     out = {}
     for i in range(h.n_heads):
         listed = [j for j in range(h.n_layers) if (i, j) in h.blocks]
         for part in ("weight", "bias"):
-            vals = [w[f"{i}.{j}.linear.{part}"] for j in listed]
-            if any(not np.array_equal(v, vals[-1]) for v in vals):
-                raise MedusaFormatError(
-                    f"{h.folder}: head {i}'s ResBlocks {listed} hold different {part}s. Medusa builds a head from "
-                    f"one ResBlock repeated {h.n_layers} times (its loader keeps the last), other loaders build "
-                    "separate blocks: the file means two things, so it is refused. Hint: medusa_num_layers 1"
-                )
             for j in range(h.n_layers):
-                out[f"{i}.{j}.linear.{part}"] = vals[-1].astype(np.float32)
+                out[f"{i}.{j}.linear.{part}"] = w[f"{i}.{listed[-1]}.linear.{part}"].astype(np.float32)
         if h.own_lm_heads:
             out[f"{i}.lm_head"] = w[f"{i}.{h.n_layers}.weight"].astype(np.float32)
     vd = h.draft_vocab_size or vocab_size
