@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.engines.manifest import Manifest, load_manifest
-from edgespec.runtime.adaptive import AdaptiveK, TreeBudget, sampled_policy, sampled_tree_budget
+from edgespec.runtime.adaptive import SAMPLED, AdaptiveK, TreeBudget, sampled_policy, sampled_tree_budget
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
 from edgespec.runtime.constrain import Constraint, Grammar
@@ -200,6 +200,7 @@ class Generator(TextAPI):
         if c.adaptive and self.tree is not None:  # trees cut each step to the size that pays
             self.tree_budget = TreeBudget(c.tree.nodes, self.verify_costs(range(1, c.tree.nodes + 1)))
         self._budget = self.tree_budget or self.chain_budget  # the running call's (a sampled call: fixed costs)
+        self._keyed = None  # seeded calls' (adaptive k, budget): timed, learned across them (_keyed_policies)
 
     def _sampled_adaptive(self) -> AdaptiveK | None:
         """Adaptive k for a sampled call (when adaptive is on): fixed relative costs instead of
@@ -208,6 +209,21 @@ class Generator(TextAPI):
         if self.adaptive is None:
             return None
         return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs())
+
+    def _keyed_policies(self) -> tuple[AdaptiveK | None, TreeBudget | None]:
+        """Adaptive k and the tree / chain budget of seeded calls: their output does not depend on k
+        (sampling.KeyedDraws), so they follow measured times (a head's real cost per draft) as greedy
+        calls do, with estimates of their own learned across seeded calls (what sampling keeps) and
+        one-draft probes while k = 0 wins."""
+        if self._keyed is None:
+            adaptive = budget = None
+            if self.adaptive is not None:
+                adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)), SAMPLED)
+            nodes = self.cfg.tree.nodes if self.tree_budget is not None else self.k + 1
+            if self.tree_budget is not None or self.chain_budget is not None:
+                budget = TreeBudget(nodes, self.verify_costs(range(1, nodes + 1)), SAMPLED)
+            self._keyed = (adaptive, budget)
+        return self._keyed
 
     def _recorded_costs(self, widest: int | None = None) -> dict[int, float] | None:
         """Verify costs in decodes by width, as the export's probe measured them for this folder's
@@ -374,22 +390,23 @@ class Generator(TextAPI):
                 f"(max_len); shorten it or re-export with --max-len > {n_prompt}"
             )
         # a seeded call draws each position's token from (seed, position) alone, so its output never depends
-        # on the drafter's state; its drafters then draft greedily (a draft is kept iff it is that token)
+        # on the drafter or its state (drafters with a q draw their drafts coupled to those draws)
         if rng is None:
             rng = KeyedDraws(sampling.seed) if sampling.keyed else np.random.default_rng(sampling.seed)
         keyed = isinstance(rng, KeyedDraws)
         self._eos = frozenset(self.eos.tolist())
         con = self.constraint(grammar, sampling.greedy)
-        # (masked: the token after a verified row need not be its argmax, which a fused head assumes)
-        dft_sampling = dataclasses.replace(sampling, temperature=0.0, masked=True) if keyed else sampling
-        self.drafter.configure(con.drafter_sampling(dft_sampling), rng)
-        # greedy adaptive k follows measured times; under sampling that would make the RNG draws,
-        # and so a seeded output, depend on timing: sampled calls get the fixed-cost policy
-        adaptive = self.adaptive if sampling.greedy else self._sampled_adaptive()
-        self._budget = self.tree_budget or self.chain_budget
-        if self._budget is not None and not sampling.greedy:
-            nodes = self.cfg.tree.nodes if self.tree_budget is not None else self.k + 1
-            self._budget = sampled_tree_budget(nodes, self.cfg.provider, self._recorded_costs(nodes))
+        self.drafter.configure(con.drafter_sampling(sampling), rng)
+        # greedy and seeded adaptive k follow measured times (k never changes their output); an unseeded
+        # sampled call's k decides its draws, so it gets the fixed-cost policy (reproducible under load)
+        adaptive, self._budget = self.adaptive, self.tree_budget or self.chain_budget
+        if keyed:
+            adaptive, self._budget = self._keyed_policies()
+        elif not sampling.greedy:
+            adaptive = self._sampled_adaptive()
+            if self._budget is not None:
+                nodes = self.cfg.tree.nodes if self.tree_budget is not None else self.k + 1
+                self._budget = sampled_tree_budget(nodes, self.cfg.provider, self._recorded_costs(nodes))
         st = self.last_stats = GenerationStats(
             drafter=self.drafter.name,
             k=self.k,

@@ -142,36 +142,50 @@ class KeyedDraws:
     drawn from (seed, j) alone (the exponential race, Gumbel-max's twin: an exact draw from w_j's
     distribution). Verification keeps a draft iff it is that token, so the output follows from the
     seed, the request and the target only, never from the drafter, its memory, k, trees or timing,
-    and a seeded speculative call equals the seeded plain one token for token. A deterministic draft
-    is kept with probability p(x), as rejection sampling keeps it; drafters draft greedily here."""
+    and a seeded speculative call equals the seeded plain one token for token. A drafter with a
+    distribution q draws its draft for position j with the same E_j (`pick`, `exponentials`): the
+    draft is then an exact draw from q that agrees with the target's token wherever q is close to p
+    (a coupled draw: kept about as often as rejection sampling keeps a draft from q), and a
+    deterministic draft is kept with probability p(x), as rejection sampling keeps it."""
+
+    RING = 64  # positions whose E rows are kept (a step's drafts and verify rows: < 20 wide)
 
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
-        self.base = 0  # the position the next acceptance's first row predicts (set by the loop: seq.n)
+        self.base = 0  # the position a verify call's row 0 (and draft 0) stands for (set by the loop: seq.n)
         self.rng = np.random.default_rng(seed)  # for anything else that draws (never the output)
-        self._e = np.zeros(0)  # [V] float64 one position's Exp(1) variables (reused)
+        self._e = np.zeros((0, 0))  # [RING, V] float64 Exp(1) rows, row pos % RING holds position pos
+        self._at = [-1] * self.RING  # the position each ring row holds (-1: none)
         self._score = np.zeros(0)  # [V] float64 w / E
 
     def random(self) -> float:
         return self.rng.random()
 
+    def exponentials(self, offset: int, vocab: int) -> np.ndarray:
+        """E [V] of position base + offset (made once per position, then read by drafts and verify)."""
+        pos = self.base + offset
+        if self._e.shape[1] != vocab:
+            self._e, self._at, self._score = np.zeros((self.RING, vocab)), [-1] * self.RING, np.zeros(vocab)
+        i = pos % self.RING
+        if self._at[i] != pos:
+            key = np.random.SeedSequence((self.seed, pos))
+            np.random.Generator(np.random.Philox(key)).standard_exponential(out=self._e[i])
+            self._at[i] = pos
+        return self._e[i]
+
     def pick(self, w: np.ndarray, offset: int = 0) -> int:
         """The token at position base + offset from weights w [V] >= 0 (unnormalised; 0: never)."""
-        n = len(w)
-        if len(self._e) != n:
-            self._e, self._score = np.zeros(n), np.zeros(n)
-        key = np.random.SeedSequence((self.seed, self.base + offset))
-        np.random.Generator(np.random.Philox(key)).standard_exponential(out=self._e)
-        np.divide(w, self._e, out=self._score)
+        e = self.exponentials(offset, len(w))
+        np.divide(w, e, out=self._score)
         return int(self._score.argmax())
 
 
-def sample(p: np.ndarray, rng: np.random.Generator | KeyedDraws) -> int:
+def sample(p: np.ndarray, rng: np.random.Generator | KeyedDraws, offset: int = 0) -> int:
     """One draw from p [V] (unnormalised weights >= 0 will do) by inverse CDF over blocks of BLOCK
     tokens: one uniform, the block sums' running sum, then one block's (no 49k-wide cumsum). A
-    KeyedDraws rng: its draw at its base position."""
+    KeyedDraws rng: its draw for position base + offset (a drafter passes its draft's index)."""
     if isinstance(rng, KeyedDraws):
-        return rng.pick(p)
+        return rng.pick(p, offset)
     blocks = np.add.reduceat(p, np.arange(0, len(p), BLOCK))
     return _draw(p, np.cumsum(blocks, dtype=np.float64), rng.random())
 

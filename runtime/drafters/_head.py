@@ -74,7 +74,7 @@ class HeadDrafter(Drafter):
             top = int(full.argmax())
             return top, 1.0 / float(np.exp(full - full[top]).sum())
         self._q[i] = probs(full, self.sampling)
-        tok = sample(self._q[i], self.rng)
+        tok = sample(self._q[i], self.rng, i)  # (a seeded call: coupled to position i's draw)
         # the confidence that may cut the chain must not depend on the token just drawn: keeping
         # x only when q(x) is high would propose x from q restricted to likely tokens while
         # verification assumes q, which biases the output. The top probability depends only on

@@ -71,7 +71,7 @@ class ModelDrafter(Drafter):
                 slots[i] = logits.argmax()
             else:
                 self._q[i] = probs(logits, self.sampling)
-                slots[i] = sample(self._q[i], self.rng)
+                slots[i] = sample(self._q[i], self.rng, i)  # (a seeded call: coupled to position i's draw)
             if i + 1 < k:
                 logits = self._step(slots[i : i + 1])
         return chain(seq, k, None if self.sampling.greedy else self._q[:k])

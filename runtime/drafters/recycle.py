@@ -53,6 +53,7 @@ import numpy as np
 
 from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
 from edgespec.runtime.files import set_aside, write_atomic
+from edgespec.runtime.sampling import KeyedDraws
 from edgespec.runtime.state import Proposal, SeqState, SparseQ, chain
 
 TOP_K = 8  # candidates kept per context (the graphs' top-k output: export/target/graph.py TOP_K)
@@ -565,14 +566,17 @@ class RecycleDrafter(Drafter):
         total = sum(ws)
         if total <= 0.0:  # (stored probabilities that underflowed: the row's first token, one-hot)
             ws, total = [1.0] + [0.0] * (len(ids) - 1), 1.0
+        self._q_ids[m] = ids
+        self._q_probs[m] = [w / total for w in ws]
+        if isinstance(self.rng, KeyedDraws):  # a seeded call: the race with position m's own E (coupled)
+            e = self.rng.exponentials(m, self.recycle_table.vocab)
+            return ids[max(range(len(ids)), key=lambda j: ws[j] / e[ids[j]] if ws[j] > 0.0 else -1.0)]
         u, j = self.rng.random() * total, 0
         while j < len(ws) - 1 and u >= ws[j]:  # (u >= 0: a zero weight is always passed)
             u -= ws[j]
             j += 1
         if ws[j] == 0.0:  # (rounding past the last weighted candidate)
             j = max(i for i, w in enumerate(ws) if w > 0.0)
-        self._q_ids[m] = ids
-        self._q_probs[m] = [w / total for w in ws]
         return ids[j]
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
