@@ -134,3 +134,24 @@ def test_no_verify_call_reaches_past_the_context(tree):
             ref = _ids(_gen("none"), 64, prompt=prompt)
             assert np.array_equal(out, ref), (d, tree, room)
         assert max(calls) <= tgt.max_len, (d, max(calls))
+
+
+def test_a_drafter_whose_q_is_p_keeps_every_draft_when_seeded():
+    """Coupled drafts: a draft model equal to the target draws its drafts with the positions' own keyed
+    noise, so each draft is the target's token (every draft kept), and the output is still plain's."""
+    from edgespec.engines.fake import FakeModel, random_table
+    from edgespec.runtime.backends import Engines
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+
+    table = random_table(V, seed=11, sharpness=1.0)
+    g = Generator(
+        None,
+        Engines(FakeModel(table, max_len=64), {"draft": FakeModel(table, max_len=64)}),
+        RuntimeConfig(drafter="draft", k=4, adaptive=False),
+    )
+    cfg = SamplingConfig(temperature=1.0, seed=9)
+    out = _ids(g, 30, cfg)
+    st = g.last_stats
+    assert st.n_accepted == st.n_drafted > 0
+    assert np.array_equal(out, _ids(_gen("none"), 30, cfg))
