@@ -171,6 +171,8 @@ class Manifest:
     #                                                   exporting CPU and the choice (export/target/probe.py); {}: none
     problems: dict[str, str] = field(default_factory=dict, compare=False, metadata={"json": False})  # section ->
     #                                      why its files cannot be used (set by load_manifest, never written)
+    kv_cache_dtype: str | None = field(default=None, compare=False, metadata={"json": False})  # the KV caches'
+    #                                      dtype chosen at load (engines/context.py; never written); None: kv_dtype
 
     def path(self, rel: str) -> Path:
         return self.folder / rel

@@ -4,9 +4,12 @@
   initializers (engines/session.py); one graph per model serves every phase width, so there is
   one session, and the kernels' prepacked weights exist once (Python has no shared
   prepacked-weights container, so one session per phase would hold one packed copy each).
-- KV: `kv[L, 2, max_len, Hkv*D]` allocated at load. A call binds `kv[l, j, :S]` (contiguous: the
-  cache is sequence-major) for the context bucket S >= past_len, so attention reads S rows, not
-  max_len. Outputs are bound to preallocated buffers; nothing is allocated per token.
+- KV: `kv[L, 2, max_len, Hkv*D]` allocated at load, for the context chosen then (the manifest's max_len
+  as engines/context.py sets it) in the cache dtype chosen then (fp16 where the graph reads a half
+  cache: the call's new rows come out fp32 and are rounded as they are committed, as the graph rounds
+  them itself). A call binds `kv[l, j, :S]` (contiguous: the cache is sequence-major) for the context
+  bucket S >= past_len, so attention reads S rows, not max_len, and an empty window to the cache
+  inputs of the other dtype. Outputs are bound to preallocated buffers; nothing is allocated per token.
 - IOBinding objects are built once per (width, bucket) and reused.
 - Optional parts, each where it lives: the cache in device memory on a GPU provider
   (engines/device.py DeviceKV), CUDA graph capture (engines/cuda_graph.py), the aux features output
@@ -35,6 +38,7 @@ import onnxruntime as ort
 from edgespec.engines import cuda_graph as cg
 from edgespec.engines import session as es
 from edgespec.engines.base import EngineError, commit_host, fill_tree, load_calls, pick_width, window_slots
+from edgespec.engines.context import cache_dtype, cache_dtypes
 from edgespec.engines.device import CudaOps, DeviceKV
 from edgespec.engines.manifest import Manifest, ModelSpec
 from edgespec.engines.prologue import HostPrologue, cache_slots, host_window_slots, takes_host_prologue
@@ -106,23 +110,31 @@ class OrtModel:
             self.d2t = es.read_d2t(manifest, spec)
         self.fc_t = None  # a head's projection of the target's aux features, transposed [n*H, H] (mapped;
         #                   set by the drafter that loads the head): the head's features input is made with it
-        dtype = np.dtype(spec.kv_dtype)
+        dtype = np.dtype(spec.kv_dtype)  # the graph's activations (new_kv, hidden)
+        host_memory = provider == "cpu" and device_ops is None
+        cache = np.dtype(cache_dtype(manifest, spec) if host_memory else spec.kv_dtype)  # the KV cache's
         # a --host-prologue graph: masks and indices built here; its window always holds every new row,
         # padding included, so the cache has room past max_len
         host = takes_host_prologue(spec.graph)
         self.kv_slots = cache_slots(self.max_len, self.widths, self.bucket) if host else self.max_len
         shape = (spec.n_layers, 2, self.kv_slots, spec.kv_width)  # [L, 2, S_max, Hkv*D]
         if kv is not None and (
-            kv.shape[:2] + kv.shape[3:] != shape[:2] + shape[3:] or kv.shape[2] < self.kv_slots or kv.dtype != dtype
+            kv.shape[:2] + kv.shape[3:] != shape[:2] + shape[3:] or kv.shape[2] < self.kv_slots or kv.dtype != cache
         ):
-            raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {dtype})")
+            raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {cache})")
+        self.cache_dtype = cache
+        # the cache inputs a call binds (graph name template, dtype) and those it binds empty windows to
+        half = "float16" in cache_dtypes(spec) and spec.kv_dtype != "float16"
+        pairs = [("past_{kind}_{layer}", dtype)] + ([("past_{kind}_f16_{layer}", np.dtype(np.float16))] if half else [])
+        self._cache_inputs = [p for p in pairs if p[1] == cache][:1]
+        self._empty_inputs = [(name, dt, np.zeros(1, dt)) for name, dt in pairs if (name, dt) not in self._cache_inputs]
         if kv is not None:
             self.kv_slots = kv.shape[2]  # a verifying engine on a --host-prologue target's buffer (more slots)
         self.prologue = HostPrologue(spec.graph, self.widths, self.kv_slots, spec.arch.sliding_window) if host else None
         self.has_hidden = True  # hidden [1, T, H] is an output of every graph edgespec writes
         self.takes_tree = spec.takes_tree
         self._make_buffers(spec, dtype)
-        self._place_cache(shape, dtype, kv, device_ops)
+        self._place_cache(shape, cache, kv, device_ops)
         self.cuda_graph = cg.wanted(cuda_graph, provider, device_ops is not None, host, spec.role)
         self._cuda_graph_asked = bool(cuda_graph)  # explicitly: a session that cannot capture is an error
         self._graph_bufs = (
@@ -287,11 +299,14 @@ class OrtModel:
         for name, arr in inputs:
             b.bind_input(name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
         kv_dtype = np.dtype(self.spec.kv_dtype)
+        (cache_name, cache), empty = self._cache_inputs[0], (0, self.spec.kv_width)
         for layer in range(self.n_layers):
             for j, kind in enumerate(("key", "value")):
+                for name, dt, buf in self._empty_inputs:  # the other dtype's inputs: an empty window
+                    b.bind_input(name.format(kind=kind, layer=layer), "cpu", 0, dt, empty, buf.ctypes.data)
                 if self._dkv is None:
-                    view = self.kv[layer, j, :n_slots]
-                    b.bind_input(f"past_{kind}_{layer}", "cpu", 0, kv_dtype, view.shape, view.ctypes.data)
+                    view, name = self.kv[layer, j, :n_slots], cache_name.format(kind=kind, layer=layer)
+                    b.bind_input(name, "cpu", 0, cache, view.shape, view.ctypes.data)
                 else:
                     b.bind_input(
                         f"past_{kind}_{layer}",

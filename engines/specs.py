@@ -11,6 +11,10 @@ from edgespec.engines.serial import Serial
 TOKENS = "T"  # symbolic axis: tokens per call, one of the graph's widths
 WINDOW = "S"  # symbolic axis: cache slots read, a multiple of kv_bucket with S >= past_len + T
 KV_KINDS = ("key", "value")  # the two tensors a templated per-layer KV entry expands to, per layer
+KV_TEMPLATE = "past_{kind}_{layer}"  # the per-layer cache inputs, in the model's kv_dtype
+# a graph that also reads an fp16 cache declares these inputs (float16, [S, Hkv*D]); a call binds the
+# cache to one of the two templates and an empty [0, Hkv*D] tensor to the other (engines/context.py)
+KV16_TEMPLATE = "past_{kind}_f16_{layer}"
 
 
 class ManifestError(ValueError):

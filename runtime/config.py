@@ -18,6 +18,7 @@ from edgespec.runtime.drafters import options, registry, spec_of, tree_names
 from edgespec.runtime.tree import TreeConfig
 
 PROVIDERS = ("cpu", "cuda", "tensorrt", "trt")  # ONNX Runtime's three (engines/ort.py) + native TensorRT
+KV_DTYPES = ("fp16", "fp32")  # --kv-dtype choices (engines/context.py maps them to numpy's names)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,23 @@ class CoreConfig:
             "allows); --no-cuda-graph: launch every kernel each call"
         },
     )
+    max_len: int | None = field(  # None: the folder's maximum; the KV caches are allocated for this context only
+        default=None,
+        metadata={
+            "help": "context in tokens (prompt + output) the KV caches are allocated for, up to the folder's "
+            "maximum (its export's --max-len); rounded up to the folder's kv_bucket (default: the maximum)",
+            "metavar": "TOKENS",
+        },
+    )
+    kv_dtype: str | None = field(  # None: fp16 where every graph sharing the target's cache reads it, else fp32
+        default=None,
+        metadata={
+            "help": "the KV cache's element type: fp16 (half the bytes; the row kernel's attention reads it, "
+            "each new row rounded to fp16 in every call, so speculative == plain still holds) or fp32 "
+            "(default: fp16 where the folder's graphs take it, else fp32)",
+            "choices": KV_DTYPES,
+        },
+    )
     reuse_kv: bool = True  # keep KV rows across calls and skip prefilling a shared prompt prefix
     verify: bool = field(
         default=False,
@@ -121,6 +139,10 @@ class CoreConfig:
             allowed, value = o.allowed(), getattr(self, o.name)
             if allowed and value is not None and value not in allowed:
                 raise ValueError(f"{o.name} {value!r}: choose from {', '.join(map(str, allowed))}")
+        if self.max_len is not None and self.max_len < 1:
+            raise ValueError(f"--max-len {self.max_len}: a context needs at least 1 token (or leave it unset)")
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"--kv-dtype {self.kv_dtype!r}: choose {' or '.join(KV_DTYPES)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads={self.threads}: need at least 1 (or leave it unset for the physical cores)")
 

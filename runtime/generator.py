@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.engines.context import at_load
 from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import SAMPLED, AdaptiveK, TreeBudget, sampled_policy, sampled_tree_budget
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
@@ -110,7 +111,8 @@ class Generator(TextAPI):
         """The folder's engines on cfg's backend, ready to generate (None fields: the folder's defaults)."""
         cfg.check()
         with _folder_errors(folder):  # (a with block, not a call: the warnings' stack levels stay)
-            manifest = load_manifest(folder, verify=cfg.verify)
+            # the context and KV cache type chosen at load (refused in one line before any allocation)
+            manifest = at_load(load_manifest(folder, verify=cfg.verify), cfg.max_len, cfg.kv_dtype, cfg.provider)
             engines = make_engines(manifest, cfg)
             resolved = cfg.resolve(manifest.defaults)
             if cfg.drafter is None and set(spec_of(resolved.drafter).needs(resolved)) & set(engines.broken):
@@ -387,7 +389,8 @@ class Generator(TextAPI):
         if n_prompt + 1 > tgt.max_len:
             raise PromptTooLongError(
                 f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
-                f"(max_len); shorten it or re-export with --max-len > {n_prompt}"
+                f"(max_len); shorten it, or load it with --max-len > {n_prompt} (up to the folder's maximum; "
+                "past that, re-export with a larger --max-len)"
             )
         # a seeded call draws each position's token from (seed, position) alone, so its output never depends
         # on the drafter or its state (drafters with a q draw their drafts coupled to those draws)

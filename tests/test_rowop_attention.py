@@ -463,7 +463,9 @@ def rowop_folders(tmp_path_factory):
 def test_folder_attention_is_the_op_and_keeps_the_rule(rowop_folders, name):
     import onnx
 
+    from edgespec.engines.context import at_load
     from edgespec.engines.manifest import load_manifest
+    from edgespec.engines.ort import OrtModel
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
@@ -485,12 +487,17 @@ def test_folder_attention_is_the_op_and_keeps_the_rule(rowop_folders, name):
         if a.name == "window"
     ]
     assert windows == ([8, 0] if name == "gemma3" else [0, 0]), windows
-    assert_rows_bitwise_alike(m, name)
-    want = Generator.load(rowop_folders[name], RuntimeConfig(drafter="none")).generate_ids(PROMPT, 40)
-    want = [int(t) for c in want for t in c]
-    for drafter in ("ngram", "suffix"):
-        g = Generator.load(rowop_folders[name], RuntimeConfig(drafter=drafter, k=4))
-        assert [int(t) for c in g.generate_ids(PROMPT, 40) for t in c] == want, (name, drafter)
+    assert_rows_bitwise_alike(m, name)  # the fp32 cache (the manifest as read: the graphs' own dtype)
+    half = at_load(m)  # the default at load: the half cache the op reads
+    assert half.kv_cache_dtype == "float16" and OrtModel(half, half.target).kv.dtype == np.float16
+    assert_rows_bitwise_alike(half, name + " fp16")
+    for kv in ("fp16", "fp32"):  # speculative == plain within each cache type
+        want = Generator.load(rowop_folders[name], RuntimeConfig(drafter="none", kv_dtype=kv)).generate_ids(PROMPT, 40)
+        want = [int(t) for c in want for t in c]
+        for drafter in ("ngram", "suffix"):
+            g = Generator.load(rowop_folders[name], RuntimeConfig(drafter=drafter, k=4, kv_dtype=kv))
+            assert g.target.kv.dtype == np.dtype(np.float16 if kv == "fp16" else np.float32)
+            assert [int(t) for c in g.generate_ids(PROMPT, 40) for t in c] == want, (name, drafter, kv)
 
 
 @needs_op

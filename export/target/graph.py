@@ -182,6 +182,7 @@ class ModelWriter:
         self.n_layers = n_layers or arch.n_layers  # fewer layers: a self-speculative draft
         self.dtype = np.dtype(np.float16 if opts.precision == "fp16" else np.float32)
         self.store = WeightStore()
+        self.half_cache = False  # build's graph also reads an fp16 cache (the row kernel's attention)
         self.linears = linears_class(FLAVOURS[opts.flavour].LINEARS, opts)(opts, self.dtype, self.store)
         # Reference weights: what the exported graphs compute with (int4: dequantized), so the
         # exporter can validate ONNX vs PyTorch at tight tolerance.
@@ -327,6 +328,11 @@ class ModelWriter:
                 helper.make_tensor_value_info(f"past_key_{i}", kv_type, ["S", kv_w]),
                 helper.make_tensor_value_info(f"past_value_{i}", kv_type, ["S", kv_w]),
             ]
+        for i in range(L) if ops.half_cache else ():
+            inputs += [
+                helper.make_tensor_value_info(f"past_key_f16_{i}", TensorProto.FLOAT16, ["S16", kv_w]),
+                helper.make_tensor_value_info(f"past_value_f16_{i}", TensorProto.FLOAT16, ["S16", kv_w]),
+            ]
         outputs = [
             helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, n_logits]),
             helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
@@ -452,6 +458,8 @@ class LlamaGraphWriter(ModelWriter):
         """
         a = self.arch
         ops = self.layer_ops()
+        # the row kernel's attention reads an fp16 cache too (engines/context.py picks one at load)
+        ops.half_cache = self.half_cache = getattr(ops, "row_attention", False) and self.dtype == np.float32
         b = GraphBuilder(self.store, self.dtype)
         ctx = ops.prologue(b)
         x = _times(ops, b, ops.embed(b), a.embedding_multiplier, "embedding_multiplier", "/embed/mult")

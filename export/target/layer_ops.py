@@ -47,6 +47,7 @@ class LayerOps:
     LINEARS: type[Linears] = Linears  # how this flavour stores and multiplies linear layers
     OPSET = 17  # default-domain opset of the graphs
     STREAM_3D = False  # rows are [1, T, W] (else [T, W])
+    half_cache = False  # the graph also reads an fp16 cache (KV16_TEMPLATE inputs; graph.LlamaGraphWriter.build)
 
     def __init__(self, arch: ArchSpec, opts: GraphOptions, dtype: np.dtype, linears: Linears) -> None:
         self.arch = arch

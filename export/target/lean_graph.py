@@ -310,9 +310,12 @@ class LeanOps(LayerOps):
             suffix = ctx.get("rope_suffix", "")  # a sliding layer's own caches
             inputs += ["positions", b.weight(f"rope_cos_half{suffix}"), b.weight(f"rope_sin_half{suffix}")]
         op = OP_TYPE if len(rows) == 3 else QKV_OP_TYPE
+        tail = ["tree_mask"] if self.opts.trees else []
+        if self.half_cache:  # the engine binds its cache to one pair, an empty window to the other
+            tail = (tail or [""]) + [f"past_key_f16_{i}", f"past_value_f16_{i}"]
         outs = b.op(
             op,
-            inputs + (["tree_mask"] if self.opts.trees else []),
+            inputs + tail,
             f"{p}/{op}",
             n_out=1 if len(rows) == 3 else 3,
             domain=DOMAIN,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgespec.engines.manifest import FUSED_PREFIX, PHASES, TOKENS, WINDOW, GraphSpec, ModelSpec, TensorSpec, WeightSpec
+from edgespec.engines.specs import KV16_TEMPLATE
 from edgespec.export.drafters import options, registry
 
 if TYPE_CHECKING:
@@ -305,9 +306,11 @@ def token_graph(
     features: bool = False,
     aux_width: int = 0,
     opts: GraphOptions | None = None,
+    half_cache: bool = False,
 ) -> GraphSpec:
     """The I/O of a graph written by graph.LlamaGraphWriter (a decoder, or with `features` the
-    EAGLE head): T tokens at positions past_len.. over a cache window of S slots."""
+    EAGLE head): T tokens at positions past_len.. over a cache window of S slots; half_cache: it
+    also reads an fp16 cache (KV16_TEMPLATE)."""
     T, S = TOKENS, WINDOW
     inputs = [
         TensorSpec("input_ids", (1, T), "int64"),
@@ -319,6 +322,8 @@ def token_graph(
     if trees:
         inputs.append(TensorSpec("tree_mask", (T, T), "int64"))  # 1: column node is the row node or an ancestor
     inputs.append(TensorSpec(KV_TEMPLATE, (S, kv_width), kv_dtype, layers=n_layers))
+    if half_cache:
+        inputs.append(TensorSpec(KV16_TEMPLATE, (S, kv_width), "float16", layers=n_layers))
     outputs = [
         TensorSpec("logits", (1, T, vocab_size), "float32"),
         TensorSpec("new_kv", (n_layers, 2, T, kv_width), kv_dtype),

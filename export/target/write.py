@@ -55,6 +55,7 @@ def write_model(
         trees=writer.opts.trees,
         aux_width=len(aux) * a.hidden_size,
         opts=writer.opts,
+        half_cache=writer.half_cache,
     )
     arch = Architecture(**(a.to_manifest() | {"n_layers": writer.n_layers}), aux_layers=tuple(aux))
     return ModelSpec(
