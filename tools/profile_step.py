@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+import edgespec.runtime.drafters  # noqa: F401  (registers the drafter sections a manifest names)
 from edgespec.engines.manifest import load_manifest
 from edgespec.engines.ort import OrtModel
 from edgespec.runtime.prefill import prefill
