@@ -227,7 +227,16 @@ def _cmd_check(a) -> int:
             "only presence was checked. Hint: re-export to record them",
             file=sys.stderr,
         )
-    return 1 if any(what not in ("ok", "not recorded") for what in status.values()) else 0
+    bad = any(what not in ("ok", "not recorded") for what in status.values())
+    from edgespec.export.fit import fit_check, head_names, print_report
+
+    if a.fit_check and not bad and head_names(m):
+        recorded = m.head_fit
+        print_report(fit_check(a.folder), a.folder, file=sys.stdout)
+        if recorded.get("positions"):  # what the export measured, for comparison
+            heads = ", ".join(f"{n} {h['step1']:.3f}" for n, h in recorded["heads"].items() if "step1" in h)
+            print(f"  (at export: prompt lookup {recorded['ngram']:.3f}, {heads})")
+    return 1 if bad else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,11 +263,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", type=int, default=200)
     c = sub.add_parser(
         "check",
-        help="check an engine folder's files against the sizes and sha256 its manifest records",
+        help="check an engine folder's files against the sizes and sha256 its manifest records, and its heads "
+        "against its target",
         description="Prints one line per file (ok, missing, size mismatch, hash mismatch, "
-        "not recorded); exit status 1 when any file is bad. Reads every file (a few seconds).",
+        "not recorded); exit status 1 when any file is bad. Reads every file (a few seconds). Then the fit "
+        "check of the folder's heads (EAGLE, EAGLE-3, Medusa, DFlash): each one's step-1 acceptance against "
+        "the folder's own target and prompt lookup's, on built-in prompts (a few seconds; the export records "
+        "the same in the manifest); a head below prompt lookup is named with the fine-tune that fits it.",
     )
     c.add_argument("folder", help="engine folder")
+    c.add_argument("--no-fit-check", dest="fit_check", action="store_false", help="the files only")
     q = sub.add_parser(
         "quality",
         help="top-1 agreement, KL and perplexity of engine folders (or GGUFs on llama.cpp) against a reference",

@@ -169,6 +169,8 @@ class Manifest:
     files: dict[str, FileRecord] = field(default_factory=dict)  # file -> size and sha256 as exported
     export_probe: dict = field(default_factory=dict)  # --precision auto: the candidates' width tables on the
     #                                                   exporting CPU and the choice (export/target/probe.py); {}: none
+    head_fit: dict = field(default_factory=dict)  # the heads' step-1 acceptance against this target and prompt
+    #                                       lookup's, on the built-in check prompts (export/fit.py); {}: not checked
     problems: dict[str, str] = field(default_factory=dict, compare=False, metadata={"json": False})  # section ->
     #                                      why its files cannot be used (set by load_manifest, never written)
     kv_cache_dtype: str | None = field(default=None, compare=False, metadata={"json": False})  # the KV caches'

@@ -22,6 +22,7 @@ from edgespec import __version__
 from edgespec.engines import manifest as mf
 from edgespec.export.drafters import ExportContext, registry
 from edgespec.export.drafters import sources as drafter_sources
+from edgespec.export.fit import fit_check, head_names, print_report
 from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
 from edgespec.export.target import sources
 from edgespec.export.target.arch import arch_from_config
@@ -162,25 +163,8 @@ def export(cfg: ExportConfig) -> Path:
             print(f"edgespec: {src.name}: {how}", file=sys.stderr)
         _check_max_len(cfg, hf_cfg)
         arch = arch_from_config(hf_cfg, cfg.max_len)
-        nbits = cfg.precision == "int4" and cfg.int4_kernel != "rowop"  # the row kernel's rows agree anyway
-        two_rows = nbits and (
-            cfg.two_row_matmuls == "on"
-            or cfg.two_row_matmuls == "auto"
-            and one_row_int4_differs(accuracy_level=cfg.int4_accuracy_level)
-        )
-        opts = GraphOptions(
-            cfg.precision,
-            int4_accuracy_level=cfg.int4_accuracy_level,
-            int4_kernel="rowop" if cfg.int4_kernel == "rowop" else "nbits",
-            int4_lm_head=cfg.int4_lm_head,
-            int8_lm_head=cfg.int8_lm_head,
-            trees=cfg.trees,
-            aux_layers=_aux_layers(cfg, aux_readers, shipping, arch.n_layers),
-            two_row_matmuls=two_rows,
-            flavour=cfg.flavour(),
-            portable_ops=probe_portable_ops() if cfg.flavour() in ("lean", "integer") else (),
-            host_prologue=cfg.host_prologue,
-        )
+        opts = graph_options(cfg, _aux_layers(cfg, aux_readers, shipping, arch.n_layers))
+        two_rows = opts.two_row_matmuls
         if weights is not None:
             hf_w = weights
             writer = StreamingWriter(arch, weights, opts, tmp / "target.spool")
@@ -252,6 +236,9 @@ def export(cfg: ExportConfig) -> Path:
             man = _validate(man, ctx, shipped, (weights, hf_cfg) if weights is not None else None)
         man = man.record_files()  # sizes and sha256 of the finished files (read only: the bytes stay)
         man.save()
+        if cfg.fit_check and head_names(man):  # the heads against this target: never raises, a reason instead
+            man = dataclasses.replace(man, head_fit=fit_check(tmp))
+            man.save()
         progress.step("validated")
         progress.close()
         if out.exists():
@@ -271,7 +258,32 @@ def export(cfg: ExportConfig) -> Path:
             fused = isinstance(spec, mf.ModelSpec) and spec.kind.startswith("target+")
             what = "head logits vs the head's own graph" if fused else "|ORT - PyTorch| logits"
             print(f"  {role}: max {what} over {len(spec.validation)} phase widths = {worst:.2e}", file=sys.stderr)
+    print_report(man.head_fit, str(out))
     return out
+
+
+def graph_options(cfg: ExportConfig, aux_layers: tuple[int, ...] = ()) -> GraphOptions:
+    """The target graph's options for a config whose precision is decided (the probe's sampled
+    models are written with them too)."""
+    nbits = cfg.precision == "int4" and cfg.int4_kernel != "rowop"  # the row kernel's rows agree anyway
+    two_rows = nbits and (
+        cfg.two_row_matmuls == "on"
+        or cfg.two_row_matmuls == "auto"
+        and one_row_int4_differs(accuracy_level=cfg.int4_accuracy_level)
+    )
+    return GraphOptions(
+        cfg.precision,
+        int4_accuracy_level=cfg.int4_accuracy_level,
+        int4_kernel="rowop" if cfg.int4_kernel == "rowop" else "nbits",
+        int4_lm_head=cfg.int4_lm_head,
+        int8_lm_head=cfg.int8_lm_head,
+        trees=cfg.trees,
+        aux_layers=aux_layers,
+        two_row_matmuls=two_rows,
+        flavour=cfg.flavour(),
+        portable_ops=probe_portable_ops() if cfg.flavour() in ("lean", "integer") else (),
+        host_prologue=cfg.host_prologue,
+    )
 
 
 def _streamed_weights(cfg: ExportConfig, src: sources.Source, shipping: dict):

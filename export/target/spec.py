@@ -161,6 +161,16 @@ class CoreExportConfig:
         default=True,
         metadata={"help": "skip the ORT-vs-PyTorch logits check", "flag": "--no-validate", "action": "store_false"},
     )
+    fit_check: bool = field(  # each head's step-1 acceptance against this target (export/fit.py)
+        default=True,
+        metadata={
+            "help": "skip the heads' fit check (each head's step-1 acceptance against the exported target and "
+            "prompt lookup's, on built-in prompts: a few seconds; recorded in the manifest, `edgespec check` "
+            "reruns it)",
+            "flag": "--no-fit-check",
+            "action": "store_false",
+        },
+    )
     progress: bool = True  # show a progress bar
 
     def check(self) -> None:
