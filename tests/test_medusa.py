@@ -176,6 +176,17 @@ def test_train_medusa_recipe_end_to_end(tiny_models, tmp_path):
     assert torch.load(heads / "checkpoint.pt", weights_only=False)["step"] > step1
     cfg = json.loads((heads / "config.json").read_text())
     assert cfg["medusa_num_heads"] == 3 and len(cfg["medusa"]["holdout"]["top1"]) == 3
+    # --init: a fine-tune starts from those heads (their sizes and draft vocabulary, not the defaults)
+    from edgespec.export.drafters.medusa.checkpoint import read_heads
+
+    tuned = tmp_path / "tuned"
+    common = ["--target", str(tiny_models["llama"]), "--data", str(heads / "data"), "--minutes", "0.5"]
+    common += ["--epochs", "0.1", "--lr", "1e-9"]
+    assert main(["train-medusa", "--out", str(tuned), "--init", str(heads)] + common) == 0
+    (_, before), (mc, after) = read_heads(heads, 64, 256), read_heads(tuned, 64, 256)
+    assert mc.n_heads == 3 and np.array_equal(before["d2t"], after["d2t"])
+    assert np.allclose(before["2.0.linear.weight"], after["2.0.linear.weight"], atol=1e-3)
+    assert json.loads((tuned / "config.json").read_text())["medusa"]["init"] == str(heads)
     out = tmp_path / "engine"
     assert (
         main(

@@ -25,6 +25,16 @@ class MedusaTrainConfig(BaseTrainConfig):
         metadata={"help": "residual blocks per head (default {default})", "flag": "--layers", "metavar": "LAYERS"},
     )
     epochs: float = field(default=2.0, metadata=EPOCHS)  # passes over the answer positions in total (across runs)
+    init: str | None = field(  # start from this heads folder's weights and draft vocabulary (fine-tuning: a
+        #                        fresh optimizer and schedule); ignored when `out` holds a checkpoint
+        default=None,
+        metadata={
+            "help": "fine-tune: start from these heads' weights and draft vocabulary (e.g. the shipped ones, on "
+            "your target's own answers: `edgespec answer-data`; a lower --lr such as 3e-4 suits), with a fresh "
+            "optimizer and schedule; their --heads and --layers are kept",
+            "metavar": "HEADS_DIR",
+        },
+    )
     batch_rows: int = 2048  # positions per optimizer step
     decay: float = 0.8  # loss weight of head i: decay**i (Medusa's)
 
@@ -92,7 +102,7 @@ class MedusaPlugin(ExportPlugin):
         return Shipped(MedusaSection(spec), mw)
 
     def train_arguments(self, p) -> None:
-        add_train_flags(p, MedusaTrainConfig, "heads", ["n_heads", "n_layers"])
+        add_train_flags(p, MedusaTrainConfig, "heads", ["n_heads", "n_layers", "init"])
 
     def fit(self, a, data: str) -> None:
         from edgespec.export.drafters.medusa.train import train_medusa

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from edgespec.export.drafters.medusa import MedusaTrainConfig
-from edgespec.export.drafters.medusa.checkpoint import save_heads
-from edgespec.export.drafters.medusa.head import MedusaConfig, MedusaHeads
+from edgespec.export.drafters.medusa.checkpoint import read_heads, save_heads
+from edgespec.export.drafters.medusa.head import MedusaConfig, MedusaHeads, build_heads
 from edgespec.export.train import trainer
 
 
@@ -120,7 +120,8 @@ class _MedusaRecipe:
                 "target": _target_spec(self.cfg.target),
                 "holdout": est,
                 "training": training,
-            },
+            }
+            | ({"init": str(self.cfg.init)} if self.cfg.init else {}),
         )
         return (
             f"held-out top-1 per head {est['top1']}, chain acceptance {est['chain']} "
@@ -142,17 +143,22 @@ def _start(run: trainer.Run) -> trainer.Start:
     """The heads (random blocks, the target's LM-head rows), their recipe and schedule."""
     cfg, data, tt = run.cfg, run.data, run.target
     arch = tt.arch
-    d2t = run.d2t()
-    mc = MedusaConfig(
-        hidden_size=arch.hidden_size,
-        vocab_size=arch.vocab_size,
-        draft_vocab_size=len(d2t),
-        n_heads=cfg.n_heads,
-        n_layers=cfg.n_layers,
-    )
-    heads = MedusaHeads(mc, torch.from_numpy(tt.lm_head)[torch.from_numpy(d2t)].clone(), torch.from_numpy(d2t))
+    if run.state is None and cfg.init:  # fine-tuning existing heads: their weights, sizes and draft vocabulary
+        mc, arrays = read_heads(cfg.init, arch.hidden_size, arch.vocab_size)
+        heads = build_heads(mc, arrays, tt.lm_head)
+        d2t = arrays["d2t"]
+    else:  # a resumed run keeps its draft vocabulary (run.d2t); its weights come from the checkpoint
+        d2t = run.d2t()
+        mc = MedusaConfig(
+            hidden_size=arch.hidden_size,
+            vocab_size=arch.vocab_size,
+            draft_vocab_size=len(d2t),
+            n_heads=cfg.n_heads,
+            n_layers=cfg.n_layers,
+        )
+        heads = MedusaHeads(mc, torch.from_numpy(tt.lm_head)[torch.from_numpy(d2t)].clone(), torch.from_numpy(d2t))
     t2d = trainer.target_to_draft(d2t, arch.vocab_size)
-    rows, lab_pos = _rows(data, data.train, cfg.n_heads)
+    rows, lab_pos = _rows(data, data.train, mc.n_heads)
     recipe = _MedusaRecipe(heads, cfg, data, t2d, rows, _draft_labels(data, lab_pos, t2d))
     plan = run.plan("[medusa]", "head", max(1, int(cfg.epochs * recipe.n_batches)), warmup=30, clip=None, ema=0.9)
     return trainer.Start(
@@ -162,7 +168,7 @@ def _start(run: trainer.Run) -> trainer.Start:
         "heads",
         {"config": asdict(mc), "d2t": heads.d2t.numpy()},
         f"{len(data.n_prompt)} sequences, {len(rows)} training positions, {len(data.hold)} "
-        f"sequences held out; {cfg.n_heads} heads, draft vocab {len(d2t)}",
+        f"sequences held out; {mc.n_heads} heads, draft vocab {len(d2t)}",
     )
 
 
