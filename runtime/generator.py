@@ -33,6 +33,7 @@ from edgespec.runtime.config import NoDefaults, RuntimeConfig
 from edgespec.runtime.constrain import Constraint, Grammar
 from edgespec.runtime.constraint import NO_CONSTRAINT, OutputConstraint
 from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
+from edgespec.runtime.logprobs import TokenLogprobs
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
 from edgespec.runtime.sampling import KeyedDraws, SamplingConfig, check_max_new_tokens, penalize
 from edgespec.runtime.state import Proposal, SeqState, TargetRows, chain, chain_prefix
@@ -101,6 +102,7 @@ class Generator(TextAPI):
         self.last_origins: list[list] = []  # stream_text: [[n_chars, drafter or "target"], ...] of its last piece
         self.drafter_store: dict = {}  # what drafters keep across requests and switches (suffix: recent requests)
         self.structured: Constraint | None = None  # the grammar machinery (made at the first constrained call)
+        self.token_logprobs: TokenLogprobs | None = None  # the last call's log-probabilities (generate_ids(logprobs=))
         # called with (past, logits [n, V], hidden [n, H], hidden_aux [n, A] or None) of every row the
         # target commits, prefill and verify (export/train/answer_data.py keeps them as training data)
         self.tap = None
@@ -376,11 +378,13 @@ class Generator(TextAPI):
         sampling: SamplingConfig = SamplingConfig(),
         grammar: Grammar | None = None,
         rng: np.random.Generator | None = None,
+        logprobs: int | None = None,
     ) -> Iterator[np.ndarray]:
         """Yield the new tokens of each step (a view; copy to keep). Stats land in last_stats.
         grammar (constrain.grammar_from): the output follows it, speculation stays lossless. rng: draw
         from it by rejection sampling instead (the seed's keyed draws: sampling.KeyedDraws); tests
-        of the rejection rule pass one."""
+        of the rejection rule pass one. logprobs: record each chosen token's log-probability and this
+        many alternatives (0..8) in self.token_logprobs (runtime/logprobs.py); None: not recorded."""
         sampling.check()
         check_max_new_tokens(max_new_tokens)
         tgt, n_prompt = self.target, len(prompt_ids)
@@ -399,6 +403,8 @@ class Generator(TextAPI):
         keyed = isinstance(rng, KeyedDraws)
         self._eos = frozenset(self.eos.tolist())
         con = self.constraint(grammar, sampling.greedy)
+        self.token_logprobs = TokenLogprobs(con, logprobs) if logprobs is not None else None
+        con = self.token_logprobs or con  # (it reads every verify row's logits, then hands them to con)
         self.drafter.configure(con.drafter_sampling(sampling), rng)
         # greedy and seeded adaptive k follow measured times (k never changes their output); an unseeded
         # sampled call's k decides its draws, so it gets the fixed-cost policy (reproducible under load)

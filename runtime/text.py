@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
 import warnings
 from collections import deque
 from datetime import datetime
 
 import jinja2
+import jinja2.meta
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -39,6 +42,8 @@ class TextCodec:
         self.eos_token_ids = manifest.eos_token_ids
         self.bos_token_id = manifest.bos_token_id
         self._template = None
+        self.template_text: str | None = None  # the chat template's source (tools.tool_format reads its markers)
+        self.takes_tools = False  # the template reads a `tools` variable (tools.py: else the generic description)
         self._template_error = None  # why the folder's template cannot be used (raised when messages come)
         if manifest.chat_template_file:
             self._template_error = self._compile(manifest)
@@ -54,8 +59,11 @@ class TextCodec:
         )
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson  # as transformers renders templates: plain JSON, not HTML-escaped
         try:
-            self._template = env.from_string(path.read_text())
+            self.template_text = path.read_text()
+            self._template = env.from_string(self.template_text)
+            self.takes_tools = "tools" in jinja2.meta.find_undeclared_variables(env.parse(self.template_text))
         except (OSError, UnicodeDecodeError, jinja2.TemplateSyntaxError) as e:
             where = f" line {e.lineno}" if isinstance(e, jinja2.TemplateSyntaxError) else ""
             return (
@@ -64,16 +72,18 @@ class TextCodec:
             )
         return None
 
-    def encode(self, prompt) -> np.ndarray:
-        """Raw text (no template, the tokenizer's own special tokens) or chat messages (template).
+    def encode(self, prompt, tools: list[dict] | None = None) -> np.ndarray:
+        """Raw text (no template, the tokenizer's own special tokens) or chat messages (template; tools
+        for a template that takes them).
         Through the tokenizer's batch call, which releases the GIL (the single call holds it
         throughout), so a long prompt tokenized in one thread does not stall the others."""
         if isinstance(prompt, str):
             return np.array(self.tokenizer.encode_batch([prompt])[0].ids, np.int64)
-        text = self.render_chat(prompt)
+        text = self.render_chat(prompt, tools)
         return np.array(self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids, np.int64)
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The chat template over messages (and tools, OpenAI-shaped, for a template that takes them)."""
         if self._template_error is not None:
             raise TemplateError(self._template_error)
         if self._template is None:
@@ -83,7 +93,9 @@ class TextCodec:
         ):
             raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
         try:
+            extra = {"tools": tools} if tools is not None else {}
             return self._template.render(
+                **extra,
                 messages=messages,
                 add_generation_prompt=True,
                 bos_token=self._token(self.bos_token_id),
@@ -94,11 +106,53 @@ class TextCodec:
         except (TypeError, ValueError, KeyError, AttributeError) as e:  # e.g. content of a type it cannot join
             raise TemplateError(f"chat template failed on these messages ({type(e).__name__}: {e})") from e
 
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes token i stands for: a byte-level (GPT-2) or byte-fallback (<0xAB>) token may be part
+        of a character, which decoding it alone would turn into U+FFFD. Cached per id."""
+        cache = self.__dict__.setdefault("_token_bytes", {})
+        b = cache.get(i)
+        if b is None:
+            piece = self.tokenizer.id_to_token(int(i)) or ""
+            if type(self.tokenizer.decoder).__name__ == "ByteLevel" and all(c in _BYTE_OF for c in piece):
+                b = bytes(_BYTE_OF[c] for c in piece)
+            elif _BYTE_TOKEN.fullmatch(piece):
+                b = bytes([int(piece[3:5], 16)])
+            else:
+                b = self.tokenizer.decode([int(i)], skip_special_tokens=False).encode()
+            cache[i] = b
+        return b
+
+    def is_special(self, text: str) -> bool:
+        """Is text one special token of the tokenizer (decoding leaves it out)?"""
+        return any(t.special and t.content == text for t in self.tokenizer.get_added_tokens_decoder().values())
+
     def _token(self, i):
         return self.tokenizer.id_to_token(i) if i is not None else ""
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(map(int, ids)), skip_special_tokens=True)
+
+
+def _byte_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte in a token's string."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+_BYTE_OF = _byte_chars()
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    """transformers' tojson filter for chat templates (jinja2's own escapes <, > and & for HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 class StreamDecoder:

@@ -35,6 +35,7 @@ from edgespec.runtime.backends import runnable_drafters
 from edgespec.runtime.drafters import registry, spec_of
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.text import TemplateError
+from edgespec.runtime.tools import ToolError
 from edgespec.runtime.tree import TreeConfig
 
 DISCONNECT_POLL_S = 0.2  # how often a waiting non-streaming request checks that its client is still there
@@ -254,7 +255,17 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
 
         return route
 
-    async def tokenize(req) -> np.ndarray:
+    def prepare(body, chat: bool):
+        """(the checked request, its chat's messages and tools as the template takes them)."""
+        req = parse_request(body, chat, model_name, worker.default, ab, cfg.max_tokens_default, cfg.strict_model)
+        if not chat:
+            return req, None
+        try:
+            return req, gen.chat_tools(req.prompt, req.tools)
+        except ToolError as e:
+            raise BadRequest(str(e), e.param) from None
+
+    async def tokenize(req, tools) -> np.ndarray:
         at_least = -(-req.n_bytes // bytes_per_token)
         if at_least > prompt_limit:  # refused by size alone: nothing to tokenize
             raise BadRequest(
@@ -264,9 +275,16 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
                 400,
                 "context_length_exceeded",
             )
+        prompt, listed = (tools.messages, tools.template_tools) if tools is not None else (req.prompt, None)
         try:
-            ids = await asyncio.to_thread(gen.codec.encode, req.prompt)  # releases the GIL (TextCodec.encode)
+            ids = await asyncio.to_thread(gen.codec.encode, prompt, listed)  # releases the GIL (TextCodec.encode)
         except TemplateError as e:
+            if tools is not None and tools.plan is not None and not tools.format.native:
+                raise BadRequest(
+                    f"{e}: this model's chat template takes no tools, and it refused them described in a "
+                    "system message (edgespec's fallback); send the request without tools",
+                    "tools",
+                ) from e
             raise BadRequest(str(e), "messages") from e
         if not len(ids):
             raise BadRequest("the prompt tokenizes to nothing: give some text", "prompt")
@@ -283,8 +301,8 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
     async def completions(request: Request, chat: bool):
         body = await read_json(request, cfg.max_body_bytes)
         # off the event loop: compiling a large grammar (up to the body cap) holds it for a second or more
-        req = await asyncio.to_thread(parse_request, body, chat, model_name, worker.default, ab, cfg.max_tokens_default)
-        ids = await tokenize(req)
+        req, tools = await asyncio.to_thread(prepare, body, chat)
+        ids = await tokenize(req, tools)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         job = Job(
             rid,
@@ -294,7 +312,10 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
             req.stop,
             req.speculation,
             asyncio.get_running_loop(),
-            grammar=req.grammar,
+            grammar=(tools.grammar if tools is not None else None) or req.grammar,
+            tools=tools,
+            logprobs=req.logprobs,
+            n=req.n,
         )
         try:
             jobs.put_nowait(job)
@@ -326,21 +347,39 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
             "created": created,
             "model": model_name,
         }
+        offsets = [0] * req.n  # completions' logprobs: characters of each choice's tokens so far
 
-        def choice(text: str | None, finish, delta: bool):
+        def logprobs(i: int, lps: list | None):
+            """A choice's logprobs field for these tokens (None: not asked for)."""
+            if lps is None:
+                return None
             if chat:
-                key = "delta" if delta else "message"
-                content = {"content": text} if delta else {"role": "assistant", "content": text}
-                return {"index": 0, key: content if text is not None or not delta else {}, "finish_reason": finish}
-            return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+                return {"content": lps}
+            starts = []
+            for t in lps:
+                starts.append(offsets[i])
+                offsets[i] += len(t["token"])
+            return {
+                "tokens": [t["token"] for t in lps],
+                "token_logprobs": [t["logprob"] for t in lps],
+                "top_logprobs": [{a["token"]: a["logprob"] for a in t["top_logprobs"]} for t in lps],
+                "text_offset": starts,
+            }
 
         if req.stream:
 
+            def chunk(i: int, delta: dict | None, text: str | None, finish=None, lps=None) -> str:
+                if chat:
+                    c = {"index": i, "delta": delta or {}, "finish_reason": finish}
+                    if lps is not None:
+                        c["logprobs"] = logprobs(i, lps)
+                else:
+                    c = {"index": i, "text": text or "", "finish_reason": finish, "logprobs": logprobs(i, lps)}
+                return json.dumps(head | {"choices": [c]})
+
             async def events():
                 try:
-                    if chat:
-                        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                        yield f"data: {json.dumps(head | {'choices': [role]})}\n\n"
+                    begun, ended = -1, None  # the last choice whose role chunk went out; the last that ended
                     while (item := await job.out.get()) is not END:
                         if isinstance(item, Exception):
                             # one clean event ends the stream: a refused request's own body (e.g. a
@@ -352,45 +391,63 @@ def create_app(gen: Generator, cfg: ServeConfig = ServeConfig()) -> Starlette:
                                 err = {"error": {"message": f"generation failed: {msg}", "type": "server_error"}}
                                 err["error"] |= {"param": None, "code": None}
                             yield f"data: {json.dumps(err)}\n\n"
-                        elif isinstance(item, dict):
-                            last = head | {
-                                "choices": [choice(None, item["finish_reason"], True)],
-                                "edgespec_stats": item["stats"],
-                            }
+                            continue
+                        i = item[0] if isinstance(item, tuple) else item.get("index", begun)
+                        if chat and i > begun:
+                            begun = i
+                            yield f"data: {chunk(i, {'role': 'assistant', 'content': ''}, None)}\n\n"
+                        if isinstance(item, tuple):  # a piece with its origins and running counts (an extension)
+                            _, text, progress, lps = item
+                            piece = json.loads(chunk(i, {"content": text}, text, None, lps))
+                            yield f"data: {json.dumps(piece | {'edgespec': progress})}\n\n"
+                        elif "index" in item:  # a choice ends: its calls, then its finish reason
+                            if item["tool_calls"]:
+                                calls = [{"index": j} | c for j, c in enumerate(item["tool_calls"])]
+                                yield f"data: {chunk(i, {'tool_calls': calls}, None)}\n\n"
+                            ended = item
+                            if i < req.n - 1:  # (the last choice's finish goes out with the stats)
+                                yield f"data: {chunk(i, None, None, item['finish_reason'])}\n\n"
+                        else:  # the request ends: the last finish with edgespec's stats, and usage
+                            last = json.loads(chunk(ended["index"], None, None, ended["finish_reason"]))
+                            last["edgespec_stats"] = item["stats"]
                             if req.include_usage:  # OpenAI's form: usage alone in a last chunk
                                 yield f"data: {json.dumps(last)}\n\n"
                                 last = head | {"choices": [], "usage": item["usage"]}
                             else:
                                 last["usage"] = item["usage"]
                             yield f"data: {json.dumps(last)}\n\n"
-                        else:  # a piece with its origins and running counts (an extension field)
-                            piece = head | {"choices": [choice(item[0], None, True)], "edgespec": item[1]}
-                            yield f"data: {json.dumps(piece)}\n\n"
                     yield "data: [DONE]\n\n"
                 finally:
                     job.cancel.set()  # no-op when finished; stops the generation if the client left
 
             return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        pieces, final = [], None
+        texts, lps, ends, final = [[] for _ in range(req.n)], [[] for _ in range(req.n)], {}, None
         while (item := await job.out.get()) is not END:
             if isinstance(item, BadRequest):
                 return error(item)
             if isinstance(item, Exception):
                 return error(BadRequest(f"generation failed: {item}", None, 500))
-            if isinstance(item, dict):
-                final = item
+            if isinstance(item, tuple):
+                texts[item[0]].append(item[1])
+                lps[item[0]] += item[3] or []
+            elif "index" in item:
+                ends[item["index"]] = item
             else:
-                pieces.append(item[0])
+                final = item
         if final is None:  # cancelled: the client has gone
             return Response(status_code=499)
-        return JSONResponse(
-            head
-            | {
-                "choices": [choice("".join(pieces), final["finish_reason"], False)],
-                "usage": final["usage"],
-                "edgespec_stats": final["stats"],
-            }
-        )
+        choices = []
+        for i in range(req.n):
+            text, end = "".join(texts[i]), ends[i]
+            lp = logprobs(i, lps[i]) if req.logprobs is not None else None
+            if chat:
+                message = {"role": "assistant", "content": text or (None if end["tool_calls"] else "")}
+                if end["tool_calls"]:
+                    message["tool_calls"] = end["tool_calls"]
+                choices.append({"index": i, "message": message, "finish_reason": end["finish_reason"], "logprobs": lp})
+            else:
+                choices.append({"index": i, "text": text, "finish_reason": end["finish_reason"], "logprobs": lp})
+        return JSONResponse(head | {"choices": choices, "usage": final["usage"], "edgespec_stats": final["stats"]})
 
     async def chat_route(request: Request):
         return await completions(request, chat=True)

@@ -38,6 +38,13 @@ class ServeConfig:
     model_name: str = field(  # reported by /v1/models
         default="", metadata={"help": "id reported to clients (default: the folder name)"}
     )
+    strict_model: bool = field(  # False: any model name a client sends is this folder (editors send their own)
+        default=False,
+        metadata={
+            "help": "refuse (404) a request whose 'model' is not the served name; by default any name is "
+            "taken and answered by this folder, as llama.cpp's server does"
+        },
+    )
     max_tokens_default: int = 256  # when a request gives no max_tokens
     api_key: str | None = field(  # None: open
         default=None,

@@ -8,16 +8,20 @@ the `speculative` extension field and the `/admin/speculation` body alike.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 
 from edgespec.runtime.constrain import Grammar, GrammarError, grammar_from, json_object
 from edgespec.runtime.drafters import UnknownDrafterError, spec_of
+from edgespec.runtime.logprobs import MAX_TOP
 from edgespec.runtime.sampling import SamplingConfig
+from edgespec.runtime.tools import ToolError, ToolPlan, check_messages, plan
 from edgespec.runtime.tree import TreeConfig
 
 # message roles the chat template is given ("developer" is OpenAI's newer name for "system")
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+N_MAX = 16  # most choices (n) one request may ask for: they run one after another
 ERROR_TYPES = {
     401: "invalid_request_error",
     403: "invalid_request_error",
@@ -82,6 +86,9 @@ class Request:
     stream: bool  # server-sent events
     include_usage: bool  # streaming: a last chunk with usage and no choices (stream_options)
     grammar: Grammar | None = None  # what response_format constrains the output to (None: free text)
+    tools: ToolPlan | None = None  # the tools offered and tool_choice (None: none, or tool_choice none)
+    logprobs: int | None = None  # alternatives per token with each token's log-probability (None: off)
+    n: int = 1  # choices, sampled one after another (the prompt's KV reused)
 
 
 # no integer field means more than this; past it float() overflows on a huge JSON integer and numpy's
@@ -128,14 +135,17 @@ def _number(
     return int(v) if integer else float(v)
 
 
-def _content(c, param: str) -> str:
-    """A message's text: a string, or OpenAI's content parts [{type: text, text}] joined by newlines."""
+def _content(c, param: str, calls: bool = False) -> str:
+    """A message's text: a string, or OpenAI's content parts [{type: text, text}] joined by newlines
+    (null: "" for an assistant message that makes calls)."""
     if isinstance(c, str):
         return c
+    if c is None and calls:
+        return ""
     if not isinstance(c, list) or not c:
         raise BadRequest(
-            f"{param} must be a string or a non-empty list of text parts, got {c!r} (no tool calls "
-            "here, so null content is not taken)",
+            f"{param} must be a string or a non-empty list of text parts, got {c!r} (null content is taken "
+            "only from an assistant message with tool_calls)",
             param,
         )
     texts = []
@@ -160,11 +170,42 @@ def _messages(msgs) -> list[dict]:
             raise BadRequest(f"messages[{i}] must be an object {{role, content}}, got {str(m)[:80]}", f"messages[{i}]")
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
+            raise BadRequest(f"messages[{i}].role {role!r}: choose one of {', '.join(ROLES)}", f"messages[{i}].role")
+        calls = _tool_calls(m.get("tool_calls"), f"messages[{i}].tool_calls") if role == "assistant" else None
+        msg = {"role": ROLES[role], "content": _content(m.get("content"), f"messages[{i}].content", bool(calls))}
+        if calls:
+            msg["tool_calls"] = calls
+        if role == "tool":
+            msg["tool_call_id"] = m.get("tool_call_id")
+        out.append(msg)
+    try:
+        check_messages(out)
+    except ToolError as e:
+        raise BadRequest(str(e), e.param) from None
+    return out
+
+
+def _tool_calls(calls, param: str) -> list[dict] | None:
+    """An assistant message's tool_calls: [{id, type: function, function: {name, arguments: JSON text}}]."""
+    if calls is None or calls == []:
+        return None
+    if not isinstance(calls, list):
+        raise BadRequest(f"{param} must be a list of calls, got {_shown(calls)[:80]}", param)
+    out = []
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if (
+            not isinstance(f, dict)
+            or not isinstance(c.get("id"), str)
+            or not isinstance(f.get("name"), str)
+            or not isinstance(f.get("arguments"), str)
+        ):
             raise BadRequest(
-                f"messages[{i}].role {role!r}: choose one of {', '.join(ROLES)} (no tool messages here)",
-                f"messages[{i}].role",
+                f"{param}[{j}] must be {{id, type: 'function', function: {{name, arguments}}}} with strings, got "
+                f"{str(c)[:80]}",
+                f"{param}[{j}]",
             )
-        out.append({"role": ROLES[role], "content": _content(m.get("content"), f"messages[{i}].content")})
+        out.append({"id": c["id"], "type": "function", "function": {"name": f["name"], "arguments": f["arguments"]}})
     return out
 
 
@@ -248,16 +289,12 @@ class Unsupported:
     why: str  # the reason and what to do instead, in the 400's message
 
 
-TOOLS = Unsupported(([], "none"), "tool calling is not implemented: the model answers in text")
+LEGACY = Unsupported((), "use tools and tool_choice, which replace functions and function_call")
 PENALTY = Unsupported((0,), "use repetition_penalty, the CTRL rule as in transformers")
 GUIDED = Unsupported((), "use response_format: json_schema, grammar or regex")
 UNSUPPORTED = {
-    "tools": TOOLS,
-    "functions": TOOLS,
-    "tool_choice": TOOLS,
-    "function_call": TOOLS,
-    "logprobs": Unsupported((False, 0), "no log probabilities are returned"),
-    "top_logprobs": Unsupported((0,), "no log probabilities are returned"),
+    "functions": LEGACY,
+    "function_call": LEGACY,
     "logit_bias": Unsupported(({},), "not implemented; response_format constrains the output instead"),
     "presence_penalty": PENALTY,
     "frequency_penalty": PENALTY,
@@ -279,22 +316,42 @@ UNSUPPORTED = {
 
 
 def parse_request(
-    body, chat: bool, model_name: str, default: Speculation, ab: Abilities, max_tokens_default: int
+    body,
+    chat: bool,
+    model_name: str,
+    default: Speculation,
+    ab: Abilities,
+    max_tokens_default: int,
+    strict_model: bool = False,
 ) -> Request:
-    """The checked request of a chat (`messages`) or completions (`prompt`) body."""
+    """The checked request of a chat (`messages`) or completions (`prompt`) body. Any model name is
+    taken (the one folder served answers) unless strict_model."""
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest(f"'model' must be a string, got {model!r}", "model")
-    if model not in (None, model_name):
+    if strict_model and model not in (None, model_name):
         raise BadRequest(
-            f"model {model!r} not found; this server serves {model_name!r}", "model", 404, "model_not_found"
+            f"model {model!r} not found; this server serves {model_name!r} (serve --strict-model)",
+            "model",
+            404,
+            "model_not_found",
         )
+    tools = None
     if chat:
         prompt = _messages(body.get("messages"))
-        n_bytes = sum(len(m["content"].encode()) for m in prompt)
+        n_bytes = sum(len(m["content"].encode()) + len(str(m.get("tool_calls") or "")) for m in prompt)
+        try:
+            tools = plan(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+        except ToolError as e:
+            raise BadRequest(str(e), e.param) from None
+        if tools is not None:
+            n_bytes += len(json.dumps([t.as_openai() for t in tools.tools]))
     else:
+        for key in ("tools", "tool_choice", "parallel_tool_calls"):
+            if body.get(key) not in (None, [], "none", False):
+                raise BadRequest(f"'{key}' needs chat messages: send it to /v1/chat/completions", key)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
@@ -309,8 +366,14 @@ def parse_request(
                 f"'{key}' is not supported by this server ({field.why}); got {_shown(body[key])[:80]}", key
             )
     grammar = parse_response_format(body.get("response_format"))
-    if _number(body, "n", 1, integer=True) != 1:
-        raise BadRequest("only n=1 is supported (one sequence at a time)", "n")
+    if grammar is not None and tools is not None and tools.forced:
+        raise BadRequest(
+            "tool_choice required or a function constrains the answer to calls: drop response_format, "
+            "or use tool_choice auto",
+            "response_format",
+        )
+    n = _number(body, "n", 1, integer=True, lo=1, hi=N_MAX)
+    logprobs = _logprobs(body, chat)
     max_tokens = _number(body, "max_completion_tokens", None, integer=True, lo=1)
     if max_tokens is None:
         max_tokens = _number(body, "max_tokens", max_tokens_default, integer=True, lo=1)
@@ -334,7 +397,22 @@ def parse_request(
             f"'stream_options' must be an object {{'include_usage': bool}}, got {opts!r}", "stream_options"
         )
     spec = parse_speculation(body["speculative"], default, ab) if body.get("speculative") is not None else None
-    return Request(prompt, n_bytes, max_tokens, sampling, stop, spec, stream, opts.get("include_usage", False), grammar)
+    usage = opts.get("include_usage", False)
+    return Request(prompt, n_bytes, max_tokens, sampling, stop, spec, stream, usage, grammar, tools, logprobs, n)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The alternatives per token asked for with log-probabilities (None: none asked). Chat:
+    logprobs true/false and top_logprobs 0..MAX_TOP; completions: logprobs 0..MAX_TOP."""
+    if not chat:
+        return _number(body, "logprobs", None, integer=True, lo=0, hi=MAX_TOP)
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise BadRequest(f"'logprobs' must be true or false, got {_shown(on)[:80]}", "logprobs")
+    top = _number(body, "top_logprobs", None, integer=True, lo=0, hi=MAX_TOP)
+    if top and not on:
+        raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if on else None
 
 
 FORMATS = "text, json_object, json_schema, or edgespec's grammar (Lark) and regex"

@@ -7,6 +7,7 @@ Prometheus counters.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import random
@@ -20,6 +21,7 @@ from edgespec.runtime.apps.server_schema import BadRequest, Speculation
 from edgespec.runtime.constrain import Grammar, GrammarError
 from edgespec.runtime.generator import Generator, PromptTooLongError
 from edgespec.runtime.sampling import SamplingConfig
+from edgespec.runtime.text_api import ChatTools
 
 log = logging.getLogger("edgespec.serve")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -38,9 +40,14 @@ class Job:
     stop: list[str]  # stop strings
     speculation: Speculation | None  # how this request is decoded (None: the server's default then)
     loop: asyncio.AbstractEventLoop  # the event loop that reads `out`
-    out: asyncio.Queue = field(default_factory=asyncio.Queue)  # STARTED, (text, progress) pieces, a final dict, END
+    # STARTED, then per choice its pieces (index, text, progress, logprobs) and its end {index, finish_reason,
+    # tool_calls}, then {usage, stats}, END
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)  # set when the client went away
-    grammar: Grammar | None = None  # response_format's constraint (None: free text)
+    grammar: Grammar | None = None  # response_format's or tool_choice's constraint (None: free text)
+    tools: ChatTools | None = None  # a chat's tools (None: a completion)
+    logprobs: int | None = None  # alternatives per token with its log-probability (None: off)
+    n: int = 1  # choices, one after another
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,19 @@ def progress(g: Generator) -> dict:
     }
 
 
+def token_logprobs(codec, entries: list[tuple]) -> list[dict]:
+    """OpenAI's chat logprobs content of (id, logprob, top ids, top logprobs) entries: each token's
+    text and UTF-8 bytes (a byte-level token may hold part of a character) with its alternatives."""
+
+    def one(i: int, lp: float) -> dict:
+        b = codec.token_bytes(i)
+        return {"token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b)}
+
+    return [
+        one(i, lp) | {"top_logprobs": [one(j, x) for j, x in zip(ids, lps, strict=True)]} for i, lp, ids, lps in entries
+    ]
+
+
 class Worker(threading.Thread):
     """Runs queued jobs one at a time on the single Generator; shadow checks when idle."""
 
@@ -221,40 +241,53 @@ class Worker(threading.Thread):
             # a default set through /admin that this generator refuses after all
             log.error("default speculation %s refused; keeping %s", self.default, self.current)
             self.default = spec = self.current
+        # the constraint's field: tool_choice's grammar, else response_format's
+        what = "tool_choice" if job.tools is not None and job.tools.grammar is not None else "response_format"
+        n_output = 0
         try:
             try:
                 g.constraint(job.grammar)  # a grammar this vocabulary cannot run: a 400 before anything streams
             except GrammarError as e:
-                raise BadRequest(f"response_format: {e}", "response_format") from e
+                raise BadRequest(f"{what}: {e}", what) from e
             send(job.out.put_nowait, STARTED)
-            pieces = g.stream_text(job.ids, job.max_tokens, job.sampling, job.stop, job.grammar)
-            try:
-                for piece in pieces:
-                    if job.cancel.is_set():  # the client went away: stop at this step
-                        self.metrics.add("edgespec:request_cancelled_total")
-                        return
-                    send(job.out.put_nowait, (piece, progress(g)))
-            except PromptTooLongError as e:
-                raise BadRequest(str(e), None, 400, "context_length_exceeded") from e
-            except GrammarError as e:
-                # the grammar hit llguidance's limits past the start check (constrain.Constraint._start):
-                # the request's fault, not a bug of ours. Streaming: a clean error event ends the stream
-                log.warning("request %s: %s", job.rid, e)
-                raise BadRequest(f"response_format: {e}", "response_format", 400, "grammar_failed") from e
-            finally:
-                pieces.close()
-            st = g.last_stats
-            self._maybe_shadow(job, spec)
+            for i in range(job.n):  # choice i of a seeded request: seed + i (the same seed, the same output)
+                seed = job.sampling.seed
+                sampling = dataclasses.replace(job.sampling, seed=seed + i) if i and seed is not None else job.sampling
+                pieces = g.stream_text(
+                    job.ids, job.max_tokens, sampling, job.stop, job.grammar, job.tools, job.logprobs
+                )
+                try:
+                    for piece in pieces:
+                        if job.cancel.is_set():  # the client went away: stop at this step
+                            self.metrics.add("edgespec:request_cancelled_total")
+                            return
+                        lps = token_logprobs(g.codec, g.last_logprobs) if job.logprobs is not None else None
+                        send(job.out.put_nowait, (i, piece, progress(g), lps))
+                except PromptTooLongError as e:
+                    raise BadRequest(str(e), None, 400, "context_length_exceeded") from e
+                except GrammarError as e:
+                    # the grammar hit llguidance's limits past the start check (constrain.Constraint._start):
+                    # the request's fault, not a bug of ours. Streaming: a clean error event ends the stream
+                    log.warning("request %s: %s", job.rid, e)
+                    raise BadRequest(f"{what}: {e}", what, 400, "grammar_failed") from e
+                finally:
+                    pieces.close()
+                st = g.last_stats
+                if i == 0:
+                    self._maybe_shadow(job, spec)
+                self.metrics.record(st)
+                n_output += st.n_output
+                calls = [c.as_openai() for c in g.last_tool_calls]
+                send(job.out.put_nowait, {"index": i, "finish_reason": st.finish_reason, "tool_calls": calls})
         finally:
             self._use(self.default)
-        self.metrics.record(st)
         self.metrics.add("edgespec:request_success_total")
         usage = {
             "prompt_tokens": st.n_prompt,
-            "completion_tokens": st.n_output,
-            "total_tokens": st.n_prompt + st.n_output,
+            "completion_tokens": n_output,
+            "total_tokens": st.n_prompt + n_output,
         }
-        send(job.out.put_nowait, {"finish_reason": st.finish_reason, "usage": usage, "stats": st.to_dict()})
+        send(job.out.put_nowait, {"usage": usage, "stats": st.to_dict()})
 
     # ---- quality watch ------------------------------------------------------------------------------
     def _maybe_shadow(self, job: Job, spec: Speculation) -> None:

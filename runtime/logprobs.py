@@ -1,0 +1,89 @@
+"""Log-probabilities of the emitted tokens (OpenAI's logprobs / top_logprobs), read from the rows the
+verify calls already computed: no extra model call, and the same values plain decoding gives.
+
+`TokenLogprobs` wraps a call's output constraint (constraint.py): the loop hands it every row it
+accepts from (the prompt's last row for the first token, then each verify call's rows), so it sees
+the logits before a grammar masks them in place, and it records, per emitted token, its log-
+probability and the `top` most likely tokens there. Which distribution:
+
+  greedy     the target's own: log_softmax of the row (float64 from the row's float32 logits)
+  sampling   the one the token is drawn from, as OpenAI defines it: after the repetition penalty,
+             temperature, top-k and top-p (sampling.probs); a token they cut has log(0), written
+             as -9999.0 (OpenAI's floor)
+
+A grammar's mask is not applied: these are the model's probabilities, so a token the grammar forced
+can be unlikely. A row's values depend only on the row's logits, so plain decoding and every drafter
+give the same bits wherever the target computes the same row bits for a token (CPU fp32 and the
+export's two-row matmuls: decode rows equal verify rows, prefill.decode_rows_match_verify_rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.runtime.constraint import OutputConstraint
+from edgespec.runtime.sampling import SamplingConfig, penalize, probs
+
+MAX_TOP = 8  # top_logprobs at most (the graphs' top-k; OpenAI takes up to 20, llama.cpp any)
+FLOOR = -9999.0  # a log-probability of 0 (a token the sampling settings cut), as OpenAI writes it
+
+
+class TokenLogprobs:
+    """An output constraint that records the log-probabilities of the tokens `inner` chooses.
+    Everything but first / accept / needs_logits is inner's (its counters, its shaping)."""
+
+    def __init__(self, inner: OutputConstraint, top: int) -> None:
+        self.inner, self.top = inner, top
+        self.copies = type(inner).accept is not OutputConstraint.accept  # a grammar masks the rows in place
+        self.ids: list[int] = []  # each chosen token, in order (a step may choose more than the loop emits)
+        self.logprobs: list[float] = []  # its log-probability
+        self.top_ids: list[list[int]] = []  # the `top` most likely tokens at its row, most likely first
+        self.top_logprobs: list[list[float]] = []  # their log-probabilities
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def needs_logits(self, sampling: SamplingConfig) -> bool:
+        return True  # the rows' logits are what this reads
+
+    def first(self, logits: np.ndarray, sampling: SamplingConfig, rng) -> int:
+        row = np.array(logits[None], copy=True)  # (already penalised by the prefill)
+        tok = self.inner.first(logits, sampling, rng)
+        self._record(row, [tok], sampling)
+        return tok
+
+    def accept(self, prop, tgt_logits: np.ndarray, seq, sampling: SamplingConfig, rng) -> tuple[int, int]:
+        rows_in = tgt_logits.copy() if self.copies else tgt_logits
+        n_acc, nxt = self.inner.accept(prop, tgt_logits, seq, sampling, rng)
+        picked = prop.rows()
+        rows = rows_in[: n_acc + 1] if picked is None else rows_in[picked[: n_acc + 1]]
+        if sampling.repetition_penalty != 1.0:  # row i's context: tokens[:n + i], the kept tokens in place
+            rows = penalize(rows, seq.tokens, seq.n, sampling.repetition_penalty)
+        self._record(rows, [*seq.tokens[seq.n : seq.n + n_acc].tolist(), nxt], sampling)
+        return n_acc, nxt
+
+    def _record(self, rows: np.ndarray, toks: list[int], sampling: SamplingConfig) -> None:
+        """The log-probabilities of toks[i] at rows[i] [n, V], and each row's top ones."""
+        if sampling.greedy:
+            x = rows.astype(np.float64)
+            mx = x.max(axis=-1, keepdims=True)
+            lp = x - (mx + np.log(np.exp(x - mx).sum(axis=-1, keepdims=True)))
+        else:
+            with np.errstate(divide="ignore"):
+                lp = np.log(probs(rows, sampling))
+        for i, t in enumerate(toks):
+            row = lp[i]
+            self.ids.append(int(t))
+            self.logprobs.append(_finite(row[t]))
+            if self.top:
+                best = np.argpartition(-row, self.top - 1)[: self.top]
+                best = best[np.lexsort((best, -row[best]))]  # most likely first, ties by id
+                self.top_ids.append(best.tolist())
+                self.top_logprobs.append([_finite(row[j]) for j in best])
+            else:
+                self.top_ids.append([])
+                self.top_logprobs.append([])
+
+
+def _finite(v) -> float:
+    return float(v) if np.isfinite(v) else FLOOR
