@@ -364,6 +364,7 @@ def test_streamed_pieces_carry_their_tokens_logprobs(generic):
 
 # ---- the server, driven by the openai client --------------------------------------------------------------
 openai = pytest.importorskip("openai")
+from test_chat_page import browser  # noqa: E402, F401 (the fixture, for the page test)
 
 
 @pytest.fixture(scope="module")
@@ -529,3 +530,25 @@ def test_bad_input_is_a_400_naming_the_field(served, body, param):
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
     r = httpx.post(served[0] + "/v1/completions", json={"prompt": "x", "tools": TOOLS})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_the_chat_page_shows_tool_calls_and_sends_results(served, browser):  # noqa: F811
+    """In a real browser (skipped without one): tools pasted in, a required call shown as a call, the
+    next message sent as its result, and the model answers after it."""
+    from test_chat_page import Page, _until
+
+    page = Page(browser, served[0], key="")
+    _until(lambda: page.text("model") == "tiny", "the model name")
+    page.d.find_element(page.By.CSS_SELECTOR, "#tools-box summary").click()
+    page.fill("tools", json.dumps(TOOLS))
+    page.choose("tool-choice", "required")
+    page.fill("max-tokens", 200)
+    answer = page.ask("weather in Paris?")
+    call = answer.find_element(page.By.CSS_SELECTOR, ".call").text
+    assert call.startswith(("→ get_weather({", "→ clock({")), call
+    assert "tool's result" in page.el("prompt").get_attribute("placeholder")
+    page.choose("tool-choice", "none")
+    page.fill("max-tokens", 8)
+    answer = page.ask("sunny")
+    assert "result of" in page.all(".msg.user")[-1].text
+    assert answer.find_element(page.By.CSS_SELECTOR, ".text").text and not page.all(".error")
