@@ -160,7 +160,7 @@ def test_float_parts_are_requantized_beside_kept_ones_and_the_report_says_so(tmp
 def test_8_bit_blocks_need_int8_activations_and_fp32_keeps_every_value(tmp_path):
     src = make_tiny_gguf(tmp_path / "q8.gguf", dict.fromkeys(GGUF_LINEARS, "Q8_0"))
     m = _export(src, tmp_path / "a0", int4_accuracy_level=0)
-    body = [o for o in m.target.weight_origins if o.kind != "lm_head"]  # the LM head: fp32 (no 8-bit kernel)
+    body = [o for o in m.target.weight_origins if o.kind not in ("lm_head", "model.embed_tokens")]  # fp32 head
     assert {(o.stored, o.why) for o in body} == {("int4 (re-quantized)", "8-bit blocks need --int4-accuracy-level 4")}
     m = _export(src, tmp_path / "fp32", precision="fp32")
     assert {(o.source, o.stored, o.exact) for o in m.target.weight_origins} == {("Q8_0", "fp32", True)}
@@ -192,7 +192,7 @@ def test_greedy_output_of_kept_blocks_is_the_same_plain_and_speculative(tmp_path
 def test_requantize_gives_the_old_int4_blocks_and_says_why(tmp_path):
     src = make_tiny_gguf(tmp_path / "r.gguf", dict.fromkeys(GGUF_LINEARS, "Q4_1"))
     m = _export(src, tmp_path / "r", gguf_blocks="requantize")
-    assert {(o.stored, o.why) for o in m.target.weight_origins if o.kind != "lm_head"} == {
+    assert {(o.stored, o.why) for o in m.target.weight_origins if o.kind not in ("lm_head", "model.embed_tokens")} == {
         ("int4 (re-quantized)", "--gguf-blocks requantize")
     }
     assert not any(name.endswith(".mins") for name in m.target.weights)

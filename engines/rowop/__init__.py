@@ -41,6 +41,7 @@ from edgespec.engines.base import EngineError
 
 DOMAIN = "edgespec.rowop"  # the op's ONNX domain
 OP_TYPE = "RowMatMul"
+GATHER_TYPE = "RowGather"  # rows of a packed linear as floats (an embedding read from its tied LM head)
 WEIGHT_SUFFIX = ".rowop"  # a linear's packed weights are stored as "<name>.rowop"
 PANEL = 16  # outputs per panel (rowop.h kPanel)
 PATHS = ("avx512vnni", "avxvnni", "avx2", "portable")  # instruction-set paths, best first
@@ -290,6 +291,8 @@ def _native() -> ctypes.CDLL:
     lib.edgespec_rowop_runs.argtypes = [ctypes.c_char_p]
     lib.edgespec_rowop_matmul.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.edgespec_rowop_matmul.argtypes += [ctypes.c_void_p, ctypes.c_void_p]
+    lib.edgespec_rowop_gather.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.edgespec_rowop_gather.argtypes += [ctypes.c_void_p]
     return lib
 
 
@@ -472,6 +475,32 @@ def reference(x: np.ndarray, p: Packed) -> np.ndarray:
     for b in range(nb):
         acc = acc + f[:, b]
     return acc.reshape(*x.shape[:-1], n)
+
+
+def gather_reference(ids: np.ndarray, p: Packed) -> np.ndarray:
+    """RowGather in NumPy: rows `ids` of the packed linear as floats [..., K], d (code - z) (+ m) in
+    float32, one rounding per operation (as gguf_blocks.Blocks.dequantized computes a GGUF's rows)."""
+    ids = np.asarray(ids, np.int64)
+    n, k = p.codes.shape
+    bs = p.attrs["block_size"]
+    q = p.codes[ids].reshape(*ids.shape, k // bs, bs).astype(np.int32) - p.zero_points[ids][..., None]
+    w = q.astype(np.float32) * p.scales[ids][..., None]
+    if p.mins is not None:
+        w = w + p.mins[ids][..., None]
+    return w.reshape(*ids.shape, k)
+
+
+def gather(ids: np.ndarray, p: Packed) -> np.ndarray:
+    """The library's RowGather without ONNX Runtime (tests)."""
+    ids = np.ascontiguousarray(ids, np.int64)
+    y = np.empty((*ids.shape, p.attrs["K"]), np.float32)
+    attrs = np.array([p.attrs[a] for a in ("K", "N", "bits", "block_size", "zero_point", "mins", "f16")], np.int64)
+    rc = _native().edgespec_rowop_gather(
+        attrs.ctypes.data, ids.ctypes.data, ids.size, p.data.ctypes.data, y.ctypes.data
+    )
+    if rc:
+        raise RowopUnavailable("rowop gather: a bad layout or an id outside the table")
+    return y
 
 
 def matmul(x: np.ndarray, p: Packed, path: str) -> np.ndarray:

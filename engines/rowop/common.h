@@ -56,6 +56,36 @@ static inline void load_scales(const uint8_t* p, bool f16, float* out) {
   }
 }
 
+// Output row n of a packed linear as floats (RowGather: an embedding table read from its tied LM
+// head's bytes): w[k] = float(code - z) * d (+ m), fp32, one rounding per operation, for k in [0, K).
+static inline void gather_row(const Layout& L, const uint8_t* w, int64_t n, float* out) {
+  const int64_t nb = L.blocks(), p = n / kPanel;
+  const int lane = static_cast<int>(n % kPanel), groups = L.bs / 4, half = groups / 2, rec = L.record_bytes();
+  float d[kPanel], mn[kPanel];
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* rp = w + (p * nb + b) * rec;
+    const uint8_t* sp = rp + L.code_bytes();
+    load_scales(sp, L.f16, d);
+    if (L.mins) load_scales(sp + L.scale_bytes(), L.f16, mn);
+    const int z = L.zp < 0 ? sp[L.scale_bytes() * (L.mins ? 2 : 1) + lane] : L.zp;
+    float* o = out + b * L.bs;
+    for (int g = 0; g < groups; ++g) {
+      for (int j = 0; j < 4; ++j) {
+        int c;
+        if (L.bits == 8) {
+          c = rp[64 * g + 4 * lane + j];
+        } else {
+          const uint8_t byte = rp[64 * (g % half) + 4 * lane + j];
+          c = g < half ? (byte & 0x0F) : (byte >> 4);
+        }
+        float v = static_cast<float>(c - z) * d[lane];
+        if (L.mins) v = v + mn[lane];
+        o[4 * g + j] = v;
+      }
+    }
+  }
+}
+
 // Rows [r0, r1) of x, one block at a time, by the scalar definition (rowop.h).
 static inline void quantize_rows_scalar(const float* x, int64_t k, int bs, int zp, int64_t m, int64_t r0, int64_t r1,
                                  int8_t* xq, float* s, int32_t* xsum, float* xsumf, int32_t* zsum) {

@@ -22,6 +22,9 @@
 //   rot(x) sin per element, fp32, no FMA): one node for a layer's split, rotations and attention;
 //   K (rotated) and V are the rows the engine commits.
 //
+//   Y[..., K] = RowGather(ids [...] int64, W uint8): rows `ids` of a RowMatMul's weights as floats
+//   (its attributes), d (code - z) (+ m) in fp32: an embedding table kept as its tied LM head's blocks.
+//
 //   Y[..., I] = RowSwiGLU(X[..., 2I])   attribute: inter (I). y = (g / (1 + exp(-g))) * u for the
 //   halves g, u of X (the gated MLP's SiLU and product), with the attention's exp: one node for a
 //   layer's Split, QuickGelu and Mul, every path the same bits.
@@ -40,6 +43,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "common.h"
 #include "onnxruntime_c_api.h"
 #include "rowop.h"
 
@@ -52,6 +56,7 @@ constexpr const char* kOpType = "RowMatMul";
 constexpr const char* kAttnType = "RowAttention";
 constexpr const char* kQkvType = "RowQkvAttention";
 constexpr const char* kSwiGluType = "RowSwiGLU";
+constexpr const char* kGatherType = "RowGather";
 constexpr int64_t kSwiGluSplit = 1 << 15;  // outputs of a call above which its rows run in parallel
 constexpr int64_t kAttnSplit = 1 << 16;  // query row x key x D products of a call above which the heads run in parallel
 constexpr int64_t kQuantizeSplit = 1 << 15;  // inputs of a call above which the rows are quantized in parallel
@@ -687,6 +692,77 @@ OrtStatus* ORT_API_CALL infer_swiglu_shape(const OrtCustomOp*, OrtShapeInferCont
   return infer_like_input0(ctx, inter);
 }
 
+// ---- RowGather: rows of a packed linear (its Layout, RowMatMul's attributes) as floats ----
+OrtStatus* ORT_API_CALL gather_compute(void* kernel, OrtKernelContext* ctx) {
+  const Kernel& K = *static_cast<const Kernel*>(kernel);
+  const Layout& L = K.L;
+  const OrtApi* api = g_api;
+  const OrtValue *iv = nullptr, *wv = nullptr;
+  ROWOP_TRY(api->KernelContext_GetInput(ctx, 0, &iv));
+  ROWOP_TRY(api->KernelContext_GetInput(ctx, 1, &wv));
+  std::vector<int64_t> dims, wdims;
+  int64_t count = 0, w_count = 0;
+  ROWOP_TRY(tensor_dims(iv, &dims, &count));
+  ROWOP_TRY(tensor_dims(wv, &wdims, &w_count));
+  if (w_count != L.total_bytes()) {
+    return error(std::string(kGatherType) + ": the weights hold " + std::to_string(w_count) + " bytes, the layout " +
+                 std::to_string(L.total_bytes()) + " (re-export the folder with this edgespec)");
+  }
+  dims.push_back(L.k);
+  OrtValue* yv = nullptr;
+  ROWOP_TRY(api->KernelContext_GetOutput(ctx, 0, dims.data(), dims.size(), &yv));
+  void *ip = nullptr, *wp = nullptr, *yp = nullptr;
+  ROWOP_TRY(api->GetTensorMutableData(const_cast<OrtValue*>(iv), &ip));
+  ROWOP_TRY(api->GetTensorMutableData(const_cast<OrtValue*>(wv), &wp));
+  ROWOP_TRY(api->GetTensorMutableData(yv, &yp));
+  const int64_t* ids = static_cast<const int64_t*>(ip);
+  for (int64_t i = 0; i < count; ++i) {
+    if (ids[i] < 0 || ids[i] >= L.n) {
+      return error(std::string(kGatherType) + ": token id " + std::to_string(ids[i]) + " is outside the table's " +
+                   std::to_string(L.n) + " rows");
+    }
+    gather_row(L, static_cast<const uint8_t*>(wp), ids[i], static_cast<float*>(yp) + i * L.k);
+  }
+  return nullptr;
+}
+
+// RowGather: the ids' shape and K.
+OrtStatus* ORT_API_CALL infer_gather_shape(const OrtCustomOp*, OrtShapeInferContext* ctx) {
+  const OrtApi* api = g_api;
+  const OrtOpAttr* attr = nullptr;
+  ROWOP_TRY(api->ShapeInferContext_GetAttribute(ctx, "K", &attr));
+  int64_t k = 0;
+  size_t got = 0;
+  ROWOP_TRY(api->ReadOpAttr(attr, ORT_OP_ATTR_INT, &k, sizeof(k), &got));
+  OrtTensorTypeAndShapeInfo* in = nullptr;  // owned by the context
+  ROWOP_TRY(api->ShapeInferContext_GetInputTypeShape(ctx, 0, &in));
+  size_t nd = 0;
+  ROWOP_TRY(api->GetDimensionsCount(in, &nd));
+  std::vector<int64_t> dims(nd);
+  std::vector<const char*> names(nd);
+  ROWOP_TRY(api->GetDimensions(in, dims.data(), nd));
+  ROWOP_TRY(api->GetSymbolicDimensions(in, names.data(), nd));
+  for (size_t i = 0; i < nd; ++i) {
+    if (dims[i] < 0 && (names[i] == nullptr || !*names[i])) return nullptr;  // unknown: say nothing
+    names[i] = names[i] ? names[i] : "";
+  }
+  dims.push_back(k);
+  names.push_back("");
+  OrtTensorTypeAndShapeInfo* out = nullptr;
+  OrtStatus* st = api->CreateTensorTypeAndShapeInfo(&out);
+  if (st == nullptr) st = api->SetTensorElementType(out, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+  if (st == nullptr) st = api->SetDimensions(out, dims.data(), dims.size());
+  if (st == nullptr) st = api->SetSymbolicDimensions(out, names.data(), names.size());
+  if (st == nullptr) st = api->ShapeInferContext_SetOutputTypeShape(ctx, 0, out);
+  if (out != nullptr) api->ReleaseTensorTypeAndShapeInfo(out);
+  return st;
+}
+
+const char* ORT_API_CALL gather_name(const OrtCustomOp*) { return kGatherType; }
+ONNXTensorElementDataType ORT_API_CALL gather_input_type(const OrtCustomOp*, size_t i) {
+  return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+}
+
 void ORT_API_CALL destroy_kernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
 void ORT_API_CALL destroy_swiglu_kernel(void* kernel) { delete static_cast<SwiGluKernel*>(kernel); }
 const char* ORT_API_CALL swiglu_name(const OrtCustomOp*) { return kSwiGluType; }
@@ -757,6 +833,15 @@ RowOp make_op(const Isa* isa) {
   return op;
 }
 
+RowOp make_gather_op(const Isa* isa) {
+  RowOp op = make_op(isa);
+  op.GetName = gather_name;
+  op.GetInputType = gather_input_type;
+  op.KernelComputeV2 = gather_compute;
+  op.InferOutputShapeFn = infer_gather_shape;
+  return op;
+}
+
 AttnOp make_attn_op(const Isa* isa, bool qkv) {
   AttnOp op;
   base_op(op);
@@ -792,7 +877,7 @@ SwiGluOp make_swiglu_op(const Isa* isa) {
 
 // The ops and one domain per path, made on first use and kept for the process (ONNX Runtime
 // requires them to outlive every session that registered them).
-RowOp g_ops[4];
+RowOp g_ops[4], g_gather_ops[4];
 AttnOp g_attn_ops[4], g_qkv_ops[4];
 SwiGluOp g_swiglu_ops[4];
 OrtCustomOpDomain* g_domains[4] = {};
@@ -817,12 +902,14 @@ OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtA
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_domains[slot] == nullptr) {
       g_ops[slot] = make_op(isa);
+      g_gather_ops[slot] = make_gather_op(isa);
       g_attn_ops[slot] = make_attn_op(isa, false);
       g_qkv_ops[slot] = make_attn_op(isa, true);
       g_swiglu_ops[slot] = make_swiglu_op(isa);
       OrtCustomOpDomain* domain = nullptr;
       if (OrtStatus* st = api->CreateCustomOpDomain(kDomain, &domain)) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_ops[slot])) return st;
+      if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_gather_ops[slot])) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_attn_ops[slot])) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_qkv_ops[slot])) return st;
       if (OrtStatus* st = api->CustomOpDomain_Add(domain, &g_swiglu_ops[slot])) return st;
@@ -873,6 +960,26 @@ int edgespec_rowop_matmul(const char* name, const int64_t* attrs, const float* x
   isa->quantize(x, L.k, L.bs, L.zp, m, 0, m, sc.xq.data(), sc.s.data(), sc.xsum.data(), sc.xsumf.data(),
                 sc.zsum.data());
   isa->panels(L, w, rows, 0, m, 0, L.panels(), y, L.n);
+  return 0;
+}
+
+// Rows `ids` (m of them) of a packed linear as floats [m, K] (RowGather's arithmetic, no ONNX Runtime).
+// Returns 0, or -1 (bad layout or id).
+int edgespec_rowop_gather(const int64_t* attrs, const int64_t* ids, int64_t m, const uint8_t* w, float* y) {
+  using namespace rowop;
+  Layout L;
+  L.k = attrs[0];
+  L.n = attrs[1];
+  L.bits = static_cast<int>(attrs[2]);
+  L.bs = static_cast<int>(attrs[3]);
+  L.zp = static_cast<int>(attrs[4]);
+  L.mins = attrs[5] != 0;
+  L.f16 = attrs[6] != 0;
+  if (!check_layout(L).empty()) return -1;
+  for (int64_t i = 0; i < m; ++i) {
+    if (ids[i] < 0 || ids[i] >= L.n) return -1;
+    gather_row(L, w, ids[i], y + i * L.k);
+  }
   return 0;
 }
 

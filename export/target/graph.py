@@ -417,10 +417,12 @@ class LlamaGraphWriter(ModelWriter):
             off = a.norm_weight_offset
             self.store.add(name, (w[hf_name] + np.float32(off) if off else w[hf_name]).astype(f))
 
-        self.store.add("embed", w["model.embed_tokens.weight"].astype(f))  # [V, H]
         norm("final_norm", "model.norm.weight")
         lm_head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
         self._linear("lm_head", lm_head, "lm_head.weight", tied=a.tie_word_embeddings)
+        del lm_head  # a streamed checkpoint's table is read again below, not held twice
+        # [V, H]: the tied head's blocks where they are its rows, else "embed" (fp16 where exact)
+        self.linears.store_embedding(w["model.embed_tokens.weight"], a.tie_word_embeddings)
         for i in range(self.n_layers):
             p = f"model.layers.{i}."
             norm(f"l{i}.ln1", p + "input_layernorm.weight")
@@ -449,6 +451,13 @@ class LlamaGraphWriter(ModelWriter):
                 self._linear(f"l{i}.gate_up", gate_up, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
             self._linear(f"l{i}.down", w[p + "mlp.down_proj.weight"], p + "mlp.down_proj.weight")
         self.layer_ops().store_tables()
+
+    def embedding_table(self) -> np.ndarray:
+        """The embedding table [V, H] the graphs read, in float32: "embed" where stored, else the
+        checkpoint's (the tied head's blocks give its rows bitwise: Linears.store_embedding)."""
+        if "embed" in self.store.arrays:
+            return np.asarray(self.store.arrays["embed"]).astype(np.float32)
+        return np.asarray(self.checkpoint["model.embed_tokens.weight"], np.float32)
 
     def build(self, weights_location: str, offsets: dict[str, int]) -> onnx.ModelProto:
         """The model graph (T symbolic); initializers point into the shared weights file.

@@ -152,7 +152,7 @@ class LeanOps(LayerOps):
 
     # ---- per layer ------------------------------------------------------------------------------
     def embed(self, b: GraphBuilder) -> str:
-        return b.op("Gather", [b.weight("embed"), "input_ids"], "/embed/Gather", axis=0)  # [1, T, H]
+        return self.linears.embed_rows(b, "input_ids", 2)  # [1, T, H]
 
     def rows_in(self, b: GraphBuilder, name: str, width: int, node: str) -> str:
         return name

@@ -66,6 +66,12 @@ class Linears:
         self.layouts: dict[str, Layout] = {}  # linears stored from a checkpoint's own blocks
         self.origins: list[Origin] = []  # per checkpoint weight of every stored linear, in order
         self._sums: dict[tuple[int, str, int], str] = {}  # (builder, input, block size) -> its block sums
+        self.embed_from_head = False  # the embedding's rows are read from the tied LM head's stored blocks
+        #                               (store_embedding found them bitwise the table's): no "embed" array
+        self.embed_dtype: np.dtype | None = None  # "embed" stored in this dtype, cast to the graph's at lookup
+        #                                           (fp16 where every value is one exactly); None: the graph's
+        self.f16: set[str] = set()  # kept-block arrays ("<linear>.scales", "<linear>.mins") stored as fp16
+        #                             (every value exactly one: a GGUF's own d, m) and cast to fp32 in the graph
 
     def bits(self, name: str) -> int:
         """Weight bits of a linear layer in MatMulNBits, 0 = float. int4 precision: 4 for every
@@ -120,6 +126,93 @@ class Linears:
         self.store.add(name, np.ascontiguousarray(w_out_in.T).astype(self.dtype))  # [in, out]
         return w_out_in.astype(self.dtype)
 
+    def store_embedding(self, table: np.ndarray, tied: bool) -> Origin:
+        """Store the embedding table [V, H] as compactly as is exact, and say how (its Origin, also
+        recorded): read from the tied LM head's stored blocks where those dequantize bitwise to it
+        (nothing stored: the head's bytes serve both), else "embed" in fp16 where every value is an
+        fp16 (a GGUF's F16 table; cast to fp32 at lookup), else in the graph's dtype."""
+        src = next((o.source for o in self.origins if o.hf_name == "lm_head.weight"), "float") if tied else "float"
+        if tied and "lm_head" not in self.tied and self.head_rows_match(table):
+            self.embed_from_head = True
+            origin = Origin(EMBED, src, f"the tied LM head's {self.head_stored()} (rows read at lookup)", True)
+        elif self.dtype == np.float32 and _exactly(table, np.float16):
+            self.embed_dtype = np.dtype(np.float16)
+            self.store.add("embed", table.astype(np.float16))
+            origin = Origin(EMBED, src, "fp16 (every value exactly an fp16; fp32 at lookup)", True)
+        else:
+            self.store.add("embed", table.astype(self.dtype))
+            origin = Origin(EMBED, src, self.dtype.name.replace("float", "fp"), self.dtype == np.float32)
+        self.origins.append(origin)
+        return origin
+
+    def head_stored(self) -> str:
+        """How the LM head is stored (the embedding's Origin when it reads the head)."""
+        layout = self.layouts.get("lm_head")
+        return f"int{layout.bits if layout else self.bits('lm_head')} codes"
+
+    def head_rows_match(self, table: np.ndarray) -> bool:
+        """The LM head is stored as 8-bit MatMulNBits blocks without minimums whose rows, computed as
+        embed_rows computes them ((code - zero point) * scale in fp32), are bitwise the table's."""
+        layout = self.layouts.get("lm_head") or Layout(self.bits("lm_head"), self.opts.int4_block_size, False)
+        if layout.bits != 8 or layout.mins or "lm_head.q8" not in self.store.arrays:
+            return False
+        codes = np.asarray(self.store.arrays["lm_head.q8"])  # [N, nb, bs]
+        n, nb, bs = codes.shape
+        if (n, nb * bs) != table.shape:
+            return False
+        scales = np.asarray(self.store.arrays["lm_head.scales"]).reshape(n, nb).astype(np.float32)
+        zp = np.asarray(self.store.arrays["lm_head.zp"]).reshape(n, nb).astype(np.float32)
+        step = max(1, (1 << 24) // (4 * nb * bs))
+        for r0 in range(0, n, step):
+            rows = (codes[r0 : r0 + step].astype(np.float32) - zp[r0 : r0 + step, :, None]) * scales[
+                r0 : r0 + step, :, None
+            ]
+            if not np.array_equal(rows.reshape(len(rows), -1), table[r0 : r0 + step]):
+                return False
+        return True
+
+    def embed_rows(self, b: GraphBuilder, ids: str, rank: int, name: str = "/embed") -> str:
+        """The embedding rows of the token ids `ids` (a tensor of `rank` dims) -> [*ids, H] in the
+        graph's dtype: a Gather of "embed" (cast where stored narrower), or of the tied LM head's
+        blocks (head_rows)."""
+        if self.embed_from_head:
+            return self.head_rows(b, ids, rank, name)
+        x = b.op("Gather", [b.weight("embed"), ids], f"{name}/Gather", axis=0)
+        if self.embed_dtype is not None:
+            x = b.op("Cast", [x], f"{name}/Cast", to=_ONNX[self.dtype])
+        return x
+
+    def head_rows(self, b: GraphBuilder, ids: str, rank: int, name: str = "/embed") -> str:
+        """Rows of the 8-bit MatMulNBits LM head as floats: (code - zero point) * scale, gathered by id."""
+        n, k = self.shapes["lm_head"]
+        layout = self.layouts.get("lm_head") or Layout(8, self.opts.int4_block_size, False)
+        nb = k // layout.block_size
+        per_block = b.const("embed_blocks_shape", np.array([n, nb, 1], np.int64))
+        codes = b.op("Gather", [b.weight("lm_head.q8"), ids], f"{name}/codes", axis=0)  # [*ids, nb, bs] u8
+        zp = b.op("Reshape", [b.weight("lm_head.zp"), per_block], f"{name}/zp_blocks")
+        zp = b.op("Cast", [b.op("Gather", [zp, ids], f"{name}/zp", axis=0)], f"{name}/zp_f", to=TensorProto.FLOAT)
+        zp = b.op("Neg", [zp], f"{name}/minus_zp")  # c - z as c + (-z): the same bits, and no Sub
+        sc = b.op("Reshape", [self.scales_input(b, "lm_head", gather=True), per_block], f"{name}/scale_blocks")
+        sc = b.op("Gather", [sc, ids], f"{name}/scales", axis=0)
+        if "lm_head.scales" in self.f16:
+            sc = b.op("Cast", [sc], f"{name}/scales_f", to=TensorProto.FLOAT)
+        q = b.op("Add", [b.op("Cast", [codes], f"{name}/codes_f", to=TensorProto.FLOAT), zp], f"{name}/centred")
+        rows = b.op("Mul", [q, sc], f"{name}/rows")  # [*ids, nb, bs]
+        return b.op(
+            "Reshape",
+            [rows, b.const(f"embed_rows_shape{rank}", np.array([0] * rank + [k], np.int64))],
+            f"{name}/Reshape",
+        )
+
+    def scales_input(self, b: GraphBuilder, name: str, what: str = "scales", gather: bool = False) -> str:
+        """A kept linear's scales (or mins) as the graph reads them: fp32 (cast once from their fp16
+        storage: ONNX Runtime folds the Cast of an initializer at load). gather: as stored (a
+        Gather of a few rows casts only those)."""
+        w = b.weight(f"{name}.{what}")
+        if gather or f"{name}.{what}" not in self.f16:
+            return w
+        return b.op("Cast", [w], f"{name}/{what}_f32", to=TensorProto.FLOAT)
+
     def record(self, parts: tuple[Part, ...], kept, bits: int) -> None:
         """The origins of a linear none of whose parts' blocks are kept: re-quantized to `bits`, or
         floats in the graph's dtype (bits 0)."""
@@ -153,7 +246,12 @@ class Linears:
                 self.origins.append(Origin(p.hf_name, p.source, f"int{b.bits} codes{mins}{size}", True))
             blocks.append(b)
             row += p.rows
-        return concat(blocks)
+        out = concat(blocks)
+        if self.dtype == np.float32:  # exactly fp16 (a GGUF's own d and m): stored so, cast in the graph
+            for what, a in (("scales", out.scales), ("mins", out.mins)):
+                if a is not None and _exactly(a, np.float16):
+                    self.f16.add(f"{name}.{what}")
+        return out
 
     def _store_quantized(self, name: str, bits: int, codes, scales, zero_points) -> None:
         """A linear re-quantized by quant.quantize_int4 / quantize_int8 (their MatMulNBits layout)."""
@@ -164,11 +262,15 @@ class Linears:
     def _store_blocks(self, name: str, b: Blocks) -> None:
         """A linear of kept blocks: MatMulNBits' arrays, and the block-minimum matmul's where it has them."""
         codes, zero_points = b.packed()
+
+        def stored(what: str, a: np.ndarray) -> np.ndarray:
+            return a.astype(np.float16) if f"{name}.{what}" in self.f16 else a
+
         self.store.add(f"{name}.q{b.bits}", codes)
-        self.store.add(name + ".scales", b.scales)
+        self.store.add(name + ".scales", stored("scales", b.scales))
         self.store.add(name + ".zp", zero_points)
         if b.mins is not None:
-            self.store.add(name + ".mins", np.ascontiguousarray(b.mins.T))  # [K/bs, N]
+            self.store.add(name + ".mins", stored("mins", np.ascontiguousarray(b.mins.T)))  # [K/bs, N]
             n_in = b.codes.shape[1]
             ones = np.kron(np.eye(n_in // b.block_size, dtype=np.float32), np.ones((b.block_size, 1), np.float32))
             self.store.add(self._sum_weight(n_in, b.block_size), ones)  # [K, K/bs]: x @ it = block sums
@@ -185,7 +287,7 @@ class Linears:
         if layout.bits:
             y = b.op(
                 "MatMulNBits",
-                [x, b.weight(f"{name}.q{layout.bits}"), b.weight(name + ".scales"), b.weight(name + ".zp")],
+                [x, b.weight(f"{name}.q{layout.bits}"), self.scales_input(b, name), b.weight(name + ".zp")],
                 name + "/MatMulNBits",
                 domain="com.microsoft",
                 K=n_in,
@@ -203,12 +305,15 @@ class Linears:
             if key not in self._sums:
                 ones = b.weight(self._sum_weight(n_in, layout.block_size))
                 self._sums[key] = b.op("MatMul", [x, ones], f"{name}/block_sums")
-            mins = b.op("MatMul", [self._sums[key], b.weight(name + ".mins")], f"{name}/block_mins")
+            mins = b.op("MatMul", [self._sums[key], self.scales_input(b, name, "mins")], f"{name}/block_mins")
             return b.op("Add", [y, mins], f"{name}/plus_mins")
         if name in self.tied:
             if stream_3d:
                 x = b.op("Reshape", [x, b.const("shape_hidden_rows", np.array([-1, n_in], np.int64))], f"{name}/rows")
-            return b.op("Gemm", [x, b.weight("embed")], f"{name}/Gemm", transB=1)
+            table = b.weight("embed")
+            if self.embed_dtype is not None:  # stored fp16: the Gemm reads it cast (folded at load)
+                table = b.op("Cast", [table], "/embed/table_f32", to=_ONNX[self.dtype])
+            return b.op("Gemm", [x, table], f"{name}/Gemm", transB=1)
         return b.op("MatMul", [x, b.weight(name)], name + "/MatMul")
 
 
@@ -318,6 +423,34 @@ class RowLinears(Linears):
         self.store.add(name + rowop.WEIGHT_SUFFIX, p.data)
         self.attrs[name] = p.attrs
 
+    def head_stored(self) -> str:
+        a = self.attrs["lm_head"]
+        return f"int{a['bits']} codes, packed for the row kernel"
+
+    def head_rows_match(self, table: np.ndarray) -> bool:
+        """The packed LM head's rows, as RowGather computes them (rowop.gather_reference), are
+        bitwise the table's (compared in row blocks)."""
+        from edgespec.engines import rowop
+
+        key = "lm_head" + rowop.WEIGHT_SUFFIX
+        if "lm_head" not in self.attrs or key not in self.store.arrays:
+            return False
+        p = rowop.unpack(np.asarray(self.store.arrays[key]), self.attrs["lm_head"])
+        if p.codes.shape != table.shape:
+            return False
+        step = max(1, (1 << 24) // (4 * table.shape[1]))
+        for r0 in range(0, len(table), step):
+            ids = np.arange(r0, min(len(table), r0 + step))
+            if not np.array_equal(rowop.gather_reference(ids, p), table[r0 : r0 + step]):
+                return False
+        return True
+
+    def head_rows(self, b: GraphBuilder, ids: str, rank: int, name: str = "/embed") -> str:
+        from edgespec.engines import rowop
+
+        w = b.weight("lm_head" + rowop.WEIGHT_SUFFIX)
+        return b.op(rowop.GATHER_TYPE, [ids, w], f"{name}/RowGather", domain=rowop.DOMAIN, **self.attrs["lm_head"])
+
     def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
         from edgespec.engines import rowop
 
@@ -325,6 +458,22 @@ class RowLinears(Linears):
             return super().linear(b, x, name, stream_3d)
         w = b.weight(name + rowop.WEIGHT_SUFFIX)
         return b.op(rowop.OP_TYPE, [x, w], f"{name}/{rowop.OP_TYPE}", domain=rowop.DOMAIN, **self.attrs[name])
+
+
+EMBED = "model.embed_tokens.weight"  # the embedding table's parameter name (its Origin)
+_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
+
+
+def _exactly(a: np.ndarray, dtype) -> bool:
+    """Every value of the float32 array `a` is exactly one of `dtype` (compared in row blocks)."""
+    a = np.asarray(a)
+    flat = a.reshape(len(a), -1) if a.ndim > 1 else a.reshape(1, -1)
+    step = max(1, (1 << 24) // max(1, 4 * flat.shape[1]))
+    with np.errstate(over="ignore"):
+        return all(
+            np.array_equal(flat[r : r + step].astype(dtype).astype(np.float32), flat[r : r + step], equal_nan=True)
+            for r in range(0, len(flat), step)
+        )
 
 
 def linears_class(flavour_linears: type[Linears], opts: GraphOptions) -> type[Linears]:

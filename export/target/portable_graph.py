@@ -39,7 +39,7 @@ class PortableOps(LayerOps):
 
     def embed(self, b: GraphBuilder) -> str:
         ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")
-        return b.op("Gather", [b.weight("embed"), ids], "/embed/Gather", axis=0)  # [T, H]
+        return self.linears.embed_rows(b, ids, 1)  # [T, H]
 
     def rows_in(self, b: GraphBuilder, name: str, width: int, node: str) -> str:
         return b.op("Reshape", [name, b.const("shape_feat", np.array([-1, width], np.int64))], node)

@@ -163,16 +163,66 @@ def write_drafter(
         model = w.build(f"{stem}.weights", offsets)
     else:
         writer, index_t = target
+        lin = writer.linears
+        if "embed" in index_t and lin.embed_dtype is None:  # the target's table as the graph reads it
+            table = writer.store.arrays["embed"]
+        else:  # a stand-in: the Gather of it is replaced by the target's own lookup below
+            table = np.broadcast_to(np.zeros((), writer.dtype), (writer.arch.vocab_size, writer.arch.hidden_size))
         model = w.build(
             f"{stem}.weights",
             offsets,
-            embed=("target.weights", index_t["embed"]["offset"], writer.store.arrays["embed"]),
+            embed=("target.weights", index_t["embed"]["offset"] if "embed" in index_t else 0, table),
         )
+        if "embed" not in index_t or lin.embed_dtype is not None:
+            _target_lookup(model, writer, index_t)
     onnx.save(model, folder / f"{stem}.onnx")
     weights = es.weight_specs(index, _external(model))
     if target is not None:
-        weights["embed"] = WeightSpec.from_json(index_t["embed"] | {"file": "target.weights"})
+        for name in _external(model) - set(index):  # the target's arrays the graph reads in place
+            weights[name] = WeightSpec.from_json(index_t[name] | {"file": "target.weights"})
     return DrafterFiles(stem, model, index, weights)
+
+
+def _target_lookup(model: onnx.ModelProto, writer: LlamaGraphWriter, index_t: dict) -> None:
+    """A drafter graph's Gather of the target's embedding table replaced by the target's own lookup
+    (linears.Linears.embed_rows: its tied LM head's blocks, or its fp16 table cast), reading the
+    target's arrays from target.weights in place: the rows are the target's, bitwise."""
+    from edgespec.export.target.graph import GraphBuilder, external_initializers
+
+    g = model.graph
+    inputs = {i.name: len(i.type.tensor_type.shape.dim) for i in g.input}
+    consts = {i.name: i for i in g.initializer}
+    kept = [i for i in g.initializer if i.name != "embed"]  # the stand-in table
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    producers = {o: n for n in g.node for o in n.output}
+    nodes = []
+    for node in g.node:
+        if node.op_type != "Gather" or node.input[0] != "embed":
+            nodes.append(node)
+            continue
+        ids = node.input[1]
+        rank = inputs.get(ids)
+        if rank is None:  # ids reshaped from an input: the rank of the shape constant
+            shape = consts.get(producers[ids].input[1]) if ids in producers else None
+            rank = int(shape.dims[0]) if shape is not None and len(shape.dims) == 1 else 2
+        b = GraphBuilder(writer.store, writer.dtype)
+        out = writer.linears.embed_rows(b, ids, rank, "/target_embed")
+        b.nodes.append(onnx.helper.make_node("Identity", [out], list(node.output), name=node.name + "/target"))
+        nodes += b.nodes
+        have = {i.name for i in g.initializer}
+        g.initializer.extend(c for c in b.consts if c.name not in have)
+        offsets = {n: index_t[n]["offset"] for n in b.used_weights}
+        g.initializer.extend(
+            i
+            for i in external_initializers(b.used_weights, writer.store, "target.weights", offsets)
+            if i.name not in have
+        )
+    del g.node[:]
+    g.node.extend(nodes)
+    if any(n.domain and n.domain not in {o.domain for o in model.opset_import} for n in nodes):
+        for d in sorted({n.domain for n in nodes if n.domain} - {o.domain for o in model.opset_import}):
+            model.opset_import.append(onnx.helper.make_opsetid(d, 1))
 
 
 def token_head_spec(

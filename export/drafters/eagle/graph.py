@@ -161,7 +161,7 @@ def write_eagle(head_dir: Path, ctx):
     arch = ctx.arch
     try:
         hf = inspect_head(head_dir, arch.hidden_size, arch.vocab_size)
-        check_embedding(hf, ctx.writer.store.arrays["embed"].astype(np.float32))  # what the head graph reads
+        check_embedding(hf, ctx.writer.embedding_table())  # what the head graph reads
     except CheckpointError as e:
         raise es.ExportError(str(e)) from e
     theta, source = rope_base(hf.hc, ctx.cfg.eagle_rope_theta, arch.rope_theta)

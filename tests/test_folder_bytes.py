@@ -1,0 +1,169 @@
+"""Folders close to the checkpoint's bytes (issue 52, item 1): the embedding kept as the checkpoint
+stores it (a tied LM head's GGUF blocks read at lookup, or fp16), GGUF's fp16 block scales and
+minimums kept in fp16; every kept layout's rows bitwise the checkpoint's (gguf's own
+dequantization) and the NumPy reference's."""
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from tiny import GGUF_LINEARS, make_tiny_gguf  # noqa: E402
+
+from edgespec.engines import rowop  # noqa: E402
+from edgespec.export.target.gguf_blocks import decode  # noqa: E402
+
+LAYOUTS = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
+needs_op = pytest.mark.skipif(bool(rowop.unavailable()), reason=f"row kernel: {rowop.unavailable()}")
+
+
+def _table(type_name: str, rows: int = 48, width: int = 256, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(a GGUF tensor's raw rows [rows, bytes], gguf's dequantization of them [rows, width])."""
+    rng = np.random.default_rng(seed)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    if type_name.endswith("_K"):  # gguf-py cannot quantize K-quants: random blocks, small fp16 scales
+        per_block, size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, (rows * width // per_block, size), dtype=np.uint8)
+        at = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}[type_name]
+        for off in at:
+            d = rng.uniform(1e-4, 1e-3, len(raw)).astype(np.float16)
+            raw[:, off : off + 2] = d.reshape(-1, 1).view(np.uint8)
+        raw = raw.reshape(rows, -1)
+    else:
+        raw = gguf.quants.quantize(rng.normal(0, 0.05, (rows, width)).astype(np.float32), qtype)
+    return raw, gguf.quants.dequantize(raw, qtype)
+
+
+@needs_op
+@pytest.mark.parametrize("type_name", LAYOUTS)
+def test_row_gather_is_ggufs_rows_bitwise_in_numpy_the_library_and_the_op(type_name):
+    """RowGather (the embedding read from a tied head packed for the row kernel) gives gguf's own
+    rows: the NumPy reference, the library and the op in a session agree bitwise."""
+    import onnx
+    from onnx import TensorProto, helper
+    from tiny import rowop_session
+
+    raw, want = _table(type_name)
+    b = decode(raw, type_name)
+    assert np.array_equal(b.dequantized(), want)
+    p = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size)
+    ids = np.array([[0, 5, 47, 5, 16, 17, 31]], np.int64)
+    back = rowop.unpack(p.data, p.attrs)
+    assert np.array_equal(rowop.gather_reference(ids, back), want[ids])
+    assert np.array_equal(rowop.gather(ids, p), want[ids])
+    node = helper.make_node(rowop.GATHER_TYPE, ["ids", "w"], ["y"], domain=rowop.DOMAIN, **p.attrs)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", want.shape[1]])],
+        initializer=[helper.make_tensor("w", TensorProto.UINT8, p.data.shape, p.data.tobytes(), raw=True)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
+    onnx.checker.check_model(model)
+    for path in [q for q in rowop.PATHS if rowop.cpu_runs(q)]:
+        got = rowop_session(model, path).run(None, {"ids": ids})[0]
+        assert np.array_equal(got, want[ids]), path
+    with pytest.raises(rowop.RowopUnavailable):
+        rowop.gather(np.array([48]), p)  # an id past the table
+
+
+def _embedding_rows(m, ids: np.ndarray) -> np.ndarray:
+    """The exported target graph's embedding lookup run on its own (its /embed/ nodes and the
+    weights they read from the folder)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgespec.engines.session import read_weight
+
+    g = onnx.load(m.path(m.target.graph.file), load_external_data=False).graph
+    nodes = [n for n in g.node if n.name.startswith("/embed/")]
+    names = {i for n in nodes for i in n.input}
+    inits = [
+        numpy_helper.from_array(np.asarray(read_weight(m, m.target, m.target.weights[i.name])), i.name)
+        if i.data_location == TensorProto.EXTERNAL
+        else i
+        for i in g.initializer
+        if i.name in names
+    ]
+    out = nodes[-1].output[0]
+    graph = helper.make_graph(
+        nodes,
+        "embed",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "T"])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+        initializer=inits,
+    )
+    domains = {n.domain for n in nodes if n.domain}
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)] + [helper.make_opsetid(d, 1) for d in domains]
+    )
+    so = ort.SessionOptions()
+    if rowop.DOMAIN in domains:
+        rowop.register(so)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids}
+    )[0]
+
+
+def _ggufs_table(path) -> np.ndarray:
+    r = gguf.GGUFReader(str(path))
+    t = next(t for t in r.tensors if t.name == "token_embd.weight")
+    return gguf.quants.dequantize(t.data, t.tensor_type)
+
+
+@pytest.mark.parametrize(
+    "embd, kernel, shared",
+    [
+        ("Q8_0", "nbits", True),  # the default model's layout: the 8-bit MatMulNBits head's codes
+        ("Q6_K", "rowop", True),  # Llama 3.2's: the packed head (RowGather)
+        ("Q4_K", "rowop", True),
+        ("F16", "nbits", False),  # an fp16 table, kept fp16 (the head re-quantized: not its rows)
+    ],
+)
+def test_a_tied_heads_blocks_are_the_embedding_and_rows_stay_the_checkpoints(embd, kernel, shared, tmp_path):
+    from test_gguf_exact import _export
+    from tiny import assert_rows_bitwise_alike
+
+    if kernel == "rowop" and rowop.unavailable():
+        pytest.skip(rowop.unavailable())
+    types = dict.fromkeys(GGUF_LINEARS, "Q4_1") | {"token_embd": embd}
+    src = make_tiny_gguf(tmp_path / "m.gguf", types, tied=True)
+    m = _export(src, tmp_path / "e", int4_kernel=kernel, eagle="none", medusa="none")
+    embed = next(o for o in m.target.weight_origins if o.kind == "model.embed_tokens")
+    assert embed.exact, embed
+    if shared:
+        assert "embed" not in m.target.weights and "tied LM head" in embed.stored, embed
+    else:
+        assert m.target.weights["embed"].dtype == "float16", embed
+    ids = np.array([[0, 1, 2, 255, 7, 7, 128]], np.int64)
+    assert np.array_equal(_embedding_rows(m, ids)[0], _ggufs_table(src)[ids[0]])
+    if kernel == "nbits":  # GGUF's fp16 block scales and minimums stay fp16
+        assert m.target.weights["l0.gate_up.scales"].dtype == "float16"
+    assert max(m.target.validation.values()) < 3.0
+    assert_rows_bitwise_alike(m, embd)
+
+
+def test_a_drafter_reads_the_targets_fp16_table_in_place(tiny_models, tmp_path):
+    """An fp16 checkpoint's table is stored fp16 once; the EAGLE head's graph reads it from
+    target.weights through the target's own lookup (validated against its PyTorch head)."""
+    import torch
+    from test_eagle import _tiny_head
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.export.target.exporter import ExportConfig, export
+
+    src = tmp_path / "fp16"
+    AutoModelForCausalLM.from_pretrained(tiny_models["llama"]).to(torch.float16).save_pretrained(src)
+    for f in tiny_models["llama"].iterdir():
+        if "token" in f.name:
+            (src / f.name).write_bytes(f.read_bytes())
+    head_dir, _, _ = _tiny_head(src, tmp_path / "head", draft_vocab=48)
+    kw = dict(max_len=128, k=3, prefill_chunk=16, kv_bucket=32, precision="fp32", progress=False)
+    m = load_manifest(export(ExportConfig(target=str(src), eagle=str(head_dir), out=str(tmp_path / "e"), **kw)))
+    assert m.target.weights["embed"].dtype == "float16"
+    eagle = m.models()["eagle"]
+    assert eagle.weights["embed"].file == "target.weights" and eagle.weights["embed"].dtype == "float16"
+    assert max(eagle.validation.values()) < 2e-3
