@@ -6,7 +6,7 @@ accepts from (the prompt's last row for the first token, then each verify call's
 the logits before a grammar masks them in place, and it records, per emitted token, its log-
 probability and the `top` most likely tokens there. Which distribution:
 
-  greedy     the target's own: log_softmax of the row (float64 from the row's float32 logits)
+  greedy     the target's own: log_softmax of the row (its log-sum-exp summed in float64)
   sampling   the one the token is drawn from, as OpenAI defines it: after the repetition penalty,
              temperature, top-k and top-p (sampling.probs); a token they cut has log(0), written
              as -9999.0 (OpenAI's floor)
@@ -63,23 +63,26 @@ class TokenLogprobs:
         return n_acc, nxt
 
     def _record(self, rows: np.ndarray, toks: list[int], sampling: SamplingConfig) -> None:
-        """The log-probabilities of toks[i] at rows[i] [n, V], and each row's top ones."""
-        if sampling.greedy:
-            x = rows.astype(np.float64)
-            mx = x.max(axis=-1, keepdims=True)
-            lp = x - (mx + np.log(np.exp(x - mx).sum(axis=-1, keepdims=True)))
-        else:
-            with np.errstate(divide="ignore"):
-                lp = np.log(probs(rows, sampling))
+        """The log-probabilities of toks[i] at rows[i] [n, V], and each row's top ones. Greedy reads
+        each row in a few passes (its max, the exp-sum in the row's own precision summed in float64,
+        a partition for the top): only the tokens shown get a value, not the whole vocabulary."""
+        top = self.top
         for i, t in enumerate(toks):
-            row = lp[i]
+            if sampling.greedy:
+                row = rows[i]
+                mx = row.max()
+                lse = float(mx) + float(np.log(np.exp(row - mx).sum(dtype=np.float64)))
+            else:  # the processed distribution's logs (float64)
+                with np.errstate(divide="ignore"):
+                    row = np.log(probs(rows[i], sampling))
+                lse = 0.0
             self.ids.append(int(t))
-            self.logprobs.append(_finite(row[t]))
-            if self.top:
-                best = np.argpartition(-row, self.top - 1)[: self.top]
+            self.logprobs.append(_finite(float(row[t]) - lse))
+            if top:
+                best = np.argpartition(row, len(row) - top)[-top:]
                 best = best[np.lexsort((best, -row[best]))]  # most likely first, ties by id
                 self.top_ids.append(best.tolist())
-                self.top_logprobs.append([_finite(row[j]) for j in best])
+                self.top_logprobs.append([_finite(float(row[j]) - lse) for j in best])
             else:
                 self.top_ids.append([])
                 self.top_logprobs.append([])

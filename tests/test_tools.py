@@ -340,7 +340,8 @@ def test_logprobs_are_bitwise_equal_for_plain_and_every_drafter(generic, samplin
 
 def test_logprobs_are_the_targets_distribution(generic):
     """Greedy: each token is its row's most likely, its logprob the first alternative's, the
-    alternatives in order; sampled with top-k 2: the tokens cut have -9999 (OpenAI's floor)."""
+    alternatives in order, the values log_softmax of the target's own rows; sampled with top-k 2:
+    the tokens cut have -9999 (OpenAI's floor)."""
     g = generic
     _use(g, "ngram", 4, "")
     ids = g.codec.encode("hello hello world")
@@ -348,6 +349,18 @@ def test_logprobs_are_the_targets_distribution(generic):
     for t, lp, ti, tl in zip(out, lps, top, top_lps, strict=True):
         assert ti[0] == t and tl[0] == lp and tl == sorted(tl, reverse=True) and lp < 0
         assert sum(np.exp(tl)) <= 1 + 1e-9
+    rows = []  # the target's rows as plain decoding commits them (prompt, then one per token)
+    _use(g, "none", 4, "")
+    g.tap = lambda past, logits, hidden, aux: rows.extend(np.array(logits, np.float64))
+    try:
+        out, lps, top, top_lps = _logprobs(g, ids, SamplingConfig(), n=30)
+    finally:
+        g.tap = None
+    for i, t in enumerate(out):  # token i comes from row len(ids) - 1 + i: log_softmax there, in float64
+        x = rows[len(ids) - 1 + i]
+        want = x - x.max() - np.log(np.exp(x - x.max()).sum())
+        assert abs(lps[i] - want[t]) < 1e-6 and np.allclose(top_lps[i], np.sort(want)[::-1][:5], atol=1e-6)
+    _use(g, "ngram", 4, "")
     out, lps, top, top_lps = _logprobs(g, ids, SamplingConfig(temperature=1.0, top_k=2, seed=1), n=30)
     assert all(tl[2:] == [-9999.0] * 3 and max(tl) < 0 for tl in top_lps) and all(lp > -9999.0 for lp in lps)
 
