@@ -116,6 +116,12 @@ def _cmd_generate(a) -> int:
     _check_sampling(a)
     grammar = _grammar(a)  # a bad schema fails before the model loads
     g = _load(a)
+    load = g.footprint()
+    print(
+        f"edgespec: loaded in {load['load_s']:.1f} s (weights {load['weights_bytes'] / 1e9:.2f} GB mapped, "
+        f"KV cache {load['kv_bytes'] / 1e9:.2f} GB)",
+        file=sys.stderr,
+    )
     if a.drafter is None:
         from edgespec.runtime.apps.tune import describe_default
 
@@ -137,7 +143,7 @@ def _cmd_generate(a) -> int:
     sys.stdout.write("\n")
     print(g.last_stats.line(), file=sys.stderr)
     if a.json:
-        Path(a.json).write_text(json.dumps(g.last_stats.to_dict(), indent=1))
+        Path(a.json).write_text(json.dumps(g.last_stats.to_dict() | {"load": load}, indent=1))
     return 0
 
 

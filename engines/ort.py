@@ -148,6 +148,7 @@ class OrtModel:
         self.closed = False
         self.n_calls = 0  # forward calls so far (stats)
         self._session_options, self._initializers = es.session_options(manifest, spec, threads, prepack)
+        self._files = es.weights_files(manifest, spec)  # the files its initializers map (PageDropper)
 
     def _make_buffers(self, spec: ModelSpec, dtype: np.dtype) -> None:
         """The host buffers of every width's inputs and outputs (allocated once, bound by address)."""
@@ -204,7 +205,7 @@ class OrtModel:
             capture = self.cuda_graph and self.provider == "cuda"
             trt = es.tensorrt_options(self.manifest, self.spec, self.kv_slots) if self.provider == "tensorrt" else None
             try:
-                self._session = es.new_session(path, self._session_options, self.provider, capture, trt)
+                self._session = es.new_session(path, self._session_options, self.provider, capture, trt, self._files)
             except EngineError as e:
                 if not capture or self._cuda_graph_asked or isinstance(e, es.ProviderError):
                     raise
@@ -212,7 +213,9 @@ class OrtModel:
                 # run without it rather than not at all
                 warnings.warn(f"{path}: no CUDA graph capture ({e}); running without it", RuntimeWarning, stacklevel=2)
                 self.cuda_graph = False
-                self._session = es.new_session(path, self._session_options, self.provider, trt_options=trt)
+                self._session = es.new_session(
+                    path, self._session_options, self.provider, trt_options=trt, weights=self._files
+                )
             self._check_graph(self._session)
         return self._session
 

@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +48,8 @@ PROVIDER_HINT = {
 
 TRT_CACHE = "trt_cache"  # folder beside the graphs where the TensorRT EP keeps its engines and timing cache
 
-_WEIGHTS_CACHE: dict[str, np.memmap] = {}  # resolved path -> its mapping (one per file per process)
+_WEIGHTS_CACHE: dict[str, np.ndarray] = {}  # resolved path -> its mapping's bytes (one per file per process)
+_MAPS: dict[str, mmap.mmap] = {}  # resolved path -> the mapping itself (for madvise)
 _SHARED_POOL = 0  # intra-op threads of the process-wide pool every session runs on (0: a pool per session)
 _N_SESSIONS = 0  # sessions made in this process (a pool can only be shared before the first)
 
@@ -85,12 +88,58 @@ def share_thread_pool(threads: int | None = None) -> int:
     return n
 
 
-def map_weights(path: Path) -> np.memmap:
-    """The process's one read-only mapping of a weights file, whichever model asks."""
+def map_weights(path: Path) -> np.ndarray:
+    """The process's one read-only mapping of a weights file, whichever model asks (uint8, read-only)."""
     key = str(path.resolve())
     if key not in _WEIGHTS_CACHE:
-        _WEIGHTS_CACHE[key] = np.memmap(path, dtype=np.uint8, mode="r")
+        with open(path, "rb") as f:  # (the mapping outlives the descriptor)
+            _MAPS[key] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        _WEIGHTS_CACHE[key] = np.frombuffer(_MAPS[key], np.uint8)
     return _WEIGHTS_CACHE[key]
+
+
+def mapped_bytes() -> int:
+    """Bytes of the weights files this process maps (each file once)."""
+    return sum(len(m) for m in _MAPS.values())
+
+
+def drop_mapped_pages(path: Path) -> None:
+    """Take a weights file's pages out of this process's resident set (MADV_DONTNEED). They stay in
+    the page cache: a tensor a kernel reads as stored faults its pages back at its next read, while
+    one a kernel read once to prepack (MatMulNBits' and MLAS's packed copies) stays out, so the
+    resident set holds each weight once. The mapping is shared and read-only: no data changes."""
+    mm = _MAPS.get(str(path.resolve()))
+    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):  # (Linux, macOS)
+        mm.madvise(mmap.MADV_DONTNEED)
+
+
+class PageDropper:
+    """`with PageDropper(paths):` drops the files' resident pages every `every` seconds while the block
+    runs and once at its end: a session that prepacks reads each weight once while it is made, so
+    without it the peak holds the mapped file and the packed copies at once. (ONNX Runtime releases
+    the GIL while it makes a session.)"""
+
+    def __init__(self, paths, every: float = 0.2) -> None:
+        self.paths, self.every = list(paths), every  # the weights files; seconds between drops
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgespec-page-dropper", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            for p in self.paths:
+                drop_mapped_pages(p)
+
+    def __enter__(self) -> PageDropper:
+        if self.paths:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for p in self.paths:
+            drop_mapped_pages(p)
 
 
 class WeightsFileError(EngineError):
@@ -261,11 +310,22 @@ def tensorrt_options(manifest: Manifest, spec, max_window: int) -> dict[str, str
     }
 
 
+def weights_files(manifest: Manifest, spec) -> list[Path]:
+    """The weights files a model's initializers are mapped from."""
+    return sorted({manifest.path(w.file or spec.weights_file) for w in spec.weights.values()})
+
+
 def new_session(
-    path: Path, so: ort.SessionOptions, provider: str, cuda_graph: bool = False, trt_options: dict | None = None
+    path: Path,
+    so: ort.SessionOptions,
+    provider: str,
+    cuda_graph: bool = False,
+    trt_options: dict | None = None,
+    weights: list[Path] = (),
 ) -> ort.InferenceSession:
     """A session of the graph at path on the provider (cuda_graph: the CUDA EP captures and replays;
-    trt_options: the TensorRT EP's, tensorrt_options)."""
+    trt_options: the TensorRT EP's, tensorrt_options; weights: the mapped files its initializers come
+    from, whose pages are dropped as it is made: PageDropper)."""
     global _N_SESSIONS
     _N_SESSIONS += 1
     providers = PROVIDERS[provider]
@@ -277,7 +337,8 @@ def new_session(
         preload_gpu_libraries()
     try:  # enable_fallback=0: an execution provider that fails at session creation raises (it would
         # print and retry on the CPU)
-        session = ort.InferenceSession(str(path), so, providers=providers, enable_fallback=0)
+        with PageDropper(weights):
+            session = ort.InferenceSession(str(path), so, providers=providers, enable_fallback=0)
     except Exception as e:  # ORT raises its own exception types; re-raise with context
         why = provider_library_error(provider) if provider != "cpu" else None
         if why:

@@ -106,11 +106,14 @@ class Generator(TextAPI):
         # called with (past, logits [n, V], hidden [n, H], hidden_aux [n, A] or None) of every row the
         # target commits, prefill and verify (export/train/answer_data.py keeps them as training data)
         self.tap = None
+        self.load_s = 0.0  # seconds Generator.load took: folder checks, sessions, each width's first call
         self.set_drafter(self.cfg.drafter, self.cfg.k)
 
     @classmethod
     def load(cls, folder: str | Path, cfg: RuntimeConfig = RuntimeConfig()) -> Generator:
-        """The folder's engines on cfg's backend, ready to generate (None fields: the folder's defaults)."""
+        """The folder's engines on cfg's backend, ready to generate (None fields: the folder's defaults).
+        The seconds it took land in load_s."""
+        t_load = time.perf_counter()
         cfg.check()
         with _folder_errors(folder):  # (a with block, not a call: the warnings' stack levels stay)
             # the context and KV cache type chosen at load (refused in one line before any allocation)
@@ -137,7 +140,19 @@ class Generator(TextAPI):
                         stacklevel=2,
                     )
             g.warm_drafter(widths)
+            g.load_s = time.perf_counter() - t_load
             return g
+
+    def footprint(self) -> dict:
+        """What the load cost and holds: load_s, the bytes of the weights files mapped (each once) and
+        of the host KV caches (each buffer once; a GPU provider's are in device memory)."""
+        from edgespec.engines.session import mapped_bytes
+
+        parts = []  # every engine: the target, each section's (one, or a dataclass of several)
+        for e in (self.engines.target, *self.engines.models.values()):
+            parts += [getattr(e, f.name) for f in dataclasses.fields(e)] if dataclasses.is_dataclass(e) else [e]
+        caches = {id(kv): kv.nbytes for p in parts if isinstance(kv := getattr(p, "kv", None), np.ndarray)}
+        return {"load_s": self.load_s, "weights_bytes": mapped_bytes(), "kv_bytes": sum(caches.values())}
 
     def warm_drafter(self, widths=()) -> None:
         """Make the current drafter's sessions now, so its first real call pays nothing."""

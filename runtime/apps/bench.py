@@ -374,6 +374,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
             "command": cfg.command,
             "limit": cfg.limit,
             "folder": folder_info(g.manifest),
+            "load": g.footprint(),  # load_s, weights and KV cache bytes
         },
         "machine": machine_info(cfg.runtime.provider) | ({"gpu_utilization": gpu} if gpu else {}),
         "runs": runs,
