@@ -137,8 +137,8 @@ class TextAPI:
     ) -> Iterator[str]:
         """Text pieces of generate_ids: whole characters only, cut before the first stop string
         (held back while a stop string could still be straddling two pieces). With tools, text
-        that may be a call is held back to the end (tools.ToolStream): the calls it makes go to
-        self.last_tool_calls. self.last_origins and self.last_logprobs describe each piece."""
+        that may be a call is held back to the end (tools.ToolStream; empty pieces meanwhile): the
+        calls it makes go to self.last_tool_calls. self.last_origins and self.last_logprobs describe each piece."""
         self.last_tool_calls, self.last_logprobs = [], []
         pieces = self._pieces(ids, max_new_tokens, sampling, stop, grammar, logprobs)
         if tools is None or tools.plan is None:
@@ -149,9 +149,8 @@ class TextAPI:
         try:
             for text, origins, lps in pieces:
                 held.add(text, origins, lps)
-                if out := calls.push(text):
-                    out, self.last_origins, self.last_logprobs = held.take(len(out))
-                    yield out
+                out, self.last_origins, self.last_logprobs = held.take(len(calls.push(text)))
+                yield out  # ("" while a call is held: the consumer may stop the generation meanwhile)
         finally:
             pieces.close()
         content, self.last_tool_calls = calls.finish()

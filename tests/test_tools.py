@@ -565,3 +565,39 @@ def test_the_chat_page_shows_tool_calls_and_sends_results(served, browser):  # n
     answer = page.ask("sunny")
     assert "result of" in page.all(".msg.user")[-1].text
     assert answer.find_element(page.By.CSS_SELECTOR, ".text").text and not page.all(".error")
+
+
+@pytest.mark.slow
+def test_a_tool_loop_on_the_default_model(default_engine):
+    """SmolLM2-135M-Instruct's template takes no tools (the generic fallback): the openai client
+    gets a required call that validates, answers it, and the model goes on in text."""
+    from test_server import _serving
+
+    tools = [
+        WEATHER
+        | {
+            "function": WEATHER["function"]
+            | {
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 40}},
+                    "required": ["city"],
+                }
+            }
+        }
+    ]
+    gen = Generator.load(default_engine, RuntimeConfig())
+    with _serving(gen) as (url, _):
+        c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        msgs = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+        kw = dict(model="gpt-4o-mini", max_tokens=60, temperature=0, tools=tools)
+        r = c.chat.completions.create(messages=msgs, tool_choice="required", **kw)
+        (call,) = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+        _validate(call.function, tools)
+        msgs += [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny", "celsius": 21}'},
+        ]
+        r = c.chat.completions.create(messages=msgs, tool_choice="none", **kw)
+        assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")

@@ -261,6 +261,8 @@ class Worker(threading.Thread):
                         if job.cancel.is_set():  # the client went away: stop at this step
                             self.metrics.add("edgespec:request_cancelled_total")
                             return
+                        if not piece and not g.last_logprobs:  # (a tool call held back: nothing to send yet)
+                            continue
                         lps = token_logprobs(g.codec, g.last_logprobs) if job.logprobs is not None else None
                         send(job.out.put_nowait, (i, piece, progress(g), lps))
                 except PromptTooLongError as e:
