@@ -73,3 +73,17 @@ def test_a_session_keeps_no_weights_pages_it_read_to_prepack_and_outputs_are_unc
     monkeypatch.setattr(es, "drop_mapped_pages", lambda path: None)  # as before: the read pages stay
     kept, _ = greedy(tiny_engine)
     np.testing.assert_array_equal(dropped, kept)
+
+
+def test_generate_prints_and_records_the_load(tiny_engine, tmp_path, capsys):
+    import json
+
+    from edgespec.cli import main
+
+    out = tmp_path / "gen.json"
+    args = ["generate", "--engine", str(tiny_engine), "--prompt", "hi", "--max-new-tokens", "4", "--json", str(out)]
+    assert main(args) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("edgespec: loaded in ")]
+    load = json.loads(out.read_text())["load"]
+    assert len(said) == 1 and f"{load['load_s']:.1f} s" in said[0] and "GB mapped" in said[0]
+    assert load["load_s"] > 0 and load["weights_bytes"] > 0 and load["kv_bytes"] > 0
