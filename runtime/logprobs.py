@@ -64,28 +64,47 @@ class TokenLogprobs:
 
     def _record(self, rows: np.ndarray, toks: list[int], sampling: SamplingConfig) -> None:
         """The log-probabilities of toks[i] at rows[i] [n, V], and each row's top ones. Greedy reads
-        each row in a few passes (its max, the exp-sum in the row's own precision summed in float64,
-        a partition for the top): only the tokens shown get a value, not the whole vocabulary."""
+        each row in two passes (its blocks' maxima, the exp-sum in the row's own precision summed in
+        float64): only the tokens shown get a value, not the whole vocabulary."""
         top = self.top
         for i, t in enumerate(toks):
-            if sampling.greedy:
-                row = rows[i]
-                mx = row.max()
-                lse = float(mx) + float(np.log(np.exp(row - mx).sum(dtype=np.float64)))
-            else:  # the processed distribution's logs (float64)
+            row = rows[i]
+            if not sampling.greedy:  # the processed distribution's logs (float64)
                 with np.errstate(divide="ignore"):
-                    row = np.log(probs(rows[i], sampling))
-                lse = 0.0
+                    row = np.log(probs(row, sampling))
+            peaks = np.maximum.reduceat(row, _starts(len(row)))  # [V / BLOCK] each block's max
+            mx = peaks.max()
+            lse = float(mx) + float(np.log(np.exp(row - mx).sum(dtype=np.float64))) if sampling.greedy else 0.0
             self.ids.append(int(t))
             self.logprobs.append(_finite(float(row[t]) - lse))
-            if top:
-                best = np.argpartition(row, len(row) - top)[-top:]
-                best = best[np.lexsort((best, -row[best]))]  # most likely first, ties by id
-                self.top_ids.append(best.tolist())
-                self.top_logprobs.append([_finite(float(row[j]) - lse) for j in best])
-            else:
-                self.top_ids.append([])
-                self.top_logprobs.append([])
+            best = _top(row, peaks, top)
+            self.top_ids.append(best.tolist())
+            self.top_logprobs.append([_finite(float(row[j]) - lse) for j in best])
+
+
+BLOCK = 256  # tokens per block: the top k lie in the k blocks with the largest maxima
+
+
+def _starts(vocab: int) -> np.ndarray:
+    return np.arange(0, vocab, BLOCK)
+
+
+def _top(row: np.ndarray, peaks: np.ndarray, k: int) -> np.ndarray:
+    """The k largest entries' ids of row [V], largest first, ties by id. A block holding one of them
+    has a maximum at least the k-th largest value, so they lie in the blocks whose maxima reach the
+    k-th largest maximum: the partition runs over those (about k * BLOCK entries), not the vocabulary."""
+    if not k:
+        return np.zeros(0, np.int64)
+    kb = min(k, len(peaks))
+    blocks = np.flatnonzero(peaks >= np.partition(peaks, len(peaks) - kb)[len(peaks) - kb])
+    ids = (blocks[:, None] * BLOCK + np.arange(BLOCK)).ravel()  # ascending
+    ids = ids[ids < len(row)]
+    vals = row[ids]
+    k = min(k, len(ids))
+    kth = np.partition(vals, len(vals) - k)[len(vals) - k]
+    above, tied = ids[vals > kth], ids[vals == kth]
+    best = np.concatenate([above, tied[: k - len(above)]])  # ties: the lowest ids
+    return best[np.lexsort((best, -row[best]))]  # most likely first, ties by id
 
 
 def _finite(v) -> float:
