@@ -365,6 +365,22 @@ def test_logprobs_are_the_targets_distribution(generic):
     assert all(tl[2:] == [-9999.0] * 3 and max(tl) < 0 for tl in top_lps) and all(lp > -9999.0 for lp in lps)
 
 
+def test_top_alternatives_are_exact_with_ties():
+    from edgespec.runtime.logprobs import _starts, _top
+
+    rng = np.random.default_rng(0)
+    for vocab in (3, 256, 300, 49152):
+        for it in range(20):
+            row = rng.standard_normal(vocab).astype(np.float32)
+            if it % 3 == 0:  # ties at the top, across blocks
+                row[rng.integers(0, vocab, 10)] = row.max()
+            if it % 5 == 0:  # a sampled row's cut tokens
+                row[rng.integers(0, vocab, vocab // 2)] = -np.inf
+            for k in (0, 1, 5, 8):
+                want = np.lexsort((np.arange(vocab), -row))[:k]
+                assert _top(row, np.maximum.reduceat(row, _starts(vocab)), k).tolist() == want.tolist()
+
+
 def test_streamed_pieces_carry_their_tokens_logprobs(generic):
     g = generic
     _use(g, "ngram", 4, "")
