@@ -258,7 +258,7 @@ def session_options(manifest: Manifest, spec, threads: int | None, prepack: bool
         so.inter_op_num_threads = 1
     so.log_severity_level = 3
     if rowop.needs(spec.weights):  # linears written for edgespec's row kernel (--int4-kernel rowop)
-        rowop.register(so)
+        rowop.register(so, getattr(spec, "rowop_layout", 0))
     if not prepack:
         so.add_session_config_entry("session.disable_prepacking", "1")
     if spec.role != "target" and not _SHARED_POOL:

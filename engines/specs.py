@@ -139,6 +139,8 @@ class ModelSpec(Serial):
     weight_origins: tuple[WeightOrigin, ...] = ()  # per kind of linear weight: its checkpoint type and what the
     #                                                graph keeps of it (GGUF blocks kept exactly, or re-quantized);
     #                                                (): not recorded (a folder from before edgespec recorded it)
+    rowop_layout: int = 0  # the row kernel's record layout of its packed weights (rowop.LAYOUT_VERSION when
+    #                        written; 0: none, or a folder from before it was recorded: layout 1)
 
     @property
     def n_layers(self) -> int:

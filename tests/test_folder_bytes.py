@@ -167,3 +167,33 @@ def test_a_drafter_reads_the_targets_fp16_table_in_place(tiny_models, tmp_path):
     eagle = m.models()["eagle"]
     assert eagle.weights["embed"].file == "target.weights" and eagle.weights["embed"].dtype == "float16"
     assert max(eagle.validation.values()) < 2e-3
+
+
+@needs_op
+@pytest.mark.parametrize("type_name, bits", [("Q4_K", 4), ("Q5_K", 5), ("Q6_K", 6)])
+def test_k_quants_keep_their_codes_and_every_path_computes_the_same_bits(type_name, bits):
+    """A K-quant packed as its own codes (5/6-bit unpacked in the kernel, sub-scale codes under fp16
+    super-block scales): about the GGUF's bytes, its rows gguf's, and on every path the result of
+    the NumPy reference and of the layout before (8-bit codes, fp32 d x sc) bit for bit."""
+    raw, want = _table(type_name, rows=40, width=512)
+    b = decode(raw, type_name)
+    p = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size, sub=b.sub)
+    assert (p.attrs["bits"], p.attrs["sub"]) == (bits, 1)
+    per_weight = {"Q4_K": 4.625, "Q5_K": 5.625, "Q6_K": 6.5625}[type_name]  # GGUF: 4.5, 5.5, 6.5625
+    assert p.data.nbytes == 48 * 512 * per_weight / 8  # 3 panels of 16 outputs (40 rows padded)
+    choices = rowop.pack_choices(b.scales, b.zero_points, b.mins)  # without the codes' widths: layout 1
+    before = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size, choices)
+    assert (before.attrs["bits"], before.attrs["sub"]) == (b.bits, 0)
+    back = rowop.unpack(p.data, p.attrs)
+    assert np.array_equal(back.codes, b.codes) and np.array_equal(back.scales, before.scales)
+    assert (back.mins is None and before.mins is None) or np.array_equal(back.mins, before.mins)
+    ids = np.array([0, 5, 39, 16, 17], np.int64)
+    assert np.array_equal(rowop.gather_reference(ids, back), want[ids])
+    assert np.array_equal(rowop.gather(ids, p), want[ids])
+    x = np.random.default_rng(4).standard_normal((9, 512)).astype(np.float32)
+    x[2, :32] = 0.0  # an all-zero block
+    ref = rowop.reference(x, back)
+    assert np.array_equal(ref, rowop.reference(x, before))
+    for path in [q for q in rowop.PATHS if rowop.cpu_runs(q)]:
+        assert np.array_equal(rowop.matmul(x, p, path), ref), path
+        assert np.array_equal(rowop.matmul(x, before, path), ref), path

@@ -21,7 +21,8 @@ PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7], np.int64)
 
 
 def layout(bits, bs, zp, mins, f16, n=40, k=96, seed=0):
-    """Random blocks of one layout: zp "none" | "uniform" | "block"; f16: scales exactly fp16."""
+    """Random blocks of one layout: zp "none" | "uniform" | "block"; f16: scales exactly fp16;
+    bits 5 and 6: 8-bit blocks whose codes fit them (pack stores them in the narrower records)."""
     rng = np.random.default_rng(seed)
     nb = k // bs
     codes = rng.integers(0, 1 << bits, (n, k), dtype=np.uint8)
@@ -35,12 +36,14 @@ def layout(bits, bs, zp, mins, f16, n=40, k=96, seed=0):
     if mins:
         m = (rng.standard_normal((n, nb)) * 0.05).astype(np.float32)
         m = m.astype(np.float16).astype(np.float32) if f16 else m
-    return rowop.pack(codes, d, z, m, bits, bs)
+    p = rowop.pack(codes, d, z, m, 4 if bits == 4 else 8, bs)
+    assert p.attrs["bits"] == bits or (bits == 5 and bs == 16 and p.attrs["bits"] == 6)  # 5 bits: blocks of 32
+    return p
 
 
 LAYOUTS = [
     (bits, bs, zp, mins, f16)
-    for bits in (4, 8)
+    for bits in (4, 5, 6, 8)
     for bs in (16, 32)
     for zp, mins in (("none", False), ("uniform", False), ("block", False), ("none", True), ("block", True))
     for f16 in (False, True)
@@ -298,3 +301,31 @@ def test_the_probe_never_offers_an_unavailable_op_and_says_why(monkeypatch, tmp_
     monkeypatch.setattr(rowop, "unavailable", lambda: "")
     assert probe.ROWOP in probe.candidates(cfg)[0]
     assert set(probe.candidates(ExportConfig(target="x", precision="auto", int4_kernel="rowop"))[0]) == {probe.ROWOP}
+
+
+@needs_op
+def test_a_graph_packed_before_sub_scales_runs_and_a_newer_layout_is_refused():
+    """A graph exported before the `sub` attribute (records of layout 1: 4/8-bit codes, scales per
+    block) runs as before; a manifest stating a layout past this edgespec's is one line."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    p = layout(8, 16, "uniform", False, False, n=40, k=96)
+    old = rowop.pack(p.codes, p.scales, p.zero_points, None, 8, 16, rowop.pack_choices(p.scales, p.zero_points, None))
+    attrs = {a: v for a, v in old.attrs.items() if a != "sub"}
+    assert attrs["bits"] == 8
+    node = helper.make_node(rowop.OP_TYPE, ["x", "w"], ["y"], domain=rowop.DOMAIN, **attrs)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 40])],
+        initializer=[helper.make_tensor("w", TensorProto.UINT8, old.data.shape, old.data.tobytes(), raw=True)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(rowop.DOMAIN, 1)])
+    x = rows()
+    got = rowop_session(model, rowop.cpu_path()).run(None, {"x": x})[0]
+    assert np.array_equal(got, rowop.reference(x, p)) and np.array_equal(got, rowop.matmul(x, p, rowop.cpu_path()))
+    with pytest.raises(rowop.RowopUnavailable, match="re-export") as e:
+        rowop.register(ort.SessionOptions(), rowop.LAYOUT_VERSION + 1)
+    assert "\n" not in str(e.value)

@@ -56,29 +56,67 @@ static inline void load_scales(const uint8_t* p, bool f16, float* out) {
   }
 }
 
+// Code of input 4g + j, output n of one block's record (the layouts: rowop.h's Layout).
+static inline int code_at(const Layout& L, const uint8_t* rp, int g, int n, int j) {
+  const int groups = L.bs / 4, at = 4 * n + j;
+  if (L.bits == 8) return rp[64 * g + at];
+  const int half = groups / 2;  // chunk c holds group c (low nibbles) and c + half (high)
+  const uint8_t byte = rp[64 * (g % half) + at];
+  int c = g < half ? (byte & 0x0F) : (byte >> 4);
+  const uint8_t* hi = rp + groups * 32;  // the high bits, after the low nibbles
+  if (L.bits == 6) {
+    const int q = groups / 4;
+    c |= ((hi[64 * (g % q) + at] >> (2 * (g / q))) & 3) << 4;
+  } else if (L.bits == 5) {
+    c |= ((hi[at] >> g) & 1) << 4;
+  }
+  return c;
+}
+
+// A block's scales d, minimums m (with L.mins) and zero points z as fp32 / int for its 16 outputs:
+// read from the record rp (sub: from its sub-scale codes and the super-block header hp: d = D sc,
+// m = -(Dmin mn), rowop.h).
+static inline void block_factors(const Layout& L, const uint8_t* rp, const uint8_t* hp, float* d, float* mn,
+                                 int32_t* z) {
+  const uint8_t* sp = rp + L.code_bytes();
+  if (L.sub) {
+    float dh[kPanel], mh[kPanel];
+    load_scales(hp, true, dh);
+    if (L.mins) load_scales(hp + 2 * kPanel, true, mh);
+    for (int i = 0; i < kPanel; ++i) {
+      d[i] = dh[i] * static_cast<float>(static_cast<int8_t>(sp[i]));
+      if (L.mins) mn[i] = -(mh[i] * static_cast<float>(static_cast<int8_t>(sp[kPanel + i])));
+      z[i] = L.zp;
+    }
+    return;
+  }
+  load_scales(sp, L.f16, d);
+  if (L.mins) load_scales(sp + L.scale_bytes(), L.f16, mn);
+  const uint8_t* zp = sp + L.scale_bytes() * (L.mins ? 2 : 1);
+  for (int i = 0; i < kPanel; ++i) z[i] = L.zp < 0 ? zp[i] : L.zp;
+}
+
+// The super-block header of block b in panel p (sub), else nullptr.
+static inline const uint8_t* block_header(const Layout& L, const uint8_t* w, int64_t p, int64_t b) {
+  if (!L.sub) return nullptr;
+  const int64_t s = b / L.sub_blocks();
+  return w + p * L.panel_bytes() + s * (L.head_bytes() + L.sub_blocks() * static_cast<int64_t>(L.record_bytes()));
+}
+
 // Output row n of a packed linear as floats (RowGather: an embedding table read from its tied LM
 // head's bytes): w[k] = float(code - z) * d (+ m), fp32, one rounding per operation, for k in [0, K).
 static inline void gather_row(const Layout& L, const uint8_t* w, int64_t n, float* out) {
   const int64_t nb = L.blocks(), p = n / kPanel;
-  const int lane = static_cast<int>(n % kPanel), groups = L.bs / 4, half = groups / 2, rec = L.record_bytes();
+  const int lane = static_cast<int>(n % kPanel), groups = L.bs / 4;
   float d[kPanel], mn[kPanel];
+  int32_t z[kPanel];
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* rp = w + (p * nb + b) * rec;
-    const uint8_t* sp = rp + L.code_bytes();
-    load_scales(sp, L.f16, d);
-    if (L.mins) load_scales(sp + L.scale_bytes(), L.f16, mn);
-    const int z = L.zp < 0 ? sp[L.scale_bytes() * (L.mins ? 2 : 1) + lane] : L.zp;
+    const uint8_t* rp = L.record(w, p, b);
+    block_factors(L, rp, block_header(L, w, p, b), d, mn, z);
     float* o = out + b * L.bs;
     for (int g = 0; g < groups; ++g) {
       for (int j = 0; j < 4; ++j) {
-        int c;
-        if (L.bits == 8) {
-          c = rp[64 * g + 4 * lane + j];
-        } else {
-          const uint8_t byte = rp[64 * (g % half) + 4 * lane + j];
-          c = g < half ? (byte & 0x0F) : (byte >> 4);
-        }
-        float v = static_cast<float>(c - z) * d[lane];
+        float v = static_cast<float>(code_at(L, rp, g, lane, j) - z[lane]) * d[lane];
         if (L.mins) v = v + mn[lane];
         o[4 * g + j] = v;
       }

@@ -1,5 +1,6 @@
 // The AVX2 path (no VNNI): vpmaddubsw multiplies unsigned by signed bytes into int16 pairs.
 // 4-bit codes: |pair| <= 2 * 15 * 127 and eight groups sum to <= 30480, exact in int16.
+// 5- and 6-bit codes: |pair| <= 2 * 63 * 127, each group widened to int32.
 // 8-bit codes: as signed c - 128 with the sign moved onto the input (|pair| <= 2 * 128 * 127),
 // then sum (c - 128) x + 128 sum x.
 #include "ymm.h"
@@ -26,6 +27,13 @@ struct DotAvx2 {
       __m256i t = _mm256_maddubs_epi16(W[0], bcast4(q));
       for (int g = 1; g < G; ++g) t = _mm256_add_epi16(t, _mm256_maddubs_epi16(W[g], bcast4(q + 4 * g)));
       return _mm256_madd_epi16(t, ones);
+    }
+    if (BITS == 5 || BITS == 6) {  // |pair| <= 2 * 63 * 127: exact in int16, widened per group
+      __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(W[0], bcast4(q)), ones);
+      for (int g = 1; g < G; ++g) {
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(W[g], bcast4(q + 4 * g)), ones));
+      }
+      return s;
     }
     __m256i s = _mm256_set1_epi32(128 * xsum);
     for (int g = 0; g < G; ++g) {

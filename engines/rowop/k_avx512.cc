@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "common.h"
 
@@ -57,33 +58,68 @@ void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int6
               float* y, int64_t ldy) {
   const int64_t nb = L.blocks();
   const int rec = L.record_bytes(), bs = L.bs, sb = L.scale_bytes();
-  const bool f16 = L.f16;
+  const bool f16 = L.f16, sub = L.sub;
+  const int nsub = L.sub_blocks(), head = L.head_bytes();
   alignas(64) float acc[kRowChunk * kPanel];
-  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  const __m512i lo4 = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30), hi1 = _mm512_set1_epi8(0x10);
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t n_here = std::min<int64_t>(kPanel, L.n - p * kPanel);
     const __mmask16 mask = static_cast<__mmask16>((1u << n_here) - 1);
     for (int64_t c0 = r0; c0 < r1; c0 += kRowChunk) {
       const int nr = static_cast<int>(std::min<int64_t>(r1 - c0, kRowChunk));
       for (int r = 0; r < nr; ++r) _mm512_store_ps(acc + r * kPanel, _mm512_setzero_ps());
-      const uint8_t* rp = w + p * nb * rec;
+      const uint8_t* rp = w + p * L.panel_bytes();
+      const uint8_t* hp = nullptr;  // sub: the super-block's header
       for (int64_t b = 0; b < nb; ++b, rp += rec) {
+        if (sub && b % nsub == 0) {
+          hp = rp;
+          rp += head;
+        }
         prefetch_record(rp + kPrefetch, rec);
         __m512i W[G];
-        if (BITS == 4) {
+        if (BITS == 8) {
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) W[g] = _mm512_loadu_si512(rp + 64 * g);
+        } else {
 #pragma GCC unroll 4
           for (int c = 0; c < G / 2; ++c) {
             const __m512i v = _mm512_loadu_si512(rp + 64 * c);
             W[c] = _mm512_and_si512(v, lo4);
             W[c + G / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
           }
-        } else {
+          if (BITS == 6) {  // bits 2i..2i+1 of chunk c: bits 4..5 of group c + i G/4
+#pragma GCC unroll 2
+            for (int c = 0; c < G / 4; ++c) {
+              const __m512i v = _mm512_loadu_si512(rp + 32 * G + 64 * c);
+              W[c] = _mm512_or_si512(W[c], _mm512_and_si512(_mm512_slli_epi16(v, 4), hi2));
+              W[c + G / 4] = _mm512_or_si512(W[c + G / 4], _mm512_and_si512(_mm512_slli_epi16(v, 2), hi2));
+              W[c + G / 2] = _mm512_or_si512(W[c + G / 2], _mm512_and_si512(v, hi2));
+              W[c + 3 * G / 4] = _mm512_or_si512(W[c + 3 * G / 4], _mm512_and_si512(_mm512_srli_epi16(v, 2), hi2));
+            }
+          }
+          if (BITS == 5) {  // bit i: bit 4 of group i (blocks of 32)
+            const __m512i v = _mm512_loadu_si512(rp + 32 * G);
 #pragma GCC unroll 8
-          for (int g = 0; g < G; ++g) W[g] = _mm512_loadu_si512(rp + 64 * g);
+            for (int g = 0; g < G; ++g) {
+              const __m512i t = g < 4 ? _mm512_slli_epi16(v, 4 - g) : _mm512_srli_epi16(v, g - 4);
+              W[g] = _mm512_or_si512(W[g], _mm512_and_si512(t, hi1));
+            }
+          }
         }
-        const uint8_t* sp = rp + (BITS == 4 ? 32 * G : 64 * G);
-        const __m512 d = load16(sp, f16);
-        const __m512 mn = MINS ? load16(sp + sb, f16) : _mm512_setzero_ps();
+        const uint8_t* sp = rp + 8 * G * BITS;
+        __m512 d, mn = _mm512_setzero_ps();
+        if (sub) {  // d = D sc, m = -(Dmin mn): exact products (rowop.h)
+          d = _mm512_mul_ps(load16(hp, true), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)))));
+          if (MINS) {
+            const __m512 t = _mm512_mul_ps(load16(hp + 32, true), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16)))));
+            mn = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(t), _mm512_set1_epi32(INT32_MIN)));
+          }
+        } else {
+          d = load16(sp, f16);
+          if (MINS) mn = load16(sp + sb, f16);
+        }
         const __m512i z = ZPM == 2 ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
                                          sp + sb * (MINS ? 2 : 1))))
                                    : _mm512_setzero_si512();
@@ -115,8 +151,11 @@ PanelsFn pick_zp_mins(const Layout& L) {
 
 void panels(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
             float* y, int64_t ldy) {
-  PanelsFn f = L.bs == 32 ? (L.bits == 4 ? pick_zp_mins<8, 4>(L) : pick_zp_mins<8, 8>(L))
-                          : (L.bits == 4 ? pick_zp_mins<4, 4>(L) : pick_zp_mins<4, 8>(L));
+  PanelsFn f = L.bs == 32 ? (L.bits == 4   ? pick_zp_mins<8, 4>(L)
+                             : L.bits == 5 ? pick_zp_mins<8, 5>(L)
+                             : L.bits == 6 ? pick_zp_mins<8, 6>(L)
+                                           : pick_zp_mins<8, 8>(L))
+                          : (L.bits == 4 ? pick_zp_mins<4, 4>(L) : L.bits == 6 ? pick_zp_mins<4, 6>(L) : pick_zp_mins<4, 8>(L));
   f(L, w, x, r0, r1, p0, p1, y, ldy);
 }
 

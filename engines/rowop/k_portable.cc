@@ -10,7 +10,7 @@ namespace {
 void panels(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
             float* y, int64_t ldy) {
   const int64_t nb = L.blocks();
-  const int bs = L.bs, groups = bs / 4, rec = L.record_bytes();
+  const int bs = L.bs, groups = bs / 4;
   int32_t codes[kPanel][32];  // [output][input] of one block
   float d[kPanel], mn[kPanel];
   int32_t z[kPanel];
@@ -19,29 +19,13 @@ void panels(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_
     const int n_here = static_cast<int>(L.n - p * kPanel < kPanel ? L.n - p * kPanel : kPanel);
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* rp = w + (p * nb + b) * rec;
+      const uint8_t* rp = L.record(w, p, b);
       for (int g = 0; g < groups; ++g) {
         for (int n = 0; n < kPanel; ++n) {
-          for (int j = 0; j < 4; ++j) {
-            int c;
-            if (L.bits == 8) {
-              c = rp[64 * g + 4 * n + j];
-            } else {
-              const int half = groups / 2;  // chunk c holds group c (low nibbles) and c + half (high)
-              const uint8_t byte = rp[64 * (g % half) + 4 * n + j];
-              c = g < half ? (byte & 0x0F) : (byte >> 4);
-            }
-            codes[n][4 * g + j] = c;
-          }
+          for (int j = 0; j < 4; ++j) codes[n][4 * g + j] = code_at(L, rp, g, n, j);
         }
       }
-      const uint8_t* sp = rp + L.code_bytes();
-      load_scales(sp, L.f16, d);
-      if (L.mins) load_scales(sp + L.scale_bytes(), L.f16, mn);
-      if (L.zp < 0) {
-        const uint8_t* zp = sp + L.scale_bytes() * (L.mins ? 2 : 1);
-        for (int n = 0; n < kPanel; ++n) z[n] = zp[n];
-      }
+      block_factors(L, rp, block_header(L, w, p, b), d, mn, z);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t i = b * x.m + r;
         const int8_t* q = x.xq + i * bs;

@@ -3,8 +3,9 @@
 // backward compatible: a library built with an older header loads in a newer runtime).
 //
 //   Y[..., N] = RowMatMul(X[..., K] float, W uint8 [panels * blocks * record])
-//   attributes: K, N, bits (4|8), block_size (16|32), zero_point (0 none, 1..255 every block's,
-//               -1 one per block and output in the record), mins (0|1), f16 (0|1)
+//   attributes: K, N, bits (4|5|6|8), block_size (16|32), zero_point (0 none, 1..255 every block's,
+//               -1 one per block and output in the record), mins (0|1), f16 (0|1), sub (0|1:
+//               sub-scale codes under fp16 super-block scales; absent in folders exported before it)
 //
 //   Y[1, T, Hq*D] = RowAttention(Q [1, T, Hq*D], K [1, T, Hkv*D], V [1, T, Hkv*D] (the call's new rows),
 //                                past_key, past_value [S, Hkv*D], past_len [1] int64, (tree_mask [T, T] int64))
@@ -174,24 +175,20 @@ OrtStatus* error(const std::string& msg) { return g_api->CreateStatus(ORT_INVALI
   } while (0)
 
 std::string check_layout(const Layout& L) {
-  if (L.bits != 4 && L.bits != 8) return "bits must be 4 or 8";
+  if (L.bits != 4 && L.bits != 5 && L.bits != 6 && L.bits != 8) return "bits must be 4, 5, 6 or 8";
   if (L.bs != 16 && L.bs != 32) return "block_size must be 16 or 32";
+  if (L.bits == 5 && L.bs != 32) return "5-bit codes need block_size 32";
   if (L.k <= 0 || L.n <= 0 || L.k % L.bs) return "K must be a positive multiple of block_size and N positive";
-  if (L.zp < -1 || L.zp > (L.bits == 4 ? 15 : 255)) return "zero_point must be -1 (per block), 0 or a code";
+  if (L.zp < -1 || L.zp >= (1 << L.bits)) return "zero_point must be -1 (per block), 0 or a code";
+  if (L.sub && (L.k % Layout::kSuper || L.zp < 0)) {
+    return "sub-scales need K a multiple of 256 and no per-block zero points";
+  }
   return "";
 }
 
-OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
-                                      void** out) {
+// The layout of attributes v: K, N, bits, block_size, zero_point, mins, f16, sub.
+Layout layout_of(const int64_t* v) {
   Layout L;
-  int64_t v[7] = {0, 0, 4, 32, 0, 0, 0};
-  const char* names[7] = {"K", "N", "bits", "block_size", "zero_point", "mins", "f16"};
-  for (int i = 0; i < 7; ++i) {
-    if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, names[i], &v[i])) {
-      if (i < 2) return st;  // K and N are required
-      api->ReleaseStatus(st);
-    }
-  }
   L.k = v[0];
   L.n = v[1];
   L.bits = static_cast<int>(v[2]);
@@ -199,6 +196,21 @@ OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi* api, 
   L.zp = static_cast<int>(v[4]);
   L.mins = v[5] != 0;
   L.f16 = v[6] != 0;
+  L.sub = v[7] != 0;
+  return L;
+}
+
+OrtStatus* ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
+                                      void** out) {
+  int64_t v[8] = {0, 0, 4, 32, 0, 0, 0, 0};
+  const char* names[8] = {"K", "N", "bits", "block_size", "zero_point", "mins", "f16", "sub"};
+  for (int i = 0; i < 8; ++i) {
+    if (OrtStatus* st = api->KernelInfoGetAttribute_int64(info, names[i], &v[i])) {
+      if (i < 2) return st;  // K and N are required; the rest default (sub 0: folders exported before it)
+      api->ReleaseStatus(st);
+    }
+  }
+  const Layout L = layout_of(v);
   const std::string why = check_layout(L);
   if (!why.empty()) return error(std::string(kOpType) + ": " + why);
   *out = new Kernel{L, static_cast<const RowOp*>(op)->isa};
@@ -936,7 +948,7 @@ int edgespec_rowop_runs(const char* name) {
   return 0;
 }
 
-// attrs: K, N, bits, block_size, zero_point, mins, f16. Returns 0, or -1 (unknown or unsupported
+// attrs: K, N, bits, block_size, zero_point, mins, f16, sub. Returns 0, or -1 (unknown or unsupported
 // path, bad layout).
 int edgespec_rowop_matmul(const char* name, const int64_t* attrs, const float* x, int64_t m, const uint8_t* w,
                           float* y) {
@@ -945,14 +957,7 @@ int edgespec_rowop_matmul(const char* name, const int64_t* attrs, const float* x
   for (const Isa* p : kPaths) {
     if (std::strcmp(p->name, name) == 0 && runs(p)) isa = p;
   }
-  Layout L;
-  L.k = attrs[0];
-  L.n = attrs[1];
-  L.bits = static_cast<int>(attrs[2]);
-  L.bs = static_cast<int>(attrs[3]);
-  L.zp = static_cast<int>(attrs[4]);
-  L.mins = attrs[5] != 0;
-  L.f16 = attrs[6] != 0;
+  const Layout L = layout_of(attrs);
   if (isa == nullptr || !check_layout(L).empty()) return -1;
   if (m == 0) return 0;
   Scratch& sc = t_scratch;  // the op's own buffers, grown as the op grows them (the tests' layouts in turn)
@@ -967,14 +972,7 @@ int edgespec_rowop_matmul(const char* name, const int64_t* attrs, const float* x
 // Returns 0, or -1 (bad layout or id).
 int edgespec_rowop_gather(const int64_t* attrs, const int64_t* ids, int64_t m, const uint8_t* w, float* y) {
   using namespace rowop;
-  Layout L;
-  L.k = attrs[0];
-  L.n = attrs[1];
-  L.bits = static_cast<int>(attrs[2]);
-  L.bs = static_cast<int>(attrs[3]);
-  L.zp = static_cast<int>(attrs[4]);
-  L.mins = attrs[5] != 0;
-  L.f16 = attrs[6] != 0;
+  const Layout L = layout_of(attrs);
   if (!check_layout(L).empty()) return -1;
   for (int64_t i = 0; i < m; ++i) {
     if (ids[i] < 0 || ids[i] >= L.n) return -1;

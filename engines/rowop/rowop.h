@@ -1,5 +1,5 @@
-// edgespec's row kernel: y = x W for block-quantized W (4- or 8-bit codes, a scale per block, an
-// optional zero point, an optional block minimum), x quantized to int8 per row and per block.
+// edgespec's row kernel: y = x W for block-quantized W (4-, 5-, 6- or 8-bit codes, a scale per
+// block, an optional zero point, an optional block minimum), x quantized to int8 per row and per block.
 //
 // The arithmetic, the same in every instruction-set path and in the NumPy reference
 // (edgespec.engines.rowop.reference), for row r, output n, block b of bs inputs:
@@ -10,6 +10,10 @@
 //   f     = float(dot) * d[b, n]                             (fp32)
 //   f     = f + m[b, n] * float(sum_k xq[k])                 (only with block minimums)
 //   acc  += f * s                                            (fp32, blocks in order)
+// With sub-scales (Layout::sub: GGUF's K-quants kept as their codes) a block's d and m are
+//   d[b, n] = D[n] * float(sc[b, n]),  m[b, n] = -(Dmin[n] * float(mn[b, n]))  (fp32, exact: an
+// fp16 times an integer of at most 8 bits), D and Dmin the fp16 super-block scales of its 256 inputs:
+// the same floats as the fp32 d and m the export computed from them, so the same result bits.
 // Every factor depends on row r alone and the sums are exact integers, so a row's bits do not
 // depend on how many rows share the call, nor on the path that ran it. Built with
 // -ffp-contract=off: a fused multiply-add would round once where the reference rounds twice.
@@ -24,21 +28,44 @@ constexpr int kPanel = 16;  // outputs per panel: one 512-bit register of int32 
 constexpr int kRowChunk = 64;  // rows one pass over a panel's weights serves (accumulators stay in L1)
 
 // One linear's weight layout (the op's attributes). Weights are panels of 16 outputs; a panel's
-// blocks are contiguous records: codes, scales, [mins], [zero points].
+// blocks are contiguous records: codes, scales, [mins], [zero points]. Codes of a block: 4 bits:
+// chunk c of 64 bytes holds group c (4 inputs x 16 outputs, byte 4n + j) in its low nibbles and
+// group c + G/2 in its high ones (G = bs / 4 groups); 5 and 6 bits: those low 4 bits, then their
+// high bits: 6 bits: chunk c, bits 2i..2i+1 of byte 4n + j are bits 4..5 of group c + i G/4; 5 bits
+// (blocks of 32): bit i of byte 4n + j is bit 4 of group i; 8 bits: chunk g is group g.
+// sub: before the records of each super-block of 256 inputs a header D fp16[16], [Dmin fp16[16]];
+// a record then holds codes, sc int8[16] (d = D sc), [mn int8[16] (m = -(Dmin mn))] (no zero points
+// per block).
 struct Layout {
   int64_t k = 0, n = 0;  // inputs, outputs
-  int bits = 4;  // 4 or 8
+  int bits = 4;  // 4, 5, 6 or 8
   int bs = 32;  // inputs per block: 16 or 32
   int zp = 0;  // 0: none; 1..255: one zero point for every block; -1: one per block and output (u8 in the record)
   bool mins = false;  // a block minimum per block and output (scale-typed, in the record)
   bool f16 = false;  // scales and mins stored as fp16 (exactly: the checkpoint's own values), else fp32
+  bool sub = false;  // sub-scale codes under fp16 super-block scales (K-quants), see above
 
+  static constexpr int kSuper = 256;  // inputs per super-block (sub)
   int64_t blocks() const { return k / bs; }
   int64_t panels() const { return (n + kPanel - 1) / kPanel; }
-  int code_bytes() const { return bits == 4 ? bs * kPanel / 2 : bs * kPanel; }
+  int sub_blocks() const { return kSuper / bs; }  // blocks per super-block (sub)
+  int code_bytes() const { return bs * kPanel * bits / 8; }
   int scale_bytes() const { return kPanel * (f16 ? 2 : 4); }
-  int record_bytes() const { return code_bytes() + scale_bytes() * (mins ? 2 : 1) + (zp < 0 ? kPanel : 0); }
-  int64_t total_bytes() const { return panels() * blocks() * record_bytes(); }
+  int head_bytes() const { return sub ? kPanel * 2 * (mins ? 2 : 1) : 0; }
+  int record_bytes() const {
+    if (sub) return code_bytes() + kPanel * (mins ? 2 : 1);
+    return code_bytes() + scale_bytes() * (mins ? 2 : 1) + (zp < 0 ? kPanel : 0);
+  }
+  int64_t panel_bytes() const {
+    return sub ? (k / kSuper) * (head_bytes() + sub_blocks() * static_cast<int64_t>(record_bytes()))
+               : blocks() * record_bytes();
+  }
+  int64_t total_bytes() const { return panels() * panel_bytes(); }
+  // Block b's record in panel p (sub: after the headers of its super-block and those before).
+  const uint8_t* record(const uint8_t* w, int64_t p, int64_t b) const {
+    const int64_t head = sub ? (b / sub_blocks() + 1) * head_bytes() : 0;
+    return w + p * panel_bytes() + head + b * record_bytes();
+  }
 };
 
 // A call's rows, quantized once (block-major: a block's rows are contiguous, so a pass over one

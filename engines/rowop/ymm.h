@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "common.h"
 
@@ -29,9 +30,10 @@ void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int6
   const int64_t nb = L.blocks();
   const int rec = L.record_bytes(), bs = L.bs, sb = L.scale_bytes();
   const int es = L.f16 ? 2 : 4;  // bytes per scale
-  const bool f16 = L.f16;
+  const bool f16 = L.f16, sub = L.sub;
+  const int nsub = L.sub_blocks(), head = L.head_bytes();
   alignas(32) float acc[kRowChunk * 8];
-  const __m256i lo4 = _mm256_set1_epi8(0x0F);
+  const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30), hi1 = _mm256_set1_epi8(0x10);
   for (int64_t p = p0; p < p1; ++p) {
     for (int h = 0; h < 2; ++h) {
       const int64_t n_here = std::min<int64_t>(8, L.n - p * kPanel - 8 * h);
@@ -39,23 +41,55 @@ void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int6
       for (int64_t c0 = r0; c0 < r1; c0 += kRowChunk) {
         const int nr = static_cast<int>(std::min<int64_t>(r1 - c0, kRowChunk));
         for (int r = 0; r < nr; ++r) _mm256_store_ps(acc + r * 8, _mm256_setzero_ps());
-        const uint8_t* rp = w + p * nb * rec;
+        const uint8_t* rp = w + p * L.panel_bytes();
+        const uint8_t* hp = nullptr;  // sub: the super-block's header
         for (int64_t b = 0; b < nb; ++b, rp += rec) {
+          if (sub && b % nsub == 0) {
+            hp = rp;
+            rp += head;
+          }
           prefetch_record(rp + kPrefetch, rec);
           __m256i W[2 * G];  // the policy may keep a second form of the codes in W[G..2G)
-          if (BITS == 4) {
+          if (BITS == 8) {
+            for (int g = 0; g < G; ++g) W[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp + 64 * g + 32 * h));
+          } else {
             for (int c = 0; c < G / 2; ++c) {
               const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp + 64 * c + 32 * h));
               W[c] = _mm256_and_si256(v, lo4);
               W[c + G / 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
             }
-          } else {
-            for (int g = 0; g < G; ++g) W[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp + 64 * g + 32 * h));
+            if (BITS == 6) {  // bits 2i..2i+1 of chunk c: bits 4..5 of group c + i G/4
+              for (int c = 0; c < G / 4; ++c) {
+                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp + 32 * G + 64 * c + 32 * h));
+                W[c] = _mm256_or_si256(W[c], _mm256_and_si256(_mm256_slli_epi16(v, 4), hi2));
+                W[c + G / 4] = _mm256_or_si256(W[c + G / 4], _mm256_and_si256(_mm256_slli_epi16(v, 2), hi2));
+                W[c + G / 2] = _mm256_or_si256(W[c + G / 2], _mm256_and_si256(v, hi2));
+                W[c + 3 * G / 4] = _mm256_or_si256(W[c + 3 * G / 4], _mm256_and_si256(_mm256_srli_epi16(v, 2), hi2));
+              }
+            }
+            if (BITS == 5) {  // bit i: bit 4 of group i (blocks of 32)
+              const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp + 32 * G + 32 * h));
+              for (int g = 0; g < G; ++g) {
+                const __m256i t = g < 4 ? _mm256_slli_epi16(v, 4 - g) : _mm256_srli_epi16(v, g - 4);
+                W[g] = _mm256_or_si256(W[g], _mm256_and_si256(t, hi1));
+              }
+            }
           }
           Dot::template prep<G, BITS>(W);
-          const uint8_t* sp = rp + (BITS == 4 ? 32 * G : 64 * G);
-          const __m256 d = load8(sp + 8 * h * es, f16);
-          const __m256 mn = MINS ? load8(sp + sb + 8 * h * es, f16) : _mm256_setzero_ps();
+          const uint8_t* sp = rp + 8 * G * BITS;
+          __m256 d, mn = _mm256_setzero_ps();
+          if (sub) {  // d = D sc, m = -(Dmin mn): exact products (rowop.h)
+            d = _mm256_mul_ps(load8(hp + 16 * h, true), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sp + 8 * h)))));
+            if (MINS) {
+              const __m256 t = _mm256_mul_ps(load8(hp + 32 + 16 * h, true), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sp + 16 + 8 * h)))));
+              mn = _mm256_xor_ps(t, _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN)));
+            }
+          } else {
+            d = load8(sp + 8 * h * es, f16);
+            if (MINS) mn = load8(sp + sb + 8 * h * es, f16);
+          }
           __m256i z = _mm256_setzero_si256();
           if (ZPM == 2) {
             z = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sp + sb * (MINS ? 2 : 1) + 8 * h)));
@@ -102,8 +136,13 @@ PanelsFn pick_zp_mins(const Layout& L) {
 template <class Dot>
 void panels_ymm(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
                 float* y, int64_t ldy) {
-  PanelsFn f = L.bs == 32 ? (L.bits == 4 ? pick_zp_mins<Dot, 8, 4>(L) : pick_zp_mins<Dot, 8, 8>(L))
-                          : (L.bits == 4 ? pick_zp_mins<Dot, 4, 4>(L) : pick_zp_mins<Dot, 4, 8>(L));
+  PanelsFn f = L.bs == 32 ? (L.bits == 4   ? pick_zp_mins<Dot, 8, 4>(L)
+                             : L.bits == 5 ? pick_zp_mins<Dot, 8, 5>(L)
+                             : L.bits == 6 ? pick_zp_mins<Dot, 8, 6>(L)
+                                           : pick_zp_mins<Dot, 8, 8>(L))
+                          : (L.bits == 4   ? pick_zp_mins<Dot, 4, 4>(L)
+                             : L.bits == 6 ? pick_zp_mins<Dot, 4, 6>(L)
+                                           : pick_zp_mins<Dot, 4, 8>(L));
   f(L, w, x, r0, r1, p0, p1, y, ldy);
 }
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from edgespec.engines.rowop import SubScales
 from edgespec.export.target.gguf_header import read_header
 
 QK_K = 256  # weights per K-quant super-block
@@ -46,6 +47,7 @@ class Blocks:
     bits: int  # 4 or 8: the MatMulNBits width the codes fit in
     block_size: int  # inputs per block: 32, or 16 for the K-quants' 16-wide sub-blocks
     source: str  # the GGUF type the blocks came from ("Q4_1"; "Q5_0+Q8_0" for concatenated rows)
+    sub: SubScales | None = None  # a K-quant's own sub-scale codes (scales = D sc, mins = -(Dmin mn)), else None
 
     def dequantized(self) -> np.ndarray:
         """[N, K] float32, computed as gguf computes it (so the bits are its bits)."""
@@ -64,6 +66,7 @@ class Blocks:
             scales=self.scales[r0:r1],
             zero_points=self.zero_points[r0:r1],
             mins=None if self.mins is None else self.mins[r0:r1],
+            sub=None if self.sub is None else self.sub.rows(r0, r1),
         )
 
     def with_block_size(self, block_size: int) -> Blocks:
@@ -81,6 +84,7 @@ class Blocks:
             zero_points=rep(self.zero_points),
             mins=rep(self.mins),
             block_size=block_size,
+            sub=None,
         )
 
     def packed(self) -> tuple[np.ndarray, np.ndarray]:
@@ -120,6 +124,7 @@ def concat(parts: list[Blocks]) -> Blocks:
     bs = min(p.block_size for p in parts)
     parts = [p.with_block_size(bs) for p in parts]
     any_mins = any(p.mins is not None for p in parts)
+    subs = [p.sub for p in parts]
     return Blocks(
         codes=np.concatenate([p.codes for p in parts]),
         scales=np.concatenate([p.scales for p in parts]),
@@ -130,6 +135,7 @@ def concat(parts: list[Blocks]) -> Blocks:
         bits=bits,
         block_size=bs,
         source="+".join(dict.fromkeys(p.source for p in parts)),
+        sub=None if any(x is None for x in subs) else SubScales.concat(subs),
     )
 
 
@@ -262,7 +268,21 @@ def decode(raw: np.ndarray, type_name: str) -> Blocks:
     zero_points = np.full(scales.shape, zp, np.uint8)
     if mins is not None:
         zero_points, mins = _centered(scales, mins.astype(np.float32).reshape(rows, -1), 2**bits - 1)
-    return Blocks(codes.astype(np.uint8).reshape(rows, k), scales, zero_points, mins, bits, bs, type_name)
+    sub = _sub_scales(flat, type_name, rows)
+    return Blocks(codes.astype(np.uint8).reshape(rows, k), scales, zero_points, mins, bits, bs, type_name, sub)
+
+
+def _sub_scales(b: np.ndarray, type_name: str, rows: int) -> SubScales | None:
+    """A K-quant's super-block scales and sub-scale codes (the row kernel keeps them as stored)."""
+    if type_name in ("Q4_K", "Q5_K"):
+        sc, mn = _scale_min_k4(b[:, 4:16])
+        d, dmin = _f16(b[:, :2]), _f16(b[:, 2:4])
+        return SubScales(d.reshape(rows, -1), sc.astype(np.int8).reshape(rows, -1), dmin.reshape(rows, -1),
+                         mn.astype(np.int8).reshape(rows, -1))  # fmt: skip
+    if type_name == "Q6_K":
+        sc = np.ascontiguousarray(b[:, 192:208]).view(np.int8)
+        return SubScales(_f16(b[:, 208:210]).reshape(rows, -1), sc.reshape(rows, -1), None, None)
+    return None
 
 
 def _centered(scales: np.ndarray, mins: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
@@ -358,4 +378,7 @@ def _processed(processor, b: Blocks, gguf_name: str) -> Blocks:
     def rows(a):
         return None if a is None else np.ascontiguousarray(processor.process(weights=a, name=gguf_name).weights)
 
-    return replace(b, codes=rows(b.codes), scales=rows(b.scales), zero_points=rows(b.zero_points), mins=rows(b.mins))
+    sub = None if b.sub is None else SubScales(*(rows(a) for a in b.sub.fields()))
+    return replace(
+        b, codes=rows(b.codes), scales=rows(b.scales), zero_points=rows(b.zero_points), mins=rows(b.mins), sub=sub
+    )

@@ -419,7 +419,7 @@ class RowLinears(Linears):
         if self.deferred is not None:
             self.deferred.append(b)
             return
-        p = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size)
+        p = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size, sub=b.sub)
         self.store.add(name + rowop.WEIGHT_SUFFIX, p.data)
         self.attrs[name] = p.attrs
 

@@ -307,15 +307,20 @@ class StreamingWriter(LlamaGraphWriter):
                 pieces = lin.deferred
             finally:
                 lin.deferred = None
+        subs = [p.sub for p in pieces]
         ch = rowop.pack_choices(
             np.concatenate([p.scales for p in pieces]),
             np.concatenate([p.zero_points for p in pieces]),
             None if pieces[0].mins is None else np.concatenate([p.mins for p in pieces]),
+            pieces[0].bits,
+            pieces[0].block_size,
+            max(int(p.codes.max(initial=0)) for p in pieces),
+            None if any(x is None for x in subs) else rowop.SubScales.concat(subs),
         )
         key = name + rowop.WEIGHT_SUFFIX
         for r0, piece in zip(range(0, n_rows, step), pieces, strict=True):
             packed = rowop.pack(
-                piece.codes, piece.scales, piece.zero_points, piece.mins, piece.bits, piece.block_size, ch
+                piece.codes, piece.scales, piece.zero_points, piece.mins, piece.bits, piece.block_size, ch, piece.sub
             )
             back = rowop.unpack(packed.data, packed.attrs)
             same = all(

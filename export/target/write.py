@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from edgespec.engines import rowop
 from edgespec.engines.manifest import Architecture, HeadInfo, ModelSpec, WeightOrigin, WeightSpec
 from edgespec.export.target import spec as es
 from edgespec.export.target.graph import LlamaGraphWriter, ModelWriter
@@ -68,6 +69,7 @@ def write_model(
         weights=es.weight_specs(index, _external(model)),
         graph=graph,
         weight_origins=weight_origins(writer.linears.origins),
+        rowop_layout=rowop.LAYOUT_VERSION if getattr(writer.linears, "attrs", None) else 0,
     )
 
 
