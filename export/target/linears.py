@@ -10,7 +10,7 @@ subclass a flavour names as its LINEARS; the model declarations do not change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -235,23 +235,30 @@ class Linears:
         bs = self.opts.int4_block_size
         if sum(p.rows for p in parts) != len(w):
             raise ValueError(f"{name}: its parts hold {sum(p.rows for p in parts)} rows, the weight {len(w)}")
-        blocks, row = [], 0
+        blocks, row, kept_at = [], 0, []
         for p, (b, why) in zip(parts, kept, strict=True):
             if b is None:
                 b = from_int4(*quantize_int4(w[row : row + p.rows], bs)[:3], bs)
                 self.origins.append(Origin(p.hf_name, p.source, "int4 (re-quantized)", False, why))
             else:
-                mins = " + block mins" if b.mins is not None else ""
-                size = f", blocks of {b.block_size}" if b.block_size != 32 else ""
-                self.origins.append(Origin(p.hf_name, p.source, f"int{b.bits} codes{mins}{size}", True))
+                kept_at.append(len(self.origins))
+                self.origins.append(Origin(p.hf_name, p.source, "", True))
             blocks.append(b)
             row += p.rows
         out = concat(blocks)
+        for i in kept_at:  # what the stored linear keeps of them (its layout: the parts' widest)
+            self.origins[i] = replace(self.origins[i], stored=self.kept_stored(out))
         if self.dtype == np.float32:  # exactly fp16 (a GGUF's own d and m): stored so, cast in the graph
             for what, a in (("scales", out.scales), ("mins", out.mins)):
                 if a is not None and _exactly(a, np.float16):
                     self.f16.add(f"{name}.{what}")
         return out
+
+    def kept_stored(self, b: Blocks) -> str:
+        """How a linear of kept blocks is stored (its Origin): "int4 codes + block mins", ..."""
+        mins = " + block mins" if b.mins is not None else ""
+        size = f", blocks of {b.block_size}" if b.block_size != 32 else ""
+        return f"int{b.bits} codes{mins}{size}"
 
     def _store_quantized(self, name: str, bits: int, codes, scales, zero_points) -> None:
         """A linear re-quantized by quant.quantize_int4 / quantize_int8 (their MatMulNBits layout)."""
@@ -422,6 +429,16 @@ class RowLinears(Linears):
         p = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size, sub=b.sub)
         self.store.add(name + rowop.WEIGHT_SUFFIX, p.data)
         self.attrs[name] = p.attrs
+
+    def kept_stored(self, b: Blocks) -> str:
+        """As packed: the narrowest code width, a K-quant's sub-scale codes where kept as stored."""
+        from edgespec.engines import rowop
+
+        ch = rowop.pack_choices(b.scales, b.zero_points, b.mins, b.bits, b.block_size, int(b.codes.max()), b.sub)
+        scales = " + sub-scale codes" if ch.sub else ""
+        mins = " + block mins" if b.mins is not None else ""
+        size = f", blocks of {b.block_size}" if b.block_size != 32 else ""
+        return f"int{ch.bits} codes{scales}{mins}{size}"
 
     def head_stored(self) -> str:
         a = self.attrs["lm_head"]
