@@ -141,6 +141,9 @@ def test_a_tied_heads_blocks_are_the_embedding_and_rows_stay_the_checkpoints(emb
     assert np.array_equal(_embedding_rows(m, ids)[0], _ggufs_table(src)[ids[0]])
     if kernel == "nbits":  # GGUF's fp16 block scales and minimums stay fp16
         assert m.target.weights["l0.gate_up.scales"].dtype == "float16"
+    else:  # a K-quant head packed as its own codes (layout 2, recorded)
+        assert "sub-scale codes" in next(o for o in m.target.weight_origins if o.kind == "lm_head").stored
+        assert m.target.rowop_layout == rowop.LAYOUT_VERSION
     assert max(m.target.validation.values()) < 3.0
     assert_rows_bitwise_alike(m, embd)
 

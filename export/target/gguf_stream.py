@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.engines.rowop import SubScales
 from edgespec.export.target.arch import ArchSpec
 from edgespec.export.target.gguf_blocks import DECODERS, FLOATS, Blocks, decode
 from edgespec.export.target.gguf_header import read_header
@@ -232,10 +233,13 @@ def read_blocks(e: GgufEntry, rows: np.ndarray | None = None) -> Blocks:
         codes, scales = np.empty((n, k), np.uint8), np.empty((n, nb), np.float32)
         zp = np.empty((n, nb), np.uint8)
         mins = None if first.mins is None else np.empty((n, nb), np.float32)
+        subs = []  # a K-quant's sub-scale codes, per piece
         for i in range(0, n, step):
             b = first if i == 0 else decode(_raw_rows(fh, e, order[i : i + step]), e.type_name)
             codes[i : i + len(b.codes)], scales[i : i + len(b.codes)] = b.codes, b.scales
             zp[i : i + len(b.codes)] = b.zero_points
             if mins is not None:
                 mins[i : i + len(b.codes)] = b.mins
-    return Blocks(codes, scales, zp, mins, first.bits, first.block_size, e.type_name)
+            subs.append(b.sub)
+    sub = None if any(s is None for s in subs) else SubScales.concat(subs)
+    return Blocks(codes, scales, zp, mins, first.bits, first.block_size, e.type_name, sub)
