@@ -15,7 +15,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -96,13 +95,12 @@ def _nan_in(path: Path, name: str) -> None:
 
 
 def _refused(capsys, target: Path, tmp_path: Path, *drafters) -> str:
-    """The export's one-line refusal (exit code 2, in seconds, no folder left)."""
-    t0 = time.perf_counter()
+    """The export's one-line refusal (exit code 2, no folder left; before the target loads: the callers'
+    target is a bare config.json, and speed lives in benchmarks, not timed tests)."""
     args = ["export", "--target", target, "--max-len", "128", "--out", tmp_path / "out", *drafters]
     rc, err = _cli(capsys, *args)
     line = _one_line_error(err, "export")
     assert rc == 2, err
-    assert time.perf_counter() - t0 < 10
     assert not (tmp_path / "out").exists()
     return line
 

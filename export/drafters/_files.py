@@ -115,7 +115,7 @@ def _shards(path: Path) -> list[Path]:
     if not path.name.endswith(".index.json"):
         return [path]
     try:
-        index = json.loads(_regular(path).read_text())
+        index = read_json(path)
         shards = [path.parent / f for f in dict.fromkeys(index["weight_map"].values())]
     except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
         raise WeightsFileError(
@@ -125,6 +125,28 @@ def _shards(path: Path) -> list[Path]:
     if missing:
         raise WeightsFileError(f"{path} names shard(s) {', '.join(missing[:3])}, which the folder does not hold")
     return shards
+
+
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KB; a bigger one is not a config (or is /dev/zero)
+
+
+def read_json(path: str | Path) -> dict:
+    """A drafter folder's JSON file (config.json, an index), refused in one line unless it is a regular
+    file under MAX_CONFIG_BYTES of UTF-8 JSON: a FIFO, device or link to /dev/zero would block or grow
+    without end before any check could run."""
+    from edgespec.runtime.files import InputFileError, read_text
+
+    try:
+        text = read_text(path, "drafter file", MAX_CONFIG_BYTES)
+    except InputFileError as e:
+        raise WeightsFileError(str(e)) from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WeightsFileError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}). Hint: restore the file") from None
+    if not isinstance(value, dict):
+        raise WeightsFileError(f"{path}: a JSON {type(value).__name__}, not an object of fields")
+    return value
 
 
 def _regular(path: Path) -> Path:

@@ -101,10 +101,10 @@ class DFlashPlugin(ExportPlugin):
             raise ExportError(f"{self.flag} {e}") from e
 
     def claims(self, folder: Path) -> bool:
-        import json
+        from edgespec.export.drafters._files import read_json
 
         try:
-            arch = json.loads((folder / "config.json").read_text()).get("architectures") or []
+            arch = read_json(folder / "config.json").get("architectures") or []
         except (OSError, ValueError, AttributeError):
             return False
         return bool({"DFlashDraftModel", "DFlash2DraftModel"} & set(arch))

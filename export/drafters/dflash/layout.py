@@ -33,7 +33,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.export.drafters._files import TensorInfo, WeightsFileError, load_tensors, tensor_infos, weights_file
+from edgespec.export.drafters._files import (
+    TensorInfo,
+    WeightsFileError,
+    load_tensors,
+    read_json,
+    tensor_infos,
+    weights_file,
+)
 from edgespec.export.drafters.dflash.config import HINT, DFlashConfig, DFlashFormatError, fail, parse_config
 
 FLOAT_DTYPES = {"F32", "F16", "BF16", "float32", "float16", "bfloat16"}
@@ -70,7 +77,7 @@ def read_layout(
     if not (folder / "config.json").is_file():
         raise fail(folder, "no config.json", HINT)
     try:
-        raw = json.loads((folder / "config.json").read_text())
+        raw = read_json(folder / "config.json")
     except json.JSONDecodeError as e:
         raise fail(folder, f"config.json is not JSON ({e})") from e
     cfg, ids = parse_config(raw, folder, hidden_size, vocab_size, n_layers)

@@ -35,7 +35,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgespec.export.drafters import _files
-from edgespec.export.drafters._files import WeightsFileError, eps_problem, load_tensors, tensor_infos, weights_file
+from edgespec.export.drafters._files import (
+    WeightsFileError,
+    eps_problem,
+    load_tensors,
+    read_json,
+    tensor_infos,
+    weights_file,
+)
 from edgespec.export.drafters._shape import HeadShape
 from edgespec.export.drafters.eagle.config import BIAS_NAMES, HeadConfig
 from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
@@ -307,7 +314,7 @@ def inspect_head(folder: str | Path, hidden_size: int | None = None, vocab_size:
             f"no {CONFIG_FILE}; an EAGLE head folder holds config.json + pytorch_model.bin or model.safetensors",
         )
     try:
-        config = json.loads((folder / CONFIG_FILE).read_text())
+        config = read_json(folder / CONFIG_FILE)
         if not isinstance(config, dict):
             raise _error(folder, f"{CONFIG_FILE} holds a {type(config).__name__}, not a config object")
         _foreign(folder, config, set())  # another drafter's folder: said before its weights are opened

@@ -55,6 +55,7 @@ from edgespec.export.drafters._files import (
     WeightsFileError,
     eps_problem,
     load_tensors,
+    read_json,
     tensor_infos,
     unknown_keys,
     weights_file,
@@ -123,11 +124,12 @@ HINT = "Hint: re-save it with its project's own code, or open an issue with its 
 
 
 def _config(folder: Path) -> dict | None:
-    try:
-        cfg = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+    """The folder's config.json (None: there is none); a file that cannot be a config (a device, a FIFO,
+    not JSON) is refused here with its own reason rather than taken for another layout."""
+    path = folder / "config.json"
+    if not path.exists() and not path.is_symlink():
         return None
-    return cfg if isinstance(cfg, dict) else None
+    return read_json(path)
 
 
 def detect(folder: Path) -> str | None:
@@ -753,7 +755,7 @@ def _verifier(ck: Eagle3Checkpoint, given: str | None) -> dict:
             raise _refuse_publish(ck, "speculators", f"--verifier {given}: no such folder, nor a hub id (org/name)")
         return {"name_or_path": name, "architectures": archs}
     try:
-        cfg = json.loads((path / "config.json").read_text())
+        cfg = read_json(path / "config.json")
     except (OSError, ValueError) as e:
         raise _refuse_publish(
             ck,

@@ -22,7 +22,6 @@ edgespec's own layout stores it); Medusa's loaders ignore both.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +89,7 @@ def detect(folder: Path) -> str | None:
     if any((folder / f).exists() for f in HEAD_FILES):
         return "heads"
     try:
-        cfg = json.loads((folder / checkpoint.CONFIG_FILE).read_text())
+        cfg = read_json(folder / checkpoint.CONFIG_FILE)
     except (OSError, ValueError):
         return None
     return "full" if isinstance(cfg, dict) and "medusa_num_heads" in cfg and "model_type" in cfg else None
@@ -108,7 +107,7 @@ def _int(cfg: dict, key: str, default: int | None, folder: Path, least: int) -> 
 def read_json(path: Path) -> dict:
     """A config.json as a dict, else MedusaFormatError saying what is wrong with it."""
     try:
-        cfg = json.loads(path.read_text())
+        cfg = _files.read_json(path)
     except (ValueError, UnicodeDecodeError) as e:
         raise MedusaFormatError(f"{path} is not JSON ({e})") from e
     if not isinstance(cfg, dict):
