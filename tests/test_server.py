@@ -247,7 +247,7 @@ BAD = [  # (path, body, status, param, words in the message)
     (C, _chat(content=[{"type": "text", "text": 5}]), 400, "messages[0].content[0]", "text"),
     (C, json.dumps({"messages": [{"role": 5, "content": "x"}]}).encode(), 400, "messages[0].role", "choose one"),
     (C, json.dumps({"messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, "messages[0].role", "wizard"),
-    (C, json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(), 400, "messages[0].tool_call_id", "no call"),
+    (C, _chat({"messages": [{"role": "tool", "content": "x"}]}), 400, "messages[0].tool_call_id", "no call"),
     (C, json.dumps({"messages": [{"content": "x"}]}).encode(), 400, "messages[0].role", "None"),
     (C, _chat({"model": 7}), 400, "model", "string"),
     (C, _raw_chat('"max_tokens": 1e400'), 400, "max_tokens", "finite"),
