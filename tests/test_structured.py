@@ -60,8 +60,8 @@ def _fake_gen(drafter: str, k: int = 3) -> Generator:
     return g
 
 
-def _ids(g, n, sampling=SamplingConfig(), grammar=None, prompt=PROMPT):
-    return np.concatenate([c.copy() for c in g.generate_ids(prompt, n, sampling, grammar)])
+def _ids(g, n, sampling=SamplingConfig(), grammar=None, prompt=PROMPT, rng=None):
+    return np.concatenate([c.copy() for c in g.generate_ids(prompt, n, sampling, grammar, rng=rng)])
 
 
 def _rule(m) -> int:
@@ -157,13 +157,19 @@ def _exact(g, grammar, n, cfg):
     return dist
 
 
-def _chi2(g, grammar, cfg, n=4) -> float:
+def _chi2(g, grammar, cfg, n=4, keyed=False) -> float:
+    """Chi-square p of N_SAMPLES constrained samples against the exact masked distribution: drawn by
+    rejection sampling from an rng (an unseeded call), or keyed by seed (sampling.KeyedDraws)."""
     from scipy.stats import chisquare
 
     exact = _exact(g, grammar, n, cfg)
     counts = dict.fromkeys(exact, 0)
     for s in range(N_SAMPLES):
-        out = tuple(int(t) for t in _ids(g, n, dataclasses.replace(cfg, seed=s), grammar))
+        if keyed:
+            out = _ids(g, n, dataclasses.replace(cfg, seed=s), grammar)
+        else:
+            out = _ids(g, n, cfg, grammar, rng=np.random.default_rng(s))
+        out = tuple(int(t) for t in out)
         assert out in counts, f"{out} has probability 0 under the grammar"
         counts[out] += 1
     keys = sorted(exact)
@@ -183,6 +189,19 @@ def test_constrained_sampling_keeps_the_masked_target_distribution(drafter):
     g = _fake_gen(drafter)
     p = _chi2(g, grammar_from(regex=REGEX), SamplingConfig(temperature=1.0))
     assert p > 1e-3, f"{drafter}: chi-square p = {p:.2g}: constrained samples do not follow the masked target"
+
+
+@pytest.mark.parametrize("drafter", ["none", "draft", "recycle", "merged"])
+def test_seeded_constrained_sampling_is_plain_and_keeps_the_masked_target_distribution(drafter):
+    """Seeded (keyed draws): each drafter's constrained output is the seeded plain one, and its
+    distribution the masked target's (chi-square)."""
+    pytest.importorskip("scipy")
+    g, plain, grammar = _fake_gen(drafter), _fake_gen("none"), grammar_from(regex=REGEX)
+    for s in range(30):
+        cfg = SamplingConfig(temperature=0.9, seed=s)
+        assert np.array_equal(_ids(g, 10, cfg, grammar), _ids(plain, 10, cfg, grammar)), (drafter, s)
+    p = _chi2(g, grammar, SamplingConfig(temperature=1.0), keyed=True)
+    assert p > 1e-3, f"{drafter} seeded: chi-square p = {p:.2g}"
 
 
 def test_constrained_sampling_with_repetition_penalty_and_top_k_stays_lossless():
