@@ -1,13 +1,12 @@
 """`--precision auto`: the export times the candidate target graphs on this CPU and keeps the one
-that speculates fastest.
+that speculates fastest, then exports it once.
 
 Which linear kernel makes verify rows cheap depends on the CPU, not on the model: ONNX Runtime's
 int4 MatMulNBits pays per row on some CPUs; its integer GEMM (the int8 precision, the integer
 graph) streams the weights once for many rows where the CPU has VNNI / AMX matrix units, and may
-not elsewhere. So nothing is assumed: each candidate's target graph (no heads, no validation) is
-exported into a scratch folder, its width table is timed at a real context (interleaved with the
-other candidates', median of several rounds), and the winner is the one with the highest
-expected speculative throughput
+not elsewhere. So nothing is assumed: each candidate's width table is timed at a real context
+(interleaved with the other candidates', median of several rounds), and the winner is the one
+with the highest expected speculative throughput
 
     score = max over k of E_k / c(k + 1),   E_k = (1 - a^(k+1)) / (1 - a)   (tokens per call)
 
@@ -15,6 +14,26 @@ c(T) the median seconds of a T-token call and a = ACCEPTANCE a typical per-token
 this project's drafters (k = 0, plain decoding, is a candidate too). A candidate replaces the
 first one (int4, the default before the probe) only when it wins by MARGIN, so timing noise does
 not flip the choice. The table lands in the manifest (`export_probe`).
+
+What is timed is a sampled model, not the whole one (a whole export per candidate cost a 1B GGUF
+7.6 GB and 13 min against 1.95 GB and 2.3 min for the export kept). Where the target streams
+(stream.py: a local GGUF or safetensors folder), each candidate's writer (the export's own, on
+the checkpoint's own tensors: GGUF blocks kept as the export keeps them) stores the first DEPTH
+layers and about HEAD_WEIGHTS / hidden vocabulary rows, evenly spread (every row of a smaller
+head), into a scratch folder, with two graphs on those weights: one layer and DEPTH layers. Per
+width T, a layer costs L(T) = (c_DEPTH(T) - c_1(T)) / (DEPTH - 1); the rest of the one-layer call,
+c_1(T) - L(T), is the LM head on the sampled rows (with the embedding lookup, the final norm and
+the call's overhead, a few percent, counted with it) and scales with the rows; so the whole model
+
+    c(T) = n_layers * L(T) + (vocab / rows) * (c_1(T) - L(T))
+
+(`whole_model_costs`). The recorded ms_by_width are those whole-model estimates, in milliseconds
+of this CPU (so the runtime's cost table in decodes, c(T) / c(1), is the whole model's); the
+measured tables are beside them (`sampled`). Every candidate is written before any is loaded, so
+the probe's memory is the larger of one candidate's writer (the export's own peak, on a fraction
+of the head) and the timed graphs (two layers and a fraction of the head per candidate). A
+target that does not stream (a hub id, --stream-weights off, a family not streamed) has each
+candidate exported whole, as before (`method`: "whole").
 
 A third candidate, int4-rowop, is the int4 precision on edgespec's row kernel (engines/rowop: an
 ONNX Runtime custom op compiled on this machine) wherever it builds and runs here; where it does
@@ -29,6 +48,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +58,12 @@ ROWOP = "int4-rowop"  # the int4 precision on the row kernel (engines/rowop), a 
 ACCEPTANCE = 0.6  # per-token acceptance the score assumes (drafts eval: ~2 tokens per call at k=4)
 MARGIN = 1.05  # a challenger must score this much higher
 PAST = 256  # cached positions before the timed calls
-ROUNDS = 12  # timed rounds per width (after two warm-up rounds)
+ROUNDS = 12  # timed rounds per width (after a warm-up round)
+MIN_ROUNDS = 3  # timed rounds of the sampled models' probe past TIMING_S
+TIMING_S = 15.0  # the sampled models' timing stops at MIN_ROUNDS past this (a loaded machine's calls are slow)
+DEPTH = 2  # layers of the sampled model the probe times (and a graph of its first one)
+HEAD_WEIGHTS = 2**26  # about this many LM-head weights in the sampled model (rows x hidden; 1B: 32,768 rows)
+SHARED_READ_BYTES = 2**30  # float32 checkpoint reads kept for the next candidate's sampled model (1B: all, 0.76 GB)
 
 
 def speculation_score(costs: dict[int, float], acceptance: float = ACCEPTANCE) -> float:
@@ -57,11 +82,12 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
-def _time_widths(folders: dict[str, Path], widths: list[int]) -> dict[str, dict[int, float]]:
+def _prefilled(folders: dict[str, Path], widths: list[int]) -> tuple[dict, int]:
+    """(name -> the engine of each whole folder with PAST positions prefilled, the past)."""
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
 
-    engines = {}
+    engines, past = {}, PAST
     for name, folder in folders.items():
         m = load_manifest(folder)
         past = min(PAST, m.max_len // 2)  # a small context window: half of it
@@ -73,15 +99,47 @@ def _time_widths(folders: dict[str, Path], widths: list[int]) -> dict[str, dict[
             e.forward(ids[pos : pos + n], pos)
             e.commit(pos, n)
         engines[name] = e
+    return engines, past
+
+
+def _time_widths(engines: dict, widths: list[int], past: int, budget_s: float | None = None) -> tuple[dict, int]:
+    """(key -> width -> median seconds of a call at `past` cached positions, every engine's calls
+    interleaved round by round (a load that comes and goes hits them alike); ROUNDS timed rounds
+    after a warm-up one (each width ran once at load), or MIN_ROUNDS once budget_s seconds have
+    passed (a loaded machine); the timed rounds)."""
     probe = np.full(max(widths), 42, np.int64)
-    times: dict[str, dict[int, list[float]]] = {n: {w: [] for w in widths} for n in engines}
-    for _ in range(ROUNDS + 2):
+    times = {n: {w: [] for w in widths} for n in engines}
+    start, done = time.perf_counter(), 0
+    while done < ROUNDS + 1:
+        if budget_s is not None and done > MIN_ROUNDS and time.perf_counter() - start > budget_s:
+            break
         for w in widths:
             for name, e in engines.items():
                 t0 = time.perf_counter()
-                e.forward(probe[:w], past)
+                e.forward(probe[:w], past, logits=False)
                 times[name][w].append(time.perf_counter() - t0)
-    return {n: {w: float(np.median(ts[2:])) for w, ts in t.items()} for n, t in times.items()}
+        done += 1
+    medians = {n: {w: float(np.median(ts[1:])) for w, ts in t.items()} for n, t in times.items()}
+    return medians, done - 1
+
+
+def whole_model_costs(
+    by_depth: dict[int, dict[int, float]], n_layers: int, vocab_scale: float = 1.0
+) -> dict[int, float]:
+    """A model's call costs by width from its sampled graphs' (depth -> width -> seconds; depths 1
+    and d, or the model's own depth alone): a layer's cost L the slope between them (a negative one,
+    noise, as 0); the rest of the one-layer call (the LM head on the sampled vocabulary rows, plus
+    the embedding, final norm and call overhead, counted with the head) times vocab_scale (the
+    whole vocabulary's rows over the sampled ones); plus n_layers * L."""
+    d = max(by_depth)
+    if len(by_depth) == 1:  # the model itself, every vocabulary row
+        return dict(by_depth[d])
+    one = by_depth[1]
+    out = {}
+    for w, c in by_depth[d].items():
+        layer = max(c - one[w], 0.0) / (d - 1)
+        out[w] = n_layers * layer + vocab_scale * max(one[w] - layer, 0.0)
+    return out
 
 
 def candidates(cfg) -> tuple[dict[str, dict], str]:
@@ -110,22 +168,18 @@ def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
     """(the precision to export, the probe's record for the manifest) for an ExportConfig whose
     precision is "auto"; the record's int4_kernel is the int4 linears' kernel to export with."""
     from edgespec.engines import rowop
-    from edgespec.export.target.exporter import export
 
+    t0 = time.perf_counter()
     widths = list(range(1, cfg.k + 2))
     cands, why_not_rowop = candidates(cfg)
     costs: dict[str, dict[int, float]] = {}
+    how: dict = {}
     if len(cands) > 1:
         scratch = Path(tempfile.mkdtemp(prefix="edgespec-probe-"))
         try:
-            folders = {}
-            for name, changes in cands.items():
-                target_only = dataclasses.replace(
-                    cfg, out=str(scratch / name), validate=False, progress=False, force=False, **changes
-                )
-                target_only = dataclasses.replace(target_only, **_no_drafters(cfg))
-                folders[name] = export(target_only)
-            costs = _time_widths(folders, widths)
+            costs, how = _sampled_costs(cfg, cands, widths, scratch)
+            if not costs:
+                costs, how = _whole_costs(cfg, cands, widths, scratch, how.get("why", ""))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     scores = {p: speculation_score(c) for p, c in costs.items()}
@@ -143,14 +197,208 @@ def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
         "ms_by_width": {p: {str(w): round(s * 1e3, 3) for w, s in c.items()} for p, c in costs.items()},
         "score_tokens_per_s": {p: round(s, 2) for p, s in scores.items()},
     }
-    if progress:
+    if costs:
+        record |= how | {"probe_s": round(time.perf_counter() - t0, 1)}
+    if progress and costs:
         table = ", ".join(
             f"{p}: T=1 {c[1] * 1e3:.1f} ms, T={widths[-1]} {c[widths[-1]] * 1e3:.1f} ms, {scores[p]:.0f} tok/s"
             for p, c in costs.items()
         )
         rowop_note = f" (row kernel: {why_not_rowop})" if why_not_rowop else ""
-        print(f"edgespec: precision probe on {record['cpu']}: {table} -> {chosen}{rowop_note}", file=sys.stderr)
+        print(
+            f"edgespec: precision probe on {record['cpu']} ({_describe(how)}, {record['probe_s']:.0f} s): "
+            f"{table} -> {chosen}{rowop_note}",
+            file=sys.stderr,
+        )
     return cands[chosen]["precision"], record
+
+
+def _describe(how: dict) -> str:
+    """How the probe's costs were measured, in a few words."""
+    if how.get("method") != "sampled":
+        return "each candidate exported whole"
+    s = how["sampled"]
+    if len(s["ms_by_layers"][next(iter(s["ms_by_layers"]))]) == 1:
+        return f"the whole model: {s['of_layers']} layers, {s['of_vocab']:,} vocabulary rows"
+    return (
+        f"graphs of its first 1 and {s['layers']} of {s['of_layers']} layers, {s['vocab_rows']:,} of "
+        f"{s['of_vocab']:,} vocabulary rows, scaled to the whole model"
+    )
+
+
+def _sampled_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path) -> tuple[dict, dict]:
+    """(candidate -> whole-model seconds by width, the record's method fields) timed on sampled
+    models (the module's doc); ({}, {"why": ...}) where the target does not stream."""
+    from edgespec.engines.ort import OrtModel
+    from edgespec.export.target import sources
+
+    src = sources.resolve(cfg.target)
+    written, cache = {}, {}
+    for name, changes in cands.items():  # all written before any is loaded
+        c = dataclasses.replace(cfg, **changes, **_no_drafters(cfg))
+        written[name] = _write_sampled(c, src, scratch / name, DEPTH, cache)
+        if isinstance(written[name], str):
+            return {}, {"why": written[name]}
+    cache.clear()
+    _, specs, n_layers, rows, vocab = next(iter(written.values()))  # the same model in every candidate
+    depth = max(specs)
+    engines = {}
+    try:
+        for name, (man, specs, *_) in written.items():
+            for d, spec in specs.items():
+                e = OrtModel(man, spec)
+                e.load_widths(widths)
+                engines[name, d] = e
+        past = min(PAST, cfg.max_len // 2)  # a small context window: half of it (a zero cache: its values
+        measured, rounds = _time_widths(engines, widths, past, TIMING_S)  # do not change the time of a call)
+    finally:
+        for e in engines.values():
+            e.close()
+    by_cand: dict[str, dict[int, dict[int, float]]] = {}
+    for (name, d), t in measured.items():
+        by_cand.setdefault(name, {})[d] = t
+    costs = {name: whole_model_costs(t, n_layers, vocab / rows) for name, t in by_cand.items()}
+    how = {
+        "method": "sampled",
+        "sampled": {
+            "layers": depth,
+            "of_layers": n_layers,
+            "vocab_rows": rows,
+            "of_vocab": vocab,
+            "rounds": rounds,
+            "ms_by_layers": {
+                name: {str(d): {str(w): round(s * 1e3, 3) for w, s in t.items()} for d, t in sorted(ts.items())}
+                for name, ts in by_cand.items()
+            },
+        },
+    }
+    return costs, how
+
+
+class SharedReads(Mapping):
+    """A streamed checkpoint (tensors.StreamedWeights) whose float32 reads are kept in `cache`, up to
+    SHARED_READ_BYTES in all, for the next candidate's view of the same checkpoint: the sampled
+    model's tensors are read and dequantized once, not once per candidate (and the tied embedding's
+    rows once, not twice). Everything else (part: a GGUF's blocks) is the checkpoint's own."""
+
+    def __init__(self, base, cache: dict) -> None:
+        self.base, self.cache = base, cache
+
+    def _kept(self, key: tuple, read) -> np.ndarray:
+        if key in self.cache:
+            return self.cache[key]
+        arr = read()
+        if sum(a.nbytes for a in self.cache.values()) + arr.nbytes <= SHARED_READ_BYTES:
+            self.cache[key] = arr
+        return arr
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._kept((self.base.source(name), None), lambda: np.asarray(self.base[name]))
+
+    def rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        key = (self.base.source(name), rows.tobytes())
+        return self._kept(key, lambda: np.asarray(self.base.rows(name, rows)))
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+    def __contains__(self, name) -> bool:
+        return name in self.base
+
+    def __iter__(self):
+        return iter(self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
+def sampled_rows(vocab: int, hidden: int, n_layers: int) -> np.ndarray | None:
+    """The vocabulary rows a sampled model keeps, evenly spread: about HEAD_WEIGHTS / hidden of them,
+    so its LM head is as large as one that spills the CPU's caches but a fraction of a big-vocabulary
+    head to write; None (every row) where the whole head is no larger, or the model has one layer
+    (nothing to tell a layer's cost from the head's)."""
+    n = HEAD_WEIGHTS // hidden
+    if n >= vocab or n_layers < 2:
+        return None
+    return np.arange(n, dtype=np.int64) * vocab // n
+
+
+def _write_sampled(cfg, src, folder: Path, depth: int, cache: dict):
+    """A candidate's sampled model in `folder`: its first `depth` layers (all, for a shallower model)
+    and the vocabulary rows `sampled_rows` keeps, stored by the export's own writer from the streamed
+    checkpoint, and the graphs of 1 and of `depth` layers on those weights. (a manifest for them,
+    depth -> its target spec, the model's layers, the rows kept, the model's vocabulary; a model no
+    deeper than `depth` with every row: its own graph alone); a string saying why where the target
+    does not stream."""
+    import copy
+    import datetime
+
+    from edgespec import __version__
+    from edgespec.engines import manifest as mf
+    from edgespec.export.target.arch import arch_from_config
+    from edgespec.export.target.exporter import _streamed_weights, graph_options
+    from edgespec.export.target.sampled import SampledWeights, sampled_arch
+    from edgespec.export.target.stream import StreamingWriter
+    from edgespec.export.target.write import host_prologue_entry, write_model
+
+    weights, why, hf_cfg = _streamed_weights(cfg, src, {})
+    if weights is None:
+        return why
+    arch = arch_from_config(hf_cfg, cfg.max_len)
+    layers = tuple(range(min(depth, arch.n_layers)))
+    rows = sampled_rows(arch.vocab_size, arch.hidden_size, arch.n_layers)
+    n_rows = arch.vocab_size if rows is None else len(rows)
+    folder.mkdir(parents=True)
+    v_arch = sampled_arch(arch, layers, n_rows)
+    view = SampledWeights(SharedReads(weights, cache), layers, rows)
+    writer = StreamingWriter(v_arch, view, graph_options(cfg), folder / "spool")
+    index = writer.write_weights(folder / "target.weights")
+    specs = {}
+    whole = len(layers) == arch.n_layers and rows is None
+    for d in [len(layers)] if whole else sorted({1, len(layers)}):
+        w = copy.copy(writer)  # the same stored weights, a graph of the first d layers
+        w.n_layers = d
+        spec = write_model(w, folder, f"target{d}", "target", cfg.widths(), cfg.prefill_chunk, "target.weights", index)
+        specs[d] = dataclasses.replace(host_prologue_entry(spec, w), role="target")
+    man = mf.Manifest(
+        folder=folder,
+        name=folder.name,
+        edgespec_version=__version__,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        source=mf.Source(kind=src.kind, path=src.path, draft=None, sha256=None),
+        max_len=cfg.max_len,
+        kv_bucket=cfg.kv_bucket,
+        prefill_chunk=cfg.prefill_chunk,
+        num_speculative_tokens=cfg.k,
+        two_row_matmuls=writer.opts.two_row_matmuls,
+        tokenizer_file="",
+        chat_template_file=None,
+        eos_token_ids=(),
+        bos_token_id=None,
+        target=specs[len(layers)],
+        defaults=mf.Defaults(k=cfg.k, adaptive=False),
+    )
+    return man, specs, arch.n_layers, n_rows, arch.vocab_size
+
+
+def _whole_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path, why: str) -> tuple[dict, dict]:
+    """(candidate -> seconds by width, the record's method fields), each candidate's target graph
+    exported whole (no heads, no validation) and timed after a prefill of PAST positions."""
+    from edgespec.export.target.exporter import export
+
+    folders = {}
+    for name, changes in cands.items():
+        target_only = dataclasses.replace(
+            cfg, out=str(scratch / name), validate=False, progress=False, force=False, **changes
+        )
+        folders[name] = export(dataclasses.replace(target_only, **_no_drafters(cfg)))
+    engines, past = _prefilled(folders, widths)
+    try:
+        costs, _ = _time_widths(engines, widths, past)
+    finally:
+        for e in engines.values():
+            e.close()
+    return costs, {"method": "whole", "why_not_sampled": why}
 
 
 def _no_drafters(cfg) -> dict:

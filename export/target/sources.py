@@ -233,15 +233,27 @@ def generation_config(source: Source, hf_cfg) -> ModelConfigs:
     return ModelConfigs(hf_cfg, gen)
 
 
+_GGUF_CONFIGS: dict[tuple, object] = {}  # (path, size, mtime) -> its config, read once a process
+
+
 def gguf_hf_config(source: Source):
     """A GGUF's transformers config as `load` gets it (AutoConfig with gguf_file: its whole header
     read by gguf's reader, seconds; no tensor read), for the streaming export, whose graphs must be
-    the ones the loaded model's config gives."""
+    the ones the loaded model's config gives. Read once per file (unchanged) and process: the
+    precision probe's candidates and the export ask for it in turn (the vocabulary's walk took
+    20 s each on a 128k-token GGUF, under load); each caller gets its own copy."""
+    import copy
+
     from transformers import AutoConfig
 
     p = Path(source.path)
     try:
-        return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+        st = p.stat()
+        key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in _GGUF_CONFIGS:
+            _GGUF_CONFIGS.clear()  # the last file's alone
+            _GGUF_CONFIGS[key] = AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+        return copy.deepcopy(_GGUF_CONFIGS[key])
     except (OSError, ValueError, KeyError) as e:
         raise SourceError(f"could not read the config of {source.path}: {e}") from e
 

@@ -1,0 +1,77 @@
+"""`--precision auto` times its candidates on a sampled model (the first probe.DEPTH layers, the
+whole vocabulary) and exports the winner once; the recorded width table is the whole model's cost,
+extrapolated by the per-layer slope of a one-layer graph and a DEPTH-layer graph on the same
+weights. A target that does not stream has its candidates exported whole, as before."""
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from tiny import make_tiny
+
+from edgespec.engines.manifest import load_manifest
+from edgespec.export.target import probe
+from edgespec.export.target.exporter import ExportConfig, export
+from edgespec.runtime.config import RuntimeConfig
+from edgespec.runtime.generator import Generator
+
+AUTO = dict(max_len=128, k=2, prefill_chunk=16, kv_bucket=32, precision="auto", progress=False, validate=False)
+
+
+def test_whole_model_costs_scale_the_layer_slope_and_the_sampled_head():
+    by_depth = {1: {1: 3.0, 2: 4.0}, 2: {1: 4.0, 2: 5.5}}  # a layer: 1.0 at T=1, 1.5 at T=2; the rest 2.0, 2.5
+    assert probe.whole_model_costs(by_depth, 16) == {1: 16 * 1.0 + 2.0, 2: 16 * 1.5 + 2.5}
+    assert probe.whole_model_costs(by_depth, 16, vocab_scale=4.0) == {1: 16 * 1.0 + 8.0, 2: 16 * 1.5 + 10.0}
+    assert probe.whole_model_costs({2: {1: 4.0}}, 2) == {1: 4.0}  # the model itself
+    assert probe.whole_model_costs({1: {1: 3.0}, 2: {1: 2.9}}, 16) == {1: 3.0}  # noise: no negative layer
+
+
+def test_sampled_rows_cut_big_heads_only():
+    assert probe.sampled_rows(49152, 576, 30) is None  # SmolLM2's head is small: every row
+    rows = probe.sampled_rows(128256, 2048, 16)  # Llama 3.2 1B: a quarter, spread over the vocabulary
+    assert len(rows) == probe.HEAD_WEIGHTS // 2048 and rows[0] == 0 and rows[-1] >= 128256 - 4
+    assert (rows[1:] > rows[:-1]).all()
+    assert probe.sampled_rows(128256, 2048, 1) is None  # one layer: nothing to tell the head from
+
+
+def test_auto_times_a_sampled_prefix_and_exports_the_winner_once(tmp_path, monkeypatch, capsys):
+    src = make_tiny("llama", tmp_path / "deep", num_hidden_layers=4)
+    monkeypatch.setattr(probe, "HEAD_WEIGHTS", 64 * 64)  # 64 of the 256 vocabulary rows (hidden 64)
+    exports = []
+    real_export = export
+
+    def counted(cfg):
+        exports.append(cfg.precision)
+        return real_export(cfg)
+
+    monkeypatch.setattr("edgespec.export.target.exporter.export", counted)
+    before = set(Path(tempfile.gettempdir()).glob("edgespec-probe-*"))
+    out = counted(ExportConfig(target=str(src), out=str(tmp_path / "e"), **AUTO | {"progress": True}))
+    assert len(exports) == 1 and exports[0] == "auto"  # no candidate exported whole
+    m = load_manifest(out)
+    p = m.export_probe
+    assert p["method"] == "sampled" and p["chosen"].split("-")[0] == m.target.precision
+    s = p["sampled"]
+    assert (s["layers"], s["of_layers"], s["vocab_rows"], s["of_vocab"]) == (2, 4, 64, 256)
+    for name, by_layers in s["ms_by_layers"].items():  # the recorded table: measured prefixes, extrapolated
+        assert set(by_layers) == {"1", "2"}
+        one, two = by_layers["1"], by_layers["2"]
+        for w in ("1", "2", "3"):
+            layer = max(two[w] - one[w], 0.0)
+            want = 4 * layer + 4 * max(one[w] - layer, 0.0)
+            assert p["ms_by_width"][name][w] == pytest.approx(want, abs=1e-2)
+    err = capsys.readouterr().err
+    assert "graphs of its first 1 and 2 of 4 layers, 64 of 256 vocabulary rows, scaled to the whole model" in err
+    assert set(Path(tempfile.gettempdir()).glob("edgespec-probe-*")) <= before  # its scratch folders removed
+    # the generator's cost table in decodes reads the chosen candidate's row
+    g = Generator.load(out, RuntimeConfig(drafter="ngram", k=2, adaptive=True))
+    costs = g._recorded_costs()
+    chosen = p["ms_by_width"][p["chosen"]]
+    assert costs[1] == 1.0 and costs[3] == pytest.approx(chosen["3"] / chosen["1"])
+
+
+def test_a_target_that_does_not_stream_has_its_candidates_exported_whole(tiny_models, tmp_path):
+    out = export(ExportConfig(target=str(tiny_models["llama"]), out=str(tmp_path / "e"), stream_weights="off", **AUTO))
+    p = load_manifest(out).export_probe
+    assert p["method"] == "whole" and p["why_not_sampled"] == "--stream-weights off"
+    assert {"int4", "int8"} <= set(p["ms_by_width"]) and "sampled" not in p
