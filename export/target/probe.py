@@ -27,13 +27,15 @@ the call's overhead, a few percent, counted with it) and scales with the rows; s
 
     c(T) = n_layers * L(T) + (vocab / rows) * (c_1(T) - L(T))
 
-(`whole_model_costs`). The recorded ms_by_width are those whole-model estimates, in milliseconds
-of this CPU (so the runtime's cost table in decodes, c(T) / c(1), is the whole model's); the
-measured tables are beside them (`sampled`). Every candidate is written before any is loaded, so
-the probe's memory is the larger of one candidate's writer (the export's own peak, on a fraction
-of the head) and the timed graphs (two layers and a fraction of the head per candidate). A
-target that does not stream (a hub id, --stream-weights off, a family not streamed) has each
-candidate exported whole, as before (`method`: "whole").
+(`whole_model_costs` per timed round, whose graphs run one after the other under the same load;
+the median over the rounds). The recorded ms_by_width are those whole-model estimates, in
+milliseconds of this CPU (so the runtime's cost table in decodes, c(T) / c(1), is the whole
+model's); the measured tables are beside them (`sampled`). Every candidate is written before any
+is loaded (the float32 tensors read once for all: SharedReads), so the probe's memory is the
+larger of one candidate's writer (the export's own peak, on a fraction of the head) and the
+timed graphs (two layers and a fraction of the head per candidate); what it freed is given back
+before the export. A target that does not stream (a hub id, --stream-weights off, a family not
+streamed) has each candidate exported whole, as before (`method`: "whole").
 
 A third candidate, int4-rowop, is the int4 precision on edgespec's row kernel (engines/rowop: an
 ONNX Runtime custom op compiled on this machine) wherever it builds and runs here; where it does
@@ -60,7 +62,7 @@ MARGIN = 1.05  # a challenger must score this much higher
 PAST = 256  # cached positions before the timed calls
 ROUNDS = 12  # timed rounds per width (after a warm-up round)
 MIN_ROUNDS = 3  # timed rounds of the sampled models' probe past TIMING_S
-TIMING_S = 15.0  # the sampled models' timing stops at MIN_ROUNDS past this (a loaded machine's calls are slow)
+TIMING_S = 10.0  # the sampled models' timing stops at MIN_ROUNDS past this (1B, quiet: 12 rounds in ~6 s)
 DEPTH = 2  # layers of the sampled model the probe times (and a graph of its first one)
 HEAD_WEIGHTS = 2**26  # about this many LM-head weights in the sampled model (rows x hidden; 1B: 32,768 rows)
 SHARED_READ_BYTES = 2**30  # float32 checkpoint reads kept for the next candidate's sampled model (1B: all, 0.76 GB)
@@ -102,11 +104,11 @@ def _prefilled(folders: dict[str, Path], widths: list[int]) -> tuple[dict, int]:
     return engines, past
 
 
-def _time_widths(engines: dict, widths: list[int], past: int, budget_s: float | None = None) -> tuple[dict, int]:
-    """(key -> width -> median seconds of a call at `past` cached positions, every engine's calls
-    interleaved round by round (a load that comes and goes hits them alike); ROUNDS timed rounds
-    after a warm-up one (each width ran once at load), or MIN_ROUNDS once budget_s seconds have
-    passed (a loaded machine); the timed rounds)."""
+def _time_widths(engines: dict, widths: list[int], past: int, budget_s: float | None = None) -> dict:
+    """key -> width -> the seconds of a call at `past` cached positions in each timed round, every
+    engine's calls interleaved round by round (a load that comes and goes hits them alike): ROUNDS
+    timed rounds after a warm-up one (each width ran once at load), or MIN_ROUNDS once budget_s
+    seconds have passed (a loaded machine)."""
     probe = np.full(max(widths), 42, np.int64)
     times = {n: {w: [] for w in widths} for n in engines}
     start, done = time.perf_counter(), 0
@@ -119,27 +121,47 @@ def _time_widths(engines: dict, widths: list[int], past: int, budget_s: float | 
                 e.forward(probe[:w], past, logits=False)
                 times[name][w].append(time.perf_counter() - t0)
         done += 1
-    medians = {n: {w: float(np.median(ts[1:])) for w, ts in t.items()} for n, t in times.items()}
-    return medians, done - 1
+    return {n: {w: ts[1:] for w, ts in t.items()} for n, t in times.items()}
+
+
+def _medians(times: dict) -> dict:
+    """key -> width -> the median of its rounds' seconds."""
+    return {n: {w: float(np.median(ts)) for w, ts in t.items()} for n, t in times.items()}
 
 
 def whole_model_costs(
     by_depth: dict[int, dict[int, float]], n_layers: int, vocab_scale: float = 1.0
 ) -> dict[int, float]:
     """A model's call costs by width from its sampled graphs' (depth -> width -> seconds; depths 1
-    and d, or the model's own depth alone): a layer's cost L the slope between them (a negative one,
-    noise, as 0); the rest of the one-layer call (the LM head on the sampled vocabulary rows, plus
-    the embedding, final norm and call overhead, counted with the head) times vocab_scale (the
-    whole vocabulary's rows over the sampled ones); plus n_layers * L."""
+    and d, or the model's own depth alone): a layer's cost L the slope between them; the rest of the
+    one-layer call (the LM head on the sampled vocabulary rows, plus the embedding, final norm and
+    call overhead, counted with the head) times vocab_scale (the whole vocabulary's rows over the
+    sampled ones); plus n_layers * L."""
     d = max(by_depth)
     if len(by_depth) == 1:  # the model itself, every vocabulary row
         return dict(by_depth[d])
     one = by_depth[1]
     out = {}
     for w, c in by_depth[d].items():
-        layer = max(c - one[w], 0.0) / (d - 1)
-        out[w] = n_layers * layer + vocab_scale * max(one[w] - layer, 0.0)
+        layer = (c - one[w]) / (d - 1)
+        out[w] = n_layers * layer + vocab_scale * (one[w] - layer)
     return out
+
+
+def paired_whole_model_costs(
+    by_depth: dict[int, dict[int, list[float]]], n_layers: int, vocab_scale: float = 1.0
+) -> dict[int, float]:
+    """whole_model_costs of each timed round (a round's graphs ran one after the other, under the
+    same load: their difference is steadier than the difference of medians), the median over the
+    rounds; never below the deepest graph's median (the whole model holds it)."""
+    d = max(by_depth)
+    widths = list(by_depth[d])
+    rounds = len(by_depth[d][widths[0]])
+    per_round = [
+        whole_model_costs({k: {w: t[w][i] for w in widths} for k, t in by_depth.items()}, n_layers, vocab_scale)
+        for i in range(rounds)
+    ]
+    return {w: max(float(np.median([r[w] for r in per_round])), float(np.median(by_depth[d][w]))) for w in widths}
 
 
 def candidates(cfg) -> tuple[dict[str, dict], str]:
@@ -182,6 +204,7 @@ def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
                 costs, how = _whole_costs(cfg, cands, widths, scratch, how.get("why", ""))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+            _give_back_freed_memory()
     scores = {p: speculation_score(c) for p, c in costs.items()}
     first = next(iter(cands))
     best = max(scores, key=scores.get) if scores else first
@@ -211,6 +234,19 @@ def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
             file=sys.stderr,
         )
     return cands[chosen]["precision"], record
+
+
+def _give_back_freed_memory() -> None:
+    """The probe's freed buffers returned to the system: glibc keeps them for reuse (0.5 GB after a
+    1B's probe), and the export's own peak would come on top of them."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator keeps what it keeps
+        pass
 
 
 def _describe(how: dict) -> str:
@@ -250,14 +286,15 @@ def _sampled_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path
                 e.load_widths(widths)
                 engines[name, d] = e
         past = min(PAST, cfg.max_len // 2)  # a small context window: half of it (a zero cache: its values
-        measured, rounds = _time_widths(engines, widths, past, TIMING_S)  # do not change the time of a call)
+        measured = _time_widths(engines, widths, past, TIMING_S)  # do not change the time of a call)
     finally:
         for e in engines.values():
             e.close()
-    by_cand: dict[str, dict[int, dict[int, float]]] = {}
+    by_cand: dict[str, dict[int, dict[int, list[float]]]] = {}
     for (name, d), t in measured.items():
         by_cand.setdefault(name, {})[d] = t
-    costs = {name: whole_model_costs(t, n_layers, vocab / rows) for name, t in by_cand.items()}
+    costs = {name: paired_whole_model_costs(t, n_layers, vocab / rows) for name, t in by_cand.items()}
+    rounds = len(next(iter(next(iter(measured.values())).values())))
     how = {
         "method": "sampled",
         "sampled": {
@@ -266,9 +303,9 @@ def _sampled_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path
             "vocab_rows": rows,
             "of_vocab": vocab,
             "rounds": rounds,
-            "ms_by_layers": {
+            "ms_by_layers": {  # the medians of each graph's rounds
                 name: {str(d): {str(w): round(s * 1e3, 3) for w, s in t.items()} for d, t in sorted(ts.items())}
-                for name, ts in by_cand.items()
+                for name, ts in ((n, _medians(t)) for n, t in by_cand.items())
             },
         },
     }
@@ -394,7 +431,7 @@ def _whole_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path, 
         folders[name] = export(dataclasses.replace(target_only, **_no_drafters(cfg)))
     engines, past = _prefilled(folders, widths)
     try:
-        costs, _ = _time_widths(engines, widths, past)
+        costs = _medians(_time_widths(engines, widths, past))
     finally:
         for e in engines.values():
             e.close()
