@@ -33,7 +33,7 @@ MIN_ANSWER = 8  # a prompt is checked only where this many answer tokens fit its
 RETRAIN = {
     "eagle": "edgespec train-eagle --init HEAD_DIR --data ANSWERS --lr 3e-4 --minutes 30",
     "eagle3": "edgespec train-eagle3 --init HEAD_DIR --data ANSWERS --minutes 30",
-    "medusa": "edgespec train-medusa --data ANSWERS --minutes 30",
+    "medusa": "edgespec train-medusa --init HEADS_DIR --data ANSWERS --lr 3e-4 --minutes 30",
     "dflash": "edgespec train-dflash --data ANSWERS --minutes 30",
 }
 
