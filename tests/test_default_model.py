@@ -1,5 +1,7 @@
 """End to end on the real default model, SmolLM2-135M-Instruct (exported once per session)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -142,27 +144,29 @@ def test_chat_prompt_streams_text(gen):
 
 
 def test_memory_one_weights_copy(default_engine):
-    """RSS after loading every phase width stays within ~1.2x of the one-width load (weights held once)."""
+    """Loading every phase width adds less anonymous memory than one more copy of the target's weights
+    (they are held once: mapped, read in place; what grows is the per-width working set)."""
     import subprocess
     import sys
 
     code = f"""
-import psutil, numpy as np
 import edgespec.runtime.drafters  # registers the drafters' manifest sections
 from edgespec.engines.manifest import load_manifest
 from edgespec.engines.ort import OrtModel
-p = psutil.Process()
+def anon():
+    return next(int(x.split()[1]) << 10 for x in open('/proc/self/status') if x.startswith('RssAnon'))
 m = load_manifest({str(default_engine)!r})
 e = OrtModel(m, m.target)
 e.load_widths([1])
-one = p.memory_info().rss
+one = anon()
 e.load_widths(m.target.widths())
-print(one, p.memory_info().rss)
+print(one, anon())
 """
     one, all_ = map(
         int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     )
-    assert all_ <= 1.2 * one, f"RSS {one / 2**20:.0f} MiB with one width, {all_ / 2**20:.0f} MiB with all"
+    weights = (Path(default_engine) / "target.weights").stat().st_size
+    assert all_ - one < weights, f"anonymous memory {one / 2**20:.0f} MiB with one width, {all_ / 2**20:.0f} with all"
 
 
 def test_the_default_ggufs_blocks_are_kept_exactly(gen):
@@ -170,4 +174,6 @@ def test_the_default_ggufs_blocks_are_kept_exactly(gen):
     export 0.97 instead of 0.70, docs/results/gguf-exact.md), the LM head its Q8_0 table."""
     origins = {(o.kind, o.source, o.stored, o.exact) for o in gen.manifest.target.weight_origins}
     assert ("lm_head", "Q8_0", "int8 codes", True) in origins
-    assert all(exact for *_, exact in origins) and len(origins) == 8, origins
+    # the tied embedding: read at lookup from the LM head's own blocks (issue 52), not stored again
+    assert ("model.embed_tokens", "Q8_0", "the tied LM head's int8 codes (rows read at lookup)", True) in origins
+    assert all(exact for *_, exact in origins) and len(origins) == 9, origins

@@ -20,6 +20,7 @@ extern "C" {
 const char* edgespec_rowop_path(const char** why) { return "portable"; }
 int edgespec_rowop_runs(const char*) { return 1; }
 int edgespec_rowop_matmul(const char*, const void*, const void*, long long, const void*, void*) { return 1; }
+int edgespec_rowop_gather(const void*, const void*, long long, const void*, void*) { return 1; }
 int edgespec_stub_pad[1 << 14] = {1};  // 64 KiB of data: a truncated copy cuts into mapped pages
 }
 """
