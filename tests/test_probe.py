@@ -44,6 +44,7 @@ def test_sampled_rows_cut_big_heads_only():
 def test_auto_times_a_sampled_prefix_and_exports_the_winner_once(tmp_path, monkeypatch, capsys):
     src = make_tiny("llama", tmp_path / "deep", num_hidden_layers=4)
     monkeypatch.setattr(probe, "HEAD_WEIGHTS", 64 * 64)  # 64 of the 256 vocabulary rows (hidden 64)
+    monkeypatch.setattr(probe, "WHOLE_BELOW", 0)  # (a tiny model: sampled as a large one would be)
     exports = []
     real_export = export
 
@@ -76,8 +77,19 @@ def test_auto_times_a_sampled_prefix_and_exports_the_winner_once(tmp_path, monke
     assert costs[1] == 1.0 and costs[3] == pytest.approx(chosen["3"] / chosen["1"])
 
 
-def test_a_target_that_does_not_stream_has_its_candidates_exported_whole(tiny_models, tmp_path):
+def test_a_target_that_does_not_stream_has_its_candidates_exported_whole(tiny_models, tmp_path, monkeypatch):
+    monkeypatch.setattr(probe, "WHOLE_BELOW", 0)  # (a tiny model: sampled as a large one would be)
     out = export(ExportConfig(target=str(tiny_models["llama"]), out=str(tmp_path / "e"), stream_weights="off", **AUTO))
     p = load_manifest(out).export_probe
     assert p["method"] == "whole" and p["why_not_sampled"] == "--stream-weights off"
     assert {"int4", "int8"} <= set(p["ms_by_width"]) and "sampled" not in p
+
+
+def test_a_small_checkpoint_is_timed_whole(tmp_path, monkeypatch):
+    """Below WHOLE_BELOW bytes the candidates are exported whole (a sampled model's layer is too cheap to
+    time against its LM head there): the record says so."""
+    src = make_tiny("llama", tmp_path / "small")
+    cfg = ExportConfig(target=str(src), out=str(tmp_path / "e"), max_len=64, k=2, precision="auto", progress=False)
+    monkeypatch.setattr(probe, "_sampled_costs", lambda *a: pytest.fail("a small model was sampled"))
+    _, record = probe.choose_precision(cfg, progress=False)
+    assert record.get("method") == "whole" and record.get("why_not_sampled") == "a small model: timed whole"
