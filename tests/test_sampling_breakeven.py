@@ -121,9 +121,10 @@ def test_rejected_drafts_settle_on_plain_decoding():
     table = random_table(V, seed=0, sharpness=1.5)
     table[:, 0] = -1e4
     fixed, adaptive = _fake("ngram", adaptive=False, table=table), _fake("ngram", table=table)
+    unseeded = dataclasses.replace(T07, seed=None)  # sampled_policy (seeded calls follow the clock)
     for g in (fixed, adaptive):
         g.drafter = _AlwaysWrong()
-        _run(g, 200, T07)
+        _run(g, 200, unseeded)
     st = adaptive.last_stats
     assert st.n_accepted == 0 and fixed.last_stats.n_drafted >= 6 * 199
     # the prior drafts a few tokens while its acceptance estimate decays (a CPU row costs 0.08 of a

@@ -580,7 +580,7 @@ def test_the_chat_page_shows_tool_calls_and_sends_results(served, browser):  # n
     page.fill("max-tokens", 8)
     answer = page.ask("sunny")
     assert "result of" in page.all(".msg.user")[-1].text
-    assert answer.find_element(page.By.CSS_SELECTOR, ".text").text and not page.all(".error")
+    assert answer.find_element(page.By.CSS_SELECTOR, ".text").text and not page.all(".msg .error")
 
 
 @pytest.mark.slow
