@@ -51,6 +51,9 @@ FUSED_PREFIX = "eagle/"  # the EAGLE head's inputs/outputs/weights inside the fu
 DTYPES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8}
 DTYPES |= {"uint64": 8, "float16": 2, "float32": 4, "float64": 8}  # name -> bytes per element
 KV_DTYPES = ("float16", "float32")  # what export writes the KV cache in (the graphs' activation dtype)
+# a weight may also be bf16 (an embedding every value of which is one: export/target/linears.py); numpy
+# has no such dtype, so the engines hand its bits to ONNX Runtime typed (engines/session.py), never to np.dtype
+WEIGHT_DTYPES = DTYPES | {"bfloat16": 2}
 
 
 @dataclass(frozen=True)
@@ -390,14 +393,14 @@ def _check_dtypes(m: Manifest) -> None:
                 raise _edited(m, f"{role} graph {kind} {t.name} dtype {t.dtype!r}", f"not one of {', '.join(DTYPES)}")
         weights = dict(s.weights) | ({"d2t": s.d2t} if s.d2t is not None else {})
         for name, w in weights.items():
-            if w.dtype not in DTYPES:
-                raise _edited(m, f"{role} weight {name} dtype {w.dtype!r}", f"not one of {', '.join(DTYPES)}")
+            if w.dtype not in WEIGHT_DTYPES:
+                raise _edited(m, f"{role} weight {name} dtype {w.dtype!r}", f"not one of {', '.join(WEIGHT_DTYPES)}")
             n = math.prod(w.shape)
-            if min(w.shape, default=0) < 0 or w.offset < 0 or w.nbytes != n * DTYPES[w.dtype]:
+            if min(w.shape, default=0) < 0 or w.offset < 0 or w.nbytes != n * WEIGHT_DTYPES[w.dtype]:
                 raise _edited(
                     m,
                     f"{role} weight {name} is {w.dtype} {list(w.shape)} at offset {w.offset}, {w.nbytes} bytes",
-                    f"which do not agree ({list(w.shape)} of {w.dtype} is {n * DTYPES[w.dtype]} bytes)",
+                    f"which do not agree ({list(w.shape)} of {w.dtype} is {n * WEIGHT_DTYPES[w.dtype]} bytes)",
                 )
 
 

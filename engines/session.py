@@ -34,6 +34,8 @@ PROVIDERS = {
     "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
     "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
 }
+BF16 = "bfloat16"  # a weight dtype numpy lacks (an embedding stored bf16: export/target/linears.py)
+ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16 (onnx is export's dependency, not the engines')
 
 # ONNX Runtime's own library of each GPU provider (lib*.so / *.dll beside its Python module); it links
 # CUDA, cuBLAS (cuDNN at run time) or TensorRT, so loading it names what is missing
@@ -168,8 +170,24 @@ def weight_bytes(manifest: Manifest, spec, w) -> np.ndarray:
 
 
 def read_weight(manifest: Manifest, spec, w) -> np.ndarray:
-    """One weight entry as a read-only array of its dtype and shape (a view of the mapping)."""
+    """One weight entry as a read-only array of its dtype and shape (a view of the mapping). A
+    bfloat16 one needs ml_dtypes (onnx's dependency, export's); the sessions read it without."""
+    if w.dtype == BF16:
+        try:
+            import ml_dtypes
+        except ImportError as e:
+            raise EngineError(f"a {w.dtype} weight read as an array needs ml_dtypes (pip install ml_dtypes)") from e
+        return weight_bytes(manifest, spec, w).view(ml_dtypes.bfloat16).reshape(w.shape)
     return weight_bytes(manifest, spec, w).view(np.dtype(w.dtype)).reshape(w.shape)
+
+
+def weight_value(manifest: Manifest, spec, w) -> ort.OrtValue:
+    """One weight entry as an OrtValue on the mapping (no copy); a bfloat16 one (a dtype numpy lacks)
+    as its bits, uint16, typed BFLOAT16 for ONNX Runtime."""
+    if w.dtype == BF16:
+        bits = weight_bytes(manifest, spec, w).view(np.uint16).reshape(w.shape)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, ONNX_BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(read_weight(manifest, spec, w))
 
 
 def read_d2t(manifest: Manifest, spec) -> np.ndarray:
@@ -247,7 +265,7 @@ def session_options(manifest: Manifest, spec, threads: int | None, prepack: bool
     alive as long as the session)."""
     initializers = {}
     for name, w in spec.weights.items():
-        initializers[name] = ort.OrtValue.ortvalue_from_numpy(read_weight(manifest, spec, w))
+        initializers[name] = weight_value(manifest, spec, w)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

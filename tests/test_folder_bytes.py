@@ -1,5 +1,5 @@
 """Folders close to the checkpoint's bytes (issue 52, item 1): the embedding kept as the checkpoint
-stores it (a tied LM head's GGUF blocks read at lookup, or fp16), GGUF's fp16 block scales and
+stores it (a tied LM head's GGUF blocks read at lookup, or fp16 / bf16), GGUF's fp16 block scales and
 minimums kept in fp16; every kept layout's rows bitwise the checkpoint's (gguf's own
 dequantization) and the NumPy reference's."""
 
@@ -148,9 +148,10 @@ def test_a_tied_heads_blocks_are_the_embedding_and_rows_stay_the_checkpoints(emb
     assert_rows_bitwise_alike(m, embd)
 
 
-def test_a_drafter_reads_the_targets_fp16_table_in_place(tiny_models, tmp_path):
-    """An fp16 checkpoint's table is stored fp16 once; the EAGLE head's graph reads it from
-    target.weights through the target's own lookup (validated against its PyTorch head)."""
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_drafter_reads_the_targets_narrow_table_in_place(dtype, tiny_models, tmp_path):
+    """An fp16 (bf16) checkpoint's table is stored fp16 (bf16) once; the EAGLE head's graph reads it
+    from target.weights through the target's own lookup (validated against its PyTorch head)."""
     import torch
     from test_eagle import _tiny_head
     from transformers import AutoModelForCausalLM
@@ -158,18 +159,70 @@ def test_a_drafter_reads_the_targets_fp16_table_in_place(tiny_models, tmp_path):
     from edgespec.engines.manifest import load_manifest
     from edgespec.export.target.exporter import ExportConfig, export
 
-    src = tmp_path / "fp16"
-    AutoModelForCausalLM.from_pretrained(tiny_models["llama"]).to(torch.float16).save_pretrained(src)
+    src = tmp_path / dtype
+    AutoModelForCausalLM.from_pretrained(tiny_models["llama"]).to(getattr(torch, dtype)).save_pretrained(src)
     for f in tiny_models["llama"].iterdir():
         if "token" in f.name:
             (src / f.name).write_bytes(f.read_bytes())
     head_dir, _, _ = _tiny_head(src, tmp_path / "head", draft_vocab=48)
     kw = dict(max_len=128, k=3, prefill_chunk=16, kv_bucket=32, precision="fp32", progress=False)
     m = load_manifest(export(ExportConfig(target=str(src), eagle=str(head_dir), out=str(tmp_path / "e"), **kw)))
-    assert m.target.weights["embed"].dtype == "float16"
+    assert m.target.weights["embed"].dtype == dtype
     eagle = m.models()["eagle"]
-    assert eagle.weights["embed"].file == "target.weights" and eagle.weights["embed"].dtype == "float16"
+    assert eagle.weights["embed"].file == "target.weights" and eagle.weights["embed"].dtype == dtype
     assert max(eagle.validation.values()) < 2e-3
+
+
+def _logits(m, toks: np.ndarray) -> np.ndarray:
+    """The target's logits of a prefill of toks[:16], then of toks[16:] one by one."""
+    from edgespec.engines.ort import OrtModel
+
+    e = OrtModel(m, m.target)
+    rows = [e.forward(toks[:16], 0).copy()]
+    e.commit(0, 16)
+    for i in range(16, len(toks)):
+        rows.append(e.forward(toks[i : i + 1], i).copy())
+        e.commit(i, 1)
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_bf16_table_is_stored_bf16_and_the_logits_are_the_fp32_tables_bitwise(tied, tmp_path, monkeypatch):
+    """A bfloat16 HF checkpoint's table (Llama 3.2's, Gemma 3's) is stored bf16, half the fp32 table's
+    bytes, and cast to fp32 at lookup (the Gather; a tied head's Gemm reads it cast): the streamed and
+    the transformers folder give the logits of the same export with the fp32 table, bit for bit."""
+    import torch
+    from tiny import make_tiny
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.engines.manifest import load_manifest
+    from edgespec.export.target import exporter, linears
+    from edgespec.export.target.exporter import ExportConfig, export
+
+    checked = []  # the streamed export's bytes checked against the checkpoint's (the bf16 table's too)
+    check = exporter.check_floats
+    monkeypatch.setattr(exporter, "check_floats", lambda *a: checked.append(check(*a)))
+    src = make_tiny("llama", tmp_path / "src", tie_word_embeddings=tied)
+    AutoModelForCausalLM.from_pretrained(src).to(torch.bfloat16).save_pretrained(src)
+    kw = dict(target=str(src), max_len=128, k=2, prefill_chunk=16, kv_bucket=32, precision="fp32", progress=False)
+    kw |= dict(trees=False)
+    streamed = load_manifest(export(ExportConfig(out=str(tmp_path / "s"), **kw)))
+    loaded = load_manifest(export(ExportConfig(out=str(tmp_path / "t"), stream_weights="off", validate=False, **kw)))
+    assert len(checked) == 1  # one streamed export
+    assert (tmp_path / "s/target.weights").read_bytes() == (tmp_path / "t/target.weights").read_bytes()
+    monkeypatch.setattr(linears, "NARROW_EMBED", linears.NARROW_EMBED[:1])  # fp16 only: the table stays fp32
+    fp32 = load_manifest(export(ExportConfig(out=str(tmp_path / "f"), validate=False, **kw)))
+    assert fp32.target.weights["embed"].dtype == "float32"
+    toks = np.random.default_rng(2).integers(0, 256, 20)
+    want = _logits(fp32, toks)
+    for m in (streamed, loaded):
+        embed = next(o for o in m.target.weight_origins if o.kind == "model.embed_tokens")
+        assert embed.exact and embed.stored == "bf16 (every value exactly a bf16; fp32 at lookup)", embed
+        w = m.target.weights["embed"]
+        assert w.dtype == "bfloat16" and w.nbytes * 2 == fp32.target.weights["embed"].nbytes
+        assert m.files["target.weights"].size < fp32.files["target.weights"].size
+        assert np.array_equal(_logits(m, toks), want)
+    assert max(streamed.target.validation.values()) < 1e-3, streamed.target.validation
 
 
 @needs_op

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -52,6 +53,7 @@ FLAVOURS: dict[str, type[LayerOps]] = {
 NP_TO_ONNX = {
     np.dtype(np.float32): TensorProto.FLOAT,
     np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16,  # an embedding every value of which is a bf16
     np.dtype(np.int64): TensorProto.INT64,
     np.dtype(np.uint8): TensorProto.UINT8,
     np.dtype(np.int8): TensorProto.INT8,
@@ -421,7 +423,7 @@ class LlamaGraphWriter(ModelWriter):
         lm_head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
         self._linear("lm_head", lm_head, "lm_head.weight", tied=a.tie_word_embeddings)
         del lm_head  # a streamed checkpoint's table is read again below, not held twice
-        # [V, H]: the tied head's blocks where they are its rows, else "embed" (fp16 where exact)
+        # [V, H]: the tied head's blocks where they are its rows, else "embed" (fp16 / bf16 where exact)
         self.linears.store_embedding(w["model.embed_tokens.weight"], a.tie_word_embeddings)
         for i in range(self.n_layers):
             p = f"model.layers.{i}."

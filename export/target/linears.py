@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import ml_dtypes
 import numpy as np
 from onnx import TensorProto, helper
 
@@ -69,7 +70,7 @@ class Linears:
         self.embed_from_head = False  # the embedding's rows are read from the tied LM head's stored blocks
         #                               (store_embedding found them bitwise the table's): no "embed" array
         self.embed_dtype: np.dtype | None = None  # "embed" stored in this dtype, cast to the graph's at lookup
-        #                                           (fp16 where every value is one exactly); None: the graph's
+        #                                           (fp16, else bf16, where every value is one); None: the graph's
         self.f16: set[str] = set()  # kept-block arrays ("<linear>.scales", "<linear>.mins") stored as fp16
         #                             (every value exactly one: a GGUF's own d, m) and cast to fp32 in the graph
 
@@ -130,15 +131,16 @@ class Linears:
         """Store the embedding table [V, H] as compactly as is exact, and say how (its Origin, also
         recorded): read from the tied LM head's stored blocks where those dequantize bitwise to it
         (nothing stored: the head's bytes serve both), else "embed" in fp16 where every value is an
-        fp16 (a GGUF's F16 table; cast to fp32 at lookup), else in the graph's dtype."""
+        fp16 (a GGUF's F16 table), else in bf16 where every value is a bf16 (an HF checkpoint's BF16
+        table: Llama 3.2, Gemma 3) — either cast to fp32 at lookup, exactly — else in the graph's dtype."""
         src = next((o.source for o in self.origins if o.hf_name == "lm_head.weight"), "float") if tied else "float"
         if tied and "lm_head" not in self.tied and self.head_rows_match(table):
             self.embed_from_head = True
             origin = Origin(EMBED, src, f"the tied LM head's {self.head_stored()} (rows read at lookup)", True)
-        elif self.dtype == np.float32 and _exactly(table, np.float16):
-            self.embed_dtype = np.dtype(np.float16)
-            self.store.add("embed", table.astype(np.float16))
-            origin = Origin(EMBED, src, "fp16 (every value exactly an fp16; fp32 at lookup)", True)
+        elif self.dtype == np.float32 and (narrow := _narrowest(table)) is not None:
+            self.embed_dtype, stored = narrow
+            self.store.add("embed", table.astype(self.embed_dtype))
+            origin = Origin(EMBED, src, stored, True)
         else:
             self.store.add("embed", table.astype(self.dtype))
             origin = Origin(EMBED, src, self.dtype.name.replace("float", "fp"), self.dtype == np.float32)
@@ -318,7 +320,7 @@ class Linears:
             if stream_3d:
                 x = b.op("Reshape", [x, b.const("shape_hidden_rows", np.array([-1, n_in], np.int64))], f"{name}/rows")
             table = b.weight("embed")
-            if self.embed_dtype is not None:  # stored fp16: the Gemm reads it cast (folded at load)
+            if self.embed_dtype is not None:  # stored fp16 / bf16: the Gemm reads it cast (folded at load)
                 table = b.op("Cast", [table], "/embed/table_f32", to=_ONNX[self.dtype])
             return b.op("Gemm", [x, table], f"{name}/Gemm", transB=1)
         return b.op("MatMul", [x, b.weight(name)], name + "/MatMul")
@@ -479,6 +481,18 @@ class RowLinears(Linears):
 
 EMBED = "model.embed_tokens.weight"  # the embedding table's parameter name (its Origin)
 _ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
+_ONNX[np.dtype(ml_dtypes.bfloat16)] = TensorProto.BFLOAT16
+# the dtypes an fp32 graph's embedding is stored in where every value is exactly one, tried in turn
+# (a table exact in both stays fp16: an F16 checkpoint's); each is cast to fp32 at lookup, exactly
+NARROW_EMBED = (
+    (np.dtype(np.float16), "fp16 (every value exactly an fp16; fp32 at lookup)"),
+    (np.dtype(ml_dtypes.bfloat16), "bf16 (every value exactly a bf16; fp32 at lookup)"),
+)
+
+
+def _narrowest(table: np.ndarray) -> tuple[np.dtype, str] | None:
+    """(dtype, Origin.stored) of the first of NARROW_EMBED holding every value of the fp32 table exactly."""
+    return next(((d, stored) for d, stored in NARROW_EMBED if _exactly(table, d)), None)
 
 
 def _exactly(a: np.ndarray, dtype) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import ml_dtypes  # noqa: F401  (numpy reads the index's dtype name "bfloat16": a bf16 embedding)
 import numpy as np
 
 from edgespec.export.target.arch import ArchSpec
@@ -465,7 +466,7 @@ def check_floats(writer: StreamingWriter, weights: StreamedWeights, path: Path, 
     for name, (sources, off, transposed) in checks.items():
         if name == "embed" and name not in index:  # read from the tied head's blocks (checked bitwise as stored)
             continue
-        # the writer's sum and cast (the embedding in fp16 where every value is one: Linears.store_embedding)
+        # the writer's sum and cast (the embedding in fp16 / bf16 where every value is one: Linears.store_embedding)
         cast = np.dtype(index[name]["dtype"]) if name == "embed" else f
 
         def stored(x: np.ndarray, off=off, cast=cast) -> np.ndarray:

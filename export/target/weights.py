@@ -10,7 +10,8 @@ ALIGN = 64  # bytes; every tensor starts aligned so the runtime can map it in pl
 
 
 def write_weights(arrays: dict[str, np.ndarray], path: Path) -> dict[str, dict]:
-    """Write arrays back to back; return the index {name: {dtype, shape, offset, nbytes}}."""
+    """Write arrays back to back; return the index {name: {dtype, shape, offset, nbytes}} (dtype:
+    numpy's name, "bfloat16" for ml_dtypes' bf16: the manifest's, engines/manifest.py DTYPES)."""
     index: dict[str, dict] = {}
     offset = 0
     with open(path, "wb") as f:

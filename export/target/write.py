@@ -187,7 +187,7 @@ def write_drafter(
 
 def _target_lookup(model: onnx.ModelProto, writer: LlamaGraphWriter, index_t: dict) -> None:
     """A drafter graph's Gather of the target's embedding table replaced by the target's own lookup
-    (linears.Linears.embed_rows: its tied LM head's blocks, or its fp16 table cast), reading the
+    (linears.Linears.embed_rows: its tied LM head's blocks, or its fp16 / bf16 table cast), reading the
     target's arrays from target.weights in place: the rows are the target's, bitwise."""
     from edgespec.export.target.graph import GraphBuilder, external_initializers
 
