@@ -340,7 +340,7 @@ def test_generator_tap_keeps_the_rows_the_labelling_pass_computes(eagle_engine):
 def test_fused_head_drafts_what_separate_head_calls_draft(eagle_engine):
     """The fused verify catches the head up with the right pairs: chains and trees draft exactly
     what the separate catch-up calls draft, with fewer head calls; under sampling (where the
-    fused rows are not used) the seeded output is the same too."""
+    fused rows are not used, so the plain target verifies) the seeded output is the same too."""
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.sampling import SamplingConfig
@@ -373,6 +373,10 @@ def test_fused_head_drafts_what_separate_head_calls_draft(eagle_engine):
             for f in (True, False)
         ]
         assert _run(gens[0], prompts, 30, sampling=sampling)[:2] == _run(gens[1], prompts, 30, sampling=sampling)[:2]
+        assert gens[0].target is gens[0].engines.target  # the fused rows would go unused: the plain target verifies
+        # a greedy call after the sampled ones verifies fused again and drafts as the separate head calls do
+        greedy = _run(gens[0], prompts, 30)
+        assert gens[0].target is not gens[0].engines.target and greedy[:2] == _run(gens[1], prompts, 30)[:2]
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "hybrid", "ngram"])

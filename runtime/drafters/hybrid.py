@@ -128,7 +128,11 @@ class LookupHeadPair(Drafter):
     def __init__(self, lookup: Drafter, head: Drafter) -> None:
         super().__init__()
         self.lookup, self.head = lookup, head
-        self.engine, self.verifier = head.engine, head.verifier
+        self.engine = head.engine
+
+    @property
+    def verifier(self):
+        return self.head.verifier  # (the head's: the fused graph only where its rows are used)
 
     def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
         super().configure(sampling, rng)

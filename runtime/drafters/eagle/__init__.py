@@ -81,8 +81,17 @@ class EagleDrafter(HeadDrafter):
         self._tree_in = np.zeros((n_tree, tgt_features.shape[1]), tgt_features.dtype)
         self._tree_par = np.zeros(n_tree, np.int64)
         self._tree_rows = np.zeros(n_tree, np.int64)
-        self.verifier = verifier  # the fused target+head graph (FusedVerifier), verifying in the target's place
+        self._fused = verifier  # the fused target+head graph (FusedVerifier), or None (verifier says when it is used)
         self._fused_ready = False  # the last target call caught the head up (d_1 is in verifier.last_head())
+
+    @property
+    def verifier(self):
+        """The fused graph, where its head rows are used: greedy, no repetition penalty, no grammar
+        mask (_caught_up_by_target). Elsewhere (sampling) the catch-up call runs anyway, so the fused
+        graph would compute the head's rows in every verify call for nothing (eagle at t = 0.7 lost
+        to plain while adaptive k chose k = 0): the plain target verifies. Both share the target's KV."""
+        p = self.sampling
+        return self._fused if p.greedy and p.repetition_penalty == 1.0 and not p.masked else None
 
     def _caught_up_by_target(self, seq: SeqState, past_len: int) -> None:
         """After a target call at past_len whose rows are committed: did its head rows catch us up?"""
