@@ -7,7 +7,8 @@ most expected tokens per second, where verify(T) is the measured time of a width
 (an exponential moving average per width) and draft(k) = k times the measured time per drafted
 token. k = 0 (plain decoding) is always a candidate, so speculation that does not pay on this
 machine and this text is switched off by itself; it comes back when acceptance rises, because
-every `probe_every` steps one step drafts k_max to keep the estimate of a alive.
+every `probe_every` steps one step drafts k_max to keep the estimate of a alive (under sampling, the
+wait doubles after each probe that leaves k = 0 winning, up to `probe_max`).
 
 Under greedy decoding the output is the same whatever k each step uses, so the policy may follow
 the clock. Under sampling the k of a step decides which random draws the step makes, so a policy
@@ -35,9 +36,12 @@ class AdaptiveConfig:
     prior_acceptance: float = 0.5  # a before any observation
     probe_every: int = 16  # while k = 0 is chosen, draft a probe once every this many steps
     probe_k: int = 0  # tokens a probe drafts (0: k_max)
+    probe_max: int = 0  # a probe that leaves k = 0 winning doubles the wait up to this many steps (0: no backoff)
 
 
-SAMPLED = AdaptiveConfig(probe_k=1)  # sampled calls: a cheap probe (one extra verify row)
+# sampled calls: a cheap probe (one extra verify row), and fewer of them while they keep failing (a head's
+# probe pays a catch-up call over the steps since the last one: 3-4% of plain where sampled drafts never pay)
+SAMPLED = AdaptiveConfig(probe_k=1, probe_max=64)
 # Fixed costs of the sampled policy, in decodes (a width-1 target call = 1), used where the folder
 # recorded no width table (manifest export_probe). An extra verify row on the CPU: 0.06 with the row
 # kernel (135M attn-full, quiet, past 256: T=9 6.79 ms against T=1 4.55), 0.10-0.13 with MatMulNBits
@@ -66,6 +70,7 @@ class AdaptiveK:
         self.acceptance = cfg.prior_acceptance
         self.draft_s_per_token = draft_cost
         self._steps_at_zero = 0
+        self._probe_every = cfg.probe_every  # steps at k = 0 before the next probe (backoff: probe_max)
         self._k = np.arange(k_max + 1)
 
     def choose(self) -> int:
@@ -75,9 +80,12 @@ class AdaptiveK:
         k = int(np.nanargmax(gain / cost))
         if k == 0:
             self._steps_at_zero += 1
-            if self._steps_at_zero >= self.cfg.probe_every:
+            if self._steps_at_zero >= self._probe_every:
                 self._steps_at_zero = 0
+                self._probe_every = min(2 * self._probe_every, max(self.cfg.probe_max, self.cfg.probe_every))
                 return self.cfg.probe_k or self.k_max
+        else:
+            self._probe_every = self.cfg.probe_every  # drafting pays again: probe often when it stops
         return k
 
     def observe(self, k: int, m: int, n_acc: int, verify_s: float, draft_s: float) -> None:

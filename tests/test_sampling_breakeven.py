@@ -57,8 +57,15 @@ def test_policy_turns_off_when_drafts_are_not_kept_and_probes_cheaply():
     assert pol.choose() >= 1  # prior acceptance 0.5 pays for a CPU verify row
     for _ in range(40):
         pol.observe(1, 1, 0, 0.0, 0.0)
-    ks = [pol.choose() for _ in range(64)]
-    assert set(ks) == {0, 1} and ks.count(1) == 4  # a 1-token probe every 16 steps
+    ks = [pol.choose() for _ in range(16 + 32 + 64 + 64)]
+    # a 1-token probe after 16 steps, then the wait doubles while probes fail, up to 64
+    assert set(ks) == {0, 1} and [i for i, k in enumerate(ks) if k] == [15, 47, 111, 175]
+    for _ in range(40):  # drafts are kept again: k > 0 wins, and the wait starts over at 16
+        pol.observe(1, 1, 1, 0.0, 0.0)
+    assert pol.choose() >= 1
+    for _ in range(40):
+        pol.observe(1, 1, 0, 0.0, 0.0)
+    assert [i for i, k in enumerate(pol.choose() for _ in range(20)) if k] == [15]
 
 
 def test_policy_drafts_more_when_drafts_are_kept_and_rows_are_cheap():
@@ -128,7 +135,7 @@ def test_rejected_drafts_settle_on_plain_decoding():
     st = adaptive.last_stats
     assert st.n_accepted == 0 and fixed.last_stats.n_drafted >= 6 * 199
     # the prior drafts a few tokens while its acceptance estimate decays (a CPU row costs 0.08 of a
-    # decode, so that takes ~15 steps), then a one-token probe every 16 steps
+    # decode, so that takes ~15 steps), then one-token probes 16, 32, then 64 steps apart
     assert st.n_drafted <= 40 + st.n_target_calls // 16, st.n_drafted
     assert st.n_target_calls - st.n_drafted > 150  # nearly every step plain
 
