@@ -7,8 +7,8 @@ most expected tokens per second, where verify(T) is the measured time of a width
 (an exponential moving average per width) and draft(k) = k times the measured time per drafted
 token. k = 0 (plain decoding) is always a candidate, so speculation that does not pay on this
 machine and this text is switched off by itself; it comes back when acceptance rises, because
-every `probe_every` steps one step drafts k_max to keep the estimate of a alive (under sampling, the
-wait doubles after each probe that leaves k = 0 winning, up to `probe_max`).
+every `probe_every` steps one step drafts k_max to keep the estimate of a alive (under sampling, one
+token, and only as often as keeps the probes' measured cost under 1% of the time: `probe_share`).
 
 Under greedy decoding the output is the same whatever k each step uses, so the policy may follow
 the clock. Under sampling the k of a step decides which random draws the step makes, so a policy
@@ -36,12 +36,14 @@ class AdaptiveConfig:
     prior_acceptance: float = 0.5  # a before any observation
     probe_every: int = 16  # while k = 0 is chosen, draft a probe once every this many steps
     probe_k: int = 0  # tokens a probe drafts (0: k_max)
-    probe_max: int = 0  # a probe that leaves k = 0 winning doubles the wait up to this many steps (0: no backoff)
+    probe_share: float = 0.0  # probes cost <= this share of a k = 0 stretch: waits grow with their cost (0: off)
+    probe_max: int = 256  # the longest wait between probes (with probe_share)
 
 
-# sampled calls: a cheap probe (one extra verify row), and fewer of them while they keep failing (a head's
-# probe pays a catch-up call over the steps since the last one: 3-4% of plain where sampled drafts never pay)
-SAMPLED = AdaptiveConfig(probe_k=1, probe_max=64)
+# sampled calls: a cheap probe (one extra verify row), at most 1% of the time: a head's probe pays a
+# catch-up call over the steps since the last one (EAGLE on the default folder: ~1.3 decodes, so one
+# every 16 steps cost 3-4% of plain where sampled drafts never pay)
+SAMPLED = AdaptiveConfig(probe_k=1, probe_share=0.01)
 # Fixed costs of the sampled policy, in decodes (a width-1 target call = 1), used where the folder
 # recorded no width table (manifest export_probe). An extra verify row on the CPU: 0.06 with the row
 # kernel (135M attn-full, quiet, past 256: T=9 6.79 ms against T=1 4.55), 0.10-0.13 with MatMulNBits
@@ -70,7 +72,7 @@ class AdaptiveK:
         self.acceptance = cfg.prior_acceptance
         self.draft_s_per_token = draft_cost
         self._steps_at_zero = 0
-        self._probe_every = cfg.probe_every  # steps at k = 0 before the next probe (backoff: probe_max)
+        self._drafted = False  # a drafting step was measured (timed)
         self._k = np.arange(k_max + 1)
 
     def choose(self) -> int:
@@ -80,13 +82,23 @@ class AdaptiveK:
         k = int(np.nanargmax(gain / cost))
         if k == 0:
             self._steps_at_zero += 1
-            if self._steps_at_zero >= self._probe_every:
+            if self._steps_at_zero >= self.probe_wait():
                 self._steps_at_zero = 0
-                self._probe_every = min(2 * self._probe_every, max(self.cfg.probe_max, self.cfg.probe_every))
                 return self.cfg.probe_k or self.k_max
-        else:
-            self._probe_every = self.cfg.probe_every  # drafting pays again: probe often when it stops
         return k
+
+    def probe_wait(self) -> int:
+        """Steps at k = 0 between probes: probe_every, or (probe_share) as many as keep a probe's extra
+        cost (its drafts and extra verify rows, in decodes) under that share of the stretch."""
+        c = self.cfg
+        if not c.probe_share:
+            return c.probe_every
+        pk = min(c.probe_k or self.k_max, self.k_max)
+        v = self.verify_s
+        extra = (self.draft_s_per_token * pk + v[pk + 1] - v[1]) / v[1]
+        if not extra > 0:  # (nan: a width never measured)
+            return c.probe_every
+        return int(min(max(c.probe_every, extra / c.probe_share), max(c.probe_max, c.probe_every)))
 
     def observe(self, k: int, m: int, n_acc: int, verify_s: float, draft_s: float) -> None:
         """One finished step: asked k, got m drafted, n_acc accepted; its measured times."""
@@ -99,8 +111,10 @@ class AdaptiveK:
             # per-token acceptance from this step: n_acc successes before the first failure
             reached = n_acc + (1 if n_acc < m else 0)
             self.acceptance = (1 - e) * self.acceptance + e * (n_acc / reached)
-            if self.timed:
-                self.draft_s_per_token = (1 - e) * self.draft_s_per_token + e * (draft_s / m)
+            if self.timed:  # (the first measurement replaces the given cost: an EMA from 0 would take
+                # ~10 drafting steps to see a head's real cost, drafting and probing as if it were free)
+                d = self.draft_s_per_token if self._drafted else draft_s / m
+                self.draft_s_per_token, self._drafted = (1 - e) * d + e * (draft_s / m), True
 
 
 def sampled_policy(k_max: int, drafter: str, provider: str, verify_cost: dict[int, float] | None = None) -> AdaptiveK:

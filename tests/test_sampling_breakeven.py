@@ -9,7 +9,7 @@ from test_sampling import CFG, _chi2_pvalue, _exact_tokens_23, _gen, _sample_cou
 
 from edgespec.engines.fake import FakeModel, random_table
 from edgespec.runtime import drafters
-from edgespec.runtime.adaptive import ROW_COST, AdaptiveK, sampled_policy
+from edgespec.runtime.adaptive import ROW_COST, SAMPLED, AdaptiveK, fixed_costs, sampled_policy
 from edgespec.runtime.backends import Engines
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.drafters import Drafter
@@ -57,15 +57,17 @@ def test_policy_turns_off_when_drafts_are_not_kept_and_probes_cheaply():
     assert pol.choose() >= 1  # prior acceptance 0.5 pays for a CPU verify row
     for _ in range(40):
         pol.observe(1, 1, 0, 0.0, 0.0)
-    ks = [pol.choose() for _ in range(16 + 32 + 64 + 64)]
-    # a 1-token probe after 16 steps, then the wait doubles while probes fail, up to 64
-    assert set(ks) == {0, 1} and [i for i, k in enumerate(ks) if k] == [15, 47, 111, 175]
-    for _ in range(40):  # drafts are kept again: k > 0 wins, and the wait starts over at 16
-        pol.observe(1, 1, 1, 0.0, 0.0)
-    assert pol.choose() >= 1
+    ks = [pol.choose() for _ in range(64)]
+    assert set(ks) == {0, 1} and ks.count(1) == 4  # a 1-token probe every 16 steps (it costs one row)
+
+
+def test_a_dear_probe_waits_longer():
+    """A probe that costs a head call waits until probes cost <= 1% of the time (SAMPLED.probe_share)."""
+    pol = AdaptiveK(8, fixed_costs(9, "cpu"), SAMPLED, draft_cost=1.2, timed=False)  # 1.2 + 0.08 decodes a probe
     for _ in range(40):
         pol.observe(1, 1, 0, 0.0, 0.0)
-    assert [i for i, k in enumerate(pol.choose() for _ in range(20)) if k] == [15]
+    assert pol.probe_wait() == 128
+    assert [i for i, k in enumerate(pol.choose() for _ in range(300)) if k] == [127, 255]
 
 
 def test_policy_drafts_more_when_drafts_are_kept_and_rows_are_cheap():
@@ -135,7 +137,7 @@ def test_rejected_drafts_settle_on_plain_decoding():
     st = adaptive.last_stats
     assert st.n_accepted == 0 and fixed.last_stats.n_drafted >= 6 * 199
     # the prior drafts a few tokens while its acceptance estimate decays (a CPU row costs 0.08 of a
-    # decode, so that takes ~15 steps), then one-token probes 16, 32, then 64 steps apart
+    # decode, so that takes ~15 steps), then a one-token probe every 16 steps
     assert st.n_drafted <= 40 + st.n_target_calls // 16, st.n_drafted
     assert st.n_target_calls - st.n_drafted > 150  # nearly every step plain
 
