@@ -253,3 +253,76 @@ def test_k_quants_keep_their_codes_and_every_path_computes_the_same_bits(type_na
     for path in [q for q in rowop.PATHS if rowop.cpu_runs(q)]:
         assert np.array_equal(rowop.matmul(x, p, path), ref), path
         assert np.array_equal(rowop.matmul(x, before, path), ref), path
+
+
+def _untied_gguf(tmp_path, embd: str):
+    types = dict.fromkeys(GGUF_LINEARS, "Q4_1") | {"token_embd": embd, "output": "Q6_K"}
+    return make_tiny_gguf(tmp_path / "m.gguf", types, tied=False)
+
+
+def _no_own_blocks(monkeypatch):
+    """The row kernel's lookup as before: the untied table stored as floats (fp32 here)."""
+    from edgespec.export.target import linears
+
+    monkeypatch.setattr(linears.RowLinears, "reads_embedding_blocks", lambda self: False)
+
+
+@needs_op
+@pytest.mark.parametrize("embd, stream", [("Q4_K", "auto"), ("Q8_0", "auto"), ("Q4_K", "off")])
+def test_an_untied_quantized_table_is_read_from_its_own_blocks(embd, stream, tmp_path, monkeypatch):
+    """Issue 52 on Llama 3.1 8B's layout: an untied Q4_K (Q8_0) embedding beside its own Q6_K head is
+    packed as its GGUF blocks and read at lookup by RowGather (no float "embed"), streamed or loaded
+    through transformers; the logits of a prefill and decodes are the fp32 table's bit for bit."""
+    from test_gguf_exact import _export
+
+    from edgespec.engines.session import read_weight
+    from edgespec.export.target import tensors
+
+    src = _untied_gguf(tmp_path, embd)
+    kw = dict(int4_kernel="rowop", eagle="none", medusa="none", stream_weights=stream)
+    monkeypatch.setattr(tensors, "CHUNK_BYTES", 1000)  # packed in row blocks of 16 rows
+    m = _export(src, tmp_path / "e", **kw)
+    monkeypatch.undo()
+    t = next(t for t in gguf.GGUFReader(str(src)).tensors if t.name == "token_embd.weight")
+    b = decode(np.asarray(t.data).reshape(256, -1), embd)
+    whole = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size, sub=b.sub)
+    assert np.array_equal(np.asarray(read_weight(m, m.target, m.target.weights["embed.rowop"])), whole.data)
+    embed = next(o for o in m.target.weight_origins if o.kind == "model.embed_tokens")
+    assert embed.exact and embed.source == embd and embed.stored.endswith("(rows read at lookup)"), embed
+    assert "embed" not in m.target.weights and "embed.rowop" in m.target.weights
+    if embd == "Q4_K":
+        assert embed.stored.startswith("int4 codes + sub-scale codes + block mins"), embed
+    ids = np.array([[0, 1, 2, 255, 7, 7, 128]], np.int64)
+    assert np.array_equal(_embedding_rows(m, ids)[0], _ggufs_table(src)[ids[0]])
+    _no_own_blocks(monkeypatch)
+    f = _export(src, tmp_path / "f", validate=False, **kw)
+    assert f.target.weights["embed"].dtype == "float32" and "embed.rowop" not in f.target.weights
+    assert m.files["target.weights"].size < f.files["target.weights"].size - f.target.weights["embed"].nbytes / 2
+    toks = np.random.default_rng(2).integers(0, 256, 20)
+    assert np.array_equal(_logits(m, toks), _logits(f, toks))
+    assert max(m.target.validation.values()) < 3.0, m.target.validation
+
+
+@needs_op
+def test_a_drafter_reads_an_untied_tables_own_blocks_in_place(tmp_path, monkeypatch):
+    """An EAGLE head's graph reads the target's embedding through the target's own lookup: RowGather
+    of "embed.rowop" in target.weights; validated against its PyTorch head, it differs by the same
+    bits as the same int4 head reading the fp32 table."""
+    from test_eagle import _tiny_head
+    from test_gguf_exact import _export
+    from transformers import AutoModelForCausalLM
+
+    src = _untied_gguf(tmp_path, "Q4_K")
+    hf = tmp_path / "hf"
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=src.name)
+    loaded.hf_quantizer = None  # dequantized float32 weights: saved as a plain checkpoint
+    loaded.save_pretrained(hf)
+    head_dir, _, _ = _tiny_head(hf, tmp_path / "head", draft_vocab=48)
+    m = _export(src, tmp_path / "e", int4_kernel="rowop", eagle=str(head_dir), medusa="none", trees=False)
+    assert "embed" not in m.target.weights
+    eagle = m.models()["eagle"]
+    assert eagle.weights["embed.rowop"].file == "target.weights" and "embed" not in eagle.weights
+    _no_own_blocks(monkeypatch)  # the same head reading an fp32 table: its validation the same bits
+    f = _export(src, tmp_path / "f", int4_kernel="rowop", eagle=str(head_dir), medusa="none", trees=False)
+    assert f.models()["eagle"].weights["embed"].file == "target.weights"
+    assert eagle.validation == f.models()["eagle"].validation and max(eagle.validation.values()) < 0.1

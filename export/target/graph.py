@@ -36,7 +36,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgespec.export.target.arch import ArchSpec
-from edgespec.export.target.gguf_blocks import CheckpointWeights
+from edgespec.export.target.gguf_blocks import Blocks, CheckpointWeights
 from edgespec.export.target.layer_ops import LayerOps, Stream
 from edgespec.export.target.lean_graph import IntegerOps, LeanOps
 from edgespec.export.target.linears import Part, linears_class
@@ -222,6 +222,12 @@ class ModelWriter:
             k = self._ref_rows(n)
             self.reference[n] = used[rows : rows + k].astype(np.float32)
             rows += k
+
+    def _embedding_blocks(self, table: np.ndarray) -> Blocks | None:
+        """The checkpoint's own quantized blocks of the embedding table (the float32 `table` the
+        writer read), where they dequantize to it bitwise (CheckpointWeights); else None."""
+        q = self.checkpoint.quantized if isinstance(self.checkpoint, CheckpointWeights) else None
+        return q.blocks.get("model.embed_tokens.weight") if q else None
 
     def _ref_rows(self, hf_name: str) -> int:
         a = self.arch
@@ -423,8 +429,9 @@ class LlamaGraphWriter(ModelWriter):
         lm_head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
         self._linear("lm_head", lm_head, "lm_head.weight", tied=a.tie_word_embeddings)
         del lm_head  # a streamed checkpoint's table is read again below, not held twice
-        # [V, H]: the tied head's blocks where they are its rows, else "embed" (fp16 / bf16 where exact)
-        self.linears.store_embedding(w["model.embed_tokens.weight"], a.tie_word_embeddings)
+        # [V, H]: the tied head's blocks where they are its rows, else the table's own blocks where the
+        # lookup reads their rows bitwise (the row kernel), else "embed" (fp16 / bf16 where exact)
+        self.linears.store_embedding(w["model.embed_tokens.weight"], a.tie_word_embeddings, self._embedding_blocks)
         for i in range(self.n_layers):
             p = f"model.layers.{i}."
             norm(f"l{i}.ln1", p + "input_layernorm.weight")

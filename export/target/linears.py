@@ -10,6 +10,7 @@ subclass a flavour names as its LINEARS; the model declarations do not change.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -127,16 +128,28 @@ class Linears:
         self.store.add(name, np.ascontiguousarray(w_out_in.T).astype(self.dtype))  # [in, out]
         return w_out_in.astype(self.dtype)
 
-    def store_embedding(self, table: np.ndarray, tied: bool) -> Origin:
+    def store_embedding(
+        self, table: np.ndarray, tied: bool, blocks: Callable[[np.ndarray], Blocks | None] | None = None
+    ) -> Origin:
         """Store the embedding table [V, H] as compactly as is exact, and say how (its Origin, also
         recorded): read from the tied LM head's stored blocks where those dequantize bitwise to it
-        (nothing stored: the head's bytes serve both), else "embed" in fp16 where every value is an
-        fp16 (a GGUF's F16 table), else in bf16 where every value is a bf16 (an HF checkpoint's BF16
-        table: Llama 3.2, Gemma 3) — either cast to fp32 at lookup, exactly — else in the graph's dtype."""
+        (nothing stored: the head's bytes serve both), else from the checkpoint's own blocks of the
+        table (blocks(table): read when asked for; None where the checkpoint has none) where the linears
+        can read their rows bitwise (store_embedding_blocks: the row kernel's), else "embed" in fp16
+        where every value is an fp16 (a GGUF's F16 table), else in bf16 where every value is a bf16
+        (an HF checkpoint's BF16 table: Llama 3.2, Gemma 3) — either cast to fp32 at lookup,
+        exactly — else in the graph's dtype."""
         src = next((o.source for o in self.origins if o.hf_name == "lm_head.weight"), "float") if tied else "float"
         if tied and "lm_head" not in self.tied and self.head_rows_match(table):
             self.embed_from_head = True
             origin = Origin(EMBED, src, f"the tied LM head's {self.head_stored()} (rows read at lookup)", True)
+        elif (
+            blocks is not None
+            and self.reads_embedding_blocks()
+            and (own := blocks(table)) is not None
+            and (stored := self.store_embedding_blocks(table, own))
+        ):
+            origin = Origin(EMBED, own.source, f"{stored} (rows read at lookup)", True)
         elif self.dtype == np.float32 and (narrow := _narrowest(table)) is not None:
             self.embed_dtype, stored = narrow
             self.store.add("embed", table.astype(self.embed_dtype))
@@ -146,6 +159,16 @@ class Linears:
             origin = Origin(EMBED, src, self.dtype.name.replace("float", "fp"), self.dtype == np.float32)
         self.origins.append(origin)
         return origin
+
+    def reads_embedding_blocks(self) -> bool:
+        """The lookup can read rows of the checkpoint's own blocks of the table: not MatMulNBits
+        linears (their blocks have no row gather but the 8-bit head's; such a table stays floats)."""
+        return False
+
+    def store_embedding_blocks(self, table: np.ndarray, b: Blocks) -> str:
+        """Store the table as its checkpoint's blocks `b` where the lookup's rows are bitwise the
+        table's; returns how they are stored ("" where they are not)."""
+        return ""
 
     def head_stored(self) -> str:
         """How the LM head is stored (the embedding's Origin when it reads the head)."""
@@ -437,10 +460,7 @@ class RowLinears(Linears):
         from edgespec.engines import rowop
 
         ch = rowop.pack_choices(b.scales, b.zero_points, b.mins, b.bits, b.block_size, int(b.codes.max()), b.sub)
-        scales = " + sub-scale codes" if ch.sub else ""
-        mins = " + block mins" if b.mins is not None else ""
-        size = f", blocks of {b.block_size}" if b.block_size != 32 else ""
-        return f"int{ch.bits} codes{scales}{mins}{size}"
+        return _described(b, ch)
 
     def head_stored(self) -> str:
         a = self.attrs["lm_head"]
@@ -464,11 +484,49 @@ class RowLinears(Linears):
                 return False
         return True
 
-    def head_rows(self, b: GraphBuilder, ids: str, rank: int, name: str = "/embed") -> str:
+    def head_rows(self, b: GraphBuilder, ids: str, rank: int, name: str = "/embed", packed: str = "lm_head") -> str:
+        """Rows of the packed linear `packed` (the LM head, or the embedding's own blocks) as floats."""
         from edgespec.engines import rowop
 
-        w = b.weight("lm_head" + rowop.WEIGHT_SUFFIX)
-        return b.op(rowop.GATHER_TYPE, [ids, w], f"{name}/RowGather", domain=rowop.DOMAIN, **self.attrs["lm_head"])
+        w = b.weight(packed + rowop.WEIGHT_SUFFIX)
+        return b.op(rowop.GATHER_TYPE, [ids, w], f"{name}/RowGather", domain=rowop.DOMAIN, **self.attrs[packed])
+
+    def embed_rows(self, b: GraphBuilder, ids: str, rank: int, name: str = "/embed") -> str:
+        if "embed" in self.attrs:  # the table's own blocks (store_embedding_blocks)
+            return self.head_rows(b, ids, rank, name, "embed")
+        return super().embed_rows(b, ids, rank, name)
+
+    def reads_embedding_blocks(self) -> bool:
+        return True
+
+    def store_embedding_blocks(self, table: np.ndarray, b: Blocks) -> str:
+        """The table's own blocks packed as a linear's ("embed.rowop", its attributes attrs["embed"])
+        in row blocks with the whole table's packing choices (as stream.py packs a linear: the
+        pieces concatenate to the whole's bytes), kept where every row RowGather reads
+        (rowop.gather_reference of the packed bytes read back) is the table's, bitwise; else
+        nothing is stored. Returns how they are stored ("" where not kept)."""
+        from edgespec.engines import rowop
+        from edgespec.export.target import tensors
+
+        n, k = table.shape
+        if b.codes.shape != (n, k) or b.block_size not in (16, 32):
+            return ""
+        ch = rowop.pack_choices(b.scales, b.zero_points, b.mins, b.bits, b.block_size, int(b.codes.max()), b.sub)
+        step = -(-max(1, tensors.CHUNK_BYTES // (4 * k)) // rowop.PANEL) * rowop.PANEL  # whole panels
+        pieces, attrs = [], {}
+        for r0 in range(0, n, step):
+            piece = b.rows(r0, r0 + step)
+            p = rowop.pack(
+                piece.codes, piece.scales, piece.zero_points, piece.mins, b.bits, b.block_size, ch, piece.sub
+            )
+            back = rowop.unpack(p.data, p.attrs)
+            if not np.array_equal(rowop.gather_reference(np.arange(len(piece.codes)), back), table[r0 : r0 + step]):
+                return ""
+            pieces.append(p.data)
+            attrs = p.attrs
+        self.store.add("embed" + rowop.WEIGHT_SUFFIX, np.concatenate(pieces))
+        self.attrs["embed"] = attrs | {"N": n}
+        return _described(b, ch)
 
     def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
         from edgespec.engines import rowop
@@ -477,6 +535,14 @@ class RowLinears(Linears):
             return super().linear(b, x, name, stream_3d)
         w = b.weight(name + rowop.WEIGHT_SUFFIX)
         return b.op(rowop.OP_TYPE, [x, w], f"{name}/{rowop.OP_TYPE}", domain=rowop.DOMAIN, **self.attrs[name])
+
+
+def _described(b: Blocks, ch) -> str:
+    """Kept blocks as the row kernel packs them with choices ch (rowop.PackChoices): an Origin's stored."""
+    scales = " + sub-scale codes" if ch.sub else ""
+    mins = " + block mins" if b.mins is not None else ""
+    size = f", blocks of {b.block_size}" if b.block_size != 32 else ""
+    return f"int{ch.bits} codes{scales}{mins}{size}"
 
 
 EMBED = "model.embed_tokens.weight"  # the embedding table's parameter name (its Origin)

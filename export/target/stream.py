@@ -166,6 +166,12 @@ class StreamingWriter(LlamaGraphWriter):
                 self.reference[n] = np.asarray(used[rows : rows + k]).astype(np.float32)
                 rows += k
 
+    def _embedding_blocks(self, table: np.ndarray):
+        """The embedding's blocks where the checkpoint has them (a GGUF's `part`: decoded, and kept
+        only where they dequantize to `table` bitwise), else None."""
+        part = getattr(self.checkpoint, "part", None)
+        return None if part is None else part("model.embed_tokens.weight", len(table), table, True).blocks
+
     def _store_requantized(self, name: str, w: np.ndarray, tied: bool, parts) -> np.ndarray | None:
         """A re-quantized linear by row blocks: MatMulNBits codes, scales and zero points (rows
         appended), or the int8 precision's integer weights stored [K, N] (their rows are its
@@ -464,7 +470,7 @@ def check_floats(writer: StreamingWriter, weights: StreamedWeights, path: Path, 
         checks[name] = (parts, 0.0, True)
     n = 0
     for name, (sources, off, transposed) in checks.items():
-        if name == "embed" and name not in index:  # read from the tied head's blocks (checked bitwise as stored)
+        if name == "embed" and name not in index:  # read from packed blocks (checked bitwise as stored)
             continue
         # the writer's sum and cast (the embedding in fp16 / bf16 where every value is one: Linears.store_embedding)
         cast = np.dtype(index[name]["dtype"]) if name == "embed" else f
