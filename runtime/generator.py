@@ -209,17 +209,27 @@ class Generator(TextAPI):
                     "token trees need a folder re-exported without --no-trees"
                 )
             self.tree = TokenTree(c.tree.nodes)
-        self.adaptive = self.tree_budget = None
-        self.chain_budget = None  # adaptive chains of a drafter that scores them: cut per step as trees are
+        # the policies learn costs and acceptance over calls: kept in the drafter store per configuration,
+        # so switching drafters and back (a bench interleaving them prompt by prompt) resumes what they learned
+        key = ("policies", spec.name, self.k, c.adaptive, c.tree.label if self.tree is not None else "")
+        self._policies = self.drafter_store.get(key)
+        if self._policies is None:
+            self._policies = self.drafter_store[key] = self._new_policies()
+        self.adaptive, self.tree_budget, self.chain_budget = (self._policies[n] for n in ("k", "tree", "chain"))
+        self._budget = self.tree_budget or self.chain_budget  # the running call's (a sampled call: fixed costs)
+
+    def _new_policies(self) -> dict:
+        """Greedy calls' adaptive k ("k"), tree budget ("tree"), chain budget of a drafter that scores its
+        chains ("chain": cut per step as trees are), and seeded calls' ("keyed", made at their first call)."""
+        c, pol = self.cfg, {"k": None, "tree": None, "chain": None, "keyed": None}
         if c.adaptive and self.k > 0 and self.tree is None:
             if self.drafter.scores_chains:
-                self.chain_budget = TreeBudget(self.k + 1, self.verify_costs(range(1, self.k + 2)))
+                pol["chain"] = TreeBudget(self.k + 1, self.verify_costs(range(1, self.k + 2)))
             else:
-                self.adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
+                pol["k"] = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
         if c.adaptive and self.tree is not None:  # trees cut each step to the size that pays
-            self.tree_budget = TreeBudget(c.tree.nodes, self.verify_costs(range(1, c.tree.nodes + 1)))
-        self._budget = self.tree_budget or self.chain_budget  # the running call's (a sampled call: fixed costs)
-        self._keyed = None  # seeded calls' (adaptive k, budget): timed, learned across them (_keyed_policies)
+            pol["tree"] = TreeBudget(c.tree.nodes, self.verify_costs(range(1, c.tree.nodes + 1)))
+        return pol
 
     def _sampled_adaptive(self) -> AdaptiveK | None:
         """Adaptive k for a sampled call (when adaptive is on): fixed relative costs instead of
@@ -234,15 +244,15 @@ class Generator(TextAPI):
         (sampling.KeyedDraws), so they follow measured times (a head's real cost per draft) as greedy
         calls do, with estimates of their own learned across seeded calls (what sampling keeps) and
         one-draft probes while k = 0 wins."""
-        if self._keyed is None:
+        if self._policies["keyed"] is None:
             adaptive = budget = None
             if self.adaptive is not None:
                 adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)), SAMPLED)
             nodes = self.cfg.tree.nodes if self.tree_budget is not None else self.k + 1
             if self.tree_budget is not None or self.chain_budget is not None:
                 budget = TreeBudget(nodes, self.verify_costs(range(1, nodes + 1)), SAMPLED)
-            self._keyed = (adaptive, budget)
-        return self._keyed
+            self._policies["keyed"] = (adaptive, budget)
+        return self._policies["keyed"]
 
     def _recorded_costs(self, widest: int | None = None) -> dict[int, float] | None:
         """Verify costs in decodes by width, as the export's probe measured them for this folder's

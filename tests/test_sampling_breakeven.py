@@ -166,3 +166,19 @@ def test_sampled_adaptive_keeps_the_target_distribution(drafter, monkeypatch):
     assert p > 1e-3, f"{drafter} sampled adaptive: chi-square p = {p:.2g}"
     assert g.last_stats.adaptive and len(set(ks)) > 1, set(ks)
     assert CFG.temperature == 1.0
+
+
+def test_learned_policies_survive_a_drafter_switch():
+    """What adaptive k learned (greedy and seeded) is kept per configuration in the drafter store:
+    switching to another drafter and back resumes it (a bench interleaves drafters prompt by prompt)."""
+    g = _fake("ngram")
+    _run(g, 30, T07)
+    _run(g, 30, SamplingConfig())
+    greedy, keyed = g.adaptive, g._policies["keyed"]
+    assert greedy is not None and keyed is not None
+    g.reconfigure(drafter="suffix")
+    assert g.adaptive is not greedy
+    g.reconfigure(drafter="ngram")
+    assert g.adaptive is greedy and g._policies["keyed"] is keyed
+    g.reconfigure(drafter="ngram", k=4)  # another configuration: its own
+    assert g.adaptive is not greedy

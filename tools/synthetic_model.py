@@ -117,12 +117,22 @@ def hf_config(c: SyntheticConfig) -> dict:
 
 
 def vocabulary(n: int) -> list[str]:
-    """n single-character tokens: GPT-2's 256 byte characters, then characters of the supplementary
-    planes (single characters: no merges to derive; no surrogates, which GGUF's UTF-8 refuses)."""
+    """n tokens: GPT-2's 256 byte characters, then characters of the supplementary planes (no
+    surrogates, which GGUF's UTF-8 refuses), the last one the first two byte characters together:
+    the one merge (MERGE) a BPE vocabulary needs for llama.cpp to load it."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     byte_chars = list(bytes_to_unicode().values())
-    return byte_chars + [chr(0x10000 + i) for i in range(n - len(byte_chars))]
+    vocab = byte_chars + [chr(0x10000 + i) for i in range(n - len(byte_chars))]
+    if n > len(byte_chars) + 1:
+        vocab[-1] = byte_chars[0] + byte_chars[1]
+    return vocab
+
+
+def merges(n: int) -> list[str]:
+    """The vocabulary's one merge (llama.cpp refuses a BPE vocabulary without merges)."""
+    v = vocabulary(n)
+    return [f"{v[-1][0]} {v[-1][1]}"] if len(v[-1]) == 2 else []
 
 
 def write_tokenizer(folder: Path, n: int) -> None:
@@ -230,6 +240,7 @@ def write_gguf(c: SyntheticConfig, fmt: str, out: Path, seed: int) -> None:
     w.add_token_list(vocabulary(c.vocab_size))
     w.add_token_scores([0.0] * c.vocab_size)
     w.add_token_types([1] * c.vocab_size)
+    w.add_token_merges(merges(c.vocab_size))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     plan = []
