@@ -73,19 +73,32 @@ class AdaptiveK:
         self.draft_s_per_token = draft_cost
         self._steps_at_zero = 0
         self._drafted = False  # a drafting step was measured (timed)
+        self._plain_wait = 0  # > 0: k = 0 stands (no drafting step since it won), probing after this many steps
         self._k = np.arange(k_max + 1)
 
+    def begin(self) -> None:
+        """A new call: its acceptance estimate starts from the prior (how often drafts are kept varies by
+        request: an estimate carried over from earlier ones drafted less where drafts paid, HumanEval-20
+        t = 0.7 ngram 1.12x -> 1.07x); the measured costs carry over."""
+        self.acceptance = self.cfg.prior_acceptance
+        self._steps_at_zero = self._plain_wait = 0
+
     def choose(self) -> int:
-        a = min(self.acceptance, 0.999)
-        gain = (1 - a ** (self._k + 1)) / (1 - a)  # E[tokens] for k = 0..k_max
-        cost = self.draft_s_per_token * self._k + self.verify_s[self._k + 1]
-        k = int(np.nanargmax(gain / cost))
-        if k == 0:
-            self._steps_at_zero += 1
-            if self._steps_at_zero >= self.probe_wait():
-                self._steps_at_zero = 0
-                return self.cfg.probe_k or self.k_max
-        return k
+        if not self._plain_wait:
+            a = min(self.acceptance, 0.999)
+            gain = (1 - a ** (self._k + 1)) / (1 - a)  # E[tokens] for k = 0..k_max
+            cost = self.draft_s_per_token * self._k + self.verify_s[self._k + 1]
+            k = int(np.nanargmax(gain / cost))
+            if k:
+                return k
+            # k = 0 stands until a drafting step moves the estimates (a plain step only refines
+            # verify(1)): the stretch's steps cost no numpy (~25 us each, 0.5% of a 5 ms decode)
+            self._plain_wait = self.probe_wait()
+        self._steps_at_zero += 1
+        if self._steps_at_zero >= self._plain_wait:
+            self._steps_at_zero = self._plain_wait = 0
+            return self.cfg.probe_k or self.k_max
+        return 0
 
     def probe_wait(self) -> int:
         """Steps at k = 0 between probes: probe_every, or (probe_share) as many as keep a probe's extra
@@ -108,6 +121,7 @@ class AdaptiveK:
             old = self.verify_s[w]
             self.verify_s[w] = verify_s if np.isnan(old) else (1 - e) * old + e * verify_s
         if m > 0:
+            self._plain_wait = 0  # the estimates move: choose afresh
             # per-token acceptance from this step: n_acc successes before the first failure
             reached = n_acc + (1 if n_acc < m else 0)
             self.acceptance = (1 - e) * self.acceptance + e * (n_acc / reached)

@@ -242,8 +242,8 @@ class Generator(TextAPI):
     def _keyed_policies(self) -> tuple[AdaptiveK | None, TreeBudget | None]:
         """Adaptive k and the tree / chain budget of seeded calls: their output does not depend on k
         (sampling.KeyedDraws), so they follow measured times (a head's real cost per draft) as greedy
-        calls do, with estimates of their own learned across seeded calls (what sampling keeps) and
-        one-draft probes while k = 0 wins."""
+        calls do, with estimates of their own (what sampling keeps: the acceptance from the prior each
+        call, AdaptiveK.begin; the costs learned across seeded calls) and one-draft probes while k = 0 wins."""
         if self._policies["keyed"] is None:
             adaptive = budget = None
             if self.adaptive is not None:
@@ -441,6 +441,8 @@ class Generator(TextAPI):
             if self._budget is not None:
                 nodes = self.cfg.tree.nodes if self.tree_budget is not None else self.k + 1
                 self._budget = sampled_tree_budget(nodes, self.cfg.provider, self._recorded_costs(nodes))
+        if adaptive is not None:
+            adaptive.begin()
         st = self.last_stats = GenerationStats(
             drafter=self.drafter.name,
             k=self.k,
