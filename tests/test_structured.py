@@ -362,6 +362,57 @@ def test_tiny_speculative_equals_constrained_plain_for_every_drafter(full_engine
     assert accepted > 0 and cut > 0
 
 
+@pytest.fixture(scope="module")
+def aux_engines(tmp_path_factory):
+    """Folders of the drafters that read the target's aux features: an EAGLE-3 head and a DFlash
+    drafter (their init plus noise) on a tiny 8-layer llama (three distinct feature layers)."""
+    from test_dflash import tiny_dflash
+    from test_eagle3 import _tiny_head
+    from tiny import make_tiny
+
+    from edgespec.export.target.exporter import ExportConfig, export
+
+    root = tmp_path_factory.mktemp("structured_aux")
+    target = make_tiny("llama", root / "llama8", num_hidden_layers=8)
+    common = dict(target=str(target), eagle="none", medusa="none", max_len=256, k=4, prefill_chunk=16)
+    common |= dict(kv_bucket=32, precision="fp32", progress=False, validate=False)
+    eagle3, _, _ = _tiny_head(target, root / "e3head", noise=0.05)
+    return {
+        "eagle3": export(ExportConfig(eagle3=str(eagle3), out=str(root / "e3"), **common)),
+        "dflash": export(
+            ExportConfig(dflash=str(tiny_dflash(target, root / "dfhead")), out=str(root / "df"), **common)
+        ),
+    }
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "dflash"])
+def test_tiny_aux_drafters_under_a_grammar_equal_constrained_plain(aux_engines, drafter):
+    """EAGLE-3 and DFlash with a JSON schema and a regex: greedy (fixed and adaptive k, ids and
+    streamed text) and seeded t = 0.8 outputs equal constrained plain decoding's, and conform."""
+    cfg = RuntimeConfig(drafter="none", k=4, adaptive=False, eagle_min_confidence=0.0)
+    g = Generator.load(aux_engines[drafter], cfg)
+    prompts = [g.codec.encode(p) for p in TINY_PROMPTS]
+    seeded = SamplingConfig(temperature=0.8, seed=5)
+    n_drafted = 0
+    for grammar in (
+        grammar_from(json_schema=SCHEMA),
+        grammar_from(regex=r"(hello|world|call)( (hello|world|f)){2,6}\."),
+    ):
+        g.reconfigure(drafter="none")
+        plain = [_ids(g, 40, grammar=grammar, prompt=p) for p in prompts]
+        plain_seeded = [_ids(g, 40, seeded, grammar=grammar, prompt=p) for p in prompts]
+        plain_text = ["".join(g.stream_text(p, 40, SamplingConfig(), grammar=grammar)) for p in prompts]
+        assert all(_conforms(g, grammar, out) for out in plain + plain_seeded)
+        for k, adaptive in ((2, False), (4, True)):
+            g.reconfigure(drafter=drafter, k=k, adaptive=adaptive)
+            for p, ref, ref_seeded, ref_text in zip(prompts, plain, plain_seeded, plain_text, strict=True):
+                assert np.array_equal(_ids(g, 40, grammar=grammar, prompt=p), ref), (drafter, k, adaptive)
+                n_drafted += g.last_stats.n_drafted + g.last_stats.n_grammar_cut  # (kept or cut by the grammar)
+                assert "".join(g.stream_text(p, 40, SamplingConfig(), grammar=grammar)) == ref_text
+                assert np.array_equal(_ids(g, 40, seeded, grammar=grammar, prompt=p), ref_seeded), (drafter, k)
+    assert n_drafted > 0  # the drafter ran under the grammars, not plain decoding in disguise
+
+
 def test_tiny_trees_fall_back_to_chains_and_adaptive_k_stays_identical(full_engine):
     from edgespec.runtime.tree import TreeConfig
 
