@@ -87,22 +87,16 @@ class EagleDrafter(HeadDrafter):
     @property
     def verifier(self):
         """The fused graph, where its head rows are used: greedy, no repetition penalty, no grammar
-        mask (_caught_up_by_target). Elsewhere (sampling) the catch-up call runs anyway, so the fused
-        graph would compute the head's rows in every verify call for nothing (eagle at t = 0.7 lost
-        to plain while adaptive k chose k = 0): the plain target verifies. Both share the target's KV."""
+        mask, the calls whose head rows catch the head up (_caught_up_by_target). Elsewhere (sampling)
+        the catch-up call runs anyway, so the fused graph would compute the head's rows in every verify
+        call for nothing (eagle at t = 0.7 lost to plain while adaptive k chose k = 0): the plain
+        target verifies. Both share the target's KV."""
         p = self.sampling
         return self._fused if p.greedy and p.repetition_penalty == 1.0 and not p.masked else None
 
     def _caught_up_by_target(self, seq: SeqState, past_len: int) -> None:
         """After a target call at past_len whose rows are committed: did its head rows catch us up?"""
-        p = self.sampling
-        self._fused_ready = (
-            self.verifier is not None
-            and p.greedy
-            and p.repetition_penalty == 1.0
-            and not p.masked
-            and self.dft_past == past_len
-        )
+        self._fused_ready = self.verifier is not None and self.dft_past == past_len  # (verifier: the call's rules)
         if self._fused_ready:
             self.dft_past = seq.n - 1
 
