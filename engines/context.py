@@ -1,9 +1,11 @@
 """The context a folder is loaded with: how many tokens its KV caches hold and their element type.
 
 - Context: `--max-len` (RuntimeConfig.max_len) picks it at load, up to the folder's maximum (the
-  manifest's max_len: its export's --max-len, which sized the rotary tables), rounded up to the
-  folder's kv_bucket. The loaded manifest carries it as max_len, so every engine allocates its
-  cache for it and the loop stops there; nothing else changes (the graphs read any window size).
+  manifest's max_len: its export's --max-len, by default the model's own context capped by the
+  export's memory budget), rounded up to the folder's kv_bucket; unset, DEFAULT_CONTEXT or the
+  maximum, whichever is smaller. The loaded manifest carries it as max_len, so every engine
+  allocates its cache for it and the loop stops there; nothing else changes (the graphs read any
+  window size). A context whose caches this machine's memory cannot hold is refused.
 - Element type: `--kv-dtype fp16|fp32`. A graph declares the caches it reads: its kv_dtype's
   (past_{kind}_{layer}), and fp16 where it also has the KV16_TEMPLATE inputs (the row kernel's
   attention, engines/rowop/attention.h, reads a half cache and rounds the call's own new rows to
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from edgespec.engines.manifest import DTYPES, FUSED_PREFIX, Manifest, ModelSpec
+from edgespec.engines.manifest import DTYPES, FUSED_PREFIX, Manifest, ModelSpec, _memory_bytes
 from edgespec.engines.specs import KV16_TEMPLATE
 
 KV_NAMES = {"fp16": "float16", "fp32": "float32"}  # --kv-dtype -> numpy's name
+DEFAULT_CONTEXT = 4096  # tokens a load allocates when --max-len is not given (llama.cpp's default -c)
 SHORT = {v: k for k, v in KV_NAMES.items()}
 
 
@@ -106,4 +109,15 @@ def at_load(manifest: Manifest, max_len: int | None = None, kv_dtype: str | None
                 f"--kv-dtype {kv_dtype}: the row kernel's attention that reads it runs on the CPU only, not "
                 f"--provider {provider}. Hint: use --kv-dtype {SHORT[manifest.target.kv_dtype]} there"
             )
-    return dataclasses.replace(manifest, max_len=max_len or top, kv_cache_dtype=chosen)
+    if max_len is None:
+        max_len = min(top, max(-(-DEFAULT_CONTEXT // bucket) * bucket, minimum_context(manifest)))
+    out = dataclasses.replace(manifest, max_len=max_len, kv_cache_dtype=chosen)
+    ram = _memory_bytes()
+    if ram is not None and (kv := kv_bytes_per_token(out) * max_len) > ram:
+        fits = ram // kv_bytes_per_token(out) // bucket * bucket
+        raise ContextError(
+            f"a context of {max_len} tokens needs {kv / 2**30:.1f} GiB of KV caches ({kv_bytes_per_token(out)} bytes "
+            f"per token), more than this machine's {ram / 2**30:.1f} GiB of memory. Hint: give --max-len {fits} "
+            "or less" + (", or --kv-dtype fp16" if chosen != "float16" and "float16" in takes else "")
+        )
+    return out

@@ -445,22 +445,15 @@ def _check_numbers(m: Manifest) -> None:
                 f"max_len = {m.max_len}",
                 f"but the target graph's rope table {name} covers {w.shape[0]} positions (the exported max_len)",
             )
-    # the KV buffers max_len implies (allocated at load, one per model with a cache): more than this
-    # machine's memory is an edit (or a folder for another machine), refused now rather than after a
-    # long, failing allocation
-    kv_bytes = sum(
-        s.n_layers * 2 * m.max_len * s.kv_width * DTYPES[s.kv_dtype]
-        for s in m.models().values()  # a fused target+head graph (FUSED_PREFIX inputs) runs on the target's
-        if isinstance(s, ModelSpec) and not any(x.name.startswith(FUSED_PREFIX) for x in s.graph.inputs)
-    )
+    # a rotary table computed at load (engines/rope.py) is sized by its recorded shape: an edited one
+    # could ask for more than the machine holds
     ram = _memory_bytes()
-    if ram is not None and kv_bytes > ram:
-        raise _edited(
-            m,
-            f"max_len = {m.max_len}",
-            f"whose KV caches need {_size(kv_bytes)} (layers x 2 x kv heads x head dim x max_len x dtype "
-            f"bytes), more than this machine's {_size(ram)} of memory",
-        )
+    for role, s in m.models().items():
+        for name, w in s.weights.items():
+            if w.rope is not None and ram is not None and 2 * w.nbytes > ram // 4:
+                raise _edited(m, f"{role} rotary table {name} is {list(w.shape)}", f"{_size(w.nbytes)} to compute")
+    # the KV buffers a load allocates are sized by the context it chooses (engines/context.py, which
+    # refuses one this machine cannot hold), not by the folder's maximum
 
     # ids: the tokenizer and the stop check index the vocabulary with them
     vocab = t.vocab_size

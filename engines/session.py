@@ -25,7 +25,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgespec.engines import cuda_graph as cg
-from edgespec.engines import rowop
+from edgespec.engines import rope, rowop
 from edgespec.engines.base import EngineError
 from edgespec.engines.manifest import Manifest
 
@@ -170,8 +170,12 @@ def weight_bytes(manifest: Manifest, spec, w) -> np.ndarray:
 
 
 def read_weight(manifest: Manifest, spec, w) -> np.ndarray:
-    """One weight entry as a read-only array of its dtype and shape (a view of the mapping). A
-    bfloat16 one needs ml_dtypes (onnx's dependency, export's); the sessions read it without."""
+    """One weight entry as a read-only array of its dtype and shape (a view of the mapping; a rotary
+    table computed here: engines/rope.py). A bfloat16 one needs ml_dtypes (onnx's dependency,
+    export's); the sessions read it without."""
+    if w.rope is not None:
+        name = next((n for n, x in spec.weights.items() if x is w), "rope")
+        return rope.checked_table(f"{spec.role}/{name}", w.rope, tuple(w.shape), w.dtype)
     if w.dtype == BF16:
         try:
             import ml_dtypes
@@ -184,7 +188,7 @@ def read_weight(manifest: Manifest, spec, w) -> np.ndarray:
 def weight_value(manifest: Manifest, spec, w) -> ort.OrtValue:
     """One weight entry as an OrtValue on the mapping (no copy); a bfloat16 one (a dtype numpy lacks)
     as its bits, uint16, typed BFLOAT16 for ONNX Runtime."""
-    if w.dtype == BF16:
+    if w.dtype == BF16 and w.rope is None:
         bits = weight_bytes(manifest, spec, w).view(np.uint16).reshape(w.shape)
         return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, ONNX_BFLOAT16)
     return ort.OrtValue.ortvalue_from_numpy(read_weight(manifest, spec, w))
@@ -330,7 +334,7 @@ def tensorrt_options(manifest: Manifest, spec, max_window: int) -> dict[str, str
 
 def weights_files(manifest: Manifest, spec) -> list[Path]:
     """The weights files a model's initializers are mapped from."""
-    return sorted({manifest.path(w.file or spec.weights_file) for w in spec.weights.values()})
+    return sorted({manifest.path(w.file or spec.weights_file) for w in spec.weights.values() if w.rope is None})
 
 
 def new_session(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from edgespec.engines.rope import RopeTable
 from edgespec.engines.serial import Serial
 
 TOKENS = "T"  # symbolic axis: tokens per call, one of the graph's widths
@@ -76,6 +77,8 @@ class WeightSpec(Serial):
     offset: int  # byte offset in the weights file
     nbytes: int  # byte length
     file: str | None = None  # another model's weights file (an EAGLE head reads the target's embedding)
+    rope: RopeTable | None = None  # a rotary table computed at load from these parameters (no bytes stored;
+    #                                file names rope.COMPUTED_FILE, offset 0)
 
 
 @dataclass(frozen=True)

@@ -78,11 +78,12 @@ class CoreConfig:
             "allows); --no-cuda-graph: launch every kernel each call"
         },
     )
-    max_len: int | None = field(  # None: the folder's maximum; the KV caches are allocated for this context only
+    max_len: int | None = field(  # None: 4096 or the folder's maximum if smaller; the KV caches are sized for it
         default=None,
         metadata={
             "help": "context in tokens (prompt + output) the KV caches are allocated for, up to the folder's "
-            "maximum (its export's --max-len); rounded up to the folder's kv_bucket (default: the maximum)",
+            "maximum (its export's --max-len); rounded up to the folder's kv_bucket (default: 4096, or the "
+            "maximum where that is smaller)",
             "metavar": "TOKENS",
         },
     )

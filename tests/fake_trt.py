@@ -57,7 +57,11 @@ class FakeContext:
 
 class FakeTrtEngine:
     def __init__(self, onnx_path: str, spec) -> None:
-        self.session = ort.InferenceSession(onnx_path)
+        from edgespec.engines import rope
+
+        so = ort.SessionOptions()
+        self._tables = rope.add_computed(so, spec)  # built engines carry them (trt_build.computed_inline)
+        self.session = ort.InferenceSession(onnx_path, so)
         self.profiles = {w: i for i, w in enumerate(spec.widths())}
         self.kv_inputs = [f"past_{k}_{i}" for i in range(spec.n_layers) for k in ("key", "value")]
         self.kv_dtype = np.dtype(spec.kv_dtype)

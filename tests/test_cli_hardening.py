@@ -17,7 +17,6 @@ from test_hardening import (
     _own_thread_pools,  # noqa: F401 (autouse: main() must not share this process's pool)
 )
 
-import edgespec.engines.manifest as mf
 from edgespec.cli import main
 from edgespec.engines.manifest import ManifestError, load_manifest
 from edgespec.runtime.apps.chat import ChatSettings, handle_command
@@ -110,19 +109,18 @@ def test_a_huge_max_len_is_refused_at_load_in_well_under_a_second(tiny_engine, t
     assert rc == 2 and "max_len = 1000000000" in _one_line_error(err, "generate")
 
 
-def test_max_len_beyond_the_machines_memory_is_refused(tiny_engine, tmp_path, monkeypatch):
-    """Without a rope table to bound it (a graph that computes its rotations), the KV bytes max_len implies
-    are compared with the machine's memory (here pretended to be 100 KiB: the tiny caches need 192 KiB)."""
+def test_a_context_beyond_the_machines_memory_is_refused_at_load(tiny_engine, monkeypatch):
+    """The KV bytes of the context a load chooses are compared with the machine's memory (here pretended
+    to be 100 KiB: the tiny caches at 256 tokens need 192 KiB), before any allocation."""
+    from edgespec.engines import context
 
-    def no_rope(d):
-        d["target"]["weights"] = {k: w for k, w in d["target"]["weights"].items() if not k.startswith("rope")}
-
-    folder = _edited(tiny_engine, tmp_path, no_rope)
-    monkeypatch.setattr(mf, "_memory_bytes", lambda: 100 << 10)
-    with pytest.raises(ManifestError, match=r"max_len = 256, whose KV caches need 0.2 MiB .* machine's 0.1 MiB"):
-        load_manifest(folder, files=False)
-    monkeypatch.setattr(mf, "_memory_bytes", lambda: 1 << 20)
-    assert load_manifest(folder, files=False).max_len == 256
+    m = load_manifest(tiny_engine)
+    monkeypatch.setattr(context, "_memory_bytes", lambda: 100 << 10)
+    with pytest.raises(context.ContextError, match=r"context of 256 tokens needs .* more than this machine's"):
+        context.at_load(m, 256, "fp32")
+    assert context.at_load(m, 128, "fp32").max_len == 128
+    monkeypatch.setattr(context, "_memory_bytes", lambda: 1 << 20)
+    assert context.at_load(m, 256, "fp32").max_len == 256
 
 
 @pytest.mark.parametrize(

@@ -74,8 +74,13 @@ def test_self_draft_shares_the_target_weights_file(tiny_engine):
 def test_graph_runs_in_a_plain_onnxruntime_session_with_static_shapes(tiny_engine):
     import onnxruntime as ort
 
+    from edgespec.engines import rope
+
     m = load_manifest(tiny_engine)
-    sess = ort.InferenceSession(str(tiny_engine / m.target.graph.file))
+    so = ort.SessionOptions()
+    keep = rope.add_computed(so, m.target)  # the rotary tables: computed at load, not stored
+    assert sorted(n for n, w in m.target.weights.items() if w.rope) == ["rope_cos_half", "rope_sin_half"] and keep
+    sess = ort.InferenceSession(str(tiny_engine / m.target.graph.file), so)
     feed = {
         "input_ids": np.array([[5, 6, 7, 8]]),
         "positions": np.arange(4)[None],

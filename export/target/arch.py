@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from edgespec.engines import rope
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "smollm3", "gemma3_text")
 ROPE_TYPES = ("default", "llama3", "linear")
@@ -76,32 +77,19 @@ class ArchSpec:
     def rope_tables(self, local: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin [max_len, head_dim] in HF's rotate_half layout (halves duplicated); local: the
         sliding layers' (local_rope)."""
-        d = self.head_dim
+        return rope.tables(self.max_len, self.head_dim, *self.rope_entry(local))
+
+    def rope_entry(self, local: bool = False) -> tuple[float, str, dict]:
+        """(theta, type, scaling numbers) of the global RoPE or (local) the sliding layers'."""
         theta, rope_type, params = (
-            self.local_rope
-            if local and self.local_rope
-            else (
-                self.rope_theta,
-                self.rope_type,
-                self.rope_params,
-            )
+            self.local_rope if local and self.local_rope else (self.rope_theta, self.rope_type, self.rope_params)
         )
-        inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-        params = dict(params)
-        if rope_type == "linear":
-            inv_freq = inv_freq / params["factor"]
-        elif rope_type == "llama3":
-            factor, lo, hi = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
-            old_len = params["original_max_position_embeddings"]
-            wavelen = 2 * math.pi / inv_freq
-            scaled = np.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
-            smooth = (old_len / wavelen - lo) / (hi - lo)
-            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-            medium = (wavelen >= old_len / hi) & (wavelen <= old_len / lo)
-            inv_freq = np.where(medium, smoothed, scaled)
-        freqs = np.outer(np.arange(self.max_len, dtype=np.float64), inv_freq)  # [max_len, D/2]
-        emb = np.concatenate([freqs, freqs], axis=-1)
-        return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+        return theta, rope_type, dict(params)
+
+    def rope_table(self, table: np.ndarray, part: str, half: bool, local: bool = False) -> np.ndarray:
+        """A table of rope_tables() (cast, or its first half) marked as computed at load: the folder
+        stores its parameters, not its bytes (engines/rope.py)."""
+        return rope.computed(table, part, self.head_dim, half, *self.rope_entry(local))
 
     def to_manifest(self) -> dict:
         return {

@@ -126,12 +126,16 @@ def export(cfg: ExportConfig) -> Path:
     except Exception:  # noqa: BLE001 - a config it cannot read: _check_target says what is wrong with it
         shape = None
         _check_target(cfg, src)
+    context_line = []  # said once the target is known to be exportable (_check_target)
+    cfg = _resolve_context(cfg, src, shape, context_line.append)  # --max-len: given, or the model's own, budgeted
     for name, source in shipping.items():  # every drafter checkpoint checked before the target loads
         plugins[name].preflight(cfg, source, shape)
     aux_readers = [name for name, p in plugins.items() if p.reads_aux(cfg, shipping.get(name))]
     if shape is not None:  # the drafters together: the aux layers they read, from their configs alone
         _aux_layers(cfg, aux_readers, shipping, shape.n_layers)
     _check_target(cfg, src)  # family, rope type, sizes: refused in seconds, before any weight is read
+    if cfg.progress and context_line:
+        print(context_line[0], file=sys.stderr)
     probe = {}  # --precision auto: what the per-CPU probe measured (manifest export_probe)
     if cfg.precision == "auto" and cfg.graph != "auto":  # the graph asked for decides
         cfg = dataclasses.replace(cfg, precision="int8" if cfg.graph == "integer" else "int4")
@@ -337,6 +341,15 @@ def _check_target(cfg: ExportConfig, src: sources.Source) -> None:
             f"--precision {cfg.precision} quantizes blocks of {block} inputs (int4), but {', '.join(odd)} is "
             f"not a multiple of {block}. Hint: export with --precision fp32 or int8"
         )
+
+
+def _resolve_context(cfg: ExportConfig, src: sources.Source, shape, say) -> ExportConfig:
+    """cfg with its max_len (budget.resolve_context, from the config's numbers alone; its figures to say)."""
+    from edgespec.export.target import budget
+
+    out = budget.resolve_context(cfg, src, shape, say)
+    out.check_max_len(out.max_len)
+    return out
 
 
 def _check_max_len(cfg: ExportConfig, hf_cfg) -> None:

@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from edgespec.engines import rope
 from edgespec.export.target.arch import ArchSpec
 from edgespec.export.target.gguf_blocks import Blocks, CheckpointWeights
 from edgespec.export.target.layer_ops import LayerOps, Stream
@@ -104,8 +105,8 @@ class WeightStore:
         self.arrays: dict[str, np.ndarray] = {}
 
     def add(self, name: str, arr: np.ndarray) -> str:
-        if name not in self.arrays:
-            self.arrays[name] = np.ascontiguousarray(arr)
+        if name not in self.arrays:  # a table computed at load (engines/rope.py) keeps its mark
+            self.arrays[name] = arr if rope.rope_of(arr) is not None else np.ascontiguousarray(arr)
         return name
 
 
@@ -122,6 +123,8 @@ def external_initializers(
     inits = []
     for name in sorted(names):
         file, offset, arr = (locations or {}).get(name) or (weights_location, offsets[name], store.arrays[name])
+        if rope.rope_of(arr) is not None:  # computed at load: the note file, so other readers fail loudly
+            file, offset = rope.COMPUTED_FILE, 0
         t = TensorProto(name=name, data_type=NP_TO_ONNX[arr.dtype], dims=arr.shape)
         t.data_location = TensorProto.EXTERNAL
         for key, val in (("location", file), ("offset", str(offset)), ("length", str(arr.nbytes))):
@@ -153,6 +156,8 @@ class GraphBuilder:
         self.used_weights: set[str] = set()
         self.dtype = dtype
         self._const_names: set[str] = set()
+        self.memo: dict[tuple, object] = {}  # what this graph computes once per input (linears: quantized rows,
+        #                                      block sums); on the builder, so no other graph can hit it
 
     def op(self, op_type: str, inputs: list[str], name: str, n_out: int = 1, domain: str = "", **attrs):
         outs = [f"{name}_out{i}" if n_out > 1 else f"{name}_out" for i in range(n_out)]

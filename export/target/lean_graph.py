@@ -77,14 +77,14 @@ class LeanOps(LayerOps):
     def store_tables(self) -> None:
         """Half-width caches for RotaryEmbedding, or the full HF tables for the portable rotation."""
         for suffix in ("", "_local") if self.arch.local_rope else ("",):  # _local: the sliding layers'
-            cos, sin = self.arch.rope_tables(local=bool(suffix))  # [max_len, D], halves duplicated
-            if self._fused("rotary"):
-                half = self.arch.head_dim // 2
-                self.store.add(f"rope_cos_half{suffix}", np.ascontiguousarray(cos[:, :half]).astype(self.dtype))
-                self.store.add(f"rope_sin_half{suffix}", np.ascontiguousarray(sin[:, :half]).astype(self.dtype))
-            else:
-                self.store.add(f"rope_cos{suffix}", cos.astype(self.dtype))
-                self.store.add(f"rope_sin{suffix}", sin.astype(self.dtype))
+            local = bool(suffix)
+            cos, sin = self.arch.rope_tables(local=local)  # [max_len, D], halves duplicated
+            half = self._fused("rotary")
+            for part, table in (("cos", cos), ("sin", sin)):
+                if half:
+                    table = np.ascontiguousarray(table[:, : self.arch.head_dim // 2])
+                name = f"rope_{part}{'_half' if half else ''}{suffix}"
+                self.store.add(name, self.arch.rope_table(table.astype(self.dtype), part, half, local))
 
     # ---- once per call ------------------------------------------------------------------------
     def prologue(self, b: GraphBuilder) -> dict:

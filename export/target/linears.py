@@ -67,7 +67,6 @@ class Linears:
         self.tied: set[str] = set()  # linears computed on the embedding table (a tied LM head)
         self.layouts: dict[str, Layout] = {}  # linears stored from a checkpoint's own blocks
         self.origins: list[Origin] = []  # per checkpoint weight of every stored linear, in order
-        self._sums: dict[tuple[int, str, int], str] = {}  # (builder, input, block size) -> its block sums
         self.embed_from_head = False  # the embedding's rows are read from the tied LM head's stored blocks
         #                               (store_embedding found them bitwise the table's): no "embed" array
         self.embed_dtype: np.dtype | None = None  # "embed" stored in this dtype, cast to the graph's at lookup
@@ -333,11 +332,11 @@ class Linears:
             # + m * (sum of the block's inputs): the block sums once per input, then [.., K/bs] @ [K/bs, N].
             # Both MatMuls have a constant B, which ORT prepacks: a row's bits do not depend on the call's
             # rows (the rule), and the Add is elementwise.
-            key = (id(b), x, layout.block_size)
-            if key not in self._sums:
+            key = ("block_sums", x, layout.block_size)  # once per input of this graph
+            if key not in b.memo:
                 ones = b.weight(self._sum_weight(n_in, layout.block_size))
-                self._sums[key] = b.op("MatMul", [x, ones], f"{name}/block_sums")
-            mins = b.op("MatMul", [self._sums[key], self.scales_input(b, name, "mins")], f"{name}/block_mins")
+                b.memo[key] = b.op("MatMul", [x, ones], f"{name}/block_sums")
+            mins = b.op("MatMul", [b.memo[key], self.scales_input(b, name, "mins")], f"{name}/block_mins")
             return b.op("Add", [y, mins], f"{name}/plus_mins")
         if name in self.tied:
             if stream_3d:
@@ -362,7 +361,6 @@ class IntegerLinears(Linears):
 
     def __init__(self, opts: GraphOptions, dtype: np.dtype, store: WeightStore) -> None:
         super().__init__(opts, dtype, store)
-        self._rows: dict[tuple[int, str], tuple[str, str]] = {}  # (builder, input) -> (u8 rows, row scales)
 
     def bits(self, name: str) -> int:
         return 8
@@ -383,8 +381,8 @@ class IntegerLinears(Linears):
 
     def _quantized_rows(self, b: GraphBuilder, x: str) -> tuple[str, str]:
         """x [.., K] float -> (u8 rows [.., K], row scales [.., 1]): 7 nodes, once per input."""
-        key = (id(b), x)
-        if key not in self._rows:
+        key = ("rowq", x)  # once per input of this graph
+        if key not in b.memo:
             p = f"{x}/rowq"
             amax = b.op(
                 "ReduceMax",
@@ -400,8 +398,8 @@ class IntegerLinears(Linears):
             rounded = b.op("Round", [b.op("Div", [x, scale], p + "/div")], p + "/round")
             offset = b.const("rowq_offset", np.array(128, np.float32))
             u8 = b.op("Cast", [b.op("Add", [rounded, offset], p + "/offset")], p + "/u8", to=TensorProto.UINT8)
-            self._rows[key] = (u8, scale)
-        return self._rows[key]
+            b.memo[key] = (u8, scale)
+        return b.memo[key]
 
     def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
         u8, row_scale = self._quantized_rows(b, x)

@@ -29,13 +29,11 @@ class PortableOps(LayerOps):
         return f"gu_split_{i}"
 
     def store_tables(self) -> None:
-        cos, sin = self.arch.rope_tables()
-        self.store.add("rope_cos", cos.astype(self.dtype))  # [max_pos, D]
-        self.store.add("rope_sin", sin.astype(self.dtype))
-        if self.arch.local_rope:  # the sliding layers' own tables (Gemma 3)
-            cos, sin = self.arch.rope_tables(local=True)
-            self.store.add("rope_cos_local", cos.astype(self.dtype))
-            self.store.add("rope_sin_local", sin.astype(self.dtype))
+        for local in (False, True) if self.arch.local_rope else (False,):  # local: the sliding layers' (Gemma 3)
+            cos, sin = self.arch.rope_tables(local=local)  # [max_pos, D]
+            for part, table in (("cos", cos), ("sin", sin)):
+                name = f"rope_{part}{'_local' if local else ''}"
+                self.store.add(name, self.arch.rope_table(table.astype(self.dtype), part, False, local))
 
     def embed(self, b: GraphBuilder) -> str:
         ids = b.op("Reshape", ["input_ids", "shape_T"], "/ids_flat")

@@ -351,6 +351,10 @@ class TargetShape:
     vocab_size: int  # LM head rows
     n_layers: int  # decoder layers
     rope_theta: float  # RoPE base (10000 when the config leaves it unset)
+    n_kv_heads: int = 0  # key/value heads (0: not read)
+    head_dim: int = 0  # per-head width (0: not read)
+    context: int = 0  # the model's own context: max_position_embeddings / GGUF context_length (0: unsaid)
+    dtype: str = ""  # a safetensors checkpoint's parameter dtype as its config names it ("bfloat16"; "": unsaid)
 
 
 def target_shape(source: Source) -> TargetShape | None:
@@ -364,12 +368,17 @@ def target_shape(source: Source) -> TargetShape | None:
         cfg = json.loads((Path(source.path) / "config.json").read_text())
         cfg = cfg.get("text_config") or cfg  # multimodal wrappers (Gemma 3) keep the LM's numbers here
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        n_heads = int(cfg.get("num_attention_heads") or 1)
         return TargetShape(
             model_type=str(cfg.get("model_type", "")),
             hidden_size=int(cfg["hidden_size"]),
             vocab_size=int(cfg["vocab_size"]),
             n_layers=int(cfg["num_hidden_layers"]),
             rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // n_heads),
+            context=int(cfg.get("max_position_embeddings") or 0),
+            dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or ""),
         )
     from edgespec.export.target.gguf_header import LongArray, read_header
 
@@ -382,4 +391,10 @@ def target_shape(source: Source) -> TargetShape | None:
         vocab_size=int(vocab),
         n_layers=int(h.arch_value("block_count")),
         rope_theta=float(h.arch_value("rope.freq_base", 10000.0)),
+        n_kv_heads=int(h.arch_value("attention.head_count_kv") or h.arch_value("attention.head_count") or 0),
+        head_dim=int(
+            h.arch_value("attention.key_length")
+            or int(h.arch_value("embedding_length")) // max(1, int(h.arch_value("attention.head_count") or 1))
+        ),
+        context=int(h.arch_value("context_length") or 0),
     )

@@ -42,7 +42,24 @@ class CoreExportConfig:
         default=None,
         metadata={"help": "output folder (default: engines/<model name>, e.g. engines/smollm2-135m-instruct)"},
     )
-    max_len: int = field(default=2048, metadata={"help": "context slots: prompt + output (default %(default)s)"})
+    max_len: int | None = field(
+        default=None,
+        metadata={
+            "help": "the folder's maximum context (prompt + output; each load chooses its own up to it, "
+            "generate --max-len). Default: the model's own context (max_position_embeddings), capped so "
+            "the weights and an fp16 KV cache of that length fit --memory-budget; printed",
+            "metavar": "TOKENS",
+        },
+    )
+    memory_budget: float | None = field(
+        default=None,
+        metadata={
+            "help": "GiB the folder may use at run time at its maximum context (weights + KV cache + 0.6 GiB "
+            "working set): caps the default --max-len, refuses a --max-len or a model it cannot hold "
+            "(default: this machine's memory; an 8 GB Jetson: 6)",
+            "metavar": "GIB",
+        },
+    )
     k: int = field(
         default=8,
         metadata={
@@ -219,20 +236,15 @@ class CoreExportConfig:
             raise ExportError(f"--precision {self.precision!r}: choose one of auto, {', '.join(PRECISIONS)}")
         if self.prefill_chunk < 1 or self.kv_bucket < 1:
             raise ExportError("--prefill-chunk and --kv-bucket must be >= 1")
-        if self.max_len < self.prefill_chunk:
-            raise ExportError(
-                f"--max-len {self.max_len} is smaller than the prefill chunk "
-                f"{self.prefill_chunk}; raise --max-len or lower --prefill-chunk"
-            )
+        if self.memory_budget is not None and not 0 < self.memory_budget < 1e6:
+            raise ExportError(f"--memory-budget {self.memory_budget}: give the GiB the model may use, e.g. 6")
         if self.kv_bucket % 16:
             raise ExportError(
                 f"--kv-bucket {self.kv_bucket} must be a multiple of 16 (attention reductions "
                 "then keep one SIMD layout across phase widths: bitwise parity)"
             )
-        if self.max_len % self.kv_bucket:
-            raise ExportError(f"--max-len {self.max_len} must be a multiple of --kv-bucket {self.kv_bucket}")
-        if self.max_len < self.k + 2:
-            raise ExportError(f"--max-len {self.max_len} leaves no room for k={self.k}")
+        if self.max_len is not None:  # None: export resolves it (the model's own context, the memory budget)
+            self.check_max_len(self.max_len)
         for plugin in registry().values():
             if plugin.check is not None:
                 plugin.check(self)
@@ -242,6 +254,18 @@ class CoreExportConfig:
         if self.graph == "auto":
             return {"fp16": "portable", "int8": "integer"}.get(self.precision, "lean")
         return self.graph
+
+    def check_max_len(self, max_len: int) -> None:
+        """A context the graphs can be written for (given, or the default export resolved)."""
+        if max_len < self.prefill_chunk:
+            raise ExportError(
+                f"--max-len {max_len} is smaller than the prefill chunk "
+                f"{self.prefill_chunk}; raise --max-len or lower --prefill-chunk"
+            )
+        if max_len % self.kv_bucket:
+            raise ExportError(f"--max-len {max_len} must be a multiple of --kv-bucket {self.kv_bucket}")
+        if max_len < self.k + 2:
+            raise ExportError(f"--max-len {max_len} leaves no room for k={self.k}")
 
     def widths(self) -> list[int]:
         """Token widths of the target graphs (and the heads fed as they are): decode 1, verify 2..k+1,

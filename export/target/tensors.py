@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.engines import rope
 from edgespec.export.target.graph import WeightStore
-from edgespec.export.target.weights import ALIGN
+from edgespec.export.target.weights import ALIGN, computed_entry
 
 CHUNK_BYTES = 16 << 20  # row blocks, file reads and comparisons in pieces of this size (16 MB: glibc then
 #                        reuses the freed heap instead of mapping fresh pages per block: 1B export sys time 20 -> 13 s)
@@ -235,7 +236,11 @@ class SpillStore(WeightStore):
         self._pending: dict[str, tuple[np.dtype, list, int]] = {}  # arrays being appended: dtype, spans, CRC
 
     def add(self, name: str, arr: np.ndarray) -> str:
-        if name not in self.arrays:
+        if name in self.arrays:
+            return name
+        if rope.rope_of(arr) is not None:  # computed at load: kept here (small), never written
+            self.arrays[name] = arr
+        else:
             arr = np.ascontiguousarray(arr)
             self.add_pieces(name, arr.dtype, arr.shape, [arr])
         return name
@@ -281,6 +286,9 @@ class SpillStore(WeightStore):
         with open(self.spool, "rb") as src, open(path, "wb", buffering=0) as dst:  # unbuffered: one file position
             for name in sorted(self.arrays):
                 a = self.arrays[name]
+                if rope.rope_of(a) is not None:
+                    index[name] = computed_entry(a, path.parent)
+                    continue
                 pad = (-offset) % ALIGN
                 dst.write(b"\0" * pad)
                 offset += pad
@@ -296,6 +304,8 @@ class SpillStore(WeightStore):
         buf = bytearray(min(CHUNK_BYTES, max((e["nbytes"] for e in index.values()), default=1)))
         with open(path, "rb", buffering=0) as fh:
             for name, e in index.items():
+                if "rope" in e:  # computed at load: no bytes
+                    continue
                 fh.seek(e["offset"])
                 crc, left = 0, e["nbytes"]
                 while left:

@@ -10,6 +10,7 @@ built for; the runtime refuses an engine built for another pair.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import replace
@@ -20,6 +21,34 @@ from edgespec.engines.manifest import TrtInfo, load_manifest
 
 class TrtBuildError(RuntimeError):
     pass
+
+
+@contextlib.contextmanager
+def computed_inline(onnx_path: Path, man, spec):
+    """The graph as TensorRT's parser can read it: a model's rotary tables are computed at load
+    (engines/rope.py), so they go into a copy of the graph beside it (its other initializers still
+    name the weights file); the copy is removed after parsing. A graph without them: itself."""
+    computed = {name: w for name, w in spec.weights.items() if w.rope is not None}
+    if not computed:
+        yield onnx_path
+        return
+    import onnx
+    from onnx import numpy_helper
+
+    from edgespec.engines import rope
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    for init in model.graph.initializer:
+        if init.name in computed:
+            w = computed[init.name]
+            table = rope.checked_table(init.name, w.rope, tuple(w.shape), w.dtype)
+            init.CopyFrom(numpy_helper.from_array(table, init.name))
+    tmp = onnx_path.with_name(f".{onnx_path.stem}.trt_parse.onnx")
+    onnx.save(model, str(tmp))
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
@@ -59,7 +88,9 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
         network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
         parser = trt.OnnxParser(network, logger)
         onnx_path = folder / spec.graph.file
-        if not parser.parse_from_file(str(onnx_path)):
+        with computed_inline(onnx_path, man, spec) as parsed:
+            ok = parser.parse_from_file(str(parsed))
+        if not ok:
             errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
             raise TrtBuildError(f"TensorRT could not parse {onnx_path.name}: {errs}")
         config = builder.create_builder_config()
