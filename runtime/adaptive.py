@@ -117,9 +117,9 @@ class AdaptiveK:
         """One finished step: asked k, got m drafted, n_acc accepted; its measured times."""
         e = self.cfg.ema
         w = m + 1
-        if self.timed and w < len(self.verify_s):
-            old = self.verify_s[w]
-            self.verify_s[w] = verify_s if np.isnan(old) else (1 - e) * old + e * verify_s
+        if self.timed and w < len(self.verify_s):  # (on Python floats: a plain step runs no numpy here)
+            old = self.verify_s.item(w)
+            self.verify_s[w] = verify_s if old != old else (1 - e) * old + e * verify_s
         if m > 0:
             self._plain_wait = 0  # the estimates move: choose afresh
             # per-token acceptance from this step: n_acc successes before the first failure
@@ -217,6 +217,18 @@ class TreeBudget:
                 kept = sum(scores[: best - 1])
         self.predicted = kept
         return best
+
+    def stops_at_first(self, score: float) -> bool:
+        """Does choose_chain(stopping=True) keep none of a chain whose first draft has this path score,
+        whatever drafts follow it? True when that draft does not raise the rate and no probe is due (a
+        probe verifies the whole chain); a seeded chain drafter then drafts no further (Drafter.chain_gate),
+        as the rest would never be verified. The same arithmetic as choose_chain."""
+        v = self._verify
+        if self._steps_at_one + 1 >= self.cfg.probe_every:
+            return False
+        if len(v) < 3:
+            return True
+        return not (1.0 + self.calibration * min(1.0, score)) / v[2] > 1.0 / v[1]
 
     def floor(self) -> float:
         """The lowest path score worth drafting: a node adds r * s tokens for at least the cheapest

@@ -443,6 +443,11 @@ class Generator(TextAPI):
                 self._budget = sampled_tree_budget(nodes, self.cfg.provider, self._recorded_costs(nodes))
         if adaptive is not None:
             adaptive.begin()
+        # a seeded call's chain budget stops at the first draft that does not pay, and a keyed draft takes no
+        # randomness: a chain whose first draft will not pay is drafted no further (a k = 0 stretch of recycle
+        # and merged then drafts one token a step, not k)
+        gate = keyed and self.chain_budget is not None and self._budget is not None
+        self.drafter.chain_gate = self._budget.stops_at_first if gate else None
         st = self.last_stats = GenerationStats(
             drafter=self.drafter.name,
             k=self.k,

@@ -7,7 +7,8 @@ A drafter proposes the next tokens:
   propose_tree(seq, tree, cfg)  grow a token tree under the pending token (drafts_trees)
   accepted(seq, n_old, n_acc)   after the target kept n_acc of them (roll back own state)
   chain_scores() / chain_verified(m)  (scores_chains) each draft's estimated chance of being kept,
-                         and how many of the chain's drafts the cost-sized verify call took
+                         and how many of the chain's drafts the cost-sized verify call took; `chain_gate`
+                         (when set) says after the first draft whether the rest could be verified
   finish(seq)            after the call: seq holds its prompt and output (a drafter that learns
                          from served requests keeps them)
   observe(tgt, seq, prop, logits)           after every verify call, before its acceptance: the
@@ -62,6 +63,10 @@ class Drafter:
     # chain_scores gives each draft of the last chain its estimated chance of being kept (with --adaptive,
     # chains are then cut per step to the prefix that pays by the width table; False: AdaptiveK's k)
     scores_chains = False
+    # scores_chains drafters, set by the generator per call: where the chain budget stops at the first draft
+    # that does not pay (a seeded call), a predicate on a chain's first path score; True: the budget keeps none
+    # of the chain whatever follows, so draft no further (None: draft up to k)
+    chain_gate = None
 
     def __init__(self) -> None:
         self.sampling = SamplingConfig()

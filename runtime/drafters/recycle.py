@@ -496,25 +496,28 @@ class RecycleDrafter(Drafter):
     def propose(self, seq: SeqState, k: int) -> Proposal:
         self._verified = -1  # a new chain (a grammar redrafts mid-step): cost-sized only if chain_verified says so
         self.chain_probs.clear()
-        m = self.extend(seq, 0, k, probs=self.chain_probs)
+        m = self.extend(seq, 0, k, probs=self.chain_probs, gate=table_gate(self.chain_gate, self.calibration))
         return chain(seq, m, self.sparse_q(m))
 
     def sparse_q(self, m: int) -> SparseQ | None:
         """The draft distributions of the last chain's first m drafts (None: greedy, one-hot drafts)."""
         return None if self.sampling.greedy else SparseQ(self._q_ids[:m], self._q_probs[:m])
 
-    def extend(self, seq: SeqState, m: int, k: int, path: float = 1.0, probs: list | None = None) -> int:
+    def extend(self, seq: SeqState, m: int, k: int, path: float = 1.0, probs: list | None = None, gate=None) -> int:
         """Continue a chain of m drafts in seq's draft slots (0: from the pending token) up to k from
         the table while the path's stored probability (from `path`) stays >= min_prob: greedy, each
         context's first token; sampling, a token drawn from the row's stored top-k at the call's
         temperature (`_draw`: its q row written at slot m). Returns the chain's new length;
         last_score: the sum of path probabilities; probs (if given): each new draft's row's stored
-        top probability appended (a greedy draft's own)."""
+        top probability appended (a greedy draft's own). gate (m = 0 only): called with the first
+        draft's stored probability; True stops the chain there (`Drafter.chain_gate`)."""
         t = self.recycle_table
         ctx = _context(seq.tokens, seq.n + m, t.orders)
         score, greedy = 0.0, self.sampling.greedy
         if not greedy:
             self._grow_q(k)
+        if m:
+            gate = None
         while m < k:
             r = t.row(*ctx)
             if r < 0:
@@ -530,6 +533,9 @@ class RecycleDrafter(Drafter):
             score += path
             if probs is not None:
                 probs.append(p)
+            if gate is not None and gate(p):
+                break
+            gate = None
             ctx = ctx[1:] + (x,)
         self.last_score = score
         return m
@@ -581,6 +587,14 @@ class RecycleDrafter(Drafter):
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         grow(tree, seq, cfg, self.recycle_table)
+
+
+def table_gate(chain_gate, calibration: Calibration):
+    """extend's gate for a chain whose first draft comes from the table: the chain gate (None: none) of
+    that draft's path score as the chain's calibration scores it (Calibration.chain_scores)."""
+    if chain_gate is None:
+        return None
+    return lambda p: chain_gate(calibration.estimate(1, 1, p))
 
 
 def _context(tokens: np.ndarray, end: int, orders: int) -> tuple[int, ...]:
@@ -784,8 +798,11 @@ class MergedDrafter(Drafter):
         probs.clear()
         look_probs = getattr(self.lookup, "last_probs", None)  # (prompt lookup has none: 1 each)
         probs += look_probs[:m] if look_probs is not None else [1.0] * m
-        rec = self.recycle
-        total = rec.extend(seq, m, k, probs=probs)
+        rec, gate = self.recycle, self.chain_gate
+        if m and gate is not None and gate(self.calibration.estimate(0, 1, probs[0])):
+            m, k = 1, 1  # the budget verifies none of this chain: its lookup draft alone, no table drafts
+            del probs[1:]
+        total = rec.extend(seq, m, k, probs=probs, gate=table_gate(gate, self.calibration))
         self._n_look = m
         look = self.lookup.name
         self.source = (look if total == m else f"{look}+recycle") if m else ("recycle" if total else "")
