@@ -63,6 +63,21 @@ def minimum_context(manifest: Manifest) -> int:
     return -(-need // manifest.kv_bucket) * manifest.kv_bucket
 
 
+def default_context(manifest: Manifest) -> int:
+    """The context a load takes when none is asked: DEFAULT_CONTEXT in whole kv_buckets (at least the
+    folder's calls' minimum), or the folder's maximum where that is smaller."""
+    bucket = manifest.kv_bucket
+    return min(manifest.max_len, max(-(-DEFAULT_CONTEXT // bucket) * bucket, minimum_context(manifest)))
+
+
+def for_checks(manifest: Manifest, need: int = 0) -> Manifest:
+    """The manifest as export-time checks and data tools load it: the default context, or `need`
+    tokens in whole kv_buckets where more (a folder's maximum may be the model's own 128k; their
+    calls are short), never above the maximum; the graphs' own cache type."""
+    need = -(-need // manifest.kv_bucket) * manifest.kv_bucket
+    return dataclasses.replace(manifest, max_len=min(manifest.max_len, max(default_context(manifest), need)))
+
+
 def kv_bytes_per_token(manifest: Manifest) -> int:
     """Bytes one token's K and V rows take in every cache the manifest's choice allocates."""
     return sum(
@@ -110,7 +125,7 @@ def at_load(manifest: Manifest, max_len: int | None = None, kv_dtype: str | None
                 f"--provider {provider}. Hint: use --kv-dtype {SHORT[manifest.target.kv_dtype]} there"
             )
     if max_len is None:
-        max_len = min(top, max(-(-DEFAULT_CONTEXT // bucket) * bucket, minimum_context(manifest)))
+        max_len = default_context(manifest)
     out = dataclasses.replace(manifest, max_len=max_len, kv_cache_dtype=chosen)
     ram = _memory_bytes()
     if ram is not None and (kv := kv_bytes_per_token(out) * max_len) > ram:

@@ -46,6 +46,8 @@ from edgespec.engines.session import PROVIDERS, WeightsFileError, model_session,
 
 __all__ = ["PROVIDERS", "OrtModel", "OrtProjection", "WeightsFileError", "model_session", "share_thread_pool"]
 
+PREFAULT_SLOTS = 4096  # cache slots mapped at load (engines/context.py DEFAULT_CONTEXT); later ones on first write
+
 
 class OrtProjection:
     """y = x @ w [K, N] on ONNX Runtime's threads. A numpy matmul would run on OpenBLAS's own
@@ -192,8 +194,11 @@ class OrtModel:
             self.kv = None
         else:
             self.kv = np.zeros(shape, dtype) if kv is None else kv
-            if kv is None:  # written once here: np.zeros maps its pages at their first write, so the
-                self.kv.fill(0)  # process's first commit paid ~0.2 s of faults (default folder; fill: 6 ms)
+            if kv is None:  # the first PREFAULT_SLOTS slots written once here: np.zeros maps its pages at
+                # their first write, so the process's first commit paid ~0.2 s of faults (default folder;
+                # fill: 6 ms); the rest of a long context's cache stays unmapped until the text reaches it
+                # (a 131k-token 1B cache: 4.3 GB, 11.6 s to fill at load)
+                self.kv[:, :, :PREFAULT_SLOTS].fill(0)
 
     # ---- sessions --------------------------------------------------------------------------------
     def session(self, width: int | None = None) -> ort.InferenceSession:

@@ -63,9 +63,18 @@ def inv_freq(dim: int, theta: float, rope_type: str, params: dict) -> np.ndarray
 
 def tables(n_pos: int, dim: int, theta: float, rope_type: str, params: dict) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [n_pos, D] float32 in HF's rotate_half layout (halves duplicated)."""
-    freqs = np.outer(np.arange(n_pos, dtype=np.float64), inv_freq(dim, theta, rope_type, params))  # [n_pos, D/2]
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+    return tuple(_full(_half(part, n_pos, dim, theta, rope_type, params)) for part in ("cos", "sin"))
+
+
+def _half(part: str, n_pos: int, dim: int, theta: float, rope_type: str, params: dict) -> np.ndarray:
+    """cos or sin of position x frequency [n_pos, D/2] float32 (the halves of a full table are the same
+    angles, so one half is computed)."""
+    angles = np.outer(np.arange(n_pos, dtype=np.float64), inv_freq(dim, theta, rope_type, params))  # [n_pos, D/2]
+    return (np.cos(angles) if part == "cos" else np.sin(angles)).astype(np.float32)
+
+
+def _full(half: np.ndarray) -> np.ndarray:
+    return np.concatenate([half, half], axis=-1)
 
 
 def table(t: RopeTable, n_pos: int, dtype: str) -> np.ndarray:
@@ -75,9 +84,8 @@ def table(t: RopeTable, n_pos: int, dtype: str) -> np.ndarray:
 
 @functools.lru_cache(maxsize=16)
 def _table(part, dim, half, theta, rope_type, params, n_pos, dtype) -> np.ndarray:
-    cos, sin = tables(n_pos, dim, theta, rope_type, dict(params))
-    out = cos if part == "cos" else sin
-    out = np.ascontiguousarray(out[:, : dim // 2] if half else out).astype(np.dtype(dtype))
+    out = _half(part, n_pos, dim, theta, rope_type, dict(params))
+    out = (out if half else _full(out)).astype(np.dtype(dtype))
     out.flags.writeable = False
     return out
 

@@ -152,11 +152,12 @@ def validate_head(
     (the same, or what the runtime makes of it)."""
     import torch
 
+    from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.target.validate import compare, schedule
 
-    man = load_manifest(folder)
+    man = for_checks(load_manifest(folder))
     engine = OrtModel(man, man.models()[role])
     n = len(tokens) - 1  # the head reads token j+1 beside the features of j
     with torch.no_grad():

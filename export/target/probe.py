@@ -86,12 +86,13 @@ def _cpu() -> str:
 
 def _prefilled(folders: dict[str, Path], widths: list[int]) -> tuple[dict, int]:
     """(name -> the engine of each whole folder with PAST positions prefilled, the past)."""
+    from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
 
     engines, past = {}, PAST
     for name, folder in folders.items():
-        m = load_manifest(folder)
+        m = for_checks(load_manifest(folder))
         past = min(PAST, m.max_len // 2)  # a small context window: half of it
         e = OrtModel(m, m.target)
         e.load_widths(widths)
@@ -286,6 +287,7 @@ def _describe(how: dict) -> str:
 def _sampled_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path) -> tuple[dict, dict]:
     """(candidate -> whole-model seconds by width, the record's method fields) timed on sampled
     models (the module's doc); ({}, {"why": ...}) where the target does not stream."""
+    from edgespec.engines.context import for_checks
     from edgespec.engines.ort import OrtModel
     from edgespec.export.target import sources
 
@@ -303,7 +305,7 @@ def _sampled_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path
     try:
         for name, (man, specs, *_) in written.items():
             for d, spec in specs.items():
-                e = OrtModel(man, spec)
+                e = OrtModel(for_checks(man), spec)
                 e.load_widths(widths)
                 engines[name, d] = e
         past = min(PAST, cfg.max_len // 2)  # a small context window: half of it (a zero cache: its values

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.engines.context import for_checks
 from edgespec.engines.manifest import ModelSpec, load_manifest
 from edgespec.export.target.spec import ExportError
 
@@ -82,7 +83,7 @@ def validate_model(folder: Path, role: str, ref_model, tokens: np.ndarray, tol: 
 
     from edgespec.engines.ort import OrtModel
 
-    man = load_manifest(folder)
+    man = for_checks(load_manifest(folder))
     spec = man.models()[role]
     engine = OrtModel(man, spec)
     with torch.no_grad():

@@ -218,6 +218,7 @@ def _relabel(cfg: AnswerDataConfig, out: Path, threads: int, progress: bool) -> 
     shard for shard (resumable like answering)."""
     import shutil
 
+    from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.train.head_data import GenMeter, log_run
@@ -232,7 +233,7 @@ def _relabel(cfg: AnswerDataConfig, out: Path, threads: int, progress: bool) -> 
         raise TextDataError(f"--answers-from {src} is the --out folder; label into another folder")
     if (src / "prompts.jsonl").exists() and not (out / "prompts.jsonl").exists():
         shutil.copy(src / "prompts.jsonl", out / "prompts.jsonl")
-    man = load_manifest(cfg.engine)
+    man = for_checks(load_manifest(cfg.engine))
     labeller = OrtModel(man, man.target, threads=threads)
     todo = [p for p in shards if not (out / p.name).exists()]
     meter = GenMeter(len(todo))

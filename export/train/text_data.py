@@ -302,12 +302,13 @@ def _load_plan(cfg: TextDataConfig, man, out: Path, progress: bool) -> tuple[np.
 def make_text_data(cfg: TextDataConfig, progress: bool = True) -> Path:
     """Plan the sequences (once), label them through the engine's target graph shard by shard
     (skipping shards already written), then write `done`. Returns the folder."""
+    from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.train.head_data import GenMeter, log_run
     from edgespec.export.train.matmul_probe import default_threads
 
-    man = load_manifest(cfg.engine)
+    man = for_checks(load_manifest(cfg.engine), cfg.seq_tokens)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     seqs, _ = _load_plan(cfg, man, out, progress)

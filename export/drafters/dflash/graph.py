@@ -277,13 +277,14 @@ def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarra
     logits after every call (so the cached context K/V is checked too)."""
     import torch
 
+    from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.export.drafters.dflash.model import build_dflash
     from edgespec.export.target.validate import aux_features, compare
     from edgespec.runtime.drafters.dflash.engine import OrtDFlash
 
     c = dw.cfg
-    man = load_manifest(folder)
+    man = for_checks(load_manifest(folder))
     engine = OrtDFlash(man, man.section("dflash"))
     aux = aux_features(ref_target, tokens, c.aux_layers)
     ref = dict(dw.reference) | {"d2t": dw.d2t}

@@ -222,12 +222,13 @@ def validate_fused(folder: Path, tokens: np.ndarray, tol: float) -> dict[str, fl
     width: its target logits must be BITWISE the plain graph's (greedy eagle output = plain output
     rests on it), its head logits close to the head's own graph. None (with a warning) if the
     target part differs: the folder then runs EAGLE with separate head calls."""
+    from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.target.validate import compare, schedule
     from edgespec.runtime.drafters.eagle.fused import FusedVerifier
 
-    man = load_manifest(folder)
+    man = for_checks(load_manifest(folder))
     plain, head = OrtModel(man, man.target), OrtModel(man, man.models()["eagle"])
     fused = FusedVerifier(man, man.models()["eagle_fused"], OrtModel(man, man.models()["eagle"]))
 

@@ -147,11 +147,12 @@ def validate_medusa(
     target's real features."""
     import torch
 
+    from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.export.target.validate import compare, target_features
     from edgespec.runtime.drafters.medusa.engine import OrtHeads
 
-    man = load_manifest(folder)
+    man = for_checks(load_manifest(folder))
     engine = OrtHeads(man, man.models()["medusa"])
     feats = target_features(ref_target, tokens)  # [N, H]
     heads = torch_heads(mw)
