@@ -93,3 +93,15 @@ def test_a_small_checkpoint_is_timed_whole(tmp_path, monkeypatch):
     monkeypatch.setattr(probe, "_sampled_costs", lambda *a: pytest.fail("a small model was sampled"))
     _, record = probe.choose_precision(cfg, progress=False)
     assert record.get("method") == "whole" and record.get("why_not_sampled") == "a small model: timed whole"
+
+
+def test_a_quantized_gguf_is_not_re_quantized_to_int8_by_the_default(tmp_path):
+    """--precision auto on a GGUF whose layers are quantized blocks: the int4 candidates keep them, int8
+    would re-quantize them (less faithful, 2-3x the bytes), so it is no candidate; a float GGUF keeps it."""
+    from tiny import GGUF_LINEARS, make_tiny_gguf
+
+    quant = make_tiny_gguf(tmp_path / "q.gguf", dict.fromkeys(GGUF_LINEARS, "Q4_K"))
+    floats = make_tiny_gguf(tmp_path / "f.gguf", dict.fromkeys(GGUF_LINEARS, "F16"))
+    assert "int8" not in probe.candidates(ExportConfig(target=str(quant), precision="auto"))[0]
+    assert "int8" in probe.candidates(ExportConfig(target=str(quant), precision="auto", gguf_blocks="requantize"))[0]
+    assert "int8" in probe.candidates(ExportConfig(target=str(floats), precision="auto"))[0]

@@ -175,6 +175,8 @@ def candidates(cfg) -> tuple[dict[str, dict], str]:
     if kernel == "rowop":  # ExportConfig.check made sure it runs here
         return {ROWOP: dict(precision="int4", int4_kernel="rowop")}, ""
     out = {p: dict(precision=p, int4_kernel="nbits") for p in CANDIDATES}
+    if _keeps_quantized_blocks(cfg):  # int8 would re-quantize them: less faithful, 2-3x the bytes
+        out.pop("int8")
     if kernel == "nbits":
         why = "--int4-kernel nbits"
     elif cfg.int4_accuracy_level != 4:
@@ -186,6 +188,28 @@ def candidates(cfg) -> tuple[dict[str, dict], str]:
     if not why:
         out[ROWOP] = dict(precision="int4", int4_kernel="rowop")
     return out, why
+
+
+FLOAT_TYPES = (0, 1, 30)  # GGML tensor types of float weights: F32, F16, BF16
+
+
+def _keeps_quantized_blocks(cfg) -> bool:
+    """A quantized GGUF whose blocks the int4 candidates keep (--gguf-blocks keep): int8 is then no
+    candidate, since it would re-quantize the file's weights (the synthetic Llama-3.2-1B Q4_K_M: a
+    2.29 GB folder for a 0.80 GB file, chosen by a noisy 5% margin of the sampled probe)."""
+    from edgespec.export.target import sources
+    from edgespec.export.target.gguf_header import read_header
+
+    if getattr(cfg, "gguf_blocks", "keep") != "keep":
+        return False
+    try:
+        src = sources.resolve(cfg.target)
+        if src.kind not in sources.GGUF_KINDS:
+            return False
+        layers = [t for t in read_header(src.path).tensors if t.name.startswith("blk.") and len(t.dims) == 2]
+        return any(t.type_id not in FLOAT_TYPES for t in layers)
+    except Exception:  # noqa: BLE001 - a source it cannot read: the export says what is wrong with it
+        return False
 
 
 # below this many bytes of checkpoint the candidates are exported whole and timed (the default 135M model:

@@ -74,7 +74,8 @@ class CoreExportConfig:
             "channel x int8 activation rows, exact int32 sums: the integer graph, whose extra verify rows "
             "can be nearly free on CPUs with VNNI/AMX); auto (default): the export times int4 and int8 "
             "target graphs on this CPU and keeps the one that speculates faster (recorded in the manifest's "
-            "export_probe)",
+            "export_probe); a quantized GGUF's blocks are kept, so int8, which would re-quantize them, is "
+            "no candidate there",
             "choices": ("auto",) + PRECISIONS,
         },
     )
