@@ -4,7 +4,7 @@ as the export's, a default context of the model's own capped by the budget, one-
 
 from __future__ import annotations
 
-import types
+import dataclasses
 
 import numpy as np
 import onnx
@@ -86,10 +86,7 @@ def test_an_edited_table_shape_is_refused_before_it_is_computed(tiny_engine, tmp
 def test_a_load_without_max_len_takes_the_default_context_or_the_folders_maximum(tiny_engine):
     m = load_manifest(tiny_engine)
     assert at_load(m).max_len == min(m.max_len, DEFAULT_CONTEXT)
-    big = types.SimpleNamespace(**vars(m))  # a folder whose maximum is above the default
-    import dataclasses
-
-    big = dataclasses.replace(m, max_len=4 * DEFAULT_CONTEXT)
+    big = dataclasses.replace(m, max_len=4 * DEFAULT_CONTEXT)  # a folder whose maximum is above the default
     assert at_load(big).max_len == DEFAULT_CONTEXT
     assert at_load(big, 2 * DEFAULT_CONTEXT).max_len == 2 * DEFAULT_CONTEXT
 
