@@ -33,7 +33,8 @@ from edgespec.engines.manifest import load_manifest
 from edgespec.engines.ort import OrtModel
 from edgespec.runtime.prefill import prefill
 
-MATMULS = ("MatMulNBits", "MatMul", "Gemm", "FusedMatMul")  # op classes that are the layers' math
+MATMULS = ("MatMulNBits", "MatMul", "Gemm", "FusedMatMul", "RowMatMul")  # op classes that are the layers' math
+#                                                                      (RowMatMul: the row kernel's, engines/rowop)
 _LAYER = re.compile(r"(?:^|/)layers\.(\d+)/|^l(\d+)\.")
 
 
@@ -172,8 +173,9 @@ def profile(folder: Path, past: int, width: int, calls: int, threads: int | None
     row_mm = (mm[W] - mm[1]) / (W - 1)
     print(
         f"\nAn extra verify row: {row_wall:.0f} µs of wall time, {row_mm:.0f} µs of it in the matmuls "
-        f"({', '.join(MATMULS)}): {row_wall / max(row_mm, 1e-9):.2f}x what its matmuls cost. "
-        f"A decode: {wall[1] / 1e3:.2f} ms, {mm[1] / 1e3:.2f} ms of it in the matmuls.\n"
+        f"({', '.join(MATMULS)}): "
+        + (f"{row_wall / row_mm:.2f}x what its matmuls cost. " if row_mm > 0 else "no matmul time measured. ")
+        + f"A decode: {wall[1] / 1e3:.2f} ms, {mm[1] / 1e3:.2f} ms of it in the matmuls.\n"
     )
 
 
