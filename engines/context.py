@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from edgespec.engines.manifest import DTYPES, FUSED_PREFIX, Manifest, ModelSpec, _memory_bytes
+from edgespec.engines.manifest import DTYPES, FUSED_PREFIX, Manifest, ModelSpec, memory_bytes
 from edgespec.engines.specs import KV16_TEMPLATE
 
 KV_NAMES = {"fp16": "float16", "fp32": "float32"}  # --kv-dtype -> numpy's name
@@ -127,12 +127,13 @@ def at_load(manifest: Manifest, max_len: int | None = None, kv_dtype: str | None
     if max_len is None:
         max_len = default_context(manifest)
     out = dataclasses.replace(manifest, max_len=max_len, kv_cache_dtype=chosen)
-    ram = _memory_bytes()
-    if ram is not None and (kv := kv_bytes_per_token(out) * max_len) > ram:
-        fits = ram // kv_bytes_per_token(out) // bucket * bucket
+    ram, per_token = memory_bytes(), kv_bytes_per_token(out)
+    if ram is not None and per_token * max_len > ram:
+        fits = ram // per_token // bucket * bucket
         raise ContextError(
-            f"a context of {max_len} tokens needs {kv / 2**30:.1f} GiB of KV caches ({kv_bytes_per_token(out)} bytes "
-            f"per token), more than this machine's {ram / 2**30:.1f} GiB of memory. Hint: give --max-len {fits} "
-            "or less" + (", or --kv-dtype fp16" if chosen != "float16" and "float16" in takes else "")
+            f"a context of {max_len} tokens needs {per_token * max_len / 2**30:.1f} GiB of KV caches "
+            f"({per_token} bytes per token), more than this machine's {ram / 2**30:.1f} GiB of memory. "
+            f"Hint: give --max-len {fits} or less"
+            + (", or --kv-dtype fp16" if chosen != "float16" and "float16" in takes else "")
         )
     return out

@@ -115,11 +115,11 @@ def test_a_context_beyond_the_machines_memory_is_refused_at_load(tiny_engine, mo
     from edgespec.engines import context
 
     m = load_manifest(tiny_engine)
-    monkeypatch.setattr(context, "_memory_bytes", lambda: 100 << 10)
+    monkeypatch.setattr(context, "memory_bytes", lambda: 100 << 10)
     with pytest.raises(context.ContextError, match=r"context of 256 tokens needs .* more than this machine's"):
         context.at_load(m, 256, "fp32")
     assert context.at_load(m, 128, "fp32").max_len == 128
-    monkeypatch.setattr(context, "_memory_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(context, "memory_bytes", lambda: 1 << 20)
     assert context.at_load(m, 256, "fp32").max_len == 256
 
 

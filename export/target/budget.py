@@ -12,10 +12,10 @@ header), so it runs before the drafters' checks, which read the context, and imp
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
+from edgespec.engines.manifest import memory_bytes
 from edgespec.export.target.spec import ExportError
 
 GIB = 2**30
@@ -23,13 +23,6 @@ WORKING_SET = 0.6 * GIB  # a load's own buffers beside weights and KV (docs/resu
 FALLBACK_CONTEXT = 2048  # a config that does not say its context (max_position_embeddings)
 FOLDER_BYTES_PER_PARAM = {"int4": 1.2, "auto": 1.3, "int8": 1.3, "fp16": 2.0, "fp32": 4.0}  # estimates, >= measured
 SOURCE_BYTES_PER_PARAM = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def machine_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def weights_estimate(cfg, src, shape) -> int:
@@ -63,7 +56,7 @@ def resolve_context(cfg, src, shape, say=lambda line: print(line, file=sys.stder
     per_token, kv_name = kv_bytes_per_token(cfg, shape)
     weights = weights_estimate(cfg, src, shape)
     given = cfg.memory_budget is not None
-    budget = int(cfg.memory_budget * GIB) if given else machine_bytes()
+    budget = int(cfg.memory_budget * GIB) if given else memory_bytes()
     whose = "--memory-budget" if given else "this machine's memory; --memory-budget to change"
     need_min = max(cfg.prefill_chunk, cfg.k + 2, cfg.kv_bucket)
     if budget is not None:
