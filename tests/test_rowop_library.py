@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.engines import rowop
+from edgespec.engines.rowop import build as rowop_build
 
 STUB = """
 extern "C" {
@@ -31,6 +32,7 @@ DRIVER = r"""
 import json, os, shutil, signal, sys
 from pathlib import Path
 from edgespec.engines import rowop
+from edgespec.engines.rowop import build
 stub, mode = sys.argv[1], sys.argv[2]
 builds = []
 def fake_compile(cxx, include, folder, verbose):
@@ -42,7 +44,7 @@ def fake_compile(cxx, include, folder, verbose):
         lib.write_bytes(Path(stub).read_bytes()[:1000])
         os.kill(os.getpid(), signal.SIGKILL)
     return Path(shutil.copy(stub, lib))
-rowop._compile = fake_compile
+build._compile = fake_compile
 why, reg = rowop.unavailable(), ""
 if why:
     try:
@@ -73,10 +75,10 @@ def keyed(tmp_path, monkeypatch, stub):
     (include / rowop.HEADER).write_text("/* ONNX Runtime's C API, as far as the key is concerned */\n")
     monkeypatch.setenv("EDGESPEC_ROWOP_BUILD", str(tmp_path / "build"))
     monkeypatch.setenv("EDGESPEC_ORT_INCLUDE", str(include))
-    monkeypatch.setattr(rowop, "_compile", lambda cxx, inc, folder, v: Path(shutil.copy(stub / "stub.so", folder)))
+    monkeypatch.setattr(rowop_build, "_compile", lambda cxx, inc, folder, v: Path(shutil.copy(stub / "stub.so", folder)))
     cxx = rowop.find_compiler()
     lib = rowop.library_file(cxx, include)
-    rowop._install(cxx, include, lib, False)
+    rowop_build._install(cxx, include, lib, False)
     assert rowop.damage(lib) == "" and json.loads(rowop.record_file(lib).read_text())["size"] == lib.stat().st_size
     return lib
 
@@ -155,7 +157,7 @@ def test_the_export_falls_back_to_matmulnbits_with_a_warning(monkeypatch, tmp_pa
 
     lib = tmp_path / "librowop.so"
     why = f"the row kernel's library {lib} is empty, its build wrote 1,000 (truncated or replaced), ..."
-    monkeypatch.setattr(rowop, "_LIB", {"why": why, "damaged": lib})
+    monkeypatch.setattr(rowop_build, "_LIB", {"why": why, "damaged": lib})
     cands, why_not = probe.candidates(ExportConfig(target="x", out=str(tmp_path / "e"), precision="auto"))
     assert probe.ROWOP not in cands and set(cands) == {"int4", "int8"} and why_not == why
     err = capsys.readouterr().err

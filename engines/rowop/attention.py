@@ -17,7 +17,8 @@ import ctypes
 
 import numpy as np
 
-from edgespec.engines import rowop
+from edgespec.engines.rowop.build import RowopUnavailable
+from edgespec.engines.rowop.native import load
 
 OP_TYPE = "RowAttention"  # in rowop.DOMAIN, beside RowMatMul
 QKV_OP_TYPE = "RowQkvAttention"  # the same over a packed qkv row, split and rotated (RoPE) in the op
@@ -112,13 +113,13 @@ def run(
     mask = None if tree_mask is None else np.ascontiguousarray(tree_mask, np.int64).reshape(t_len, t_len)
     out = np.empty((t_len, n_heads * head_dim), np.float32)
     dims = np.array([t_len, n_heads, kv_heads, head_dim, s, past_len, window], np.int64)
-    lib = rowop._native()
+    lib = load()
     fn = lib.edgespec_rowop_attention
     fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_float] + [ctypes.c_void_p] * 6
     fn.argtypes += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     ptrs = [a.ctypes.data for a in f] + [None if mask is None else mask.ctypes.data]
     if fn(path.encode(), dims.ctypes.data, scale, *ptrs, rows_per_task, out.ctypes.data, int(half)):
-        raise rowop.RowopUnavailable(f"rowop path {path!r} does not run on this CPU (or bad shapes)")
+        raise RowopUnavailable(f"rowop path {path!r} does not run on this CPU (or bad shapes)")
     return out
 
 
@@ -126,7 +127,7 @@ def round_half(x: np.ndarray) -> np.ndarray:
     """x (float32) rounded to float16 as the op rounds a half cache's new rows (the library's code)."""
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty(x.shape, np.float16)
-    fn = rowop._native().edgespec_rowop_round_half
+    fn = load().edgespec_rowop_round_half
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     fn(x.ctypes.data, x.size, out.ctypes.data)
     return out
