@@ -1,4 +1,5 @@
-"""Architecture numbers of the Llama family, read from a Hugging Face config."""
+"""Architecture numbers of the Llama family, read from a Hugging Face config (the families and
+their own fields: families.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.engines import rope
+from edgespec.export.target.families import BY_MODEL_TYPE, MODEL_TYPES, UnsupportedModelError, rope_entry, rope_numbers
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "smollm3", "gemma3_text")
 ROPE_TYPES = ("default", "llama3", "linear")
-GEMMA_ROPE_TYPES = ("default", "linear")  # what Gemma 3's layer kinds may use
-GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")  # HF activations computing 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
 
 
 # A drafter head's layers are plain Llama layers whatever the target's family (dataclasses.replace
@@ -29,10 +28,6 @@ PLAIN_LAYERS = dict(
     sliding_window=None,
     local_rope=(),
 )
-
-
-class UnsupportedModelError(ValueError):
-    """The model is outside what the graph writer knows how to build."""
 
 
 @dataclass(frozen=True)
@@ -105,86 +100,16 @@ class ArchSpec:
         }
 
 
-def _rope_entry(params: dict, default_theta: float) -> tuple[float, str, dict]:
-    """(theta, type, the other parameters) of one rope parameter dict."""
-    theta = float(params.get("rope_theta", default_theta))
-    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-    extra = {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")}
-    return theta, rope_type, extra
-
-
 def _rope_from_config(cfg) -> tuple[float, str, dict]:
     params = dict(getattr(cfg, "rope_parameters", None) or {})  # transformers >= 5
     scaling = getattr(cfg, "rope_scaling", None)  # transformers 4.x
     if scaling:
         params.update(scaling)
-    return _rope_entry(params, getattr(cfg, "rope_theta", 10000.0))
+    return rope_entry(params, getattr(cfg, "rope_theta", 10000.0))
 
 
-def _numbers(extra: dict) -> tuple:
-    """The numeric rope parameters as sorted (key, value) pairs (ArchSpec.rope_params)."""
-    return tuple(sorted((k, v) for k, v in extra.items() if isinstance(v, (int, float))))
-
-
-def _gemma3(cfg, max_len: int) -> dict:
-    """The ArchSpec fields of a Gemma 3 text config (gemma3_text) that differ from Llama's; refuses
-    what the graphs do not compute (soft-capping, bidirectional attention, other activations or rope types)."""
-    for k in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if getattr(cfg, k, None) is not None:
-            raise UnsupportedModelError(
-                f"{k}={getattr(cfg, k)} is not supported (tanh soft-capping is not in the graphs); "
-                f"Hint: export a Gemma 3 model whose config has {k}: null"
-            )
-    if getattr(cfg, "use_bidirectional_attention", False):
-        raise UnsupportedModelError(
-            "use_bidirectional_attention=True is not supported (an encoder: edgespec decodes causally)"
-        )
-    act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None)
-    if act not in GELU_TANH:
-        raise UnsupportedModelError(
-            f"hidden_activation {act!r} is not supported on gemma3_text (only {', '.join(GELU_TANH)})"
-        )
-    n = cfg.num_hidden_layers
-    pattern = getattr(cfg, "sliding_window_pattern", None) or 6  # configs before layer_types
-    kinds = list(getattr(cfg, "layer_types", None) or [])
-    kinds = kinds or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
-    unknown = sorted(set(kinds[:n]) - {"sliding_attention", "full_attention"})
-    if unknown or len(kinds) < n:
-        raise UnsupportedModelError(
-            f"layer_types {unknown or kinds} are not supported (one of sliding_attention / full_attention "
-            f"per layer, {n} layers)"
-        )
-    sliding = tuple(i for i in range(n) if kinds[i] == "sliding_attention")
-    params = getattr(cfg, "rope_parameters", None) or {}
-    if "full_attention" in params:  # transformers >= 5: one entry per layer kind
-        full = _rope_entry(dict(params["full_attention"] or {}), 1e6)
-        local = _rope_entry(dict(params.get("sliding_attention") or {}), 10000.0)
-    else:  # 4.x: rope_theta (+ rope_scaling) for the full layers, rope_local_base_freq for the sliding ones
-        full = _rope_entry(dict(getattr(cfg, "rope_scaling", None) or {}), getattr(cfg, "rope_theta", 1e6))
-        local = _rope_entry({}, getattr(cfg, "rope_local_base_freq", 10000.0))
-    for kind, (_, rope_type, _) in (("full_attention", full), ("sliding_attention", local)):
-        if rope_type not in GEMMA_ROPE_TYPES:
-            raise UnsupportedModelError(
-                f"rope type {rope_type!r} of the {kind} layers is not supported (only {', '.join(GEMMA_ROPE_TYPES)})"
-            )
-    local_rope = (local[0], local[1], _numbers(local[2]))
-    window = getattr(cfg, "sliding_window", None)
-    return dict(
-        rope=full,
-        qk_norm=True,
-        embedding_multiplier=float(cfg.hidden_size**0.5),
-        attention_multiplier=float(cfg.query_pre_attn_scalar) ** -0.5,
-        norm_weight_offset=1.0,
-        sandwich_norms=True,
-        mlp_act="gelu_tanh",
-        sliding_layers=sliding,
-        sliding_window=int(window) if sliding and window and window < max_len else None,
-        local_rope=local_rope if sliding and local_rope != (full[0], full[1], _numbers(full[2])) else (),
-    )
-
-
-def arch_from_config(cfg, max_len: int) -> ArchSpec:
-    """Read and check an HF config; refuse what the graph writer would get wrong."""
+def _family(cfg):
+    """The config's family (families.FAMILIES), its sizes present; refuses any other model_type."""
     mt = getattr(cfg, "model_type", None)
     if mt == "gemma3":
         raise UnsupportedModelError(
@@ -193,9 +118,9 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
             "e.g. Gemma 3 270M and 1B). Hint: save its language model alone as a Gemma3ForCausalLM "
             "checkpoint and export that"
         )
-    if mt not in SUPPORTED:
+    if mt not in BY_MODEL_TYPE:
         raise UnsupportedModelError(
-            f"model_type {mt!r} is not supported; edgespec exports {', '.join(SUPPORTED)} "
+            f"model_type {mt!r} is not supported; edgespec exports {', '.join(MODEL_TYPES)} "
             "(Llama-family decoders). Hint: convert the model to one of these or open an issue."
         )
     missing = [
@@ -205,40 +130,47 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
     ]
     if missing:
         raise UnsupportedModelError(f"config of {mt!r} lacks {', '.join(missing)}")
-    gemma = _gemma3(cfg, max_len) if mt == "gemma3_text" else {}
+    return BY_MODEL_TYPE[mt]
+
+
+def _check_layers(cfg, fam, own: dict, rope_type: str, extra: dict, max_len: int) -> None:
+    """The layer options the graphs do not compute, refused (own: the family's own fields, which
+    check their activation and window themselves where they set them)."""
     act = getattr(cfg, "hidden_act", "silu")
-    if act != "silu" and not gemma:
+    if act != "silu" and "mlp_act" not in own:
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only 'silu' SwiGLU MLPs)")
     if getattr(cfg, "mlp_bias", False):
         raise UnsupportedModelError("mlp_bias=True is not supported (bias-free MLPs only)")
-    n_heads = cfg.num_attention_heads
-    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    theta, rope_type, extra = gemma.pop("rope") if gemma else _rope_from_config(cfg)
     if rope_type not in ROPE_TYPES:
         raise UnsupportedModelError(f"rope type {rope_type!r} is not supported (only {', '.join(ROPE_TYPES)})")
     window = getattr(cfg, "sliding_window", None)
-    if window and getattr(cfg, "use_sliding_window", True) and max_len > window and not gemma:
+    if window and getattr(cfg, "use_sliding_window", True) and max_len > window and "sliding_layers" not in own:
         raise UnsupportedModelError(
             f"sliding_window={window} is smaller than --max-len {max_len}; export with --max-len <= {window}"
         )
-    if getattr(cfg, "attention_bias", False) and mt != "qwen2":
-        raise UnsupportedModelError(f"attention_bias=True on {mt!r} (biased o_proj) is not supported")
+    if getattr(cfg, "attention_bias", False) and not fam.qkv_bias:
+        raise UnsupportedModelError(f"attention_bias=True on {fam.model_type!r} (biased o_proj) is not supported")
     partial = float(extra.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) or 1.0)
     if partial != 1.0:
         raise UnsupportedModelError(
             f"partial_rotary_factor={partial} is not supported (rotary over the whole head only); "
             "Hint: export a model with partial_rotary_factor=1.0"
         )
-    nope = ()
-    if mt == "smollm3":
-        flags = getattr(cfg, "no_rope_layers", None) or []
-        nope = tuple(i for i in range(cfg.num_hidden_layers) if i < len(flags) and not flags[i])
+
+
+def arch_from_config(cfg, max_len: int) -> ArchSpec:
+    """Read and check an HF config; refuse what the graph writer would get wrong."""
+    fam = _family(cfg)
+    own = fam.fields(cfg, max_len) if fam.fields else {}  # the family's own fields (families.py)
+    n_heads = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    theta, rope_type, extra = own.pop("rope") if "rope" in own else _rope_from_config(cfg)
+    _check_layers(cfg, fam, own, rope_type, extra, max_len)
     if n_heads % n_kv:
         raise UnsupportedModelError(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
-    granite = mt == "granite"
     fields = dict(
-        model_type=mt,
+        model_type=fam.model_type,
         n_layers=cfg.num_hidden_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
@@ -249,15 +181,10 @@ def arch_from_config(cfg, max_len: int) -> ArchSpec:
         rms_norm_eps=float(cfg.rms_norm_eps),
         rope_theta=theta,
         rope_type=rope_type,
-        rope_params=_numbers(extra),
+        rope_params=rope_numbers(extra),
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        qkv_bias=mt == "qwen2",
-        qk_norm=mt == "qwen3",
+        qkv_bias=fam.qkv_bias,
+        qk_norm=fam.qk_norm,
         max_len=max_len,
-        embedding_multiplier=float(getattr(cfg, "embedding_multiplier", 1.0)) if granite else 1.0,
-        residual_multiplier=float(getattr(cfg, "residual_multiplier", 1.0)) if granite else 1.0,
-        attention_multiplier=float(cfg.attention_multiplier) if granite else None,
-        logits_scaling=float(getattr(cfg, "logits_scaling", 1.0)) if granite else 1.0,
-        nope_layers=nope,
     )
-    return ArchSpec(**(fields | gemma))
+    return ArchSpec(**(fields | own))

@@ -2,7 +2,7 @@
 streaming export's GGUF source (stream.py writes the folder; this is where its weights come from).
 
 What transformers' loader does (modeling_gguf_pytorch_utils.load_gguf_checkpoint, the path it takes
-for every architecture of FAMILIES; its newer integrations/gguf path covers other ones), reproduced
+for every architecture of families.GGUF_STREAMED; its newer integrations/gguf path covers other ones), reproduced
 per tensor and checked against it bitwise (tests/test_stream_export.py):
   - names: each Hugging Face parameter name without its .weight / .bias suffix, looked up in gguf's
     own tensor name map for the architecture (gguf.get_tensor_name_map), the suffix put back;
@@ -19,7 +19,7 @@ Reads are plain reads of each tensor's bytes in row pieces (no memory map: mappe
 resident set), dequantized piece by piece into the float32 result. Quantized blocks are decoded per
 tensor when its linear is stored (part: gguf_blocks.decode on row pieces, the same rows moved), and
 kept only where they dequantize to the float32 tensor bitwise, as gguf_blocks.read_blocks decides on
-the transformers path. A GGUF this reader does not understand (an architecture outside FAMILIES, a
+the transformers path. A GGUF this reader does not understand (an architecture outside families.GGUF_STREAMED, a
 tensor type outside TYPES, a tensor missing or of another shape) is a CheckpointError: the export
 then loads it through transformers and says why.
 """
@@ -33,6 +33,7 @@ import numpy as np
 
 from edgespec.engines.rowop import SubScales
 from edgespec.export.target.arch import ArchSpec
+from edgespec.export.target.families import GGUF_STREAMED
 from edgespec.export.target.gguf_blocks import DECODERS, FLOATS, Blocks, decode
 from edgespec.export.target.gguf_header import read_header
 from edgespec.export.target.linears import Part
@@ -44,7 +45,6 @@ from edgespec.export.target.tensors import (
     _read_exactly,
 )
 
-FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}  # GGUF arch -> model_type
 TYPES = FLOATS + tuple(DECODERS)  # tensor types read (dequantized with gguf.quants; blocks kept by gguf_blocks)
 IGNORED = ("rope_freqs.weight",)  # tensors transformers' loader maps to no parameter, left unread as it leaves them
 
@@ -88,9 +88,11 @@ def open_gguf(path: str | Path, arch: ArchSpec, hf_cfg, keep_blocks: bool) -> Gg
     from edgespec.export.target.stream import expected_tensors
 
     h = read_header(path)
-    mt = FAMILIES.get(h.architecture)
+    mt = GGUF_STREAMED.get(h.architecture)
     if mt is None:
-        raise CheckpointError(f"GGUF architecture {h.architecture!r} is not streamed yet ({', '.join(FAMILIES)} are)")
+        raise CheckpointError(
+            f"GGUF architecture {h.architecture!r} is not streamed yet ({', '.join(GGUF_STREAMED)} are)"
+        )
     if getattr(hf_cfg, "model_type", None) != mt:
         raise CheckpointError(f"transformers reads this {h.architecture} GGUF as {hf_cfg.model_type!r}, not {mt!r}")
     want = expected_tensors(arch)

