@@ -34,7 +34,7 @@ def _check_sampling(a) -> None:
 
 def _grammar(a):
     """The constraint the --json-schema / --grammar / --regex flags give (None: free text)."""
-    from edgespec.runtime.constrain import grammar_from
+    from edgespec.runtime.grammar import grammar_from
 
     def read(path):
         try:

@@ -1,6 +1,7 @@
 """Structured output: a JSON Schema, Lark grammar or regex constrains what the loop emits, and
-speculation stays lossless under it. The grammar engine is llguidance (the `structured` extra);
-this module only drives it: one token mask per position, forced tokens, advance and rollback.
+speculation stays lossless under it. The grammar engine is llguidance (the `structured` extra;
+grammar.py compiles the grammar): this module drives its matcher inside the loop, one token mask
+per position, forced tokens, advance and rollback.
 
 Constrained decoding, the rule plain and speculative decoding share, position by position:
   forced   the grammar allows one continuation: the library's fast-forward tokens (their first),
@@ -27,190 +28,31 @@ A speculative step under the grammar (chains only; a tree drafter drafts a chain
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import re
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
 from edgespec.runtime.constraint import OutputConstraint
 from edgespec.runtime.drafters import spec_of
+from edgespec.runtime.grammar import (
+    HINT,
+    Grammar,
+    GrammarError,
+    call_library,
+    label,
+    llguidance_module,
+    one_line,
+    parser_limits,
+)
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs, sample
 from edgespec.runtime.state import Proposal, SeqState, SparseQ, chain
 from edgespec.runtime.verify import accept_sampled
 
-INSTALL_HINT = "pip install 'edgespec[structured]'"
-# JSON as one line, spaced like Python's json.dumps: the separators are then forced tokens, and a
-# small model cannot wander off into whitespace. A schema's own "x-guidance" options override it.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-KINDS = ("json_schema", "json_object", "lark", "regex")
-# drafters that can draft after tokens the target has not verified yet (they read only the token
-# sequence, or run their own model over what is behind): they draft again after forced tokens
 # byte b of a packed mask -> its 8 tokens (bit i = token 8b + i): True where the token is forbidden
 _FORBID = np.array([[not (b >> i) & 1 for i in range(8)] for b in range(256)], bool)
-_SOURCE_LINE = re.compile(r"^\s*(\d+ \|.*|\^+)\s*$")  # a grammar error's quoted source line or caret
-# where llguidance's matcher errors append its parser state ("<state>...", or "<non-verbose/>" with
-# verbose_errors off): internal detail, never shown to a client
-_STATE_DUMP = re.compile(r"^\s*<(state|non-verbose)\b")
-# llguidance's resource limits, for validation and every matcher (LLParserLimits; defaults otherwise).
-# initial_lexer_fuel bounds how far one step walks a forced run: at the default (1e6) a regex like
-# (((a{100}){100}){100}) holds the GIL for over a second on its first token before it fails anyway
-# (200k: ~0.1 s; JSON schemas and the tests' grammars use a few thousand). verbose_errors off: no
-# parser state in error messages.
-LEXER_FUEL = 200_000
 # the loop's first steps the start check takes (Constraint._start): a step's limits are spent on
 # the forced run ahead, so a grammar over them fails at its first or second token
 START_STEPS = 2
-# llguidance compiles a Lark grammar recursing once per nested rule (~3 KB of stack each): a chain of
-# ~2,700 rules (r0: r1, r1: r2, ...) overflows an 8 MiB stack, ~650 a 2 MiB thread stack, and the
-# process dies (SIGSEGV: no exception to catch). So grammars are compiled on one thread with a large
-# stack (`_deep`), and a Lark grammar may define at most MAX_LARK_RULES rules and terminals (a chain
-# cannot be deeper than that): 4x under what DEEP_STACK holds, far above hand-written grammars.
-DEEP_STACK = 64 << 20
-MAX_LARK_RULES = 5_000
-_DEFINITION = re.compile(r"^[ \t]*[?!]?[A-Za-z_][A-Za-z0-9_]*(\.-?\d+)?[ \t]*:", re.M)  # a Lark rule or terminal
-_deep_pool: ThreadPoolExecutor | None = None
-_deep_lock = threading.Lock()
-
-
-def _forget_deep_pool() -> None:  # a forked child has no grammar thread: it makes its own
-    global _deep_pool, _deep_lock
-    _deep_pool, _deep_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_deep_pool)
-HINT = "shorten long repetitions, split rules with thousands of alternatives, give each recursive rule a base case"
-
-
-class GrammarError(ValueError):
-    """A JSON Schema, grammar or regex that cannot constrain the output (the library's reason)."""
-
-
-def _llg():
-    try:
-        import llguidance
-    except ImportError:
-        raise GrammarError(f"structured output needs llguidance, which is not installed: {INSTALL_HINT}") from None
-    return llguidance
-
-
-def _library(kind: str, fn, *args, **kwargs):
-    """fn(*args, **kwargs) of llguidance on the grammar thread (`_deep`), its failures as
-    GrammarError: its errors, and a panic of its Rust code (which pyo3 raises as PanicException, a
-    BaseException)."""
-    try:
-        return _deep(fn, *args, **kwargs)
-    except (ValueError, TypeError, RecursionError) as e:
-        raise GrammarError(f"{kind}: {_one_line(str(e))}") from None
-    except BaseException as e:
-        if type(e).__name__ != "PanicException":
-            raise
-        raise GrammarError(f"{kind}: llguidance failed on it ({_one_line(str(e))[:200]})") from None
-
-
-def _deep(fn, *args, **kwargs):
-    """fn(*args, **kwargs) on the grammar thread (DEEP_STACK of stack; made at the first call).
-    llguidance drops the GIL while it compiles, so the thread hop costs ~0.1 ms and no parallelism."""
-    global _deep_pool
-    with _deep_lock:
-        if _deep_pool is None:
-            old = threading.stack_size(DEEP_STACK)  # process-wide, for threads started meanwhile too
-            try:
-                pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-grammar")
-                pool.submit(int).result()  # its one thread starts now, with the large stack
-            finally:
-                threading.stack_size(old)
-            _deep_pool = pool
-    return _deep_pool.submit(fn, *args, **kwargs).result()
-
-
-def _one_line(msg: str) -> str:
-    """llguidance's message as one line: no quoted source lines or carets, nothing from its state dump on."""
-    lines = []
-    for s in msg.splitlines():
-        if _STATE_DUMP.match(s):
-            break
-        if s.strip() and not _SOURCE_LINE.match(s):
-            lines.append(s.strip())
-    return " ".join(lines)[:300]
-
-
-def _limits():
-    return _llg().LLParserLimits(initial_lexer_fuel=LEXER_FUEL, verbose_errors=False)
-
-
-def _label(kind: str) -> str:
-    """How an error names the constraint: the request's own word for it."""
-    return "grammar" if kind == "lark" else kind
-
-
-@dataclass(frozen=True)
-class Grammar:
-    """A checked output constraint: llguidance's grammar text and what it was made from."""
-
-    text: str  # the grammar as llguidance's LLMatcher takes it
-    kind: str  # json_schema | json_object | lark | regex
-
-
-def grammar_from(
-    json_schema=None, grammar: str | None = None, regex: str | None = None, strict: bool = True
-) -> Grammar | None:
-    """The Grammar of at most one of: a JSON Schema (dict, or its JSON text), a Lark grammar
-    (llguidance's dialect), a regex. None when none is given. strict=False ignores JSON Schema
-    keywords the library does not implement instead of refusing them (OpenAI's strict: false).
-    Raises GrammarError (one line, the library's reason)."""
-    given = [
-        name for name, v in (("json_schema", json_schema), ("grammar", grammar), ("regex", regex)) if v is not None
-    ]
-    if not given:
-        return None
-    if len(given) > 1:
-        raise GrammarError(f"give one output constraint, not {' and '.join(given)}")
-    llg = _llg()
-    if json_schema is not None:
-        if isinstance(json_schema, str):
-            try:
-                json_schema = json.loads(json_schema)
-            except (ValueError, RecursionError) as e:
-                raise GrammarError(f"json_schema is not JSON: {e}") from None
-        if not isinstance(json_schema, dict):
-            raise GrammarError(f"json_schema must be a JSON object (a schema), got {type(json_schema).__name__}")
-        kind = "json_schema"
-        options = JSON_OPTIONS | {"lenient": not strict}
-        try:
-            # as text: llguidance's parser of JSON text stops at 128 levels, its reader of a dict
-            # recurses without a limit (a dict 20,000 levels deep kills the process)
-            schema_text = json.dumps(json_schema)
-        except (ValueError, TypeError, RecursionError) as e:
-            raise GrammarError(f"json_schema cannot be written as JSON: {e}") from None
-        text = _library(kind, llg.LLMatcher.grammar_from_json_schema, schema_text, defaults=options)
-    elif grammar is not None:
-        if not isinstance(grammar, str) or not grammar.strip():
-            raise GrammarError("grammar must be a non-empty Lark grammar string")
-        n_rules = len(_DEFINITION.findall(grammar))
-        if n_rules > MAX_LARK_RULES:
-            raise GrammarError(
-                f"grammar: {n_rules} rules and terminals, over the {MAX_LARK_RULES} llguidance can compile "
-                "safely (its compiler recurses once per nested rule): merge rules, or use a regex terminal"
-            )
-        kind, text = "lark", llg.LLMatcher.grammar_from_lark(grammar)
-    else:
-        if not isinstance(regex, str):
-            raise GrammarError(f"regex must be a string, got {type(regex).__name__}")
-        kind, text = "regex", llg.LLMatcher.grammar_from_regex(regex)
-    is_error, msgs = _library(kind, llg.LLMatcher.validate_grammar_with_warnings, text, None, limits=_limits())
-    if is_error:
-        raise GrammarError(f"{_label(kind)}: {_one_line(msgs[0])}")
-    return Grammar(text, kind)
-
-
-def json_object() -> Grammar:
-    """Any JSON object (OpenAI's response_format json_object)."""
-    return Grammar(grammar_from(json_schema={"type": "object"}).text, "json_object")
 
 
 def chain_cap(widths) -> int:
@@ -219,37 +61,6 @@ def chain_cap(widths) -> int:
     while m + 2 in widths:
         m += 1
     return m
-
-
-class TokenTable:
-    """What llguidance's TokenizerWrapper reads, for a tokenizer it cannot load by itself (no
-    byte-level or byte-fallback decoder): each token's bytes, its special ids, an encoder."""
-
-    def __init__(self, tokens: list[bytes], eos: int, special: list[int], encode) -> None:
-        self.tokens, self.eos_token_id, self.bos_token_id = tokens, eos, None
-        self.special_token_ids, self._encode = special, encode
-
-    def __call__(self, text) -> list[int]:
-        return self._encode(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
-
-
-def grammar_tokenizer(tokenizer, vocab_size: int, eos_ids):
-    """llguidance's view of a `tokenizers` Tokenizer (no transformers): its own reader of the
-    tokenizer.json, else a token-by-token table made by decoding each id alone."""
-    llg = _llg()
-    eos = [int(i) for i in eos_ids]
-    try:
-        return llg.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size, eos_token=eos)
-    except ValueError:
-        n = tokenizer.get_vocab_size(with_added_tokens=True)
-        special = sorted({i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special} | set(eos))
-        table = TokenTable(
-            [tokenizer.decode([i], skip_special_tokens=False).encode() for i in range(n)],
-            eos[0],
-            special,
-            lambda s: tokenizer.encode(s, add_special_tokens=False).ids,
-        )
-        return llg.LLTokenizer(llg.TokenizerWrapper(table), n_vocab=vocab_size, eos_token=eos)
 
 
 class Constraint(OutputConstraint):
@@ -261,7 +72,7 @@ class Constraint(OutputConstraint):
     def __init__(self, tokenizer, vocab_size: int, eos_ids, n_rows: int) -> None:
         if not len(eos_ids):
             raise GrammarError("structured output needs the folder's EOS token (its manifest lists none)")
-        self.llg, self.tokenizer = _llg(), tokenizer
+        self.llg, self.tokenizer = llguidance_module(), tokenizer
         self.vocab, self.eos, self._eos_ids = vocab_size, int(eos_ids[0]), {int(i) for i in eos_ids}
         n_words = (vocab_size + 31) // 32
         self.bits = np.zeros((n_rows, n_words), np.int32)  # llguidance's packed masks, one per verify row
@@ -284,9 +95,11 @@ class Constraint(OutputConstraint):
         target's own argmax there is forbidden (sampling needs every choice row's mask)."""
         m = self.matcher
         if m is None or self.grammar is None or grammar.text != self.grammar.text or not m.reset() or m.is_error():
-            m = _library(grammar.kind, self.llg.LLMatcher, self.tokenizer, grammar.text, log_level=0, limits=_limits())
+            m = call_library(
+                grammar.kind, self.llg.LLMatcher, self.tokenizer, grammar.text, log_level=0, limits=parser_limits()
+            )
             if m.is_error():
-                raise GrammarError(f"{_label(grammar.kind)}: {_one_line(m.get_error())}")
+                raise GrammarError(f"{label(grammar.kind)}: {one_line(m.get_error())}")
             self._start(m, grammar.kind)
         self.matcher, self.grammar, self.greedy = m, grammar, greedy
         self.n_forced = self.n_cut = self.n_masks = self.n_redrafts = 0  # the call's counters
@@ -321,7 +134,7 @@ class Constraint(OutputConstraint):
                     # admits nothing at all (llguidance then stops with NoExtensionBias, no error of ours)
                     if step == 0 and (not m.is_error() or m.get_error().startswith("NoExtensionBias")):
                         what = "only the empty string" if m.is_accepting() else "no output (no text matches it)"
-                        raise GrammarError(f"{_label(kind)}: the grammar admits {what}: nothing to generate")
+                        raise GrammarError(f"{label(kind)}: the grammar admits {what}: nothing to generate")
                     break
                 tok = int(allowed[0])
             if not m.consume_token(tok):
@@ -330,7 +143,7 @@ class Constraint(OutputConstraint):
             if m.is_stopped():
                 break
         if m.is_error() or not m.rollback(taken):
-            raise GrammarError(f"{_label(kind)}: llguidance cannot run it: {_one_line(m.get_error())} (hint: {HINT})")
+            raise GrammarError(f"{label(kind)}: llguidance cannot run it: {one_line(m.get_error())} (hint: {HINT})")
 
     def forget(self) -> None:
         """Drop the matcher kept for a next call with the same grammar (its lexer states too)."""
@@ -348,7 +161,7 @@ class Constraint(OutputConstraint):
     def _consume(self, tok: int) -> None:
         if not self.matcher.consume_token(int(tok)):
             # a limit hit past the start check's steps (or a bug of ours feeding a forbidden token)
-            kind, reason = _label(self.grammar.kind), _one_line(self.matcher.get_error())
+            kind, reason = label(self.grammar.kind), one_line(self.matcher.get_error())
             raise GrammarError(f"{kind}: the grammar failed during generation: {reason} (hint: {HINT})")
 
     def _mask(self, row: int) -> None:
@@ -450,24 +263,12 @@ class Constraint(OutputConstraint):
                     self._mask(n)
                 if (n != same or n >= m) and redraft and base < n < cap and budget > 0:
                     # the drafts missed a forced token or ran out before one: draft again after the chain
-                    if n != same:
-                        drafter.accepted(seq, seq.n, same)  # its rows past `same` hold other tokens
-                    n0, seq.n = seq.n, seq.n + n
-                    try:
-                        again = drafter.propose(seq, min(budget, cap - n))
-                    finally:
-                        seq.n = n0
+                    again = self._redraft(drafter, seq, n, same, min(budget, cap - n))
                     base, same, m, q_src = n, n, n + again.n_drafted, again.q
                     proposed += again.n_drafted
-                    self.n_redrafts += 1
                 if n != same or n >= m or not self._draft_allowed(n, int(slots[n])):
                     break
-                self.forced[n] = False
-                self._has_q[n] = q_src is not None
-                if isinstance(q_src, SparseQ):  # kept now: a drafter may reuse its q buffer when it drafts again
-                    q_src.dense_row(n - base, self._q_rows()[n])
-                elif q_src is not None:
-                    np.copyto(self._q_rows()[n], q_src[n - base])
+                self._keep_draft(n, q_src, n - base)
                 same, used, budget = same + 1, used + 1, budget - 1
                 self.drafted += 1
             self._consume(slots[n])
@@ -482,6 +283,28 @@ class Constraint(OutputConstraint):
         self.shape_s = time.perf_counter() - t0
         self.seconds += self.shape_s
         return chain(seq, n)
+
+    def _redraft(self, drafter, seq: SeqState, n: int, same: int, k: int) -> Proposal:
+        """The drafter's proposal of up to k drafts after the chain's first n tokens (its own drafts
+        matched the first `same` of them)."""
+        if n != same:
+            drafter.accepted(seq, seq.n, same)  # its rows past `same` hold other tokens
+        n0, seq.n = seq.n, seq.n + n
+        try:
+            again = drafter.propose(seq, k)
+        finally:
+            seq.n = n0
+        self.n_redrafts += 1
+        return again
+
+    def _keep_draft(self, slot: int, q_src, row: int) -> None:
+        """Chain slot `slot` holds a draft: its q (row `row` of the proposal's q, None: one-hot) copied in."""
+        self.forced[slot] = False
+        self._has_q[slot] = q_src is not None
+        if isinstance(q_src, SparseQ):  # kept now: a drafter may reuse its q buffer when it drafts again
+            q_src.dense_row(row, self._q_rows()[slot])
+        elif q_src is not None:
+            np.copyto(self._q_rows()[slot], q_src[row])
 
     def accept(
         self, prop: Proposal, tgt_logits: np.ndarray, seq: SeqState, sampling: SamplingConfig, rng

@@ -30,9 +30,10 @@ from edgespec.engines.manifest import Manifest, load_manifest
 from edgespec.runtime.adaptive import SAMPLED, AdaptiveK, TreeBudget, sampled_policy, sampled_tree_budget
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
-from edgespec.runtime.constrain import Constraint, Grammar
+from edgespec.runtime.constrain import Constraint
 from edgespec.runtime.constraint import NO_CONSTRAINT, OutputConstraint
 from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
+from edgespec.runtime.grammar import Grammar
 from edgespec.runtime.logprobs import TokenLogprobs
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
 from edgespec.runtime.sampling import KeyedDraws, SamplingConfig, check_max_new_tokens, penalize
@@ -139,7 +140,7 @@ class Generator(TextAPI):
                         RuntimeWarning,
                         stacklevel=2,
                     )
-            g.warm_drafter(widths)
+            g.prime_drafter(widths)
             g.load_s = time.perf_counter() - t_load
             return g
 
@@ -154,12 +155,10 @@ class Generator(TextAPI):
         caches = {id(kv): kv.nbytes for p in parts if isinstance(kv := getattr(p, "kv", None), np.ndarray)}
         return {"load_s": self.load_s, "weights_bytes": mapped_bytes(), "kv_bytes": sum(caches.values())}
 
-    def warm_drafter(self, widths=()) -> None:
+    def prime_drafter(self, widths=()) -> None:
         """Make the current drafter's sessions now, so its first real call pays nothing."""
         for need in spec_of(self.drafter_name).needs(self.cfg):
-            spec = registry()[need]
-            if spec.warm is not None:
-                spec.warm(self.engines.models[need], widths, self.manifest)
+            registry()[need].prime(self.engines.models[need], widths, self.manifest)
 
     @property
     def target(self):
@@ -282,7 +281,7 @@ class Generator(TextAPI):
         for w in widths:
             if w not in cache:
                 times = []
-                for _ in range(repeats + 1):  # the first run warms up
+                for _ in range(repeats + 1):  # the first run is not counted (its bindings, first allocations)
                     t0 = time.perf_counter()
                     tgt.forward(probe[:w], 0, logits=False)  # as a greedy verify runs (a GPU keeps them)
                     times.append(time.perf_counter() - t0)
@@ -406,7 +405,7 @@ class Generator(TextAPI):
         logprobs: int | None = None,
     ) -> Iterator[np.ndarray]:
         """Yield the new tokens of each step (a view; copy to keep). Stats land in last_stats.
-        grammar (constrain.grammar_from): the output follows it, speculation stays lossless. rng: draw
+        grammar (grammar.grammar_from): the output follows it, speculation stays lossless. rng: draw
         from it by rejection sampling instead (the seed's keyed draws: sampling.KeyedDraws); tests
         of the rejection rule pass one. logprobs: record each chosen token's log-probability and this
         many alternatives (0..8) in self.token_logprobs (runtime/logprobs.py); None: not recorded."""

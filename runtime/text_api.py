@@ -11,16 +11,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgespec.runtime.constrain import Constraint, Grammar, GrammarError, grammar_from, grammar_tokenizer
+from edgespec.runtime.constrain import Constraint
 from edgespec.runtime.constraint import NO_CONSTRAINT, OutputConstraint
+from edgespec.runtime.grammar import Grammar, GrammarError, grammar_from, grammar_tokenizer
 from edgespec.runtime.logprobs import MAX_TOP
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens
 from edgespec.runtime.text import TARGET, Origins, StreamDecoder
+from edgespec.runtime.tool_calls import ToolStream
 from edgespec.runtime.tools import (
     ToolCall,
     ToolFormat,
     ToolPlan,
-    ToolStream,
     check_messages,
     plan,
     template_messages,
@@ -137,7 +138,7 @@ class TextAPI:
     ) -> Iterator[str]:
         """Text pieces of generate_ids: whole characters only, cut before the first stop string
         (held back while a stop string could still be straddling two pieces). With tools, text
-        that may be a call is held back to the end (tools.ToolStream; empty pieces meanwhile): the
+        that may be a call is held back to the end (tool_calls.ToolStream; empty pieces meanwhile): the
         calls it makes go to self.last_tool_calls. self.last_origins and self.last_logprobs describe each piece."""
         self.last_tool_calls, self.last_logprobs = [], []
         pieces = self._pieces(ids, max_new_tokens, sampling, stop, grammar, logprobs)

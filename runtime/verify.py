@@ -188,20 +188,25 @@ def accept_tree_greedy(
     tree.path[0] = 0
     ids = tgt_ids.tolist() if tgt_ids is not None else None
     while True:
-        if ids is not None:
-            x = ids[cur]
-        else:
-            row = tgt_logits[cur]
-            if repetition_penalty != 1.0:
-                row = penalize(row[None], tokens, n + n_acc, repetition_penalty)[0]
-            x = int(row.argmax())
+        x = ids[cur] if ids is not None else int(_row(tgt_logits, cur, tokens, n + n_acc, repetition_penalty).argmax())
         nxt = tree.child(cur, x)
         if nxt < 0:
             return n_acc, x
-        cur = nxt
-        tokens[n + n_acc] = x
-        n_acc += 1
-        tree.path[n_acc] = cur
+        cur, n_acc = nxt, _take(tree, nxt, tokens, n, n_acc)
+
+
+def _row(tgt_logits: np.ndarray, node: int, tokens: np.ndarray, pos: int, penalty: float) -> np.ndarray:
+    """Node's logits row, with the repetition penalty of its context tokens[:pos] applied."""
+    row = tgt_logits[node]
+    return penalize(row[None], tokens, pos, penalty)[0] if penalty != 1.0 else row
+
+
+def _take(tree, node: int, tokens: np.ndarray, n: int, n_acc: int) -> int:
+    """Keep `node` as the walk's next accepted node: its token at tokens[n + n_acc], itself on
+    tree.path. Returns the new n_acc."""
+    tokens[n + n_acc] = tree.tokens[node]
+    tree.path[n_acc + 1] = node
+    return n_acc + 1
 
 
 def accept_tree_sampled(
@@ -214,34 +219,25 @@ def accept_tree_sampled(
     cur, n_acc = 0, 0
     tree.path[0] = 0
     while True:
-        row = tgt_logits[cur]
-        if cfg.repetition_penalty != 1.0:
-            row = penalize(row[None], tokens, n + n_acc, cfg.repetition_penalty)[0]
+        row = _row(tgt_logits, cur, tokens, n + n_acc, cfg.repetition_penalty)
         d.load(row, cfg)
         if isinstance(rng, KeyedDraws):  # the position's keyed draw; its child, if drafted, is kept
             y = rng.pick(d.w, n_acc)
             kept = tree.child(cur, y)
             if kept < 0:
                 return n_acc, y
-            cur = kept
-            tokens[n + n_acc] = y
-            n_acc += 1
-            tree.path[n_acc] = cur
-            continue
-        kept = -1
-        for c in range(cur + 1, tree.n):
-            if tree.parents[c] != cur:
-                continue
-            x = tree.tokens[c]
-            if rng.random() * d.total < d.w[x]:  # u < p(x) / what is left of p
-                kept = c
-                break
-            d.remove(x)
-        if kept < 0:
-            if d.total <= 0.0:  # every token with mass was a rejected child (rounding)
-                d.load(row, cfg)
-            return n_acc, d.draw(rng)
-        cur = kept
-        tokens[n + n_acc] = tree.tokens[cur]
-        n_acc += 1
-        tree.path[n_acc] = cur
+        else:
+            kept = -1
+            for c in range(cur + 1, tree.n):
+                if tree.parents[c] != cur:
+                    continue
+                x = tree.tokens[c]
+                if rng.random() * d.total < d.w[x]:  # u < p(x) / what is left of p
+                    kept = c
+                    break
+                d.remove(x)
+            if kept < 0:
+                if d.total <= 0.0:  # every token with mass was a rejected child (rounding)
+                    d.load(row, cfg)
+                return n_acc, d.draw(rng)
+        cur, n_acc = kept, _take(tree, kept, tokens, n, n_acc)

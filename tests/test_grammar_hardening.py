@@ -21,8 +21,9 @@ from test_server import _serving  # noqa: E402
 from test_structured import LARK, SCHEMA  # noqa: E402
 
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
-from edgespec.runtime.constrain import Constraint, GrammarError, grammar_from, grammar_tokenizer  # noqa: E402
+from edgespec.runtime.constrain import Constraint  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
+from edgespec.runtime.grammar import GrammarError, grammar_from, grammar_tokenizer  # noqa: E402
 
 # each passes grammar_from's validation; before the start check each failed at its first tokens
 # (a 500, or a 200 and then an error chunk holding llguidance's parser state)
@@ -165,7 +166,8 @@ _CHILD = r"""
 import sys, threading
 sys.path.insert(0, "tests")
 from test_structured import _fake_tokenizer
-from edgespec.runtime.constrain import Constraint, GrammarError, grammar_from, grammar_tokenizer
+from edgespec.runtime.constrain import Constraint
+from edgespec.runtime.grammar import GrammarError, grammar_from, grammar_tokenizer
 
 def chain(n):
     return "start: r0\n" + "\n".join(f'r{i}: "a" r{i + 1}' for i in range(n)) + f'\nr{n}: "b"'

@@ -285,7 +285,7 @@ def test_any_response_format_schema_is_a_grammar_or_a_400(schema, strict):
     pytest.importorskip("starlette")
     pytest.importorskip("llguidance")
     from edgespec.runtime.apps.server_schema import BadRequest, parse_response_format
-    from edgespec.runtime.constrain import Grammar
+    from edgespec.runtime.grammar import Grammar
 
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
     try:

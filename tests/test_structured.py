@@ -15,15 +15,10 @@ llg = pytest.importorskip("llguidance")
 from edgespec.engines.fake import FakeEagleHead, FakeHeads, FakeModel, random_table  # noqa: E402
 from edgespec.runtime.backends import Engines  # noqa: E402
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
-from edgespec.runtime.constrain import (  # noqa: E402
-    Constraint,
-    GrammarError,
-    grammar_from,
-    grammar_tokenizer,
-    json_object,
-)
+from edgespec.runtime.constrain import Constraint  # noqa: E402
 from edgespec.runtime.drafters.eagle import EagleEngines  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
+from edgespec.runtime.grammar import GrammarError, grammar_from, grammar_tokenizer, json_object  # noqa: E402
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs  # noqa: E402
 
 # ---- fake engines over an 8-token vocabulary: a..g and EOS ----------------------------------------

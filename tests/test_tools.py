@@ -12,7 +12,8 @@ import pytest
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.sampling import SamplingConfig
-from edgespec.runtime.tools import FORMATS, ToolError, ToolStream, parse_calls, plan, tool_format
+from edgespec.runtime.tool_calls import ToolStream, parse_calls
+from edgespec.runtime.tools import FORMATS, ToolError, plan, tool_format
 from edgespec.runtime.tree import TreeConfig
 
 # a Qwen 2.5-style template: tools listed in a system turn, calls as <tool_call> JSON, results as tool turns

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from edgespec.runtime.config import RuntimeConfig
-from edgespec.runtime.constrain import grammar_from
 from edgespec.runtime.generator import Generator
+from edgespec.runtime.grammar import grammar_from
 from edgespec.runtime.sampling import SamplingConfig
 
 COLOURS = "(red|green|blue|yellow|black|white)"

@@ -238,8 +238,8 @@ def json_check(text: str, schema: dict) -> str:
 
 
 def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
-    from edgespec.runtime.constrain import grammar_from
     from edgespec.runtime.generator import Generator
+    from edgespec.runtime.grammar import grammar_from
 
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # when the run started, UTC
     prompts = load_prompts(cfg.prompts, cfg.limit, raw=cfg.raw)
@@ -273,7 +273,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     widths = [1, g.manifest.prefill_chunk] + list(range(2, max(cfg.ks) + 2))
     for d, k, _, _, _ in configs[1:]:  # every drafter's sessions made before the timed runs
         g.set_drafter(d, k)
-        g.warm_drafter(widths)
+        g.prime_drafter(widths)
     sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
     try:
         encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
@@ -287,7 +287,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
         g.drafter_store = stores.setdefault((d, k, adaptive, tree), {})
         g.reconfigure(drafter=d, k=k or None, adaptive=adaptive, tree=trees[tree] if tree else TreeConfig())
 
-    for c in configs:  # warm-up: first calls of each path, not timed
+    for c in configs:  # a first, untimed call of each path
         use(*c)
         for _ in g.generate_ids(encoded[0], 8, sampling, None if c[4] else grammars[0]):
             pass

@@ -39,6 +39,14 @@ def footer(st) -> str:
     )
 
 
+def _number(kind, arg: str, cmd: str, what: str):
+    """arg read as kind (int, float), refused in one line naming the command and what it takes."""
+    try:
+        return kind(arg)
+    except ValueError:
+        raise ValueError(f"{cmd} {arg!r}: give {what}") from None
+
+
 def handle_command(line: str, g: Generator, settings: ChatSettings, messages: list) -> str | None:
     """Apply a slash command; return a message to print, or None to quit."""
     cmd, _, arg = line[1:].partition(" ")
@@ -50,17 +58,10 @@ def handle_command(line: str, g: Generator, settings: ChatSettings, messages: li
             g.set_drafter(arg, g.k or None)
             return f"drafter = {g.drafter.name}, k = {g.k}"
         if cmd == "k":
-            try:
-                k = int(arg)
-            except ValueError:
-                raise ValueError(f"/k {arg!r}: give a whole number") from None
-            g.set_drafter(g.drafter.name, k)
+            g.set_drafter(g.drafter.name, _number(int, arg, "/k", "a whole number"))
             return f"k = {g.k}"
         if cmd == "temperature":
-            try:
-                t = float(arg)
-            except ValueError:
-                raise ValueError(f"/temperature {arg!r}: give a number >= 0 (0 = greedy)") from None
+            t = _number(float, arg, "/temperature", "a number >= 0 (0 = greedy)")
             SamplingConfig(temperature=t).check()  # refused here, not on the next turn
             settings.temperature = t
             return f"temperature = {settings.temperature}"

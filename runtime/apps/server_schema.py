@@ -12,8 +12,8 @@ import json
 import math
 from dataclasses import dataclass
 
-from edgespec.runtime.constrain import Grammar, GrammarError, grammar_from, json_object
 from edgespec.runtime.drafters import UnknownDrafterError, spec_of
+from edgespec.runtime.grammar import Grammar, GrammarError, grammar_from, json_object
 from edgespec.runtime.logprobs import MAX_TOP
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.tools import ToolError, ToolPlan, check_messages, plan

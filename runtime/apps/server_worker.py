@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgespec.runtime.apps.server_schema import BadRequest, Speculation
-from edgespec.runtime.constrain import Grammar, GrammarError
 from edgespec.runtime.generator import Generator, PromptTooLongError
+from edgespec.runtime.grammar import Grammar, GrammarError
 from edgespec.runtime.sampling import SamplingConfig
 from edgespec.runtime.text_api import ChatTools
 
