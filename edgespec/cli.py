@@ -4,6 +4,7 @@ head training in cli_offline. argparse only builds configs."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shlex
 import sys
@@ -289,19 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     from edgespec.runtime.apps.quality import add_arguments
 
     add_arguments(q)
-    from edgespec import warm
+    from edgespec.runtime.drafters import commands
 
-    warm.add_arguments(
-        sub.add_parser(
-            "warm",
-            help="fill a folder's recycle table from the model's own answers or a corpus (FOLDER/recycle.npz)",
-            description="Fill FOLDER/recycle.npz, where every later Generator of the folder starts its recycle "
-            "table: --answers N has the folder answer N wide-mix chat prompts (greedy; e.g. 300, ~2 min for the "
-            "default model on 2 cores), --text prefills a corpus. Forward passes only, no training; prompts "
-            "sharing an 8-word window with an eval prompt are left out, eval prompt files refused "
-            "(edgespec/warm.py).",
-        )
-    )
+    for c in commands():  # the drafters' own commands (recycle's `warm`), as the export plugins' train-<name>
+        importlib.import_module(c.module).add_arguments(sub.add_parser(c.name, help=c.help, description=c.description))
     return parser
 
 
@@ -316,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     a.command_line = shlex.join(["edgespec", *map(str, sys.argv[1:] if argv is None else argv)])  # bench records it
     from edgespec.engines.base import EngineError
     from edgespec.engines.manifest import ManifestError
+    from edgespec.runtime.drafters import commands
 
     # ValueError covers Generator.load's FolderLoadError too: the ImportError, OverflowError, TypeError or
     # MemoryError of loading an engine folder, named with the folder (anywhere else they stay tracebacks)
@@ -337,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             "tune": _cmd_tune,
             "check": _cmd_check,
             "quality": _cmd_quality,
-            "warm": lambda a: __import__("edgespec.warm").warm.run_command(a),
         } | offline.COMMANDS
+        cmds |= {c.name: importlib.import_module(c.module).run_command for c in commands()}
         return cmds[a.cmd](a)
     except errors as e:
         print(f"edgespec {a.cmd}: error: {e}", file=sys.stderr)

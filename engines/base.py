@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edgespec.engines.manifest import Manifest, ModelSpec
 
 
 class EngineError(RuntimeError):
@@ -33,6 +36,8 @@ class Engine(Protocol):
     takes_tree: bool  # forward takes parents (a token tree)
     has_hidden: bool  # last_hidden gives the final-norm hidden states (the head drafters draft from them)
     top_k: int  # next-token candidates per row its graph outputs (last_topk; 0: none)
+    manifest: Manifest | None  # the folder it was loaded from (None: a model of no folder, e.g. a test's fake)
+    spec: ModelSpec | None  # its entry in that manifest (aux_width: its last_hidden_aux rows; None: no folder)
 
     def forward(
         self, token_ids: np.ndarray, past_len: int, parents: np.ndarray | None = None, logits: bool = True
@@ -52,6 +57,12 @@ class Engine(Protocol):
     def commit(self, past_len: int, n_rows: int, rows: np.ndarray | None = None) -> None:
         """Write the first n_rows K/V rows of the last forward (or rows[:n_rows], a tree's path)
         into the cache at past_len."""
+        ...
+
+    def last_topk(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [n, top_k] int64, probabilities [n, top_k] float32) of the last forward's first n rows,
+        best first (views, valid until the next call): what the recycle table keeps. An engine whose
+        graph has no top-k output (top_k 0) raises EngineError."""
         ...
 
     def last_hidden(self, n: int) -> np.ndarray:

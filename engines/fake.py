@@ -40,6 +40,7 @@ class FakeModel:
         self._topk_ids = np.zeros((max(self.widths), max(self.top_k, 1)), np.int64)
         self._topk_probs = np.zeros((max(self.widths), max(self.top_k, 1)), np.float32)
         self._argmax = np.zeros(max(self.widths), np.int64)  # argmax_rows without a top-k output
+        self.manifest = self.spec = None  # no folder
         self.closed = False
 
     def load_widths(self, widths) -> None:

@@ -263,6 +263,12 @@ class TrtModel:
             stream=self.stream,
         )
 
+    def last_topk(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        raise EngineError(
+            "native TensorRT engines have no top-k output (top_k is 0); the recycle table reads each row's "
+            "argmax off the logits there"
+        )
+
     def last_hidden(self, n: int) -> np.ndarray:
         raise EngineError(
             "native TensorRT engines return no hidden states (has_hidden is False); the head "

@@ -1,4 +1,4 @@
-"""Token recycling (runtime/drafters/recycle.py): the table from every row of every target call, greedy
+"""Token recycling (runtime/drafters/recycle/): the table from every row of every target call, greedy
 output identical to plain decoding (chains, trees, cost-sized trees; fake and tiny ONNX models),
 sampling that keeps the target's distribution, and the graph's top-k output leaving the logits
 bitwise alone."""
@@ -359,7 +359,7 @@ def test_seeded_sampling_reproduces_its_output():
 
 def test_warm_fills_the_folder_table_and_refuses_eval_files(tiny_engine, tmp_path):
     from edgespec.runtime.drafters.recycle import WARM_FILE
-    from edgespec.warm import WarmError, warm
+    from edgespec.runtime.drafters.recycle.warm import WarmError, warm
 
     with pytest.raises(WarmError, match="eval prompt file"):
         warm(str(tiny_engine), ["tools/prompts/drafts_eval.jsonl"])
@@ -376,7 +376,7 @@ def test_warm_fills_the_folder_table_and_refuses_eval_files(tiny_engine, tmp_pat
 
 def test_warm_from_the_models_own_answers(tiny_engine):
     from edgespec.runtime.drafters.recycle import WARM_FILE
-    from edgespec.warm import WarmError, warm
+    from edgespec.runtime.drafters.recycle.warm import WarmError, warm
 
     with pytest.raises(WarmError, match="--answers"):
         warm(str(tiny_engine))

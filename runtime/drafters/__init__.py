@@ -12,6 +12,7 @@ from __future__ import annotations
 from edgespec.engines.manifest import SECTIONS, drafter_section, sections_from
 from edgespec.runtime.drafters.base import (
     BuildContext,
+    Command,
     Drafter,
     DrafterPlugin,
     LoadContext,
@@ -22,6 +23,7 @@ from edgespec.runtime.registry import Registry
 
 __all__ = [
     "BuildContext",
+    "Command",
     "Drafter",
     "DrafterPlugin",
     "LoadContext",
@@ -33,6 +35,7 @@ __all__ = [
     "names",
     "tree_names",
     "options",
+    "commands",
     "shipped",
     "make_drafter",
     "UnknownDrafterError",
@@ -91,6 +94,11 @@ def spec_of(name: str) -> DrafterPlugin:
 def options() -> tuple[Option, ...]:
     """Every drafter's options, once each (a drafter may read another's, e.g. a shared cut-off)."""
     return REGISTRY.options()
+
+
+def commands() -> tuple[Command, ...]:
+    """Every drafter's `edgespec` commands (recycle's `warm`), in the drafters' order."""
+    return tuple(c for plugin in registry().values() for c in plugin.commands)
 
 
 def shipped(manifest, cfg) -> tuple[str, ...]:

@@ -25,9 +25,11 @@ A `DrafterPlugin` describes one drafter to everything around the loop, as the ex
 name, summary, options (the RuntimeConfig fields and CLI flags it owns), place, the manifest
 section it ships its models in and what it costs; methods, each with a default, say how the
 drafter is built (`build`), which sections it needs (`needs`), whether it reads the target's
-hidden states (`needs_features`), how its models load and warm (`load`, `warm`) and what they
-allow (`tree_engines`, `max_chain`, `aux_width`). Each drafter module of this package registers one
-instance of its subclass (`register`); every list of drafters is read from there.
+hidden states (`needs_features`), how its models load and make their sessions (`load`, `prime`)
+and what they allow (`tree_engines`, `max_chain`, `aux_width`); `commands` are the `edgespec`
+commands it brings (recycle's `warm`), as an export plugin brings its `train-<name>`. Each drafter
+module of this package registers one instance of its subclass (`register`); every list of drafters
+is read from there.
 """
 
 from __future__ import annotations
@@ -132,6 +134,17 @@ class Option:
         return tuple(self.choices() if callable(self.choices) else self.choices)
 
 
+@dataclass(frozen=True)
+class Command:
+    """An `edgespec <name>` command a drafter brings (recycle's `warm`); edgespec/cli.py adds one
+    subcommand per command of every registered drafter."""
+
+    name: str  # the subcommand
+    module: str  # dotted module with add_arguments(parser) and run_command(args) -> exit status (imported by the CLI)
+    help: str  # one line, for `edgespec --help`
+    description: str  # the command's --help text
+
+
 @dataclass
 class BuildContext:
     """What a drafter is built from: the generator's engines, the target rows it reads and its config."""
@@ -177,6 +190,7 @@ class DrafterPlugin:
     pairs: bool = False  # a head drafter a combinator (hybrid) may pair with a lookup
     redrafts: bool = False  # under a grammar it drafts again after forced tokens its drafts missed (it needs
     #                         no target features of tokens not yet verified: runtime/constrain.py)
+    commands: tuple[Command, ...] = ()  # the `edgespec` commands it brings
 
     def build(self, ctx: BuildContext) -> Drafter:
         """The drafter over a generator's engines and buffers."""
@@ -194,8 +208,9 @@ class DrafterPlugin:
         """Its section's engine(s) (a drafter with a section loads it)."""
         raise NotImplementedError(f"drafter {self.name!r} ships a section but loads nothing")
 
-    def warm(self, engine, widths, manifest) -> None:
-        """Make its sessions now (its first real call pays nothing); `engine`: what `load` gave."""
+    def prime(self, engine, widths, manifest) -> None:
+        """Make its sessions and run each width once now (its first real call pays nothing); `engine`:
+        what `load` gave."""
 
     def tree_engines(self, engine) -> tuple:
         """Its engines whose graphs must take trees for --tree."""

@@ -98,7 +98,7 @@ class DraftPlugin(DrafterPlugin):
 
         return make_engine(manifest, section.model, ctx.model_provider, ctx.threads, ctx.cuda_graph)
 
-    def warm(self, engine, widths, manifest: Manifest) -> None:
+    def prime(self, engine, widths, manifest: Manifest) -> None:
         engine.load_widths([1, manifest.prefill_chunk])
 
 

@@ -133,7 +133,7 @@ class Eagle3Plugin(ChainHeadPlugin):
         head.fc_norm, head.fc_norm_eps = section.fc_norm, section.fc_norm_eps
         return head
 
-    def warm(self, head, widths, manifest: Manifest) -> None:
+    def prime(self, head, widths, manifest: Manifest) -> None:
         head.load_widths(widths)
 
     def tree_engines(self, head) -> tuple:

@@ -23,7 +23,7 @@ Lossless: the choice uses only what is known before verification.
             same cache of recent requests.
 Trees: suffix decoding's tree where it matches, the head's elsewhere.
 
---hybrid-lookup merged puts merged (recycle.py: suffix decoding continued from the recycle table)
+--hybrid-lookup merged puts merged (recycle/merged.py: suffix decoding continued from the recycle table)
 in suffix decoding's place: its estimate is its calibrated sum of path scores, per lookup match
 length (0: the table alone). Its sampled table drafts are drawn from q, so its sampled estimate
 counts only the drafts whose rows follow from the prefix (MergedDrafter.last_score), and the
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register, registry, spec_of
+from edgespec.runtime.drafters._pair import LookupPair
 from edgespec.runtime.drafters.ngram import NgramDrafter, ngram_config
 from edgespec.runtime.drafters.suffix import DEPTH, SuffixDrafter, recent_requests
 from edgespec.runtime.sampling import SamplingConfig
@@ -116,7 +117,7 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return i
 
 
-class LookupHeadPair(Drafter):
+class LookupHeadPair(LookupPair):
     """A lookup drafter and a head drafter, one of them proposing each step: the head keeps catching
     up on every verified token (it runs the verify calls' engine too), so it is ready; trees are the
     lookup's where it matches, the head's elsewhere."""
@@ -126,40 +127,19 @@ class LookupHeadPair(Drafter):
     lookup_name = ""  # the lookup, as the stats name the source
 
     def __init__(self, lookup: Drafter, head: Drafter) -> None:
-        super().__init__()
-        self.lookup, self.head = lookup, head
+        super().__init__(lookup, head)
+        self.head = head
         self.engine = head.engine
 
     @property
     def verifier(self):
         return self.head.verifier  # (the head's: the fused graph only where its rows are used)
 
-    def configure(self, sampling: SamplingConfig, rng: np.random.Generator) -> None:
-        super().configure(sampling, rng)
-        self.lookup.configure(sampling, rng)
-        self.head.configure(sampling, rng)
-
     def forget(self) -> None:
         self.head.forget()
 
-    def finish(self, seq: SeqState) -> None:
-        self.lookup.finish(seq)
-        self.head.finish(seq)
-
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         self.head.start(seq, n_cached)
-
-    @property
-    def needs_logits(self) -> bool:
-        return self.lookup.needs_logits or self.head.needs_logits
-
-    def observe(self, tgt, seq: SeqState, prop: Proposal, logits) -> None:
-        self.lookup.observe(tgt, seq, prop, logits)
-        self.head.observe(tgt, seq, prop, logits)
-
-    def observe_prefill(self, tgt, seq: SeqState, past: int, n: int, logits) -> None:
-        self.lookup.observe_prefill(tgt, seq, past, n, logits)
-        self.head.observe_prefill(tgt, seq, past, n, logits)
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         self.lookup.propose_tree(seq, tree, cfg)
@@ -167,10 +147,6 @@ class LookupHeadPair(Drafter):
         if tree.n == 1:
             self.head.propose_tree(seq, tree, cfg)
             self.source = HEAD if tree.n > 1 else ""
-
-    def accepted(self, seq: SeqState, n_old: int, n_acc: int) -> None:
-        self.lookup.accepted(seq, n_old, n_acc)  # (merged: its table's committed rows, its calibration)
-        self.head.accepted(seq, n_old, n_acc)
 
 
 class SuffixHeadHybrid(LookupHeadPair):

@@ -26,6 +26,10 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
     drafts_trees = True
+    # what a combinator reads of the last chain, as suffix decoding reports it (merged): no match length,
+    # no per-draft probabilities (None: each draft counts as certain)
+    last_size = 0
+    last_probs = None
 
     def __init__(self, cfg: NgramConfig = NgramConfig()) -> None:
         super().__init__()

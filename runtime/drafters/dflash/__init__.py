@@ -105,7 +105,7 @@ class DFlashPlugin(ChainHeadPlugin):
 
         return OrtDFlash(manifest, section, ctx.head_provider, ctx.threads)
 
-    def warm(self, engine, widths, manifest: Manifest) -> None:
+    def prime(self, engine, widths, manifest: Manifest) -> None:
         engine.load()
 
     def aux_width(self, engine) -> int:

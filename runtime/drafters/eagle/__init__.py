@@ -225,7 +225,7 @@ class EaglePlugin(ChainHeadPlugin):
             fused = FusedVerifier(manifest, section.fused, head, ctx.threads, kv=ctx.target.kv)
         return EagleEngines(head, fused)
 
-    def warm(self, engine: EagleEngines, widths, manifest: Manifest) -> None:
+    def prime(self, engine: EagleEngines, widths, manifest: Manifest) -> None:
         engine.head.load_widths(widths)
 
     def tree_engines(self, engine: EagleEngines) -> tuple:

@@ -95,7 +95,7 @@ class MedusaPlugin(DrafterPlugin):
 
         return OrtHeads(manifest, section.heads, ctx.head_provider, ctx.threads)
 
-    def warm(self, heads, widths, manifest: Manifest) -> None:
+    def prime(self, heads, widths, manifest: Manifest) -> None:
         heads.load()
 
     def max_chain(self, heads) -> int:

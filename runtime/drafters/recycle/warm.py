@@ -1,6 +1,7 @@
 """`edgespec warm FOLDER --answers N` / `--text FILE...`: fill a folder's recycle table from the
 target's own forward passes (no training), saved as FOLDER/recycle.npz, where every later Generator of
-that folder starts its table (runtime/drafters/recycle.py WARM_FILE).
+that folder starts its table (table.py WARM_FILE). The recycle drafter plugin registers the command
+(RecyclePlugin.commands).
 
 --answers N: the folder's Generator answers N chat prompts of the wide mix (export/train/wide_prompts.py:
 nine families, seeded), greedy, drafting from the table it fills: every prefill chunk and verify row
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.runtime.drafters.recycle.table import WARM_FILE
 from edgespec.runtime.files import MAX_TEXT_BYTES, input_file, output_file, read_text
 
 
@@ -88,7 +90,6 @@ def check_inputs(files, max_tokens: int, keep_out, answers: int, max_new_tokens:
 def check_folder(folder: str) -> None:
     """An engine folder whose table file warm can write, refused in one line before the model loads."""
     from edgespec.engines.manifest import load_manifest
-    from edgespec.runtime.drafters.recycle import WARM_FILE
 
     load_manifest(folder, files=False)  # (a folder that is none: its one-line ManifestError)
     output_file(Path(folder) / WARM_FILE, "the table")
@@ -118,10 +119,6 @@ def warm(
     """Fill the folder's recycle table from the corpus's prefill, then from `answers` greedy answers to
     wide-mix prompts; the table's file. out: where progress and the summary go (None: sys.stderr at
     call time, so a redirected stderr gets it)."""
-    from edgespec.runtime.config import RuntimeConfig
-    from edgespec.runtime.drafters.recycle import WARM_FILE
-    from edgespec.runtime.generator import Generator
-
     out = out if out is not None else sys.stderr
     check_inputs(files, max_tokens, keep_out, answers, max_new_tokens)
     texts, dropped = paragraphs(files, keep_out) if files else ([], 0)
@@ -129,38 +126,15 @@ def warm(
         raise WarmError("no text left to read (every paragraph empty or sharing an 8-word window with an eval prompt)")
     check_folder(folder)
     prompts, n_dropped = answer_prompts(answers, seed, keep_out) if answers else ([], 0)
-    # k=4 chains from the table being filled: greedy, so the answers are plain decoding's, only sooner
-    g = Generator.load(folder, RuntimeConfig(drafter="recycle", k=1, adaptive=False))
-    k_max = max(w for w in g.target.widths if all(v in g.target.widths for v in range(2, w + 1))) - 1
-    if prompts and k_max > 1:
-        g.reconfigure(k=min(4, k_max))
-    if g.codec is None and (texts or prompts):
-        raise WarmError(f"{folder} has no tokenizer: warm reads text. Hint: re-export the folder with its tokenizer")
+    g = _generator(folder, bool(prompts), bool(texts or prompts))
     table = g.drafter.recycle_table
     t0 = time.perf_counter()
     said = []
     if texts:
-        window = g.target.max_len - 2
-        ids = np.concatenate([g.codec.encode(t + "\n\n") for t in texts])[:max_tokens]
-        for i in range(0, len(ids), window):
-            g.forget()
-            for _ in g.generate_ids(ids[i : i + window], 1):  # the prefill's rows go into the table
-                pass
-        said.append(
-            f"{len(ids)} tokens of {len(texts)} paragraphs ({dropped} left out: an eval prompt's 8-word window)"
-        )
-    n_answered = 0
-    for i, row in enumerate(prompts):
-        ids = g.codec.encode(row["messages"])
-        if len(ids) + max_new_tokens + max(g.target.widths) > g.target.max_len:
-            continue  # (a prompt too long for the folder's context: the next one)
-        g.forget()
-        n_answered += sum(len(c) for c in g.generate_ids(ids, max_new_tokens))
-        if (i + 1) % 50 == 0 or i + 1 == len(prompts):
-            el = time.perf_counter() - t0
-            left = el / (i + 1) * (len(prompts) - i - 1)
-            print(f"edgespec warm: {i + 1}/{len(prompts)} answers, {el:.0f} s, ~{left:.0f} s left", file=out)
+        n_read = prefill_corpus(g, texts, max_tokens)
+        said.append(f"{n_read} tokens of {len(texts)} paragraphs ({dropped} left out: an eval prompt's 8-word window)")
     if prompts:
+        n_answered = answer(g, prompts, max_new_tokens, t0, out)
         said.append(
             f"{n_answered} answer tokens to {len(prompts)} wide-mix prompts ({n_dropped} dropped: eval overlap)"
         )
@@ -181,6 +155,52 @@ def warm(
             file=out,
         )
     return path
+
+
+def _generator(folder: str, answering: bool, reading: bool):
+    """The folder's Generator, drafting recycle chains from the table being filled (k=4 where it
+    answers: greedy, so the answers are plain decoding's, only sooner); a folder without a tokenizer
+    is refused where warm reads text."""
+    from edgespec.runtime.config import RuntimeConfig
+    from edgespec.runtime.generator import Generator
+
+    g = Generator.load(folder, RuntimeConfig(drafter="recycle", k=1, adaptive=False))
+    k_max = max(w for w in g.target.widths if all(v in g.target.widths for v in range(2, w + 1))) - 1
+    if answering and k_max > 1:
+        g.reconfigure(k=min(4, k_max))
+    if g.codec is None and reading:
+        raise WarmError(f"{folder} has no tokenizer: warm reads text. Hint: re-export the folder with its tokenizer")
+    return g
+
+
+def prefill_corpus(g, texts: list[str], max_tokens: int) -> int:
+    """The target's prefill over the paragraphs' first max_tokens tokens, a context window at a time
+    (its rows go into the table); the tokens read."""
+    window = g.target.max_len - 2
+    ids = np.concatenate([g.codec.encode(t + "\n\n") for t in texts])[:max_tokens]
+    for i in range(0, len(ids), window):
+        g.forget()
+        for _ in g.generate_ids(ids[i : i + window], 1):
+            pass
+    return len(ids)
+
+
+def answer(g, prompts: list[dict], max_new_tokens: int, t0: float, out) -> int:
+    """The folder's greedy answers to the chat prompts (every prefill chunk and verify row goes into
+    the table; a prompt too long for its context is passed over), progress to `out` every 50; the
+    answer tokens."""
+    n_answered = 0
+    for i, row in enumerate(prompts):
+        ids = g.codec.encode(row["messages"])
+        if len(ids) + max_new_tokens + max(g.target.widths) > g.target.max_len:
+            continue
+        g.forget()
+        n_answered += sum(len(c) for c in g.generate_ids(ids, max_new_tokens))
+        if (i + 1) % 50 == 0 or i + 1 == len(prompts):
+            el = time.perf_counter() - t0
+            left = el / (i + 1) * (len(prompts) - i - 1)
+            print(f"edgespec warm: {i + 1}/{len(prompts)} answers, {el:.0f} s, ~{left:.0f} s left", file=out)
+    return n_answered
 
 
 def run_command(a) -> int:
