@@ -133,7 +133,8 @@ class EaglePlugin(ExportPlugin):
         read), the --eagle-draft-vocab cut against the head's draft-token order, then its weights' values
         (NaN, inf)."""
         from edgespec.export.drafters._files import WeightsFileError, check_finite
-        from edgespec.export.drafters.eagle.checkpoint import EMBED, OFFICIAL, inspect_head
+        from edgespec.export.drafters.eagle.checkpoint import EMBED, inspect_head
+        from edgespec.export.drafters.eagle.config_json import OFFICIAL
         from edgespec.export.target.spec import ExportError
         from edgespec.export.train.checkpoint import CheckpointError, prune_draft_vocab
 
@@ -169,7 +170,7 @@ class EaglePlugin(ExportPlugin):
 
     def publish(self, folder, fmt: str, out):
         """The head `folder` (either layout) in the official EAGLE layout; what it cannot carry is refused."""
-        from edgespec.export.drafters.eagle.checkpoint import publish_official
+        from edgespec.export.drafters.eagle.publish import publish_official
         from edgespec.export.target.spec import ExportError
         from edgespec.export.train.checkpoint import CheckpointError
 

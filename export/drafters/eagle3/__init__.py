@@ -158,7 +158,7 @@ class Eagle3Plugin(ExportPlugin):
         return detect(Path(folder)) is not None
 
     def publish(self, folder: Path, fmt: str, out: Path, verifier: str | None = None) -> Path:
-        from edgespec.export.drafters.eagle3.layouts import publish
+        from edgespec.export.drafters.eagle3.publish import publish
 
         return publish(folder, fmt, out, verifier)
 

@@ -1,7 +1,7 @@
 """EAGLE-3 heads in the layouts their projects publish: which one a folder holds (`detect`, from its
 config.json and tensor names alone), its config and tensor shapes checked against a target before
 any weight is read (`inspect`, then `Eagle3Checkpoint.check`: what the export's preflight runs), its
-tensors under edgespec's names (`read`), and a head written in another project's layout (`publish`).
+tensors under edgespec's names (`read`); publish.py writes a head in another project's layout.
 
 Layouts (the ids `edgespec export-drafter` and the tests use):
   eagle3-edgespec     `edgespec train-eagle3`: LlamaForCausalLMEagle3 plus an `eagle3` section,
@@ -17,12 +17,8 @@ Layouts (the ids `edgespec export-drafter` and the tests use):
                       embed_tokens, lm_head, d2t, t2d
 Tensors are read under edgespec's names (head.py: fc, midlayer.*, norm, lm_head, d2t absolute), plus
 embed_tokens.weight (the head's own table, used in place of the target's) and fc_norm.weight (the
-features' RMSNorm weight, one vector over all n*Ht features: per-layer norms concatenated).
-
-The same config key means different things in different projects, so each is read by its own
-project's code: SpecForge's norm_output (default true) is whether the logits see the final norm;
-speculators' norm_output (default false) is whether the NORMED output is fed to the next step (the
-logits see the norm either way). Keys no reader here knows are refused, not ignored (`_no_unknown`).
+features' RMSNorm weight, one vector over all n*Ht features: per-layer norms concatenated). Each
+project's config.json is read by its own rules (config_json.py).
 
 Aux layer ids. edgespec's convention (GraphOptions.aux_layers): id i = the residual stream ENTERING
 target layer i = Hugging Face's output_hidden_states[i]. Each project's, resolved:
@@ -36,20 +32,18 @@ target layer i = Hugging Face's output_hidden_states[i]. Each project's, resolve
                aux id i = hidden_states + residual before layer i): entering i. None: vLLM's and
                speculators' default (2, L//2, L-3). Id L (the last layer's output) is refused: the
                target graphs output the streams entering layers 0..L-1
-Written back out (`publish`), ids take the written layout's convention.
+Written back out (publish.py), ids take the written layout's convention.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from edgespec.export.drafters._files import (
-    HF_INERT,
     WEIGHT_NAMES,
     TensorInfo,
     WeightsFileError,
@@ -57,7 +51,6 @@ from edgespec.export.drafters._files import (
     load_tensors,
     read_json,
     tensor_infos,
-    unknown_keys,
     weights_file,
 )
 from edgespec.export.drafters.eagle3.config import (
@@ -67,9 +60,9 @@ from edgespec.export.drafters.eagle3.config import (
     Eagle3Config,
     Eagle3FormatError,
 )
+from edgespec.export.drafters.eagle3.config_json import HINT, read_config, refuse
 
 LAYOUTS = ("eagle3-edgespec", "eagle3-official", "eagle3-specforge", "eagle3-speculators")
-FORMATS = ("speculators", "eagle3-official")  # what `publish` writes (`edgespec export-drafter --format`)
 SPECULATORS_ARCHS = ("Eagle3Speculator", "Eagle3DraftModel")
 # the official loader (eagle/model/ea_model.py) tries pytorch_model.bin first, then model.safetensors
 OFFICIAL_WEIGHTS = (
@@ -80,47 +73,6 @@ OFFICIAL_WEIGHTS = (
 )
 CORE = ("fc.weight", *LAYER_NAMES.values(), *NORM_NAMES.values(), "lm_head.weight")  # edgespec's names
 FLOAT_DTYPES = ("F32", "F16", "BF16", "float32", "float16", "bfloat16")
-ROPE_TYPES = ("default", "linear", "llama3")  # what the head's tables (ArchSpec.rope_tables) compute
-ROPE_KEYS = {  # the numbers each RoPE type reads
-    "default": (),
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-}
-# config keys that do not change the head's computation (ids, bookkeeping, training-only switches)
-HARMLESS = HF_INERT | {
-    "max_position_embeddings",  # the tables are built over the export's max_len
-    "pretraining_tp",  # the same matmuls, split for tensor parallel training
-    "max_window_layers",
-    "target_model_type",
-    "embed_requires_grad",
-    "speculators_version",
-}
-# the layer's config keys each reader interprets (a Llama decoder layer's config)
-LAYER_KEYS = frozenset(
-    {
-        "model_type",
-        "hidden_size",
-        "intermediate_size",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "rms_norm_eps",
-        "vocab_size",
-        "num_hidden_layers",
-        "hidden_act",
-        "attention_bias",
-        "mlp_bias",
-        "rope_theta",
-        "rope_scaling",
-        "rope_parameters",
-        "tie_word_embeddings",
-        "sliding_window",
-        "use_sliding_window",
-        "layer_types",
-        "draft_vocab_size",
-    }
-)
-HINT = "Hint: re-save it with its project's own code, or open an issue with its config.json"
 
 
 def _config(folder: Path) -> dict | None:
@@ -256,212 +208,7 @@ def resolve_aux(ec: Eagle3Config, n_layers: int, folder: Path | str = "") -> tup
     return tuple(ids)
 
 
-# ---- reading a folder ------------------------------------------------------------------------------
-def _refuse(folder: Path, what: str) -> Eagle3FormatError:
-    return Eagle3FormatError(f"{folder}: {what}")
-
-
-def _no_unknown(folder: Path, cfg: dict, known: frozenset | set, where: str) -> None:
-    """Refuse keys no reader here interprets: they may change the computation."""
-    extra = sorted(unknown_keys(cfg, known, HARMLESS))
-    if extra:
-        raise _refuse(
-            folder,
-            f"{where} has key(s) {', '.join(extra)}, which edgespec's EAGLE-3 reader does not interpret; as they "
-            f"may change what the head computes, it is refused rather than run without them. {HINT}",
-        )
-
-
-def _rope(folder: Path, cfg: dict, official: bool) -> dict:
-    """The head's own RoPE (Eagle3Config's rope_theta/rope_type/rope_params) from its layer config."""
-    if official:  # cnets.LlamaAttention: config.rope_theta if set (else 10000), rope_scaling["type"] linear only
-        theta = float(cfg.get("rope_theta") or 10000.0)
-        sc = cfg.get("rope_scaling")
-        params = cfg.get("rope_parameters")
-        if params and (params.get("rope_type", "default") != "default" or params.get("rope_theta", theta) != theta):
-            raise _refuse(
-                folder, f"rope_parameters {params}: the official EAGLE-3 code reads rope_theta and rope_scaling only"
-            )
-        if sc is None:
-            return dict(rope_theta=theta, rope_type="default", rope_params=())
-        if sc.get("type") == "linear" and "factor" in sc:
-            return dict(rope_theta=theta, rope_type="linear", rope_params=(("factor", float(sc["factor"])),))
-        raise _refuse(
-            folder,
-            f"rope_scaling {sc}: of the official EAGLE-3 code's RoPE scalings edgespec computes 'linear' only "
-            "('dynamic' rescales past max_position_embeddings at run time)",
-        )
-    params = dict(cfg.get("rope_parameters") or {})
-    if "full_attention" in params or "sliding_attention" in params:
-        raise _refuse(folder, "per-layer-type rope_parameters: an EAGLE-3 head has one layer, one RoPE")
-    params.update(cfg.get("rope_scaling") or {})
-    theta = float(params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0)
-    kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
-    params.pop("type", None)
-    if kind not in ROPE_TYPES:
-        raise _refuse(folder, f"RoPE type {kind!r}: the head's tables compute {', '.join(ROPE_TYPES)} only")
-    partial = float(params.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or 1.0)
-    if partial != 1.0:
-        raise _refuse(folder, f"partial_rotary_factor {partial}: the head rotates whole heads only")
-    missing = [k for k in ROPE_KEYS[kind] if not isinstance(params.get(k), int | float)]
-    if missing:
-        raise _refuse(folder, f"RoPE type {kind!r} without {', '.join(missing)}")
-    return dict(rope_theta=theta, rope_type=kind, rope_params=tuple(sorted((k, params[k]) for k in ROPE_KEYS[kind])))
-
-
-def _layer(folder: Path, cfg: dict, where: str, official: bool = False) -> dict:
-    """Eagle3Config's shape and RoPE fields from a Llama decoder layer's config (`where` names it)."""
-    need = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in cfg]
-    if need:
-        raise _refuse(folder, f"{where} lacks {', '.join(need)}; {HINT}")
-    if int(cfg.get("num_hidden_layers") or 1) != 1:
-        raise _refuse(
-            folder,
-            f"{where} has num_hidden_layers {cfg['num_hidden_layers']}: edgespec's EAGLE-3 head graph has one "
-            "decoder layer (EAGLE-3's)",
-        )
-    if cfg.get("model_type", "llama") != "llama":
-        raise _refuse(
-            folder,
-            f"{where} has a {cfg['model_type']!r} decoder layer: edgespec's EAGLE-3 head graph computes a Llama "
-            "layer (no q/k norms, no biases)",
-        )
-    if (cfg.get("hidden_act") or "silu") != "silu":
-        raise _refuse(folder, f"{where} has hidden_act {cfg['hidden_act']!r}: the head's MLP is SwiGLU (silu) only")
-    for key in ("attention_bias", "mlp_bias"):
-        if cfg.get(key):
-            raise _refuse(folder, f"{where} sets {key}: the head's projections have no biases")
-    if cfg.get("tie_word_embeddings"):
-        raise _refuse(
-            folder, f"{where} sets tie_word_embeddings: an EAGLE-3 head's lm_head is its own (draft vocabulary)"
-        )
-    kinds = list(cfg.get("layer_types") or [])
-    if set(kinds) - {"full_attention", "sliding_attention"}:
-        raise _refuse(folder, f"{where} has layer_types {kinds}: the head's layer is full or sliding attention")
-    # speculators' trainer marks its draft layers sliding by default (window 2048): a key window checked
-    # against --max-len when the head is exported (Eagle3Checkpoint.check); no window: every position
-    window = int(cfg.get("sliding_window") or 0) if "sliding_attention" in kinds else 0
-    H, n_h = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    return dict(
-        hidden_size=H,
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_attention_heads=n_h,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or n_h),
-        # the official attention computes head_dim = hidden_size / heads whatever the config says
-        head_dim=H // n_h if official else int(cfg.get("head_dim") or H // n_h),
-        rms_norm_eps=float(cfg.get("rms_norm_eps") or 1e-6),  # LlamaConfig's and EConfig's default
-        vocab_size=int(cfg["vocab_size"]),
-        sliding_window=window,
-        **_rope(folder, cfg, official),
-    )
-
-
-def _eagle_config_ids(folder: Path, cfg: dict) -> tuple[int, ...] | None:
-    """eagle_config's layer ids as written (None: none), its other keys checked."""
-    ec = cfg.get("eagle_config")
-    if ec is None:
-        return None
-    if not isinstance(ec, dict):
-        raise _refuse(folder, f"eagle_config {ec!r} is not a mapping; {HINT}")
-    _no_unknown(folder, ec, {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state"}, "eagle_config")
-    if ec.get("use_aux_hidden_state") is False:
-        raise _refuse(
-            folder,
-            "eagle_config.use_aux_hidden_state is false: the head reads the target's last hidden state, not "
-            "EAGLE-3's fused layer features. Hint: an EAGLE-1/2 head goes to --eagle",
-        )
-    ids = ec.get("eagle_aux_hidden_state_layer_ids")
-    return None if ids is None else _ids(folder, ids)
-
-
-def _ids(folder: Path, ids) -> tuple[int, ...]:
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise _refuse(folder, f"aux layer ids {ids!r} are not a list of layer numbers; {HINT}")
-    twice = sorted({i for i in ids if ids.count(i) > 1})
-    if twice:
-        raise _refuse(
-            folder,
-            f"aux layer ids {ids} name layer(s) {twice} more than once: the target graphs output each layer's "
-            "features once, and a head trained on one layer's copies reads nothing the others do not. Hint: "
-            "give each feature block its own layer",
-        )
-    return tuple(ids)
-
-
-def _read_config(folder: Path, layout: str, cfg: dict) -> tuple[dict, dict]:
-    """(Eagle3Config fields but n_aux and the sizes the tensors say, variant flags) of a layout's config."""
-    if layout == "eagle3-speculators":
-        layer = cfg.get("transformer_layer_config")
-        if not isinstance(layer, dict):
-            raise _refuse(folder, f"a speculators config without transformer_layer_config; {HINT}")
-        top = {
-            "speculators_model_type",
-            "speculators_config",
-            "transformer_layer_config",
-            "draft_vocab_size",
-            "norm_before_residual",
-            "norm_before_fc",
-            "fc_norm",
-            "norm_output",
-            "target_hidden_size",
-            "eagle_aux_hidden_state_layer_ids",
-            "tie_word_embeddings",
-        }
-        _no_unknown(folder, cfg, top, "config.json")
-        _no_unknown(folder, layer, LAYER_KEYS, "transformer_layer_config")
-        if cfg.get("tie_word_embeddings"):
-            raise _refuse(folder, "tie_word_embeddings: an EAGLE-3 head's lm_head is its own (draft vocabulary)")
-        if cfg.get("speculators_model_type", "eagle3") != "eagle3":
-            raise _refuse(folder, f"speculators_model_type {cfg['speculators_model_type']!r} is not eagle3")
-        if cfg.get("norm_before_fc") and cfg.get("fc_norm"):
-            raise _refuse(folder, "norm_before_fc and fc_norm both set (speculators refuses the pair too)")
-        ids = cfg.get("eagle_aux_hidden_state_layer_ids")
-        fields = _layer(folder, layer, "transformer_layer_config")
-        fields |= dict(
-            draft_vocab_size=int(cfg.get("draft_vocab_size") or 32000),  # Eagle3SpeculatorConfig's default
-            aux_layers=() if ids is None else _ids(folder, ids),  # vLLM's: entering ids as they are
-            fc_norm="whole" if cfg.get("norm_before_fc") else "per_layer" if cfg.get("fc_norm") else "none",
-            norm_before_residual=bool(cfg.get("norm_before_residual", False)),
-            feed_normed=bool(cfg.get("norm_output", False)),  # speculators: the normed output is fed back
-            target_hidden_size=int(cfg.get("target_hidden_size") or 0),
-        )
-        return fields, {}
-    official = layout == "eagle3-official"
-    extra = {"eagle_config", "draft_vocab_size", "target_hidden_size"}
-    if layout == "eagle3-specforge":
-        extra |= {"fc_norm", "norm_output"}
-    if layout == "eagle3-edgespec":
-        extra |= {"eagle3"}
-    if official:
-        extra |= {"bias"}  # EAGLE-1's fc bias switch, which the EAGLE-3 Model takes and does not use
-    _no_unknown(folder, cfg, LAYER_KEYS | extra, "config.json")
-    fields = _layer(folder, cfg, "config.json", official=official)
-    ids = _eagle_config_ids(folder, cfg)
-    if official and ids is not None:
-        raise _refuse(
-            folder,
-            f"eagle_config names layers {list(ids)}, which the official EAGLE-3 code never reads (its target "
-            "code feeds the streams entering layers 2, L//2, L-3); whose convention they follow is unknown. "
-            "Hint: a SpecForge head says LlamaForCausalLMEagle3 in architectures",
-        )
-    if layout == "eagle3-specforge" and ids is not None:
-        ids = tuple(i + 1 for i in ids)  # SGLang's ids: layer outputs; entering the next layer
-    fields |= dict(
-        draft_vocab_size=int(cfg.get("draft_vocab_size") or fields["vocab_size"]),
-        aux_layers=ids or (),
-        target_hidden_size=int(cfg.get("target_hidden_size") or 0),
-    )
-    if layout == "eagle3-specforge":
-        fields |= dict(
-            fc_norm="per_layer" if cfg.get("fc_norm") else "none",
-            logits_norm=bool(cfg.get("norm_output", True)),  # SpecForge: the final norm before lm_head
-        )
-    if layout == "eagle3-edgespec":
-        fields["d2t_by_frequency"] = (cfg.get("eagle3") or {}).get("d2t_order") == "frequency"
-    return fields, dict(cfg.get("eagle3") or {})
-
-
-def _stored(layout: str, name: str) -> str:
+def stored_name(layout: str, name: str) -> str:
     """A tensor's name in the layout, from edgespec's."""
     if layout == "eagle3-speculators" and name.startswith("midlayer."):
         return "layers.0." + name.removeprefix("midlayer.")
@@ -474,46 +221,70 @@ def inspect(folder: Path) -> Eagle3Checkpoint:
     layout = detect(folder)
     if layout is None:
         _readable(folder)  # a damaged weights file is said as such, not as another layout
-        raise _refuse(
+        raise refuse(
             folder,
             "not an EAGLE-3 head in a layout edgespec reads (official EAGLE, SpecForge, vLLM speculators, "
             "`edgespec train-eagle3`): its config.json declares none of LlamaForCausalLMEagle3, Eagle3Speculator, "
             "Eagle3DraftModel and its weights hold no midlayer.* tensors. Hint: an EAGLE-1/2 head goes to --eagle",
         )
     cfg = _config(folder)
-    fields, _ = _read_config(folder, layout, cfg)
+    fields, _ = read_config(folder, layout, cfg)
     if eps_problem(fields["rms_norm_eps"]):
-        raise _refuse(folder, f"config.json: {eps_problem(fields['rms_norm_eps'])}")
-    names = WEIGHT_NAMES if layout != "eagle3-official" else OFFICIAL_WEIGHTS
-    path = weights_file_of(folder, names)
+        raise refuse(folder, f"config.json: {eps_problem(fields['rms_norm_eps'])}")
+    path = weights_file_of(folder, WEIGHT_NAMES if layout != "eagle3-official" else OFFICIAL_WEIGHTS)
     try:
         infos = tensor_infos(path)
     except WeightsFileError as e:  # cut short, a bad header: its message names the file
         raise Eagle3FormatError(str(e)) from e
     except (ValueError, OSError, EOFError) as e:
-        raise _refuse(folder, f"its {path.name} cannot be read ({type(e).__name__}: {e}); {HINT}") from e
-    want = {ours: _stored(layout, ours) for ours in CORE}
+        raise refuse(folder, f"its {path.name} cannot be read ({type(e).__name__}: {e}); {HINT}") from e
+    want = {ours: stored_name(layout, ours) for ours in CORE}
     missing = [theirs for theirs in want.values() if theirs not in infos]
     if missing:
-        raise _refuse(folder, f"its {path.name} lacks {', '.join(missing[:4])} of the {layout} layout; {HINT}")
-    for opt in ("embed_tokens.weight", "d2t", "t2d"):
-        if opt in infos:
-            want[opt] = opt
-    fc_norm = fields.get("fc_norm", "none")
-    H = fields["hidden_size"]
+        raise refuse(folder, f"its {path.name} lacks {', '.join(missing[:4])} of the {layout} layout; {HINT}")
+    want |= {opt: opt for opt in ("embed_tokens.weight", "d2t", "t2d") if opt in infos}
     fc_shape = infos[want["fc.weight"]].shape
+    n_aux = _feature_blocks(folder, layout, fields, fc_shape)
+    norm_names = _fc_norm_names(folder, layout, fields.get("fc_norm", "none"), n_aux, infos, want, path.name)
+    if fields["aux_layers"] and len(fields["aux_layers"]) != n_aux:
+        raise refuse(
+            folder,
+            f"fc.weight {fc_shape} reads {n_aux} feature blocks but the config names {len(fields['aux_layers'])} "
+            f"target layers ({list(fields['aux_layers'])}); {HINT}",
+        )
+    ec = Eagle3Config(
+        **fields,
+        n_aux=0 if fields["aux_layers"] else n_aux,
+        own_embed="embed_tokens.weight" in want,
+        layout=layout,
+    )
+    _check_shapes(folder, ec, infos, want, norm_names)
+    return Eagle3Checkpoint(folder, layout, cfg, path, infos, want, norm_names, ec)
+
+
+def _feature_blocks(folder: Path, layout: str, fields: dict, fc_shape: tuple) -> int:
+    """How many target feature blocks the head's fc reads, checked against its config."""
+    H = fields["hidden_size"]
     if len(fc_shape) != 2 or fc_shape[0] != H:
-        raise _refuse(folder, f"fc.weight {fc_shape} is not [hidden_size {H}, n*features]; {HINT}")
+        raise refuse(folder, f"fc.weight {fc_shape} is not [hidden_size {H}, n*features]; {HINT}")
     Ht = fields["target_hidden_size"] or H
     n_aux = fc_shape[1] // Ht
     if n_aux * Ht != fc_shape[1] or n_aux < 1:
-        raise _refuse(
+        raise refuse(
             folder,
             f"fc.weight {fc_shape} does not read whole feature blocks of width {Ht} "
             f"({'target_hidden_size' if fields['target_hidden_size'] else 'hidden_size'}); {HINT}",
         )
     if layout == "eagle3-official" and n_aux != 3:
-        raise _refuse(folder, f"fc.weight {fc_shape} reads {n_aux} feature blocks; the official EAGLE-3 code feeds 3")
+        raise refuse(folder, f"fc.weight {fc_shape} reads {n_aux} feature blocks; the official EAGLE-3 code feeds 3")
+    return n_aux
+
+
+def _fc_norm_names(
+    folder: Path, layout: str, fc_norm: str, n_aux: int, infos: dict, want: dict, file: str
+) -> tuple[str, ...]:
+    """The stored names of the features' norm weights the config turns on; any tensor the layout
+    does not have (an fc norm the config leaves off among them) is refused."""
     norm_names: tuple[str, ...] = ()
     if fc_norm == "per_layer":
         norm_names = tuple(f"fc_norm.{i}.weight" for i in range(n_aux))
@@ -527,36 +298,22 @@ def inspect(folder: Path) -> Eagle3Checkpoint:
             if any(n.startswith(("fc_norm.", "input_norm.")) for n in unknown)
             else ""
         )
-        raise _refuse(
+        raise refuse(
             folder,
-            f"its {path.name} holds tensor(s) {', '.join(unknown[:4])}{hint} that the {layout} layout does not "
+            f"its {file} holds tensor(s) {', '.join(unknown[:4])}{hint} that the {layout} layout does not "
             f"have; as they may change what the head computes, it is refused. {HINT}",
         )
     missing = [n for n in norm_names if n not in infos]
     if missing:
-        raise _refuse(folder, f"the config turns on an fc norm but the weights lack {', '.join(missing)}")
-    own_embed = "embed_tokens.weight" in want
-    if fields["aux_layers"] and len(fields["aux_layers"]) != n_aux:
-        raise _refuse(
-            folder,
-            f"fc.weight {fc_shape} reads {n_aux} feature blocks but the config names {len(fields['aux_layers'])} "
-            f"target layers ({list(fields['aux_layers'])}); {HINT}",
-        )
-    ec = Eagle3Config(
-        **fields,
-        n_aux=0 if fields["aux_layers"] else n_aux,
-        own_embed=own_embed,
-        layout=layout,
-    )
-    _check_shapes(folder, ec, infos, want, norm_names)
-    return Eagle3Checkpoint(folder, layout, cfg, path, infos, want, norm_names, ec)
+        raise refuse(folder, f"the config turns on an fc norm but the weights lack {', '.join(missing)}")
+    return norm_names
 
 
 def _check_shapes(folder: Path, ec: Eagle3Config, infos: dict, names: dict, norm_names: tuple) -> None:
     H, I, d = ec.hidden_size, ec.intermediate_size, ec.head_dim
     nq, nkv = ec.num_attention_heads * d, ec.num_key_value_heads * d
     if ec.num_attention_heads % ec.num_key_value_heads:
-        raise _refuse(folder, f"{ec.num_attention_heads} attention heads over {ec.num_key_value_heads} KV heads")
+        raise refuse(folder, f"{ec.num_attention_heads} attention heads over {ec.num_key_value_heads} KV heads")
     want = {
         "midlayer.self_attn.q_proj.weight": (nq, 2 * H),
         "midlayer.self_attn.k_proj.weight": (nkv, 2 * H),
@@ -572,16 +329,16 @@ def _check_shapes(folder: Path, ec: Eagle3Config, infos: dict, names: dict, norm
     for ours, shape in want.items():
         got = infos[names[ours]]
         if got.shape != shape or got.dtype not in FLOAT_DTYPES:
-            raise _refuse(
+            raise refuse(
                 folder,
                 f"{names[ours]} is {got.dtype} {list(got.shape)}, the config says float {list(shape)}; {HINT}",
             )
     for n in norm_names:
         w = ec.aux_width // len(norm_names)
         if infos[n].shape != (w,):
-            raise _refuse(folder, f"{n} is {list(infos[n].shape)}, the features' norm is over {w}")
+            raise refuse(folder, f"{n} is {list(infos[n].shape)}, the features' norm is over {w}")
     if ec.feature_width != H and not ec.own_embed:
-        raise _refuse(
+        raise refuse(
             folder,
             f"the head's width {H} differs from the target's {ec.feature_width} (target_hidden_size) but it has no "
             "embed_tokens.weight of its own: the target's embedding table does not fit it. Hint: re-save the head "
@@ -589,14 +346,14 @@ def _check_shapes(folder: Path, ec: Eagle3Config, infos: dict, names: dict, norm
         )
     vd, v = ec.draft_vocab_size, ec.vocab_size
     if vd > v:
-        raise _refuse(folder, f"draft_vocab_size {vd} exceeds vocab_size {v}")
+        raise refuse(folder, f"draft_vocab_size {vd} exceeds vocab_size {v}")
     if vd < v:
         if "d2t" not in names:
-            raise _refuse(folder, f"draft_vocab_size {vd} < vocab_size {v} but no d2t tensor maps draft to target ids")
+            raise refuse(folder, f"draft_vocab_size {vd} < vocab_size {v} but no d2t tensor maps draft to target ids")
         if infos["d2t"].shape != (vd,) or infos["d2t"].dtype in FLOAT_DTYPES:
-            raise _refuse(folder, f"d2t is {infos['d2t'].dtype} {list(infos['d2t'].shape)}, not integer [{vd}]")
+            raise refuse(folder, f"d2t is {infos['d2t'].dtype} {list(infos['d2t'].shape)}, not integer [{vd}]")
         if "t2d" in names and infos["t2d"].shape != (v,):
-            raise _refuse(folder, f"t2d is {list(infos['t2d'].shape)}, not [vocab_size {v}]")
+            raise refuse(folder, f"t2d is {list(infos['t2d'].shape)}, not [vocab_size {v}]")
 
 
 def _readable(folder: Path) -> None:
@@ -624,242 +381,3 @@ def read(folder: Path, hidden_size: int, vocab_size: int, n_layers: int | None =
     ck = inspect(folder)
     ec = ck.check(hidden_size, vocab_size, n_layers)
     return ec, ck.load(), dict(ck.config.get("eagle3") or {}) if ck.layout == "eagle3-edgespec" else {}
-
-
-# ---- writing another project's layout -------------------------------------------------------------
-def _torch_dtype(info: TensorInfo):
-    import torch
-
-    return {
-        "F32": torch.float32,
-        "float32": torch.float32,
-        "F16": torch.float16,
-        "float16": torch.float16,
-        "BF16": torch.bfloat16,
-        "bfloat16": torch.bfloat16,
-    }[info.dtype]
-
-
-def _tensors(ck: Eagle3Checkpoint, arrays: dict[str, np.ndarray], rename) -> dict:
-    """Torch tensors under the written layout's names (`rename`), each float in the dtype it was stored
-    in (nothing rounded), d2t relative and t2d when the draft vocabulary is a subset."""
-    import torch
-
-    ec, out = ck.ec, {}
-    for ours in (*CORE, "embed_tokens.weight"):
-        if ours in arrays:
-            out[rename(ours)] = torch.from_numpy(arrays[ours]).to(_torch_dtype(ck.infos[ck.names[ours]]))
-    if ec.draft_vocab_size < ec.vocab_size:
-        d2t = arrays["d2t"]
-        t2d = np.zeros(ec.vocab_size, bool)
-        t2d[d2t] = True
-        out["d2t"] = torch.from_numpy(d2t - np.arange(len(d2t)))
-        out["t2d"] = torch.from_numpy(t2d)
-    return out
-
-
-def _refuse_publish(ck: Eagle3Checkpoint, fmt: str, what: str):
-    from edgespec.export.target.spec import ExportError
-
-    return ExportError(f"{ck.folder} ({ck.layout}) cannot be written as {fmt}: {what}")
-
-
-def publish(folder: Path, fmt: str, out: Path, verifier: str | None = None) -> Path:
-    """The head in `folder` (any layout `inspect` reads) written into the new folder `out` in layout
-    `fmt` (FORMATS), every float in the dtype it is stored in; what the layout cannot carry is refused
-    (ExportError) before anything is written. verifier (speculators): the target model speculators'
-    from_pretrained reads (`_verifier`)."""
-    from edgespec.export.target.spec import ExportError
-
-    if fmt not in FORMATS:
-        raise ExportError(f"--format {fmt}: the EAGLE-3 layouts written are {', '.join(FORMATS)}")
-    try:
-        ck = inspect(Path(folder))
-    except Eagle3FormatError as e:
-        raise ExportError(str(e)) from e
-    ec = ck.ec
-    if fmt == "speculators":
-        config, rename = _speculators_config(ck, verifier), lambda n: _stored("eagle3-speculators", n)
-    else:
-        config, rename = _official_config(ck), lambda n: n
-    try:
-        arrays = ck.load()
-    except (Eagle3FormatError, WeightsFileError) as e:
-        raise ExportError(str(e)) from e
-    tensors = _tensors(ck, arrays, rename)
-    if "fc_norm.weight" in arrays:  # speculators only (the official layout refused it)
-        import torch
-
-        w = torch.from_numpy(arrays["fc_norm.weight"]).to(_torch_dtype(ck.infos[ck.fc_norm_names[0]]))
-        if ec.fc_norm == "whole":
-            tensors["input_norm.weight"] = w
-        else:
-            tensors |= {f"fc_norm.{i}.weight": b for i, b in enumerate(w.chunk(ec.n_blocks))}
-    out = Path(out)
-    out.mkdir(parents=True)
-    if fmt == "speculators":
-        from safetensors.torch import save_file
-
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
-    else:
-        import torch
-
-        torch.save(tensors, out / "pytorch_model.bin")  # the official loader's first choice
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if fmt == "speculators" and config["speculators_config"]["verifier"]["name_or_path"] is None:
-        import sys
-
-        print(
-            f"edgespec: {folder} names no target model, so the speculators config's verifier is null: vLLM does not "
-            "read it, speculators' from_pretrained does. Hint: pass --verifier NAME_OR_PATH (hub id or folder)",
-            file=sys.stderr,
-        )
-    return out
-
-
-def _llama_layer(ec: Eagle3Config) -> dict:
-    """The head's decoder layer as a LlamaConfig dict (rope_parameters: transformers 5's form)."""
-    return {
-        "model_type": "llama",
-        "hidden_size": ec.hidden_size,
-        "intermediate_size": ec.intermediate_size,
-        "num_attention_heads": ec.num_attention_heads,
-        "num_key_value_heads": ec.num_key_value_heads,
-        "head_dim": ec.head_dim,
-        "num_hidden_layers": 1,
-        "rms_norm_eps": ec.rms_norm_eps,
-        "vocab_size": ec.vocab_size,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "rope_parameters": {"rope_type": ec.rope_type, "rope_theta": ec.rope_theta, **dict(ec.rope_params)},
-    } | ({"layer_types": ["sliding_attention"], "sliding_window": ec.sliding_window} if ec.sliding_window else {})
-
-
-def _verifier(ck: Eagle3Checkpoint, given: str | None) -> dict:
-    """speculators' VerifierConfig of the head: `given` (--verifier), else the one the folder records (a
-    speculators config's verifier; edgespec's training record's target, a packaged model by its hub id).
-    speculators' from_pretrained reads the verifier's config.json (hidden size, depth) and fills the
-    weights the head lacks (its embedding) from the verifier's weights, so a local folder is checked
-    against the head here and written as an absolute path; a hub id is written as given."""
-    from edgespec.export.drafters.medusa.publish import HF_IDS
-
-    recorded = (ck.config.get("speculators_config") or {}).get("verifier") or {}
-    target = (ck.config.get("eagle3") or {}).get("target") if ck.layout == "eagle3-edgespec" else None
-    name = given or recorded.get("name_or_path") or (HF_IDS.get(target, target) if target else None)
-    archs = list(recorded.get("architectures") or [])
-    path = Path(name).expanduser() if name else None
-    if path is None or not path.exists():
-        if given and (given.startswith((".", "/", "~")) or given.count("/") != 1):
-            raise _refuse_publish(ck, "speculators", f"--verifier {given}: no such folder, nor a hub id (org/name)")
-        return {"name_or_path": name, "architectures": archs}
-    try:
-        cfg = read_json(path / "config.json")
-    except (OSError, ValueError) as e:
-        raise _refuse_publish(
-            ck,
-            "speculators",
-            f"verifier {name}: no readable config.json ({type(e).__name__}); speculators' from_pretrained reads "
-            "the target's config and weights from it. Hint: pass --verifier with the target's Hugging Face folder",
-        ) from e
-    cfg = cfg.get("text_config") or cfg  # multimodal wrappers: speculators reads the text model's
-    wrong = [
-        f"{k} {cfg.get(k)} (the head's {v})"
-        for k, v in (("hidden_size", ck.ec.feature_width), ("vocab_size", ck.ec.vocab_size))
-        if cfg.get(k) != v
-    ]
-    if wrong:
-        raise _refuse_publish(ck, "speculators", f"verifier {name} has {', '.join(wrong)}: another model's")
-    return {"name_or_path": str(path.resolve()), "architectures": list(cfg.get("architectures") or archs)}
-
-
-def _speculators_config(ck: Eagle3Checkpoint, verifier: str | None = None) -> dict:
-    """An Eagle3SpeculatorConfig (speculators 0.9) of the head; aux ids stay entering ids (vLLM's)."""
-    ec = ck.ec
-    if not ec.logits_norm:
-        raise _refuse_publish(
-            ck,
-            "speculators",
-            "its logits skip the final norm (SpecForge norm_output false); speculators' head always norms them",
-        )
-    if ec.feature_width != ec.hidden_size:
-        raise _refuse_publish(
-            ck,
-            "speculators",
-            f"its fc reads target features of width {ec.feature_width} into a head of width {ec.hidden_size}; "
-            "speculators' Eagle3DraftModel builds fc over n*hidden_size features only",
-        )
-    return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "speculators_version": "0.9.0",
-        "draft_vocab_size": ec.draft_vocab_size,
-        "norm_before_residual": ec.norm_before_residual,
-        "norm_before_fc": ec.fc_norm == "whole",
-        "fc_norm": ec.fc_norm == "per_layer",
-        "norm_output": ec.feed_normed,
-        "target_hidden_size": None,
-        "eagle_aux_hidden_state_layer_ids": list(ec.aux_layers) or None,
-        "embed_requires_grad": False,
-        "tie_word_embeddings": False,
-        "transformer_layer_config": _llama_layer(ec),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [
-                {"proposal_type": "greedy", "speculative_tokens": 3, "verifier_accept_k": 1, "accept_tolerance": 0.0}
-            ],
-            "default_proposal_method": "greedy",
-            "verifier": _verifier(ck, verifier),
-        },
-    }
-
-
-def _official_config(ck: Eagle3Checkpoint) -> dict:
-    """The official EAGLE-3 code's config.json (EConfig) of the head, or what it cannot carry refused."""
-    ec = ck.ec
-    why = []
-    if ec.fc_norm != "none":
-        why.append(f"an fc norm ({ec.fc_norm})")
-    if ec.norm_before_residual:
-        why.append("norm_before_residual")
-    if not ec.logits_norm:
-        why.append("logits without the final norm")
-    if ec.feed_normed:
-        why.append("the normed output fed back (speculators norm_output)")
-    if ec.rope_type not in ("default", "linear"):
-        why.append(f"RoPE scaling {ec.rope_type!r} (it computes linear only)")
-    if ec.head_dim * ec.num_attention_heads != ec.hidden_size:
-        why.append(f"head_dim {ec.head_dim} x {ec.num_attention_heads} heads != hidden_size {ec.hidden_size}")
-    if ec.n_blocks != 3:
-        why.append(f"{ec.n_blocks} feature blocks (it feeds 3)")
-    if ec.sliding_window:
-        why.append(f"a sliding-window layer (sliding_window={ec.sliding_window}; it attends to every position)")
-    ids = ec.aux_layers
-    if ids and (len(ids) != 3 or ids[0] != 2 or ids[1] != (ids[2] + 3) // 2):
-        why.append(f"aux layers {list(ids)} (its target code feeds the streams entering 2, L//2, L-3)")
-    if why:
-        raise _refuse_publish(ck, "eagle3-official", "the official EAGLE-3 code computes none of: " + "; ".join(why))
-    out = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": ec.hidden_size,
-        "intermediate_size": ec.intermediate_size,
-        "num_attention_heads": ec.num_attention_heads,
-        "num_key_value_heads": ec.num_key_value_heads,
-        "num_hidden_layers": 1,
-        "rms_norm_eps": ec.rms_norm_eps,
-        "vocab_size": ec.vocab_size,
-        "draft_vocab_size": ec.draft_vocab_size,
-        "rope_theta": ec.rope_theta,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "max_position_embeddings": 2048,
-        "pretraining_tp": 1,
-        "torch_dtype": "float16",
-    }
-    if ec.rope_type == "linear":
-        out["rope_scaling"] = {"type": "linear", "factor": dict(ec.rope_params)["factor"]}
-    if ec.feature_width != ec.hidden_size:
-        out["target_hidden_size"] = ec.feature_width
-    return out
