@@ -49,10 +49,46 @@ def default_engine(tmp_path_factory):
 @pytest.fixture
 def target_never_loads(monkeypatch):
     """Loading (or probing) the target fails the test: a drafter folder's refusal must come before it."""
-    from edgespec.export.target import probe, sources
+    from edgespec.export.target import sources
+    from edgespec.export.target.checks import probe
 
     def no(*_a, **_k):
         raise AssertionError("the target was loaded (or probed) before the drafter folder was checked")
 
     monkeypatch.setattr(sources, "load", no)
     monkeypatch.setattr(probe, "choose_precision", no)
+
+
+@pytest.fixture
+def own_thread_pools(monkeypatch):
+    """main() would make this test process share one ORT pool, changing how later tests' sessions run
+    (modules that call edgespec's main() in-process use it: pytestmark = usefixtures(...))."""
+    import edgespec.engines.ort as eo
+
+    monkeypatch.setattr(eo, "share_thread_pool", lambda threads=None: 0)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium driven by selenium (skipped where either is missing)."""
+    import tempfile
+
+    from helpers.browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS, WAIT_S
+
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e '.[dev]')")
+    from selenium.webdriver.chrome.service import Service
+
+    if not CHROMIUM or not CHROMEDRIVER:
+        pytest.skip("no headless Chromium here: apt-get install -y chromium chromium-driver (.ci/run does)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    profile = tempfile.TemporaryDirectory(prefix="edgespec-chromium-")
+    for flag in CHROMIUM_FLAGS + (f"--user-data-dir={profile.name}",):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))  # a given driver: nothing downloaded
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        profile.cleanup()

@@ -49,7 +49,7 @@ def test_answers_are_plain_greedy_and_features_the_prefill(tiny_engine, answers)
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.train.head_data import load_shards, load_soft
-    from edgespec.export.train.trainer import SoftLabels
+    from edgespec.export.train.train_data import SoftLabels
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
     from edgespec.runtime.prefill import prefill
@@ -147,7 +147,7 @@ def test_eval_answers_are_never_trained_on_or_relabelled(answers, tmp_path):
     """A folder marked EVAL (tools/head_accept.py's answers to an eval prompt file) is refused by
     every trainer's data loading and by answer-data's relabelling, with a hint."""
     from edgespec.export.drafters.eagle.train import TrainConfig
-    from edgespec.export.train import trainer
+    from edgespec.export.train import train_data
 
     src, _ = answers
     marked = tmp_path / "eval-answers"
@@ -155,7 +155,7 @@ def test_eval_answers_are_never_trained_on_or_relabelled(answers, tmp_path):
     for p in src.glob("shard-*.npz"):
         (marked / p.name).write_bytes(p.read_bytes())
     (marked / td.EVAL_MARK).write_text("eval\n")
-    with pytest.raises(trainer.TrainDataError, match="eval answers"):
-        trainer.prepare(TrainConfig(data=f"{src},{marked}", out=str(tmp_path / "head")))
+    with pytest.raises(train_data.TrainDataError, match="eval answers"):
+        train_data.prepare(TrainConfig(data=f"{src},{marked}", out=str(tmp_path / "head")))
     with pytest.raises(td.TextDataError, match="eval answers"):
         ad.make_answer_data(ad.AnswerDataConfig(engine="-", out=str(tmp_path / "x"), answers_from=str(marked)), False)

@@ -9,10 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from fake_trt import FakeTrtEngine
-from test_dflash import tiny_dflash
-from test_eagle import _tiny_head
-from test_eagle3 import _tiny_head as _tiny_eagle3_head
-from test_medusa import _tiny_heads
+from tiny import tiny_dflash, tiny_eagle3_head, tiny_eagle_head, tiny_medusa_heads
 
 from edgespec.engines import session
 from edgespec.engines.device import HostOps
@@ -38,8 +35,8 @@ def full_engine(tiny_models, tmp_path_factory):
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("full")
-    head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
-    heads_dir, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4, n_layers=1)
+    head_dir, _, _ = tiny_eagle_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    heads_dir, _, _ = tiny_medusa_heads(tiny_models["llama"], root / "heads", n_heads=4, n_layers=1)
     return export(
         ExportConfig(
             target=str(tiny_models["llama"]),
@@ -66,7 +63,7 @@ def eagle3_engine(tiny_models, tmp_path_factory):
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("e3")
-    head_dir, _, _ = _tiny_eagle3_head(tiny_models["llama"], root / "head3")
+    head_dir, _, _ = tiny_eagle3_head(tiny_models["llama"], root / "head3")
     dflash_dir = tiny_dflash(tiny_models["llama"], root / "dflash")
     return export(
         ExportConfig(

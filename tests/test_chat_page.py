@@ -1,10 +1,7 @@
 """The chat page at `/` in a real headless Chromium (Selenium driving Debian's chromedriver), and
 the streaming extension field it reads (`edgespec`: each piece's origins and running counts)."""
 
-import contextlib
 import re
-import shutil
-import tempfile
 import time
 
 import pytest
@@ -12,34 +9,18 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from test_server import KEY, PROMPT, _serving  # noqa: E402
+from helpers.browser import Page, until  # noqa: E402
+from helpers.serving import KEY, PROMPT, serving  # noqa: E402
 
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
 from edgespec.runtime.text import TARGET, Origins  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-# root in a container: no sandbox; nothing that reaches out (updates, sync, QUIC probes)
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--window-size=1100,800",
-)
-WAIT_S = 30  # the longest any page state is waited for
-
 
 @pytest.fixture(scope="module")
 def server(tiny_engine):
     gen = Generator.load(tiny_engine, RuntimeConfig(drafter="ngram", k=4))
-    with _serving(gen, api_key=KEY, queue_size=4) as (url, app):
+    with serving(gen, api_key=KEY, queue_size=4) as (url, app):
         yield url, gen, app
 
 
@@ -113,101 +94,6 @@ def test_page_is_served_self_contained(server):
     html = r.text
     assert not re.search(r"""(src|href|action)\s*=\s*["']?(https?:)?//""", html), "loads something remote"
     assert "@import" not in html and "url(" not in html and "<script src" not in html
-
-
-# ---- in a real browser ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def browser():
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e '.[dev]')")
-    from selenium.webdriver.chrome.service import Service
-
-    if not CHROMIUM or not CHROMEDRIVER:
-        pytest.skip("no headless Chromium here: apt-get install -y chromium chromium-driver (.ci/run does)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    profile = tempfile.TemporaryDirectory(prefix="edgespec-chromium-")
-    for flag in CHROMIUM_FLAGS + (f"--user-data-dir={profile.name}",):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))  # a given driver: nothing downloaded
-    driver.set_page_load_timeout(WAIT_S)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        profile.cleanup()
-
-
-def _until(cond, what: str, timeout: float = WAIT_S):
-    """Poll cond() until it is truthy (bounded); its value."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with contextlib.suppress(Exception):  # the page may be mid-update
-            if v := cond():
-                return v
-        time.sleep(0.05)
-    raise AssertionError(f"waited {timeout} s for {what}")
-
-
-class Page:
-    """The chat page as a person uses it: fields, buttons and what is shown."""
-
-    def __init__(self, driver, url: str, key: str = KEY) -> None:
-        from selenium.webdriver.common.by import By
-
-        self.d, self.By = driver, By
-        driver.get(url + "/")
-        driver.execute_script("sessionStorage.clear()")
-        self.set_key(key)
-        if key == KEY:
-            _until(lambda: self.text("model") == "tiny", "the model name")
-
-    def el(self, id_: str):
-        return self.d.find_element(self.By.ID, id_)
-
-    def text(self, id_: str) -> str:
-        return self.el(id_).text
-
-    def all(self, css: str):
-        return self.d.find_elements(self.By.CSS_SELECTOR, css)
-
-    def set_key(self, key: str) -> None:
-        box = self.el("api-key")
-        box.clear()
-        box.send_keys(key + "\t")  # leaving the field reloads the settings with it
-
-    def fill(self, id_: str, value) -> None:
-        box = self.el(id_)
-        box.clear()
-        box.send_keys(str(value))
-
-    def choose(self, id_: str, value: str) -> None:
-        from selenium.webdriver.support.ui import Select
-
-        Select(self.el(id_)).select_by_value(value)
-
-    def options(self, id_: str) -> list[str]:
-        return [o.get_attribute("value") for o in self.all(f"#{id_} option")]
-
-    def busy(self) -> bool:
-        return self.el("stop").is_enabled()
-
-    def send(self, prompt: str) -> None:
-        from selenium.webdriver.common.keys import Keys
-
-        box = self.el("prompt")
-        box.send_keys(prompt)
-        box.send_keys(Keys.ENTER)
-
-    def answers(self):
-        return self.all(".msg.assistant")
-
-    def ask(self, prompt: str):
-        """Send and wait until the answer is complete; its element."""
-        n = len(self.answers())
-        self.send(prompt)
-        _until(lambda: len(self.answers()) == n + 1, "the answer to appear")
-        _until(lambda: not self.busy(), "the answer to finish")
-        return self.answers()[-1]
 
 
 def test_chat_streams_coloured_tokens_and_live_stats(server, keyed, browser):
@@ -295,13 +181,13 @@ def test_stop_ends_the_stream_and_the_generation(server, browser, monkeypatch):
     page.fill("max-tokens", 200)
     page.send(PROMPT)
     text = lambda: page.answers()[-1].find_element(page.By.CSS_SELECTOR, ".text").text  # noqa: E731
-    _until(lambda: len(text()) >= 5 and page.busy(), "streamed text while the answer is still coming")
+    until(lambda: len(text()) >= 5 and page.busy(), "streamed text while the answer is still coming")
     assert "tok/s" in page.text("stats")  # the live line, before the end
     page.el("stop").click()
-    _until(lambda: not page.busy() and page.el("send").is_enabled(), "the page to stop")
+    until(lambda: not page.busy() and page.el("send").is_enabled(), "the page to stop")
     assert "stopped" in page.answers()[-1].find_element(page.By.CSS_SELECTOR, ".meta").text
     at_stop = text()
-    _until(lambda: _metric(url, "edgespec:request_cancelled_total") > cancelled, "the server to cancel")
+    until(lambda: _metric(url, "edgespec:request_cancelled_total") > cancelled, "the server to cancel")
     time.sleep(0.3)
     assert text() == at_stop and len(at_stop) < 200  # nothing more arrived
     monkeypatch.undo()
@@ -314,15 +200,15 @@ def test_errors_show_the_servers_message(server, browser):
     page = Page(browser, url)
     page.fill("temperature", 5)
     page.send("hello")
-    notice = _until(lambda: page.el("notice").is_displayed() and page.text("notice"), "the error")
+    notice = until(lambda: page.el("notice").is_displayed() and page.text("notice"), "the error")
     assert "'temperature' must be in [0.0, 2.0], got 5" in notice
     assert not page.answers() and page.el("prompt").get_attribute("value") == "hello"  # back in the box
     page.fill("temperature", 0)
     page.set_key("wrong")
-    _until(lambda: "API key needed" in page.text("model"), "the key to be refused")
+    until(lambda: "API key needed" in page.text("model"), "the key to be refused")
     assert "missing or wrong API key" in page.text("notice")
     page.el("send").click()
-    _until(lambda: not page.busy() and "missing or wrong API key" in page.text("notice"), "the 401 message")
+    until(lambda: not page.busy() and "missing or wrong API key" in page.text("notice"), "the 401 message")
     assert not page.answers()
 
 

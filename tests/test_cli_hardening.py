@@ -10,12 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_hardening import (
-    _cli,
-    _copy,
-    _one_line_error,
-    _own_thread_pools,  # noqa: F401 (autouse: main() must not share this process's pool)
-)
+from helpers.cli import copy_folder, one_line_error, run_cli
 
 from edgespec.cli import main
 from edgespec.engines.manifest import ManifestError, load_manifest
@@ -23,10 +18,13 @@ from edgespec.runtime.apps.chat import ChatSettings, handle_command
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import FolderLoadError, Generator
 
+# main() runs in this process: its ORT pool must not become the one later tests share
+pytestmark = pytest.mark.usefixtures("own_thread_pools")
+
 
 def _edited(folder: Path, tmp_path: Path, edit) -> Path:
     """A copy of the engine folder whose manifest.json `edit(d)` changed, as a user's editor would."""
-    out = _copy(folder, tmp_path / "edited")
+    out = copy_folder(folder, tmp_path / "edited")
     d = json.loads((out / "manifest.json").read_text())
     edit(d)
     (out / "manifest.json").write_text(json.dumps(d))
@@ -45,8 +43,8 @@ def _no_drafters(d: dict) -> None:
 def test_provider_trt_without_tensorrt_is_one_line_with_a_hint(tiny_engine, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` fails, as on a machine without it
     monkeypatch.setitem(sys.modules, "cuda", None)  # and cuda-python
-    rc, err = _cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hi", "--provider", "trt")
-    line = _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hi", "--provider", "trt")
+    line = one_line_error(err, "generate")
     assert rc == 2 and "provider 'trt' (native TensorRT) needs the tensorrt and cuda-python packages" in line
     assert "Hint: pip install tensorrt cuda-python" in line and "--provider cpu" in line
 
@@ -57,10 +55,12 @@ def test_provider_trt_without_tensorrt_is_one_line_with_a_hint(tiny_engine, caps
 def test_no_eos_with_a_regex_says_the_manifest_lists_none(tiny_engine, tmp_path, capsys):
     pytest.importorskip("llguidance")
     folder = _edited(tiny_engine, tmp_path, lambda d: d.update(eos_token_ids=[]))
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--regex", "a+", "--max-new-tokens", "2")
-    line = _one_line_error(err, "generate")
+    rc, err = run_cli(
+        capsys, "generate", "--engine", folder, "--prompt", "hi", "--regex", "a+", "--max-new-tokens", "2"
+    )
+    line = one_line_error(err, "generate")
     assert rc == 2 and "needs the folder's EOS token" in line and "eos_token_ids: []" in line
-    rc, _ = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--max-new-tokens", "2")
+    rc, _ = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--max-new-tokens", "2")
     assert rc == 0  # free text needs no EOS: the folder still generates
 
 
@@ -77,8 +77,8 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_engine, tmp_path, cap
     folder = _edited(tiny_engine, tmp_path, lambda d: d.update({field: value}))
     with pytest.raises(ManifestError, match=re.escape(match)):
         load_manifest(folder)
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--chat", "--max-new-tokens", "2")
-    assert rc == 2 and match.split(",")[0] in _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--chat", "--max-new-tokens", "2")
+    assert rc == 2 and match.split(",")[0] in one_line_error(err, "generate")
 
 
 @pytest.mark.parametrize(
@@ -94,8 +94,8 @@ def test_unknown_dtypes_are_refused_by_name(tiny_engine, tmp_path, capsys, edit,
     folder = _edited(tiny_engine, tmp_path, lambda d: edit(d["target"]))
     with pytest.raises(ManifestError, match=match):
         load_manifest(folder)
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
-    line = _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
+    line = one_line_error(err, "generate")
     assert rc == 2 and "manifest.json says" in line and "Hint: re-export the folder" in line
 
 
@@ -105,8 +105,8 @@ def test_a_huge_max_len_is_refused_at_load_in_well_under_a_second(tiny_engine, t
     with pytest.raises(ManifestError, match=r"max_len = 1000000000, but the target graph's rope table .* 256 positi"):
         load_manifest(folder)
     assert time.perf_counter() - t0 < 1.0  # was an ArrayMemoryError after 148 s
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
-    assert rc == 2 and "max_len = 1000000000" in _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
+    assert rc == 2 and "max_len = 1000000000" in one_line_error(err, "generate")
 
 
 def test_a_context_beyond_the_machines_memory_is_refused_at_load(tiny_engine, monkeypatch):
@@ -135,8 +135,8 @@ def test_a_max_len_the_graphs_cannot_run_is_refused(tiny_engine, tmp_path, capsy
     folder = _edited(tiny_engine, tmp_path, lambda d: d.update(max_len=max_len))
     with pytest.raises(ManifestError, match=match):
         load_manifest(folder)
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi")  # max_len 8: an AssertionError before
-    assert rc == 2 and f"max_len = {max_len}" in _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi")  # max_len 8: an AssertionError before
+    assert rc == 2 and f"max_len = {max_len}" in one_line_error(err, "generate")
 
 
 # ---- item 4: the one-line path covers what folder loading can raise ------------------------------
@@ -159,8 +159,8 @@ def test_load_errors_are_one_line_naming_the_type_and_folder(tiny_engine, capsys
     with pytest.raises(FolderLoadError, match=f"{type(error).__name__}: {error}") as e:
         Generator.load(tiny_engine, RuntimeConfig(drafter="none"))
     assert e.value.__cause__ is error  # the original stays chained for a traceback
-    rc, err = _cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hi")
-    line = _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hi")
+    line = one_line_error(err, "generate")
     assert rc == 2 and f"{tiny_engine}: loading the engine folder failed with {type(error).__name__}" in line
     assert "Hint: install the missing package (cuda)" in line if isinstance(error, ImportError) else "re-export" in line
 
@@ -183,8 +183,8 @@ def test_a_changed_vocab_size_is_reported_as_the_vocab_size(tiny_engine, tmp_pat
         d["target"]["arch"]["vocab_size"] = 300
 
     folder = _edited(tiny_engine, tmp_path, vocab)
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
-    line = _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
+    line = one_line_error(err, "generate")
     assert rc == 2 and "target vocab_size = 300, but its graph's logits output is 256 wide" in line
 
 
@@ -197,8 +197,8 @@ def test_a_vocab_size_edited_with_the_graph_spec_is_named_by_the_graph(tiny_engi
         d["target"]["graph"]["outputs"][0]["shape"][-1] = 300
 
     folder = _edited(tiny_engine, tmp_path, vocab)
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
-    line = _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
+    line = one_line_error(err, "generate")
     assert rc == 2 and "says target vocab_size = 300, but target.onnx's logits output has 256 there" in line
 
 

@@ -8,11 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_hardening import (
-    _cli,
-    _one_line_error,
-    _own_thread_pools,  # noqa: F401 (autouse: main() must not share this process's pool)
-)
+from helpers.cli import one_line_error, run_cli
+
+# main() runs in this process: its ORT pool must not become the one later tests share
+pytestmark = pytest.mark.usefixtures("own_thread_pools")
 
 
 def _bad_path(kind: str, tmp_path: Path) -> tuple[str, str]:
@@ -49,8 +48,8 @@ BAD_FILES = ["folder", "missing", "fifo", "device", "empty", "not_utf8", "huge",
 
 def _refused(capsys, cmd: str, *argv, says: str) -> str:
     t0 = time.perf_counter()
-    rc, err = _cli(capsys, cmd, *argv)
-    line = _one_line_error(err, cmd)
+    rc, err = run_cli(capsys, cmd, *argv)
+    line = one_line_error(err, cmd)
     assert rc == 2 and says in line, line
     assert time.perf_counter() - t0 < 5  # no hang on a FIFO or a device, no model loaded
     return line
@@ -95,9 +94,9 @@ def test_warm_into_something_that_is_no_engine_folder_is_one_line(tmp_path, caps
 
 
 def test_warm_into_a_folder_whose_table_is_a_folder_is_one_line(tiny_engine, tmp_path, capsys):
-    from test_hardening import _copy
+    from helpers.cli import copy_folder
 
-    folder = _copy(tiny_engine, tmp_path / "copy")
+    folder = copy_folder(tiny_engine, tmp_path / "copy")
     (folder / "recycle.npz").mkdir()  # where the table would be written
     good = tmp_path / "corpus.txt"
     good.write_text("some text\n\nmore text\n")

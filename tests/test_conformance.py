@@ -5,7 +5,7 @@ registry entry (a new drafter is its module and nothing else)."""
 
 import numpy as np
 import pytest
-from test_sampling import V, _chi2_pvalue, _exact_tokens_23, _sample_counts
+from helpers.sampling import V, chi2_pvalue, exact_tokens_23, sample_counts
 
 from edgespec.engines.fake import FakeEagleHead, FakeHeads, FakeModel, random_table
 from edgespec.runtime import drafters as reg
@@ -51,7 +51,7 @@ def _greedy_identical(drafter: str) -> None:
 
 def _keeps_distribution(drafter: str) -> None:
     g = _gen(drafter)
-    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
     assert p > 1e-3, f"{drafter}: chi-square p = {p:.2g}"
 
 

@@ -22,13 +22,13 @@ TOPK_BYTES = 8 * 8  # one row's top-k ids (int64)
 @pytest.fixture(scope="module")
 def folder(tiny_models, tmp_path_factory):
     """A tiny fp32 --host-prologue folder (CUDA graphs) with a self:1 draft and an EAGLE head."""
-    from test_eagle import _tiny_head
+    from tiny import tiny_eagle_head
 
     import edgespec.export.target.exporter as ex
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("device_traffic")
-    head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    head_dir, _, _ = tiny_eagle_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
     probe, ex.probe_portable_ops = ex.probe_portable_ops, lambda: ()  # every fused op (the probe costs CPU)
     try:
         return export(

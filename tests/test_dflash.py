@@ -9,45 +9,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-def tiny_dflash(model_dir, out, block_size: int = 5, draft_vocab: int = 48, seed: int = 0, noise: float = 0.02):
-    """An untrained DFlash drafter for a tiny target (its init plus noise), saved in the DFlash layout."""
-    from transformers import AutoModelForCausalLM
-
-    from edgespec.export.drafters.dflash.model import DFlashConfig, build_dflash, init_arrays, save_dflash
-    from edgespec.export.target.arch import arch_from_config
-    from edgespec.export.target.spec import aux_layers
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    arch = arch_from_config(model.config, 256)
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    d2t = np.random.default_rng(seed).permutation(arch.vocab_size)[:draft_vocab].astype(np.int64)
-    dc = DFlashConfig(
-        hidden_size=arch.hidden_size,
-        n_layers=1,
-        n_heads=arch.n_heads,
-        n_kv_heads=arch.n_kv_heads,
-        head_dim=arch.head_dim,
-        intermediate_size=arch.intermediate_size,
-        rms_norm_eps=arch.rms_norm_eps,
-        rope_theta=float(arch.rope_theta),
-        vocab_size=arch.vocab_size,
-        draft_vocab_size=draft_vocab,
-        block_size=block_size,
-        mask_token_id=arch.vocab_size - 1,
-        target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
-        n_target_layers=arch.n_layers,
-    )
-    arrays = init_arrays(arch, sd, d2t, dc, seed)
-    rng = np.random.default_rng(seed + 1)
-    for k, v in arrays.items():
-        if k != "d2t":
-            arrays[k] = (v + rng.normal(0, noise, v.shape)).astype(np.float32)
-    embed = sd["model.embed_tokens.weight"]
-    cos, sin = arch.rope_tables()
-    save_dflash(build_dflash(dc, arrays, embed, sd.get("lm_head.weight", embed), cos, sin), out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
     """A tiny llama of 8 layers: three distinct feature layers (2, 4, 5)."""
@@ -199,22 +160,21 @@ class FakeDFlash:
 
 def test_dflash_sampling_keeps_the_target_distribution():
     pytest.importorskip("scipy")
-    import test_eagle3 as te3
-    import test_sampling as ts
+    from helpers.sampling import AuxTarget, V, chi2_pvalue, exact_tokens_23, sample_counts
 
     from edgespec.engines.fake import random_table
     from edgespec.runtime.backends import Engines
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    table = random_table(ts.V, seed=11, sharpness=1.0)
+    table = random_table(V, seed=11, sharpness=1.0)
     # the confidence cut depends on the block's logits only: lossless either way; hybrid: its head
     for drafter, cut in (("dflash", 0.0), ("dflash", 0.3), ("hybrid", 0.0)):
         g = Generator(
             None,
-            Engines(te3._AuxTarget(table, 64), {"dflash": FakeDFlash(ts.V, [0, 2, 3, 5, 6])}),
+            Engines(AuxTarget(table, 64), {"dflash": FakeDFlash(V, [0, 2, 3, 5, 6])}),
             RuntimeConfig(drafter=drafter, k=3, eagle_min_confidence=cut, hybrid_head="dflash"),
         )
-        p = ts._chi2_pvalue(ts._sample_counts(g), ts._exact_tokens_23(g))
+        p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
         assert p > 1e-3, f"{drafter} (cut {cut}): chi-square p = {p:.2g}: samples do not follow the target"
         assert g.last_stats.n_drafted > 0

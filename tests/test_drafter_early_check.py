@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_hardening import _cli, _one_line_error
+from helpers.cli import one_line_error, run_cli
 
 FIX = Path(__file__).parent / "fixtures" / "published"
 NAN_BITS = {"F32": (np.uint32, 0x7FC00000), "F16": (np.uint16, 0x7E00), "BF16": (np.uint16, 0x7FC0)}
@@ -98,8 +98,8 @@ def _refused(capsys, target: Path, tmp_path: Path, *drafters) -> str:
     """The export's one-line refusal (exit code 2, no folder left; before the target loads: the callers'
     target is a bare config.json, and speed lives in benchmarks, not timed tests)."""
     args = ["export", "--target", target, "--max-len", "128", "--out", tmp_path / "out", *drafters]
-    rc, err = _cli(capsys, *args)
-    line = _one_line_error(err, "export")
+    rc, err = run_cli(capsys, *args)
+    line = one_line_error(err, "export")
     assert rc == 2, err
     assert not (tmp_path / "out").exists()
     return line

@@ -1,6 +1,5 @@
 """EAGLE head: checkpoint layout, export (ORT vs PyTorch), drafters eagle/hybrid lossless."""
 
-import dataclasses
 import json
 
 import numpy as np
@@ -11,45 +10,17 @@ from edgespec.runtime.drafters import shipped
 
 torch = pytest.importorskip("torch")
 
-from edgespec.export.drafters.eagle.checkpoint import read_head, save_head  # noqa: E402
-from edgespec.export.drafters.eagle.head import build_head, init_arrays  # noqa: E402
+from tiny import tiny_eagle_head  # noqa: E402
+
+from edgespec.export.drafters.eagle.checkpoint import read_head  # noqa: E402
 from edgespec.export.train.checkpoint import HeadFormatError, prune_draft_vocab  # noqa: E402
-from edgespec.export.train.trainer import draft_vocab  # noqa: E402
-
-
-def _tiny_head(
-    model_dir, out, draft_vocab: int | None = None, seed: int = 0, noise: float = 0.0, by_frequency: bool = False
-):
-    """A head for a tiny target, saved in the EAGLE layout (random, or a copy of the last layer)."""
-    from transformers import AutoModelForCausalLM
-
-    from edgespec.export.target.arch import arch_from_config
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    arch = arch_from_config(model.config, 256)
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    V = arch.vocab_size
-    d2t = np.arange(V) if draft_vocab is None else np.sort(np.random.default_rng(seed).choice(V, draft_vocab, False))
-    hc, arrays = init_arrays(arch, sd, d2t.astype(np.int64), seed)
-    if by_frequency:  # as train-eagle writes them: d2t most frequent first (here: an arbitrary order)
-        arrays["d2t"] = np.random.default_rng(seed).permutation(arrays["d2t"])
-        hc = dataclasses.replace(hc, d2t_by_frequency=True)
-    rng = np.random.default_rng(seed + 1)
-    for k, v in arrays.items():
-        if k != "d2t" and noise:
-            arrays[k] = (v + rng.normal(0, noise, v.shape)).astype(np.float32)
-    cos, sin = arch.rope_tables()
-    embed = sd["model.embed_tokens.weight"]
-    lm = sd.get("lm_head.weight", embed)
-    head = build_head(hc, arrays, embed, lm, cos, sin)
-    save_head(head, out)
-    return out, head, arch
+from edgespec.export.train.train_data import draft_vocab  # noqa: E402
 
 
 def test_checkpoint_layout_round_trip(tiny_models, tmp_path):
     from safetensors.numpy import load_file
 
-    folder, head, arch = _tiny_head(tiny_models["llama"], tmp_path / "head", draft_vocab=40, noise=0.02)
+    folder, head, arch = tiny_eagle_head(tiny_models["llama"], tmp_path / "head", draft_vocab=40, noise=0.02)
     names = set(load_file(str(folder / "model.safetensors")))
     assert {
         "fc.weight",
@@ -126,14 +97,14 @@ def test_draft_vocab_lists_the_most_frequent_first_and_cuts_to_a_prefix(tiny_mod
     answer = np.array([0, 1, 1, 1, 1, 1, 1, 0], bool)  # 7 x3, 5 x1, 3 x1, 9 x1 among answer tokens
     assert draft_vocab(tokens, answer, 12, 3).tolist() == [7, 3, 5]  # ties keep id order
     assert draft_vocab(tokens, answer, 12, 0).tolist() == list(range(12))
-    folder, head, arch = _tiny_head(tiny_models["llama"], tmp_path / "freq", draft_vocab=40, by_frequency=True)
+    folder, head, arch = tiny_eagle_head(tiny_models["llama"], tmp_path / "freq", draft_vocab=40, by_frequency=True)
     assert json.loads((folder / "config.json").read_text())["eagle"]["d2t_order"] == "frequency"
     hc, arrays = read_head(folder, arch.hidden_size, arch.vocab_size)
     assert hc.d2t_by_frequency
     cut, cut_arrays = prune_draft_vocab(hc, arrays, 16)
     assert cut.draft_vocab_size == 16 and np.array_equal(cut_arrays["d2t"], arrays["d2t"][:16])
     assert prune_draft_vocab(hc, arrays, 0) == (hc, arrays) and prune_draft_vocab(hc, arrays, 40)[0] == hc
-    plain, _, _ = _tiny_head(tiny_models["llama"], tmp_path / "sorted", draft_vocab=40)
+    plain, _, _ = tiny_eagle_head(tiny_models["llama"], tmp_path / "sorted", draft_vocab=40)
     hc, arrays = read_head(plain, arch.hidden_size, arch.vocab_size)
     assert not hc.d2t_by_frequency
     with pytest.raises(HeadFormatError, match="frequency order.*--eagle-draft-vocab 0"):
@@ -148,7 +119,9 @@ def test_export_cuts_the_draft_vocab_and_stays_identical(tiny_models, tmp_path):
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    head_dir, _, _ = _tiny_head(tiny_models["llama"], tmp_path / "head", draft_vocab=48, noise=0.01, by_frequency=True)
+    head_dir, _, _ = tiny_eagle_head(
+        tiny_models["llama"], tmp_path / "head", draft_vocab=48, noise=0.01, by_frequency=True
+    )
     common = dict(
         target=str(tiny_models["llama"]),
         eagle=str(head_dir),
@@ -179,7 +152,7 @@ def eagle_engine(tiny_models, tmp_path_factory):
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("eagle")
-    head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    head_dir, _, _ = tiny_eagle_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
     return export(
         ExportConfig(
             target=str(tiny_models["llama"]),

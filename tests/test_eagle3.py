@@ -9,42 +9,15 @@ from edgespec.runtime.drafters import shipped
 
 torch = pytest.importorskip("torch")
 
+from helpers.sampling import AuxTarget  # noqa: E402
+from tiny import tiny_eagle3_head  # noqa: E402
+
 from edgespec.export.drafters.eagle3.head import (  # noqa: E402
     Eagle3FormatError,
     build_eagle3,
-    init_arrays,
     is_eagle3_folder,
     read_eagle3,
-    save_eagle3,
 )
-
-
-def _target(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    from edgespec.export.target.arch import arch_from_config
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    arch = arch_from_config(model.config, 256)
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    return arch, sd
-
-
-def _tiny_head(model_dir, out, draft_vocab: int = 48, seed: int = 0, noise: float = 0.02):
-    """An EAGLE-3 head for a tiny target (its init plus noise), saved in the EAGLE-3 layout."""
-    arch, sd = _target(model_dir)
-    V = arch.vocab_size
-    d2t = np.random.default_rng(seed).permutation(V)[:draft_vocab].astype(np.int64)
-    embed = sd["model.embed_tokens.weight"]
-    ec, arrays = init_arrays(arch, sd, sd.get("lm_head.weight", embed), d2t, seed)
-    rng = np.random.default_rng(seed + 1)
-    for k, v in arrays.items():
-        if k != "d2t":
-            arrays[k] = (v + rng.normal(0, noise, v.shape)).astype(np.float32)
-    cos, sin = arch.rope_tables()
-    head = build_eagle3(ec, arrays, embed, cos, sin)
-    save_eagle3(head, out)
-    return out, head, arch
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +53,7 @@ def tiny_data(tiny_target, tmp_path_factory):
 def test_checkpoint_layout_round_trip(tiny_target, tmp_path):
     from safetensors.numpy import load_file
 
-    folder, head, arch = _tiny_head(tiny_target, tmp_path / "head")
+    folder, head, arch = tiny_eagle3_head(tiny_target, tmp_path / "head")
     w = load_file(str(folder / "model.safetensors"))
     H = arch.hidden_size
     assert w["fc.weight"].shape == (H, 3 * H)
@@ -105,7 +78,7 @@ def test_checkpoint_layout_round_trip(tiny_target, tmp_path):
 def test_unrolled_step_equals_a_step_on_its_own_output(tiny_target, tmp_path):
     """Training-time test: step 2 of row j equals running the head on the chain (true rows 0..j,
     then the pair (own output, token_{j+2})) as drafting does."""
-    _, head, arch = _tiny_head(tiny_target, tmp_path / "h")
+    _, head, arch = tiny_eagle3_head(tiny_target, tmp_path / "h")
     g = torch.Generator().manual_seed(0)
     L, H = 7, arch.hidden_size
     tokens = torch.randint(0, arch.vocab_size, (1, L), generator=g)
@@ -172,7 +145,7 @@ def eagle3_engine(tiny_target, tmp_path_factory):
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("e3engine")
-    head_dir, _, _ = _tiny_head(tiny_target, root / "head", noise=0.05)
+    head_dir, _, _ = tiny_eagle3_head(tiny_target, root / "head", noise=0.05)
     return export(
         ExportConfig(
             target=str(tiny_target),
@@ -212,7 +185,7 @@ def test_portable_graph_matches_pytorch(tiny_target, tmp_path):
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    head_dir, _, _ = _tiny_head(tiny_target, tmp_path / "head", noise=0.05)
+    head_dir, _, _ = tiny_eagle3_head(tiny_target, tmp_path / "head", noise=0.05)
     out = export(
         ExportConfig(
             target=str(tiny_target),
@@ -346,45 +319,28 @@ def test_drafter_eagle3_needs_the_head(tiny_target, tmp_path):
         export(ExportConfig(eagle3=str(tmp_path / "missing"), out=str(tmp_path / "x"), **common))
 
 
-# ---- lossless sampling (fake engines: exact target distribution) -----------------------------------
-class _AuxTarget:
-    """A fake target whose hidden_aux rows are its logits, twice (two 'layers')."""
-
-    def __new__(cls, table, max_len):
-        from edgespec.engines.fake import FakeModel
-
-        class Target(FakeModel):
-            def last_hidden_aux(self, n):
-                self._aux[:n, : self.vocab_size] = self._logits[:n]
-                self._aux[:n, self.vocab_size :] = -self._logits[:n]
-                return self._aux[:n]
-
-        t = Target(table, max_len=max_len)
-        t._aux = np.zeros((max(t.widths), 2 * t.vocab_size), np.float32)
-        return t
-
-
 def test_eagle3_sampling_keeps_the_target_distribution():
     """Chains and trees under sampling: chi-square of the 2nd and 3rd tokens against the exact
     target distribution (as the other drafters' tests in test_sampling.py)."""
     pytest.importorskip("scipy")
-    import test_sampling as ts
+    from helpers.sampling import TREE, V, chi2_pvalue, exact_tokens_23, sample_counts
 
     from edgespec.engines.fake import FakeEagleHead, random_table
     from edgespec.runtime.backends import Engines
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
+    from edgespec.runtime.tree import TreeConfig
 
-    table = random_table(ts.V, seed=11, sharpness=1.0)
-    for tree in (ts.TreeConfig(), ts.TREE):
-        head = FakeEagleHead(ts.V, d2t=[0, 2, 3, 5, 6], max_len=64)
-        head.fc_t = np.random.default_rng(4).standard_normal((2 * ts.V, ts.V)).astype(np.float32) * 0.5
+    table = random_table(V, seed=11, sharpness=1.0)
+    for tree in (TreeConfig(), TREE):
+        head = FakeEagleHead(V, d2t=[0, 2, 3, 5, 6], max_len=64)
+        head.fc_t = np.random.default_rng(4).standard_normal((2 * V, V)).astype(np.float32) * 0.5
         g = Generator(
             None,
-            Engines(_AuxTarget(table, 64), {"eagle3": head}),
+            Engines(AuxTarget(table, 64), {"eagle3": head}),
             RuntimeConfig(drafter="eagle3", k=3, tree=tree, eagle_min_confidence=0.0),
         )
-        p = ts._chi2_pvalue(ts._sample_counts(g), ts._exact_tokens_23(g))
+        p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
         assert p > 1e-3, f"eagle3 {tree}: chi-square p = {p:.2g}: samples do not follow the target"
         assert g.last_stats.n_drafted > 0
 
@@ -393,14 +349,14 @@ def test_one_folder_holds_both_heads(tiny_target, tmp_path):
     """EAGLE and EAGLE-3 heads side by side (the comparison setup): each drafter lossless, and a
     switch between them mid-conversation finds its features current (the fused eagle verify keeps
     the hidden_aux rows too)."""
-    import test_eagle
+    from tiny import tiny_eagle_head
 
     from edgespec.export.target.exporter import ExportConfig, export
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    e1, _, _ = test_eagle._tiny_head(tiny_target, tmp_path / "e1", draft_vocab=48, noise=0.01)
-    e3, _, _ = _tiny_head(tiny_target, tmp_path / "e3", noise=0.05)
+    e1, _, _ = tiny_eagle_head(tiny_target, tmp_path / "e1", draft_vocab=48, noise=0.01)
+    e3, _, _ = tiny_eagle3_head(tiny_target, tmp_path / "e3", noise=0.05)
     out = export(
         ExportConfig(
             target=str(tiny_target),

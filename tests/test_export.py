@@ -12,7 +12,7 @@ from tiny import assert_rows_bitwise_alike  # noqa: E402
 from edgespec.engines.manifest import ManifestError, load_manifest  # noqa: E402
 from edgespec.export.target.arch import UnsupportedModelError  # noqa: E402
 from edgespec.export.target.exporter import ExportConfig, ExportError, export  # noqa: E402
-from edgespec.export.target.sources import SourceError  # noqa: E402
+from edgespec.export.target.sources.resolve import SourceError  # noqa: E402
 
 
 def _export(src, out, **kw):
@@ -264,8 +264,8 @@ def test_unsupported_configs_are_refused_before_any_weight_is_read(make, match, 
     seconds (issue 39: a mamba config.json used to load for 36 s before its refusal)."""
     import time
 
+    import edgespec.export.target.checks.probe as probe
     import edgespec.export.target.exporter as ex
-    import edgespec.export.target.probe as probe
 
     def never(*a, **k):
         raise AssertionError("a weight was read or the precision probe ran before the config check")
@@ -361,7 +361,7 @@ def test_every_phase_width_computes_a_row_bitwise_alike(precision, level, two_ro
 
 
 def test_int8_lm_head_keeps_q8_0_weights_and_is_the_int4_default(tiny_models, tmp_path):
-    from edgespec.export.target.quant import quantize_int8
+    from edgespec.export.target.quant.quantize import quantize_int8
 
     # a Q8_0 tensor (blocks of 32: fp16 scale d, codes in [-127, 127], the block max at +-127)
     rng = np.random.default_rng(0)

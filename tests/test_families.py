@@ -139,7 +139,7 @@ def test_gemma3_host_prologue_logits_are_the_in_graph_prologues(family_models, t
     """--host-prologue on a windowed model: the engine builds the sliding layers' masks too
     (engines/prologue.py); every call's logits are the bits of the in-graph prologue's, chains and
     trees, across the window and at the end of the context."""
-    from test_host_prologue import assert_same_logits_over_calls
+    from helpers.rows import assert_same_logits_over_calls
 
     from edgespec.engines.ort import OrtModel
 
@@ -160,7 +160,7 @@ def test_host_prologue_window_masks_by_their_definition():
     from row t iff it is visible without the window and positions[t] - its position < window."""
     from edgespec.engines.prologue import NEG, HostPrologue
     from edgespec.engines.specs import GraphSpec, TensorSpec
-    from edgespec.export.target.lean_prologue import host_prologue_inputs
+    from edgespec.export.target.graph.lean_prologue import host_prologue_inputs
 
     n_q, window, width, slots = 2, 5, 4, 32
     inputs = tuple(TensorSpec(n, s, d) for n, s, d in host_prologue_inputs(n_q, "float32", True, False, True))

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_eagle import _tiny_head  # noqa: E402
+from tiny import tiny_eagle_head  # noqa: E402
 
 from edgespec.export.fit import check_prompts, fit_check, report_lines  # noqa: E402
 
@@ -25,7 +25,7 @@ def _export(tiny_models, head_dir, out, max_len=256, **kw):
 @pytest.fixture(scope="module")
 def fit_engine(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("fit")
-    head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", noise=0.01)
+    head_dir, _, _ = tiny_eagle_head(tiny_models["llama"], root / "head", noise=0.01)
     return _export(tiny_models, head_dir, root / "engine")
 
 
@@ -60,7 +60,7 @@ def test_check_prompts_are_training_mix_not_eval():
 
 
 def test_no_prompt_fits_max_len_exports_with_one_line(tiny_models, tmp_path, capsys):
-    head_dir, _, _ = _tiny_head(tiny_models["llama"], tmp_path / "head", noise=0.01)
+    head_dir, _, _ = tiny_eagle_head(tiny_models["llama"], tmp_path / "head", noise=0.01)
     out = _export(tiny_models, head_dir, tmp_path / "engine", max_len=64)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "fit check" in line]

@@ -11,7 +11,7 @@ gguf = pytest.importorskip("gguf")
 from tiny import GGUF_LINEARS, make_tiny_gguf  # noqa: E402
 
 from edgespec.engines import rowop  # noqa: E402
-from edgespec.export.target.gguf_blocks import decode  # noqa: E402
+from edgespec.export.target.quant.blocks import decode  # noqa: E402
 
 LAYOUTS = ("Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0")
 needs_op = pytest.mark.skipif(bool(rowop.unavailable()), reason=f"row kernel: {rowop.unavailable()}")
@@ -123,14 +123,14 @@ def _ggufs_table(path) -> np.ndarray:
     ],
 )
 def test_a_tied_heads_blocks_are_the_embedding_and_rows_stay_the_checkpoints(embd, kernel, shared, tmp_path):
-    from test_gguf_exact import _export
+    from helpers.gguf_rows import export_manifest
     from tiny import assert_rows_bitwise_alike
 
     if kernel == "rowop" and rowop.unavailable():
         pytest.skip(rowop.unavailable())
     types = dict.fromkeys(GGUF_LINEARS, "Q4_1") | {"token_embd": embd}
     src = make_tiny_gguf(tmp_path / "m.gguf", types, tied=True)
-    m = _export(src, tmp_path / "e", int4_kernel=kernel, eagle="none", medusa="none")
+    m = export_manifest(src, tmp_path / "e", int4_kernel=kernel, eagle="none", medusa="none")
     embed = next(o for o in m.target.weight_origins if o.kind == "model.embed_tokens")
     assert embed.exact, embed
     if shared:
@@ -153,7 +153,7 @@ def test_a_drafter_reads_the_targets_narrow_table_in_place(dtype, tiny_models, t
     """An fp16 (bf16) checkpoint's table is stored fp16 (bf16) once; the EAGLE head's graph reads it
     from target.weights through the target's own lookup (validated against its PyTorch head)."""
     import torch
-    from test_eagle import _tiny_head
+    from tiny import tiny_eagle_head
     from transformers import AutoModelForCausalLM
 
     from edgespec.engines.manifest import load_manifest
@@ -164,7 +164,7 @@ def test_a_drafter_reads_the_targets_narrow_table_in_place(dtype, tiny_models, t
     for f in tiny_models["llama"].iterdir():
         if "token" in f.name:
             (src / f.name).write_bytes(f.read_bytes())
-    head_dir, _, _ = _tiny_head(src, tmp_path / "head", draft_vocab=48)
+    head_dir, _, _ = tiny_eagle_head(src, tmp_path / "head", draft_vocab=48)
     kw = dict(max_len=128, k=3, prefill_chunk=16, kv_bucket=32, precision="fp32", progress=False)
     m = load_manifest(export(ExportConfig(target=str(src), eagle=str(head_dir), out=str(tmp_path / "e"), **kw)))
     assert m.target.weights["embed"].dtype == dtype
@@ -196,8 +196,9 @@ def test_a_bf16_table_is_stored_bf16_and_the_logits_are_the_fp32_tables_bitwise(
     from transformers import AutoModelForCausalLM
 
     from edgespec.engines.manifest import load_manifest
-    from edgespec.export.target import exporter, linears
+    from edgespec.export.target import exporter
     from edgespec.export.target.exporter import ExportConfig, export
+    from edgespec.export.target.quant import linears
 
     checked = []  # the streamed export's bytes checked against the checkpoint's (the bf16 table's too)
     check = exporter.check_floats
@@ -262,9 +263,9 @@ def _untied_gguf(tmp_path, embd: str):
 
 def _no_own_blocks(monkeypatch):
     """The row kernel's lookup as before: the untied table stored as floats (fp32 here)."""
-    from edgespec.export.target import linears
+    from edgespec.export.target.quant import row_linears
 
-    monkeypatch.setattr(linears.RowLinears, "reads_embedding_blocks", lambda self: False)
+    monkeypatch.setattr(row_linears.RowLinears, "reads_embedding_blocks", lambda self: False)
 
 
 @needs_op
@@ -273,15 +274,15 @@ def test_an_untied_quantized_table_is_read_from_its_own_blocks(embd, stream, tmp
     """Issue 52 on Llama 3.1 8B's layout: an untied Q4_K (Q8_0) embedding beside its own Q6_K head is
     packed as its GGUF blocks and read at lookup by RowGather (no float "embed"), streamed or loaded
     through transformers; the logits of a prefill and decodes are the fp32 table's bit for bit."""
-    from test_gguf_exact import _export
+    from helpers.gguf_rows import export_manifest
 
     from edgespec.engines.session import read_weight
-    from edgespec.export.target import tensors
+    from edgespec.export.target.graph import store
 
     src = _untied_gguf(tmp_path, embd)
     kw = dict(int4_kernel="rowop", eagle="none", medusa="none", stream_weights=stream)
-    monkeypatch.setattr(tensors, "CHUNK_BYTES", 1000)  # packed in row blocks of 16 rows
-    m = _export(src, tmp_path / "e", **kw)
+    monkeypatch.setattr(store, "CHUNK_BYTES", 1000)  # packed in row blocks of 16 rows
+    m = export_manifest(src, tmp_path / "e", **kw)
     monkeypatch.undo()
     t = next(t for t in gguf.GGUFReader(str(src)).tensors if t.name == "token_embd.weight")
     b = decode(np.asarray(t.data).reshape(256, -1), embd)
@@ -295,7 +296,7 @@ def test_an_untied_quantized_table_is_read_from_its_own_blocks(embd, stream, tmp
     ids = np.array([[0, 1, 2, 255, 7, 7, 128]], np.int64)
     assert np.array_equal(_embedding_rows(m, ids)[0], _ggufs_table(src)[ids[0]])
     _no_own_blocks(monkeypatch)
-    f = _export(src, tmp_path / "f", validate=False, **kw)
+    f = export_manifest(src, tmp_path / "f", validate=False, **kw)
     assert f.target.weights["embed"].dtype == "float32" and "embed.rowop" not in f.target.weights
     assert m.files["target.weights"].size < f.files["target.weights"].size - f.target.weights["embed"].nbytes / 2
     toks = np.random.default_rng(2).integers(0, 256, 20)
@@ -308,8 +309,8 @@ def test_a_drafter_reads_an_untied_tables_own_blocks_in_place(tmp_path, monkeypa
     """An EAGLE head's graph reads the target's embedding through the target's own lookup: RowGather
     of "embed.rowop" in target.weights; validated against its PyTorch head, it differs by the same
     bits as the same int4 head reading the fp32 table."""
-    from test_eagle import _tiny_head
-    from test_gguf_exact import _export
+    from helpers.gguf_rows import export_manifest
+    from tiny import tiny_eagle_head
     from transformers import AutoModelForCausalLM
 
     src = _untied_gguf(tmp_path, "Q4_K")
@@ -317,12 +318,12 @@ def test_a_drafter_reads_an_untied_tables_own_blocks_in_place(tmp_path, monkeypa
     loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=src.name)
     loaded.hf_quantizer = None  # dequantized float32 weights: saved as a plain checkpoint
     loaded.save_pretrained(hf)
-    head_dir, _, _ = _tiny_head(hf, tmp_path / "head", draft_vocab=48)
-    m = _export(src, tmp_path / "e", int4_kernel="rowop", eagle=str(head_dir), medusa="none", trees=False)
+    head_dir, _, _ = tiny_eagle_head(hf, tmp_path / "head", draft_vocab=48)
+    m = export_manifest(src, tmp_path / "e", int4_kernel="rowop", eagle=str(head_dir), medusa="none", trees=False)
     assert "embed" not in m.target.weights
     eagle = m.models()["eagle"]
     assert eagle.weights["embed.rowop"].file == "target.weights" and "embed" not in eagle.weights
     _no_own_blocks(monkeypatch)  # the same head reading an fp32 table: its validation the same bits
-    f = _export(src, tmp_path / "f", int4_kernel="rowop", eagle=str(head_dir), medusa="none", trees=False)
+    f = export_manifest(src, tmp_path / "f", int4_kernel="rowop", eagle=str(head_dir), medusa="none", trees=False)
     assert f.models()["eagle"].weights["embed"].file == "target.weights"
     assert eagle.validation == f.models()["eagle"].validation and max(eagle.validation.values()) < 0.1

@@ -1,4 +1,4 @@
-"""A GGUF's quantized blocks kept exactly in the int4 graphs (export/target/gguf_blocks.py): every
+"""A GGUF's quantized blocks kept exactly in the int4 graphs (export/target/quant/blocks.py): every
 GGUF type against gguf's own dequantization, then tiny GGUFs written by the gguf package exported
 and read back from the engine folder."""
 
@@ -8,11 +8,10 @@ import pytest
 pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
+from helpers.gguf_rows import MIXED, STORED, export_manifest, ggufs_own_rows  # noqa: E402
 from tiny import GGUF_LINEARS, assert_rows_bitwise_alike, make_tiny_gguf  # noqa: E402
 
-from edgespec.engines.manifest import load_manifest  # noqa: E402
-from edgespec.export.target.exporter import ExportConfig, export  # noqa: E402
-from edgespec.export.target.gguf_blocks import DECODERS, concat, decode  # noqa: E402
+from edgespec.export.target.quant.blocks import DECODERS, concat, decode  # noqa: E402
 
 HF_LINEARS = {  # GGUF kind -> the HF parameter it becomes
     "attn_q": "self_attn.q_proj",
@@ -23,27 +22,6 @@ HF_LINEARS = {  # GGUF kind -> the HF parameter it becomes
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-STORED = {  # a graph linear -> the GGUF kinds whose rows it packs, in order
-    "qkv": ("attn_q", "attn_k", "attn_v"),
-    "o": ("attn_output",),
-    "gate_up": ("ffn_gate", "ffn_up"),
-    "down": ("ffn_down",),
-}
-MIXED = {  # every K-quant and legacy type in one model, q/k/v of three kinds in one packed linear
-    "attn_q": "Q4_K",
-    "attn_k": "Q5_K",
-    "attn_v": "Q6_K",
-    "attn_output": "Q3_K",
-    "ffn_gate": "Q2_K",
-    "ffn_up": "Q5_1",
-    "ffn_down": "Q4_0",
-    "output": "Q6_K",
-}
-
-
-def _export(src, out, **kw):
-    kw = dict(max_len=128, k=3, prefill_chunk=16, kv_bucket=32, precision="int4", trees=True, progress=False) | kw
-    return load_manifest(export(ExportConfig(target=str(src), out=str(out), **kw)))
 
 
 @pytest.mark.parametrize("type_name", sorted(DECODERS))
@@ -105,17 +83,6 @@ def _stored_weights(m, name: str) -> np.ndarray:
     return w.reshape(n_out, n_in)
 
 
-def _ggufs_own(path, kind: str, layer: int, n_heads: int, n_kv: int) -> np.ndarray:
-    """gguf's dequantization of blk.<layer>.<kind>, in the HF row order (llama's q/k unpermuted)."""
-    r = gguf.GGUFReader(str(path))
-    t = next(t for t in r.tensors if t.name == f"blk.{layer}.{kind}.weight")
-    w = gguf.quants.dequantize(t.data, t.tensor_type)
-    if kind in ("attn_q", "attn_k"):
-        heads = n_heads if kind == "attn_q" else n_kv
-        w = w.reshape(heads, -1, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)  # llama.cpp's permute undone
-    return w
-
-
 @pytest.mark.parametrize(
     "name, types",
     [
@@ -126,13 +93,13 @@ def _ggufs_own(path, kind: str, layer: int, n_heads: int, n_kv: int) -> np.ndarr
 )
 def test_gguf_blocks_are_kept_exactly_and_rows_stay_bitwise(name, types, tmp_path):
     src = make_tiny_gguf(tmp_path / f"{name}.gguf", types, tied="output" not in types)
-    m = _export(src, tmp_path / name, two_row_matmuls="on")
+    m = export_manifest(src, tmp_path / name, two_row_matmuls="on")
     origins = m.target.weight_origins
     assert origins and all(o.exact for o in origins), origins
     assert {o.kind: o.source for o in origins}["self_attn.q_proj"] == types["attn_q"]
     for layer in range(m.target.n_layers):
         for stored, kinds in STORED.items():
-            theirs = np.concatenate([_ggufs_own(src, k, layer, 4, 2) for k in kinds])
+            theirs = np.concatenate([ggufs_own_rows(src, k, layer, 4, 2) for k in kinds])
             assert np.array_equal(_stored_weights(m, f"l{layer}.{stored}"), theirs), (name, layer, stored)
     assert max(m.target.validation.values()) < 3.0
     assert_rows_bitwise_alike(m, name)
@@ -140,17 +107,17 @@ def test_gguf_blocks_are_kept_exactly_and_rows_stay_bitwise(name, types, tmp_pat
 
 def test_kept_blocks_rows_bitwise_in_the_portable_graph(tmp_path):
     src = make_tiny_gguf(tmp_path / "m.gguf", MIXED, tied=False)
-    assert_rows_bitwise_alike(_export(src, tmp_path / "p", graph="portable", two_row_matmuls="off"), "portable")
+    assert_rows_bitwise_alike(export_manifest(src, tmp_path / "p", graph="portable", two_row_matmuls="off"), "portable")
 
 
 def test_float_parts_are_requantized_beside_kept_ones_and_the_report_says_so(tmp_path, capsys):
     src = make_tiny_gguf(tmp_path / "f.gguf", dict.fromkeys(GGUF_LINEARS, "Q4_0") | {"attn_v": "F16", "ffn_up": "F32"})
-    m = _export(src, tmp_path / "f", progress=True)  # the report is printed with the progress
+    m = export_manifest(src, tmp_path / "f", progress=True)  # the report is printed with the progress
     by_kind = {o.kind: o for o in m.target.weight_origins}
     assert by_kind["self_attn.v_proj"].stored == "int4 (re-quantized)" and not by_kind["self_attn.v_proj"].exact
     assert by_kind["self_attn.q_proj"].exact and by_kind["mlp.gate_proj"].exact and not by_kind["mlp.up_proj"].exact
     q_rows = 4 * 64  # the packed qkv: its q rows are the GGUF's, its v rows re-quantized
-    assert np.array_equal(_stored_weights(m, "l0.qkv")[:q_rows], _ggufs_own(src, "attn_q", 0, 4, 2))
+    assert np.array_equal(_stored_weights(m, "l0.qkv")[:q_rows], ggufs_own_rows(src, "attn_q", 0, 4, 2))
     err = capsys.readouterr().err
     assert "kept self_attn.q_proj" in " ".join(err.split()) and "re-quantized self_attn.v_proj F16" in " ".join(
         err.split()
@@ -159,10 +126,10 @@ def test_float_parts_are_requantized_beside_kept_ones_and_the_report_says_so(tmp
 
 def test_8_bit_blocks_need_int8_activations_and_fp32_keeps_every_value(tmp_path):
     src = make_tiny_gguf(tmp_path / "q8.gguf", dict.fromkeys(GGUF_LINEARS, "Q8_0"))
-    m = _export(src, tmp_path / "a0", int4_accuracy_level=0)
+    m = export_manifest(src, tmp_path / "a0", int4_accuracy_level=0)
     body = [o for o in m.target.weight_origins if o.kind not in ("lm_head", "model.embed_tokens")]  # fp32 head
     assert {(o.stored, o.why) for o in body} == {("int4 (re-quantized)", "8-bit blocks need --int4-accuracy-level 4")}
-    m = _export(src, tmp_path / "fp32", precision="fp32")
+    m = export_manifest(src, tmp_path / "fp32", precision="fp32")
     assert {(o.source, o.stored, o.exact) for o in m.target.weight_origins} == {("Q8_0", "fp32", True)}
 
 
@@ -173,8 +140,8 @@ def test_greedy_output_of_kept_blocks_is_the_same_plain_and_speculative(tmp_path
     from edgespec.runtime.generator import Generator
 
     src = make_tiny_gguf(tmp_path / "g.gguf", dict.fromkeys(GGUF_LINEARS, "Q4_1"))
-    int4 = Generator.load(_export(src, tmp_path / "i", draft="self:1").folder, RuntimeConfig(drafter="none"))
-    fp32 = Generator.load(_export(src, tmp_path / "f", precision="fp32").folder, RuntimeConfig(drafter="none"))
+    int4 = Generator.load(export_manifest(src, tmp_path / "i", draft="self:1").folder, RuntimeConfig(drafter="none"))
+    fp32 = Generator.load(export_manifest(src, tmp_path / "f", precision="fp32").folder, RuntimeConfig(drafter="none"))
     prompt = int4.codec.encode("def add(a, b):\n    return a + b\n\ndef add(a, b):\n")
 
     def ids(g, drafter, k=3):
@@ -191,7 +158,7 @@ def test_greedy_output_of_kept_blocks_is_the_same_plain_and_speculative(tmp_path
 
 def test_requantize_gives_the_old_int4_blocks_and_says_why(tmp_path):
     src = make_tiny_gguf(tmp_path / "r.gguf", dict.fromkeys(GGUF_LINEARS, "Q4_1"))
-    m = _export(src, tmp_path / "r", gguf_blocks="requantize")
+    m = export_manifest(src, tmp_path / "r", gguf_blocks="requantize")
     assert {(o.stored, o.why) for o in m.target.weight_origins if o.kind not in ("lm_head", "model.embed_tokens")} == {
         ("int4 (re-quantized)", "--gguf-blocks requantize")
     }

@@ -16,9 +16,9 @@ llg = pytest.importorskip("llguidance")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from test_hardening import _cli, _one_line_error  # noqa: E402
-from test_server import _serving  # noqa: E402
-from test_structured import LARK, SCHEMA  # noqa: E402
+from helpers.cli import one_line_error, run_cli  # noqa: E402
+from helpers.grammars import LARK, SCHEMA  # noqa: E402
+from helpers.serving import serving  # noqa: E402
 
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
 from edgespec.runtime.constrain import Constraint  # noqa: E402
@@ -59,7 +59,7 @@ def _own_thread_pools(monkeypatch):
 @pytest.fixture(scope="module")
 def served(tiny_engine):
     gen = Generator.load(tiny_engine, RuntimeConfig(drafter="ngram", k=4))
-    with _serving(gen, queue_size=4) as (url, app):
+    with serving(gen, queue_size=4) as (url, app):
         yield url
 
 
@@ -135,8 +135,8 @@ def test_cli_generate_refuses_them_in_one_line(tiny_engine, tmp_path, capsys, na
         flag = ["--grammar", tmp_path / "g.lark"]
     else:
         flag = ["--regex", text]
-    rc, err = _cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hi", "--max-new-tokens", 8, *flag)
-    line = _clean(_one_line_error(err, "generate"))
+    rc, err = run_cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hi", "--max-new-tokens", 8, *flag)
+    line = _clean(one_line_error(err, "generate"))
     assert rc == 2 and (what[0] if what else "llguidance cannot run it") in line, err
 
 
@@ -165,7 +165,7 @@ def test_the_start_check_is_fast_and_the_python_api_refuses_at_the_call(tiny_eng
 _CHILD = r"""
 import sys, threading
 sys.path.insert(0, "tests")
-from test_structured import _fake_tokenizer
+from helpers.grammars import fake_tokenizer
 from edgespec.runtime.constrain import Constraint
 from edgespec.runtime.grammar import GrammarError, grammar_from, grammar_tokenizer
 
@@ -173,7 +173,7 @@ def chain(n):
     return "start: r0\n" + "\n".join(f'r{i}: "a" r{i + 1}' for i in range(n)) + f'\nr{n}: "b"'
 
 def work():
-    con = Constraint(grammar_tokenizer(_fake_tokenizer(), 8, [7]), 8, [7], 4)
+    con = Constraint(grammar_tokenizer(fake_tokenizer(), 8, [7]), 8, [7], 4)
     con.begin(grammar_from(grammar=chain(4_000)))  # deep but under the cap: compiles and starts
     print("deep chain ok", con._forced_token())
     deep = {"type": "string"}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.cli import copy_folder, one_line_error, run_cli
 
 from edgespec.cli import main
 from edgespec.engines.manifest import ManifestError, load_manifest
@@ -27,37 +28,10 @@ from edgespec.runtime.drafters import shipped
 from edgespec.runtime.generator import Generator
 from edgespec.runtime.sampling import SamplingConfig, check_max_new_tokens
 
+# main() runs in this process: its ORT pool must not become the one later tests share
+pytestmark = pytest.mark.usefixtures("own_thread_pools")
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def _own_thread_pools(monkeypatch):
-    """main() would make this test process share one ORT pool, changing how later tests' sessions run."""
-    import edgespec.engines.ort as eo
-
-    monkeypatch.setattr(eo, "share_thread_pool", lambda threads=None: 0)
-
-
-def _cli(capsys, *argv) -> tuple[int, str]:
-    """Run `edgespec ARGV` in this process: (exit status, stderr). argparse's own errors exit too."""
-    try:
-        rc = main([str(a) for a in argv])
-    except SystemExit as e:
-        rc = e.code
-    return rc, capsys.readouterr().err
-
-
-def _one_line_error(err: str, cmd: str) -> str:
-    """The `edgespec CMD: error: ...` line of stderr (the only line that is not usage or a warning)."""
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.startswith(f"edgespec {cmd}: error: ")]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
-def _copy(folder: Path, to: Path) -> Path:
-    shutil.copytree(folder, to)
-    return to
 
 
 def _truncate(path: Path, n: int) -> None:
@@ -130,8 +104,8 @@ GENERATE_PROBES = [
 
 @pytest.mark.parametrize("extra, match", GENERATE_PROBES)
 def test_cli_generate_refuses_bad_settings(tiny_engine, capsys, extra, match):
-    rc, err = _cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hello", *extra)
-    assert rc == 2 and match in _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hello", *extra)
+    assert rc == 2 and match in one_line_error(err, "generate")
 
 
 @pytest.mark.parametrize(
@@ -147,14 +121,14 @@ def test_cli_generate_refuses_bad_settings(tiny_engine, capsys, extra, match):
     ],
 )
 def test_cli_other_commands_refuse_bad_settings_before_loading(tiny_engine, capsys, cmd, extra, match):
-    rc, err = _cli(capsys, cmd, "--engine", tiny_engine, *extra)
-    assert rc == 2 and match in _one_line_error(err, cmd)
+    rc, err = run_cli(capsys, cmd, "--engine", tiny_engine, *extra)
+    assert rc == 2 and match in one_line_error(err, cmd)
 
 
 @pytest.mark.parametrize("port", ["-1", "70000", "http"])
 def test_cli_serve_port_is_checked_by_argparse(tiny_engine, capsys, port):
-    rc, err = _cli(capsys, "serve", "--engine", tiny_engine, "--port", port)
-    assert rc == 2 and "argument --port" in _one_line_error(err, "serve")
+    rc, err = run_cli(capsys, "serve", "--engine", tiny_engine, "--port", port)
+    assert rc == 2 and "argument --port" in one_line_error(err, "serve")
 
 
 @pytest.mark.parametrize(
@@ -186,19 +160,19 @@ def _strip_records(folder: Path) -> None:
 
 @pytest.mark.parametrize("records", [True, False])
 def test_truncated_tokenizer_is_named(tiny_engine, tmp_path, capsys, records):
-    folder = _copy(tiny_engine, tmp_path / "e")
+    folder = copy_folder(tiny_engine, tmp_path / "e")
     if not records:
         _strip_records(folder)
     _truncate(folder / "tokenizer.json", 200)
     match = "tokenizer file tokenizer.json size mismatch" if records else "tokenizer .*tokenizer.json cannot be read"
     with pytest.raises(ValueError, match=match):
         Generator.load(folder, RuntimeConfig(drafter="none"))
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
-    assert rc == 2 and "tokenizer.json" in _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
+    assert rc == 2 and "tokenizer.json" in one_line_error(err, "generate")
 
 
 def test_broken_chat_template_fails_chat_calls_only(tiny_engine, tmp_path, capsys):
-    folder = _copy(tiny_engine, tmp_path / "e")
+    folder = copy_folder(tiny_engine, tmp_path / "e")
     (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }")
     with pytest.warns(RuntimeWarning, match=r"chat template .*chat_template.jinja line 1 cannot be used"):
         g = Generator.load(folder, RuntimeConfig(drafter="none"))
@@ -207,15 +181,15 @@ def test_broken_chat_template_fails_chat_calls_only(tiny_engine, tmp_path, capsy
         g.generate([{"role": "user", "content": "hi"}], max_new_tokens=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--max-new-tokens", "2")
+        rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--max-new-tokens", "2")
         assert rc == 0
-        rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--chat", "--max-new-tokens", "2")
-    assert rc == 2 and "chat_template.jinja" in _one_line_error(err, "generate")
+        rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--chat", "--max-new-tokens", "2")
+    assert rc == 2 and "chat_template.jinja" in one_line_error(err, "generate")
 
 
 @pytest.mark.parametrize("records", [True, False])
 def test_truncated_target_weights_name_the_file_and_sizes(tiny_engine, tmp_path, capsys, records):
-    folder = _copy(tiny_engine, tmp_path / "e")
+    folder = copy_folder(tiny_engine, tmp_path / "e")
     if not records:
         _strip_records(folder)
     full = (folder / "target.weights").stat().st_size
@@ -226,8 +200,8 @@ def test_truncated_target_weights_name_the_file_and_sizes(tiny_engine, tmp_path,
         match = f"weights file .*target.weights is {full // 2} bytes, but the manifest's target tensors need"
     with pytest.raises((ManifestError, RuntimeError), match=match):
         Generator.load(folder, RuntimeConfig(drafter="none"))
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
-    assert rc == 2 and "target.weights" in _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi")
+    assert rc == 2 and "target.weights" in one_line_error(err, "generate")
 
 
 # ---- file records: export writes them, load checks sizes, --verify and `check` hashes ---------
@@ -244,7 +218,7 @@ def test_export_records_each_files_size_and_sha256(tiny_engine):
 
 
 def test_check_command_and_verify_find_a_changed_byte(tiny_engine, tmp_path, capsys):
-    folder = _copy(tiny_engine, tmp_path / "e")
+    folder = copy_folder(tiny_engine, tmp_path / "e")
     rc, out = main(["check", str(folder)]), capsys.readouterr().out
     assert rc == 0 and len(out.splitlines()) == len(load_manifest(folder).files)
     assert all(line.split()[-1] == "ok" for line in out.splitlines())
@@ -259,12 +233,12 @@ def test_check_command_and_verify_find_a_changed_byte(tiny_engine, tmp_path, cap
     rc, out = main(["check", str(folder)]), capsys.readouterr().out
     bad = [line for line in out.splitlines() if not line.endswith(" ok")]
     assert rc == 1 and len(bad) == 1 and bad[0].startswith("target.onnx") and "hash mismatch" in bad[0]
-    rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--verify")
-    assert rc == 2 and "target.onnx hash mismatch" in _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--verify")
+    assert rc == 2 and "target.onnx hash mismatch" in one_line_error(err, "generate")
 
 
 def test_check_command_on_a_folder_without_records(tiny_engine, tmp_path, capsys):
-    folder = _copy(tiny_engine, tmp_path / "e")
+    folder = copy_folder(tiny_engine, tmp_path / "e")
     _strip_records(folder)
     rc = main(["check", str(folder)])
     out, err = capsys.readouterr()
@@ -305,7 +279,7 @@ def draft_engine(tiny_models, tmp_path_factory):
 
 @pytest.mark.parametrize("records", [True, False])
 def test_a_broken_draft_disables_its_drafter_only(draft_engine, tmp_path, capsys, records):
-    folder = _copy(draft_engine, tmp_path / "e")
+    folder = copy_folder(draft_engine, tmp_path / "e")
     if not records:
         _strip_records(folder)
     _truncate(folder / "draft.weights", 100)
@@ -316,8 +290,8 @@ def test_a_broken_draft_disables_its_drafter_only(draft_engine, tmp_path, capsys
         g.set_drafter("draft", 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        rc, err = _cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--drafter", "draft")
-    assert rc == 2 and "drafter 'draft' is disabled" in _one_line_error(err, "generate")
+        rc, err = run_cli(capsys, "generate", "--engine", folder, "--prompt", "hi", "--drafter", "draft")
+    assert rc == 2 and "drafter 'draft' is disabled" in one_line_error(err, "generate")
 
 
 def _default_folder_copy(src: Path, tmp_path: Path) -> Path:
@@ -397,8 +371,8 @@ def _export(tiny_models, out, **kw):
 def test_export_out_naming_a_file_is_refused_before_it_runs(tiny_models, tmp_path, capsys):
     f = tmp_path / "notes.txt"
     f.write_text("mine")
-    rc, err = _cli(capsys, "export", "--target", tiny_models["llama"], "--out", f, "--force")
-    assert rc == 2 and f"--out {f} is a file" in _one_line_error(err, "export")
+    rc, err = run_cli(capsys, "export", "--target", tiny_models["llama"], "--out", f, "--force")
+    assert rc == 2 and f"--out {f} is a file" in one_line_error(err, "export")
     assert f.read_text() == "mine" and sorted(tmp_path.iterdir()) == [f]
 
 
@@ -415,8 +389,8 @@ def test_force_replaces_only_engine_folders_or_empty_ones(tiny_models, tmp_path,
     ):
         _export(tiny_models, mine, force=True)
     assert (mine / "thesis.tex").read_text() == "years of work"
-    rc, err = _cli(capsys, "export", "--target", tiny_models["llama"], "--out", mine, "--force", "--no-validate")
-    assert rc == 2 and "not an edgespec engine folder" in _one_line_error(err, "export")
+    rc, err = run_cli(capsys, "export", "--target", tiny_models["llama"], "--out", mine, "--force", "--no-validate")
+    assert rc == 2 and "not an edgespec engine folder" in one_line_error(err, "export")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert load_manifest(_export(tiny_models, empty, force=True))  # an empty folder is fine
@@ -461,7 +435,7 @@ def test_bench_peers_checks_matplotlib_before_benchmarking(monkeypatch, capsys):
 
 def test_cli_errors_end_without_a_traceback_in_a_real_process(tiny_engine, tmp_path):
     """The same one-line errors from a fresh `python -m edgespec.cli` (no test harness around main)."""
-    folder = _copy(tiny_engine, tmp_path / "e")
+    folder = copy_folder(tiny_engine, tmp_path / "e")
     _truncate(folder / "tokenizer.json", 100)
     for argv in (
         ["generate", "--engine", str(tiny_engine), "--prompt", "x", "--temperature", "nan"],

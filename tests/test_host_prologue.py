@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from helpers.rows import MAX_LEN, assert_same_logits_over_calls, call_schedule  # noqa: E402
 from tiny import assert_rows_bitwise_alike  # noqa: E402
 
 from edgespec.engines.base import EngineError  # noqa: E402
@@ -31,19 +32,18 @@ SHAPE_OPS = {
     "And",
     "Cast",
 }  # what the in-graph prologue computes its masks and indices with
-MAX_LEN = 128
 
 
 @pytest.fixture(scope="module")
 def folders(tiny_models, tmp_path_factory):
     """{(precision, host_prologue): folder}: fp32 with a self:1 draft and an EAGLE head, int4 with the
     two-row matmuls on (their pads and row count are prologue inputs too)."""
-    from test_eagle import _tiny_head
+    from tiny import tiny_eagle_head
 
     import edgespec.export.target.exporter as ex
 
     root = tmp_path_factory.mktemp("host_prologue")
-    head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    head_dir, _, _ = tiny_eagle_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
     probe, ex.probe_portable_ops = ex.probe_portable_ops, lambda: ()  # every fused op (the probe costs CPU)
     out = {}
     try:
@@ -78,45 +78,6 @@ def _ops(folder, file="target.onnx") -> collections.Counter:
     return collections.Counter(n.op_type for n in onnx.load(str(folder / file), load_external_data=False).graph.node)
 
 
-def _calls():
-    """(past_len, tokens, parents) of a call schedule: prefill chunks, chain and tree verifies, decodes,
-    and calls at the end of the context whose padding rows run past max_len. Each call commits
-    all its rows when `commit` says so."""
-    rng = np.random.default_rng(5)
-    toks = rng.integers(0, 256, MAX_LEN + 8)
-    yield 0, toks[:16], None, True
-    for w in (2, 3, 4):
-        yield 16, toks[16 : 16 + w], None, False
-    yield 16, toks[16:20], np.array([-1, 0, 0, 1]), False
-    yield 16, toks[16:20], np.array([-1, 0, 1, 1]), False
-    for past in range(16, 24):
-        yield past, toks[past : past + 1], None, True
-    for past in range(24, 120, 16):
-        yield past, toks[past : past + 16], None, True
-    yield 120, toks[120:124], None, True
-    yield 124, toks[124:127], None, False  # width 4: one padding row at slot 127
-    yield 124, toks[124:126], np.array([-1, 0]), False  # width 2 tree
-    yield 124, toks[124:125], None, True
-    yield 125, toks[125:128], np.array([-1, 0, 0]), False  # width 4: the padding row's slot is max_len
-    yield 125, toks[125:126], None, True
-    yield 126, toks[126:127], None, True
-    yield 127, toks[127:128], None, False
-
-
-def assert_same_logits_over_calls(plain, host, label) -> None:
-    """The in-graph-prologue engine and the --host-prologue one give the same logits bits on every
-    call of _calls that the host engine can take (its widths; trees where its graph takes them)."""
-    for past, ids, parents, commit in _calls():
-        if (parents is not None and not host.takes_tree) or len(ids) > max(host.widths):
-            continue
-        want = plain.forward(ids, past, parents=parents).copy()
-        got = host.forward(ids, past, parents=parents)
-        assert np.array_equal(got, want), (label, past, len(ids), parents, np.abs(got - want).max())
-        if commit:
-            plain.commit(past, len(ids))
-            host.commit(past, len(ids))
-
-
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_logits_bitwise_those_of_the_in_graph_prologue(folders, precision):
     m0, m1 = load_manifest(folders[precision, False]), load_manifest(folders[precision, True])
@@ -137,7 +98,7 @@ def test_device_paths_on_host_memory(folders, cuda_graph):
     m0, m1 = load_manifest(folders["int4", False]), load_manifest(folders["int4", True])
     plain, dev = OrtModel(m0, m0.target), OrtModel(m1, m1.target, device_ops=HostOps(), cuda_graph=cuda_graph)
     assert dev.cuda_graph == cuda_graph and dev.kv is None
-    for past, ids, parents, commit in _calls():
+    for past, ids, parents, commit in call_schedule():
         want = plain.forward(ids, past, parents=parents).copy()
         got = dev.forward(ids, past, parents=parents)
         assert np.array_equal(got, want), (past, len(ids), parents)

@@ -189,12 +189,12 @@ def test_seeded_sampling_reproduces_with_the_same_cache():
 
 @pytest.fixture(scope="module")
 def eagle_engine(tiny_models, tmp_path_factory):
-    from test_eagle import _tiny_head
+    from tiny import tiny_eagle_head
 
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("hybrid")
-    head_dir, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    head_dir, _, _ = tiny_eagle_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
     return export(
         ExportConfig(
             target=str(tiny_models["llama"]),

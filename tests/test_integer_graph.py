@@ -86,7 +86,7 @@ def test_the_integer_graph_is_the_int8_precision(graph, precision, tiny_models, 
 
 
 def test_speculation_score_prefers_cheap_rows():
-    from edgespec.export.target.probe import speculation_score
+    from edgespec.export.target.checks.probe import speculation_score
 
     flat = {1: 1.0, 2: 1.05, 3: 1.1, 5: 1.2}  # rows nearly free: wide calls pay
     steep = {1: 1.0, 2: 1.9, 3: 2.8, 5: 4.6}  # a row costs most of a decode: plain decoding wins

@@ -5,7 +5,7 @@ each refusal is one line naming the limit and the figure, before any allocation.
 
 import numpy as np
 import pytest
-from test_hardening import _cli, _one_line_error
+from helpers.cli import one_line_error, run_cli
 
 from edgespec.engines.context import ContextError, at_load, kv_bytes_per_token, minimum_context
 from edgespec.engines.manifest import load_manifest
@@ -78,8 +78,8 @@ def test_an_fp32_only_folder_loads_fp32_and_refuses_fp16(tiny_engine, monkeypatc
     ],
 )
 def test_cli_refuses_in_one_line_with_exit_2(tiny_engine, capsys, flags, says):
-    rc, err = _cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hi", *flags)
-    assert rc == 2 and says in _one_line_error(err, "generate")
+    rc, err = run_cli(capsys, "generate", "--engine", tiny_engine, "--prompt", "hi", *flags)
+    assert rc == 2 and says in one_line_error(err, "generate")
 
 
 def test_the_runtime_commands_take_the_flags():

@@ -12,7 +12,7 @@ from tiny import assert_rows_bitwise_alike  # noqa: E402
 
 from edgespec.engines.manifest import load_manifest  # noqa: E402
 from edgespec.export.target.exporter import ExportConfig, ExportError, export  # noqa: E402
-from edgespec.export.target.lean_graph import LEAN_OPS  # noqa: E402
+from edgespec.export.target.graph.lean import LEAN_OPS  # noqa: E402
 
 FUSED = {"norm": "SkipSimplifiedLayerNormalization", "rotary": "RotaryEmbedding", "silu": "QuickGelu"}
 
@@ -80,7 +80,7 @@ def test_lean_layers_have_a_third_of_the_portable_nodes(tiny_models, tmp_path):
 
 def test_chain_graphs_and_trees_in_both_flavours(tiny_models, tmp_path):
     """A tree's rows equal the chain's rows (portable and lean, each its own tree attention)."""
-    from test_tree import assert_tree_rows_are_chain_rows
+    from helpers.rows import assert_tree_rows_are_chain_rows
 
     from edgespec.engines.ort import OrtModel
 
@@ -116,7 +116,7 @@ def test_flavour_choice_and_trt_refuses_lean_graphs(tiny_models, tmp_path, monke
     import types
 
     from edgespec.engines import device
-    from edgespec.export.target.lean_graph import probe_portable_ops
+    from edgespec.export.target.graph.op_probe import probe_portable_ops
     from edgespec.export.target.trt_build import TrtBuildError, build_trt
 
     assert set(probe_portable_ops()) <= set(LEAN_OPS)
@@ -139,7 +139,7 @@ def test_gemm_reductions_of_128_give_the_same_bits_for_every_shape():
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from edgespec.export.target.layer_ops import GEMM_K_MAX
+    from edgespec.export.target.graph.layer_ops import GEMM_K_MAX
 
     def io(name, shape):
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)

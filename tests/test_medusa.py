@@ -7,33 +7,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from edgespec.export.drafters.medusa.checkpoint import MedusaFormatError, read_heads, save_heads  # noqa: E402
-from edgespec.export.drafters.medusa.head import MedusaConfig, build_heads, random_heads  # noqa: E402
+from tiny import tiny_medusa_heads  # noqa: E402
 
-
-def _tiny_heads(model_dir, out, draft_vocab: int = 48, n_heads: int = 3, n_layers: int = 1, seed: int = 0):
-    """Random heads for a tiny target, saved in the Medusa layout."""
-    from transformers import AutoModelForCausalLM
-
-    from edgespec.export.target.arch import arch_from_config
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    arch = arch_from_config(model.config, 256)
-    V = arch.vocab_size
-    d2t = np.sort(np.random.default_rng(seed).choice(V, draft_vocab, False)) if draft_vocab < V else np.arange(V)
-    mc = MedusaConfig(
-        hidden_size=arch.hidden_size, vocab_size=V, draft_vocab_size=len(d2t), n_heads=n_heads, n_layers=n_layers
-    )
-    lm = model.lm_head.weight.detach().float().numpy()
-    heads = build_heads(mc, random_heads(mc, d2t, seed), lm)
-    save_heads(heads, out)
-    return out, heads, arch
+from edgespec.export.drafters.medusa.checkpoint import MedusaFormatError, read_heads  # noqa: E402
 
 
 def test_checkpoint_layout_round_trip(tiny_models, tmp_path):
     from safetensors.numpy import load_file
 
-    folder, heads, arch = _tiny_heads(tiny_models["llama"], tmp_path / "heads", draft_vocab=40, n_layers=2)
+    folder, heads, arch = tiny_medusa_heads(tiny_models["llama"], tmp_path / "heads", draft_vocab=40, n_layers=2)
     names = set(load_file(str(folder / "model.safetensors")))
     assert {"0.0.linear.weight", "0.0.linear.bias", "2.1.linear.weight", "d2t"} <= names
     cfg = json.loads((folder / "config.json").read_text())
@@ -77,7 +59,7 @@ def medusa_engine(tiny_models, tmp_path_factory):
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("medusa")
-    heads_dir, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4, n_layers=2)
+    heads_dir, _, _ = tiny_medusa_heads(tiny_models["llama"], root / "heads", n_heads=4, n_layers=2)
     return export(
         ExportConfig(
             target=str(tiny_models["llama"]),

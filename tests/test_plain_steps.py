@@ -8,7 +8,7 @@ import copy
 
 import numpy as np
 import pytest
-from test_sampling import PROMPT, _gen
+from helpers.sampling import PROMPT, fake_generator
 
 from edgespec.runtime.adaptive import AdaptiveConfig, AdaptiveK, TreeBudget
 from edgespec.runtime.generator import Generator
@@ -53,8 +53,8 @@ def _steps(g: Generator, seed: int, n: int = 40) -> tuple[np.ndarray, list[tuple
 
 @pytest.mark.parametrize("drafter", ["recycle", "merged"])
 def test_a_chain_budget_stretch_drafts_one_token_a_step(drafter, dear_rows, monkeypatch):
-    plain = _gen("none")
-    g = _gen(drafter)
+    plain = fake_generator("none")
+    g = fake_generator(drafter)
     g.reconfigure(adaptive=True)
     assert g.chain_budget is not None
     for seed in range(4):
@@ -73,8 +73,8 @@ def test_a_chain_budget_stretch_drafts_one_token_a_step(drafter, dear_rows, monk
 
 @pytest.mark.parametrize("drafter", ["ngram", "eagle", "hybrid", "medusa"])
 def test_an_adaptive_k_stretch_calls_no_drafter_between_probes(drafter, dear_rows):
-    plain = _gen("none")
-    g = _gen(drafter)
+    plain = fake_generator("none")
+    g = fake_generator(drafter)
     g.reconfigure(adaptive=True)
     engine = g.drafter.engine
     calls0 = engine.n_calls if engine is not None else 0

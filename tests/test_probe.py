@@ -10,7 +10,7 @@ import pytest
 from tiny import make_tiny
 
 from edgespec.engines.manifest import load_manifest
-from edgespec.export.target import probe
+from edgespec.export.target.checks import probe
 from edgespec.export.target.exporter import ExportConfig, export
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator

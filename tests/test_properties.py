@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from helpers.strategies import FAST, chain_case, tree_case  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs  # noqa: E402
@@ -21,35 +22,6 @@ from edgespec.runtime.verify import (  # noqa: E402
     accept_tree_greedy,
     accept_tree_sampled,
 )
-
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-# logits as a model could emit them, and worse: a few distinct values (ties), -inf (masked
-# tokens), huge magnitudes; every row keeps at least one finite value (a row of -inf has no
-# distribution: no model emits one)
-LOGIT = st.one_of(
-    st.sampled_from([0.0, 1.0, -1.0, 3.0, -np.inf, 1e30, -1e30, 3e38, -3e38]),
-    st.floats(-50, 50, allow_nan=False, width=32),
-)
-
-
-@st.composite
-def logits(draw, rows: int, vocab: int) -> np.ndarray:
-    x = np.array(draw(st.lists(LOGIT, min_size=rows * vocab, max_size=rows * vocab)), np.float32).reshape(rows, vocab)
-    for r in range(rows):
-        if not np.isfinite(x[r]).any():
-            x[r, draw(st.integers(0, vocab - 1))] = draw(st.floats(-50, 50, width=32))
-    return x
-
-
-@st.composite
-def chain_case(draw):
-    vocab = draw(st.integers(2, 12))
-    m = draw(st.integers(0, 6))
-    tgt = draw(logits(m + 1, vocab))
-    draft = np.array(draw(st.lists(st.integers(0, vocab - 1), min_size=m, max_size=m)), np.int64)
-    return draft, tgt
-
 
 SAMPLING = st.builds(
     SamplingConfig,
@@ -144,18 +116,6 @@ def test_accept_with_a_repetition_penalty_matches_the_penalized_rows(case, penal
         assert 0 <= n <= m and probs(rows, cfg)[n].max() > 0
 
 
-@st.composite
-def tree_case(draw):
-    """A random token tree (parents before children, no two siblings with one token) and its rows."""
-    vocab = draw(st.integers(2, 8))
-    n_max = draw(st.integers(1, 10))
-    tree = TokenTree(n_max)
-    tree.reset(draw(st.integers(0, vocab - 1)))
-    for _ in range(n_max - 1):
-        tree.add(draw(st.integers(0, tree.n - 1)), draw(st.integers(0, vocab - 1)))
-    return tree, draw(logits(tree.n, vocab))
-
-
 def _check_path(tree: TokenTree, n_acc: int, tokens: np.ndarray, n: int) -> None:
     """path[:n_acc+1] runs from the root down parent links, and its tokens were written in order."""
     path = tree.path[: n_acc + 1]
@@ -237,7 +197,8 @@ def test_any_request_body_is_a_checked_request_or_a_400(body, chat):
     (finite sampling settings, max_tokens >= 1, a drafter the folder has, k in range) or raises
     BadRequest with a status and an OpenAI-style body; never any other exception."""
     pytest.importorskip("starlette")
-    from edgespec.runtime.apps.server_schema import Abilities, BadRequest, Speculation, parse_request
+    from edgespec.runtime.apps.server_request import parse_request
+    from edgespec.runtime.apps.server_schema import Abilities, BadRequest, Speculation
 
     ab = Abilities(drafters=("none", "ngram", "eagle"), tree_drafters=("ngram", "eagle"), k_max=8, context=256)
     try:
@@ -284,7 +245,8 @@ def test_any_response_format_schema_is_a_grammar_or_a_400(schema, strict):
     naming the field: llguidance's errors never escape as another exception."""
     pytest.importorskip("starlette")
     pytest.importorskip("llguidance")
-    from edgespec.runtime.apps.server_schema import BadRequest, parse_response_format
+    from edgespec.runtime.apps.server_request import parse_response_format
+    from edgespec.runtime.apps.server_schema import BadRequest
     from edgespec.runtime.grammar import Grammar
 
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_hardening import _cli, _one_line_error
+from helpers.cli import one_line_error, run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "published"
 # layout id -> the export flag a user passes it to
@@ -41,9 +41,9 @@ def test_a_tiny_head_with_the_default_target_is_refused_before_it_loads(layout, 
     that read config.json and the tensors' shapes, before any weight of the target."""
     folder = _checkpoints(layout)[0]
     t0 = time.perf_counter()
-    rc, err = _cli(capsys, "export", "--out", tmp_path / "out", LAYOUTS[layout], folder)
+    rc, err = run_cli(capsys, "export", "--out", tmp_path / "out", LAYOUTS[layout], folder)
     took = time.perf_counter() - t0
-    line = _one_line_error(err, "export")
+    line = one_line_error(err, "export")
     assert rc == 2 and str(folder) in line and "576" in line, line
     assert took < 10, f"refused after {took:.1f} s"
     assert not (tmp_path / "out").exists()
@@ -74,7 +74,7 @@ def test_a_broken_folder_is_one_line_before_the_target_loads(flag, broken, tmp_p
         (folder / "config.json").write_text('{"hidden_size": 576, "vocab_size": 49152}')
         save_file({"something.else": np.zeros((2, 2), np.float32)}, str(folder / "model.safetensors"))
     t0 = time.perf_counter()
-    rc, err = _cli(capsys, "export", "--out", tmp_path / "out", flag, folder)
-    line = _one_line_error(err, "export")
+    rc, err = run_cli(capsys, "export", "--out", tmp_path / "out", flag, folder)
+    line = one_line_error(err, "export")
     assert rc == 2 and str(folder) in line, line
     assert time.perf_counter() - t0 < 10

@@ -273,12 +273,12 @@ def test_table_is_saved_beside_the_suffix_cache(tmp_path):
 
 def test_sampled_recycle_and_merged_keep_the_target_distribution():
     pytest.importorskip("scipy")
-    from test_sampling import _chi2_pvalue, _exact_tokens_23, _gen, _sample_counts
+    from helpers.sampling import chi2_pvalue, exact_tokens_23, fake_generator, sample_counts
 
     for drafter in ("recycle", "merged"):
         for tree in (TreeConfig(), TreeConfig(nodes=7, depth=3, branch=3, beam=2)):
-            g = _gen(drafter, tree)
-            p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+            g = fake_generator(drafter, tree)
+            p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
             assert p > 1e-3, f"{drafter} {tree.label}: chi-square p = {p:.2g}: samples do not follow the target"
             assert g.last_stats.n_drafted > 0
 
@@ -328,7 +328,7 @@ def test_top_k_output_leaves_the_logits_bitwise_alike(tiny_models, tiny_engine, 
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
     from edgespec.export.target.exporter import ExportConfig, export
-    from edgespec.export.target.graph import GraphOptions
+    from edgespec.export.target.graph.builder import GraphOptions
 
     monkeypatch.setattr(GraphOptions, "writes_top_k", property(lambda self: 0))
     cfg = TINY_EXPORT | dict(validate=False)

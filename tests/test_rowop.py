@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.rowop_blocks import CHAIN, layout, rows
 from tiny import TINY_EXPORT, assert_rows_bitwise_alike, rowop_session
 
 from edgespec.engines import rowop
@@ -20,27 +21,6 @@ needs_op = pytest.mark.skipif(bool(WHY), reason=f"row kernel not available: {WHY
 PROMPT = np.array([5, 9, 5, 9, 12, 30, 5, 9, 5, 9, 12, 41, 7], np.int64)
 
 
-def layout(bits, bs, zp, mins, f16, n=40, k=96, seed=0):
-    """Random blocks of one layout: zp "none" | "uniform" | "block"; f16: scales exactly fp16;
-    bits 5 and 6: 8-bit blocks whose codes fit them (pack stores them in the narrower records)."""
-    rng = np.random.default_rng(seed)
-    nb = k // bs
-    codes = rng.integers(0, 1 << bits, (n, k), dtype=np.uint8)
-    d = (rng.random((n, nb), np.float32) * 0.02 + 1e-3).astype(np.float32)
-    if f16:
-        d = d.astype(np.float16).astype(np.float32)
-    z = {"none": None, "uniform": np.full((n, nb), 1 << (bits - 1), np.uint8)}.get(zp)
-    if zp == "block":
-        z = rng.integers(0, 1 << bits, (n, nb), dtype=np.uint8)
-    m = None
-    if mins:
-        m = (rng.standard_normal((n, nb)) * 0.05).astype(np.float32)
-        m = m.astype(np.float16).astype(np.float32) if f16 else m
-    p = rowop.pack(codes, d, z, m, 4 if bits == 4 else 8, bs)
-    assert p.attrs["bits"] == bits or (bits == 5 and bs == 16 and p.attrs["bits"] == 6)  # 5 bits: blocks of 32
-    return p
-
-
 LAYOUTS = [
     (bits, bs, zp, mins, f16)
     for bits in (4, 5, 6, 8)
@@ -48,21 +28,6 @@ LAYOUTS = [
     for zp, mins in (("none", False), ("uniform", False), ("block", False), ("none", True), ("block", True))
     for f16 in (False, True)
 ]
-
-
-# Layouts in the order a GGUF model's linears meet them on one thread (every RowMatMul shares the
-# thread's buffers for the quantized rows): 8-bit blocks of 16 (Q6_K, the widest of a Q4_1 q/k and
-# Q6_K v qkv) at K=256, then blocks of 32 with as many cells per row and twice the bytes (K=512).
-CHAIN = [((8, 16, "none", False, True), 256, 512), ((4, 32, "none", True, True), 512, 256)]
-CHAIN += [((8, 16, "block", True, False), 256, 512), ((8, 32, "uniform", False, True), 512, 24)]
-
-
-def rows(m=64, k=96, seed=1):
-    x = np.random.default_rng(seed).standard_normal((m, k)).astype(np.float32)
-    x[3] = 0.0  # an all-zero row: scale 0
-    x[5, :16] = 0.0  # an all-zero block
-    x[7] *= 1e4  # a wide one
-    return x
 
 
 def test_unpack_is_packs_inverse():
@@ -127,7 +92,7 @@ CHAIN_SCRIPT = """
 import sys
 import numpy as np, onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
-from test_rowop import CHAIN, layout, rows
+from helpers.rowop_blocks import CHAIN, layout, rows
 from edgespec.engines import rowop
 
 packed = [layout(*spec, n=n, k=k, seed=i) for i, (spec, k, n) in enumerate(CHAIN[: int(sys.argv[1])])]
@@ -256,7 +221,7 @@ def test_gguf_blocks_kept_exactly_in_the_op(name, tmp_path):
     """A GGUF's blocks (the default model's Q4_1; every K-quant and legacy type) run in the op with
     the file's own values, decode rows equal verify rows, and speculative output is plain output."""
     pytest.importorskip("gguf")
-    from test_gguf_exact import MIXED, STORED, _export, _ggufs_own
+    from helpers.gguf_rows import MIXED, STORED, export_manifest, ggufs_own_rows
     from tiny import GGUF_LINEARS, make_tiny_gguf
 
     from edgespec.engines.session import read_weight
@@ -265,7 +230,7 @@ def test_gguf_blocks_kept_exactly_in_the_op(name, tmp_path):
 
     types = dict.fromkeys(GGUF_LINEARS, "Q4_1") if name == "q4_1" else MIXED
     src = make_tiny_gguf(tmp_path / f"{name}.gguf", types, tied="output" not in types)
-    m = _export(src, tmp_path / name, int4_kernel="rowop", draft="self:1")
+    m = export_manifest(src, tmp_path / name, int4_kernel="rowop", draft="self:1")
     assert all(o.exact for o in m.target.weight_origins), m.target.weight_origins
     graph = m.path(m.target.graph.file)
     import onnx
@@ -275,7 +240,7 @@ def test_gguf_blocks_kept_exactly_in_the_op(name, tmp_path):
         node = nodes[f"l0.{stored}/{rowop.OP_TYPE}"]
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         data = np.asarray(read_weight(m, m.target, m.target.weights[f"l0.{stored}{rowop.WEIGHT_SUFFIX}"]))
-        theirs = np.concatenate([_ggufs_own(src, k, 0, 4, 2) for k in kinds])
+        theirs = np.concatenate([ggufs_own_rows(src, k, 0, 4, 2) for k in kinds])
         assert np.array_equal(rowop.dequantized(rowop.unpack(data, attrs)), theirs), (name, stored)
     assert max(m.target.validation.values()) < 3.0
     assert_rows_bitwise_alike(m, name)
@@ -287,7 +252,7 @@ def test_gguf_blocks_kept_exactly_in_the_op(name, tmp_path):
 
 
 def test_the_probe_never_offers_an_unavailable_op_and_says_why(monkeypatch, tmp_path):
-    from edgespec.export.target import probe
+    from edgespec.export.target.checks import probe
     from edgespec.export.target.exporter import ExportConfig
     from edgespec.export.target.spec import ExportError
 

@@ -504,7 +504,7 @@ def test_folder_attention_is_the_op_and_keeps_the_rule(rowop_folders, name):
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_folder_tree_rows_are_chain_rows(rowop_folders, name):
     """As test_lean_graph's trees: a tree verify call's path rows equal the decode rows bitwise."""
-    from test_tree import assert_tree_rows_are_chain_rows
+    from helpers.rows import assert_tree_rows_are_chain_rows
 
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel

@@ -151,7 +151,7 @@ def test_a_kill_mid_build_leaves_nothing_at_the_keyed_path(keyed, stub):
 
 
 def test_the_export_falls_back_to_matmulnbits_with_a_warning(monkeypatch, tmp_path, capsys):
-    from edgespec.export.target import probe
+    from edgespec.export.target.checks import probe
     from edgespec.export.target.exporter import ExportConfig
     from edgespec.export.target.spec import ExportError
 

@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from test_sampling import CFG, _chi2_pvalue, _exact_tokens_23, _gen, _sample_counts
+from helpers.sampling import CFG, chi2_pvalue, exact_tokens_23, fake_generator, sample_counts
 
 from edgespec.engines.fake import FakeModel, random_table
 from edgespec.runtime import drafters
@@ -150,7 +150,7 @@ def test_sampled_adaptive_keeps_the_target_distribution(drafter, monkeypatch):
     pytest.importorskip("scipy")
     monkeypatch.setitem(ROW_COST, "cpu", 0.48)
     monkeypatch.setattr(drafters.spec_of(drafter), "draft_cost", 0.0)
-    g = _gen(drafter)
+    g = fake_generator(drafter)
     g.reconfigure(adaptive=True)
     ks = []
     real = sampled_policy
@@ -162,7 +162,7 @@ def test_sampled_adaptive_keeps_the_target_distribution(drafter, monkeypatch):
         return pol
 
     monkeypatch.setattr("edgespec.runtime.generator.sampled_policy", watched)
-    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
     assert p > 1e-3, f"{drafter} sampled adaptive: chi-square p = {p:.2g}"
     assert g.last_stats.adaptive and len(set(ks)) > 1, set(ks)
     assert CFG.temperature == 1.0

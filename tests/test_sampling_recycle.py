@@ -4,7 +4,7 @@ candidates as one-hot drafts, chains and trees, fixed and cost-sized): the distr
 
 import numpy as np
 import pytest
-from test_sampling import TREE, _chi2_pvalue, _exact_tokens_23, _gen, _sample_counts
+from helpers.sampling import TREE, chi2_pvalue, exact_tokens_23, fake_generator, sample_counts
 
 from edgespec.runtime.sampling import SamplingConfig
 
@@ -14,9 +14,9 @@ from edgespec.runtime.sampling import SamplingConfig
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_recycle_sampling_keeps_the_target_distribution(drafter, tree, adaptive):
     pytest.importorskip("scipy")
-    g = _gen(drafter, TREE) if tree else _gen(drafter)
+    g = fake_generator(drafter, TREE) if tree else fake_generator(drafter)
     g.reconfigure(adaptive=adaptive)
-    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
     assert p > 1e-3, f"{drafter} tree={tree} adaptive={adaptive}: chi-square p = {p:.2g}"
     st = g.last_stats
     assert st.n_drafted > 0 and st.n_accepted > 0  # the table drafted, and some drafts were kept
@@ -26,7 +26,7 @@ def test_recycle_sampling_keeps_the_target_distribution(drafter, tree, adaptive)
 
 @pytest.mark.parametrize("tree", [True, False])  # (False: a cost-sized chain)
 def test_a_seed_reproduces_the_output(tree):
-    g = _gen("merged", TREE) if tree else _gen("merged")
+    g = fake_generator("merged", TREE) if tree else fake_generator("merged")
     g.reconfigure(adaptive=True)
     assert (g.tree_budget if tree else g.chain_budget) is not None
     cfg = SamplingConfig(temperature=0.7, seed=5)
@@ -191,19 +191,19 @@ def test_hybrid_with_merged_as_its_lookup(tree):
     the head's; greedy output equals plain, sampled output follows the target (chi-square), and both
     sources propose."""
     pytest.importorskip("scipy")
-    from test_sampling import PROMPT
+    from helpers.sampling import PROMPT
 
     from edgespec.runtime.drafters.recycle import MergedDrafter
 
-    g = _gen("hybrid", TREE) if tree else _gen("hybrid")
+    g = fake_generator("hybrid", TREE) if tree else fake_generator("hybrid")
     g.reconfigure(hybrid_lookup="merged")
     assert isinstance(g.drafter.lookup, MergedDrafter)
-    plain = _gen("none")
+    plain = fake_generator("none")
     want = np.concatenate([c.copy() for c in plain.generate_ids(PROMPT, 40)])
     for _ in range(3):  # the table fills across calls
         assert np.array_equal(np.concatenate([c.copy() for c in g.generate_ids(PROMPT, 40)]), want)
     assert g.last_stats.sources["merged"][2] > 0  # (drafts of merged kept)
-    p = _chi2_pvalue(_sample_counts(g), _exact_tokens_23(g))
+    p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
     assert p > 1e-3, f"hybrid with merged, tree={tree}: chi-square p = {p:.2g}"
     if not tree:  # a sampled call: the head drafts where merged's estimate falls short
         list(g.generate_ids(PROMPT, 40, SamplingConfig(temperature=1.0, seed=3)))

@@ -8,7 +8,7 @@ reaches past the context, and output there equals plain."""
 
 import numpy as np
 import pytest
-from test_sampling import PROMPT, TREE, V, _chi2_pvalue, _exact_tokens_23, _gen
+from helpers.sampling import PROMPT, TREE, V, chi2_pvalue, exact_tokens_23, fake_generator
 
 from edgespec.runtime.adaptive import AdaptiveK
 from edgespec.runtime.sampling import GREEDY_BELOW, KeyedDraws, SamplingConfig
@@ -29,10 +29,10 @@ def test_seeded_speculative_equals_seeded_plain_for_every_drafter(tree, adaptive
     if adaptive:  # the timed policy on fake engines, drafts seen as free: it drafts, and k varies by step
         observe = AdaptiveK.observe
         monkeypatch.setattr(AdaptiveK, "observe", lambda self, k, m, n, v, d: observe(self, k, m, n, v, 0.0))
-    plain = _gen("none")
+    plain = fake_generator("none")
     refs = {s: _ids(plain, 30, SamplingConfig(temperature=0.8, top_p=0.95, seed=s)) for s in range(8)}
     for d in TREE_DRAFTERS if tree else CHAIN_DRAFTERS:
-        g = _gen(d, TREE) if tree else _gen(d)
+        g = fake_generator(d, TREE) if tree else fake_generator(d)
         g.reconfigure(adaptive=adaptive)
         kept = 0
         for s, ref in refs.items():
@@ -46,7 +46,7 @@ def test_seeded_speculative_equals_seeded_plain_for_every_drafter(tree, adaptive
 def test_a_seeded_request_repeats_whatever_the_drafter_remembers(drafter):
     """The same seeded request 5 times on one generator (its suffix cache, recycle table and source
     estimates grow in between, other requests interleaved): the same output every time."""
-    g = _gen(drafter)
+    g = fake_generator(drafter)
     cfg = SamplingConfig(temperature=1.0, seed=42)
     first = _ids(g, 40, cfg)
     for i in range(4):
@@ -58,12 +58,12 @@ def test_a_seeded_request_repeats_whatever_the_drafter_remembers(drafter):
 def test_seeded_draws_follow_the_target_distribution():
     """Keyed draws, tokens 2-3 over 3000 seeds, plain and speculative (equal per seed, above)."""
     pytest.importorskip("scipy")
-    g = _gen("none")
+    g = fake_generator("none")
     counts = np.zeros((V, V))
     for s in range(3000):
         out = _ids(g, 3, SamplingConfig(temperature=1.0, seed=s))
         counts[out[1], out[2]] += 1
-    p = _chi2_pvalue(counts, _exact_tokens_23(g))
+    p = chi2_pvalue(counts, exact_tokens_23(g))
     assert p > 1e-3, f"keyed draws: chi-square p = {p:.2g}"
 
 
@@ -87,7 +87,7 @@ def test_keyed_draw_is_an_exact_draw_and_depends_on_seed_and_position_alone():
 @pytest.mark.parametrize("temperature", [0.0, 5e-324, 1e-30, 1e-6])
 def test_tiny_temperatures_decode_greedily(temperature):
     assert SamplingConfig(temperature=temperature).greedy
-    g = _gen("ngram")
+    g = fake_generator("ngram")
     greedy = _ids(g, 30)
     for seed in (None, 3):
         out = _ids(g, 30, SamplingConfig(temperature=temperature, seed=seed))
@@ -101,14 +101,14 @@ def test_temperature_at_the_threshold_samples_its_sharp_limit_and_two_is_fine():
     pytest.importorskip("scipy")
     cfg = SamplingConfig(temperature=GREEDY_BELOW)
     assert not cfg.greedy
-    g = _gen("ngram")
+    g = fake_generator("ngram")
     greedy = _ids(g, 3)
     counts = np.zeros((V, V))
     for s in range(200):
         out = _ids(g, 3, SamplingConfig(temperature=GREEDY_BELOW, seed=s))
         counts[out[1], out[2]] += 1
     assert counts[greedy[1], greedy[2]] == 200
-    exact = _exact_tokens_23(g, cfg)
+    exact = exact_tokens_23(g, cfg)
     assert exact[greedy[1], greedy[2]] > 1 - 1e-9
     outs = {tuple(_ids(g, 10, SamplingConfig(temperature=2.0, seed=s))) for s in range(10)}
     assert len(outs) > 1 and all(0 <= t < V for o in outs for t in o)
@@ -120,7 +120,7 @@ def test_no_verify_call_reaches_past_the_context(tree):
     more than max_len tokens in all, and no call's rows past the context."""
     shape = TreeConfig(nodes=8, depth=4, branch=2, beam=2) if tree else TreeConfig()
     for d in ["none"] + (TREE_DRAFTERS if tree else CHAIN_DRAFTERS):
-        g = _gen(d, shape) if d != "none" else _gen("none")
+        g = fake_generator(d, shape) if d != "none" else fake_generator("none")
         g.reconfigure(drafter=d, k=8 if d != "none" else None)
         tgt = g.engines.target
         calls = []
@@ -135,7 +135,7 @@ def test_no_verify_call_reaches_past_the_context(tree):
             prompt = np.resize(np.array([1, 2, 3, 1, 2, 4]), tgt.max_len - room)
             out = _ids(g, 64, prompt=prompt)
             assert len(prompt) + len(out) <= tgt.max_len, (d, room, len(out))
-            ref = _ids(_gen("none"), 64, prompt=prompt)
+            ref = _ids(fake_generator("none"), 64, prompt=prompt)
             assert np.array_equal(out, ref), (d, tree, room)
         assert max(calls) <= tgt.max_len, (d, max(calls))
 
@@ -158,4 +158,4 @@ def test_a_drafter_whose_q_is_p_keeps_every_draft_when_seeded():
     out = _ids(g, 30, cfg)
     st = g.last_stats
     assert st.n_accepted == st.n_drafted > 0
-    assert np.array_equal(out, _ids(_gen("none"), 30, cfg))
+    assert np.array_equal(out, _ids(fake_generator("none"), 30, cfg))

@@ -1,6 +1,5 @@
 """The OpenAI-compatible server, driven by the official `openai` client against a real uvicorn."""
 
-import contextlib
 import json
 import logging
 import socket
@@ -18,46 +17,18 @@ openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from edgespec.runtime.apps.server import ServeConfig, create_app  # noqa: E402
+from helpers.serving import KEY, PROMPT, serving  # noqa: E402
+
 from edgespec.runtime.apps.server_schema import Speculation  # noqa: E402
 from edgespec.runtime.apps.server_worker import first_difference  # noqa: E402
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
 
-PROMPT = "hello hello world, hello world again and again; hello"
-KEY = "sekret-key"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _serving(gen, **cfg):
-    """A real uvicorn on a free loopback port, serving create_app(gen, ServeConfig(**cfg))."""
-    port = _free_port()
-    app = create_app(gen, ServeConfig(port=port, model_name="tiny", **cfg))
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        srv.should_exit = True
-        th.join(timeout=10)
-        app.state.jobs.put(None)  # ends the worker thread
-
 
 @pytest.fixture(scope="module")
 def server(tiny_engine):
     gen = Generator.load(tiny_engine, RuntimeConfig(drafter="ngram", k=4))
-    with _serving(gen, queue_size=4) as (url, app):
+    with serving(gen, queue_size=4) as (url, app):
         yield url, gen, app
 
 
@@ -69,14 +40,13 @@ def client(server):
 @pytest.fixture(scope="module")
 def full_engine(tiny_models, tmp_path_factory):
     """A tiny folder that ships every drafter: a self:1 draft, an EAGLE head, Medusa heads, trees."""
-    from test_eagle import _tiny_head
-    from test_medusa import _tiny_heads
+    from tiny import tiny_eagle_head, tiny_medusa_heads
 
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("full")
-    head, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
-    heads, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4)
+    head, _, _ = tiny_eagle_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    heads, _, _ = tiny_medusa_heads(tiny_models["llama"], root / "heads", n_heads=4)
     return export(
         ExportConfig(
             target=str(tiny_models["llama"]),
@@ -100,7 +70,7 @@ def full_engine(tiny_models, tmp_path_factory):
 def full_server(full_engine):
     """Every drafter, behind an API key, every greedy speculative request shadow-checked."""
     gen = Generator.load(full_engine, RuntimeConfig(drafter="ngram", k=4))
-    with _serving(gen, api_key=KEY, shadow_rate=1.0, max_body_bytes=8 << 20) as (url, app):
+    with serving(gen, api_key=KEY, shadow_rate=1.0, max_body_bytes=8 << 20) as (url, app):
         yield url, gen, app
 
 

@@ -18,9 +18,9 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from test_server import KEY, PROMPT, _serving  # noqa: E402
+from helpers.serving import KEY, PROMPT, serving  # noqa: E402
 
-from edgespec.runtime.apps.server import ServeConfig, host_name, origin_host  # noqa: E402
+from edgespec.runtime.apps.server_config import ServeConfig, host_name, origin_host  # noqa: E402
 from edgespec.runtime.apps.server_schema import Abilities, BadRequest, Speculation, parse_speculation  # noqa: E402
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
 from edgespec.runtime.generator import Generator  # noqa: E402
@@ -37,14 +37,14 @@ def _gen(engine):
 @pytest.fixture(scope="module")
 def server(tiny_engine):
     """The default: no api key, bound to loopback."""
-    with _serving(_gen(tiny_engine), queue_size=4) as (url, app):
+    with serving(_gen(tiny_engine), queue_size=4) as (url, app):
         yield url, app
 
 
 @pytest.fixture(scope="module")
 def keyed(tiny_engine):
     """Behind an api key, and one origin allowed (a page of the user's own on another name)."""
-    with _serving(_gen(tiny_engine), api_key=KEY, allow_origin=("http://app.example:3000",)) as (url, app):
+    with serving(_gen(tiny_engine), api_key=KEY, allow_origin=("http://app.example:3000",)) as (url, app):
         yield url, app
 
 
@@ -141,7 +141,7 @@ def test_allow_origin_lets_that_page_in_with_cors(keyed):
 
 
 def test_bound_to_every_interface_any_host_but_still_no_foreign_origin(tiny_engine):
-    with _serving(_gen(tiny_engine), host="0.0.0.0") as (url, _):
+    with serving(_gen(tiny_engine), host="0.0.0.0") as (url, _):
         assert httpx.get(url + "/health", headers={"Host": "mybox.lan:8000"}).status_code == 200
         body = {"prompt": PROMPT, "max_tokens": 1}
         _err(httpx.post(url + "/v1/completions", json=body, headers={"Origin": EVIL}), 403, "forbidden_origin")
@@ -393,7 +393,7 @@ Promise.allSettled([
 @pytest.fixture(scope="module")
 def evil_browser():
     """Headless Chromium in which evil.example resolves to 127.0.0.1 (as DNS rebinding makes it)."""
-    from test_chat_page import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
+    from helpers.browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
 
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e '.[dev]')")
     from selenium.webdriver.chrome.service import Service
@@ -442,12 +442,12 @@ def _attack_site(port: int):
 
 
 def test_a_foreign_page_in_a_browser_changes_nothing(server, evil_browser):
-    from test_chat_page import _until
+    from helpers.browser import until
 
     url, _ = server
     with _attack_site(_port(url)) as evil:
         evil_browser.get(evil)
-        title = _until(lambda: evil_browser.title.startswith("done") and evil_browser.title, "the attack to run")
+        title = until(lambda: evil_browser.title.startswith("done") and evil_browser.title, "the attack to run")
     # the JSON POST needs a preflight, which the server refuses (403): the fetch fails in the page
     assert title.split()[1].split(",")[2] == "rejected", title
     assert _drafter(url)["drafter"] == "ngram"
@@ -456,4 +456,4 @@ def test_a_foreign_page_in_a_browser_changes_nothing(server, evil_browser):
     assert "forbidden_host" in evil_browser.page_source
     # while the server's own page, opened by its own name, still loads its settings
     evil_browser.get(url + "/")
-    _until(lambda: evil_browser.find_element("id", "model").text == "tiny", "the page to connect")
+    until(lambda: evil_browser.find_element("id", "model").text == "tiny", "the page to connect")

@@ -1,4 +1,4 @@
-"""The streaming export (export/target/stream.py): a safetensors target read, quantized and written
+"""The streaming export (export/target/graph/streaming.py): a safetensors target read, quantized and written
 one tensor at a time gives the folder the transformers path gives (the same bytes), validated on a
 sampled model, checked per tensor; its peak memory follows the largest tensor, not the model."""
 
@@ -13,9 +13,13 @@ pytest.importorskip("torch")
 from tiny import make_tiny  # noqa: E402
 
 from edgespec.engines.manifest import load_manifest  # noqa: E402
-from edgespec.export.target import sampled, stream, tensors  # noqa: E402
 from edgespec.export.target.arch import arch_from_config  # noqa: E402
+from edgespec.export.target.checks import sampled  # noqa: E402
 from edgespec.export.target.exporter import ExportConfig, export  # noqa: E402
+from edgespec.export.target.graph import store as weight_store  # noqa: E402
+from edgespec.export.target.graph import streaming  # noqa: E402
+from edgespec.export.target.sources import safetensors as checkpoint_reads  # noqa: E402
+from edgespec.export.target.sources.safetensors import expected_tensors  # noqa: E402
 from edgespec.export.target.spec import ExportError  # noqa: E402
 
 KW = dict(max_len=128, k=2, prefill_chunk=16, kv_bucket=32, trees=False, progress=False)
@@ -25,8 +29,9 @@ FILES = ("target.onnx", "target.weights", "tokenizer.json")
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Row blocks, file pieces and the sampled vocabulary small enough that tiny models take many."""
-    monkeypatch.setattr(stream, "CHUNK_BYTES", 3000)
-    monkeypatch.setattr(tensors, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 3000)
+    monkeypatch.setattr(checkpoint_reads, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(weight_store, "CHUNK_BYTES", 1000)
     monkeypatch.setattr(sampled, "VOCAB_ROWS", 40)
 
 
@@ -140,27 +145,27 @@ def test_what_does_not_stream_takes_the_transformers_path(tmp_path, capsys):
 
 
 def test_a_wrong_tensor_is_caught_by_the_block_check():
-    from edgespec.export.target.quant import quantize_int4
+    from edgespec.export.target.quant.quantize import quantize_int4
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 64)).astype(np.float32)
     codes, scales, zp, used = quantize_int4(w, 32)
     names = ("x.q4", "x.scales", "x.zp")
     got = dict(zip(names, (codes, scales, zp), strict=True))
-    stream._check_blocks("x", w, got, names, 4, used, 32)  # as stored: passes
+    streaming._check_blocks("x", w, got, names, 4, used, 32)  # as stored: passes
     with pytest.raises(ExportError, match="not the one read"):
-        stream._check_blocks("x", w[::-1].copy(), got, names, 4, used, 32)  # rows of another order
+        streaming._check_blocks("x", w[::-1].copy(), got, names, 4, used, 32)  # rows of another order
     with pytest.raises(ExportError, match="do not decode"):
-        stream._check_blocks("x", w, got, names, 4, used + 1e-3, 32)
+        streaming._check_blocks("x", w, got, names, 4, used + 1e-3, 32)
 
 
 def test_spill_store_writes_the_bytes_write_weights_writes(tmp_path):
-    from edgespec.export.target.weights import write_weights
+    from edgespec.export.target.graph.store import write_weights
 
     rng = np.random.default_rng(0)
     arrays = {"b": rng.standard_normal((5, 7)).astype(np.float32), "a": np.arange(13, dtype=np.uint8)}
     arrays["c"] = rng.integers(0, 255, (9, 3, 2), dtype=np.uint8)
-    store = tensors.SpillStore(tmp_path / "spool")
+    store = weight_store.SpillStore(tmp_path / "spool")
     for name, arr in arrays.items():
         if name == "c":  # row blocks, interleaved with another array's
             store.append("c", arr[:4])
@@ -194,7 +199,7 @@ def _synthetic_layers(folder, n_layers: int) -> None:
 
     tokenizer_files(folder)
     g = torch.Generator().manual_seed(0)
-    shapes = stream.expected_tensors(arch_from_config(cfg, 128))
+    shapes = expected_tensors(arch_from_config(cfg, 128))
     tensors_ = {n: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for n, s in shapes.items()}
     save_file(tensors_, folder / "model.safetensors")
 
@@ -237,7 +242,7 @@ def _family_gguf(path, gguf_arch: str, seed: int = 0):
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from edgespec.export.target.gguf_stream import gguf_names
+    from edgespec.export.target.sources.gguf import gguf_names
 
     mt, extra = GGUF_FAMILIES[gguf_arch]
     hidden, n_heads, n_kv, inter, vocab, n_layers = 256, 4, 2, 512, 64, 2
@@ -261,7 +266,7 @@ def _family_gguf(path, gguf_arch: str, seed: int = 0):
         mt, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=n_layers, num_attention_heads=n_heads,
         num_key_value_heads=n_kv, vocab_size=vocab, tie_word_embeddings=True, **extra,
     )  # fmt: skip
-    want = stream.expected_tensors(arch_from_config(cfg, 128))
+    want = expected_tensors(arch_from_config(cfg, 128))
     names = gguf_names(gguf_arch, n_layers, want)
     for i, (hf, shape) in enumerate(want.items()):
         if len(shape) == 1:
@@ -298,7 +303,7 @@ def test_gguf_tensors_are_what_transformers_loader_gives(gguf_arch, monkeypatch,
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from edgespec.export.target import gguf_stream
+    from edgespec.export.target.sources import gguf as gguf_stream
 
     monkeypatch.setattr(gguf_stream, "CHUNK_BYTES", 1000)
     path, cfg = _family_gguf(tmp_path / f"{gguf_arch}.gguf", gguf_arch)
@@ -327,7 +332,7 @@ def test_gguf_tensors_are_what_transformers_loader_gives(gguf_arch, monkeypatch,
 
 @pytest.fixture
 def gguf_small_blocks(small_blocks, monkeypatch):
-    from edgespec.export.target import gguf_stream
+    from edgespec.export.target.sources import gguf as gguf_stream
 
     monkeypatch.setattr(gguf_stream, "CHUNK_BYTES", 1000)
 
@@ -367,7 +372,7 @@ def test_gguf_streams_to_the_transformers_folder(kw, gguf_small_blocks, tmp_path
 def test_a_gguf_the_reader_does_not_know_takes_the_transformers_path_and_says_why(tmp_path, monkeypatch, capsys):
     from tiny import make_tiny_gguf
 
-    from edgespec.export.target import gguf_stream
+    from edgespec.export.target.sources import gguf as gguf_stream
 
     src = make_tiny_gguf(tmp_path / "m.gguf", {})
     monkeypatch.setattr(gguf_stream, "TYPES", ("F32", "F16", "BF16"))

@@ -12,6 +12,8 @@ import pytest
 
 llg = pytest.importorskip("llguidance")
 
+from helpers.grammars import EOS, LARK, SCHEMA, fake_tokenizer  # noqa: E402
+
 from edgespec.engines.fake import FakeEagleHead, FakeHeads, FakeModel, random_table  # noqa: E402
 from edgespec.runtime.backends import Engines  # noqa: E402
 from edgespec.runtime.config import RuntimeConfig  # noqa: E402
@@ -22,21 +24,10 @@ from edgespec.runtime.grammar import GrammarError, grammar_from, grammar_tokeniz
 from edgespec.runtime.sampling import SamplingConfig, penalize, probs  # noqa: E402
 
 # ---- fake engines over an 8-token vocabulary: a..g and EOS ----------------------------------------
-LETTERS = "abcdefg"
-EOS = 7
 PROMPT = np.array([1, 2, 3, 1, 2])  # "bcdbc"
 # position 1: a|b|c, 2: a|b|c|d, 3: e forced, then a|b until EOS (after at least one)
 REGEX = "[abc][abcd]e[ab]+"
 N_SAMPLES = 3000
-
-
-def _fake_tokenizer():
-    """A `tokenizers` word-level tokenizer of the fake vocabulary (llguidance reads it token by token)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(LETTERS)} | {"</s>": EOS}, unk_token="</s>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    return tok
 
 
 def _fake_gen(drafter: str, k: int = 3) -> Generator:
@@ -51,7 +42,7 @@ def _fake_gen(drafter: str, k: int = 3) -> Generator:
         RuntimeConfig(drafter=drafter, k=k, eagle_min_confidence=0.0, medusa_min_confidence=0.0),
     )
     g.eos = np.array([EOS])
-    g.structured = Constraint(grammar_tokenizer(_fake_tokenizer(), 8, [EOS]), 8, [EOS], max(target.widths))
+    g.structured = Constraint(grammar_tokenizer(fake_tokenizer(), 8, [EOS]), 8, [EOS], max(target.widths))
     return g
 
 
@@ -272,18 +263,6 @@ def test_a_byte_level_bpe_tokenizer_is_read_natively_and_ff_tokens_come_whole():
 
 
 # ---- tiny exported engines ------------------------------------------------------------------------
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 6},
-        "n": {"type": "integer", "minimum": 0, "maximum": 99},
-        "tags": {"type": "array", "items": {"enum": ["x", "yy", "zzz"]}, "maxItems": 3},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["name", "n", "tags", "ok"],
-    "additionalProperties": False,
-}
-LARK = 'start: "call " NAME "(" ARG ("," ARG)* ")"\nNAME: /[a-z]{1,6}/\nARG: /[0-9]{1,3}/'
 TINY_PROMPTS = [
     '{"name": "ab", "n": 12, "tags": ["x"], "ok": true} {"name": "cd", "n": 3, "tags": [], "ok": ',
     "call f(1,2) call gg(33) call ",
@@ -294,14 +273,13 @@ TINY_PROMPTS = [
 @pytest.fixture(scope="module")
 def full_engine(tiny_models, tmp_path_factory):
     """A tiny folder with every chain drafter: a self:1 draft, an EAGLE head, Medusa heads."""
-    from test_eagle import _tiny_head
-    from test_medusa import _tiny_heads
+    from tiny import tiny_eagle_head, tiny_medusa_heads
 
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("structured")
-    head, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
-    heads, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4)
+    head, _, _ = tiny_eagle_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    heads, _, _ = tiny_medusa_heads(tiny_models["llama"], root / "heads", n_heads=4)
     return export(
         ExportConfig(
             target=str(tiny_models["llama"]),
@@ -361,9 +339,7 @@ def test_tiny_speculative_equals_constrained_plain_for_every_drafter(full_engine
 def aux_engines(tmp_path_factory):
     """Folders of the drafters that read the target's aux features: an EAGLE-3 head and a DFlash
     drafter (their init plus noise) on a tiny 8-layer llama (three distinct feature layers)."""
-    from test_dflash import tiny_dflash
-    from test_eagle3 import _tiny_head
-    from tiny import make_tiny
+    from tiny import make_tiny, tiny_dflash, tiny_eagle3_head
 
     from edgespec.export.target.exporter import ExportConfig, export
 
@@ -371,7 +347,7 @@ def aux_engines(tmp_path_factory):
     target = make_tiny("llama", root / "llama8", num_hidden_layers=8)
     common = dict(target=str(target), eagle="none", medusa="none", max_len=256, k=4, prefill_chunk=16)
     common |= dict(kv_bucket=32, precision="fp32", progress=False, validate=False)
-    eagle3, _, _ = _tiny_head(target, root / "e3head", noise=0.05)
+    eagle3, _, _ = tiny_eagle3_head(target, root / "e3head", noise=0.05)
     return {
         "eagle3": export(ExportConfig(eagle3=str(eagle3), out=str(root / "e3"), **common)),
         "dflash": export(

@@ -75,7 +75,7 @@ def test_gguf_q4_k_m_takes_llama_cpps_mix_and_its_blocks_are_kept(synth, tmp_pat
 def test_a_gguf_transformers_loads_with_other_shapes_is_refused(synth, tmp_path):
     """transformers' GGUF loader takes qwen3's head_dim from its class default, not the header: a file
     with another one does not fit the model it builds, refused in one message."""
-    from edgespec.export.target.sources import SourceError
+    from edgespec.export.target.sources.resolve import SourceError
 
     synth.CONFIGS["odd-qwen3"] = dataclasses.replace(synth.CONFIGS["tiny-qwen3"], head_dim=64)
     path = tmp_path / "odd.gguf"

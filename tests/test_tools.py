@@ -88,15 +88,13 @@ def _fuse_tokenizer(folder) -> None:
 def generic_folder(tiny_models, tmp_path_factory):
     """A tiny folder with every drafter and room for tool descriptions (max_len 1024); its template
     (tests/tiny.py's) takes no tools."""
-    from test_eagle import _tiny_head
-    from test_medusa import _tiny_heads
-    from tiny import TINY_EXPORT
+    from tiny import TINY_EXPORT, tiny_eagle_head, tiny_medusa_heads
 
     from edgespec.export.target.exporter import ExportConfig, export
 
     root = tmp_path_factory.mktemp("tools")
-    head, _, _ = _tiny_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
-    heads, _, _ = _tiny_heads(tiny_models["llama"], root / "heads", n_heads=4)
+    head, _, _ = tiny_eagle_head(tiny_models["llama"], root / "head", draft_vocab=48, noise=0.01)
+    heads, _, _ = tiny_medusa_heads(tiny_models["llama"], root / "heads", n_heads=4)
     kw = TINY_EXPORT | {"max_len": 1024, "k": 6, "validate": False}
     out = export(
         ExportConfig(
@@ -394,16 +392,15 @@ def test_streamed_pieces_carry_their_tokens_logprobs(generic):
 
 # ---- the server, driven by the openai client --------------------------------------------------------------
 openai = pytest.importorskip("openai")
-from test_chat_page import browser  # noqa: E402, F401 (the fixture, for the page test)
 
 
 @pytest.fixture(scope="module")
 def served(hermes_folder):
     pytest.importorskip("uvicorn")
-    from test_server import _serving
+    from helpers.serving import serving
 
     gen = Generator.load(hermes_folder, RuntimeConfig(drafter="ngram", k=4))
-    with _serving(gen) as (url, app):
+    with serving(gen) as (url, app):
         yield url, gen
 
 
@@ -518,10 +515,10 @@ def test_chat_n_streamed(client, served):
 
 
 def test_strict_model_refuses_other_names(hermes):
-    from test_server import _serving
+    from helpers.serving import serving
 
     httpx = pytest.importorskip("httpx")
-    with _serving(hermes, strict_model=True) as (url, _):
+    with serving(hermes, strict_model=True) as (url, _):
         body = {"model": "gpt-4o", "prompt": "hi", "max_tokens": 1}
         r = httpx.post(url + "/v1/completions", json=body)
         assert r.status_code == 404 and "--strict-model" in r.json()["error"]["message"]
@@ -565,10 +562,10 @@ def test_bad_input_is_a_400_naming_the_field(served, body, param):
 def test_the_chat_page_shows_tool_calls_and_sends_results(served, browser):  # noqa: F811
     """In a real browser (skipped without one): tools pasted in, a required call shown as a call, the
     next message sent as its result, and the model answers after it."""
-    from test_chat_page import Page, _until
+    from helpers.browser import Page, until
 
     page = Page(browser, served[0], key="")
-    _until(lambda: page.text("model") == "tiny", "the model name")
+    until(lambda: page.text("model") == "tiny", "the model name")
     page.d.find_element(page.By.CSS_SELECTOR, "#tools-box summary").click()
     page.fill("tools", json.dumps(TOOLS))
     page.choose("tool-choice", "required")
@@ -588,7 +585,7 @@ def test_the_chat_page_shows_tool_calls_and_sends_results(served, browser):  # n
 def test_a_tool_loop_on_the_default_model(default_engine):
     """SmolLM2-135M-Instruct's template takes no tools (the generic fallback): the openai client
     gets a required call that validates, answers it, and the model goes on in text."""
-    from test_server import _serving
+    from helpers.serving import serving
 
     tools = [
         WEATHER
@@ -604,7 +601,7 @@ def test_a_tool_loop_on_the_default_model(default_engine):
         }
     ]
     gen = Generator.load(default_engine, RuntimeConfig())
-    with _serving(gen) as (url, _):
+    with serving(gen) as (url, _):
         c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
         msgs = [{"role": "user", "content": "What is the weather like in Paris today?"}]
         kw = dict(model="gpt-4o-mini", max_tokens=60, temperature=0, tools=tools)

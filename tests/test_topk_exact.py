@@ -8,7 +8,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from edgespec.export.target.graph import GraphBuilder, WeightStore, _top_k
+from edgespec.export.target.graph.builder import GraphBuilder
+from edgespec.export.target.graph.store import WeightStore
+from edgespec.export.target.graph.writer import _top_k
 
 V, K = 64, 8
 
@@ -85,8 +87,8 @@ def test_greedy_accept_from_argmax_ids_is_accept_from_logits():
     keeps from the logits, on chains and trees with ties, -inf and extreme values (test_properties'
     cases), given each row's first maximum."""
     pytest.importorskip("hypothesis")
+    from helpers.strategies import FAST, chain_case, tree_case
     from hypothesis import given
-    from test_properties import FAST, chain_case, tree_case
 
     from edgespec.runtime.sampling import SamplingConfig
     from edgespec.runtime.state import Proposal, SeqState

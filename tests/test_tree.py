@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.rows import random_tree
 
 
 @pytest.fixture(scope="module", params=["fp32", "int4"])
@@ -34,55 +35,6 @@ def tree_model(request, tmp_path_factory):
     )
     m = load_manifest(out)
     return OrtModel(m, m.target)
-
-
-def random_tree(rng, path: np.ndarray, n_nodes: int, vocab: int, n_chain: int = 1):
-    """(tokens, parents, path node ids): a tree in topological order that holds `path` as one
-    root-to-leaf branch (root = path[0]), the other nodes random tokens under random parents;
-    its first n_chain nodes are path nodes (a chain)."""
-    tokens, parents, depth = [int(path[0])], [-1], [0]
-    on_path = [0]
-    for t in path[1:n_chain]:
-        parents.append(on_path[-1])
-        tokens.append(int(t))
-        on_path.append(len(tokens) - 1)
-        depth.append(len(on_path) - 1)
-    while len(tokens) < n_nodes:
-        d_next = len(on_path)
-        if d_next < len(path) and rng.random() < 0.4:  # extend the true path
-            parents.append(on_path[-1])
-            tokens.append(int(path[d_next]))
-            on_path.append(len(tokens) - 1)
-        else:
-            p = int(rng.integers(len(tokens)))
-            parents.append(p)
-            tokens.append(int(rng.integers(3, vocab)))
-        depth.append(depth[parents[-1]] + 1)
-    while len(on_path) < len(path):  # finish the path if the random draw did not
-        parents.append(on_path[-1])
-        tokens.append(int(path[len(on_path)]))
-        on_path.append(len(tokens) - 1)
-    return np.array(tokens, np.int64), np.array(parents, np.int64), np.array(on_path, np.int64)
-
-
-def assert_tree_rows_are_chain_rows(e, pasts, n_nodes: int, label: str = "") -> None:
-    """Engine e: after a random prefill of each past, the rows of a random tree of n_nodes that holds a
-    4-token path equal, bitwise, the one-token decodes of that path."""
-    from edgespec.runtime.prefill import prefill
-    from edgespec.runtime.tree import tree_chain_prefix
-
-    for past in pasts:
-        rng = np.random.default_rng(past)
-        seq = rng.integers(3, 256, past + 6).astype(np.int64)
-        prefill(e, seq[:past], 0)
-        ref = []
-        for i, t in enumerate(seq[past : past + 4]):
-            ref.append(e.forward(np.array([t]), past + i)[0].copy())
-            e.commit(past + i, 1)
-        tokens, parents, on_path = random_tree(rng, seq[past : past + 4], n_nodes, 256, tree_chain_prefix(past, 4))
-        logits = e.forward(tokens, past, parents=parents)
-        for d, node in enumerate(on_path):
-            assert np.array_equal(logits[node], ref[d]), (label, past, d)
 
 
 @pytest.mark.parametrize("past", [20, 30, 60, 62, 95, 120, 124, 126, 127, 250])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 # the export settings of the tiny test engines (tests/conftest.py tiny_engine): small buckets, so
 # every phase and tree path is exercised in a few tokens
 TINY_EXPORT = dict(max_len=256, k=8, prefill_chunk=16, kv_bucket=32, precision="fp32", trees=True, progress=False)
@@ -61,8 +63,6 @@ def make_tiny(model_type: str, folder: Path, seed: int = 0, **overrides) -> Path
 def assert_rows_bitwise_alike(m, label="") -> None:
     """A token's logits are the same bits in a prefill, verify and decode call of a folder's target
     (manifest m): rows 16.. computed at the prefill width, at verify widths 4, 3, 2 and one by one."""
-    import numpy as np
-
     from edgespec.engines.ort import OrtModel
 
     e = OrtModel(m, m.target)
@@ -91,7 +91,6 @@ def make_tiny_gguf(path: Path, types: dict[str, str], seed: int = 0, hidden: int
     from random floats with gguf.quants; the K-quants (which gguf-py cannot quantize) are random
     blocks with small fp16 scales. Rows of 256 inputs, so every K-quant fits."""
     import gguf
-    import numpy as np
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     rng = np.random.default_rng(seed)
@@ -198,3 +197,118 @@ GEMMA3_FIELDS = dict(
     },
     tie_word_embeddings=True,
 )
+
+
+# ---- tiny drafter checkpoints for a tiny target (random, or its own init plus noise) -----------------
+def _target_arrays(model_dir):
+    """(ArchSpec, float32 state dict) of a tiny HF target folder."""
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.export.target.arch import arch_from_config
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    arch = arch_from_config(model.config, 256)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    return arch, sd
+
+
+def tiny_eagle_head(
+    model_dir, out, draft_vocab: int | None = None, seed: int = 0, noise: float = 0.0, by_frequency: bool = False
+):
+    """A head for a tiny target, saved in the EAGLE layout (random, or a copy of the last layer)."""
+    import dataclasses
+
+    from edgespec.export.drafters.eagle.checkpoint import save_head
+    from edgespec.export.drafters.eagle.head import build_head, init_arrays
+
+    arch, sd = _target_arrays(model_dir)
+    V = arch.vocab_size
+    d2t = np.arange(V) if draft_vocab is None else np.sort(np.random.default_rng(seed).choice(V, draft_vocab, False))
+    hc, arrays = init_arrays(arch, sd, d2t.astype(np.int64), seed)
+    if by_frequency:  # as train-eagle writes them: d2t most frequent first (here: an arbitrary order)
+        arrays["d2t"] = np.random.default_rng(seed).permutation(arrays["d2t"])
+        hc = dataclasses.replace(hc, d2t_by_frequency=True)
+    rng = np.random.default_rng(seed + 1)
+    for k, v in arrays.items():
+        if k != "d2t" and noise:
+            arrays[k] = (v + rng.normal(0, noise, v.shape)).astype(np.float32)
+    cos, sin = arch.rope_tables()
+    embed = sd["model.embed_tokens.weight"]
+    lm = sd.get("lm_head.weight", embed)
+    head = build_head(hc, arrays, embed, lm, cos, sin)
+    save_head(head, out)
+    return out, head, arch
+
+
+def tiny_eagle3_head(model_dir, out, draft_vocab: int = 48, seed: int = 0, noise: float = 0.02):
+    """An EAGLE-3 head for a tiny target (its init plus noise), saved in the EAGLE-3 layout."""
+    from edgespec.export.drafters.eagle3.head import build_eagle3, init_arrays, save_eagle3
+
+    arch, sd = _target_arrays(model_dir)
+    V = arch.vocab_size
+    d2t = np.random.default_rng(seed).permutation(V)[:draft_vocab].astype(np.int64)
+    embed = sd["model.embed_tokens.weight"]
+    ec, arrays = init_arrays(arch, sd, sd.get("lm_head.weight", embed), d2t, seed)
+    rng = np.random.default_rng(seed + 1)
+    for k, v in arrays.items():
+        if k != "d2t":
+            arrays[k] = (v + rng.normal(0, noise, v.shape)).astype(np.float32)
+    cos, sin = arch.rope_tables()
+    head = build_eagle3(ec, arrays, embed, cos, sin)
+    save_eagle3(head, out)
+    return out, head, arch
+
+
+def tiny_medusa_heads(model_dir, out, draft_vocab: int = 48, n_heads: int = 3, n_layers: int = 1, seed: int = 0):
+    """Random heads for a tiny target, saved in the Medusa layout."""
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.export.drafters.medusa.checkpoint import save_heads
+    from edgespec.export.drafters.medusa.head import MedusaConfig, build_heads, random_heads
+    from edgespec.export.target.arch import arch_from_config
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    arch = arch_from_config(model.config, 256)
+    V = arch.vocab_size
+    d2t = np.sort(np.random.default_rng(seed).choice(V, draft_vocab, False)) if draft_vocab < V else np.arange(V)
+    mc = MedusaConfig(
+        hidden_size=arch.hidden_size, vocab_size=V, draft_vocab_size=len(d2t), n_heads=n_heads, n_layers=n_layers
+    )
+    lm = model.lm_head.weight.detach().float().numpy()
+    heads = build_heads(mc, random_heads(mc, d2t, seed), lm)
+    save_heads(heads, out)
+    return out, heads, arch
+
+
+def tiny_dflash(model_dir, out, block_size: int = 5, draft_vocab: int = 48, seed: int = 0, noise: float = 0.02):
+    """An untrained DFlash drafter for a tiny target (its init plus noise), saved in the DFlash layout."""
+    from edgespec.export.drafters.dflash.model import DFlashConfig, build_dflash, init_arrays, save_dflash
+    from edgespec.export.target.spec import aux_layers
+
+    arch, sd = _target_arrays(model_dir)
+    d2t = np.random.default_rng(seed).permutation(arch.vocab_size)[:draft_vocab].astype(np.int64)
+    dc = DFlashConfig(
+        hidden_size=arch.hidden_size,
+        n_layers=1,
+        n_heads=arch.n_heads,
+        n_kv_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        intermediate_size=arch.intermediate_size,
+        rms_norm_eps=arch.rms_norm_eps,
+        rope_theta=float(arch.rope_theta),
+        vocab_size=arch.vocab_size,
+        draft_vocab_size=draft_vocab,
+        block_size=block_size,
+        mask_token_id=arch.vocab_size - 1,
+        target_layer_ids=tuple(ly - 1 for ly in aux_layers(arch.n_layers)),
+        n_target_layers=arch.n_layers,
+    )
+    arrays = init_arrays(arch, sd, d2t, dc, seed)
+    rng = np.random.default_rng(seed + 1)
+    for k, v in arrays.items():
+        if k != "d2t":
+            arrays[k] = (v + rng.normal(0, noise, v.shape)).astype(np.float32)
+    embed = sd["model.embed_tokens.weight"]
+    cos, sin = arch.rope_tables()
+    save_dflash(build_dflash(dc, arrays, embed, sd.get("lm_head.weight", embed), cos, sin), out)
+    return out
