@@ -1,6 +1,6 @@
 """Write the README's results table from a bench JSON (`edgespec bench --json`).
 
-    python tools/results_table.py docs/bench_drafts_eval.json --drafters none,ngram,suffix,eagle,hybrid
+    python tools/results_table.py docs/data/bench_drafts_eval.json --drafters none,ngram,suffix,eagle,hybrid
     python tools/results_table.py            # again, from the file and options the README names
     python tools/results_table.py --check    # exit 1 when the README's table is not what its JSON gives
 
