@@ -1,7 +1,7 @@
 """Hybrid drafting by expected accepted length: each step proposes suffix decoding's chain or the
 EAGLE head's chain, whichever is expected to keep more tokens.
 
-Suffix decoding (suffix.py) covers text that occurred before, in this prompt + output and in the
+Suffix decoding (suffix/) covers text that occurred before, in this prompt + output and in the
 process's recent requests; the head covers new text. Each source predicts its own chain's
 accepted length from its own probabilities: the sum over i of the path probability p(d_1..d_i),
 which is the expected accepted length if those probabilities were right (the suffix drafter's

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgespec.runtime.drafters import Drafter, DrafterPlugin, Option, register
-from edgespec.runtime.drafters.suffix import agreeing
+from edgespec.runtime.drafters.suffix.cache import agreeing
 from edgespec.runtime.state import Proposal, SeqState, chain
 
 MAX_TREE_MATCHES = 8  # earlier occurrences an n-gram tree merges (per suffix length)
@@ -40,7 +40,7 @@ class NgramDrafter(Drafter):
     def _matches(self, seq: SeqState):
         """(suffix size, places just after its earlier occurrences, ascending), longest suffix first;
         each place is <= n - 1, so at least one token follows the match. From the earlier places of
-        the last token and how far back each agrees with the sequence's end (suffix.agreeing: one
+        the last token and how far back each agrees with the sequence's end (suffix/cache.py agreeing: one
         comparison for every size, not a window scan per size)."""
         toks, n = seq.tokens, seq.n
         top = min(self.cfg.max_n, n - 1)
