@@ -51,7 +51,7 @@ FUSED_PREFIX = "eagle/"  # the EAGLE head's inputs/outputs/weights inside the fu
 DTYPES = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8}
 DTYPES |= {"uint64": 8, "float16": 2, "float32": 4, "float64": 8}  # name -> bytes per element
 KV_DTYPES = ("float16", "float32")  # what export writes the KV cache in (the graphs' activation dtype)
-# a weight may also be bf16 (an embedding every value of which is one: export/target/linears.py); numpy
+# a weight may also be bf16 (an embedding every value of which is one: export/target/quant/linears.py); numpy
 # has no such dtype, so the engines hand its bits to ONNX Runtime typed (engines/session.py), never to np.dtype
 WEIGHT_DTYPES = DTYPES | {"bfloat16": 2}
 
@@ -171,7 +171,7 @@ class Manifest:
     #                                      its section (the models it ships); model-free drafters have none
     files: dict[str, FileRecord] = field(default_factory=dict)  # file -> size and sha256 as exported
     export_probe: dict = field(default_factory=dict)  # --precision auto: the candidates' width tables on the
-    #                                                   exporting CPU and the choice (export/target/probe.py); {}: none
+    #   exporting CPU and the choice (export/target/checks/probe.py); {}: none
     head_fit: dict = field(default_factory=dict)  # the heads' step-1 acceptance against this target and prompt
     #                                       lookup's, on the built-in check prompts (export/fit.py); {}: not checked
     problems: dict[str, str] = field(default_factory=dict, compare=False, metadata={"json": False})  # section ->

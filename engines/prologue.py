@@ -1,6 +1,6 @@
 """The per-call masks and slot indices of a graph exported with --host-prologue, built on the host.
 
-The lean graph's prologue (export/target/lean_prologue.py) derives, once per call, what every
+The lean graph's prologue (export/target/graph/lean_prologue.py) derives, once per call, what every
 layer's attention shares: which cached slots a row sees, which new tokens are its ancestors, the
 score column each new key goes to, where the new values sit in the window. Computed inside the
 graph it needs Shape, Range, CumSum and friends, which ONNX Runtime places on the CPU, so a CUDA

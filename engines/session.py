@@ -34,7 +34,7 @@ PROVIDERS = {
     "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
     "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
 }
-BF16 = "bfloat16"  # a weight dtype numpy lacks (an embedding stored bf16: export/target/linears.py)
+BF16 = "bfloat16"  # a weight dtype numpy lacks (an embedding stored bf16: export/target/quant/linears.py)
 ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16 (onnx is export's dependency, not the engines')
 
 # ONNX Runtime's own library of each GPU provider (lib*.so / *.dll beside its Python module); it links

@@ -21,7 +21,8 @@ from onnx import helper
 
 from edgespec.export.target import spec as es
 from edgespec.export.target.arch import PLAIN_LAYERS, ArchSpec
-from edgespec.export.target.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, ModelWriter
+from edgespec.export.target.graph.builder import NP_TO_ONNX, GraphBuilder, GraphOptions
+from edgespec.export.target.graph.writer import ModelWriter
 
 
 class HeadGraphWriter(ModelWriter):
@@ -155,7 +156,7 @@ def validate_head(
     from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.target.validate import compare, schedule
+    from edgespec.export.target.checks.validate import compare, schedule
 
     man = for_checks(load_manifest(folder))
     engine = OrtModel(man, man.models()[role])

@@ -59,7 +59,7 @@ class ExportContext:
 
     def reference_target(self):
         """The target as PyTorch, computing with the weights its graph uses (int4: dequantized)."""
-        from edgespec.export.target.reference import reference_model
+        from edgespec.export.target.checks.reference import reference_model
 
         return reference_model(self.model, self.writer)
 

@@ -31,8 +31,9 @@ def draft_writer(spec: str, ctx, opts):
     """The draft's graph writer, its PyTorch model and its manifest kind, for each --draft form."""
     from edgespec.export.target import sources
     from edgespec.export.target.arch import arch_from_config
-    from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter
-    from edgespec.export.target.reference import hf_weights
+    from edgespec.export.target.graph.builder import GraphOptions
+    from edgespec.export.target.graph.writer import LlamaGraphWriter
+    from edgespec.export.target.sources.transformers import hf_weights
     from edgespec.export.target.spec import PRECISIONS, ExportError
 
     arch = ctx.arch
@@ -83,7 +84,7 @@ class DraftPlugin(ExportPlugin):
 
     def write(self, ctx, spec: str) -> Shipped:
         """draft.onnx (+ draft.weights unless it reads the target's: self:N at the target's precision)."""
-        from edgespec.export.target.weights import write_weights
+        from edgespec.export.target.graph.store import write_weights
         from edgespec.export.target.write import host_prologue_entry, write_model
         from edgespec.runtime.drafters.draft import DraftSection
 
@@ -102,9 +103,9 @@ class DraftPlugin(ExportPlugin):
 
     def validate(self, ctx, state, tokens) -> dict:
         """Against its own PyTorch model (no progress step: both of its steps are the writing's)."""
-        from edgespec.export.target.reference import reference_model
+        from edgespec.export.target.checks.reference import reference_model
+        from edgespec.export.target.checks.validate import validate_model
         from edgespec.export.target.spec import tolerance
-        from edgespec.export.target.validate import validate_model
 
         writer, model = state
         return {

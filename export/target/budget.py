@@ -29,7 +29,7 @@ def weights_estimate(cfg, src, shape) -> int:
     """The folder's weights bytes, estimated from the source's size: a GGUF's blocks are kept
     (folders measured at 1.06-1.15x the file), a safetensors checkpoint's parameters at the
     precision's bytes per parameter."""
-    from edgespec.export.target.sources import GGUF_KINDS
+    from edgespec.export.target.sources.resolve import GGUF_KINDS
 
     path = Path(src.path)
     if src.kind in GGUF_KINDS:

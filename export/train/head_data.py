@@ -47,9 +47,11 @@ class DataConfig:
 def load_target(target: str | None):
     """(model, tokenizer) of the target, the model computing with the weights the default int4 engine
     uses (dequantized)."""
-    from edgespec.export.target import reference, sources
+    from edgespec.export.target import sources
     from edgespec.export.target.arch import arch_from_config
-    from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter
+    from edgespec.export.target.checks import reference
+    from edgespec.export.target.graph.builder import GraphOptions
+    from edgespec.export.target.graph.writer import LlamaGraphWriter
 
     model, tok = sources.load(sources.resolve(target))
     writer = LlamaGraphWriter(arch_from_config(model.config, 2048), reference.hf_weights(model), GraphOptions("int4"))

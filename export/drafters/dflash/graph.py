@@ -24,8 +24,9 @@ from onnx import TensorProto, helper
 
 from edgespec.export.drafters._graph import HeadGraphWriter
 from edgespec.export.target.arch import ArchSpec
-from edgespec.export.target.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter
-from edgespec.export.target.layer_ops import Stream
+from edgespec.export.target.graph.builder import NP_TO_ONNX, GraphBuilder, GraphOptions
+from edgespec.export.target.graph.layer_ops import Stream
+from edgespec.export.target.graph.writer import LlamaGraphWriter
 
 NEG = -1e30  # additive bias of a key a row must not see
 _MLP_NAMES = ("gu_split", "sig", "silu", "act")  # node names of its SwiGLU (layer_ops.LayerOps.mlp)
@@ -280,7 +281,7 @@ def validate_dflash(folder, dw: DFlashGraphWriter, ref_target, tokens: np.ndarra
     from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.export.drafters.dflash.model import build_dflash
-    from edgespec.export.target.validate import aux_features, compare
+    from edgespec.export.target.checks.validate import aux_features, compare
     from edgespec.runtime.drafters.dflash.engine import OrtDFlash
 
     c = dw.cfg

@@ -27,8 +27,8 @@ from onnx import helper
 from edgespec.engines.manifest import FUSED_PREFIX, ModelSpec
 from edgespec.export.drafters._graph import HeadGraphWriter, validate_head
 from edgespec.export.target import spec as es
-from edgespec.export.target.graph import decoder_layer
-from edgespec.export.target.layer_ops import Stream
+from edgespec.export.target.graph.layer_ops import Stream
+from edgespec.export.target.graph.writer import decoder_layer
 
 _LAYER = "layers.0."
 
@@ -190,7 +190,7 @@ def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.nd
     import torch
 
     from edgespec.export.drafters.eagle.head import build_head
-    from edgespec.export.target.validate import target_features
+    from edgespec.export.target.checks.validate import target_features
 
     feats = target_features(ref_target, tokens)  # [N, H]
     ref_arrays = dict(ew.reference) | {
@@ -225,7 +225,7 @@ def validate_fused(folder: Path, tokens: np.ndarray, tol: float) -> dict[str, fl
     from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
     from edgespec.engines.ort import OrtModel
-    from edgespec.export.target.validate import compare, schedule
+    from edgespec.export.target.checks.validate import compare, schedule
     from edgespec.runtime.drafters.eagle.fused import FusedVerifier
 
     man = for_checks(load_manifest(folder))

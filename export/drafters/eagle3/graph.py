@@ -30,8 +30,8 @@ import numpy as np
 
 from edgespec.export.drafters._graph import HeadGraphWriter, head_source, validate_head
 from edgespec.export.target.arch import ArchSpec
-from edgespec.export.target.graph import GraphOptions
-from edgespec.export.target.layer_ops import Stream
+from edgespec.export.target.graph.builder import GraphOptions
+from edgespec.export.target.graph.layer_ops import Stream
 
 _ATTN = "midlayer.self_attn."
 _MLP = "midlayer.mlp."
@@ -165,7 +165,7 @@ def validate_eagle3(
     """The head graph, fed fc(aux) of the target's real aux features as the runtime feeds it,
     against the PyTorch head (same weights, int4 dequantized) per width."""
     from edgespec.export.drafters.eagle3.head import build_eagle3
-    from edgespec.export.target.validate import aux_features
+    from edgespec.export.target.checks.validate import aux_features
     from edgespec.runtime.drafters.eagle3 import normed_aux
 
     aux = aux_features(ref_target, tokens, ew.cfg.aux_layers)  # [N, 3H]

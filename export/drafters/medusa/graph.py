@@ -22,7 +22,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgespec.export.target.arch import ArchSpec
-from edgespec.export.target.graph import NP_TO_ONNX, GraphBuilder, GraphOptions, LlamaGraphWriter, ModelWriter
+from edgespec.export.target.graph.builder import NP_TO_ONNX, GraphBuilder, GraphOptions
+from edgespec.export.target.graph.writer import LlamaGraphWriter, ModelWriter
 
 
 class MedusaGraphWriter(ModelWriter):
@@ -149,7 +150,7 @@ def validate_medusa(
 
     from edgespec.engines.context import for_checks
     from edgespec.engines.manifest import load_manifest
-    from edgespec.export.target.validate import compare, target_features
+    from edgespec.export.target.checks.validate import compare, target_features
     from edgespec.runtime.drafters.medusa.engine import OrtHeads
 
     man = for_checks(load_manifest(folder))

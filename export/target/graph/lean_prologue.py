@@ -1,5 +1,5 @@
 """The lean flavour's per-call prologue: the masks, indices and rotary rows every layer's attention
-shares (lean_graph.LeanOps.attention reads them from ctx), built once per call in the graph, or read
+shares (lean.LeanOps.attention reads them from ctx), built once per call in the graph, or read
 from graph inputs the engine builds (--host-prologue: engines/prologue.py writes the same values).
 
 Rows are ordered (t, h): row t*Hq + h is query head h of token t. A model with sliding layers
@@ -16,8 +16,8 @@ import numpy as np
 from onnx import TensorProto
 
 if TYPE_CHECKING:
-    from edgespec.export.target.graph import GraphBuilder
-    from edgespec.export.target.lean_graph import LeanOps
+    from edgespec.export.target.graph.builder import GraphBuilder
+    from edgespec.export.target.graph.lean import LeanOps
 
 
 def host_prologue_inputs(

@@ -3,8 +3,8 @@
 A model (graph.LlamaGraphWriter, each drafter's graph writer) is written once as
 calls on a LayerOps: `linear`, `norm`, `add`, `rotary`, `attention`, `mlp` and the per-call
 prologue. Each flavour implements them in its own ops and tensor layout:
-  portable (portable_graph.PortableOps)  standard ONNX ops, opset 17, rows [T, H]: TensorRT parses it
-  lean (lean_graph.LeanOps)              ONNX Runtime's fused ops where they keep the rule, opset 18,
+  portable (portable.PortableOps)  standard ONNX ops, opset 17, rows [T, H]: TensorRT parses it
+  lean (lean.LeanOps)              ONNX Runtime's fused ops where they keep the rule, opset 18,
                                          rows [1, T, H], a sublayer's output added by the next norm
 The linears are a strategy of their own (linears.Linears, the flavour's LINEARS), so a flavour
 with other linears only names another class. Graphs whose layers exist in one form only (a block
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgespec.export.target.linears import Linears
+from edgespec.export.target.quant.linears import Linears
 
 if TYPE_CHECKING:
     from onnx import ValueInfoProto
 
     from edgespec.export.target.arch import ArchSpec
-    from edgespec.export.target.graph import GraphBuilder, GraphOptions
+    from edgespec.export.target.graph.builder import GraphBuilder, GraphOptions
 
 MLP_NAMES = ("Split", "Sigmoid", "SiLU", "GLU")  # node names of mlp()'s ops under its prefix
 GEMM_K_MAX = 128  # longest attention-score reduction one Gemm takes (LayerOps.scores)
@@ -58,7 +58,7 @@ class LayerOps:
 
     def standard(self) -> LayerOps:
         """This flavour's linears with the portable layer ops (graphs written in standard ops only)."""
-        from edgespec.export.target.portable_graph import PortableOps
+        from edgespec.export.target.graph.portable import PortableOps
 
         return PortableOps(self.arch, self.opts, self.dtype, self.linears)
 

@@ -3,7 +3,7 @@ dropped, so the export's memory follows the largest tensor, not the model.
 
 The graph writer is the one every export uses (graph.LlamaGraphWriter: same names, same arrays,
 same graph); what changes is where its weights come from and go to. It reads a StreamedWeights
-mapping (tensors.py: each tensor read from the checkpoint when asked for) instead of a state dict,
+mapping (sources/safetensors.py: each tensor read from the checkpoint when asked for) instead of a state dict,
 stores into a SpillStore (each array on disk the moment it is stored, the weights file laid out
 at the end exactly as weights.write_weights does), and quantizes a MatMulNBits linear in row
 blocks (blocks run along a row's inputs, so a row block quantizes to the same bytes as inside the
@@ -20,101 +20,21 @@ sampled model of its first layers (sampled.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import ml_dtypes  # noqa: F401  (numpy reads the index's dtype name "bfloat16": a bf16 embedding)
 import numpy as np
 
 from edgespec.export.target.arch import ArchSpec
-from edgespec.export.target.families import STREAMED
-from edgespec.export.target.graph import GraphOptions, LlamaGraphWriter, WeightStore
-from edgespec.export.target.linears import IntegerLinears, Layout, Linears, Part, RowLinears
+from edgespec.export.target.graph.builder import GraphOptions
+from edgespec.export.target.graph.store import CHUNK_BYTES, SpillStore, WeightStore
+from edgespec.export.target.graph.writer import LlamaGraphWriter
+from edgespec.export.target.quant.integer_linears import IntegerLinears
+from edgespec.export.target.quant.linears import Layout, Linears, Part
+from edgespec.export.target.quant.row_linears import RowLinears
+from edgespec.export.target.sources.safetensors import LazyTensor
 from edgespec.export.target.spec import ExportError
-from edgespec.export.target.tensors import (
-    CHUNK_BYTES,
-    DTYPES,
-    CheckpointError,
-    LazyTensor,
-    SpillStore,
-    StreamedWeights,
-    read_index,
-)
-
-IGNORED = ("rotary_emb.inv_freq",)  # checkpoint tensors transformers ignores too (recomputed buffers)
-
-
-def why_not(cfg, src, shipping: dict, hf_cfg) -> str | None:
-    """Why this export cannot stream its target (then it loads the model through transformers), or
-    None when it can: a local safetensors folder of a streamed family or a local GGUF (its
-    architecture and tensor types are checked when it opens: gguf_stream.open_gguf), no drafter
-    that ships models (they read the target's PyTorch model and its whole weights), not a quantized
-    safetensors checkpoint, not --stream-weights off."""
-    if getattr(cfg, "stream_weights", "auto") == "off":
-        return "--stream-weights off"
-    if src.kind == "hub":
-        return "a hub id (streamed from local safetensors and GGUF files only)"
-    if shipping:
-        return f"the drafters {', '.join(shipping)} read the target's PyTorch model"
-    if src.kind != "hf":
-        return None
-    mt = getattr(hf_cfg, "model_type", None)
-    if mt not in STREAMED:
-        return f"model_type {mt!r} is not streamed yet ({', '.join(STREAMED)} are)"
-    if getattr(hf_cfg, "quantization_config", None):
-        return "a quantized checkpoint (quantization_config)"
-    return None
-
-
-def expected_tensors(arch: ArchSpec) -> dict[str, tuple[int, ...]]:
-    """The checkpoint tensors (state-dict names and shapes) the writer reads for this architecture."""
-    a = arch
-    h, q, kv, inter = a.hidden_size, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.intermediate_size
-    out = {"model.embed_tokens.weight": (a.vocab_size, h), "model.norm.weight": (h,)}
-    if not a.tie_word_embeddings:
-        out["lm_head.weight"] = (a.vocab_size, h)
-    for i in range(a.n_layers):
-        p = f"model.layers.{i}."
-        norms = ["input_layernorm", "post_attention_layernorm"]
-        if a.sandwich_norms:
-            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
-        out |= {p + n + ".weight": (h,) for n in norms}
-        out |= {
-            p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        }
-        if a.qkv_bias:
-            out |= {p + f"self_attn.{n}_proj.bias": (r,) for n, r in (("q", q), ("k", kv), ("v", kv))}
-        if a.qk_norm:
-            out |= {p + "self_attn.q_norm.weight": (a.head_dim,), p + "self_attn.k_norm.weight": (a.head_dim,)}
-    return out
-
-
-def open_weights(folder: Path, arch: ArchSpec) -> StreamedWeights:
-    """The target's tensors, checked against what the writer reads (names, shapes, float dtypes):
-    a CheckpointError says why the checkpoint does not stream (the exporter then loads it the old
-    way, which reports what transformers makes of it)."""
-    entries = read_index(Path(folder))
-    want = expected_tensors(arch)
-    missing = [n for n in want if n not in entries]
-    if missing:
-        raise CheckpointError(f"the checkpoint lacks {len(missing)} tensors the graphs read ({', '.join(missing[:3])})")
-    extra = [n for n in entries if n not in want and not n.endswith(IGNORED)]
-    if extra:  # a tied head beside its embedding, a vision tower, ...: transformers decides what they mean
-        raise CheckpointError(
-            f"the checkpoint holds {len(extra)} tensors the graphs do not read ({', '.join(extra[:3])})"
-        )
-    for name, shape in want.items():
-        e = entries[name]
-        if e.shape != shape or e.dtype not in DTYPES:
-            raise CheckpointError(f"{name} is {e.dtype} {list(e.shape)}; the config implies a float {list(shape)}")
-    aliases = {"lm_head.weight": "model.embed_tokens.weight"} if arch.tie_word_embeddings else {}
-    return StreamedWeights({n: entries[n] for n in want}, aliases)
 
 
 class StreamingWriter(LlamaGraphWriter):
@@ -195,7 +115,7 @@ class StreamingWriter(LlamaGraphWriter):
 
     def _parts(self, hf_names: list[str], w: np.ndarray, bits: int) -> tuple[Part, ...]:
         """The checkpoint weights among a linear's rows (linears.Part): their GGUF types and kept
-        blocks where the checkpoint has a `part` (gguf_stream.GgufWeights), else floats (as
+        blocks where the checkpoint has a `part` (sources/gguf.GgufWeights), else floats (as
         graph.ModelWriter._linear gives a float checkpoint's)."""
         part = getattr(self.checkpoint, "part", None)
         if part is None:
@@ -399,7 +319,7 @@ def _check_blocks(name, w, got, names, bits: int, used, block_size: int, mins=No
     else:
         q, z = codes, zp.reshape(n, nb)
     deq = (q.astype(np.float32) - z[..., None]) * scales[..., None]  # [n, nb, bs]
-    if mins is not None:  # as gguf_blocks.Blocks.dequantized adds them
+    if mins is not None:  # as quant/blocks.Blocks.dequantized adds them
         deq = deq + mins.T[..., None]
     deq = deq.reshape(n, -1)  # [n, K]
     if not np.array_equal(deq, used):
@@ -436,78 +356,3 @@ def _check_used(name: str, w: np.ndarray, used: np.ndarray, bits: int, dtype: np
         ok = bool(np.all(np.abs(used - w) <= span / 15 * 1.0001 + 1e-30))
     if not ok:
         raise ExportError(f"{name}: the weights stored are not the checkpoint's ({bits or dtype} bits)")
-
-
-def float_sources(arch: ArchSpec) -> dict[str, tuple[list[str], float]]:
-    """Store name -> (the checkpoint tensors it is, concatenated; the offset added) of the float
-    arrays the writer takes straight from the checkpoint (graph.LlamaGraphWriter._prepare)."""
-    a, off = arch, arch.norm_weight_offset
-    out = {"embed": (["model.embed_tokens.weight"], 0.0), "final_norm": (["model.norm.weight"], off)}
-    for i in range(a.n_layers):
-        p = f"model.layers.{i}."
-        out[f"l{i}.ln1"] = ([p + "input_layernorm.weight"], off)
-        if a.sandwich_norms:
-            out[f"l{i}.ln2"] = ([p + "pre_feedforward_layernorm.weight"], off)
-            out[f"l{i}.post_attn"] = ([p + "post_attention_layernorm.weight"], off)
-            out[f"l{i}.post_mlp"] = ([p + "post_feedforward_layernorm.weight"], off)
-        else:
-            out[f"l{i}.ln2"] = ([p + "post_attention_layernorm.weight"], off)
-        if a.qk_norm:
-            out[f"l{i}.q_norm"] = ([p + "self_attn.q_norm.weight"], off)
-            out[f"l{i}.k_norm"] = ([p + "self_attn.k_norm.weight"], off)
-        if a.qkv_bias:
-            out[f"l{i}.qkv_b"] = ([p + f"self_attn.{n}_proj.bias" for n in "qkv"], 0.0)
-    return out
-
-
-def check_floats(writer: StreamingWriter, weights: StreamedWeights, path: Path, index: dict[str, dict]) -> int:
-    """Every float array taken straight from the checkpoint, read back from the weights file and
-    compared bitwise with the checkpoint tensor (+ the norm offset, in the graph's dtype); fp32 and
-    fp16 linears too (stored transposed). Returns how many arrays were compared."""
-    f = writer.dtype
-    checks = {k: (v[0], v[1], False) for k, v in float_sources(writer.arch).items()}
-    for name, parts in _float_linears(writer):
-        checks[name] = (parts, 0.0, True)
-    n = 0
-    for name, (sources, off, transposed) in checks.items():
-        if name == "embed" and name not in index:  # read from packed blocks (checked bitwise as stored)
-            continue
-        # the writer's sum and cast (the embedding in fp16 / bf16 where every value is one: Linears.store_embedding)
-        cast = np.dtype(index[name]["dtype"]) if name == "embed" else f
-
-        def stored(x: np.ndarray, off=off, cast=cast) -> np.ndarray:
-            return (x + np.float32(off) if off else x).astype(cast)
-
-        if len(sources) == 1 and not transposed:  # rows read as compared: the embedding is never whole
-            src = sources[0]
-            ok = _file_equals(path, index[name], lambda r0, r1, s=src: stored(weights.rows(s, np.arange(r0, r1))))
-        else:
-            want = stored(np.concatenate([weights[s] for s in sources]) if len(sources) > 1 else weights[sources[0]])
-            want = want.T if transposed else want  # [in, out] as stored: compared as a view, not copied
-            ok = _file_equals(path, index[name], lambda r0, r1, w=want: w[r0:r1])
-        if not ok:
-            raise ExportError(f"{name}: the bytes written to {path.name} are not the checkpoint's {sources}")
-        n += 1
-    return n
-
-
-def _file_equals(path: Path, e: dict, want_rows) -> bool:
-    """The array the index entry e points at in `path` equals the rows want_rows(r0, r1) gives,
-    compared in row blocks of about CHUNK_BYTES."""
-    shape, dtype = tuple(e["shape"]), np.dtype(e["dtype"])
-    row = int(np.prod(shape[1:], dtype=np.int64))
-    step = max(1, CHUNK_BYTES // max(1, row * dtype.itemsize))
-    for r0 in range(0, shape[0], step):
-        r1 = min(shape[0], r0 + step)
-        got = np.fromfile(path, dtype, (r1 - r0) * row, offset=e["offset"] + r0 * row * dtype.itemsize)
-        want = want_rows(r0, r1)
-        if want.dtype != dtype or want.shape != (r1 - r0, *shape[1:]):
-            return False
-        if not np.array_equal(got.reshape(want.shape), want):
-            return False
-    return True
-
-
-def _float_linears(writer: StreamingWriter) -> Iterator[tuple[str, list[str]]]:
-    """(store name, checkpoint tensors) of the linears stored as floats [in, out]: fp32 / fp16."""
-    yield from writer.float_linears.items()

@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from edgespec.engines.rowop import SubScales
-from edgespec.export.target.gguf_header import read_header
 
 QK_K = 256  # weights per K-quant super-block
 
@@ -321,64 +320,3 @@ class CheckpointWeights(dict):
     def __init__(self, arrays: dict[str, np.ndarray], quantized: GgufWeights | None = None) -> None:
         super().__init__(arrays)
         self.quantized = quantized  # None: a float checkpoint (or blocks not wanted: --precision other than int4)
-
-
-def read_blocks(path: str, model, hf_weights: dict[str, np.ndarray], decode_blocks: bool = True) -> GgufWeights:
-    """The GGUF at `path`'s quantized 2-D tensors as Blocks under the names of `model` (the
-    transformers model loaded from it), each checked against `hf_weights` (its float32 state dict).
-    decode_blocks False: the types only (a float export records where its weights came from)."""
-    import gguf
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
-
-    h = read_header(path)
-    processor = TENSOR_PROCESSORS.get(h.architecture, TensorProcessor)(config=model.config.to_dict())
-    names = get_gguf_hf_weights_map(model, processor)  # GGUF name -> HF name
-    data = np.memmap(path, np.uint8, mode="r")
-    blocks, types, not_kept = {}, {}, {}
-    for t in h.tensors:
-        hf = names.get(t.name)
-        if hf is None or hf not in hf_weights:
-            continue
-        type_name = gguf.GGMLQuantizationType(t.type_id).name
-        types[hf] = type_name
-        if type_name in FLOATS or len(t.dims) != 2:
-            continue
-        if not decode_blocks:
-            not_kept[hf] = "--gguf-blocks requantize"
-            continue
-        if type_name not in DECODERS:
-            not_kept[hf] = f"{type_name} has no exact MatMulNBits form"
-            continue
-        per_block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.type_id)]
-        row_bytes = t.dims[0] // per_block * type_size
-        start = h.data_offset + t.offset
-        raw = data[start : start + row_bytes * t.dims[1]].reshape(t.dims[1], row_bytes)
-        b = decode(raw, type_name)
-        b = _processed(processor, b, t.name)
-        if not np.array_equal(b.dequantized(), hf_weights[hf]):
-            not_kept[hf] = "its blocks do not dequantize to the loaded weight (name or row order mapping)"
-            continue
-        blocks[hf] = b
-    tied = "lm_head.weight" in hf_weights and "lm_head.weight" not in types
-    embed = "model.embed_tokens.weight"
-    if tied and embed in types:  # a tied LM head is the embedding table's tensor
-        types["lm_head.weight"] = types[embed]
-        if embed in blocks and np.array_equal(hf_weights["lm_head.weight"], hf_weights[embed]):
-            blocks["lm_head.weight"] = blocks[embed]
-        if embed in not_kept:
-            not_kept["lm_head.weight"] = not_kept[embed]
-    return GgufWeights(blocks, types, not_kept)
-
-
-def _processed(processor, b: Blocks, gguf_name: str) -> Blocks:
-    """The row order transformers' GGUF loader gives the dequantized tensor (llama's q/k
-    permutation), applied to codes, scales, zero points and mins alike (blocks run along the input
-    dim, so whole rows move and every block stays intact)."""
-
-    def rows(a):
-        return None if a is None else np.ascontiguousarray(processor.process(weights=a, name=gguf_name).weights)
-
-    sub = None if b.sub is None else SubScales(*(rows(a) for a in b.sub.fields()))
-    return replace(
-        b, codes=rows(b.codes), scales=rows(b.scales), zero_points=rows(b.zero_points), mins=rows(b.mins), sub=sub
-    )

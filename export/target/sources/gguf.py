@@ -1,5 +1,5 @@
 """A GGUF target read one tensor at a time, as transformers' GGUF loader would give each tensor: the
-streaming export's GGUF source (stream.py writes the folder; this is where its weights come from).
+streaming export's GGUF source (graph/streaming.py writes the folder; this is where its weights come from).
 
 What transformers' loader does (modeling_gguf_pytorch_utils.load_gguf_checkpoint, the path it takes
 for every architecture of families.GGUF_STREAMED; its newer integrations/gguf path covers other ones), reproduced
@@ -17,8 +17,8 @@ The config is transformers' own (AutoConfig with gguf_file: the one the loaded m
 
 Reads are plain reads of each tensor's bytes in row pieces (no memory map: mapped pages count in the
 resident set), dequantized piece by piece into the float32 result. Quantized blocks are decoded per
-tensor when its linear is stored (part: gguf_blocks.decode on row pieces, the same rows moved), and
-kept only where they dequantize to the float32 tensor bitwise, as gguf_blocks.read_blocks decides on
+tensor when its linear is stored (part: quant/blocks.decode on row pieces, the same rows moved), and
+kept only where they dequantize to the float32 tensor bitwise, as sources/transformers.read_blocks decides on
 the transformers path. A GGUF this reader does not understand (an architecture outside families.GGUF_STREAMED, a
 tensor type outside TYPES, a tensor missing or of another shape) is a CheckpointError: the export
 then loads it through transformers and says why.
@@ -34,16 +34,11 @@ import numpy as np
 from edgespec.engines.rowop import SubScales
 from edgespec.export.target.arch import ArchSpec
 from edgespec.export.target.families import GGUF_STREAMED
-from edgespec.export.target.gguf_blocks import DECODERS, FLOATS, Blocks, decode
-from edgespec.export.target.gguf_header import read_header
-from edgespec.export.target.linears import Part
-from edgespec.export.target.tensors import (
-    CHUNK_BYTES,
-    CheckpointError,
-    ReadWeight,
-    StreamedWeights,
-    _read_exactly,
-)
+from edgespec.export.target.graph.store import CHUNK_BYTES, _read_exactly
+from edgespec.export.target.quant.blocks import DECODERS, FLOATS, Blocks, decode
+from edgespec.export.target.quant.linears import Part
+from edgespec.export.target.sources.gguf_header import read_header
+from edgespec.export.target.sources.safetensors import CheckpointError, ReadWeight, StreamedWeights
 
 TYPES = FLOATS + tuple(DECODERS)  # tensor types read (dequantized with gguf.quants; blocks kept by gguf_blocks)
 IGNORED = ("rope_freqs.weight",)  # tensors transformers' loader maps to no parameter, left unread as it leaves them
@@ -85,7 +80,7 @@ def open_gguf(path: str | Path, arch: ArchSpec, hf_cfg, keep_blocks: bool) -> Gg
     precision keeps the file's quantized blocks where they map exactly (--gguf-blocks keep)."""
     import gguf
 
-    from edgespec.export.target.stream import expected_tensors
+    from edgespec.export.target.sources.safetensors import expected_tensors
 
     h = read_header(path)
     mt = GGUF_STREAMED.get(h.architecture)
@@ -158,7 +153,7 @@ class GgufWeights(StreamedWeights):
     def part(self, hf_name: str, n_rows: int, w: np.ndarray, decode_blocks: bool, rows=None) -> Part:
         """The linears.Part of one tensor among a linear's rows: its GGUF type, and its blocks where
         they are kept (decoded only when decode_blocks: a quantized linear) or why not, as
-        gguf_blocks.read_blocks decides (their dequantization must be `w`, the float32 rows the
+        sources/transformers.read_blocks decides (their dequantization must be `w`, the float32 rows the
         writer holds, bitwise). rows: only these rows of the tensor (the sampled model's vocabulary)."""
         e = self.entries[self.source(hf_name)]
         t = e.type_name
@@ -225,7 +220,7 @@ def read_gguf(e: GgufEntry, rows: np.ndarray | None = None) -> ReadWeight:
 
 
 def read_blocks(e: GgufEntry, rows: np.ndarray | None = None) -> Blocks:
-    """A quantized 2-D tensor's blocks (gguf_blocks.Blocks) in the loaded tensor's row order,
+    """A quantized 2-D tensor's blocks (quant/blocks.Blocks) in the loaded tensor's row order,
     decoded in row pieces (a GGUF block lies within a row: a piece decodes to the whole's rows)."""
     order = _row_order(e, rows)
     step = max(1, CHUNK_BYTES // max(1, e.row_bytes))

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
-from edgespec.export.target.gguf_blocks import Blocks, concat, from_int4
-from edgespec.export.target.quant import quantize_int4, quantize_int8
+from edgespec.export.target.quant.blocks import Blocks, concat, from_int4
+from edgespec.export.target.quant.quantize import quantize_int4, quantize_int8
 
 if TYPE_CHECKING:
-    from edgespec.export.target.graph import GraphBuilder, GraphOptions, WeightStore
+    from edgespec.export.target.graph.builder import GraphBuilder, GraphOptions
+    from edgespec.export.target.graph.store import WeightStore
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Origin:
 
 @dataclass(frozen=True)
 class Layout:
-    """The MatMulNBits layout of a linear stored from kept blocks (gguf_blocks.Blocks)."""
+    """The MatMulNBits layout of a linear stored from kept blocks (quant/blocks.Blocks)."""
 
     bits: int  # 4 or 8
     block_size: int  # inputs per block (32; 16 for K-quant sub-blocks)
@@ -348,201 +349,6 @@ class Linears:
         return b.op("MatMul", [x, b.weight(name)], name + "/MatMul")
 
 
-class IntegerLinears(Linears):
-    """int8 weights x int8 activation rows with exact int32 accumulation (precision "int8").
-
-    Weights: symmetric per output channel, w ~ q_w * s_w (q_w in [-127, 127], s_w = max|w_row| / 127).
-    Activations: each row r of x quantized on its own, s_r = max(max|x_r| / 127, tiny), stored as
-    u8 = round(x_r / s_r) + 128 (ONNX Runtime's fast integer GEMM reads unsigned activations and
-    signed weights). Then y_rn = s_r * (s_w[n] * sum_k (u8_rk - 128) q_w[kn]): the sum is an exact
-    int32 and every factor depends on row r alone, so a row's output is the same bits whatever
-    other rows share the call (decode, verify and prefill agree by arithmetic). The row
-    quantization of one input is written once and shared by every linear that reads it."""
-
-    def __init__(self, opts: GraphOptions, dtype: np.dtype, store: WeightStore) -> None:
-        super().__init__(opts, dtype, store)
-
-    def bits(self, name: str) -> int:
-        return 8
-
-    def store_linear(
-        self, name: str, w_out_in: np.ndarray, tied: bool = False, parts: tuple[Part, ...] = ()
-    ) -> np.ndarray:
-        self.shapes[name] = w_out_in.shape
-        for p in parts or (Part(name, w_out_in.shape[0], "float"),):
-            self.origins.append(Origin(p.hf_name, p.source, "int8 per channel (re-quantized)", False))
-        w = np.asarray(w_out_in, np.float32)
-        scale = np.abs(w).max(axis=1) / 127.0  # [N]
-        scale[scale == 0] = 1.0  # an all-zero output channel
-        q = np.clip(np.rint(w / scale[:, None]), -127, 127)  # [N, K]
-        self.store.add(f"{name}.i8", np.ascontiguousarray(q.T).astype(np.int8))  # [K, N]
-        self.store.add(f"{name}.wscale", scale.astype(np.float32))
-        return (q * scale[:, None]).astype(np.float32)
-
-    def _quantized_rows(self, b: GraphBuilder, x: str) -> tuple[str, str]:
-        """x [.., K] float -> (u8 rows [.., K], row scales [.., 1]): 7 nodes, once per input."""
-        key = ("rowq", x)  # once per input of this graph
-        if key not in b.memo:
-            p = f"{x}/rowq"
-            amax = b.op(
-                "ReduceMax",
-                [b.op("Abs", [x], p + "/abs"), b.const("rowq_axis", np.array([-1], np.int64))],
-                p + "/amax",
-                keepdims=1,
-            )
-            inv127, tiny = (
-                b.const("rowq_inv127", np.array(1 / 127, np.float32)),
-                b.const("rowq_tiny", np.array(1e-30, np.float32)),
-            )
-            scale = b.op("Max", [b.op("Mul", [amax, inv127], p + "/div127"), tiny], p + "/scale")
-            rounded = b.op("Round", [b.op("Div", [x, scale], p + "/div")], p + "/round")
-            offset = b.const("rowq_offset", np.array(128, np.float32))
-            u8 = b.op("Cast", [b.op("Add", [rounded, offset], p + "/offset")], p + "/u8", to=TensorProto.UINT8)
-            b.memo[key] = (u8, scale)
-        return b.memo[key]
-
-    def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
-        u8, row_scale = self._quantized_rows(b, x)
-        y = b.op(
-            "MatMulIntegerToFloat",
-            [
-                u8,
-                b.weight(f"{name}.i8"),
-                b.const("rowq_one", np.array(1, np.float32)),
-                b.weight(f"{name}.wscale"),
-                b.const("rowq_zp", np.array(128, np.uint8)),
-            ],
-            name + "/MatMulIntegerToFloat",
-            domain="com.microsoft",
-        )  # [.., N] = s_w[n] * exact int32
-        return b.op("Mul", [y, row_scale], name + "/row_scale")
-
-
-class RowLinears(Linears):
-    """int4 linears (8-bit where the layout has 8-bit blocks: the LM head, Q8_0 / Q5_x / Q6_K files)
-    as edgespec's row kernel (engines/rowop: the op RowMatMul in its own domain, built on this
-    machine): the blocks MatMulNBits would hold, kept or re-quantized alike, packed once at export
-    in the kernel's layout, times activations quantized to int8 per row and per block with exact
-    int32 sums. A block minimum is part of the kernel (no second matmul), and every factor of a
-    row's result depends on that row alone: decode, verify and prefill rows agree by arithmetic,
-    on every instruction-set path. Chosen by --int4-kernel rowop or by --precision auto's probe;
-    GraphOptions.int4_kernel names it."""
-
-    def __init__(self, opts: GraphOptions, dtype: np.dtype, store: WeightStore) -> None:
-        super().__init__(opts, dtype, store)
-        self.attrs: dict[str, dict] = {}  # name -> the op's attributes of each packed linear
-        self.deferred: list[Blocks] | None = None  # a list: blocks are collected here instead of packed
-        #                                            (the streaming export packs a linear's row blocks
-        #                                            with the whole matrix's choices: stream.py)
-
-    def _store_quantized(self, name: str, bits: int, codes, scales, zero_points) -> None:
-        n, bs = len(scales), self.opts.int4_block_size
-        if bits == 4:
-            b = from_int4(codes, scales, zero_points, bs)
-        else:  # quant.quantize_int8: codes + 128, zero point 128
-            b = Blocks(codes.reshape(n, -1), scales, zero_points.reshape(n, -1), None, 8, bs, "int8")
-        self._store_blocks(name, b)
-
-    def _store_blocks(self, name: str, b: Blocks) -> None:
-        from edgespec.engines import rowop
-
-        if self.deferred is not None:
-            self.deferred.append(b)
-            return
-        p = rowop.pack(b.codes, b.scales, b.zero_points, b.mins, b.bits, b.block_size, sub=b.sub)
-        self.store.add(name + rowop.WEIGHT_SUFFIX, p.data)
-        self.attrs[name] = p.attrs
-
-    def kept_stored(self, b: Blocks) -> str:
-        """As packed: the narrowest code width, a K-quant's sub-scale codes where kept as stored."""
-        from edgespec.engines import rowop
-
-        ch = rowop.pack_choices(b.scales, b.zero_points, b.mins, b.bits, b.block_size, int(b.codes.max()), b.sub)
-        return _described(b, ch)
-
-    def head_stored(self) -> str:
-        a = self.attrs["lm_head"]
-        return f"int{a['bits']} codes, packed for the row kernel"
-
-    def head_rows_match(self, table: np.ndarray) -> bool:
-        """The packed LM head's rows, as RowGather computes them (rowop.gather_reference), are
-        bitwise the table's (compared in row blocks)."""
-        from edgespec.engines import rowop
-
-        key = "lm_head" + rowop.WEIGHT_SUFFIX
-        if "lm_head" not in self.attrs or key not in self.store.arrays:
-            return False
-        p = rowop.unpack(np.asarray(self.store.arrays[key]), self.attrs["lm_head"])
-        if p.codes.shape != table.shape:
-            return False
-        step = max(1, (1 << 24) // (4 * table.shape[1]))
-        for r0 in range(0, len(table), step):
-            ids = np.arange(r0, min(len(table), r0 + step))
-            if not np.array_equal(rowop.gather_reference(ids, p), table[r0 : r0 + step]):
-                return False
-        return True
-
-    def head_rows(self, b: GraphBuilder, ids: str, rank: int, name: str = "/embed", packed: str = "lm_head") -> str:
-        """Rows of the packed linear `packed` (the LM head, or the embedding's own blocks) as floats."""
-        from edgespec.engines import rowop
-
-        w = b.weight(packed + rowop.WEIGHT_SUFFIX)
-        return b.op(rowop.GATHER_TYPE, [ids, w], f"{name}/RowGather", domain=rowop.DOMAIN, **self.attrs[packed])
-
-    def embed_rows(self, b: GraphBuilder, ids: str, rank: int, name: str = "/embed") -> str:
-        if "embed" in self.attrs:  # the table's own blocks (store_embedding_blocks)
-            return self.head_rows(b, ids, rank, name, "embed")
-        return super().embed_rows(b, ids, rank, name)
-
-    def reads_embedding_blocks(self) -> bool:
-        return True
-
-    def store_embedding_blocks(self, table: np.ndarray, b: Blocks) -> str:
-        """The table's own blocks packed as a linear's ("embed.rowop", its attributes attrs["embed"])
-        in row blocks with the whole table's packing choices (as stream.py packs a linear: the
-        pieces concatenate to the whole's bytes), kept where every row RowGather reads
-        (rowop.gather_reference of the packed bytes read back) is the table's, bitwise; else
-        nothing is stored. Returns how they are stored ("" where not kept)."""
-        from edgespec.engines import rowop
-        from edgespec.export.target import tensors
-
-        n, k = table.shape
-        if b.codes.shape != (n, k) or b.block_size not in (16, 32):
-            return ""
-        ch = rowop.pack_choices(b.scales, b.zero_points, b.mins, b.bits, b.block_size, int(b.codes.max()), b.sub)
-        step = -(-max(1, tensors.CHUNK_BYTES // (4 * k)) // rowop.PANEL) * rowop.PANEL  # whole panels
-        pieces, attrs = [], {}
-        for r0 in range(0, n, step):
-            piece = b.rows(r0, r0 + step)
-            p = rowop.pack(
-                piece.codes, piece.scales, piece.zero_points, piece.mins, b.bits, b.block_size, ch, piece.sub
-            )
-            back = rowop.unpack(p.data, p.attrs)
-            if not np.array_equal(rowop.gather_reference(np.arange(len(piece.codes)), back), table[r0 : r0 + step]):
-                return ""
-            pieces.append(p.data)
-            attrs = p.attrs
-        self.store.add("embed" + rowop.WEIGHT_SUFFIX, np.concatenate(pieces))
-        self.attrs["embed"] = attrs | {"N": n}
-        return _described(b, ch)
-
-    def linear(self, b: GraphBuilder, x: str, name: str, stream_3d: bool = False) -> str:
-        from edgespec.engines import rowop
-
-        if name not in self.attrs:  # a float linear (an LM head left in fp32, a tied one)
-            return super().linear(b, x, name, stream_3d)
-        w = b.weight(name + rowop.WEIGHT_SUFFIX)
-        return b.op(rowop.OP_TYPE, [x, w], f"{name}/{rowop.OP_TYPE}", domain=rowop.DOMAIN, **self.attrs[name])
-
-
-def _described(b: Blocks, ch) -> str:
-    """Kept blocks as the row kernel packs them with choices ch (rowop.PackChoices): an Origin's stored."""
-    scales = " + sub-scale codes" if ch.sub else ""
-    mins = " + block mins" if b.mins is not None else ""
-    size = f", blocks of {b.block_size}" if b.block_size != 32 else ""
-    return f"int{ch.bits} codes{scales}{mins}{size}"
-
-
 EMBED = "model.embed_tokens.weight"  # the embedding table's parameter name (its Origin)
 _ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16}
 _ONNX[np.dtype(ml_dtypes.bfloat16)] = TensorProto.BFLOAT16
@@ -569,51 +375,3 @@ def _exactly(a: np.ndarray, dtype) -> bool:
             np.array_equal(flat[r : r + step].astype(dtype).astype(np.float32), flat[r : r + step], equal_nan=True)
             for r in range(0, len(flat), step)
         )
-
-
-def linears_class(flavour_linears: type[Linears], opts: GraphOptions) -> type[Linears]:
-    """The Linears a graph writer uses: its flavour's, or the row kernel's for int4 linears where
-    the options name it (GraphOptions.int4_kernel) and the flavour's are the MatMulNBits ones."""
-    rowop = getattr(opts, "int4_kernel", "nbits") == "rowop" and opts.precision == "int4"
-    return RowLinears if rowop and flavour_linears is Linears else flavour_linears
-
-
-def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int = 576, n: int = 256) -> bool:
-    """Does this CPU's ONNX Runtime compute a 1-row int4 MatMulNBits differently from the same row
-    inside a wider call? (ORT 1.32 on an AVX2-only EPYC: yes, by ~1e-6, which flips greedy tokens
-    after a while; on an AVX-512 EPYC: no; docs/results/two-row-decode.md.)
-    Random weights and rows, a few tries."""
-    from edgespec.engines.ort import model_session
-    from edgespec.export.target.graph import NP_TO_ONNX, OPSET
-
-    rng = np.random.default_rng(0)
-    codes, scales, zp, _ = quantize_int4(rng.standard_normal((n, k)).astype(np.float32), block_size)
-    node = helper.make_node(
-        "MatMulNBits",
-        ["x", "w", "s", "z"],
-        ["y"],
-        domain="com.microsoft",
-        K=k,
-        N=n,
-        bits=4,
-        block_size=block_size,
-        accuracy_level=accuracy_level,
-    )
-    inits = [
-        helper.make_tensor(name, NP_TO_ONNX[a.dtype], a.shape, a.tobytes(), raw=True)
-        for name, a in (("w", codes), ("s", scales), ("z", zp))
-    ]
-    graph = helper.make_graph(
-        [node],
-        "probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
-        initializer=inits,
-    )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
-    )
-    sess = model_session(model.SerializeToString())
-    x = rng.standard_normal((8, k)).astype(np.float32)
-    wide = sess.run(None, {"x": x})[0]
-    return any(not np.array_equal(sess.run(None, {"x": x[i : i + 1]})[0][0], wide[i]) for i in range(len(x)))

@@ -42,14 +42,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from onnx import TensorProto, ValueInfoProto, helper
+from onnx import ValueInfoProto, helper
 
-from edgespec.export.target.layer_ops import LayerOps, Stream
-from edgespec.export.target.lean_prologue import graph_prologue, host_prologue, host_prologue_inputs, row_prologue
-from edgespec.export.target.linears import IntegerLinears, RowLinears
+from edgespec.export.target.graph.layer_ops import LayerOps, Stream
+from edgespec.export.target.graph.lean_prologue import graph_prologue, host_prologue, host_prologue_inputs, row_prologue
+from edgespec.export.target.quant.integer_linears import IntegerLinears
+from edgespec.export.target.quant.row_linears import RowLinears
 
 if TYPE_CHECKING:
-    from edgespec.export.target.graph import GraphBuilder
+    from edgespec.export.target.graph.builder import GraphBuilder
 
 LEAN_OPS = ("norm", "rotary", "silu", "gelu")  # fused ops the lean flavour uses where the probe allows
 LEAN_OPSET = 18  # ScatterElements reduction="max"
@@ -140,7 +141,7 @@ class LeanOps(LayerOps):
         """opts.host_prologue: the prologue's tensors (host_prologue_inputs)."""
         if not self.opts.host_prologue:
             return []
-        from edgespec.export.target.graph import NP_TO_ONNX
+        from edgespec.export.target.graph.builder import NP_TO_ONNX
 
         two_rows = self.opts.two_row_matmuls and self.opts.precision == "int4"
         return [
@@ -251,7 +252,7 @@ class LeanOps(LayerOps):
 
     def attention(self, b: GraphBuilder, i: int, h: str, ctx: dict) -> tuple[str, str, str]:
         """(out [1, T, H], new k rows, new v rows [1, T, Hkv*D]). Block-diagonal queries as in the
-        portable graph (portable_graph.PortableOps.attention): Qbd [T*Hq, Hkv*D] holds query (t, h)
+        portable graph (portable.PortableOps.attention): Qbd [T*Hq, Hkv*D] holds query (t, h)
         in the columns of its kv head, so the sequence-major cache is read by 2-D Gemms as is."""
         a = self.arch
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
@@ -342,73 +343,6 @@ class LeanOps(LayerOps):
 
     def kv_rows(self, b: GraphBuilder, k: str, v: str, name: str) -> list[str]:
         return [k, v]
-
-
-def probe_portable_ops(
-    hidden: int = 576, n_heads: int = 9, head_dim: int = 64, inter: int = 1536, rows: int = 9
-) -> tuple[str, ...]:
-    """The fused ops of LEAN_OPS that break the rule on this CPU's ONNX Runtime: each run alone on
-    random rows, one row at a time against all rows in one call (all bitwise alike on ORT 1.32,
-    AVX-512 Xeon and EPYC alike; docs/design.md). The export writes those in portable form."""
-    from edgespec.engines.ort import model_session
-
-    rng = np.random.default_rng(0)
-    f32 = TensorProto.FLOAT
-
-    def io(name: str, width: int, dtype=f32):
-        return helper.make_tensor_value_info(name, dtype, [1, "T", width])
-
-    def init(name: str, arr: np.ndarray):
-        return helper.make_tensor(name, TensorProto.FLOAT, arr.shape, arr.tobytes(), raw=True)
-
-    def breaks(node, inputs, width: int, inits, feeds: dict[str, np.ndarray]) -> bool:
-        graph = helper.make_graph([node], "probe", inputs, [io("y", width)], initializer=inits)
-        model = helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", LEAN_OPSET), helper.make_opsetid("com.microsoft", 1)]
-        )
-        model.ir_version = 8
-        sess = model_session(model.SerializeToString())
-        wide = sess.run(None, feeds)[0]
-        return any(
-            not np.array_equal(sess.run(None, {k: v[:, i : i + 1] for k, v in feeds.items()})[0][0, 0], wide[0, i])
-            for i in range(rows)
-        )
-
-    x = (rng.standard_normal((1, rows, hidden)) * 3).astype(np.float32)
-    skip = rng.standard_normal((1, rows, hidden)).astype(np.float32)
-    gamma = init("w", rng.standard_normal(hidden).astype(np.float32))
-    out = []
-    norm = helper.make_node(
-        "SkipSimplifiedLayerNormalization", ["x", "s", "w"], ["y"], domain="com.microsoft", epsilon=1e-5
-    )
-    plain = helper.make_node("SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-5)
-    if breaks(norm, [io("x", hidden), io("s", hidden)], hidden, [gamma], {"x": x, "s": skip}) or breaks(
-        plain, [io("x", hidden)], hidden, [gamma], {"x": x}
-    ):
-        out.append("norm")
-    width = n_heads * head_dim
-    ang = np.arange(4096)[:, None] / 10000 ** (np.arange(0, head_dim, 2) / head_dim)
-    rope = helper.make_node(
-        "RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], domain="com.microsoft", num_heads=n_heads, interleaved=0
-    )
-    pos = (np.arange(rows) + 100)[None].astype(np.int64)
-    if breaks(
-        rope,
-        [io("x", width), helper.make_tensor_value_info("pos", TensorProto.INT64, [1, "T"])],
-        width,
-        [init("cos", np.cos(ang).astype(np.float32)), init("sin", np.sin(ang).astype(np.float32))],
-        {"x": rng.standard_normal((1, rows, width)).astype(np.float32), "pos": pos},
-    ):
-        out.append("rotary")
-    act_rows = {"x": (rng.standard_normal((1, rows, inter)) * 4).astype(np.float32)}
-    silu = helper.make_node("QuickGelu", ["x"], ["y"], domain="com.microsoft", alpha=1.0)
-    if breaks(silu, [io("x", inter)], inter, [], act_rows):
-        out.append("silu")
-    if breaks(
-        helper.make_node("FastGelu", ["x"], ["y"], domain="com.microsoft"), [io("x", inter)], inter, [], act_rows
-    ):
-        out.append("gelu")
-    return tuple(out)
 
 
 class IntegerOps(LeanOps):

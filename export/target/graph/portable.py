@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from onnx import TensorProto
 
-from edgespec.export.target.layer_ops import LayerOps, Stream
+from edgespec.export.target.graph.layer_ops import LayerOps, Stream
 
 if TYPE_CHECKING:
-    from edgespec.export.target.graph import GraphBuilder
+    from edgespec.export.target.graph.builder import GraphBuilder
 
 NEG_INF = {"float32": -1e9, "float16": -3e4}  # additive mask: finite, so no row can turn NaN
 

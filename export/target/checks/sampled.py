@@ -18,10 +18,10 @@ import numpy as np
 
 from edgespec.engines import rope
 from edgespec.export.target.arch import ArchSpec
-from edgespec.export.target.linears import Part
+from edgespec.export.target.graph.streaming import StreamingWriter
+from edgespec.export.target.quant.linears import Part
+from edgespec.export.target.sources.safetensors import StreamedWeights
 from edgespec.export.target.spec import ExportError
-from edgespec.export.target.stream import StreamingWriter
-from edgespec.export.target.tensors import StreamedWeights
 
 VOCAB_ROWS = 4096  # about this many vocabulary rows (+ the validation tokens') in the sampled model
 
@@ -70,7 +70,7 @@ class SampledWeights(Mapping):
         return self._name(name) in self.base
 
     def part(self, name: str, n_rows: int, w: np.ndarray, decode_blocks: bool) -> Part:
-        """The base checkpoint's linears.Part of a tensor (gguf_stream.GgufWeights.part: a GGUF's
+        """The base checkpoint's linears.Part of a tensor (sources/gguf.GgufWeights.part: a GGUF's
         kept blocks, of the sampled rows), or a float one."""
         base_part = getattr(self.base, "part", None)
         if base_part is None:
@@ -121,8 +121,8 @@ def validate_sampled(man, ctx, weights: StreamedWeights, hf_cfg, tokens: np.ndar
     import torch
     from transformers import AutoModelForCausalLM
 
-    from edgespec.export.target.reference import IntoModel, reference_model
-    from edgespec.export.target.validate import validate_model
+    from edgespec.export.target.checks.reference import IntoModel, reference_model
+    from edgespec.export.target.checks.validate import validate_model
     from edgespec.export.target.write import host_prologue_entry, write_model
 
     arch, opts, man_dir = ctx.arch, ctx.opts, ctx.folder

@@ -7,12 +7,7 @@ import copy
 
 import numpy as np
 
-from edgespec.export.target.graph import LlamaGraphWriter
-
-
-def hf_weights(model) -> dict[str, np.ndarray]:
-    """A Hugging Face model's state dict as float32 arrays (what the graph writers take)."""
-    return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+from edgespec.export.target.graph.writer import LlamaGraphWriter
 
 
 def reference_model(model, writer: LlamaGraphWriter, copy_model: bool = True):

@@ -17,7 +17,7 @@ not flip the choice. The table lands in the manifest (`export_probe`).
 
 What is timed is a sampled model, not the whole one (a whole export per candidate cost a 1B GGUF
 7.6 GB and 13 min against 1.95 GB and 2.3 min for the export kept). Where the target streams
-(stream.py: a local GGUF or safetensors folder), each candidate's writer (the export's own, on
+(sources/weight_source.py: a local GGUF or safetensors folder), each candidate's writer (the export's own, on
 the checkpoint's own tensors: GGUF blocks kept as the export keeps them) stores the first DEPTH
 layers and about HEAD_WEIGHTS / hidden vocabulary rows, evenly spread (every row of a smaller
 head), into a scratch folder, with two graphs on those weights: one layer and DEPTH layers. Per
@@ -198,7 +198,7 @@ def _keeps_quantized_blocks(cfg) -> bool:
     candidate, since it would re-quantize the file's weights (the synthetic Llama-3.2-1B Q4_K_M: a
     2.29 GB folder for a 0.80 GB file, chosen by a noisy 5% margin of the sampled probe)."""
     from edgespec.export.target import sources
-    from edgespec.export.target.gguf_header import read_header
+    from edgespec.export.target.sources.gguf_header import read_header
 
     if getattr(cfg, "gguf_blocks", "keep") != "keep":
         return False
@@ -360,7 +360,7 @@ def _sampled_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path
 
 
 class SharedReads(Mapping):
-    """A streamed checkpoint (tensors.StreamedWeights) whose float32 reads are kept in `cache`, up to
+    """A streamed checkpoint (safetensors.StreamedWeights) whose float32 reads are kept in `cache`, up to
     SHARED_READ_BYTES in all, for the next candidate's view of the same checkpoint: the sampled
     model's tensors are read and dequantized once, not once per candidate (and the tied embedding's
     rows once, not twice). Everything else (part: a GGUF's blocks) is the checkpoint's own."""
@@ -420,9 +420,9 @@ def _write_sampled(cfg, src, folder: Path, depth: int, cache: dict):
     from edgespec import __version__
     from edgespec.engines import manifest as mf
     from edgespec.export.target.arch import arch_from_config
+    from edgespec.export.target.checks.sampled import SampledWeights, sampled_arch
     from edgespec.export.target.exporter import _streamed_weights, graph_options
-    from edgespec.export.target.sampled import SampledWeights, sampled_arch
-    from edgespec.export.target.stream import StreamingWriter
+    from edgespec.export.target.graph.streaming import StreamingWriter
     from edgespec.export.target.write import host_prologue_entry, write_model
 
     weights, why, hf_cfg = _streamed_weights(cfg, src, {})

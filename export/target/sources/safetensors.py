@@ -1,6 +1,7 @@
 """Tensors one at a time: a safetensors checkpoint read tensor by tensor into float32 (no
-transformers model, no mapping of the whole file), and a weight store that spills every array to
-disk as it is stored, so the export's memory follows the largest tensor, not the model.
+transformers model, no mapping of the whole file), so the export's memory follows the largest
+tensor, not the model (the store that spills every array to disk as it is stored: graph/store.py),
+and checked against what the graph writer reads (open_weights).
 
 Reads use plain `readinto` on the file, not mmap: mapped pages count in a process's resident set
 until unmapped, so an mmap'd 16 GB checkpoint read through would show a 16 GB peak RSS.
@@ -9,22 +10,17 @@ until unmapped, so an mmap'd 16 GB checkpoint read through would show a 16 GB pe
 from __future__ import annotations
 
 import json
-import os
 import struct
 import weakref
-import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from edgespec.engines import rope
-from edgespec.export.target.graph import WeightStore
-from edgespec.export.target.weights import ALIGN, computed_entry
+from edgespec.export.target.arch import ArchSpec
+from edgespec.export.target.graph.store import CHUNK_BYTES, _read_exactly
 
-CHUNK_BYTES = 16 << 20  # row blocks, file reads and comparisons in pieces of this size (16 MB: glibc then
-#                        reuses the freed heap instead of mapping fresh pages per block: 1B export sys time 20 -> 13 s)
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # safetensors dtype -> the bytes' numpy type
 
 
@@ -125,15 +121,6 @@ def _read_converted(fh, e: TensorEntry, src_type: np.dtype, flat: np.ndarray) ->
             flat[i : i + len(piece)] = piece
 
 
-def _read_exactly(fh, view: memoryview, file: Path) -> None:
-    got = 0
-    while got < len(view):
-        n = fh.readinto(view[got:])
-        if not n:
-            raise CheckpointError(f"{file} ends inside a tensor (truncated file?)")
-        got += n
-
-
 class StreamedWeights(Mapping):
     """The target's weights by Hugging Face state-dict name, each read from the checkpoint when
     asked for and not kept: what the graph writer takes in place of a state dict. A tensor still
@@ -174,7 +161,7 @@ class StreamedWeights(Mapping):
 
     def read(self, entry, rows: np.ndarray | None = None) -> ReadWeight:
         """One checkpoint tensor (or those rows of it) as float32: a safetensors entry here, a GGUF
-        one in gguf_stream.GgufWeights."""
+        one in sources/gguf.GgufWeights."""
         return read_tensor(entry, rows)
 
     def __iter__(self) -> Iterator[str]:
@@ -198,136 +185,55 @@ class LazyTensor:
         return self.weights[self.name]
 
 
-@dataclass(frozen=True)
-class SpilledArray:
-    """An array the store wrote to its spool: what the graph writers read of a stored array (dtype,
-    shape, nbytes), its pieces in the spool and their CRC-32; np.asarray reads it back."""
-
-    dtype: np.dtype  # its numpy dtype
-    shape: tuple[int, ...]  # its shape
-    nbytes: int  # its size
-    pieces: tuple[tuple[int, int], ...]  # (offset in the spool, bytes) in order; concatenated: the array
-    crc: int  # CRC-32 of its bytes, as stored
-    spool: Path  # the spool file
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = np.empty(self.shape, self.dtype)
-        view, at = memoryview(out.reshape(-1).view(np.uint8)), 0
-        with open(self.spool, "rb", buffering=0) as fh:
-            for offset, n in self.pieces:
-                fh.seek(offset)
-                _read_exactly(fh, view[at : at + n], self.spool)
-                at += n
-        return out if dtype is None else out.astype(dtype)
+IGNORED = ("rotary_emb.inv_freq",)  # checkpoint tensors transformers ignores too (recomputed buffers)
 
 
-class SpillStore(WeightStore):
-    """A WeightStore whose arrays go to a spool file the moment they are stored (first store of a
-    name wins, as in WeightStore); `arrays` then holds SpilledArray records, which is all a graph
-    needs to point its initializers at them. `write` lays them out as weights.write_weights does
-    (sorted by name, 64-byte aligned: the same bytes), copied file to file by the kernel."""
-
-    def __init__(self, spool: Path) -> None:
-        super().__init__()
-        self.spool = spool
-        self._fh = open(spool, "wb", buffering=0)  # noqa: SIM115 (open until write(): the store's lifetime);
-        #                                           unbuffered: a stored array reads back at once (SpilledArray)
-        self._end = 0  # bytes in the spool
-        self._pending: dict[str, tuple[np.dtype, list, int]] = {}  # arrays being appended: dtype, spans, CRC
-
-    def add(self, name: str, arr: np.ndarray) -> str:
-        if name in self.arrays:
-            return name
-        if rope.rope_of(arr) is not None:  # computed at load: kept here (small), never written
-            self.arrays[name] = arr
-        else:
-            arr = np.ascontiguousarray(arr)
-            self.add_pieces(name, arr.dtype, arr.shape, [arr])
-        return name
-
-    def add_pieces(self, name: str, dtype: np.dtype, shape: tuple[int, ...], pieces: Iterable[np.ndarray]) -> str:
-        """One array given as consecutive pieces of its bytes (row blocks of a [N, ...] array)."""
-        if name in self.arrays:
-            return name
-        for p in pieces:
-            self.append(name, p)
-        self.finish(name, shape, dtype)
-        return name
-
-    def append(self, name: str, piece: np.ndarray) -> None:
-        """The next piece of an array being stored (pieces of several arrays may interleave)."""
-        piece = np.ascontiguousarray(piece)
-        dtype, spans, crc = self._pending.get(name, (piece.dtype, [], 0))
-        if piece.dtype != dtype:
-            raise ValueError(f"{name}: a piece of dtype {piece.dtype}, the array's is {dtype}")
-        b = memoryview(piece.reshape(-1).view(np.uint8))
-        done = 0
-        while done < len(b):  # a raw write may take part of the bytes
-            done += self._fh.write(b[done:])
-        spans.append((self._end, piece.nbytes))
-        self._end += piece.nbytes
-        self._pending[name] = (dtype, spans, zlib.crc32(b, crc))
-
-    def finish(self, name: str, shape: tuple[int, ...], dtype: np.dtype | None = None) -> None:
-        """The array whose pieces were appended is complete: its shape."""
-        got, spans, crc = self._pending.pop(name, (dtype, [], 0))
-        dtype = np.dtype(got if got is not None else dtype)
-        total = sum(n for _, n in spans)
-        if total != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-            raise ValueError(f"{name}: pieces of {total} bytes for shape {tuple(shape)} {dtype}")
-        self.arrays[name] = SpilledArray(dtype, tuple(int(s) for s in shape), total, tuple(spans), crc, self.spool)
-
-    def write(self, path: Path) -> dict[str, dict]:
-        """The weights file (weights.write_weights' layout and index), each array's bytes read back
-        from it and checked against the CRC taken when it was stored; the spool is removed."""
-        self._fh.close()
-        index: dict[str, dict] = {}
-        offset = 0
-        with open(self.spool, "rb") as src, open(path, "wb", buffering=0) as dst:  # unbuffered: one file position
-            for name in sorted(self.arrays):
-                a = self.arrays[name]
-                if rope.rope_of(a) is not None:
-                    index[name] = computed_entry(a, path.parent)
-                    continue
-                pad = (-offset) % ALIGN
-                dst.write(b"\0" * pad)
-                offset += pad
-                for at, n in a.pieces:
-                    _copy_range(src.fileno(), dst.fileno(), at, n)
-                index[name] = {"dtype": a.dtype.name, "shape": list(a.shape), "offset": offset, "nbytes": a.nbytes}
-                offset += a.nbytes
-        self.spool.unlink()
-        self._check_written(path, index)
-        return index
-
-    def _check_written(self, path: Path, index: dict[str, dict]) -> None:
-        buf = bytearray(min(CHUNK_BYTES, max((e["nbytes"] for e in index.values()), default=1)))
-        with open(path, "rb", buffering=0) as fh:
-            for name, e in index.items():
-                if "rope" in e:  # computed at load: no bytes
-                    continue
-                fh.seek(e["offset"])
-                crc, left = 0, e["nbytes"]
-                while left:
-                    n = fh.readinto(memoryview(buf)[: min(left, len(buf))])
-                    if not n:
-                        raise OSError(f"{path} ends inside {name}")
-                    crc = zlib.crc32(memoryview(buf)[:n], crc)
-                    left -= n
-                if crc != self.arrays[name].crc:
-                    raise OSError(f"{path}: {name}'s bytes read back differ from those stored (CRC-32)")
+def expected_tensors(arch: ArchSpec) -> dict[str, tuple[int, ...]]:
+    """The checkpoint tensors (state-dict names and shapes) the writer reads for this architecture."""
+    a = arch
+    h, q, kv, inter = a.hidden_size, a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.intermediate_size
+    out = {"model.embed_tokens.weight": (a.vocab_size, h), "model.norm.weight": (h,)}
+    if not a.tie_word_embeddings:
+        out["lm_head.weight"] = (a.vocab_size, h)
+    for i in range(a.n_layers):
+        p = f"model.layers.{i}."
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if a.sandwich_norms:
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        out |= {p + n + ".weight": (h,) for n in norms}
+        out |= {
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        }
+        if a.qkv_bias:
+            out |= {p + f"self_attn.{n}_proj.bias": (r,) for n, r in (("q", q), ("k", kv), ("v", kv))}
+        if a.qk_norm:
+            out |= {p + "self_attn.q_norm.weight": (a.head_dim,), p + "self_attn.k_norm.weight": (a.head_dim,)}
+    return out
 
 
-def _copy_range(src_fd: int, dst_fd: int, offset: int, n: int) -> None:
-    """n bytes of src from offset appended to dst, in the kernel where it can (no user buffer)."""
-    while n:
-        try:
-            done = os.copy_file_range(src_fd, dst_fd, min(n, 1 << 30), offset)
-        except OSError:  # a filesystem without it: through a bounded buffer
-            data = os.pread(src_fd, min(n, CHUNK_BYTES), offset)
-            os.write(dst_fd, data)
-            done = len(data)
-        if not done:
-            raise OSError(f"the spool ends at {offset} with {n} bytes still to copy")
-        offset += done
-        n -= done
+def open_weights(folder: Path, arch: ArchSpec) -> StreamedWeights:
+    """The target's tensors, checked against what the writer reads (names, shapes, float dtypes):
+    a CheckpointError says why the checkpoint does not stream (the exporter then loads it the old
+    way, which reports what transformers makes of it)."""
+    entries = read_index(Path(folder))
+    want = expected_tensors(arch)
+    missing = [n for n in want if n not in entries]
+    if missing:
+        raise CheckpointError(f"the checkpoint lacks {len(missing)} tensors the graphs read ({', '.join(missing[:3])})")
+    extra = [n for n in entries if n not in want and not n.endswith(IGNORED)]
+    if extra:  # a tied head beside its embedding, a vision tower, ...: transformers decides what they mean
+        raise CheckpointError(
+            f"the checkpoint holds {len(extra)} tensors the graphs do not read ({', '.join(extra[:3])})"
+        )
+    for name, shape in want.items():
+        e = entries[name]
+        if e.shape != shape or e.dtype not in DTYPES:
+            raise CheckpointError(f"{name} is {e.dtype} {list(e.shape)}; the config implies a float {list(shape)}")
+    aliases = {"lm_head.weight": "model.embed_tokens.weight"} if arch.tie_word_embeddings else {}
+    return StreamedWeights({n: entries[n] for n in want}, aliases)
