@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.engines.base import pick_width
+from edgespec.engines.base import EngineError, pick_width
 
 
 class FakeModel:
@@ -48,6 +48,9 @@ class FakeModel:
 
     def last_hidden(self, n: int) -> np.ndarray:
         return self._logits[:n]
+
+    def last_hidden_aux(self, n: int) -> np.ndarray:
+        raise EngineError("a fake model has no aux features (hidden_aux)")
 
     def width_for(self, n_tokens: int) -> int:
         return pick_width(self.widths, n_tokens)
