@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from dataclasses import dataclass
 
 from edgespec.cli_fields import add_fields, config_from, flag_fields
 
@@ -73,11 +74,23 @@ def _cmd_build_trt(a) -> int:
     return 0
 
 
-def _add_text_data(sub) -> None:
-    from edgespec.export.train.text_data import TextDataConfig
+@dataclass(frozen=True)
+class _DataCommand:
+    """A drafter-data command: its config and maker in edgespec.export.train, its help and flags."""
 
-    t = sub.add_parser(
-        "text-data",
+    module: str  # the module under edgespec.export.train holding the config and the maker
+    config: str  # its config dataclass (the command's flags are its fields)
+    make: str  # its function making the data from that config
+    help: str  # the one-line help in `edgespec -h`
+    description: str  # the command's own --help text
+    fields: tuple[str, ...]  # the config fields offered as flags, in this order
+
+
+_DATA_COMMANDS = {
+    "text-data": _DataCommand(
+        "text_data",
+        "TextDataConfig",
+        "make_text_data",
         help="teacher-forced drafter data: this machine's text labelled by an engine's target graph",
         description="Text the machine has (the Python standard library's sources, /usr/share/doc READMEs, man "
         "pages, or given files and folders) cut into sequences and run through the exact target graph of an "
@@ -85,35 +98,12 @@ def _add_text_data(sub) -> None:
         "its top-k next-token probabilities (soft labels; train-eagle learns them by KL). Text sharing an "
         "8-word window with an eval prompt file (tools/prompts/*.jsonl, HumanEval) is dropped. Resumable: run "
         "again with the same --out. Train on it with `edgespec train-eagle --text-data DIR`.",
-    )
-    fields = ["engine", "out", "sources", "max_tokens", "seq_tokens", "top_k", "threads", "keep_out", "seed"]
-    add_fields(t, TextDataConfig, fields)
-
-
-def _cmd_text_data(a) -> int:
-    from edgespec.export.train.text_data import TextDataConfig, make_text_data
-
-    return _data_command("text-data", lambda: make_text_data(config_from(TextDataConfig, a)))
-
-
-def _data_command(cmd: str, run) -> int:
-    """text-data and answer-data: run, a bad engine folder or data a one-line error (exit status 2)."""
-    from edgespec.engines.specs import ManifestError
-    from edgespec.export.train.text_data import TextDataError
-
-    try:
-        run()
-    except (TextDataError, ManifestError) as e:
-        print(f"edgespec {cmd}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _add_answer_data(sub) -> None:
-    from edgespec.export.train.answer_data import AnswerDataConfig
-
-    t = sub.add_parser(
-        "answer-data",
+        fields=("engine", "out", "sources", "max_tokens", "seq_tokens", "top_k", "threads", "keep_out", "seed"),
+    ),
+    "answer-data": _DataCommand(
+        "answer_data",
+        "AnswerDataConfig",
+        "make_answer_data",
         help="self-distillation data through the exact graph: an engine answers chat prompts itself",
         description="The engine folder's own Generator answers chat prompts of the wide mix (nine families: "
         "passages, multi-turn, math, role play, code, short, long, writing, JSON), greedy, with the folder's "
@@ -122,15 +112,45 @@ def _add_answer_data(sub) -> None:
         "what labelling the prompt + answer as teacher-forced text computes, in one pass. Prompts sharing an "
         "8-word window with an eval prompt file are dropped. Resumable: run again with the same --out. "
         "Train on it with `edgespec train-eagle --data DIR` (several folders: DIR1,DIR2).",
-    )
-    fields = ["engine", "out", "n_prompts", "max_new_tokens", "drafter", "answers_from", "top_k", "threads"]
-    add_fields(t, AnswerDataConfig, [*fields, "keep_out", "seed"])
+        fields=(
+            "engine",
+            "out",
+            "n_prompts",
+            "max_new_tokens",
+            "drafter",
+            "answers_from",
+            "top_k",
+            "threads",
+            "keep_out",
+            "seed",
+        ),
+    ),
+}
 
 
-def _cmd_answer_data(a) -> int:
-    from edgespec.export.train.answer_data import AnswerDataConfig, make_answer_data
+def _add_data(sub, name: str) -> None:
+    c = _DATA_COMMANDS[name]
+    config = getattr(importlib.import_module(f"edgespec.export.train.{c.module}"), c.config)
+    add_fields(sub.add_parser(name, help=c.help, description=c.description), config, list(c.fields))
 
-    return _data_command("answer-data", lambda: make_answer_data(config_from(AnswerDataConfig, a)))
+
+def _data_command(name: str):
+    """text-data and answer-data: run, a bad engine folder or data a one-line error (exit status 2)."""
+
+    def run(a) -> int:
+        from edgespec.engines.specs import ManifestError
+        from edgespec.export.train.text_data import TextDataError
+
+        c = _DATA_COMMANDS[name]
+        module = importlib.import_module(f"edgespec.export.train.{c.module}")
+        try:
+            getattr(module, c.make)(config_from(getattr(module, c.config), a))
+        except (TextDataError, ManifestError) as e:
+            print(f"edgespec {name}: error: {e}", file=sys.stderr)
+            return 2
+        return 0
+
+    return run
 
 
 def _formats() -> dict:
@@ -209,8 +229,8 @@ def add_parsers(sub) -> None:
     _add_export(sub)
     _add_build_trt(sub)
     _add_export_drafter(sub)
-    _add_text_data(sub)
-    _add_answer_data(sub)
+    for name in _DATA_COMMANDS:
+        _add_data(sub, name)
     _add_train(sub)
 
 
@@ -218,13 +238,8 @@ def _commands() -> dict:
     from edgespec.export.drafters import registry
 
     trains = {f"train-{name}": _train_command(name, p) for name, p in registry().items() if p.train_module}
-    return {
-        "export": _cmd_export,
-        "build-trt": _cmd_build_trt,
-        "export-drafter": _cmd_export_drafter,
-        "text-data": _cmd_text_data,
-        "answer-data": _cmd_answer_data,
-    } | trains
+    data = {name: _data_command(name) for name in _DATA_COMMANDS}
+    return {"export": _cmd_export, "build-trt": _cmd_build_trt, "export-drafter": _cmd_export_drafter} | data | trains
 
 
 COMMANDS = _commands()

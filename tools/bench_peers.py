@@ -65,15 +65,9 @@ def llama_cpp_systems(gguf: str, threads: int) -> tuple[list[System], str]:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     except ImportError:
         return [], "llama-cpp-python not installed (pip install 'edgespec[peers]'; it compiles llama.cpp)"
-    plain = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, verbose=False, seed=0)
-    lookup = Llama(
-        model_path=gguf,
-        n_ctx=2048,
-        n_threads=threads,
-        verbose=False,
-        seed=0,
-        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10),
-    )
+    same = dict(model_path=gguf, n_ctx=2048, n_threads=threads, verbose=False, seed=0)  # plain and lookup alike
+    plain = Llama(**same)
+    lookup = Llama(**same, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10))
 
     def runner(llm):
         def run(prompt, n):
@@ -287,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
                 "or leave out --png"
             )
     if a.gguf is None:
-        from edgespec.export.target.sources import default_gguf
+        from edgespec.export.target.sources.resolve import default_gguf
 
         a.gguf = str(default_gguf())
     prompts = load_prompts(a.prompts, a.limit, raw=a.raw_prompts)

@@ -25,6 +25,7 @@ Reads files only (ast and text); imports nothing of edgespec.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shutil
 import subprocess
@@ -42,10 +43,15 @@ def _modules(folder: str) -> list[Path]:
     return sorted(p for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path) -> set[str]:
     """The dotted modules `path` imports (`from a.b import c` gives a.b and a.b.c)."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -134,7 +140,7 @@ def long_functions(limit: int) -> list[tuple[int, str]]:
     """(lines, path:line name) of the package functions longer than `limit` lines, longest first."""
     out = []
     for p in _package_modules():
-        for n in ast.walk(ast.parse(p.read_text())):
+        for n in ast.walk(_tree(p)):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit:
                 out.append((n.end_lineno - n.lineno + 1, f"{p.relative_to(ROOT)}:{n.lineno} {n.name}"))
     return sorted(out, reverse=True)
@@ -144,7 +150,7 @@ def family_lists() -> list[str]:
     """path:line of each place in the package that spells the list of model families."""
     out = []
     for p in _package_modules():
-        tree = ast.parse(p.read_text())
+        tree = _tree(p)
         docs = {id(n.body[0].value) for n in ast.walk(tree) if _has_docstring(n)}
         for n in ast.walk(tree):
             if isinstance(n, (ast.Set, ast.Tuple, ast.List, ast.Dict)):

@@ -20,33 +20,23 @@ from edgespec.runtime.grammar import grammar_from
 from edgespec.runtime.sampling import SamplingConfig
 
 COLOURS = "(red|green|blue|yellow|black|white)"
+
+
+def _strict_object(**types: str) -> dict:
+    """The JSON Schema of an object with exactly these fields, each of its JSON type, all required."""
+    props = {name: {"type": t} for name, t in types.items()}
+    return {"type": "object", "properties": props, "required": list(types), "additionalProperties": False}
+
+
 EXTRA = [  # (messages, kind, grammar text): the issue's cases and a few more shapes
     ("How old is Ann?", "regex", r"[A-Z][a-z]+ (is|was) [0-9]{1,3} years old\."),
-    (
-        "Where does Ann live?",
-        "json_schema",
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"}},
-            "required": ["name", "age", "city"],
-            "additionalProperties": False,
-        },
-    ),
+    ("Where does Ann live?", "json_schema", _strict_object(name="string", age="integer", city="string")),
     (
         "Name a French city and its population.",
         "json_schema",
-        {
-            "type": "object",
-            "properties": {"name": {"type": "string"}, "population": {"type": "integer"}, "city": {"type": "string"}},
-            "required": ["name", "population", "city"],
-            "additionalProperties": False,
-        },
+        _strict_object(name="string", population="integer", city="string"),
     ),
-    (
-        "List three colours.",
-        "regex",
-        COLOURS + r"(, " + COLOURS + r"){2}\.",
-    ),
+    ("List three colours.", "regex", COLOURS + r"(, " + COLOURS + r"){2}\."),
     ("Write a date.", "regex", r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"),
     ("Say yes or no, then why.", "lark", 'start: ("yes" | "no") ". " /[a-z ]{5,40}/ "."'),
 ]

@@ -221,19 +221,23 @@ def write_gguf(c: SyntheticConfig, fmt: str, out: Path, seed: int) -> None:
     rng = np.random.default_rng(seed)
     part = out.with_suffix(".part")  # renamed at the end: an interrupted run leaves no .gguf
     w = gguf.GGUFWriter(str(part), c.model_type)
-    w.add_name(f"synthetic {c.model_type}")
-    w.add_block_count(c.n_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.n_heads)
-    w.add_head_count_kv(c.n_kv_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_rope_dimension_count(c.head_dim)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
+    header = {  # GGUFWriter.add_<key>(value): the architecture's metadata, in llama.cpp's names
+        "name": f"synthetic {c.model_type}",
+        "block_count": c.n_layers,
+        "context_length": c.max_position_embeddings,
+        "embedding_length": c.hidden_size,
+        "feed_forward_length": c.intermediate_size,
+        "head_count": c.n_heads,
+        "head_count_kv": c.n_kv_heads,
+        "key_length": c.head_dim,
+        "value_length": c.head_dim,
+        "rope_dimension_count": c.head_dim,
+        "rope_freq_base": c.rope_theta,
+        "layer_norm_rms_eps": c.rms_norm_eps,
+        "vocab_size": c.vocab_size,
+    }
+    for key, value in header.items():
+        getattr(w, f"add_{key}")(value)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if fmt == "gguf-q8_0" else gguf.LlamaFileType.MOSTLY_Q4_K_M)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
