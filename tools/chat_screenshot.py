@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+from edgespec.runtime.apps.chat_page import HEADLESS_CHROMIUM
+
 ROOT = Path(__file__).resolve().parents[1]
 TURNS = (
     "What does speculative decoding do? Answer in two sentences.",
@@ -36,18 +38,7 @@ DEMO = (  # (question, the answer the tiny model memorizes); no newlines: its to
     ),
     (TURNS[1], "A small model drafts tokens and the big model checks them all in one call."),
 )
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--hide-scrollbars",
-)
+CHROMIUM_FLAGS = (*HEADLESS_CHROMIUM, "--hide-scrollbars")
 MAX_STEPS = 3000  # training steps at most before giving up on memorizing DEMO
 WAIT_S = 120  # the longest one answer is waited for
 
@@ -60,7 +51,7 @@ def demo_engine(root: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from tiny import CHAT_TEMPLATE, make_tiny
+    from tiny import CHAT_TEMPLATE, TINY_EXPORT, make_tiny
 
     from edgespec.export.target.exporter import ExportConfig, export
 
@@ -101,20 +92,9 @@ def demo_engine(root: Path) -> Path:
     else:
         raise SystemExit(f"the tiny model did not memorize the demo in {MAX_STEPS} steps")
     model.eval().save_pretrained(hf)
-    return export(
-        ExportConfig(
-            target=str(hf),
-            draft="self:1",
-            out=str(root / "tiny-memorized"),
-            max_len=1024,
-            k=8,
-            prefill_chunk=16,
-            kv_bucket=32,
-            precision="fp32",
-            trees=True,
-            progress=False,
-        )
-    )
+    # the tests' tiny export (fp32, k 8, trees), with room for the two turns
+    settings = TINY_EXPORT | {"max_len": 1024}
+    return export(ExportConfig(target=str(hf), draft="self:1", out=str(root / "tiny-memorized"), **settings))
 
 
 def _greedy(model, prompt: list[int], n: int) -> list[int]:

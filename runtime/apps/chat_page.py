@@ -20,6 +20,20 @@ PAGE_HEADERS = {
     "Cache-Control": "no-cache",
 }
 
+# how a program opens the page in a headless Chromium (the page's tests, tools/chat_screenshot.py): as root
+# in a container, so no sandbox; nothing that reaches out (updates, sync, QUIC probes)
+HEADLESS_CHROMIUM = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+)
+
 
 @cache
 def chat_page() -> str:
