@@ -3,7 +3,7 @@ with 4- to 8-bit block-quantized W, the activations quantized to int8 per row an
 int32 sums and one float scale per block and row (the arithmetic: matmul.h). Every factor of a row's
 result depends on that row alone, so its bits do not depend on how many rows share the call. The
 same library holds the exact attention (attention.h), the gated MLP's activation (swiglu.h) and an
-embedding read from its tied LM head's blocks (gather.h).
+embedding read from its tied LM head's blocks (gather.cc).
 
 Where each part lives:
 - build.py: the library compiled into an ignored build folder keyed by its sources, compiler and
@@ -15,9 +15,13 @@ Where each part lives:
   `register(so)` lets ONNX Runtime sessions run it, `matmul()` / `gather()` run it without them;
 - attention.py: the attention op's NumPy reference and test entry point;
 - __main__.py: `python -m edgespec.engines.rowop setup | info`;
-- the C++: registration.cc (the ops and ONNX Runtime's entry point), cpu_features.cc (the cpuid
-  probe and the path a session gets), one file per op (matmul.cc, attention.cc, swiglu.cc,
-  gather.cc) and one per op and instruction set (matmul_avx512.cc, attention_avx2.cc, ...).
+- the C++: registration.cc (ONNX Runtime's entry point: the domain and its ops), ops.cc (what the
+  ops share), cpu_features.cc (the cpuid probe and the path a session gets), one file per op
+  (matmul.cc, gather.cc, attention.cc, swiglu.cc: its attributes, checks, threads and test entry
+  point), and one per op and instruction set (matmul_avx512.cc, matmul_avxvnni.cc, matmul_avx2.cc,
+  matmul_portable.cc, attention_avx512.cc, ..., swiglu_portable.cc) over the code they share
+  (matmul_common.h, matmul_ymm.h; attention_impl.h, swiglu_impl.h over the vector policies of
+  vec.h and vec_x86.h; half.h).
 
     python -m edgespec.engines.rowop setup   # fetch the header if missing (Debian's libonnxruntime-dev), build
     python -m edgespec.engines.rowop info    # the library, the header, the path this CPU runs

@@ -1,4 +1,4 @@
-// edgespec's exact attention (the op RowAttention, domain edgespec.rowop): one call's query rows
+// edgespec's exact attention (the ops RowAttention and RowQkvAttention, domain edgespec.rowop): one call's query rows
 // against the cache window and the call's own new keys, each row's arithmetic fixed by the logical
 // positions of its keys alone, so its bits do not depend on the call's width, on the other rows, on
 // tree against chain, nor on the instruction-set path.
@@ -24,58 +24,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 namespace rowop {
-
-// fp16 -> fp32, exact (the vector paths widen with F16C / AVX-512, also exact).
-static inline float attn_half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t man = h & 0x3FFu, bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (man << 13);  // inf / nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // a subnormal half: normalized
-    int e = -1;
-    do {
-      ++e;
-      man <<= 1;
-    } while ((man & 0x400u) == 0);
-    bits = sign | ((112 - e) << 23) | ((man & 0x3FFu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// fp32 -> fp16, round to nearest even (numpy's astype(float16)): overflow to inf, subnormals kept.
-static inline uint16_t attn_float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax > 0x7F800000u) return sign | 0x7E00u | static_cast<uint16_t>((ax >> 13) & 0x3FFu);  // nan, quiet
-  if (ax >= 0x477FF000u) return sign | 0x7C00u;  // 65520 and up (and inf): inf
-  if (ax < 0x38800000u) {  // below 2^-14: a subnormal half (or zero), round(|f| * 2^24)
-    const uint32_t e = ax >> 23;
-    if (e < 102) return sign;  // below 2^-25 (ties at 2^-25 go to even: zero)
-    const uint32_t mant = (ax & 0x7FFFFFu) | 0x800000u, shift = 126 - e;  // shift in [14, 24]
-    uint32_t q = mant >> shift;
-    const uint32_t r = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (r > half || (r == half && (q & 1u))) ++q;
-    return sign | static_cast<uint16_t>(q);
-  }
-  uint32_t h = (((ax >> 23) - 112) << 10) | ((ax & 0x7FFFFFu) >> 13);
-  const uint32_t r = ax & 0x1FFFu;
-  if (r > 0x1000u || (r == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
-  return sign | static_cast<uint16_t>(h);
-}
-
-static inline float attn_round_half(float f) { return attn_half_to_float(attn_float_to_half(f)); }
 
 // One call of the op (row-major float32 tensors; rows of a kv head are (t, h) in token-major order).
 struct AttnProblem {
@@ -103,19 +53,10 @@ struct AttnProblem {
 
 // One task: kv head task / blocks_per_head(), its rows block task % blocks_per_head().
 using AttnTaskFn = void (*)(const AttnProblem& pr, int64_t task);
-// The gated MLP's activation (op RowSwiGLU): y[r, i] = (g / (1 + exp(-g))) * u for g = x[r, i],
-// u = x[r, inter + i], rows [r0, r1) of x [rows, 2 inter]; exp: edgespec's (vexp, over [-87, 88]).
-using SwiGluFn = void (*)(const float* x, int64_t inter, int64_t r0, int64_t r1, float* y);
 
-struct AttnIsa {
-  const char* name;
-  AttnTaskFn task;
-  SwiGluFn swiglu;
-};
-
-// Each in its own translation unit, compiled for its instruction set (a_*.cc).
-extern const AttnIsa kAttnPortable;
-extern const AttnIsa kAttnAvx2;  // the AVX2 and AVX-VNNI paths (256-bit, FMA)
-extern const AttnIsa kAttnAvx512;
+// The variants, each in its own translation unit compiled for its instruction set (attention_<isa>.cc).
+void attention_portable(const AttnProblem& pr, int64_t task);
+void attention_avx2(const AttnProblem& pr, int64_t task);  // the avx2 and avxvnni paths' (256-bit, FMA)
+void attention_avx512(const AttnProblem& pr, int64_t task);
 
 }  // namespace rowop

@@ -1,5 +1,5 @@
-// The attention of attention.h written once over a vector policy V (V16: AVX-512, V8: AVX2 + FMA,
-// V1: scalar with std::fma), included by each path's translation unit (a_*.cc) with its own flags.
+// The attention of attention.h written once over a vector policy V (vec.h: V16 AVX-512, V8 AVX2 + FMA,
+// V1 scalar with std::fma), included by each variant's translation unit (attention_<isa>.cc) with its own flags.
 // Everything here has internal linkage, so no path's code is merged into another's by the linker.
 //
 // Per task (one kv head, a block of its query rows):
@@ -19,69 +19,30 @@
 #include <vector>
 
 #include "attention.h"
+#include "vec.h"
 
 namespace rowop {
-namespace {
 
-// Scalar policy: the definition (std::fma rounds once, as vfmadd does).
-struct V1 {
-  using T = float;
-  static constexpr int W = 1;
-  static constexpr int kRowsDots = 1;  // rows per dots pass over one tile (accumulators: rows x 16 / W)
-  static constexpr int kRowsWide = 1;  // rows per pass over 4 tiles (the rows left over)
-  static constexpr int kWide = 1;  // tiles such a pass takes (1: none)
-  static constexpr int kRowsCtx = 1;  // rows per context pass
-  static constexpr int kVecsCtx = 1;  // vectors of D per context pass
-  static T zero() { return 0.0f; }
-  static T load(const float* p) { return *p; }
-  static void store(float* p, T x) { *p = x; }
-  static T set1(float x) { return x; }
-  static T fma(T a, T b, T c) { return std::fma(a, b, c); }
-  static T add(T a, T b) { return a + b; }
-  static T sub(T a, T b) { return a - b; }
-  static T mul(T a, T b) { return a * b; }
-  static T div(T a, T b) { return a / b; }
-  static T max(T a, T b) { return a > b ? a : b; }  // vmaxps: the second operand unless a > b
-  static T min(T a, T b) { return a < b ? a : b; }  // vminps: the second operand unless a < b
-  static T pow2(T n) {  // 2^n, n integral in [-126, 127]
-    const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-  static T loadh(const uint16_t* p) { return attn_half_to_float(*p); }
-  static bool transpose(const float*, int64_t, int64_t, float*, int64_t) { return false; }
+// How a task's work is blocked for a policy (the variants, attention_<isa>.cc, set their own; the
+// scalar policy: one at a time).
+struct Tiling {
+  int rows_dots;  // rows per dots pass over one tile (accumulators: rows x 16 / W)
+  int rows_wide;  // rows per pass over 4 tiles (the rows left over)
+  int wide;  // tiles such a pass takes (1: none)
+  int rows_ctx;  // rows per context pass (<= 4)
+  int vecs_ctx;  // vectors of D per context pass
 };
+template <class V>
+constexpr Tiling kTiling = {1, 1, 1, 1, 1};
+
+namespace {
 
 // n elements of a half row widened into dst (exact).
 template <class V>
 inline void widen(const uint16_t* src, int64_t n, float* dst) {
   int64_t i = 0;
   for (; i + V::W <= n; i += V::W) V::store(dst + i, V::loadh(src + i));
-  for (; i < n; ++i) dst[i] = attn_half_to_float(src[i]);
-}
-
-// exp(x) for x <= hi (clamped to [-87, hi], hi 0 or 88): n = round(x log2 e), r = x - n ln 2 in two
-// parts (Cephes), a degree-7 polynomial, times 2^n. Only fma, mul, add, sub, min, max and an exact
-// conversion: every path rounds the same.
-template <class V>
-inline typename V::T vexp(typename V::T x, float hi = 0.0f) {
-  using T = typename V::T;
-  x = V::max(x, V::set1(-87.0f));
-  x = V::min(x, V::set1(hi));
-  const T magic = V::set1(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer (half to even)
-  const T n = V::sub(V::fma(x, V::set1(1.44269504088896341f), magic), magic);
-  T r = V::fma(n, V::set1(-0.693359375f), x);
-  r = V::fma(n, V::set1(2.12194440e-4f), r);
-  T p = V::set1(1.9875691500e-4f);
-  p = V::fma(p, r, V::set1(1.3981999507e-3f));
-  p = V::fma(p, r, V::set1(8.3334519073e-3f));
-  p = V::fma(p, r, V::set1(4.1665795894e-2f));
-  p = V::fma(p, r, V::set1(1.6666665459e-1f));
-  p = V::fma(p, r, V::set1(5.0000001201e-1f));
-  T y = V::fma(p, V::mul(r, r), r);
-  y = V::add(y, V::set1(1.0f));
-  return V::mul(y, V::pow2(n));
+  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
 }
 
 constexpr int kTiles = 4;  // 16-key tiles transposed at a time: kt is [D, 64]
@@ -172,21 +133,22 @@ struct Kern {
     }
   }
 
-  // nr rows against nt tiles of kt: blocks of kRowsDots rows tile by tile, the rest kRowsWide rows
+  // nr rows against nt tiles of kt: blocks of rows_dots rows tile by tile, the rest rows_wide rows
   // at a time over all 4 tiles (enough independent sums either way).
   static void dots_rows(const float* kt, int nt, int64_t D, const float* const* q, int64_t nr, float scale,
                         float* const* s) {
     int64_t r = 0;
-    for (; r + V::kRowsDots <= nr; r += V::kRowsDots) {
-      for (int j = 0; j < nt; ++j) dots<V::kRowsDots, 1>(kt + 16 * j, D, q + r, scale, s + r, 16 * j);
+    constexpr Tiling tl = kTiling<V>;
+    for (; r + tl.rows_dots <= nr; r += tl.rows_dots) {
+      for (int j = 0; j < nt; ++j) dots<tl.rows_dots, 1>(kt + 16 * j, D, q + r, scale, s + r, 16 * j);
     }
     for (; r < nr;) {
-      const bool pair = V::kRowsWide == 2 && r + 2 <= nr;
-      if (nt == kTiles && V::kWide == kTiles) {
+      const bool pair = tl.rows_wide == 2 && r + 2 <= nr;
+      if (nt == kTiles && tl.wide == kTiles) {
         if (pair) {
-          dots<2, V::kWide>(kt, D, q + r, scale, s + r, 0);
+          dots<2, tl.wide>(kt, D, q + r, scale, s + r, 0);
         } else {
-          dots<1, V::kWide>(kt, D, q + r, scale, s + r, 0);
+          dots<1, tl.wide>(kt, D, q + r, scale, s + r, 0);
         }
       } else {
         for (int j = 0; j < nt; ++j) {
@@ -237,6 +199,26 @@ struct Kern {
     return lanes[0];
   }
 
+  // acc[r] += e_r[p] v_p over the cached value rows p in [p0, p1), in order (kSkip: rows whose
+  // window starts after p skip it).
+  template <int RB, int NV, bool kSkip, class C>
+  __attribute__((always_inline)) static inline void cached(const C* vc, int64_t ld, int64_t p0, int64_t p1,
+                                                           int64_t base, const Row* rows, int64_t d0, T (&acc)[RB][NV]) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const C* vr = vc + p * ld + d0;
+      T vv[NV];
+#pragma GCC unroll 8
+      for (int k = 0; k < NV; ++k) vv[k] = loadc(vr + k * W);
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r) {
+        if (kSkip && p < rows[r].lo) continue;
+        const T e = V::set1(rows[r].e[p - base]);
+#pragma GCC unroll 8
+        for (int k = 0; k < NV; ++k) acc[r][k] = V::fma(e, vv[k], acc[r][k]);
+      }
+    }
+  }
+
   // Context columns [d0, d0 + NV * W) of RB rows: the cached values (each row from its lo), then
   // each row's new values, in position order; divided by the row's sum.
   template <int RB, int NV, class C>
@@ -253,31 +235,8 @@ struct Kern {
       lo_min = std::min(lo_min, rows[r].lo);
       lo_max = std::max(lo_max, std::min(rows[r].lo, past));
     }
-    for (int64_t p = lo_min; p < lo_max; ++p) {  // rows whose window starts later skip these
-      const C* vr = vc + p * ld + d0;
-      T vv[NV];
-#pragma GCC unroll 8
-      for (int k = 0; k < NV; ++k) vv[k] = loadc(vr + k * W);
-#pragma GCC unroll 8
-      for (int r = 0; r < RB; ++r) {
-        if (p < rows[r].lo) continue;
-        const T e = V::set1(rows[r].e[p - base]);
-#pragma GCC unroll 8
-        for (int k = 0; k < NV; ++k) acc[r][k] = V::fma(e, vv[k], acc[r][k]);
-      }
-    }
-    for (int64_t p = std::max(lo_min, lo_max); p < past; ++p) {
-      const C* vr = vc + p * ld + d0;
-      T vv[NV];
-#pragma GCC unroll 8
-      for (int k = 0; k < NV; ++k) vv[k] = loadc(vr + k * W);
-#pragma GCC unroll 8
-      for (int r = 0; r < RB; ++r) {
-        const T e = V::set1(rows[r].e[p - base]);
-#pragma GCC unroll 8
-        for (int k = 0; k < NV; ++k) acc[r][k] = V::fma(e, vv[k], acc[r][k]);
-      }
-    }
+    cached<RB, NV, true>(vc, ld, lo_min, lo_max, base, rows, d0, acc);  // rows whose window starts later skip these
+    cached<RB, NV, false>(vc, ld, std::max(lo_min, lo_max), past, base, rows, d0, acc);
 #pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) {
       const Row& x = rows[r];
@@ -299,8 +258,9 @@ struct Kern {
   static void context_all(const C* vc, const float* vn, int64_t ld, int64_t past, int64_t base, Row* rows,
                           int64_t D) {
     int64_t d0 = 0;
-    for (; d0 + V::kVecsCtx * W <= D; d0 += V::kVecsCtx * W) {
-      context<RB, V::kVecsCtx, C>(vc, vn, ld, past, base, rows, d0);
+    constexpr int nv = kTiling<V>.vecs_ctx;
+    for (; d0 + nv * W <= D; d0 += nv * W) {
+      context<RB, nv, C>(vc, vn, ld, past, base, rows, d0);
     }
     for (; d0 + W <= D; d0 += W) context<RB, 1, C>(vc, vn, ld, past, base, rows, d0);
     for (; d0 < D; ++d0) Kern<V1>::template context<RB, 1, C>(vc, vn, ld, past, base, rows, d0);
@@ -310,8 +270,9 @@ struct Kern {
   static void context_rows(const C* vc, const float* vn, int64_t ld, int64_t past, int64_t base, Row* rows,
                            int64_t nr, int64_t D) {
     int64_t r = 0;
-    for (; r + V::kRowsCtx <= nr; r += V::kRowsCtx) context_all<V::kRowsCtx, C>(vc, vn, ld, past, base, rows + r, D);
-    switch (nr - r) {  // kRowsCtx <= 4
+    constexpr int rc = kTiling<V>.rows_ctx;
+    for (; r + rc <= nr; r += rc) context_all<rc, C>(vc, vn, ld, past, base, rows + r, D);
+    switch (nr - r) {  // rows_ctx <= 4
       case 3:
         context_all<3, C>(vc, vn, ld, past, base, rows + r, D);
         break;
@@ -326,28 +287,6 @@ struct Kern {
     }
   }
 };
-
-// RowSwiGLU's rows (attention.h SwiGluFn): vectors of W, the tail one by one.
-template <class V>
-void swiglu(const float* x, int64_t inter, int64_t r0, int64_t r1, float* y) {
-  using T = typename V::T;
-  const T one = V::set1(1.0f), zero = V::zero();
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* g = x + r * 2 * inter;
-    const float* u = g + inter;
-    float* o = y + r * inter;
-    int64_t i = 0;
-    for (; i + V::W <= inter; i += V::W) {
-      const T gv = V::load(g + i);
-      const T s = V::div(gv, V::add(one, vexp<V>(V::sub(zero, gv), 88.0f)));
-      V::store(o + i, V::mul(s, V::load(u + i)));
-    }
-    for (; i < inter; ++i) {
-      const float s = g[i] / (1.0f + vexp<V1>(0.0f - g[i], 88.0f));
-      o[i] = s * u[i];
-    }
-  }
-}
 
 // Per calling thread, grown once.
 struct AttnScratch {

@@ -28,16 +28,22 @@ from edgespec.engines.manifest import sha256_of_file
 
 HEADER = "onnxruntime_c_api.h"
 SRC = Path(__file__).parent
-SOURCES = ("op.cc", "k_portable.cc", "k_avx2.cc", "k_avxvnni.cc", "k_avx512.cc", "a_portable.cc", "a_avx2.cc")
-SOURCES += ("a_avx512.cc",)  # a_*: the attention op (attention.h)
-HEADERS = ("rowop.h", "common.h", "ymm.h", "attention.h", "attention_impl.h")
-# per source: the instruction sets it is compiled for (op.cc and the portable path: none)
+# the ops, their ONNX Runtime plumbing and registration, the path's choice: compiled without -m flags
+SOURCES = ("registration.cc", "ops.cc", "cpu_features.cc", "matmul.cc", "gather.cc", "attention.cc", "swiglu.cc")
+# one variant per op and instruction set, each compiled for its own (ISA_FLAGS; portable: none)
+SOURCES += tuple(f"{op}_{isa}.cc" for op in ("matmul", "attention", "swiglu") for isa in ("portable", "avx2", "avx512"))
+SOURCES += ("matmul_avxvnni.cc",)
+HEADERS = ("matmul.h", "matmul_common.h", "matmul_ymm.h", "attention.h", "attention_impl.h", "swiglu.h")
+HEADERS += ("swiglu_impl.h", "vec.h", "vec_x86.h", "half.h", "cpu_features.h", "ops.h")
+_FMA_AVX2, _FMA_AVX512 = ("-mavx2", "-mfma", "-mf16c"), ("-mavx512f", "-mfma")  # the float ops' (vec.h)
 ISA_FLAGS = {
-    "k_avx2.cc": ("-mavx2", "-mf16c"),
-    "k_avxvnni.cc": ("-mavx2", "-mf16c", "-mavxvnni"),
-    "k_avx512.cc": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
-    "a_avx2.cc": ("-mavx2", "-mfma", "-mf16c"),
-    "a_avx512.cc": ("-mavx512f", "-mfma"),
+    "matmul_avx2.cc": ("-mavx2", "-mf16c"),
+    "matmul_avxvnni.cc": ("-mavx2", "-mf16c", "-mavxvnni"),
+    "matmul_avx512.cc": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "attention_avx2.cc": _FMA_AVX2,
+    "attention_avx512.cc": _FMA_AVX512,
+    "swiglu_avx2.cc": _FMA_AVX2,
+    "swiglu_avx512.cc": _FMA_AVX512,
 }
 # -ffp-contract=off: no fused multiply-adds, so every path rounds where the NumPy reference does
 CXXFLAGS = ("-O2", "-std=c++17", "-fPIC", "-ffp-contract=off", "-fno-strict-aliasing")

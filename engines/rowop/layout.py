@@ -1,5 +1,5 @@
 """The row kernel's weight layout in NumPy: `pack()` writes a linear's blocks in the kernel's records
-(panels of 16 outputs, one record per block; rowop.h's Layout), `unpack()` reads them back, and
+(panels of 16 outputs, one record per block; matmul.h's Layout), `unpack()` reads them back, and
 `reference()` / `gather_reference()` compute the ops' results with the same float32 operations in the
 same order (the tests compare the library's bitwise)."""
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PANEL = 16  # outputs per panel (rowop.h kPanel)
-SUPER = 256  # inputs per super-block of sub-scale records (rowop.h Layout::kSuper: GGUF's K-quants)
+PANEL = 16  # outputs per panel (matmul.h kPanel)
+SUPER = 256  # inputs per super-block of sub-scale records (matmul.h Layout::kSuper: GGUF's K-quants)
 ATTRS = ("K", "N", "bits", "block_size", "zero_point", "mins", "f16", "sub")  # the op's attributes, in order
 DEFAULTS = {"sub": 0}  # attributes a folder exported before them lacks (the op reads these then)
 LAYOUT_VERSION = 2  # the records this edgespec writes: 1 = 4/8-bit codes, fp16/fp32 scales per block;
@@ -313,7 +313,7 @@ def dequantized(p: Packed) -> np.ndarray:
 
 
 def reference(x: np.ndarray, p: Packed) -> np.ndarray:
-    """The op's result in NumPy, the same float32 operations in the same order (rowop.h)."""
+    """The op's result in NumPy, the same float32 operations in the same order (matmul.h)."""
     x = np.asarray(x, np.float32)
     k, n, bs = p.attrs["K"], p.attrs["N"], p.attrs["block_size"]
     nb = k // bs

@@ -1,9 +1,9 @@
-// The AVX2 path (no VNNI): vpmaddubsw multiplies unsigned by signed bytes into int16 pairs.
+// RowMatMul's AVX2 variant (no VNNI): vpmaddubsw multiplies unsigned by signed bytes into int16 pairs.
 // 4-bit codes: |pair| <= 2 * 15 * 127 and eight groups sum to <= 30480, exact in int16.
 // 5- and 6-bit codes: |pair| <= 2 * 63 * 127, each group widened to int32.
 // 8-bit codes: as signed c - 128 with the sign moved onto the input (|pair| <= 2 * 128 * 127),
 // then sum (c - 128) x + 128 sum x.
-#include "ymm.h"
+#include "matmul_ymm.h"
 
 namespace rowop {
 namespace {
@@ -46,6 +46,6 @@ struct DotAvx2 {
 
 }  // namespace
 
-const Isa kAvx2 = {"avx2", quantize_rows_scalar, panels_ymm<DotAvx2>};
+const MatmulIsa kMatmulAvx2 = {quantize_rows<quantize_block_scalar>, panels_ymm<DotAvx2>};
 
 }  // namespace rowop

@@ -1,8 +1,8 @@
-// The portable path: plain C++, the arithmetic of rowop.h written out (any CPU).
+// RowMatMul's portable variant: plain C++, the arithmetic of matmul.h written out (any CPU).
 #include <algorithm>
 #include <vector>
 
-#include "common.h"
+#include "matmul_common.h"
 
 namespace rowop {
 namespace {
@@ -48,6 +48,6 @@ void panels(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_
 
 }  // namespace
 
-const Isa kPortable = {"portable", quantize_rows_scalar, panels};
+const MatmulIsa kMatmulPortable = {quantize_rows<quantize_block_scalar>, panels};
 
 }  // namespace rowop

@@ -1,4 +1,4 @@
-// The AVX-512 VNNI path: a panel of 16 outputs is one register; vpdpbusd multiplies the unsigned
+// RowMatMul's AVX-512 VNNI variant: a panel of 16 outputs is one register; vpdpbusd multiplies the unsigned
 // codes by four broadcast int8 inputs per lane. Each weight block is loaded and unpacked once per
 // call and serves every row of the call (up to kRowChunk rows per pass).
 #include <immintrin.h>
@@ -6,11 +6,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common.h"
+#include "matmul_common.h"
 
 namespace rowop {
 namespace {
-
 
 inline __m512 load16(const uint8_t* p, bool f16) {
   return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))
@@ -57,9 +56,8 @@ template <int G, int BITS, int ZPM, bool MINS>
 void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
               float* y, int64_t ldy) {
   const int64_t nb = L.blocks();
-  const int rec = L.record_bytes(), bs = L.bs, sb = L.scale_bytes();
+  const int bs = L.bs, sb = L.scale_bytes();
   const bool f16 = L.f16, sub = L.sub;
-  const int nsub = L.sub_blocks(), head = L.head_bytes();
   alignas(64) float acc[kRowChunk * kPanel];
   const __m512i lo4 = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30), hi1 = _mm512_set1_epi8(0x10);
   for (int64_t p = p0; p < p1; ++p) {
@@ -68,14 +66,9 @@ void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int6
     for (int64_t c0 = r0; c0 < r1; c0 += kRowChunk) {
       const int nr = static_cast<int>(std::min<int64_t>(r1 - c0, kRowChunk));
       for (int r = 0; r < nr; ++r) _mm512_store_ps(acc + r * kPanel, _mm512_setzero_ps());
-      const uint8_t* rp = w + p * L.panel_bytes();
-      const uint8_t* hp = nullptr;  // sub: the super-block's header
-      for (int64_t b = 0; b < nb; ++b, rp += rec) {
-        if (sub && b % nsub == 0) {
-          hp = rp;
-          rp += head;
-        }
-        prefetch_record(rp + kPrefetch, rec);
+      RecordWalk walk(L, w, p);
+      for (int64_t b = 0; b < nb; ++b, walk.next()) {
+        const uint8_t *rp = walk.enter(b), *hp = walk.hp;  // hp (sub): the super-block's header
         __m512i W[G];
         if (BITS == 8) {
 #pragma GCC unroll 8
@@ -108,7 +101,7 @@ void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int6
         }
         const uint8_t* sp = rp + 8 * G * BITS;
         __m512 d, mn = _mm512_setzero_ps();
-        if (sub) {  // d = D sc, m = -(Dmin mn): exact products (rowop.h)
+        if (sub) {  // d = D sc, m = -(Dmin mn): exact products (matmul.h)
           d = _mm512_mul_ps(load16(hp, true), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)))));
           if (MINS) {
@@ -159,7 +152,7 @@ void panels(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_
   f(L, w, x, r0, r1, p0, p1, y, ldy);
 }
 
-// One row-block: |x| max, the scale, int8 values and their sum (rowop.h's definition, 16 lanes).
+// One row-block: |x| max, the scale, int8 values and their sum (matmul.h's definition, 16 lanes).
 inline void quantize_block(const float* xb, int bs, int8_t* q, float* s, int32_t* sum) {
   const __m512 v0 = _mm512_loadu_ps(xb);
   const __m512 v1 = bs == 32 ? _mm512_loadu_ps(xb + 16) : _mm512_setzero_ps();
@@ -179,21 +172,8 @@ inline void quantize_block(const float* xb, int bs, int8_t* q, float* s, int32_t
   *sum = _mm512_reduce_add_epi32(t);
 }
 
-void quantize(const float* x, int64_t k, int bs, int zp, int64_t m, int64_t r0, int64_t r1, int8_t* xq, float* s,
-              int32_t* xsum, float* xsumf, int32_t* zsum) {
-  const int64_t nb = k / bs;
-  for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t i = b * m + r;
-      quantize_block(x + r * k + b * bs, bs, xq + i * bs, s + i, xsum + i);
-      xsumf[i] = static_cast<float>(xsum[i]);
-      zsum[i] = zp > 0 ? zp * xsum[i] : 0;
-    }
-  }
-}
-
 }  // namespace
 
-const Isa kAvx512Vnni = {"avx512vnni", quantize, panels};
+const MatmulIsa kMatmulAvx512Vnni = {quantize_rows<quantize_block>, panels};
 
 }  // namespace rowop

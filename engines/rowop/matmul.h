@@ -1,4 +1,4 @@
-// edgespec's row kernel: y = x W for block-quantized W (4-, 5-, 6- or 8-bit codes, a scale per
+// edgespec's row kernel, the op RowMatMul: y = x W for block-quantized W (4-, 5-, 6- or 8-bit codes, a scale per
 // block, an optional zero point, an optional block minimum), x quantized to int8 per row and per block.
 //
 // The arithmetic, the same in every instruction-set path and in the NumPy reference
@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace rowop {
 
@@ -88,20 +89,25 @@ using QuantizeFn = void (*)(const float* x, int64_t k, int bs, int zp, int64_t m
 using PanelsFn = void (*)(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_t r1, int64_t p0,
                           int64_t p1, float* y, int64_t ldy);
 
-struct Isa {
-  const char* name;
+// One instruction-set variant of the op (matmul_<isa>.cc); cpu_features.cc picks the one a session runs.
+struct MatmulIsa {
   QuantizeFn quantize;
   PanelsFn panels;
 };
 
-// Each path in its own translation unit, compiled for its instruction set.
-extern const Isa kPortable;
-extern const Isa kAvx2;
-extern const Isa kAvxVnni;
-extern const Isa kAvx512Vnni;
+// Each variant in its own translation unit, compiled for its instruction set.
+extern const MatmulIsa kMatmulPortable;
+extern const MatmulIsa kMatmulAvx2;
+extern const MatmulIsa kMatmulAvxVnni;
+extern const MatmulIsa kMatmulAvx512Vnni;
+
+// The layout of the op's attributes v: K, N, bits, block_size, zero_point, mins, f16, sub (matmul.cc).
+Layout layout_of(const int64_t* v);
+// What is wrong with a layout ("" where nothing is).
+std::string check_layout(const Layout& L);
 
 // Shared by the paths: the scalar quantization of one row-block (the definition, and the tail).
-inline void quantize_block_scalar(const float* x, int bs, int8_t* q, float* s, int32_t* sum) {
+static inline void quantize_block_scalar(const float* x, int bs, int8_t* q, float* s, int32_t* sum) {
   float a = 0.0f;
   for (int i = 0; i < bs; ++i) {
     float v = x[i] < 0 ? -x[i] : x[i];

@@ -1,4 +1,4 @@
-// The 256-bit paths (AVX-VNNI, AVX2): a 16-output panel is processed as two halves of 8 lanes
+// RowMatMul's 256-bit variants (AVX-VNNI, AVX2): a 16-output panel is processed as two halves of 8 lanes
 // (bytes 32h .. 32h + 31 of each 64-byte code chunk). The Dot policy computes one row's exact
 // int32 sums sum_k xq[k] * code[k, n] for the 8 outputs of a half from the unpacked codes.
 #pragma once
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common.h"
+#include "matmul_common.h"
 
 namespace rowop {
 namespace {
@@ -28,10 +28,9 @@ template <class Dot, int G, int BITS, int ZPM, bool MINS>
 void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int64_t r1, int64_t p0, int64_t p1,
               float* y, int64_t ldy) {
   const int64_t nb = L.blocks();
-  const int rec = L.record_bytes(), bs = L.bs, sb = L.scale_bytes();
+  const int bs = L.bs, sb = L.scale_bytes();
   const int es = L.f16 ? 2 : 4;  // bytes per scale
   const bool f16 = L.f16, sub = L.sub;
-  const int nsub = L.sub_blocks(), head = L.head_bytes();
   alignas(32) float acc[kRowChunk * 8];
   const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30), hi1 = _mm256_set1_epi8(0x10);
   for (int64_t p = p0; p < p1; ++p) {
@@ -41,14 +40,9 @@ void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int6
       for (int64_t c0 = r0; c0 < r1; c0 += kRowChunk) {
         const int nr = static_cast<int>(std::min<int64_t>(r1 - c0, kRowChunk));
         for (int r = 0; r < nr; ++r) _mm256_store_ps(acc + r * 8, _mm256_setzero_ps());
-        const uint8_t* rp = w + p * L.panel_bytes();
-        const uint8_t* hp = nullptr;  // sub: the super-block's header
-        for (int64_t b = 0; b < nb; ++b, rp += rec) {
-          if (sub && b % nsub == 0) {
-            hp = rp;
-            rp += head;
-          }
-          prefetch_record(rp + kPrefetch, rec);
+        RecordWalk walk(L, w, p);
+        for (int64_t b = 0; b < nb; ++b, walk.next()) {
+          const uint8_t *rp = walk.enter(b), *hp = walk.hp;  // hp (sub): the super-block's header
           __m256i W[2 * G];  // the policy may keep a second form of the codes in W[G..2G)
           if (BITS == 8) {
             for (int g = 0; g < G; ++g) W[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp + 64 * g + 32 * h));
@@ -78,7 +72,7 @@ void panels_t(const Layout& L, const uint8_t* w, const Rows& x, int64_t r0, int6
           Dot::template prep<G, BITS>(W);
           const uint8_t* sp = rp + 8 * G * BITS;
           __m256 d, mn = _mm256_setzero_ps();
-          if (sub) {  // d = D sc, m = -(Dmin mn): exact products (rowop.h)
+          if (sub) {  // d = D sc, m = -(Dmin mn): exact products (matmul.h)
             d = _mm256_mul_ps(load8(hp + 16 * h, true), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sp + 8 * h)))));
             if (MINS) {

@@ -1,5 +1,5 @@
-// The AVX-VNNI path (256-bit vpdpbusd without AVX-512: Alder Lake and later, Zen 5).
-#include "ymm.h"
+// RowMatMul's AVX-VNNI variant (256-bit vpdpbusd without AVX-512: Alder Lake and later, Zen 5).
+#include "matmul_ymm.h"
 
 namespace rowop {
 namespace {
@@ -21,6 +21,6 @@ struct DotVnni {
 
 }  // namespace
 
-const Isa kAvxVnni = {"avxvnni", quantize_rows_scalar, panels_ymm<DotVnni>};
+const MatmulIsa kMatmulAvxVnni = {quantize_rows<quantize_block_scalar>, panels_ymm<DotVnni>};
 
 }  // namespace rowop
