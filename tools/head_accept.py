@@ -101,22 +101,22 @@ def report(name: str, per: dict[str, np.ndarray]) -> None:
 
 def main(cfg: AcceptConfig) -> None:
 
-    from edgespec.export.train import trainer
+    from edgespec.export.train import train_data
     from edgespec.export.train.head_data import load_aux, load_shards, load_soft
 
     work = answers(cfg)
     tokens, feats, starts, n_prompt = load_shards(work)
-    soft = trainer.SoftLabels(*load_soft(work))
+    soft = train_data.SoftLabels(*load_soft(work))
     cats = [json.loads(line).get("category", "all") for line in (work / "prompts.jsonl").read_text().splitlines()]
     n = len(n_prompt)
     answer = np.zeros(len(tokens), bool)
     for s in range(n):
         answer[starts[s] + n_prompt[s] : starts[s + 1]] = True
-    data = trainer.TrainData(
+    data = train_data.TrainData(
         tokens, feats, starts, n_prompt, np.arange(n), np.arange(0), answer, soft, soft.labels(tokens, starts)
     )
     labels = data.labels().astype(np.int64)
-    tt = trainer.target_tensors(None)
+    tt = train_data.target_tensors(None)
     V, H = tt.arch.vocab_size, tt.arch.hidden_size
     for folder in cfg.eagle:
         from edgespec.export.drafters.eagle.checkpoint import read_head
@@ -125,7 +125,7 @@ def main(cfg: AcceptConfig) -> None:
 
         hc, arrays = read_head(folder, H, V)
         head = build_head(hc, arrays, tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin).eval()
-        t2d = trainer.target_to_draft(head.d2t.numpy(), V)
+        t2d = train_data.target_to_draft(head.d2t.numpy(), V)
 
         def fwd(s, head=head, t2d=t2d):
             tok, f, pos, valid, _ = _collate([s], data, t2d, labels)
@@ -140,7 +140,7 @@ def main(cfg: AcceptConfig) -> None:
         for folder in cfg.eagle3:
             ec, arrays, _ = read_eagle3(folder, H, V, tt.arch.n_layers)
             head = build_eagle3(ec, arrays, tt.embed, tt.rope_cos, tt.rope_sin).eval()
-            t2d = trainer.target_to_draft(head.d2t.numpy(), V)
+            t2d = train_data.target_to_draft(head.d2t.numpy(), V)
 
             def fwd3(s, head=head, t2d=t2d):
                 tok, a_in, pos, valid, _ = collate3([s], data, aux, t2d, labels, 2)

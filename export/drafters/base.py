@@ -43,7 +43,7 @@ class ExportContext:
     folder: Path  # the temporary folder the export writes into (renamed when all is done)
     model: object  # the target's PyTorch model
     arch: object  # its ArchSpec (export.arch)
-    hf_w: object  # its weights by Hugging Face name (reference.hf_weights)
+    hf_w: object  # its weights by Hugging Face name (sources.transformers.hf_weights)
     tok: object  # its tokenizer
     writer: object  # its graph writer (graph.LlamaGraphWriter); drafters read its weights and reference
     index_t: dict  # target.weights' index (weights.write_weights): graphs may read its arrays in place

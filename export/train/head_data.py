@@ -52,9 +52,10 @@ def load_target(target: str | None):
     from edgespec.export.target.checks import reference
     from edgespec.export.target.graph.builder import GraphOptions
     from edgespec.export.target.graph.writer import LlamaGraphWriter
+    from edgespec.export.target.sources.transformers import hf_weights
 
     model, tok = sources.load(sources.resolve(target))
-    writer = LlamaGraphWriter(arch_from_config(model.config, 2048), reference.hf_weights(model), GraphOptions("int4"))
+    writer = LlamaGraphWriter(arch_from_config(model.config, 2048), hf_weights(model), GraphOptions("int4"))
     return reference.reference_model(model, writer), tok
 
 

@@ -26,7 +26,7 @@ from edgespec.export.drafters.dflash.model import (
     init_arrays,
     save_dflash,
 )
-from edgespec.export.train import trainer
+from edgespec.export.train import train_data, trainer
 
 
 def mask_token(tok, vocab_size: int) -> int:
@@ -41,7 +41,7 @@ def mask_token(tok, vocab_size: int) -> int:
 
 def collate(
     group,
-    data: trainer.TrainData,
+    data: train_data.TrainData,
     aux: np.ndarray,
     t2d: np.ndarray,
     cfg: DFlashConfig,
@@ -116,7 +116,7 @@ class _Recipe(trainer.HeadRecipe):
 
     def batches(self, epoch: float):
         rng = np.random.default_rng(self.cfg.seed + int(epoch * 1000))  # groups, then each group's anchor seed
-        groups = trainer.length_groups(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
+        groups = train_data.length_groups(self.data.starts, self.data.train, self.cfg.batch_tokens, rng)
         return [(g, int(rng.integers(1 << 30))) for g in groups]
 
     def loss(self, item):
@@ -142,7 +142,12 @@ class _Recipe(trainer.HeadRecipe):
 
 @torch.no_grad()
 def estimate(
-    model: DFlashDrafter, data: trainer.TrainData, seqs: np.ndarray, aux: np.ndarray, t2d: np.ndarray, anchors: int = 32
+    model: DFlashDrafter,
+    data: train_data.TrainData,
+    seqs: np.ndarray,
+    aux: np.ndarray,
+    t2d: np.ndarray,
+    anchors: int = 32,
 ) -> dict:
     """Held-out, greedy: P(the first i drafts of a block are all right), i = 1..b-1, and the mean
     number of leading right drafts per block (accepted length minus the bonus token)."""
@@ -177,7 +182,7 @@ def _start(run: trainer.Run) -> trainer.Start:
         dc, init_arrays(arch, tt.state, d2t, dc, cfg.seed), tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin
     )
     coverage = run.coverage(d2t)
-    recipe = _Recipe(run, coverage, model, run.extra, trainer.target_to_draft(d2t, arch.vocab_size))
+    recipe = _Recipe(run, coverage, model, run.extra, train_data.target_to_draft(d2t, arch.vocab_size))
     meta = {
         "dflash_config": asdict(dc) | {"target_layer_ids": list(dc.target_layer_ids)},
         "d2t": d2t,
@@ -198,4 +203,4 @@ def _start(run: trainer.Run) -> trainer.Start:
 
 def train(cfg: TrainConfig, progress: bool = True) -> Path:
     """Train (or continue training) a DFlash drafter; writes its folder and checkpoint.pt."""
-    return trainer.train(cfg, _start, progress, load=trainer.load_aux)
+    return trainer.train(cfg, _start, progress, load=train_data.load_aux)

@@ -20,19 +20,19 @@ import torch.nn.functional as F
 from edgespec.export.drafters.eagle import TrainConfig
 from edgespec.export.drafters.eagle.checkpoint import read_head, save_head
 from edgespec.export.drafters.eagle.head import EagleHead, build_head, init_arrays
-from edgespec.export.train import trainer
+from edgespec.export.train import train_data, trainer
 
 
-def _collate(group, data: trainer.TrainData, t2d: np.ndarray, label_ids: np.ndarray):
+def _collate(group, data: train_data.TrainData, t2d: np.ndarray, label_ids: np.ndarray):
     """Rows j = 0..n-2 of each sequence: input (token_{j+1}, f_j); step-s targets f_{j+s}, token_{j+s+1}."""
-    tok_in, labels, valid, pos = trainer.head_rows(group, data, t2d, label_ids, extra=2)
+    tok_in, labels, valid, pos = train_data.head_rows(group, data, t2d, label_ids, extra=2)
     f_in = np.zeros((len(group), tok_in.shape[1] + 2, data.feats.shape[1]), np.float32)
     for r, s in enumerate(group):
         f_in[r, : data.starts[s + 1] - data.starts[s]] = data.feats[data.starts[s] : data.starts[s + 1]]
     return tuple(torch.from_numpy(x) for x in (tok_in, f_in, pos, valid, labels))
 
 
-def _collate_soft(group, data: trainer.TrainData, soft: trainer.SoftLabels):
+def _collate_soft(group, data: train_data.TrainData, soft: train_data.SoftLabels):
     """The soft labels lined up with _collate's labels: (draft ids [B, L+2, k] (-100: none), probs
     [B, L+2, k]); `soft` is shifted (row i: the target's distribution over token i) and in draft ids."""
     starts = data.starts
@@ -100,7 +100,7 @@ def _step_losses(
 
 @torch.no_grad()
 def estimate(
-    head: EagleHead, data: trainer.TrainData, seqs: np.ndarray, t2d: np.ndarray, label_ids: np.ndarray
+    head: EagleHead, data: train_data.TrainData, seqs: np.ndarray, t2d: np.ndarray, label_ids: np.ndarray
 ) -> dict:
     """Held-out top-1 of step 1 and of step 2 where step 1 was right (the chain's first two
     acceptance rates under greedy drafting, teacher-forced context)."""
@@ -126,7 +126,7 @@ class _EagleRecipe(trainer.HeadRecipe):
     t2d: np.ndarray  # [V + 1] draft id of each target id (-100: none)
     label_ids: np.ndarray  # [N] the token, or V where it carries no loss (a copy)
     inv_std: torch.Tensor  # [H] 1 / per-dimension feature spread
-    soft: trainer.SoftLabels | None  # shifted soft labels in draft ids (text data; None: hard labels only)
+    soft: train_data.SoftLabels | None  # shifted soft labels in draft ids (text data; None: hard labels only)
 
     def loss(self, group):
         batch = _collate(group, self.data, self.t2d, self.label_ids)
@@ -160,16 +160,16 @@ def _start(run: trainer.Run) -> trainer.Start:
         hc, arrays = init_arrays(arch, tt.state, run.d2t(), cfg.seed)
     if hc.draft_vocab_size < arch.vocab_size:  # most frequent first (also a resumed head's: the weights
         # do not depend on the order, the LM-head rows are gathered from the target by d2t)
-        arrays["d2t"] = trainer.by_frequency(arrays["d2t"], tokens[answer], arch.vocab_size)
+        arrays["d2t"] = train_data.by_frequency(arrays["d2t"], tokens[answer], arch.vocab_size)
         hc = replace(hc, d2t_by_frequency=True)
     head = build_head(hc, arrays, tt.embed, tt.lm_head, tt.rope_cos, tt.rope_sin)
     coverage = run.coverage(head.d2t.numpy())
     soft = data.soft
     label_ids = run.label_ids(copied)
-    t2d = trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size)
+    t2d = train_data.target_to_draft(head.d2t.numpy(), arch.vocab_size)
     if soft is not None:  # row i: the distribution over token i, in draft ids (-100 outside the draft vocab)
         soft = soft.shifted(data.starts)
-        soft = trainer.SoftLabels(t2d[soft.ids], soft.probs, soft.has & ~copied)
+        soft = train_data.SoftLabels(t2d[soft.ids], soft.probs, soft.has & ~copied)
     inv_std = torch.from_numpy(1.0 / (run.sample(data.feats).std(0) + 1e-3))
     print(
         f"[train] {int((answer & ~copied).sum())} answer tokens carry loss "

@@ -28,12 +28,12 @@ from edgespec.export.drafters.eagle3.head import (
     save_eagle3,
 )
 from edgespec.export.drafters.medusa.train import _target_spec
-from edgespec.export.train import trainer
+from edgespec.export.train import train_data, trainer
 
 
-def _collate(group, data: trainer.TrainData, aux: np.ndarray, t2d: np.ndarray, label_ids: np.ndarray, n_steps: int):
+def _collate(group, data: train_data.TrainData, aux: np.ndarray, t2d: np.ndarray, label_ids: np.ndarray, n_steps: int):
     """Rows j = 0..n-2 of each sequence: input (token_{j+1}, a_j); step-s label token_{j+s+1}."""
-    tok_in, labels, valid, pos = trainer.head_rows(group, data, t2d, label_ids, extra=n_steps)
+    tok_in, labels, valid, pos = train_data.head_rows(group, data, t2d, label_ids, extra=n_steps)
     a_in = np.zeros((len(group), tok_in.shape[1], aux.shape[1]), np.float32)
     for r, s in enumerate(group):
         a_in[r, : data.starts[s + 1] - data.starts[s] - 1] = aux[data.starts[s] : data.starts[s + 1] - 1]
@@ -63,7 +63,7 @@ def _step_losses(head: Eagle3Head, batch, n_steps: int, decay: float, noise_std:
 @torch.no_grad()
 def estimate(
     head: Eagle3Head,
-    data: trainer.TrainData,
+    data: train_data.TrainData,
     aux: np.ndarray,
     seqs: np.ndarray,
     t2d: np.ndarray,
@@ -135,7 +135,7 @@ def _start(run: trainer.Run) -> trainer.Start:
     else:
         ec, arrays = init_arrays(arch, tt.state, tt.lm_head, run.d2t(), cfg.seed)
     if aux.shape[1] != ec.aux_width:
-        raise trainer.TrainDataError(
+        raise train_data.TrainDataError(
             f"{cfg.data}: aux rows of width {aux.shape[1]}, the head fuses {ec.aux_width} "
             f"(layers {ec.aux_layers}); was the data made with another target?"
         )
@@ -145,7 +145,7 @@ def _start(run: trainer.Run) -> trainer.Start:
         arrays, ec = _frequency_ordered(arrays, ec, tokens[answer], arch.vocab_size)
     head = build_eagle3(ec, arrays, tt.embed, tt.rope_cos, tt.rope_sin)
     coverage = run.coverage(head.d2t.numpy())
-    t2d = trainer.target_to_draft(head.d2t.numpy(), arch.vocab_size)
+    t2d = train_data.target_to_draft(head.d2t.numpy(), arch.vocab_size)
     noise_std = torch.from_numpy(cfg.feature_noise * run.sample(aux).std(0))
     recipe = _Eagle3Recipe(run, coverage, head, aux, t2d, run.label_ids(copied), noise_std)
     answers = f"{int((answer & ~copied).sum())} answer tokens carry loss"
@@ -156,14 +156,14 @@ def train_eagle3(cfg: Eagle3TrainConfig, progress: bool = True) -> Path:
     """Train (or continue training) an EAGLE-3 head; writes the HF-layout head folder and checkpoint.pt."""
     if cfg.n_steps < 1:
         raise ValueError(f"n_steps must be >= 1 (got {cfg.n_steps})")
-    return trainer.train(cfg, _start, progress, load=trainer.load_aux)
+    return trainer.train(cfg, _start, progress, load=train_data.load_aux)
 
 
 def _frequency_ordered(arrays: dict, ec: Eagle3Config, seen: np.ndarray, vocab: int) -> tuple[dict, Eagle3Config]:
     """d2t most frequent first (so a prefix is a smaller draft vocabulary), lm_head's rows moved
     along (they are the head's own: each follows its token)."""
     d2t = arrays["d2t"]
-    ids = trainer.target_to_draft(d2t, vocab)[seen.astype(np.int64)]
-    order = trainer.by_frequency(np.arange(len(d2t)), ids[ids >= 0], len(d2t))
+    ids = train_data.target_to_draft(d2t, vocab)[seen.astype(np.int64)]
+    order = train_data.by_frequency(np.arange(len(d2t)), ids[ids >= 0], len(d2t))
     arrays = arrays | {"d2t": d2t[order], "lm_head.weight": arrays["lm_head.weight"][order]}
     return arrays, replace(ec, d2t_by_frequency=True)

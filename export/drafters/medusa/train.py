@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from edgespec.export.drafters.medusa import MedusaTrainConfig
 from edgespec.export.drafters.medusa.checkpoint import read_heads, save_heads
 from edgespec.export.drafters.medusa.head import MedusaConfig, MedusaHeads, build_heads
-from edgespec.export.train import trainer
+from edgespec.export.train import train_data, trainer
 
 
-def _rows(data: trainer.TrainData, seqs: np.ndarray, n_heads: int) -> tuple[np.ndarray, np.ndarray]:
+def _rows(data: train_data.TrainData, seqs: np.ndarray, n_heads: int) -> tuple[np.ndarray, np.ndarray]:
     """(feature rows t [N], label positions [N, K]: t+2+i, -1 past the end of the sequence) for
     every t whose first label t+2 is an answer token of one of `seqs`."""
     rows, labels = [], []
@@ -36,7 +36,7 @@ def _rows(data: trainer.TrainData, seqs: np.ndarray, n_heads: int) -> tuple[np.n
     return np.concatenate(rows), np.concatenate(labels)
 
 
-def _draft_labels(data: trainer.TrainData, lab_pos: np.ndarray, t2d: np.ndarray) -> np.ndarray:
+def _draft_labels(data: train_data.TrainData, lab_pos: np.ndarray, t2d: np.ndarray) -> np.ndarray:
     """[N, K] draft ids of the tokens at the label positions (-100: none)."""
     return np.where(lab_pos >= 0, t2d[data.labels()[np.maximum(lab_pos, 0)]], -100)
 
@@ -58,7 +58,7 @@ def _losses(heads: MedusaHeads, f: torch.Tensor, lab: torch.Tensor, decay: float
 
 @torch.no_grad()
 def estimate(
-    heads: MedusaHeads, data: trainer.TrainData, seqs: np.ndarray, t2d: np.ndarray, copied: np.ndarray
+    heads: MedusaHeads, data: train_data.TrainData, seqs: np.ndarray, t2d: np.ndarray, copied: np.ndarray
 ) -> dict:
     """Held-out top-1 of each head, and the chain's acceptance: the fraction of positions where
     heads 0..i are all right (what a greedy chain of i+1 drafts keeps), over all answer positions
@@ -85,7 +85,7 @@ def estimate(
 class _MedusaRecipe:
     heads: MedusaHeads  # the module being trained
     cfg: MedusaTrainConfig  # batch size, loss decay, seed, out folder
-    data: trainer.TrainData  # shards and split
+    data: train_data.TrainData  # shards and split
     t2d: np.ndarray  # [V + 1] draft id of each target id (-100: none)
     rows: np.ndarray  # [R] training positions
     labels: np.ndarray  # [R, K] their draft-id labels
@@ -105,7 +105,7 @@ class _MedusaRecipe:
         return loss, accs, len(idx)
 
     def estimate(self) -> dict:
-        copied = trainer.copied_positions(self.data.tokens, self.data.starts)
+        copied = train_data.copied_positions(self.data.tokens, self.data.starts)
         return estimate(self.heads, self.data, self.data.hold, self.t2d, copied)
 
     def save(self, step: int, epoch: float, est: dict, training: dict) -> str:
@@ -132,7 +132,7 @@ class _MedusaRecipe:
 def _target_spec(target: str | None) -> str:
     """The model trained for, as a --target spec that still names it from elsewhere (a local path made
     absolute): `export-drafter` reads its LM head from there."""
-    from edgespec.export.target.sources import DEFAULT_NAME
+    from edgespec.export.target.sources.resolve import DEFAULT_NAME
 
     if target in (None, "default"):
         return DEFAULT_NAME
@@ -157,7 +157,7 @@ def _start(run: trainer.Run) -> trainer.Start:
             n_layers=cfg.n_layers,
         )
         heads = MedusaHeads(mc, torch.from_numpy(tt.lm_head)[torch.from_numpy(d2t)].clone(), torch.from_numpy(d2t))
-    t2d = trainer.target_to_draft(d2t, arch.vocab_size)
+    t2d = train_data.target_to_draft(d2t, arch.vocab_size)
     rows, lab_pos = _rows(data, data.train, mc.n_heads)
     recipe = _MedusaRecipe(heads, cfg, data, t2d, rows, _draft_labels(data, lab_pos, t2d))
     plan = run.plan("[medusa]", "head", max(1, int(cfg.epochs * recipe.n_batches)), warmup=30, clip=None, ema=0.9)
