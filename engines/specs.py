@@ -124,6 +124,16 @@ class HeadInfo(Serial):
     rope_theta_from: str = ""  # where that base came from: its config.json, its target's, --eagle-rope-theta
 
 
+class _FromArch:
+    """A ModelSpec attribute that is its Architecture's of the same name (not a field of its own)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, spec, owner=None):
+        return self if spec is None else getattr(spec.arch, self.name)
+
+
 @dataclass(frozen=True)
 class ModelSpec(Serial):
     role: str  # "target", or the role a drafter section gives it (errors and file checks name it)
@@ -145,29 +155,13 @@ class ModelSpec(Serial):
     rowop_layout: int = 0  # the row kernel's record layout of its packed weights (rowop.LAYOUT_VERSION when
     #                        written; 0: none, or a folder from before it was recorded: layout 1)
 
-    @property
-    def n_layers(self) -> int:
-        return self.arch.n_layers
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.arch.n_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.arch.head_dim
-
-    @property
-    def hidden_size(self) -> int:
-        return self.arch.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self.arch.vocab_size
-
-    @property
-    def aux_layers(self) -> tuple[int, ...]:
-        return self.arch.aux_layers
+    # the architecture's numbers, read through (spec.n_layers is spec.arch.n_layers)
+    n_layers = _FromArch()
+    n_kv_heads = _FromArch()
+    head_dim = _FromArch()
+    hidden_size = _FromArch()
+    vocab_size = _FromArch()
+    aux_layers = _FromArch()
 
     @property
     def kv_width(self) -> int:
