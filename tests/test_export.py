@@ -302,13 +302,13 @@ def test_existing_folder_needs_force(tiny_models, tmp_path):
 
 
 def test_interrupted_export_leaves_nothing_that_loads(tiny_models, tmp_path, monkeypatch):
-    import edgespec.export.target.exporter as ex
+    import edgespec.export.target.sources.weight_source as ws
 
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ex, "validate_model", boom)  # dies after the graphs and manifest are written
-    monkeypatch.setattr(ex, "validate_sampled", boom)  # (the streaming export's validation)
+    monkeypatch.setattr(ws, "validate_model", boom)  # dies after the graphs and manifest are written
+    monkeypatch.setattr(ws, "validate_sampled", boom)  # (the streaming export's validation)
     with pytest.raises(KeyboardInterrupt):
         _export(tiny_models["llama"], tmp_path / "e")
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its temporary

@@ -196,13 +196,13 @@ def test_a_bf16_table_is_stored_bf16_and_the_logits_are_the_fp32_tables_bitwise(
     from transformers import AutoModelForCausalLM
 
     from edgespec.engines.manifest import load_manifest
-    from edgespec.export.target import exporter
     from edgespec.export.target.exporter import ExportConfig, export
     from edgespec.export.target.quant import linears
+    from edgespec.export.target.sources import weight_source
 
     checked = []  # the streamed export's bytes checked against the checkpoint's (the bf16 table's too)
-    check = exporter.check_floats
-    monkeypatch.setattr(exporter, "check_floats", lambda *a: checked.append(check(*a)))
+    check = weight_source.check_floats
+    monkeypatch.setattr(weight_source, "check_floats", lambda *a: checked.append(check(*a)))
     src = make_tiny("llama", tmp_path / "src", tie_word_embeddings=tied)
     AutoModelForCausalLM.from_pretrained(src).to(torch.bfloat16).save_pretrained(src)
     kw = dict(target=str(src), max_len=128, k=2, prefill_chunk=16, kv_bucket=32, precision="fp32", progress=False)

@@ -5,8 +5,9 @@ The folder is built under a temporary name next to the destination and renamed a
 so an interrupted or failed export never leaves a folder that loads. The target is written and
 validated here; each drafter that ships models does its part through its plugin
 (export/drafters/: where its models come from, its files, its manifest section, its checks), in
-the registry's order. What is written lives in `write`, what describes it in `spec`, and the
-checks against PyTorch in `validate`.
+the registry's order. Where the target's weights come from is its WeightSource
+(sources/weight_source.py), what is written lives in `write`, what describes it in `spec`, and the
+checks against PyTorch in `checks/`.
 """
 
 from __future__ import annotations
@@ -26,25 +27,14 @@ from edgespec.export.fit import fit_check, head_names, print_report
 from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
 from edgespec.export.target import sources
 from edgespec.export.target.arch import arch_from_config
-from edgespec.export.target.checks.sampled import validate_sampled
-from edgespec.export.target.checks.stored import check_floats
-from edgespec.export.target.checks.validate import validate_model, validation_tokens
+from edgespec.export.target.checks.validate import validation_tokens
 from edgespec.export.target.graph.builder import GraphOptions
 from edgespec.export.target.graph.op_probe import one_row_int4_differs, probe_portable_ops
-from edgespec.export.target.graph.store import write_weights
-from edgespec.export.target.graph.streaming import StreamingWriter
-from edgespec.export.target.graph.writer import LlamaGraphWriter
-from edgespec.export.target.quant.blocks import CheckpointWeights
-from edgespec.export.target.sources.gguf import open_gguf
-from edgespec.export.target.sources.safetensors import CheckpointError, open_weights
-from edgespec.export.target.sources.transformers import hf_weights, read_blocks
-from edgespec.export.target.sources.weight_source import why_not
+from edgespec.export.target.sources.weight_source import WeightSource, weight_source
 from edgespec.export.target.spec import ExportConfig, ExportError, aux_layers, tolerance
 from edgespec.export.target.write import describe_origins, host_prologue_entry, write_model
 
 __all__ = ["ExportConfig", "ExportError", "export"]
-
-GGUF_KINDS = sources.GGUF_KINDS  # Source kinds read from a GGUF file
 
 
 class _Progress:
@@ -121,130 +111,18 @@ def export(cfg: ExportConfig) -> Path:
     check_out(out, cfg.force)
     plugins = registry()
     shipping = drafter_sources(cfg, src)  # name -> its folder (or model), for the drafters this export ships
-    # the drafters first: their checks read the target's numbers without torch (refused in a second or
-    # two), _check_target reads its config through transformers
-    try:
-        shape = sources.target_shape(src)  # config.json or the GGUF header
-    except Exception:  # noqa: BLE001 - a config it cannot read: _check_target says what is wrong with it
-        shape = None
-        _check_target(cfg, src)
-    context_line = []  # said once the target is known to be exportable (_check_target)
-    cfg = _resolve_context(cfg, src, shape, context_line.append)  # --max-len: given, or the model's own, budgeted
-    for name, source in shipping.items():  # every drafter checkpoint checked before the target loads
-        plugins[name].preflight(cfg, source, shape)
-    aux_readers = [name for name, p in plugins.items() if p.reads_aux(cfg, shipping.get(name))]
-    if shape is not None:  # the drafters together: the aux layers they read, from their configs alone
-        _aux_layers(cfg, aux_readers, shipping, shape.n_layers)
-    _check_target(cfg, src)  # family, rope type, sizes: refused in seconds, before any weight is read
-    if cfg.progress and context_line:
-        print(context_line[0], file=sys.stderr)
-    probe = {}  # --precision auto: what the per-CPU probe measured (manifest export_probe)
-    if cfg.precision == "auto" and cfg.graph != "auto":  # the graph asked for decides
-        cfg = dataclasses.replace(cfg, precision="int8" if cfg.graph == "integer" else "int4")
-    elif cfg.precision == "auto":
-        from edgespec.export.target.checks.probe import choose_precision
-
-        precision, probe = choose_precision(cfg, cfg.progress)
-        cfg = dataclasses.replace(cfg, precision=precision, int4_kernel=probe.get("int4_kernel", "nbits"))
+    cfg, aux_readers = _preflight(cfg, src, shipping)
+    cfg, probe = _decide_precision(cfg)
     clean_stale_partials(out.parent)
-    widths = cfg.widths()
     progress = _Progress(6 + sum(plugins[name].steps for name in shipping), cfg.progress)
     tmp = make_partial(out)  # marked as edgespec's: only such folders are ever cleaned up
     try:
-        weights, why, hf_cfg = _streamed_weights(cfg, src, shipping)
-        if weights is not None:  # the target's tensors one at a time: no PyTorch model of it
-            model, tok = None, sources.load_tokenizer(src)
-            progress.step(f"opened {src.name}")
-        else:
-            model, tok = sources.load(src)
-            hf_cfg = model.config
-            progress.step(f"loaded {src.name}")
-        if cfg.progress:  # which path ran (not in --precision auto's scratch exports)
-            how = (
-                f"streaming export: {'GGUF' if src.kind in GGUF_KINDS else 'safetensors'} read, quantized and "
-                "written one tensor at a time"
-                if weights is not None
-                else f"export through transformers (the whole model in float32): {why}"
-            )
-            print(f"edgespec: {src.name}: {how}", file=sys.stderr)
-        _check_max_len(cfg, hf_cfg)
-        arch = arch_from_config(hf_cfg, cfg.max_len)
-        opts = graph_options(cfg, _aux_layers(cfg, aux_readers, shipping, arch.n_layers))
-        two_rows = opts.two_row_matmuls
-        if weights is not None:
-            hf_w = weights
-            writer = StreamingWriter(arch, weights, opts, tmp / "target.spool")
-            index_t = writer.write_weights(tmp / "target.weights")  # every array's bytes CRC-checked
-            check_floats(writer, weights, tmp / "target.weights", index_t)
-        else:
-            hf_w = hf_weights(model)
-            if src.kind in GGUF_KINDS:  # int4: its quantized blocks kept where MatMulNBits holds them exactly
-                keep = cfg.precision == "int4" and cfg.gguf_blocks == "keep"
-                hf_w = CheckpointWeights(hf_w, read_blocks(src.path, model, hf_w, decode_blocks=keep))
-            writer = LlamaGraphWriter(arch, hf_w, opts)
-            index_t = write_weights(writer.store.arrays, tmp / "target.weights")
-        progress.step("wrote target.weights")
-        target = host_prologue_entry(
-            write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk, "target.weights", index_t), writer
-        )
-        if cfg.progress:  # not in --precision auto's scratch exports (the probe's candidates)
-            lines = describe_origins(target.weight_origins)
-            print(f"edgespec: {src.name}'s linear weights in the {cfg.precision} target:", file=sys.stderr)
-            print("\n".join("  " + line for line in lines), file=sys.stderr)
-        progress.step("graph target.onnx")
-        chat_file = _write_tokenizer(tok, tmp)
-        progress.step("tokenizer")
-
-        ctx = ExportContext(
-            cfg=cfg,
-            folder=tmp,
-            model=model,
-            arch=arch,
-            hf_w=hf_w,
-            tok=tok,
-            writer=writer,
-            index_t=index_t,
-            opts=opts,
-            head_opts=dataclasses.replace(opts, host_prologue=False),
-            widths=widths,
-            target=target,
-            step=progress.step,
-        )
-        shipped = {name: plugins[name].write(ctx, source) for name, source in shipping.items()}
-        man = mf.Manifest(
-            folder=tmp,
-            name=out.name,
-            edgespec_version=__version__,
-            created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            source=mf.Source(
-                kind=src.kind,
-                path=src.path,
-                draft=cfg.draft,
-                sha256=sources.sha256_of(src.path) if src.kind != "hub" else None,
-            ),
-            max_len=cfg.max_len,
-            kv_bucket=cfg.kv_bucket,
-            prefill_chunk=cfg.prefill_chunk,
-            num_speculative_tokens=cfg.k,
-            two_row_matmuls=two_rows,
-            tokenizer_file="tokenizer.json",
-            chat_template_file=chat_file,
-            eos_token_ids=tuple(_eos_ids(sources.generation_config(src, hf_cfg) if model is None else model, tok)),
-            bos_token_id=tok.bos_token_id,
-            target=target,
-            drafters={name: s.section for name, s in shipped.items()},
-            # measured on this CPU (docs): adaptive prompt lookup beat every fixed k
-            defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True),
-            export_probe=probe,
-        )
+        source = weight_source(cfg, src, shipping)
+        ctx, chat_file = _write_target(cfg, source, tmp, aux_readers, shipping, progress.step)
+        shipped = {name: plugins[name].write(ctx, s) for name, s in shipping.items()}
+        man = _manifest(ctx, source, out.name, chat_file, shipped, probe)
         man.save()
-        if cfg.validate:
-            man = _validate(man, ctx, shipped, (weights, hf_cfg) if weights is not None else None)
-        man = man.record_files()  # sizes and sha256 of the finished files (read only: the bytes stay)
-        man.save()
-        if cfg.fit_check and head_names(man):  # the heads against this target: never raises, a reason instead
-            man = dataclasses.replace(man, head_fit=fit_check(tmp))
-            man.save()
+        man = _checked(man, ctx, shipped, source)
         progress.step("validated")
         progress.close()
         if out.exists():
@@ -255,6 +133,138 @@ def export(cfg: ExportConfig) -> Path:
         progress.close()
         remove_partial(tmp)
         raise
+    _report(out, man, t0)
+    return out
+
+
+def _preflight(cfg: ExportConfig, src: sources.Source, shipping: dict) -> tuple[ExportConfig, list[str]]:
+    """Everything refused before a weight is read: the drafters first (their checks read the
+    target's numbers without torch: refused in a second or two), then the target's config through
+    transformers (_check_target). Returns cfg with its --max-len resolved (given, or the model's
+    own, budgeted) and the drafters reading the target's aux layers."""
+    plugins = registry()
+    try:
+        shape = sources.target_shape(src)  # config.json or the GGUF header
+    except Exception:  # noqa: BLE001 - a config it cannot read: _check_target says what is wrong with it
+        shape = None
+        _check_target(cfg, src)
+    context_line = []  # said once the target is known to be exportable (_check_target)
+    cfg = _resolve_context(cfg, src, shape, context_line.append)
+    for name, source in shipping.items():  # every drafter checkpoint checked before the target loads
+        plugins[name].preflight(cfg, source, shape)
+    aux_readers = [name for name, p in plugins.items() if p.reads_aux(cfg, shipping.get(name))]
+    if shape is not None:  # the drafters together: the aux layers they read, from their configs alone
+        _aux_layers(cfg, aux_readers, shipping, shape.n_layers)
+    _check_target(cfg, src)  # family, rope type, sizes: refused in seconds, before any weight is read
+    if cfg.progress and context_line:
+        print(context_line[0], file=sys.stderr)
+    return cfg, aux_readers
+
+
+def _decide_precision(cfg: ExportConfig) -> tuple[ExportConfig, dict]:
+    """cfg with its precision decided, and what --precision auto's per-CPU probe measured (the
+    manifest's export_probe; {} where nothing was probed: the graph asked for decides)."""
+    if cfg.precision != "auto":
+        return cfg, {}
+    if cfg.graph != "auto":
+        return dataclasses.replace(cfg, precision="int8" if cfg.graph == "integer" else "int4"), {}
+    from edgespec.export.target.checks.probe import choose_precision
+
+    precision, probe = choose_precision(cfg, cfg.progress)
+    return dataclasses.replace(cfg, precision=precision, int4_kernel=probe.get("int4_kernel", "nbits")), probe
+
+
+def _write_target(
+    cfg: ExportConfig, source: WeightSource, tmp: Path, aux_readers: list[str], shipping: dict, step
+) -> tuple[ExportContext, str | None]:
+    """The target's weights, graph and tokenizer in tmp, whichever source its weights come from:
+    (what the drafters' plugins write from, the chat template's file name)."""
+    name = source.src.name
+    source.open()
+    step(f"{source.verb} {name}")
+    if cfg.progress:  # which path ran (not in --precision auto's scratch exports)
+        print(f"edgespec: {name}: {source.describe()}", file=sys.stderr)
+    _check_max_len(cfg, source.hf_cfg)
+    arch = arch_from_config(source.hf_cfg, cfg.max_len)
+    opts = graph_options(cfg, _aux_layers(cfg, aux_readers, shipping, arch.n_layers))
+    writer, index_t = source.write(arch, opts, tmp)
+    step("wrote target.weights")
+    widths = cfg.widths()
+    spec = write_model(writer, tmp, "target", "target", widths, cfg.prefill_chunk, "target.weights", index_t)
+    target = host_prologue_entry(spec, writer)
+    if cfg.progress:  # not in --precision auto's scratch exports (the probe's candidates)
+        lines = describe_origins(target.weight_origins)
+        print(f"edgespec: {name}'s linear weights in the {cfg.precision} target:", file=sys.stderr)
+        print("\n".join("  " + line for line in lines), file=sys.stderr)
+    step("graph target.onnx")
+    chat_file = _write_tokenizer(source.tok, tmp)
+    step("tokenizer")
+    ctx = ExportContext(
+        cfg=cfg,
+        folder=tmp,
+        model=source.model,
+        arch=arch,
+        hf_w=source.weights,
+        tok=source.tok,
+        writer=writer,
+        index_t=index_t,
+        opts=opts,
+        head_opts=dataclasses.replace(opts, host_prologue=False),
+        widths=widths,
+        target=target,
+        step=step,
+    )
+    return ctx, chat_file
+
+
+def _manifest(
+    ctx: ExportContext, source: WeightSource, name: str, chat_file: str | None, shipped: dict, probe: dict
+) -> mf.Manifest:
+    """The folder's manifest: the target's entry, each drafter's section, where the model came from."""
+    cfg, src, tok = ctx.cfg, source.src, ctx.tok
+    return mf.Manifest(
+        folder=ctx.folder,
+        name=name,
+        edgespec_version=__version__,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        source=mf.Source(
+            kind=src.kind,
+            path=src.path,
+            draft=cfg.draft,
+            sha256=sources.sha256_of(src.path) if src.kind != "hub" else None,
+        ),
+        max_len=cfg.max_len,
+        kv_bucket=cfg.kv_bucket,
+        prefill_chunk=cfg.prefill_chunk,
+        num_speculative_tokens=cfg.k,
+        two_row_matmuls=ctx.opts.two_row_matmuls,
+        tokenizer_file="tokenizer.json",
+        chat_template_file=chat_file,
+        eos_token_ids=tuple(_eos_ids(source.generation_config(), tok)),
+        bos_token_id=tok.bos_token_id,
+        target=ctx.target,
+        drafters={name: s.section for name, s in shipped.items()},
+        # measured on this CPU (docs): adaptive prompt lookup beat every fixed k
+        defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True),
+        export_probe=probe,
+    )
+
+
+def _checked(man: mf.Manifest, ctx: ExportContext, shipped: dict, source: WeightSource) -> mf.Manifest:
+    """The saved manifest after the checks: every graph against PyTorch (unless --no-validate), the
+    finished files' sizes and sha256, the heads' fit against this target (never raises)."""
+    if ctx.cfg.validate:
+        man = _validate(man, ctx, shipped, source)
+    man = man.record_files()  # sizes and sha256 of the finished files (read only: the bytes stay)
+    man.save()
+    if ctx.cfg.fit_check and head_names(man):  # the heads against this target: never raises, a reason instead
+        man = dataclasses.replace(man, head_fit=fit_check(ctx.folder))
+        man.save()
+    return man
+
+
+def _report(out: Path, man: mf.Manifest, t0: float) -> None:
+    """The finished folder's size and time, each model's validation, the heads' fit."""
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     print(f"edgespec: exported {out} ({size:.0f} MiB) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     for role, spec in man.models().items():
@@ -265,7 +275,6 @@ def export(cfg: ExportConfig) -> Path:
             what = "head logits vs the head's own graph" if fused else "|ORT - PyTorch| logits"
             print(f"  {role}: max {what} over {len(spec.validation)} phase widths = {worst:.2e}", file=sys.stderr)
     print_report(man.head_fit, str(out))
-    return out
 
 
 def graph_options(cfg: ExportConfig, aux_layers: tuple[int, ...] = ()) -> GraphOptions:
@@ -290,23 +299,6 @@ def graph_options(cfg: ExportConfig, aux_layers: tuple[int, ...] = ()) -> GraphO
         portable_ops=probe_portable_ops() if cfg.flavour() in ("lean", "integer") else (),
         host_prologue=cfg.host_prologue,
     )
-
-
-def _streamed_weights(cfg: ExportConfig, src: sources.Source, shipping: dict):
-    """(the target's tensors, read one at a time, or None; why not; its config) (stream.why_not,
-    stream.open_weights, sources/gguf.open_gguf: a GGUF's config is transformers' own)."""
-    hf_cfg = sources.target_config(src) if src.kind == "hf" else None
-    why = why_not(cfg, src, shipping, hf_cfg)
-    if why is not None:
-        return None, why, hf_cfg
-    try:
-        if src.kind in GGUF_KINDS:
-            hf_cfg = sources.gguf_hf_config(src)
-            keep = cfg.precision == "int4" and cfg.gguf_blocks == "keep"  # as the transformers path keeps them
-            return open_gguf(src.path, arch_from_config(hf_cfg, cfg.max_len), hf_cfg, keep), "", hf_cfg
-        return open_weights(Path(src.path), arch_from_config(hf_cfg, cfg.max_len)), "", hf_cfg
-    except CheckpointError as e:
-        return None, str(e), hf_cfg
 
 
 def _check_target(cfg: ExportConfig, src: sources.Source) -> None:
@@ -377,19 +369,14 @@ def _aux_layers(cfg, readers: list[str], shipping: dict, n_layers: int) -> tuple
     return tuple(layers)
 
 
-def _validate(man: mf.Manifest, ctx: ExportContext, shipped: dict, streamed: tuple | None) -> mf.Manifest:
+def _validate(man: mf.Manifest, ctx: ExportContext, shipped: dict, source: WeightSource) -> mf.Manifest:
     """Every graph of the folder against PyTorch (the target here, each drafter's by its plugin), the
     differences recorded in the manifest (saved); a model a check leaves out is dropped with its graph.
-    streamed: (its StreamedWeights, its config) of a streamed target, validated on a sampled model
-    of its layers (sampled.validate_sampled: the whole model is never in memory)."""
+    The target's check is its weight source's (a streamed target: on a sampled model of its layers)."""
     cfg, tmp = ctx.cfg, ctx.folder
     n_val = cfg.prefill_chunk + sum(w for w in ctx.widths if w != cfg.prefill_chunk)
     tokens = validation_tokens(ctx.tok, n_val, ctx.arch.vocab_size)
-    if streamed is not None:
-        diffs = validate_sampled(man, ctx, *streamed, tokens, tolerance(ctx.opts))
-    else:
-        diffs = validate_model(tmp, "target", ctx.reference_target(), tokens, tolerance(ctx.opts))
-    report = {"target": diffs}
+    report = {"target": source.validate(man, ctx, tokens, tolerance(ctx.opts))}
     ctx.step("validated target")
     plugins = registry()
     for name, s in shipped.items():

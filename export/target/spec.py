@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgespec.engines.manifest import FUSED_PREFIX, PHASES, TOKENS, WINDOW, GraphSpec, ModelSpec, TensorSpec, WeightSpec
+from edgespec.engines.manifest import PHASES, TOKENS, WINDOW, GraphSpec, TensorSpec, WeightSpec
 from edgespec.engines.specs import KV16_TEMPLATE
 from edgespec.export.drafters import options, registry
 
@@ -28,6 +28,13 @@ EAGLE_DRAFT_VOCAB = 4096
 KV_TEMPLATE = "past_{kind}_{layer}"  # the per-layer cache inputs, one declared entry per graph
 
 
+def flag(default, help, **more):
+    """A config field that is an `edgespec export` flag: its default, its help (a string, or a
+    callable giving one) and argparse's other settings (choices, metavar, flag: the option
+    strings, action), as edgespec/cli_fields.py reads them from the field's metadata."""
+    return field(default=default, metadata={"help": help, **more})
+
+
 class ExportError(ValueError):
     """Bad export arguments or a failed export step (the message says which and what to do)."""
 
@@ -37,153 +44,113 @@ class CoreExportConfig:
     """The settings of every export; each drafter's own (export/drafters/) join them in ExportConfig.
     A field with a "help" is an `edgespec export` flag of that default (edgespec/cli_fields.py)."""
 
-    target: str | None = field(default=None, metadata={"help": lambda: _target_help()})
-    out: str | None = field(
-        default=None,
-        metadata={"help": "output folder (default: engines/<model name>, e.g. engines/smollm2-135m-instruct)"},
+    target: str | None = flag(None, lambda: _target_help())
+    out: str | None = flag(None, "output folder (default: engines/<model name>, e.g. engines/smollm2-135m-instruct)")
+    max_len: int | None = flag(
+        None,
+        "the folder's maximum context (prompt + output; each load chooses its own up to it, "
+        "generate --max-len). Default: the model's own context (max_position_embeddings), capped so "
+        "the weights and an fp16 KV cache of that length fit --memory-budget; printed",
+        metavar="TOKENS",
     )
-    max_len: int | None = field(
-        default=None,
-        metadata={
-            "help": "the folder's maximum context (prompt + output; each load chooses its own up to it, "
-            "generate --max-len). Default: the model's own context (max_position_embeddings), capped so "
-            "the weights and an fp16 KV cache of that length fit --memory-budget; printed",
-            "metavar": "TOKENS",
-        },
+    memory_budget: float | None = flag(
+        None,
+        "GiB the folder may use at run time at its maximum context (weights + KV cache + 0.6 GiB "
+        "working set): caps the default --max-len, refuses a --max-len or a model it cannot hold "
+        "(default: this machine's memory; an 8 GB Jetson: 6)",
+        metavar="GIB",
     )
-    memory_budget: float | None = field(
-        default=None,
-        metadata={
-            "help": "GiB the folder may use at run time at its maximum context (weights + KV cache + 0.6 GiB "
-            "working set): caps the default --max-len, refuses a --max-len or a model it cannot hold "
-            "(default: this machine's memory; an 8 GB Jetson: 6)",
-            "metavar": "GIB",
-        },
+    k: int = flag(
+        8,
+        "largest num_speculative_tokens; verify widths 2..k+1 are exported (default %(default)s)",
+        flag=("--k", "--num-speculative-tokens"),
     )
-    k: int = field(
-        default=8,
-        metadata={
-            "help": "largest num_speculative_tokens; verify widths 2..k+1 are exported (default %(default)s)",
-            "flag": ("--k", "--num-speculative-tokens"),
-        },
+    precision: str = flag(
+        "auto",
+        "target weights (int4 = ORT MatMulNBits, blocks of 32; int8 = int8 weights per output "
+        "channel x int8 activation rows, exact int32 sums: the integer graph, whose extra verify rows "
+        "can be nearly free on CPUs with VNNI/AMX); auto (default): the export times int4 and int8 "
+        "target graphs on this CPU and keeps the one that speculates faster (recorded in the manifest's "
+        "export_probe); a quantized GGUF's blocks are kept, so int8, which would re-quantize them, is "
+        "no candidate there",
+        choices=("auto",) + PRECISIONS,
     )
-    precision: str = field(
-        default="auto",
-        metadata={
-            "help": "target weights (int4 = ORT MatMulNBits, blocks of 32; int8 = int8 weights per output "
-            "channel x int8 activation rows, exact int32 sums: the integer graph, whose extra verify rows "
-            "can be nearly free on CPUs with VNNI/AMX); auto (default): the export times int4 and int8 "
-            "target graphs on this CPU and keeps the one that speculates faster (recorded in the manifest's "
-            "export_probe); a quantized GGUF's blocks are kept, so int8, which would re-quantize them, is "
-            "no candidate there",
-            "choices": ("auto",) + PRECISIONS,
-        },
+    prefill_chunk: int = flag(64, "prompt tokens per prefill call (default %(default)s)")
+    kv_bucket: int = flag(64, "attention reads the cache in multiples of this many slots (default %(default)s)")
+    int4_accuracy_level: int = flag(
+        4,
+        "MatMulNBits accuracy_level: 4 = int8 activations (default, fastest on CPU), 0 = fp32 "
+        "activations. Both keep greedy parity: every phase width computes a row bitwise alike",
+        choices=(0, 1, 2, 3, 4),
     )
-    prefill_chunk: int = field(default=64, metadata={"help": "prompt tokens per prefill call (default %(default)s)"})
-    kv_bucket: int = field(
-        default=64, metadata={"help": "attention reads the cache in multiples of this many slots (default %(default)s)"}
+    int4_lm_head: bool = flag(
+        False,
+        "quantize the LM head to int4 too (default: 8-bit, see --int8-lm-head): smaller, but "
+        "SmolLM2-135M then loops on simple prompts",
     )
-    int4_accuracy_level: int = field(
-        default=4,
-        metadata={
-            "help": "MatMulNBits accuracy_level: 4 = int8 activations (default, fastest on CPU), 0 = fp32 "
-            "activations. Both keep greedy parity: every phase width computes a row bitwise alike",
-            "choices": (0, 1, 2, 3, 4),
-        },
+    int8_lm_head: bool = flag(
+        True,
+        "int4 precision: the LM head as 8-bit MatMulNBits, blocks of 32 (GGUF's Q8_0, which is what "
+        "the default model ships: its weights come back unchanged); decode streams a quarter of the "
+        "fp32 head's bytes. --no-int8-lm-head: fp32 Gemm on the embedding (default: 8-bit)",
     )
-    int4_lm_head: bool = field(
-        default=False,
-        metadata={
-            "help": "quantize the LM head to int4 too (default: 8-bit, see --int8-lm-head): smaller, but "
-            "SmolLM2-135M then loops on simple prompts"
-        },
+    gguf_blocks: str = flag(
+        "keep",
+        "a GGUF target at --precision int4: keep (default) its quantized blocks exactly (Q4_0, Q8_0, "
+        "Q5_x, Q6_K, Q3_K as MatMulNBits codes; Q4_1, Q4_K, Q5_K, Q2_K as codes plus a block-minimum "
+        "matmul, which Q4_1 files pay for in plain decode speed); requantize: edgespec's own int4 blocks "
+        "from the dequantized weights (the 0.1 behaviour: faster, further from the file's model; "
+        "docs/results/gguf-exact.md)",
+        choices=("keep", "requantize"),
     )
-    int8_lm_head: bool = field(
-        default=True,
-        metadata={
-            "help": "int4 precision: the LM head as 8-bit MatMulNBits, blocks of 32 (GGUF's Q8_0, which is what "
-            "the default model ships: its weights come back unchanged); decode streams a quarter of the "
-            "fp32 head's bytes. --no-int8-lm-head: fp32 Gemm on the embedding (default: 8-bit)"
-        },
+    int4_kernel: str = flag(
+        "auto",
+        "the int4 precision's linears: nbits (ONNX Runtime's MatMulNBits) or rowop (edgespec's row "
+        "kernel, a custom op compiled on this machine: 4/8-bit blocks x int8 rows, exact integer sums, "
+        "block minimums inside the kernel; the folder then runs only where the op is built: "
+        "python -m edgespec.engines.rowop setup); auto (default): --precision auto's probe times it "
+        "beside the others where it builds, an explicit --precision int4 keeps nbits",
+        choices=("auto", "nbits", "rowop"),
     )
-    gguf_blocks: str = field(
-        default="keep",
-        metadata={
-            "help": "a GGUF target at --precision int4: keep (default) its quantized blocks exactly (Q4_0, Q8_0, "
-            "Q5_x, Q6_K, Q3_K as MatMulNBits codes; Q4_1, Q4_K, Q5_K, Q2_K as codes plus a block-minimum "
-            "matmul, which Q4_1 files pay for in plain decode speed); requantize: edgespec's own int4 blocks "
-            "from the dequantized weights (the 0.1 behaviour: faster, further from the file's model; "
-            "docs/results/gguf-exact.md)",
-            "choices": ("keep", "requantize"),
-        },
+    stream_weights: str = flag("auto", lambda: _stream_help(), choices=("auto", "off"))
+    trees: bool = flag(
+        True,
+        "graphs that can verify token trees (--tree at run time; default on: 2 more ops per "
+        "layer); --no-trees: chain-only graphs",
     )
-    int4_kernel: str = field(
-        default="auto",
-        metadata={
-            "help": "the int4 precision's linears: nbits (ONNX Runtime's MatMulNBits) or rowop (edgespec's row "
-            "kernel, a custom op compiled on this machine: 4/8-bit blocks x int8 rows, exact integer sums, "
-            "block minimums inside the kernel; the folder then runs only where the op is built: "
-            "python -m edgespec.engines.rowop setup); auto (default): --precision auto's probe times it "
-            "beside the others where it builds, an explicit --precision int4 keeps nbits",
-            "choices": ("auto", "nbits", "rowop"),
-        },
+    two_row_matmuls: str = flag(
+        "auto",
+        "int4: run a 1-token call's int4 matmuls on 2 rows (a zero row added) so decode rows equal "
+        "verify rows bitwise. Some CPUs need it (ONNX Runtime 1.32's 1-row int4 kernel on AVX2 sums "
+        "differently, enough to flip greedy tokens): auto (default) probes this CPU at export; on, off "
+        "force it. Where on, 1-token calls cost more (docs/results/two-row-decode.md)",
+        choices=("auto", "on", "off"),
     )
-    stream_weights: str = field(
-        default="auto",
-        metadata={
-            "help": lambda: _stream_help(),
-            "choices": ("auto", "off"),
-        },
+    graph: str = flag(
+        "auto",
+        "graph flavour: lean (ONNX Runtime contrib ops where they keep decode and verify rows "
+        "bitwise alike, ~2.3x fewer nodes), portable (standard ONNX ops: what TensorRT parses), integer "
+        "(the lean graph with int8 x int8 linears: --precision int8); auto (default): lean, portable for "
+        "--precision fp16, integer for --precision int8",
+        choices=GRAPH_FLAVOURS,
     )
-    trees: bool = field(
-        default=True,
-        metadata={
-            "help": "graphs that can verify token trees (--tree at run time; default on: 2 more ops per "
-            "layer); --no-trees: chain-only graphs"
-        },
+    host_prologue: bool = flag(  # the EAGLE head and fused graphs keep their own prologue
+        False,
+        "lean target/draft graphs take their per-call masks and slot indices as inputs the runtime "
+        "builds, instead of computing them from input shapes: ONNX Runtime's CUDA graph capture needs a "
+        "graph without host-side shape arithmetic (logits stay bitwise the same; not with fp16)",
     )
-    two_row_matmuls: str = field(
-        default="auto",
-        metadata={
-            "help": "int4: run a 1-token call's int4 matmuls on 2 rows (a zero row added) so decode rows equal "
-            "verify rows bitwise. Some CPUs need it (ONNX Runtime 1.32's 1-row int4 kernel on AVX2 sums "
-            "differently, enough to flip greedy tokens): auto (default) probes this CPU at export; on, off "
-            "force it. Where on, 1-token calls cost more (docs/results/two-row-decode.md)",
-            "choices": ("auto", "on", "off"),
-        },
+    force: bool = flag(False, "replace an existing output folder")
+    validate: bool = flag(  # compare every graph with PyTorch after export
+        True, "skip the ORT-vs-PyTorch logits check", flag="--no-validate", action="store_false"
     )
-    graph: str = field(
-        default="auto",
-        metadata={
-            "help": "graph flavour: lean (ONNX Runtime contrib ops where they keep decode and verify rows "
-            "bitwise alike, ~2.3x fewer nodes), portable (standard ONNX ops: what TensorRT parses), integer "
-            "(the lean graph with int8 x int8 linears: --precision int8); auto (default): lean, portable for "
-            "--precision fp16, integer for --precision int8",
-            "choices": GRAPH_FLAVOURS,
-        },
-    )
-    host_prologue: bool = field(  # the EAGLE head and fused graphs keep their own prologue
-        default=False,
-        metadata={
-            "help": "lean target/draft graphs take their per-call masks and slot indices as inputs the runtime "
-            "builds, instead of computing them from input shapes: ONNX Runtime's CUDA graph capture needs a "
-            "graph without host-side shape arithmetic (logits stay bitwise the same; not with fp16)"
-        },
-    )
-    force: bool = field(default=False, metadata={"help": "replace an existing output folder"})
-    validate: bool = field(  # compare every graph with PyTorch after export
-        default=True,
-        metadata={"help": "skip the ORT-vs-PyTorch logits check", "flag": "--no-validate", "action": "store_false"},
-    )
-    fit_check: bool = field(  # each head's step-1 acceptance against this target (export/fit.py)
-        default=True,
-        metadata={
-            "help": "skip the heads' fit check (each head's step-1 acceptance against the exported target and "
-            "prompt lookup's, on built-in prompts: a few seconds; recorded in the manifest, `edgespec check` "
-            "reruns it)",
-            "flag": "--no-fit-check",
-            "action": "store_false",
-        },
+    fit_check: bool = flag(  # each head's step-1 acceptance against this target (export/fit.py)
+        True,
+        "skip the heads' fit check (each head's step-1 acceptance against the exported target and "
+        "prompt lookup's, on built-in prompts: a few seconds; recorded in the manifest, `edgespec check` "
+        "reruns it)",
+        flag="--no-fit-check",
+        action="store_false",
     )
     progress: bool = True  # show a progress bar
 
@@ -402,35 +369,6 @@ def with_host_prologue(graph: GraphSpec, n_heads: int, opts: GraphOptions, windo
     )
     at = [t.name for t in graph.inputs].index("past_len") + 1
     return replace(graph, inputs=graph.inputs[:at] + extra + graph.inputs[at:])
-
-
-def fused_graph(file: str, target: GraphSpec, head: GraphSpec) -> GraphSpec:
-    """The target graph with the EAGLE head appended (eagle_graph.fuse_with_target): the target's
-    I/O, then the head's token ids, the count of rows given them, its cache and its outputs, all
-    under FUSED_PREFIX."""
-    p = FUSED_PREFIX
-    inputs = target.inputs + (
-        TensorSpec(p + "input_ids", (1, TOKENS), "int64"),
-        TensorSpec(p + "n_given", (1,), "int64"),
-    )
-    inputs += tuple(replace(t, name=p + t.name) for t in head.inputs if t.layers)  # the head's own cache
-    outputs = target.outputs + tuple(replace(t, name=p + t.name) for t in head.outputs)
-    return replace(target, file=file, inputs=inputs, outputs=outputs)
-
-
-def fused_spec(file: str, target: ModelSpec, head: ModelSpec) -> ModelSpec:
-    """The fused graph's entry: the target's, on the same weights files, plus the head's weights
-    under FUSED_PREFIX (in the head's file unless they name their own)."""
-    weights = target.weights | {
-        FUSED_PREFIX + k: replace(w, file=w.file or head.weights_file) for k, w in head.weights.items()
-    }
-    return replace(
-        target,
-        role="eagle_fused",
-        kind="target+eagle",
-        weights=weights,
-        graph=fused_graph(file, target.graph, head.graph),
-    )
 
 
 def weight_specs(index: dict[str, dict], used: set[str]) -> dict[str, WeightSpec]:

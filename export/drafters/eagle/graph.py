@@ -26,6 +26,7 @@ from onnx import helper
 
 from edgespec.engines.manifest import FUSED_PREFIX, ModelSpec
 from edgespec.export.drafters._graph import HeadGraphWriter, validate_head
+from edgespec.export.drafters.eagle.fused import fused_spec
 from edgespec.export.target import spec as es
 from edgespec.export.target.graph.layer_ops import Stream
 from edgespec.export.target.graph.writer import decoder_layer
@@ -181,7 +182,7 @@ def write_eagle_fused(folder: Path, target: ModelSpec, eagle: ModelSpec) -> Mode
         onnx.load(folder / eagle.graph.file, load_external_data=False),
     )
     onnx.save(fused, folder / "target_eagle.onnx")
-    return es.fused_spec("target_eagle.onnx", target, eagle)
+    return fused_spec("target_eagle.onnx", target, eagle)
 
 
 def validate_eagle(folder: Path, ew: EagleGraphWriter, ref_target, tokens: np.ndarray, tol: float) -> dict[str, float]:

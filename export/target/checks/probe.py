@@ -421,13 +421,15 @@ def _write_sampled(cfg, src, folder: Path, depth: int, cache: dict):
     from edgespec.engines import manifest as mf
     from edgespec.export.target.arch import arch_from_config
     from edgespec.export.target.checks.sampled import SampledWeights, sampled_arch
-    from edgespec.export.target.exporter import _streamed_weights, graph_options
+    from edgespec.export.target.exporter import graph_options
     from edgespec.export.target.graph.streaming import StreamingWriter
+    from edgespec.export.target.sources.weight_source import StreamedSource, weight_source
     from edgespec.export.target.write import host_prologue_entry, write_model
 
-    weights, why, hf_cfg = _streamed_weights(cfg, src, {})
-    if weights is None:
-        return why
+    source = weight_source(cfg, src, {})
+    if not isinstance(source, StreamedSource):
+        return source.why
+    weights, hf_cfg = source.weights, source.hf_cfg
     arch = arch_from_config(hf_cfg, cfg.max_len)
     layers = tuple(range(min(depth, arch.n_layers)))
     rows = sampled_rows(arch.vocab_size, arch.hidden_size, arch.n_layers)
