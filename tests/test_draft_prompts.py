@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from edgespec.export.train import doc_passages
 from edgespec.export.train import wide_prompts as dp
 
 EVAL = Path(__file__).parent.parent / "tools/prompts/drafts_eval.jsonl"
@@ -92,13 +93,13 @@ def test_prompt_lists_ship_as_package_data_and_are_read_strictly(tmp_path, monke
 
 
 def test_passages_are_prose_and_the_written_ones_always_there():
-    ps = dp.passages()
-    assert set(dp.WRITTEN_PASSAGES) <= set(ps)
+    ps = doc_passages.passages()
+    assert set(doc_passages.WRITTEN_PASSAGES) <= set(ps)
     assert len(set(ps)) == len(ps)
-    for p in dp.WRITTEN_PASSAGES:
-        assert dp._is_prose(p), p
-    assert not dp._is_prose("def f(x):\n    return x " * 10)
-    assert not dp._is_prose("THIS SOFTWARE IS PROVIDED AS IS WITHOUT ANY WARRANTY. " * 5)
+    for p in doc_passages.WRITTEN_PASSAGES:
+        assert doc_passages.is_prose(p), p
+    assert not doc_passages.is_prose("def f(x):\n    return x " * 10)
+    assert not doc_passages.is_prose("THIS SOFTWARE IS PROVIDED AS IS WITHOUT ANY WARRANTY. " * 5)
 
 
 def _eval_rows() -> list[dict]:
