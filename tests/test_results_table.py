@@ -174,3 +174,42 @@ def test_readme_block_written_regenerated_and_checked(rt, tmp_path):
 
 def test_the_readme_table_is_what_its_json_gives(rt):
     assert rt.main(["--check"]) == 0, "README.md's results table is stale. Hint: python tools/results_table.py"
+
+
+PEERS = {
+    "config": {
+        "engine": "engines/x",
+        "edgespec": "none,ngram:8:adaptive",
+        "gguf": "/cache/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "limit": 20,
+        "max_new_tokens": 128,
+        "threads": 2,
+    },
+    "machine": {"cpu": "AMD EPYC", "logical_cpus": 2, "onnxruntime": "1.32.0"},
+    "skipped": {"transformers": "not installed"},
+    "rows": [
+        {"system": "edgespec none", "note": "int4", "tokens_per_s": 200.0, "itl_ms": {"p50": 4.8}, "ttft_ms": 40.0},
+        {"system": "llama.cpp plain", "note": "Q4_1", "tokens_per_s": 100.0, "itl_ms": {"p50": 9.6}, "ttft_ms": 55.0},
+    ],
+}
+
+
+def test_two_blocks_a_bench_and_the_peers_each_from_its_own_json(rt, tmp_path):
+    bench, peers = tmp_path / "bench.json", tmp_path / "peers.json"
+    bench.write_text(json.dumps(NEW))
+    peers.write_text(json.dumps(PEERS))
+    readme = tmp_path / "README.md"
+    second = f'<!-- results:begin {{"json": "{peers}"}} -->\n<!-- results:end -->\n'
+    readme.write_text("<!-- results:begin -->\nold\n<!-- results:end -->\nmid\n" + second)
+    assert rt.main([str(bench), "--readme", str(readme)]) == 0  # no block names it: the first
+    assert rt.main(["--readme", str(readme)]) == 0  # every block from its own JSON
+    text = readme.read_text()
+    assert (
+        "| edgespec none | 200.0 | 2.00x | 4.80 | 40 | int4 |" in text and "| llama.cpp plain | 100.0 | 1.00x |" in text
+    )
+    assert "Skipped: transformers: not installed." in text and "| hybrid | <=4 adaptive |" in text
+    assert rt.main(["--readme", str(readme), "--check"]) == 0
+    peers.write_text(json.dumps(PEERS | {"rows": PEERS["rows"][::-1]}))
+    assert rt.main(["--readme", str(readme), "--check"]) == 1  # the second block is stale
+    assert rt.main([str(peers), "--readme", str(readme)]) == 0  # the block that names it
+    assert readme.read_text().index("| llama.cpp plain |") < readme.read_text().index("| edgespec none |")

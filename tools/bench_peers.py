@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -311,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     mach = machine_info("cpu")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"config": vars(a), "machine": mach, "skipped": skipped, "rows": rows}, f, indent=1)
+            config = vars(a) | {"command": shlex.join(["python", "tools/bench_peers.py", *(argv or sys.argv[1:])])}
+            json.dump({"config": config, "machine": mach, "skipped": skipped, "rows": rows}, f, indent=1)
     if a.png:
         plot(
             rows,

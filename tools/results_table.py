@@ -6,7 +6,9 @@
 
 The table goes between `<!-- results:begin OPTIONS -->` and `<!-- results:end -->` in README.md;
 OPTIONS (JSON: the bench file, --drafters, --note) are kept there, so a bare run or --check
-regenerates from the same file. The caption says
+regenerates every block of the file from its own JSON (a JSON given on the command line replaces the
+block that names it, else the first). A `tools/bench_peers.py --json` file gives the table against
+the peers instead (each system's speed against llama.cpp's plain decoding on the same GGUF). The caption says
 what the JSON records: the prompts and settings, the folder's defaults and graph, the machine, the
 date and the command. What an older JSON does not record is said to be unrecorded, and its command
 is rebuilt from its config; --note adds what is known from elsewhere (a result page).
@@ -148,17 +150,51 @@ def caption(report: dict, json_path: str, note: str = "") -> str:
     )
 
 
+PEERS_BASE = "llama.cpp plain"  # the row the peers table divides by (plain decoding, same GGUF)
+
+
+def peers_table(report: dict) -> str:
+    """Markdown rows of a tools/bench_peers.py JSON: tok/s end to end, the decode phase (per-token latency
+    after the first, p50), TTFT, each against llama.cpp's plain run when the JSON has one."""
+    rows_in = report["rows"]
+    base = next((r for r in rows_in if r["system"] == PEERS_BASE), None)
+    head = ["system", "tok/s", f"vs {PEERS_BASE}", "decode ms/token p50", "TTFT ms", "note"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows_in:
+        ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
+        cells = [r["system"], f"{r['tokens_per_s']:.1f}", ratio, f"{r['itl_ms']['p50']:.2f}", f"{r['ttft_ms']:.0f}"]
+        rows.append("| " + " | ".join(cells + [r.get("note", "")]) + " |")
+    return "\n".join(rows)
+
+
+def peers_caption(report: dict, json_path: str, note: str = "") -> str:
+    c, m = report["config"], report["machine"]
+    skipped = "; ".join(f"{k}: {v}" for k, v in report.get("skipped", {}).items())
+    text = (
+        f"The first {c['limit']} HumanEval prompts, raw, greedy, {c['max_new_tokens']} new tokens, {c['threads']} "
+        f"threads, every system interleaved prompt by prompt; llama.cpp reads the GGUF the default folder is "
+        f"exported from ({Path(c['gguf']).name}). Machine: {m['cpu']}, {m['logical_cpus']} logical CPUs, "
+        f"onnxruntime {m['onnxruntime']}. Data: [{json_path}]({json_path}). "
+        + (f"Skipped: {skipped}. " if skipped else "")
+        + f"{note} Made by:"
+    )
+    cmd = c.get("command") or shlex.join(
+        ["python", "tools/bench_peers.py", "--engine", c["engine"], "--edgespec", c["edgespec"]]
+        + ["--limit", str(c["limit"]), "--json", json_path]
+    )
+    wrapped = textwrap.fill(" ".join(text.split()), 100, break_on_hyphens=False, break_long_words=False)
+    return "\n".join([wrapped, "", "```bash", cmd, "```"])
+
+
 def block(report: dict, json_path: str, drafters: list[str] | None, note: str) -> str:
     options = (
         {"json": json_path} | ({"drafters": ",".join(drafters)} if drafters else {}) | ({"note": note} if note else {})
     )
-    return (
-        f"<!-- results:begin {json.dumps(options, ensure_ascii=False)} -->\n"
-        + caption(report, json_path, note)
-        + "\n\n"
-        + table(report, drafters)
-        + "\n<!-- results:end -->"
-    )
+    if "rows" in report:  # tools/bench_peers.py
+        body = peers_caption(report, json_path, note) + "\n\n" + peers_table(report)
+    else:
+        body = caption(report, json_path, note) + "\n\n" + table(report, drafters)
+    return f"<!-- results:begin {json.dumps(options, ensure_ascii=False)} -->\n" + body + "\n<!-- results:end -->"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -176,34 +212,45 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _regenerated(found: re.Match, readme: Path) -> str:
+    """A block again, from the JSON and options its begin marker names."""
+    saved = json.loads(found.group("options") or "{}")
+    if "json" not in saved:
+        raise SystemExit(f"{readme}: a begin marker names no JSON. Hint: run once with the JSON's path")
+    drafters = saved["drafters"].split(",") if saved.get("drafters") else None
+    return block(json.loads((ROOT / saved["json"]).read_text()), saved["json"], drafters, saved.get("note", ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     readme = Path(a.readme)
     text = readme.read_text()
-    found = BEGIN.search(text)
-    if found is None:
+    blocks = list(BEGIN.finditer(text))
+    if not blocks:
         raise SystemExit(
             f"{readme}: no <!-- results:begin --> ... <!-- results:end --> markers. Hint: add both "
             "lines where the table belongs"
         )
-    if a.json is None:  # regenerate from what the marker names; --check and --readme stay as given
-        saved = json.loads(found.group("options") or "{}")
-        if "json" not in saved:
-            raise SystemExit(f"{readme}: the begin marker names no JSON. Hint: run once with the JSON's path")
-        a.json, a.drafters, a.note = saved["json"], saved.get("drafters"), saved.get("note", "")
-    report = json.loads((ROOT / a.json).read_text())
-    drafters = a.drafters.split(",") if a.drafters else None
-    new = text[: found.start()] + block(report, a.json, drafters, a.note) + text[found.end() :]
+    named = [json.loads(f.group("options") or "{}").get("json") for f in blocks]
+    target = named.index(a.json) if a.json in named else 0
+    new, end = "", 0
+    for i, found in enumerate(blocks):
+        if i == target and a.json is not None:  # a table from the JSON given, with the options given
+            drafters = a.drafters.split(",") if a.drafters else None
+            fresh = block(json.loads((ROOT / a.json).read_text()), a.json, drafters, a.note)
+        else:
+            fresh = _regenerated(found, readme)
+        new, end = new + text[end : found.start()] + fresh, found.end()
+    new += text[end:]
     if a.check:
         if new != text:
             print(
-                f"{readme}: the results table differs from {a.json}. Hint: python tools/results_table.py",
-                file=sys.stderr,
+                f"{readme}: a results table differs from its JSON. Hint: python tools/results_table.py", file=sys.stderr
             )
             return 1
         return 0
     readme.write_text(new)
-    print(f"wrote the results table of {a.json} into {readme}", file=sys.stderr)
+    print(f"wrote {len(blocks)} results table(s) into {readme}", file=sys.stderr)
     return 0
 
 
