@@ -7,7 +7,8 @@
 
 One step is draft -> shape -> verify -> accept -> commit over a `Proposal` (`_step`); chains and
 trees take the same path, and `verify.accept` picks the rule (greedy or lossless sampling, chain
-or tree). Prefill, stop handling, stats and streaming sit around it. Every call has an output
+or tree). Prefill, stop handling, stats and streaming sit around it; the drafter, k, token tree
+and the adaptive policies that size each step are set up in speculation.py. Every call has an output
 constraint (constraint.py): none hands the proposal through and accepts it with verify.accept; a
 grammar (json_schema, grammar, regex: constrain.py) shapes each chain before the verify call and
 accepts it on masked logits.
@@ -27,21 +28,21 @@ import numpy as np
 
 from edgespec.engines.context import at_load
 from edgespec.engines.manifest import Manifest, load_manifest
-from edgespec.runtime.adaptive import SAMPLED, AdaptiveK, TreeBudget, sampled_policy, sampled_tree_budget
 from edgespec.runtime.backends import Engines, check_drafter, make_engines
 from edgespec.runtime.config import NoDefaults, RuntimeConfig
 from edgespec.runtime.constrain import Constraint
 from edgespec.runtime.constraint import NO_CONSTRAINT, OutputConstraint
-from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
+from edgespec.runtime.drafters import registry, spec_of
 from edgespec.runtime.grammar import Grammar
 from edgespec.runtime.logprobs import TokenLogprobs
 from edgespec.runtime.prefill import decode_rows_match_verify_rows, prefill
 from edgespec.runtime.sampling import KeyedDraws, SamplingConfig, check_max_new_tokens, penalize
+from edgespec.runtime.speculation import SpeculationSetup
 from edgespec.runtime.state import Proposal, SeqState, TargetRows, chain, chain_prefix
 from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import TextCodec
 from edgespec.runtime.text_api import TextAPI
-from edgespec.runtime.tree import TokenTree, tree_chain_prefix
+from edgespec.runtime.tree import tree_chain_prefix
 
 
 class PromptTooLongError(ValueError):
@@ -75,7 +76,7 @@ def _folder_errors(folder: str | Path):
         ) from e
 
 
-class Generator(TextAPI):
+class Generator(SpeculationSetup, TextAPI):
     def __init__(
         self,
         manifest: Manifest | None,
@@ -154,140 +155,6 @@ class Generator(TextAPI):
             parts += [getattr(e, f.name) for f in dataclasses.fields(e)] if dataclasses.is_dataclass(e) else [e]
         caches = {id(kv): kv.nbytes for p in parts if isinstance(kv := getattr(p, "kv", None), np.ndarray)}
         return {"load_s": self.load_s, "weights_bytes": mapped_bytes(), "kv_bytes": sum(caches.values())}
-
-    def prime_drafter(self, widths=()) -> None:
-        """Make the current drafter's sessions now, so its first real call pays nothing."""
-        for need in spec_of(self.drafter_name).needs(self.cfg):
-            registry()[need].prime(self.engines.models[need], widths, self.manifest)
-
-    @property
-    def target(self):
-        """The engine that runs the target's calls: the drafter's verifier (the fused target+EAGLE
-        graph) or the plain target."""
-        return self.drafter.verifier or self.engines.target
-
-    @property
-    def _give_next(self):
-        """Where a prefill hands the tokens that follow its rows: the verifier's, if there is one
-        (a verifier that drafts inside the call takes them), else nowhere."""
-        v = self.drafter.verifier
-        return v.give_next if v is not None else None
-
-    def set_drafter(self, name: str, k: int | None = None) -> None:
-        """Switch drafter / k between calls (the engines stay loaded); trees and adaptive k follow
-        self.cfg (replace it to change them)."""
-        k = self.cfg.k if k is None else k
-        tgt = self.engines.target
-        k_max = 0  # verify widths 2..k_max+1 must all exist (a draft may come up short)
-        while k_max + 2 in tgt.widths:
-            k_max += 1
-        if name != "none" and not 1 <= k <= k_max:
-            raise ValueError(
-                f"k={k} outside 1..{k_max}: this folder has verify graphs up to "
-                f"num_speculative_tokens={k_max}. Hint: re-export with a larger --k"
-            )
-        c = self.cfg
-        check_drafter(name, self.engines, c.provider, c)
-        spec = spec_of(name)
-        ctx = BuildContext(self.engines, c, self.tgt_rows, self.drafter_store)
-        self.drafter: Drafter = make_drafter(name, ctx)
-        self.drafter_name = spec.name  # the registered name (an alias resolved)
-        self.k = 0 if name == "none" else k
-        self.tree = None  # the step's token tree (preallocated), when trees are on
-        if c.tree.nodes and name != "none":
-            c.tree.check(k_max + 1)
-            if not self.drafter.drafts_trees:
-                raise ValueError(f"drafter {name!r} drafts chains only; trees work with {', '.join(tree_names())}")
-            verifying = [self.target]
-            for need in spec.needs(c):
-                grows = registry()[need].tree_engines
-                verifying += grows(self.engines.models[need]) if grows is not None else []
-            if not all(e.takes_tree for e in verifying):
-                raise ValueError(
-                    "this engine folder's graphs verify chains only (exported with --no-trees); "
-                    "token trees need a folder re-exported without --no-trees"
-                )
-            self.tree = TokenTree(c.tree.nodes)
-        # the policies learn costs and acceptance over calls: kept in the drafter store per configuration,
-        # so switching drafters and back (a bench interleaving them prompt by prompt) resumes what they learned
-        key = ("policies", spec.name, self.k, c.adaptive, c.tree.label if self.tree is not None else "")
-        self._policies = self.drafter_store.get(key)
-        if self._policies is None:
-            self._policies = self.drafter_store[key] = self._new_policies()
-        self.adaptive, self.tree_budget, self.chain_budget = (self._policies[n] for n in ("k", "tree", "chain"))
-        self._budget = self.tree_budget or self.chain_budget  # the running call's (a sampled call: fixed costs)
-
-    def _new_policies(self) -> dict:
-        """Greedy calls' adaptive k ("k"), tree budget ("tree"), chain budget of a drafter that scores its
-        chains ("chain": cut per step as trees are), and seeded calls' ("keyed", made at their first call)."""
-        c, pol = self.cfg, {"k": None, "tree": None, "chain": None, "keyed": None}
-        if c.adaptive and self.k > 0 and self.tree is None:
-            if self.drafter.scores_chains:
-                pol["chain"] = TreeBudget(self.k + 1, self.verify_costs(range(1, self.k + 2)))
-            else:
-                pol["k"] = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
-        if c.adaptive and self.tree is not None:  # trees cut each step to the size that pays
-            pol["tree"] = TreeBudget(c.tree.nodes, self.verify_costs(range(1, c.tree.nodes + 1)))
-        return pol
-
-    def _sampled_adaptive(self) -> AdaptiveK | None:
-        """Adaptive k for a sampled call (when adaptive is on): fixed relative costs instead of
-        measured times and a fresh acceptance estimate, so every step's k, and with it a seed's
-        output, follows from the seed, the folder and the settings, not from the machine's load."""
-        if self.adaptive is None:
-            return None
-        return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs())
-
-    def _keyed_policies(self) -> tuple[AdaptiveK | None, TreeBudget | None]:
-        """Adaptive k and the tree / chain budget of seeded calls: their output does not depend on k
-        (sampling.KeyedDraws), so they follow measured times (a head's real cost per draft) as greedy
-        calls do, with estimates of their own (what sampling keeps: the acceptance from the prior each
-        call, AdaptiveK.begin; the costs learned across seeded calls) and one-draft probes while k = 0 wins."""
-        if self._policies["keyed"] is None:
-            adaptive = budget = None
-            if self.adaptive is not None:
-                adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)), SAMPLED)
-            nodes = self.cfg.tree.nodes if self.tree_budget is not None else self.k + 1
-            if self.tree_budget is not None or self.chain_budget is not None:
-                budget = TreeBudget(nodes, self.verify_costs(range(1, nodes + 1)), SAMPLED)
-            self._policies["keyed"] = (adaptive, budget)
-        return self._policies["keyed"]
-
-    def _recorded_costs(self, widest: int | None = None) -> dict[int, float] | None:
-        """Verify costs in decodes by width, as the export's probe measured them for this folder's
-        target on the CPU (manifest export_probe); None when it has none for widths 1..widest
-        (None: k + 1, a chain's widest call)."""
-        widest = widest or self.k + 1
-        probe = self.manifest.export_probe if self.manifest is not None and self.cfg.provider == "cpu" else {}
-        chosen = probe.get("chosen", self.manifest.target.precision) if probe else ""  # "int4-rowop" too
-        ms = probe.get("ms_by_width", {}).get(chosen, {}) if probe else {}
-        widths = range(1, widest + 1)
-        if not all(str(w) in ms for w in widths):
-            return None
-        return {w: ms[str(w)] / ms["1"] for w in widths}
-
-    def reconfigure(self, **changes) -> None:
-        """Change runtime options between calls (e.g. adaptive=True, tree=TreeConfig(...)), keeping
-        the drafter and k unless given."""
-        drafter, k = changes.pop("drafter", self.drafter_name), changes.pop("k", self.k or None)
-        self.cfg = dataclasses.replace(self.cfg, **changes)
-        self.set_drafter(drafter, k)
-
-    def verify_costs(self, widths, repeats: int = 3) -> dict[int, float]:
-        """Median seconds of one call of the verifying engine per width (measured once, then cached)."""
-        tgt = self.target
-        cache = self._verify_costs.setdefault(tgt is not self.engines.target, {})
-        probe = np.zeros(max(tgt.widths), np.int64)
-        for w in widths:
-            if w not in cache:
-                times = []
-                for _ in range(repeats + 1):  # the first run is not counted (its bindings, first allocations)
-                    t0 = time.perf_counter()
-                    tgt.forward(probe[:w], 0, logits=False)  # as a greedy verify runs (a GPU keeps them)
-                    times.append(time.perf_counter() - t0)
-                cache[w] = float(np.median(times[1:]))
-        self._tgt_valid = 0  # the probes wrote nothing, but do not trust a prefix across them
-        return {w: cache[w] for w in widths}
 
     def forget(self) -> None:
         """Drop the KV prefix kept from the last call (the next prompt is prefilled in full)."""
@@ -409,52 +276,8 @@ class Generator(TextAPI):
         from it by rejection sampling instead (the seed's keyed draws: sampling.KeyedDraws); tests
         of the rejection rule pass one. logprobs: record each chosen token's log-probability and this
         many alternatives (0..8) in self.token_logprobs (runtime/logprobs.py); None: not recorded."""
-        sampling.check()
-        check_max_new_tokens(max_new_tokens)
-        tgt, n_prompt = self.target, len(prompt_ids)
-        if n_prompt == 0:
-            raise ValueError("empty prompt")
-        if n_prompt + 1 > tgt.max_len:
-            raise PromptTooLongError(
-                f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
-                f"(max_len); shorten it, or load it with --max-len > {n_prompt} (up to the folder's maximum; "
-                "past that, re-export with a larger --max-len)"
-            )
-        # a seeded call draws each position's token from (seed, position) alone, so its output never depends
-        # on the drafter or its state (drafters with a q draw their drafts coupled to those draws)
-        if rng is None:
-            rng = KeyedDraws(sampling.seed) if sampling.keyed else np.random.default_rng(sampling.seed)
-        keyed = isinstance(rng, KeyedDraws)
-        self._eos = frozenset(self.eos.tolist())
-        con = self.constraint(grammar, sampling.greedy)
-        self.token_logprobs = TokenLogprobs(con, logprobs) if logprobs is not None else None
-        con = self.token_logprobs or con  # (it reads every verify row's logits, then hands them to con)
-        self.drafter.configure(con.drafter_sampling(sampling), rng)
-        # greedy and seeded adaptive k follow measured times (k never changes their output); an unseeded
-        # sampled call's k decides its draws, so it gets the fixed-cost policy (reproducible under load)
-        adaptive, self._budget = self.adaptive, self.tree_budget or self.chain_budget
-        if keyed:
-            adaptive, self._budget = self._keyed_policies()
-        elif not sampling.greedy:
-            adaptive = self._sampled_adaptive()
-            if self._budget is not None:
-                nodes = self.cfg.tree.nodes if self.tree_budget is not None else self.k + 1
-                self._budget = sampled_tree_budget(nodes, self.cfg.provider, self._recorded_costs(nodes))
-        if adaptive is not None:
-            adaptive.begin()
-        # a seeded call's chain budget stops at the first draft that does not pay, and a keyed draft takes no
-        # randomness: a chain whose first draft will not pay is drafted no further (a k = 0 stretch of recycle
-        # and merged then drafts one token a step, not k)
-        gate = keyed and self.chain_budget is not None and self._budget is not None
-        self.drafter.chain_gate = self._budget.stops_at_first if gate else None
-        st = self.last_stats = GenerationStats(
-            drafter=self.drafter.name,
-            k=self.k,
-            n_prompt=n_prompt,
-            adaptive=adaptive is not None or self._budget is not None,
-            grammar=con.kind,
-            tree=self.cfg.tree.label if self.tree is not None and con.trees_ok else "",
-        )
+        con, rng, adaptive, st = self._begin_call(prompt_ids, max_new_tokens, sampling, grammar, rng, logprobs)
+        tgt, keyed, n_prompt = self.target, isinstance(rng, KeyedDraws), len(prompt_ids)
         dft_engine = self.drafter.engine
         dft_calls0 = dft_engine.n_calls if dft_engine is not None else 0
         seq = SeqState(tokens=self._tokens, n=n_prompt, n_prompt=n_prompt, tgt_past=0)
@@ -479,18 +302,8 @@ class Generator(TextAPI):
                 new = seq.tokens[n_old : seq.n]
                 n_emit, done = self._emit(new, max_new_tokens - st.n_output)
                 t3 = time.perf_counter()
-                st.draft_s += t1 - t0 - con.shape_s  # (shaping is grammar time)
-                st.verify_s += t2 - t1
-                m, n_kept = con.drafts(prop), con.drafts_kept(n_acc)  # the drafter's share (forced tokens apart)
-                st.record_step(con.depth(prop), n_kept, n_emit, t3 - t_prev, m, con.forced_kept)
-                if m and self.drafter.source:
-                    st.record_source(self.drafter.source, m, n_kept)
-                if adaptive:
-                    adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0)
-                if self._budget is not None and con.trees_ok:  # (a grammar's chains are no tree to learn from)
-                    self._budget.observe(len(prop.tokens), n_acc, t2 - t1)
+                self._record_step(st, con, adaptive, prop, n_acc, k, n_emit, (t_prev, t0, t1, t2, t3))
                 t_prev = t3
-                st.n_output += n_emit
                 self.last_step = (prop.n_drafted, n_acc)
                 yield new[:n_emit]
         finally:
@@ -500,6 +313,56 @@ class Generator(TextAPI):
             st.record_grammar(con)  # (no grammar: its zeros)
             st.finish_reason = st.finish_reason or ("stop" if st.n_output < max_new_tokens else "length")
             self.drafter.finish(seq)  # (suffix: the request it served becomes evidence for the next ones)
+
+    def _begin_call(self, prompt_ids, max_new_tokens: int, sampling: SamplingConfig, grammar, rng, logprobs):
+        """A generate_ids call's arguments checked (before any work) and its parts made: (the output
+        constraint, the rng, adaptive k or None, the call's GenerationStats in last_stats)."""
+        sampling.check()
+        check_max_new_tokens(max_new_tokens)
+        tgt, n_prompt = self.target, len(prompt_ids)
+        if n_prompt == 0:
+            raise ValueError("empty prompt")
+        if n_prompt + 1 > tgt.max_len:
+            raise PromptTooLongError(
+                f"prompt has {n_prompt} tokens but the engine's context is {tgt.max_len} "
+                f"(max_len); shorten it, or load it with --max-len > {n_prompt} (up to the folder's maximum; "
+                "past that, re-export with a larger --max-len)"
+            )
+        # a seeded call draws each position's token from (seed, position) alone, so its output never depends
+        # on the drafter or its state (drafters with a q draw their drafts coupled to those draws)
+        if rng is None:
+            rng = KeyedDraws(sampling.seed) if sampling.keyed else np.random.default_rng(sampling.seed)
+        self._eos = frozenset(self.eos.tolist())
+        con = self.constraint(grammar, sampling.greedy)
+        self.token_logprobs = TokenLogprobs(con, logprobs) if logprobs is not None else None
+        con = self.token_logprobs or con  # (it reads every verify row's logits, then hands them to con)
+        self.drafter.configure(con.drafter_sampling(sampling), rng)
+        adaptive = self._call_policies(sampling, isinstance(rng, KeyedDraws))
+        self.last_stats = GenerationStats(
+            drafter=self.drafter.name,
+            k=self.k,
+            n_prompt=n_prompt,
+            adaptive=adaptive is not None or self._budget is not None,
+            grammar=con.kind,
+            tree=self.cfg.tree.label if self.tree is not None and con.trees_ok else "",
+        )
+        return con, rng, adaptive, self.last_stats
+
+    def _record_step(self, st: GenerationStats, con, adaptive, prop: Proposal, n_acc: int, k: int, n_emit: int, times):
+        """A step's counts and times into the call's stats and what its policies learn from.
+        times: perf_counter at the last step's end, this step's start, drafted, verified, emitted."""
+        t_prev, t0, t1, t2, t3 = times
+        st.draft_s += t1 - t0 - con.shape_s  # (shaping is grammar time)
+        st.verify_s += t2 - t1
+        m, n_kept = con.drafts(prop), con.drafts_kept(n_acc)  # the drafter's share (forced tokens apart)
+        st.record_step(con.depth(prop), n_kept, n_emit, t3 - t_prev, m, con.forced_kept)
+        if m and self.drafter.source:
+            st.record_source(self.drafter.source, m, n_kept)
+        if adaptive:
+            adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0)
+        if self._budget is not None and con.trees_ok:  # (a grammar's chains are no tree to learn from)
+            self._budget.observe(len(prop.tokens), n_acc, t2 - t1)
+        st.n_output += n_emit
 
     def last_output_ids(self) -> np.ndarray:
         """A copy of the ids the last generate_ids call emitted (its prompt excluded)."""

@@ -17,18 +17,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from edgespec.engines.manifest import Manifest
 from edgespec.engines.prologue import takes_host_prologue
+from edgespec.runtime.apps.bench_summary import format_table, runs
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.drafters import spec_of, tree_names
 from edgespec.runtime.sampling import SamplingConfig
-from edgespec.runtime.stats import GenerationStats
 from edgespec.runtime.text import TemplateError
 from edgespec.runtime.tree import TreeConfig
-
-ITL_EDGES_MS = [0, 2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 75, 100, 150, 200, 300, 500, 1000, 1e9]
 
 
 @dataclass(frozen=True)
@@ -171,54 +167,6 @@ def folder_info(m: Manifest) -> dict:
     }
 
 
-def _totals(stats: list[GenerationStats]) -> dict:
-    tokens = sum(s.n_output for s in stats)
-    seconds = sum(s.total_s for s in stats)
-    calls = sum(s.n_target_calls for s in stats)
-    drafted = sum(s.n_drafted for s in stats)
-    forced_rows = sum(s.n_forced_rows for s in stats)  # a grammar's forced tokens ride in the verify calls too
-    itl = np.array([x for s in stats for x in s.itl_s]) * 1e3
-    pct = {f"p{q}": float(np.percentile(itl, q)) if len(itl) else 0.0 for q in (50, 95, 99)}
-    by_pos = np.zeros(64)
-    den = np.zeros(64)
-    for s in stats:
-        by_pos += s.accepted_at
-        den += s.drafted_at
-    n_pos = int(np.count_nonzero(den))
-    sources: dict[str, dict[str, int]] = {}  # hybrid: which drafter made the proposals
-    for s in stats:
-        for src, counts in s.sources.items():
-            t = sources.setdefault(src, {"steps": 0, "drafted": 0, "accepted": 0})
-            for key, n in zip(("steps", "drafted", "accepted"), counts, strict=True):
-                t[key] += n
-    # the decode phase: tokens after each prompt's first, over the time after its first token (TTFT)
-    decode_tokens = sum(max(s.n_output - 1, 0) for s in stats)
-    decode_s = sum(s.total_s - s.ttft_s for s in stats)
-    return {
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds if seconds else 0.0,
-        "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
-        "mean_accepted_length": sum(s.n_step_tokens for s in stats) / calls if calls else 0.0,
-        # tokens per verify call incl. the pending one: the target's cost side (trees: nodes)
-        "mean_verify_width": (drafted + forced_rows + calls) / calls if calls else 0.0,
-        "acceptance_rate": sum(s.n_accepted for s in stats) / drafted if drafted else 0.0,
-        "itl_ms": pct,
-        "ttft_ms": float(np.mean([s.ttft_s for s in stats]) * 1e3),
-        "acceptance_by_position": [float(by_pos[i] / den[i]) for i in range(n_pos)],
-        "itl_ms_histogram": {"edges": ITL_EDGES_MS, "counts": np.histogram(itl, ITL_EDGES_MS)[0].tolist()},
-        "time_split_s": {
-            k: sum(s.to_dict()["time_split_s"][k] for s in stats)
-            for k in ("prefill", "draft", "verify", "host", "grammar")
-        },
-        "target_calls": calls,
-        "draft_sources": sources,
-        "forced_tokens": sum(s.n_forced for s in stats),
-        "grammar_cut": sum(s.n_grammar_cut for s in stats),
-        "grammar_ms_per_token": sum(s.grammar_s for s in stats) * 1e3 / tokens if tokens else 0.0,
-    }
-
-
 def json_check(text: str, schema: dict) -> str:
     """ "valid" when text parses as JSON and validates against schema, else why not ("no parse",
     "invalid: ...", or "parsed" when the jsonschema package is not there to validate)."""
@@ -239,9 +187,55 @@ def json_check(text: str, schema: dict) -> str:
 
 def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     from edgespec.runtime.generator import Generator
-    from edgespec.runtime.grammar import grammar_from
 
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # when the run started, UTC
+    prompts, grammars = _prompts(cfg)
+    drafters = ["none"] + [d for d in cfg.drafters if d != "none"]
+    trees = {spec: TreeConfig.parse(spec) for spec in cfg.trees}
+    g = Generator.load(cfg.engine, dataclasses.replace(cfg.runtime, drafter="none", k=max(cfg.ks), adaptive=False))
+    configs = _configs(cfg, drafters, trees, g)
+    widths = [1, g.manifest.prefill_chunk] + list(range(2, max(cfg.ks) + 2))
+    for d, k, _, _, _ in configs[1:]:  # every drafter's sessions made before the timed runs
+        g.set_drafter(d, k)
+        g.prime_drafter(widths)
+    sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
+    try:
+        encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
+    except TemplateError as e:
+        raise TemplateError(f"{e}. Hint: bench chat prompts as raw text with --raw-prompts") from e
+    bench = _Bench(cfg, g, trees, sampling)
+    for c in configs:  # a first, untimed call of each path
+        bench.use(*c)
+        for _ in g.generate_ids(encoded[0], 8, sampling, None if c[4] else grammars[0]):
+            pass
+    from edgespec.runtime.apps.gpu_monitor import maybe_sampler
+
+    sampler = maybe_sampler(cfg.runtime.provider)
+    if sampler is not None:
+        sampler.__enter__()
+    print(
+        f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
+        f"temperature {cfg.temperature}",
+        file=sys.stderr,
+    )
+    results = bench.measure(configs, prompts, encoded, grammars)
+    gpu = {}
+    if sampler is not None:
+        sampler.__exit__()
+        gpu = sampler.summary()
+    report = {
+        "config": _run_config(cfg, g, drafters, date),
+        "machine": machine_info(cfg.runtime.provider) | ({"gpu_utilization": gpu} if gpu else {}),
+        "runs": runs(results, cfg.structured),
+    }
+    print(format_table(report), file=out)
+    return report
+
+
+def _prompts(cfg: BenchConfig) -> tuple[list[dict], list]:
+    """(the prompts, each one's grammar or None), refused in one line before anything loads."""
+    from edgespec.runtime.grammar import grammar_from
+
     prompts = load_prompts(cfg.prompts, cfg.limit, raw=cfg.raw)
     if not prompts:
         raise ValueError("no prompts to run")
@@ -254,164 +248,100 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
             f"--structured: every prompt needs a 'schema' field (a JSON Schema); "
             f"{cfg.prompts or 'HumanEval'} has prompts without one"
         )
-    grammars = [grammar_from(json_schema=p["schema"]) if cfg.structured else None for p in prompts]
-    drafters = ["none"] + [d for d in cfg.drafters if d != "none"]
+    return prompts, [grammar_from(json_schema=p["schema"]) if cfg.structured else None for p in prompts]
+
+
+def _configs(cfg: BenchConfig, drafters: list[str], trees: dict, g) -> list[tuple]:
+    """The configurations to run, plain first: (drafter, k, adaptive, tree, free: without the prompt's
+    grammar), those past a drafter's longest chain on this folder left out."""
     configs = [("none", 0, False, "")] + [(d, k, False, "") for d in drafters[1:] for k in cfg.ks]
     if cfg.adaptive:
         configs += [(d, max(cfg.ks), True, "") for d in drafters[1:]]
-    trees = {spec: TreeConfig.parse(spec) for spec in cfg.trees}
     for adaptive in (False, True) if cfg.adaptive else (False,):  # adaptive trees: cut to size each step
         configs += [(d, max(cfg.ks), adaptive, spec) for d in drafters[1:] if d in tree_names() for spec in trees]
-    configs = [c + (False,) for c in configs]  # (drafter, k, adaptive, tree, free: without the prompt's grammar)
+    configs = [c + (False,) for c in configs]
     if cfg.structured:
         configs.append(("none", 0, False, "", True))
-    g = Generator.load(cfg.engine, dataclasses.replace(cfg.runtime, drafter="none", k=max(cfg.ks), adaptive=False))
     for d in drafters[1:]:  # a drafter with a longest chain (K heads draft K tokens): a larger k would rerun it
         longest = spec_of(d).max_chain(g.engines.get(d)) if g.engines.get(d) is not None else None
         if longest is not None:
             configs = [c for c in configs if c[0] != d or c[3] or c[1] <= max(longest, min(cfg.ks))]
-    widths = [1, g.manifest.prefill_chunk] + list(range(2, max(cfg.ks) + 2))
-    for d, k, _, _, _ in configs[1:]:  # every drafter's sessions made before the timed runs
-        g.set_drafter(d, k)
-        g.prime_drafter(widths)
-    sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
-    try:
-        encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
-    except TemplateError as e:
-        raise TemplateError(f"{e}. Hint: bench chat prompts as raw text with --raw-prompts") from e
-    # each configuration's own drafter store (its suffix cache of the requests it served): no peeking at
-    # another's answer
-    stores = {}
+    return configs
 
-    def use(d, k, adaptive, tree, free=False):
-        g.drafter_store = stores.setdefault((d, k, adaptive, tree), {})
-        g.reconfigure(drafter=d, k=k or None, adaptive=adaptive, tree=trees[tree] if tree else TreeConfig())
 
-    for c in configs:  # a first, untimed call of each path
-        use(*c)
-        for _ in g.generate_ids(encoded[0], 8, sampling, None if c[4] else grammars[0]):
-            pass
-    results = {c: {"stats": [], "prompts": []} for c in configs}
-    from edgespec.runtime.apps.gpu_monitor import maybe_sampler
+class _Bench:
+    """The generator switched between configurations, each with its own drafter store (its suffix
+    cache of the requests it served: no peeking at another's answer)."""
 
-    sampler = maybe_sampler(cfg.runtime.provider)
-    if sampler is not None:
-        sampler.__enter__()
-    print(
-        f"bench: {len(prompts)} prompts x {len(configs)} configurations, {cfg.max_new_tokens} new tokens, "
-        f"temperature {cfg.temperature}",
-        file=sys.stderr,
-    )
-    for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
-        for c in configs:
-            use(*c)
-            g.forget()  # every configuration prefills the prompt cold: TTFTs stay comparable
-            if g.structured is not None:  # ... and builds its grammar's matcher afresh
-                g.structured.forget()
-            t0 = time.perf_counter()
-            grammar = None if c[4] else grammars[i]
-            out_ids = [int(t) for chunk in g.generate_ids(ids, cfg.max_new_tokens, sampling, grammar) for t in chunk]
-            dt = time.perf_counter() - t0
-            results[c]["stats"].append(g.last_stats)
-            st = g.last_stats
-            results[c]["prompts"].append(
-                {
-                    "id": p["id"],
-                    "output_ids": out_ids,
-                    "tokens": len(out_ids),
-                    "seconds": dt,
-                    "target_calls": st.n_target_calls,
-                    "drafted": st.n_drafted,
-                    "accepted": st.n_accepted,
-                    "mean_accepted_length": round(st.mean_accepted_length, 4),
-                    "forced_tokens": st.n_forced,
-                    "grammar_cut": st.n_grammar_cut,
-                }
-                | ({"category": p["category"]} if "category" in p else {})
-                | ({"json": json_check(g.codec.decode(out_ids), p["schema"])} if cfg.structured else {})
-            )
-        print(f"  [{i + 1}/{len(prompts)}] {p['id']}", file=sys.stderr)
-    gpu = {}
-    if sampler is not None:
-        sampler.__exit__()
-        gpu = sampler.summary()
-    base_ids = [r["output_ids"] for r in results[("none", 0, False, "", False)]["prompts"]]
-    runs = []
-    for (d, k, ad, tree, free), r in results.items():
-        same = sum(a["output_ids"] == b for a, b in zip(r["prompts"], base_ids, strict=True))
-        extra = {}
-        if cfg.structured:  # valid: parses and validates against its schema
-            extra = {"constrained": not free, "json_valid": sum(x["json"] == "valid" for x in r["prompts"])}
-        runs.append(
+    def __init__(self, cfg: BenchConfig, g, trees: dict, sampling: SamplingConfig) -> None:
+        self.cfg, self.g, self.trees, self.sampling = cfg, g, trees, sampling
+        self.stores: dict = {}
+
+    def use(self, d, k, adaptive, tree, free=False) -> None:
+        g = self.g
+        g.drafter_store = self.stores.setdefault((d, k, adaptive, tree), {})
+        g.reconfigure(drafter=d, k=k or None, adaptive=adaptive, tree=self.trees[tree] if tree else TreeConfig())
+
+    def measure(self, configs: list[tuple], prompts: list[dict], encoded: list, grammars: list) -> dict:
+        """{config: {"stats", "prompts"}}: every prompt under every configuration, interleaved."""
+        g, results = self.g, {c: {"stats": [], "prompts": []} for c in configs}
+        for i, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
+            for c in configs:
+                self.use(*c)
+                g.forget()  # every configuration prefills the prompt cold: TTFTs stay comparable
+                if g.structured is not None:  # ... and builds its grammar's matcher afresh
+                    g.structured.forget()
+                t0 = time.perf_counter()
+                grammar = None if c[4] else grammars[i]
+                chunks = g.generate_ids(ids, self.cfg.max_new_tokens, self.sampling, grammar)
+                out_ids = [int(t) for chunk in chunks for t in chunk]
+                dt = time.perf_counter() - t0
+                results[c]["stats"].append(g.last_stats)
+                results[c]["prompts"].append(self._prompt_row(p, out_ids, dt))
+            print(f"  [{i + 1}/{len(prompts)}] {p['id']}", file=sys.stderr)
+        return results
+
+    def _prompt_row(self, p: dict, out_ids: list[int], dt: float) -> dict:
+        st = self.g.last_stats
+        return (
             {
-                "drafter": d,
-                "k": k,
-                "adaptive": ad,
-                "totals": _totals(r["stats"]) | {"identical_to_none": same, "n_prompts": len(base_ids)} | extra,
-                "prompts": r["prompts"],
+                "id": p["id"],
+                "output_ids": out_ids,
+                "tokens": len(out_ids),
+                "seconds": dt,
+                "target_calls": st.n_target_calls,
+                "drafted": st.n_drafted,
+                "accepted": st.n_accepted,
+                "mean_accepted_length": round(st.mean_accepted_length, 4),
+                "forced_tokens": st.n_forced,
+                "grammar_cut": st.n_grammar_cut,
             }
-            | ({"tree": tree} if tree else {})
-            | ({"constrained": not free} if cfg.structured else {})
+            | ({"category": p["category"]} if "category" in p else {})
+            | ({"json": json_check(self.g.codec.decode(out_ids), p["schema"])} if self.cfg.structured else {})
         )
-    report = {
-        "config": {
-            "engine": cfg.engine,
-            "prompts": cfg.prompts or f"HumanEval[:{cfg.limit}]",
-            "drafters": drafters,
-            "k": list(cfg.ks),
-            "max_new_tokens": cfg.max_new_tokens,
-            "temperature": cfg.temperature,
-            "seed": cfg.seed,
-            "ngram": [cfg.runtime.ngram_min, cfg.runtime.ngram_max],
-            "adaptive": cfg.adaptive,
-            "hybrid_lookup": cfg.runtime.hybrid_lookup,
-            "trees": list(cfg.trees),
-            "structured": cfg.structured,
-            **{o.name: getattr(g.cfg, o.name) for o in g.cfg.options()},  # every drafter option
-            "fused_head": any(getattr(e, "fused", None) is not None for e in g.engines.models.values()),
-            "precision": g.manifest.target.precision,
-            "date": date,
-            "command": cfg.command,
-            "limit": cfg.limit,
-            "folder": folder_info(g.manifest),
-            "load": g.footprint(),  # load_s, weights and KV cache bytes
-        },
-        "machine": machine_info(cfg.runtime.provider) | ({"gpu_utilization": gpu} if gpu else {}),
-        "runs": runs,
+
+
+def _run_config(cfg: BenchConfig, g, drafters: list[str], date: str) -> dict:
+    """The report's `config`: the run's settings, the folder's and the load's."""
+    return {
+        "engine": cfg.engine,
+        "prompts": cfg.prompts or f"HumanEval[:{cfg.limit}]",
+        "drafters": drafters,
+        "k": list(cfg.ks),
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "seed": cfg.seed,
+        "ngram": [cfg.runtime.ngram_min, cfg.runtime.ngram_max],
+        "adaptive": cfg.adaptive,
+        "hybrid_lookup": cfg.runtime.hybrid_lookup,
+        "trees": list(cfg.trees),
+        "structured": cfg.structured,
+        **{o.name: getattr(g.cfg, o.name) for o in g.cfg.options()},  # every drafter option
+        "fused_head": any(getattr(e, "fused", None) is not None for e in g.engines.models.values()),
+        "precision": g.manifest.target.precision,
+        "date": date,
+        "command": cfg.command,
+        "limit": cfg.limit,
+        "folder": folder_info(g.manifest),
+        "load": g.footprint(),  # load_s, weights and KV cache bytes
     }
-    print(format_table(report), file=out)
-    return report
-
-
-def format_table(report: dict) -> str:
-    base = next(r for r in report["runs"] if r["drafter"] == "none")["totals"]["tokens_per_s"]
-    greedy = report["config"]["temperature"] == 0
-    structured = report["config"].get("structured", False)
-    rows = [
-        "| drafter | k | tok/s | speedup vs none | mean accepted length (incl. bonus) | mean verify width "
-        "| acceptance rate | ITL p50 / p99 ms | TTFT ms |"
-        + (" identical to none |" if greedy else "")
-        + (" forced tokens | grammar ms/token | valid JSON |" if structured else ""),
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if greedy else "") + ("---|---|---|" if structured else ""),
-    ]
-    for r in report["runs"]:
-        t = r["totals"]
-        k = f"<={r['k']} adaptive" if r.get("adaptive") else r["k"]
-        if r.get("tree"):
-            k = f"tree {r['tree']}" + (" adaptive" if r.get("adaptive") else "")
-        name = r["drafter"] + (" (unconstrained)" if structured and not r.get("constrained", True) else "")
-        row = (
-            f"| {name} | {k} | {t['tokens_per_s']:.1f} | {t['tokens_per_s'] / base:.2f}x | "
-            f"{t['mean_accepted_length']:.2f} | {t.get('mean_verify_width', 0):.2f} | {t['acceptance_rate']:.2f} | "
-            f"{t['itl_ms']['p50']:.1f} / "
-            f"{t['itl_ms']['p99']:.1f} | {t['ttft_ms']:.0f} |"
-        )
-        if greedy:
-            row += f" {t['identical_to_none']}/{t['n_prompts']} |"
-        if structured:
-            row += (
-                f" {t.get('forced_tokens', 0)} | {t.get('grammar_ms_per_token', 0.0):.3f} | "
-                f"{t.get('json_valid', 0)}/{t['n_prompts']} |"
-            )
-        rows.append(row)
-    return "\n".join(rows)

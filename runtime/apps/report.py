@@ -6,7 +6,7 @@ import base64
 import html
 import io
 
-from edgespec.runtime.apps.bench import format_table
+from edgespec.runtime.apps.bench_summary import format_table
 
 
 def _png(fig) -> str:

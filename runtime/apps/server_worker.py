@@ -251,30 +251,9 @@ class Worker(threading.Thread):
                 raise BadRequest(f"{what}: {e}", what) from e
             send(job.out.put_nowait, STARTED)
             for i in range(job.n):  # choice i of a seeded request: seed + i (the same seed, the same output)
-                seed = job.sampling.seed
-                sampling = dataclasses.replace(job.sampling, seed=seed + i) if i and seed is not None else job.sampling
-                pieces = g.stream_text(
-                    job.ids, job.max_tokens, sampling, job.stop, job.grammar, job.tools, job.logprobs
-                )
-                try:
-                    for piece in pieces:
-                        if job.cancel.is_set():  # the client went away: stop at this step
-                            self.metrics.add("edgespec:request_cancelled_total")
-                            return
-                        if not piece and not g.last_logprobs:  # (a tool call held back: nothing to send yet)
-                            continue
-                        lps = token_logprobs(g.codec, g.last_logprobs) if job.logprobs is not None else None
-                        send(job.out.put_nowait, (i, piece, progress(g), lps))
-                except PromptTooLongError as e:
-                    raise BadRequest(str(e), None, 400, "context_length_exceeded") from e
-                except GrammarError as e:
-                    # the grammar hit llguidance's limits past the start check (constrain.Constraint._start):
-                    # the request's fault, not a bug of ours. Streaming: a clean error event ends the stream
-                    log.warning("request %s: %s", job.rid, e)
-                    raise BadRequest(f"{what}: {e}", what, 400, "grammar_failed") from e
-                finally:
-                    pieces.close()
-                st = g.last_stats
+                st = self._choice(job, i, what)
+                if st is None:  # the client went away
+                    return
                 if i == 0:
                     self._maybe_shadow(job, spec)
                 self.metrics.record(st)
@@ -290,6 +269,33 @@ class Worker(threading.Thread):
             "total_tokens": st.n_prompt + n_output,
         }
         send(job.out.put_nowait, {"usage": usage, "stats": st.to_dict()})
+
+    def _choice(self, job: Job, i: int, what: str):
+        """Generate choice i of job, sending its pieces; its stats, or None when the client went away
+        (then it stops at the step it noticed). what: the field that holds the job's grammar."""
+        g, send = self.gen, job.loop.call_soon_threadsafe
+        seed = job.sampling.seed
+        sampling = dataclasses.replace(job.sampling, seed=seed + i) if i and seed is not None else job.sampling
+        pieces = g.stream_text(job.ids, job.max_tokens, sampling, job.stop, job.grammar, job.tools, job.logprobs)
+        try:
+            for piece in pieces:
+                if job.cancel.is_set():  # the client went away: stop at this step
+                    self.metrics.add("edgespec:request_cancelled_total")
+                    return None
+                if not piece and not g.last_logprobs:  # (a tool call held back: nothing to send yet)
+                    continue
+                lps = token_logprobs(g.codec, g.last_logprobs) if job.logprobs is not None else None
+                send(job.out.put_nowait, (i, piece, progress(g), lps))
+        except PromptTooLongError as e:
+            raise BadRequest(str(e), None, 400, "context_length_exceeded") from e
+        except GrammarError as e:
+            # the grammar hit llguidance's limits past the start check (constrain.Constraint._start):
+            # the request's fault, not a bug of ours. Streaming: a clean error event ends the stream
+            log.warning("request %s: %s", job.rid, e)
+            raise BadRequest(f"{what}: {e}", what, 400, "grammar_failed") from e
+        finally:
+            pieces.close()
+        return g.last_stats
 
     # ---- quality watch ------------------------------------------------------------------------------
     def _maybe_shadow(self, job: Job, spec: Speculation) -> None:

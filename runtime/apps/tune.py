@@ -14,7 +14,8 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from edgespec.engines.manifest import Defaults, Manifest, Tuned, load_manifest
-from edgespec.runtime.apps.bench import BenchConfig, format_table, run_bench
+from edgespec.runtime.apps.bench import BenchConfig, run_bench
+from edgespec.runtime.apps.bench_summary import format_table
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.drafters import shipped
 
