@@ -247,6 +247,47 @@ def _checked_config(cfg: dict, folder: Path) -> dict:
     return c
 
 
+def _block_and_mask(raw: dict, folder: Path, vocab: int) -> tuple:
+    """(block_size, mask_token_id) as config.json names them, checked."""
+    block = _draft_value(raw, "block_size", folder)
+    if block is None:
+        raise fail(
+            folder,
+            "config.json names no block_size (z-lab's class would assume 16; a drafter is trained for one)",
+            'Hint: add "block_size": N, the block it was trained with',
+        )
+    if int(block) < 2:
+        raise fail(folder, f"block_size {block}: a block holds the anchor and at least one draft")
+    mask = _draft_value(raw, "mask_token_id", folder)
+    if mask is None or not 0 <= int(mask) < (vocab or int(mask) + 1):
+        raise fail(folder, f"mask_token_id {mask} is not a token of the target's vocabulary (0..{vocab - 1})")
+    return block, mask
+
+
+def _layer_ids(raw: dict, folder: Path, n_draft_layers: int, n_target: int, n_layers: int | None) -> tuple[int, ...]:
+    """target_layer_ids as stored (z-lab's rule where only num_target_layers is given), each a layer
+    whose entering stream the target graphs output (n_layers: the target's depth, None: unknown)."""
+    ids = _draft_value(raw, "target_layer_ids", folder)
+    if ids is None:
+        if not n_target:
+            raise fail(folder, "config.json names neither target_layer_ids nor num_target_layers (z-lab's rule)")
+        ids = zlab_layer_ids(n_target, n_draft_layers)
+    ids = tuple(int(i) for i in ids)
+    depth = n_layers or n_target
+    if not ids:
+        raise fail(folder, "target_layer_ids is empty")
+    for i in ids:
+        if depth and i == depth - 1:
+            raise fail(
+                folder,
+                f"target layer id {i} is the target's last layer, whose output z-lab reads after the final norm "
+                "(hidden_states[L]); edgespec's target graphs output residual streams entering a layer only",
+            )
+        if i < -1 or (depth and i > depth - 1):
+            raise fail(folder, f"target layer id {i} is outside the target's -1..{depth - 2 if depth else 'L-2'}")
+    return ids
+
+
 def parse_config(
     raw: dict, folder: Path, hidden_size: int | None, vocab_size: int | None, n_layers: int | None
 ) -> tuple[DFlashConfig, tuple[int, ...]]:
@@ -265,36 +306,8 @@ def parse_config(
     n_target = int(raw.get("num_target_layers") or 0)
     if n_layers is not None and n_target and n_target != n_layers:
         raise fail(folder, f"trained on a target of {n_target} layers; this target has {n_layers}")
-    block = _draft_value(raw, "block_size", folder)
-    if block is None:
-        raise fail(
-            folder,
-            "config.json names no block_size (z-lab's class would assume 16; a drafter is trained for one)",
-            'Hint: add "block_size": N, the block it was trained with',
-        )
-    if int(block) < 2:
-        raise fail(folder, f"block_size {block}: a block holds the anchor and at least one draft")
-    mask = _draft_value(raw, "mask_token_id", folder)
-    if mask is None or not 0 <= int(mask) < (vocab or int(mask) + 1):
-        raise fail(folder, f"mask_token_id {mask} is not a token of the target's vocabulary (0..{vocab - 1})")
-    ids = _draft_value(raw, "target_layer_ids", folder)
-    if ids is None:
-        if not n_target:
-            raise fail(folder, "config.json names neither target_layer_ids nor num_target_layers (z-lab's rule)")
-        ids = zlab_layer_ids(n_target, int(c["num_hidden_layers"]))
-    ids = tuple(int(i) for i in ids)
-    depth = n_layers or n_target
-    if not ids:
-        raise fail(folder, "target_layer_ids is empty")
-    for i in ids:
-        if depth and i == depth - 1:
-            raise fail(
-                folder,
-                f"target layer id {i} is the target's last layer, whose output z-lab reads after the final norm "
-                "(hidden_states[L]); edgespec's target graphs output residual streams entering a layer only",
-            )
-        if i < -1 or (depth and i > depth - 1):
-            raise fail(folder, f"target layer id {i} is outside the target's -1..{depth - 2 if depth else 'L-2'}")
+    block, mask = _block_and_mask(raw, folder, vocab)
+    ids = _layer_ids(raw, folder, int(c["num_hidden_layers"]), n_target, n_layers)
     theta, rope_type, rope_params = _rope(c, folder)
     softcap = _draft_value(raw, "final_logit_softcapping", folder)
     heads = int(c["num_attention_heads"])
