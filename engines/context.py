@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from edgespec.engines.manifest import DTYPES, FUSED_PREFIX, Manifest, ModelSpec, memory_bytes
 from edgespec.engines.specs import KV16_TEMPLATE
 
@@ -45,6 +47,17 @@ def cache_dtype(manifest: Manifest, spec: ModelSpec) -> str:
     """The dtype of the model's KV cache: the one chosen at load where its graph reads it, else its kv_dtype."""
     chosen = manifest.kv_cache_dtype
     return chosen if chosen is not None and chosen in cache_dtypes(spec) else spec.kv_dtype
+
+
+def cache_inputs(spec: ModelSpec, cache: np.dtype) -> tuple[list, list]:
+    """The cache inputs a call of the model binds to its cache of dtype `cache`, [(graph name template,
+    dtype)] (at most one), and those of the other dtype it binds an empty window to, [(template, dtype,
+    a one-element buffer)]."""
+    dtype = np.dtype(spec.kv_dtype)
+    half = "float16" in cache_dtypes(spec) and spec.kv_dtype != "float16"
+    pairs = [("past_{kind}_{layer}", dtype)] + ([(KV16_TEMPLATE, np.dtype(np.float16))] if half else [])
+    bound = [p for p in pairs if p[1] == cache][:1]
+    return bound, [(name, dt, np.zeros(1, dt)) for name, dt in pairs if (name, dt) not in bound]
 
 
 def _sharing(manifest: Manifest) -> list[ModelSpec]:

@@ -29,7 +29,6 @@
 
 from __future__ import annotations
 
-import base64
 import warnings
 
 import numpy as np
@@ -38,43 +37,16 @@ import onnxruntime as ort
 from edgespec.engines import cuda_graph as cg
 from edgespec.engines import session as es
 from edgespec.engines.base import EngineError, commit_host, fill_tree, load_calls, pick_width, window_slots
-from edgespec.engines.context import cache_dtype, cache_dtypes
+from edgespec.engines.context import cache_dtype, cache_inputs
 from edgespec.engines.device import CudaOps, DeviceKV
 from edgespec.engines.manifest import Manifest, ModelSpec
+from edgespec.engines.manifest_checks import check_graph_outputs
 from edgespec.engines.prologue import HostPrologue, cache_slots, host_window_slots, takes_host_prologue
 from edgespec.engines.session import PROVIDERS, WeightsFileError, model_session, share_thread_pool
 
-__all__ = ["PROVIDERS", "OrtModel", "OrtProjection", "WeightsFileError", "model_session", "share_thread_pool"]
+__all__ = ["PROVIDERS", "OrtModel", "WeightsFileError", "model_session", "share_thread_pool"]
 
 PREFAULT_SLOTS = 4096  # cache slots mapped at load (engines/context.py DEFAULT_CONTEXT); later ones on first write
-
-
-class OrtProjection:
-    """y = x @ w [K, N] on ONNX Runtime's threads. A numpy matmul would run on OpenBLAS's own
-    thread pool, whose threads keep spinning after the call and take the cores from the target's
-    next call (a head's input projection made every verify ~2x slower on the 2-core CPU)."""
-
-    # the ONNX model y = MatMul(x [R, K], w [K, N]) (opset 17, ir 8), serialized: the runtime does not
-    # depend on the onnx package; a test rebuilds it with onnx.helper and compares
-    MODEL = base64.b64decode(
-        "CAgSCGVkZ2VzcGVjOmQKEQoBeAoBdxIBeSIGTWF0TXVsEgpwcm9qZWN0aW9uWhUKAXgSEAoOCAES"
-        "CgoDEgFSCgMSAUtaFQoBdxIQCg4IARIKCgMSAUsKAxIBTmIVCgF5EhAKDggBEgoKAxIBUgoDEgFOQgQKABAR"
-    )
-
-    def __init__(self, w: np.ndarray) -> None:
-        self.w = np.ascontiguousarray(w, np.float32)  # [K, N]
-        self._session = model_session(self.MODEL)
-        self._binding = self._session.io_binding()
-        self._binding.bind_input("w", "cpu", 0, np.float32, self.w.shape, self.w.ctypes.data)
-
-    def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
-        """out[:] = x @ w, x [R, K] and out [R, N] C-contiguous float32 (rows of preallocated buffers)."""
-        if not len(x):
-            return
-        b = self._binding
-        b.bind_input("x", "cpu", 0, np.float32, x.shape, x.ctypes.data)
-        b.bind_output("y", "cpu", 0, np.float32, out.shape, out.ctypes.data)
-        self._session.run_with_iobinding(b)
 
 
 class OrtModel:
@@ -101,42 +73,23 @@ class OrtModel:
     ) -> None:
         es.check_provider(provider)
         self.manifest, self.spec, self.provider = manifest, spec, provider
-        self.max_len = manifest.max_len
-        self.bucket = manifest.kv_bucket
-        self.vocab_size = spec.vocab_size
+        self.max_len, self.bucket = manifest.max_len, manifest.kv_bucket
+        self.vocab_size, self.n_layers, self.hidden_size = spec.vocab_size, spec.n_layers, spec.hidden_size
         self.widths = tuple(spec.widths())
-        self.n_layers = spec.n_layers
-        self.hidden_size = spec.hidden_size
-        self.d2t = None  # an EAGLE head's draft id -> target id map [Vd]
-        if spec.d2t is not None:
-            self.d2t = es.read_d2t(manifest, spec)
+        # an EAGLE head's draft id -> target id map [Vd]
+        self.d2t = None if spec.d2t is None else es.read_d2t(manifest, spec)
         self.fc_t = None  # a head's projection of the target's aux features, transposed [n*H, H] (mapped;
         #                   set by the drafter that loads the head): the head's features input is made with it
         dtype = np.dtype(spec.kv_dtype)  # the graph's activations (new_kv, hidden)
-        host_memory = provider == "cpu" and device_ops is None
-        cache = np.dtype(cache_dtype(manifest, spec) if host_memory else spec.kv_dtype)  # the KV cache's
         # a --host-prologue graph: masks and indices built here; its window always holds every new row,
         # padding included, so the cache has room past max_len
         host = takes_host_prologue(spec.graph)
-        self.kv_slots = cache_slots(self.max_len, self.widths, self.bucket) if host else self.max_len
-        shape = (spec.n_layers, 2, self.kv_slots, spec.kv_width)  # [L, 2, S_max, Hkv*D]
-        if kv is not None and (
-            kv.shape[:2] + kv.shape[3:] != shape[:2] + shape[3:] or kv.shape[2] < self.kv_slots or kv.dtype != cache
-        ):
-            raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {cache})")
-        self.cache_dtype = cache
-        # the cache inputs a call binds (graph name template, dtype) and those it binds empty windows to
-        half = "float16" in cache_dtypes(spec) and spec.kv_dtype != "float16"
-        pairs = [("past_{kind}_{layer}", dtype)] + ([("past_{kind}_f16_{layer}", np.dtype(np.float16))] if half else [])
-        self._cache_inputs = [p for p in pairs if p[1] == cache][:1]
-        self._empty_inputs = [(name, dt, np.zeros(1, dt)) for name, dt in pairs if (name, dt) not in self._cache_inputs]
-        if kv is not None:
-            self.kv_slots = kv.shape[2]  # a verifying engine on a --host-prologue target's buffer (more slots)
+        shape = self._choose_cache(kv, host, provider == "cpu" and device_ops is None)
         self.prologue = HostPrologue(spec.graph, self.widths, self.kv_slots, spec.arch.sliding_window) if host else None
         self.has_hidden = True  # hidden [1, T, H] is an output of every graph edgespec writes
         self.takes_tree = spec.takes_tree
         self._make_buffers(spec, dtype)
-        self._place_cache(shape, cache, kv, device_ops)
+        self._place_cache(shape, self.cache_dtype, kv, device_ops)
         self.cuda_graph = cg.wanted(cuda_graph, provider, device_ops is not None, host, spec.role)
         self._cuda_graph_asked = bool(cuda_graph)  # explicitly: a session that cannot capture is an error
         self._graph_bufs = (
@@ -151,6 +104,24 @@ class OrtModel:
         self.n_calls = 0  # forward calls so far (stats)
         self._session_options, self._initializers = es.session_options(manifest, spec, threads, prepack)
         self._files = es.weights_files(manifest, spec)  # the files its initializers map (PageDropper)
+
+    def _choose_cache(self, kv: np.ndarray | None, host_prologue: bool, host_memory: bool) -> tuple[int, ...]:
+        """The cache's slots and dtype (host memory: the one chosen at load; a device: the graph's), the
+        inputs a call binds to it and those it binds an empty window to; kv, a shared buffer, checked.
+        Returns the cache's shape [L, 2, S_max, Hkv*D]."""
+        spec = self.spec
+        cache = np.dtype(cache_dtype(self.manifest, spec) if host_memory else spec.kv_dtype)
+        self.kv_slots = cache_slots(self.max_len, self.widths, self.bucket) if host_prologue else self.max_len
+        shape = (spec.n_layers, 2, self.kv_slots, spec.kv_width)
+        if kv is not None and (
+            kv.shape[:2] + kv.shape[3:] != shape[:2] + shape[3:] or kv.shape[2] < self.kv_slots or kv.dtype != cache
+        ):
+            raise EngineError(f"shared KV buffer {kv.shape} {kv.dtype} does not fit {spec.role} ({shape} {cache})")
+        if kv is not None:
+            self.kv_slots = kv.shape[2]  # a verifying engine on a --host-prologue target's buffer (more slots)
+        self.cache_dtype = cache
+        self._cache_inputs, self._empty_inputs = cache_inputs(spec, cache)
+        return shape
 
     def _make_buffers(self, spec: ModelSpec, dtype: np.dtype) -> None:
         """The host buffers of every width's inputs and outputs (allocated once, bound by address)."""
@@ -221,28 +192,8 @@ class OrtModel:
                 self._session = es.new_session(
                     path, self._session_options, self.provider, trt_options=trt, weights=self._files
                 )
-            self._check_graph(self._session)
+            check_graph_outputs(self.manifest, self.spec, self._session)
         return self._session
-
-    def _check_graph(self, session: ort.InferenceSession) -> None:
-        """The graph's fixed output sizes are the ones the buffers were sized with (the manifest's arch
-        numbers): an edited manifest.json is named here, not by ONNX Runtime's shape error at the first call."""
-        s = self.spec
-        expect = {  # output -> axis -> (the manifest's number, its name)
-            "logits": {-1: (s.vocab_size, "vocab_size")},
-            "hidden": {-1: (s.hidden_size, "hidden_size")},
-            "new_kv": {0: (s.n_layers, "n_layers"), -1: (s.kv_width, "n_kv_heads x head_dim")},
-        }
-        for out in session.get_outputs():
-            for axis, (value, name) in expect.get(out.name, {}).items():
-                dims = out.shape or []
-                got = dims[axis] if -len(dims) <= axis < len(dims) else None
-                if isinstance(got, int) and got != value:
-                    raise EngineError(
-                        f"{self.manifest.folder}: the folder's manifest.json says {s.role} {name} = {value}, but "
-                        f"{s.graph.file}'s {out.name} output has {got} there. Hint: re-export the folder "
-                        f"(edgespec export --out {self.manifest.folder} --force) or fix the field"
-                    )
 
     def load_widths(self, widths) -> None:
         """Load the session and run each width once, so a first real call pays for nothing; with CUDA

@@ -112,30 +112,35 @@ class TrtModel:
                 "new_kv": self.ops.alloc(spec.n_layers * 2 * w * self.kv_row_bytes),
                 "hidden": self.ops.alloc(w * spec.hidden_size * dt.itemsize),
             }
-            ctx = engine.create_execution_context()
-            if ctx is None:
-                raise EngineError(f"TensorRT could not create an execution context (width {w}): out of GPU memory?")
-            _ok(ctx.set_optimization_profile_async(profiles[w], self.stream), f"profile {profiles[w]} (width {w})")
-            b = self._bufs[w]
-            addresses = {name: b["in"].ptr + off for name, off in self._in_offsets[w].items() if name != "end"}
-            addresses |= {name: b[name].ptr for name in ("logits", "new_kv", "hidden")}
-            for layer in range(spec.n_layers):
-                for j, kind in enumerate(("key", "value")):
-                    addresses[f"past_{kind}_{layer}"] = self._block_ptr(layer, j)
-            for name, ptr in addresses.items():
-                if ptr % ALIGN:
-                    raise EngineError(f"{name} at {ptr:#x} is not {ALIGN}-byte aligned (width {w})")
-                _ok(ctx.set_tensor_address(name, ptr), f"the address of {name} (width {w})")
-            shapes = {"input_ids": (1, w), "positions": (1, w), "past_len": (1,)}
-            if self.takes_tree:
-                shapes["tree_mask"] = (w, w)
-            for name, shape in shapes.items():
-                _ok(ctx.set_input_shape(name, shape), f"{name}'s shape {shape} (width {w})")
-            self._ctx[w] = ctx
+            self._ctx[w] = self._context(w, profiles[w])
             self._ctx_slots[w] = 0
         self._last_width = 0
         self.cuda_graphs = self.ops.supports_graphs
         self._graphs: dict[tuple[int, int], object] = {}
+
+    def _context(self, w: int, profile: int):
+        """The execution context of width-w calls: its optimization profile, every tensor at its
+        buffer's (ALIGN-ed) address, the inputs' shapes."""
+        ctx = self.engine.create_execution_context()
+        if ctx is None:
+            raise EngineError(f"TensorRT could not create an execution context (width {w}): out of GPU memory?")
+        _ok(ctx.set_optimization_profile_async(profile, self.stream), f"profile {profile} (width {w})")
+        b = self._bufs[w]
+        addresses = {name: b["in"].ptr + off for name, off in self._in_offsets[w].items() if name != "end"}
+        addresses |= {name: b[name].ptr for name in ("logits", "new_kv", "hidden")}
+        for layer in range(self.spec.n_layers):
+            for j, kind in enumerate(("key", "value")):
+                addresses[f"past_{kind}_{layer}"] = self._block_ptr(layer, j)
+        for name, ptr in addresses.items():
+            if ptr % ALIGN:
+                raise EngineError(f"{name} at {ptr:#x} is not {ALIGN}-byte aligned (width {w})")
+            _ok(ctx.set_tensor_address(name, ptr), f"the address of {name} (width {w})")
+        shapes = {"input_ids": (1, w), "positions": (1, w), "past_len": (1,)}
+        if self.takes_tree:
+            shapes["tree_mask"] = (w, w)
+        for name, shape in shapes.items():
+            _ok(ctx.set_input_shape(name, shape), f"{name}'s shape {shape} (width {w})")
+        return ctx
 
     def _input_offsets(self, w: int) -> dict[str, int]:
         """Byte offset of each int64 input of a width-w call in its block, ALIGN-ed ("end": the block's size)."""

@@ -390,7 +390,7 @@ def test_projection_model_is_a_matmul():
     """OrtProjection's serialized model is exactly MatMul(x [R, K], w [K, N]); it computes x @ w."""
     from onnx import TensorProto, helper
 
-    from edgespec.engines.ort import OrtProjection
+    from edgespec.engines.projection import OrtProjection
 
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])],

@@ -80,7 +80,7 @@ class Eagle3Drafter(EagleDrafter):
         fc_norm: str = "none",
         fc_norm_eps: float = 1e-6,
     ) -> None:
-        from edgespec.engines.ort import OrtProjection
+        from edgespec.engines.projection import OrtProjection
 
         fc_t = head.fc_t  # [n*Ht, H]
         super().__init__(head, np.zeros((len(tgt_aux), fc_t.shape[1]), np.float32), target_vocab, min_confidence)
