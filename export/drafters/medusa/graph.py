@@ -112,7 +112,6 @@ def write_medusa(
     target_lm [V, H]: the target's LM head as loaded (heads whose own LM heads are copies of it share it)."""
     from edgespec.engines.manifest import HeadsSpec, TensorSpec
     from edgespec.export.drafters.medusa.checkpoint import MedusaFormatError, read_any
-    from edgespec.export.drafters.medusa.official import share_target_lm
     from edgespec.export.target.spec import ExportError
     from edgespec.export.target.write import head_info, write_drafter
 
@@ -185,3 +184,19 @@ def torch_heads(mw: MedusaGraphWriter):
     else:
         heads.lm_head = torch.from_numpy(mw.reference["lm_head_d"])
     return heads
+
+
+def share_target_lm(mc, arrays: dict[str, np.ndarray], target_lm: np.ndarray | None):
+    """(mc, arrays) with the heads' own LM heads dropped when every one of them is the target's LM head
+    bit for bit (a head edgespec published in this layout, read back): one product for all heads, as
+    before publishing. Otherwise unchanged."""
+    from dataclasses import replace
+
+    if not mc.own_lm_heads or target_lm is None:
+        return mc, arrays
+    own = [arrays[f"{i}.lm_head"] for i in range(mc.n_heads)]
+    if any(w.shape != target_lm.shape or not np.array_equal(w[:8], target_lm[:8]) for w in own):
+        return mc, arrays  # the first rows differ: trained heads (the usual case), no full comparison
+    if not all(np.array_equal(w, target_lm) for w in own):
+        return mc, arrays
+    return replace(mc, own_lm_heads=False), {k: v for k, v in arrays.items() if not k.endswith(".lm_head")}

@@ -105,14 +105,12 @@ def _int(cfg: dict, key: str, default: int | None, folder: Path, least: int) -> 
 
 
 def read_json(path: Path) -> dict:
-    """A config.json as a dict, else MedusaFormatError saying what is wrong with it."""
+    """A config.json as a dict, else MedusaFormatError saying what is wrong with it (_files.read_json
+    refuses what is not a regular file of a JSON object)."""
     try:
-        cfg = _files.read_json(path)
-    except (ValueError, UnicodeDecodeError) as e:
+        return _files.read_json(path)
+    except ValueError as e:  # WeightsFileError; a UnicodeDecodeError is a ValueError too
         raise MedusaFormatError(f"{path} is not JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise MedusaFormatError(f"{path} holds a {type(cfg).__name__}, not a JSON object")
-    return cfg
 
 
 def _config(folder: Path, variant: str) -> dict:
@@ -175,82 +173,10 @@ def inspect(folder: Path) -> OfficialHeads:
 def _tensors(folder, variant, files, prefix, info, cfg, K, L, version) -> OfficialHeads:
     """The heads' tensors checked against K, L and version (names and shapes only)."""
     where = f"{folder}/{files[0].name}"
-    blocks: dict[tuple[int, int], set[str]] = {}
-    lm: dict[int, tuple] = {}
-    extra, dtypes = [], set()
-    d2t = None
-    for name, t in info.items():
-        if not name.startswith(prefix):
-            continue  # Medusa-2: the model's own tensors
-        short = name[len(prefix) :]
-        if variant == "heads" and short == "d2t":
-            d2t = t
-            continue
-        m = _NAME.match(short)
-        i, j, kind = (int(m[1]), int(m[2]), m[3]) if m else (None, None, None)
-        if m is None or i >= K or j > L or (j == L) != (kind in ("weight", "bias")):
-            extra.append(name)
-            continue
-        dtypes.add(t.dtype)
-        if j == L and kind == "bias":
-            raise MedusaFormatError(
-                f"{where}: {name}: a bias on head {i}'s LM head, which Medusa's heads do not have "
-                "(nn.Linear(bias=False); its loader would drop it silently). Hint: fold it out or remove it"
-            )
-        if j == L:
-            lm[i] = t.shape
-        else:
-            blocks.setdefault((i, j), set()).add(kind.removeprefix("linear."))
-    firsts = [n[len(prefix) :].split(".")[0] for n in extra]
-    heads_beyond = sorted({int(f) for f in firsts if f.isdigit()})
-    if heads_beyond and max(heads_beyond) >= K:
-        raise MedusaFormatError(
-            f"{where} holds heads up to {max(heads_beyond)} but config.json says medusa_num_heads {K} (Medusa's "
-            f"loaders disagree here: medusa-llm drops the rest, the repo's HEAD assumes 5). Hint: set "
-            f"medusa_num_heads to {max(heads_beyond) + 1} to use them all, or remove the extra heads"
-        )
-    if extra:
-        raise MedusaFormatError(
-            f"{where}: tensors {extra[:4]} are not Medusa heads of {K} x {L} ResBlocks "
-            f"(expected {prefix}{{i}}.{{j}}.linear.weight/bias for j < {L} and {prefix}{{i}}.{L}.weight)"
-        )
-    if not dtypes <= FLOATS:
-        raise MedusaFormatError(f"{where}: heads stored as {sorted(dtypes)}; edgespec reads fp32, fp16 and bf16")
-    H = None
-    for i in range(K):
-        for j in range(L):
-            if blocks.get((i, j), set()) not in ({"weight", "bias"}, set()):
-                raise MedusaFormatError(f"{where}: head {i} block {j} has a weight or a bias, not both")
-        if L and not any((i, j) in blocks for j in range(L)):
-            raise MedusaFormatError(
-                f"{where}: head {i} has no ResBlock weights ({prefix}{i}.0.linear.weight); Medusa would run it "
-                "from its random initialisation. Hint: medusa_num_heads may be too large"
-            )
-        for j in range(L):
-            if (i, j) in blocks:
-                w = info[f"{prefix}{i}.{j}.linear.weight"].shape
-                b = info[f"{prefix}{i}.{j}.linear.bias"].shape
-                if len(w) != 2 or w[0] != w[1] or b != (w[0],) or (H is not None and w[0] != H):
-                    raise MedusaFormatError(f"{where}: head {i} block {j} weight {w} / bias {b} is not a ResBlock")
-                H = w[0]
-    if lm and len(lm) != K:
-        raise MedusaFormatError(
-            f"{where}: heads {sorted(lm)} have their own LM head, heads {sorted(set(range(K)) - set(lm))} not; "
-            "Medusa's loaders read such a file differently (medusa-llm: the base's LM head for the rest; "
-            "TGI: no head's own). Hint: give every head one or none"
-        )
-    if lm and version == "2":
-        raise MedusaFormatError(
-            f'{where}: config.json says version "2" (heads without their own LM heads: Medusa\'s v2 code '
-            "ignores them) but the heads have them. Hint: remove `version` to use them, or the LM heads"
-        )
-    V = None
-    for i, shape in lm.items():
-        if len(shape) != 2 or (V is not None and shape[0] != V) or (H is not None and shape[1] != H):
-            raise MedusaFormatError(f"{where}: head {i}'s LM head is {list(shape)}, not [vocab, {H}] like the others")
-        V, H = shape[0], shape[1]
-    if H is None:
-        raise MedusaFormatError(f"{where}: no heads found (medusa_num_layers 0 and no LM heads)")
+    blocks, lm, extra, dtypes, d2t = _sorted_names(where, variant, prefix, info, K, L)
+    _refuse_others(where, prefix, extra, dtypes, K, L)
+    H = _block_width(where, prefix, info, blocks, K, L)
+    V, H = _lm_heads(where, lm, H, K, version)
     for key, want in (("hidden_size", H), ("vocab_size", V)):
         if variant == "heads" and key in cfg and want is not None and cfg[key] != want:
             raise MedusaFormatError(f"{folder}/config.json: {key} {cfg[key]} but the heads' tensors have {want}")
@@ -277,6 +203,103 @@ def _tensors(folder, variant, files, prefix, info, cfg, K, L, version) -> Offici
         base_model=str(cfg.get("base_model_name_or_path", "")),
         blocks={k: tuple(sorted(v)) for k, v in blocks.items()},
     )
+
+
+def _sorted_names(where: str, variant: str, prefix: str, info: dict, K: int, L: int):
+    """(ResBlock (head, block) -> its parts, head -> its own LM head's shape, names that are no head's,
+    the heads' dtypes, the d2t tensor or None) of the file's tensors under `prefix`."""
+    blocks: dict[tuple[int, int], set[str]] = {}
+    lm: dict[int, tuple] = {}
+    extra, dtypes = [], set()
+    d2t = None
+    for name, t in info.items():
+        if not name.startswith(prefix):
+            continue  # Medusa-2: the model's own tensors
+        short = name[len(prefix) :]
+        if variant == "heads" and short == "d2t":
+            d2t = t
+            continue
+        m = _NAME.match(short)
+        i, j, kind = (int(m[1]), int(m[2]), m[3]) if m else (None, None, None)
+        if m is None or i >= K or j > L or (j == L) != (kind in ("weight", "bias")):
+            extra.append(name)
+            continue
+        dtypes.add(t.dtype)
+        if j == L and kind == "bias":
+            raise MedusaFormatError(
+                f"{where}: {name}: a bias on head {i}'s LM head, which Medusa's heads do not have "
+                "(nn.Linear(bias=False); its loader would drop it silently). Hint: fold it out or remove it"
+            )
+        if j == L:
+            lm[i] = t.shape
+        else:
+            blocks.setdefault((i, j), set()).add(kind.removeprefix("linear."))
+    return blocks, lm, extra, dtypes, d2t
+
+
+def _refuse_others(where: str, prefix: str, extra: list[str], dtypes: set[str], K: int, L: int) -> None:
+    """Refuse tensors that are no head of K x L ResBlocks (more heads than config.json says named as
+    such) and heads stored in other than fp32, fp16, bf16."""
+    firsts = [n[len(prefix) :].split(".")[0] for n in extra]
+    heads_beyond = sorted({int(f) for f in firsts if f.isdigit()})
+    if heads_beyond and max(heads_beyond) >= K:
+        raise MedusaFormatError(
+            f"{where} holds heads up to {max(heads_beyond)} but config.json says medusa_num_heads {K} (Medusa's "
+            f"loaders disagree here: medusa-llm drops the rest, the repo's HEAD assumes 5). Hint: set "
+            f"medusa_num_heads to {max(heads_beyond) + 1} to use them all, or remove the extra heads"
+        )
+    if extra:
+        raise MedusaFormatError(
+            f"{where}: tensors {extra[:4]} are not Medusa heads of {K} x {L} ResBlocks "
+            f"(expected {prefix}{{i}}.{{j}}.linear.weight/bias for j < {L} and {prefix}{{i}}.{L}.weight)"
+        )
+    if not dtypes <= FLOATS:
+        raise MedusaFormatError(f"{where}: heads stored as {sorted(dtypes)}; edgespec reads fp32, fp16 and bf16")
+
+
+def _block_width(where: str, prefix: str, info: dict, blocks: dict, K: int, L: int) -> int | None:
+    """The heads' width from their ResBlocks (None: they have none), every head's blocks whole and square."""
+    H = None
+    for i in range(K):
+        for j in range(L):
+            if blocks.get((i, j), set()) not in ({"weight", "bias"}, set()):
+                raise MedusaFormatError(f"{where}: head {i} block {j} has a weight or a bias, not both")
+        if L and not any((i, j) in blocks for j in range(L)):
+            raise MedusaFormatError(
+                f"{where}: head {i} has no ResBlock weights ({prefix}{i}.0.linear.weight); Medusa would run it "
+                "from its random initialisation. Hint: medusa_num_heads may be too large"
+            )
+        for j in range(L):
+            if (i, j) in blocks:
+                w = info[f"{prefix}{i}.{j}.linear.weight"].shape
+                b = info[f"{prefix}{i}.{j}.linear.bias"].shape
+                if len(w) != 2 or w[0] != w[1] or b != (w[0],) or (H is not None and w[0] != H):
+                    raise MedusaFormatError(f"{where}: head {i} block {j} weight {w} / bias {b} is not a ResBlock")
+                H = w[0]
+    return H
+
+
+def _lm_heads(where: str, lm: dict, H: int | None, K: int, version) -> tuple[int | None, int]:
+    """(vocabulary, width) of the heads' own LM heads (every head one or none, none under version "2")."""
+    if lm and len(lm) != K:
+        raise MedusaFormatError(
+            f"{where}: heads {sorted(lm)} have their own LM head, heads {sorted(set(range(K)) - set(lm))} not; "
+            "Medusa's loaders read such a file differently (medusa-llm: the base's LM head for the rest; "
+            "TGI: no head's own). Hint: give every head one or none"
+        )
+    if lm and version == "2":
+        raise MedusaFormatError(
+            f'{where}: config.json says version "2" (heads without their own LM heads: Medusa\'s v2 code '
+            "ignores them) but the heads have them. Hint: remove `version` to use them, or the LM heads"
+        )
+    V = None
+    for i, shape in lm.items():
+        if len(shape) != 2 or (V is not None and shape[0] != V) or (H is not None and shape[1] != H):
+            raise MedusaFormatError(f"{where}: head {i}'s LM head is {list(shape)}, not [vocab, {H}] like the others")
+        V, H = shape[0], shape[1]
+    if H is None:
+        raise MedusaFormatError(f"{where}: no heads found (medusa_num_layers 0 and no LM heads)")
+    return V, H
 
 
 def check_target(h: OfficialHeads, hidden_size: int, vocab_size: int | None) -> None:
@@ -364,19 +387,3 @@ def read(h: OfficialHeads, vocab_size: int) -> tuple[dict[str, np.ndarray], np.n
     vd = h.draft_vocab_size or vocab_size
     d2t = checkpoint._read_d2t(h.folder, w, vd, vocab_size, MedusaFormatError)
     return out, d2t
-
-
-def share_target_lm(mc, arrays: dict[str, np.ndarray], target_lm: np.ndarray | None):
-    """(mc, arrays) with the heads' own LM heads dropped when every one of them is the target's LM head
-    bit for bit (a head edgespec published in this layout, read back): one product for all heads, as
-    before publishing. Otherwise unchanged."""
-    from dataclasses import replace
-
-    if not mc.own_lm_heads or target_lm is None:
-        return mc, arrays
-    own = [arrays[f"{i}.lm_head"] for i in range(mc.n_heads)]
-    if any(w.shape != target_lm.shape or not np.array_equal(w[:8], target_lm[:8]) for w in own):
-        return mc, arrays  # the first rows differ: trained heads (the usual case), no full comparison
-    if not all(np.array_equal(w, target_lm) for w in own):
-        return mc, arrays
-    return replace(mc, own_lm_heads=False), {k: v for k, v in arrays.items() if not k.endswith(".lm_head")}
