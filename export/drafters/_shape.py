@@ -10,6 +10,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# HeadShape's field -> the target's ArchSpec field of the same quantity (a new head takes the target's)
+ARCH_NAMES = {
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
+    "head_dim": "head_dim",
+    "rms_norm_eps": "rms_norm_eps",
+    "vocab_size": "vocab_size",
+}
+
 
 @dataclass(frozen=True)
 class HeadShape:
@@ -27,16 +38,7 @@ class HeadShape:
     @staticmethod
     def of_target(arch, draft_vocab: int) -> dict:
         """The fields of a new head with the target's layer shapes (arch: its ArchSpec)."""
-        return dict(
-            hidden_size=arch.hidden_size,
-            intermediate_size=arch.intermediate_size,
-            num_attention_heads=arch.n_heads,
-            num_key_value_heads=arch.n_kv_heads,
-            head_dim=arch.head_dim,
-            rms_norm_eps=arch.rms_norm_eps,
-            vocab_size=arch.vocab_size,
-            draft_vocab_size=draft_vocab,
-        )
+        return {ours: getattr(arch, theirs) for ours, theirs in ARCH_NAMES.items()} | {"draft_vocab_size": draft_vocab}
 
     @staticmethod
     def from_config(cfg: dict, vocab_size: int) -> dict:
@@ -67,13 +69,7 @@ def own_rope_tables(c, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
     return ArchSpec(
         model_type="llama",
         n_layers=1,
-        n_heads=c.num_attention_heads,
-        n_kv_heads=c.num_key_value_heads,
-        head_dim=c.head_dim,
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        vocab_size=c.vocab_size,
-        rms_norm_eps=c.rms_norm_eps,
+        **{theirs: getattr(c, ours) for ours, theirs in ARCH_NAMES.items()},
         rope_theta=c.rope_theta,
         rope_type=c.rope_type,
         rope_params=c.rope_params,
