@@ -20,7 +20,7 @@ import numpy as np
 from edgespec.engines.base import EngineError
 from edgespec.engines.manifest import GraphSpec
 
-NEG = -1e9  # a masked score (lean_graph's ninf_f): exp(NEG - max) is exactly 0 in float32
+NEG = -1e9  # a masked score (the lean graph's ninf_f): exp(NEG - max) is exactly 0 in float32
 # inputs a --host-prologue graph takes (lean_prologue.host_prologue_inputs): their presence marks the folder
 HOST_INPUTS = (
     "mask_past",

@@ -10,7 +10,7 @@ import pytest
 from tiny import make_tiny
 
 from edgespec.engines.manifest import load_manifest
-from edgespec.export.target.checks import probe
+from edgespec.export.target.checks import probe, probe_costs
 from edgespec.export.target.exporter import ExportConfig, export
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
@@ -20,17 +20,17 @@ AUTO = dict(max_len=128, k=2, prefill_chunk=16, kv_bucket=32, precision="auto", 
 
 def test_whole_model_costs_scale_the_layer_slope_and_the_sampled_head():
     by_depth = {1: {1: 3.0, 2: 4.0}, 2: {1: 4.0, 2: 5.5}}  # a layer: 1.0 at T=1, 1.5 at T=2; the rest 2.0, 2.5
-    assert probe.whole_model_costs(by_depth, 16) == {1: 16 * 1.0 + 2.0, 2: 16 * 1.5 + 2.5}
-    assert probe.whole_model_costs(by_depth, 16, vocab_scale=4.0) == {1: 16 * 1.0 + 8.0, 2: 16 * 1.5 + 10.0}
-    assert probe.whole_model_costs({2: {1: 4.0}}, 2) == {1: 4.0}  # the model itself
+    assert probe_costs.whole_model_costs(by_depth, 16) == {1: 16 * 1.0 + 2.0, 2: 16 * 1.5 + 2.5}
+    assert probe_costs.whole_model_costs(by_depth, 16, vocab_scale=4.0) == {1: 16 * 1.0 + 8.0, 2: 16 * 1.5 + 10.0}
+    assert probe_costs.whole_model_costs({2: {1: 4.0}}, 2) == {1: 4.0}  # the model itself
 
 
 def test_paired_costs_take_the_median_round_and_never_fall_below_the_deepest_graph():
     # round 2 ran under a burst of load that hit both graphs: its pair still says a layer costs 1.0
     by_depth = {1: {1: [3.0, 9.0, 3.1]}, 2: {1: [4.0, 10.0, 4.1]}}
-    assert probe.paired_whole_model_costs(by_depth, 16) == {1: pytest.approx(16 * 1.0 + 2.1)}  # 18.0, 24.0, 18.1
+    assert probe_costs.paired_whole_model_costs(by_depth, 16) == {1: pytest.approx(16 * 1.0 + 2.1)}  # 18.0, 24.0, 18.1
     noise = {1: {1: [3.0, 3.0, 3.0]}, 2: {1: [2.5, 2.6, 2.7]}}  # the deeper graph timed faster: no negative layers
-    assert probe.paired_whole_model_costs(noise, 16) == {1: 2.6}
+    assert probe_costs.paired_whole_model_costs(noise, 16) == {1: 2.6}
 
 
 def test_sampled_rows_cut_big_heads_only():
@@ -61,7 +61,7 @@ def test_auto_times_a_sampled_prefix_and_exports_the_winner_once(tmp_path, monke
     assert p["method"] == "sampled" and p["chosen"].split("-")[0] == m.target.precision
     s = p["sampled"]
     assert (s["layers"], s["of_layers"], s["vocab_rows"], s["of_vocab"]) == (2, 4, 64, 256)
-    assert probe.MIN_ROUNDS <= s["rounds"] <= probe.ROUNDS
+    assert probe_costs.MIN_ROUNDS <= s["rounds"] <= probe_costs.ROUNDS
     for name, by_layers in s["ms_by_layers"].items():  # the recorded table: measured prefixes, extrapolated
         assert set(by_layers) == {"1", "2"}
         two = by_layers["2"]

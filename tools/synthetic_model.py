@@ -95,14 +95,9 @@ def tensors(c: SyntheticConfig) -> list[tuple[str, str, tuple[int, ...]]]:
 def hf_config(c: SyntheticConfig) -> dict:
     from transformers import AutoConfig
 
-    kw = dict(
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.n_layers,
-        num_attention_heads=c.n_heads,
-        num_key_value_heads=c.n_kv_heads,
-        head_dim=c.head_dim,
-        vocab_size=c.vocab_size,
+    from edgespec.export.target.arch import hf_sizes
+
+    kw = hf_sizes(c) | dict(
         tie_word_embeddings=c.tied,
         rope_theta=c.rope_theta,
         max_position_embeddings=c.max_position_embeddings,

@@ -11,6 +11,15 @@ from edgespec.engines import rope
 from edgespec.export.target.families import BY_MODEL_TYPE, MODEL_TYPES, UnsupportedModelError, rope_entry, rope_numbers
 
 ROPE_TYPES = ("default", "llama3", "linear")
+HF_SIZES = {  # an HF config's size keys -> the ArchSpec field of each
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
+    "head_dim": "head_dim",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+}
 
 
 # A drafter head's layers are plain Llama layers whatever the target's family (dataclasses.replace
@@ -98,6 +107,12 @@ class ArchSpec:
             "vocab_size": self.vocab_size,
             "sliding_window": self.sliding_window,
         }
+
+
+def hf_sizes(shape) -> dict:
+    """The HF config size keys of `shape`: an ArchSpec, or anything naming its sizes as ArchSpec
+    does (tools/synthetic_model.py's configs)."""
+    return {hf: getattr(shape, ours) for hf, ours in HF_SIZES.items()}
 
 
 def _rope_from_config(cfg) -> tuple[float, str, dict]:

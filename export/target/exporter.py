@@ -26,7 +26,7 @@ from edgespec.export.drafters import sources as drafter_sources
 from edgespec.export.fit import fit_check, head_names, print_report
 from edgespec.export.partials import clean_stale_partials, finish_partial, make_partial, remove_partial
 from edgespec.export.target import sources
-from edgespec.export.target.arch import arch_from_config
+from edgespec.export.target.arch import arch_from_config, hf_sizes
 from edgespec.export.target.checks.validate import validation_tokens
 from edgespec.export.target.graph.builder import GraphOptions
 from edgespec.export.target.graph.op_probe import one_row_int4_differs, probe_portable_ops
@@ -311,16 +311,7 @@ def _check_target(cfg: ExportConfig, src: sources.Source) -> None:
         return
     _check_max_len(cfg, hf_cfg)
     arch = arch_from_config(hf_cfg, cfg.max_len)
-    sizes = dict(
-        num_hidden_layers=arch.n_layers,
-        num_attention_heads=arch.n_heads,
-        num_key_value_heads=arch.n_kv_heads,
-        head_dim=arch.head_dim,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.intermediate_size,
-        vocab_size=arch.vocab_size,
-    )
-    bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or v <= 0]
+    bad = [f"{k}={v}" for k, v in hf_sizes(arch).items() if not isinstance(v, int) or v <= 0]
     if bad:
         raise ExportError(f"{src.path}: the config gives {', '.join(bad)}; every size must be a positive integer")
     block = GraphOptions("int4").int4_block_size

@@ -67,56 +67,68 @@ def build_trt(folder: str | Path, workspace_gib: float = 4.0) -> dict:
     man = load_manifest(folder)
     gpu = CudaOps().device_name()
     logger = trt.Logger(trt.Logger.WARNING)
-    cache_path = folder / "trt_timing.cache"
     built = {}
     models = man.models()
     for role, spec in (("target", man.target), ("draft", models.get("draft"))):
         if spec is None:
             continue
-        if spec.precision == "int4":
-            raise TrtBuildError(
-                f"the {role} model is int4 (ORT MatMulNBits), which TensorRT cannot parse; "
-                "export with --precision fp16 for TensorRT"
-            )
-        if spec.graph.flavour != "portable":
-            raise TrtBuildError(
-                f"the {role} graph is the {spec.graph.flavour} flavour (ONNX Runtime contrib ops), "
-                "which TensorRT cannot parse; export with --precision fp16 (--graph auto or "
-                "portable) for TensorRT"
-            )
-        builder = trt.Builder(logger)
-        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-        parser = trt.OnnxParser(network, logger)
-        onnx_path = folder / spec.graph.file
-        with computed_inline(onnx_path, man, spec) as parsed:
-            ok = parser.parse_from_file(str(parsed))
-        if not ok:
-            errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise TrtBuildError(f"TensorRT could not parse {onnx_path.name}: {errs}")
-        config = builder.create_builder_config()
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * 2**30))
-        cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
-        config.set_timing_cache(cache, ignore_mismatch=False)
-        profiles = {}
-        s_min, s_max = man.kv_bucket, man.max_len
-        s_opt = min(s_max, max(s_min, 4 * man.kv_bucket))
-        for w in spec.widths():
-            p = builder.create_optimization_profile()
-            for t in spec.graph.inputs:  # T fixed at w; the cache window S over [kv_bucket, max_len]
-                for name in t.names():
-                    p.set_shape(name, t.shape_at(w, s_min), t.shape_at(w, s_opt), t.shape_at(w, s_max))
-            profiles[w] = config.add_optimization_profile(p)
-        print(f"edgespec: building the {role} TensorRT engine ({len(profiles)} profiles) ...", file=sys.stderr)
-        blob = builder.build_serialized_network(network, config)
-        if blob is None:
-            raise TrtBuildError(f"TensorRT failed to build the {role} engine (see the log above)")
-        fname = f"{role}.engine"
-        tmp = folder / (fname + ".partial")
-        tmp.write_bytes(bytes(blob))
-        os.replace(tmp, folder / fname)
-        cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+        _check_parsable(role, spec)
+        fname, profiles = _build_engine(trt, logger, folder, man, role, spec, workspace_gib)
         built[role] = replace(spec, tensorrt=TrtInfo(fname, trt.__version__, gpu, profiles))
     for role, spec in built.items():
         man = man.replace_model(role, spec)
     man.save()
     return man.target.tensorrt.to_json()
+
+
+def _check_parsable(role: str, spec) -> None:
+    """A graph TensorRT can parse: not int4 (MatMulNBits), the portable flavour (no contrib ops)."""
+    if spec.precision == "int4":
+        raise TrtBuildError(
+            f"the {role} model is int4 (ORT MatMulNBits), which TensorRT cannot parse; "
+            "export with --precision fp16 for TensorRT"
+        )
+    if spec.graph.flavour != "portable":
+        raise TrtBuildError(
+            f"the {role} graph is the {spec.graph.flavour} flavour (ONNX Runtime contrib ops), "
+            "which TensorRT cannot parse; export with --precision fp16 (--graph auto or "
+            "portable) for TensorRT"
+        )
+
+
+def _build_engine(trt, logger, folder: Path, man, role: str, spec, workspace_gib: float) -> tuple[str, dict]:
+    """One model's engine, <role>.engine in the folder (one optimization profile per phase width,
+    the folder's timing cache reused and updated): (its file name, width -> profile index)."""
+    cache_path = folder / "trt_timing.cache"
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    onnx_path = folder / spec.graph.file
+    with computed_inline(onnx_path, man, spec) as parsed:
+        ok = parser.parse_from_file(str(parsed))
+    if not ok:
+        errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise TrtBuildError(f"TensorRT could not parse {onnx_path.name}: {errs}")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * 2**30))
+    cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    profiles = {}
+    s_min, s_max = man.kv_bucket, man.max_len
+    s_opt = min(s_max, max(s_min, 4 * man.kv_bucket))
+    for w in spec.widths():
+        p = builder.create_optimization_profile()
+        for t in spec.graph.inputs:  # T fixed at w; the cache window S over [kv_bucket, max_len]
+            for name in t.names():
+                p.set_shape(name, t.shape_at(w, s_min), t.shape_at(w, s_opt), t.shape_at(w, s_max))
+        profiles[w] = config.add_optimization_profile(p)
+    print(f"edgespec: building the {role} TensorRT engine ({len(profiles)} profiles) ...", file=sys.stderr)
+    blob = builder.build_serialized_network(network, config)
+    if blob is None:
+        raise TrtBuildError(f"TensorRT failed to build the {role} engine (see the log above)")
+    fname = f"{role}.engine"
+    tmp = folder / (fname + ".partial")
+    tmp.write_bytes(bytes(blob))
+    os.replace(tmp, folder / fname)
+    cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    return fname, profiles

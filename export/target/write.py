@@ -42,34 +42,73 @@ def write_model(
     model = writer.build(weights_file, {name: e["offset"] for name, e in index.items()})
     fname = f"{role}.onnx"
     onnx.save(model, folder / fname)
-    a, kv_dtype = writer.arch, writer.dtype.name
-    aux = writer.opts.aux_layers
-    graph = es.token_graph(
+    a, aux = writer.arch, writer.opts.aux_layers
+    return token_spec(
+        writer,
+        role,
+        kind,
         fname,
         widths,
         chunk,
         n_layers=writer.n_layers,
+        vocab=a.vocab_size,
+        aux_layers=tuple(aux),
+        weights_file=weights_file,
+        weights=es.weight_specs(index, _external(model)),
+        aux_width=len(aux) * a.hidden_size,
+        half_cache=writer.half_cache,
+        weight_origins=weight_origins(writer.linears.origins),
+        rowop_layout=rowop.LAYOUT_VERSION if getattr(writer.linears, "attrs", None) else 0,
+    )
+
+
+def token_spec(
+    w: ModelWriter,
+    role: str,
+    kind: str,
+    file: str,
+    widths: list[int],
+    chunk: int,
+    *,
+    n_layers: int,
+    vocab: int,
+    aux_layers: tuple[int, ...],
+    weights_file: str,
+    weights: dict[str, WeightSpec],
+    features: bool = False,
+    aux_width: int = 0,
+    half_cache: bool = False,
+    **extra,
+) -> ModelSpec:
+    """The manifest entry of a token graph (spec.token_graph's I/O) written by w: its first n_layers
+    layers, vocab logits, reading `weights` of weights_file. extra: more ModelSpec fields."""
+    a, kv_dtype = w.arch, w.dtype.name
+    graph = es.token_graph(
+        file,
+        widths,
+        chunk,
+        n_layers=n_layers,
         kv_width=a.n_kv_heads * a.head_dim,
         hidden_size=a.hidden_size,
-        vocab_size=a.vocab_size,
+        vocab_size=vocab,
         kv_dtype=kv_dtype,
-        trees=writer.opts.trees,
-        aux_width=len(aux) * a.hidden_size,
-        opts=writer.opts,
-        half_cache=writer.half_cache,
+        trees=w.opts.trees,
+        features=features,
+        aux_width=aux_width,
+        opts=w.opts,
+        half_cache=half_cache,
     )
-    arch = Architecture(**(a.to_manifest() | {"n_layers": writer.n_layers}), aux_layers=tuple(aux))
+    arch = Architecture(**(a.to_manifest() | {"n_layers": n_layers, "vocab_size": vocab}), aux_layers=aux_layers)
     return ModelSpec(
         role=role,
         kind=kind,
-        precision=writer.opts.precision,
+        precision=w.opts.precision,
         arch=arch,
         kv_dtype=kv_dtype,
         weights_file=weights_file,
-        weights=es.weight_specs(index, _external(model)),
+        weights=weights,
         graph=graph,
-        weight_origins=weight_origins(writer.linears.origins),
-        rowop_layout=rowop.LAYOUT_VERSION if getattr(writer.linears, "attrs", None) else 0,
+        **extra,
     )
 
 
@@ -240,30 +279,19 @@ def token_head_spec(
 ) -> ModelSpec:
     """The manifest entry of a one-layer head on the token-graph I/O with a features input (EAGLE,
     EAGLE-3): vocab draft tokens, fed at the target's widths. extra: more ModelSpec fields."""
-    a, kv_dtype = w.arch, w.dtype.name
-    graph = es.token_graph(
+    return token_spec(
+        w,
+        role,
+        role,
         f"{files.stem}.onnx",
         widths,
         chunk,
         n_layers=1,
-        kv_width=a.n_kv_heads * a.head_dim,
-        hidden_size=a.hidden_size,
-        vocab_size=vocab,
-        kv_dtype=kv_dtype,
-        trees=w.opts.trees,
-        features=True,
-        opts=w.opts,
-    )
-    arch = Architecture(**(a.to_manifest() | {"n_layers": 1, "vocab_size": vocab}), aux_layers=aux_layers)
-    return ModelSpec(
-        role=role,
-        kind=role,
-        precision=w.opts.precision,
-        arch=arch,
-        kv_dtype=kv_dtype,
+        vocab=vocab,
+        aux_layers=aux_layers,
         weights_file=f"{files.stem}.weights",
         weights=files.weights,
-        graph=graph,
+        features=True,
         d2t=files.spec("d2t"),
         head=head,
         **extra,

@@ -31,7 +31,7 @@ the call's overhead, a few percent, counted with it) and scales with the rows; s
 the median over the rounds). The recorded ms_by_width are those whole-model estimates, in
 milliseconds of this CPU (so the runtime's cost table in decodes, c(T) / c(1), is the whole
 model's); the measured tables are beside them (`sampled`). Every candidate is written before any
-is loaded (the float32 tensors read once for all: SharedReads), so the probe's memory is the
+is loaded (the float32 tensors read once for all: sampled.SharedReads), so the probe's memory is the
 larger of one candidate's writer (the export's own peak, on a fraction of the head) and the
 timed graphs (two layers and a fraction of the head per candidate); what it freed is given back
 before the export. A target that does not stream (a hub id, --stream-weights off, a family not
@@ -50,22 +50,25 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+
+from edgespec.export.target.checks.probe_costs import (
+    PAST,
+    medians,
+    paired_whole_model_costs,
+    prefilled,
+    time_widths,
+)
 
 CANDIDATES = ("int4", "int8")  # the first is kept unless another wins by MARGIN
 ROWOP = "int4-rowop"  # the int4 precision on the row kernel (engines/rowop), a candidate where it runs
 ACCEPTANCE = 0.6  # per-token acceptance the score assumes (drafts eval: ~2 tokens per call at k=4)
 MARGIN = 1.05  # a challenger must score this much higher
-PAST = 256  # cached positions before the timed calls
-ROUNDS = 12  # timed rounds per width (after a warm-up round)
-MIN_ROUNDS = 3  # timed rounds of the sampled models' probe past TIMING_S
 TIMING_S = 10.0  # the sampled models' timing stops at MIN_ROUNDS past this (1B, quiet: 12 rounds in ~6 s)
 DEPTH = 2  # layers of the sampled model the probe times (and a graph of its first one)
 HEAD_WEIGHTS = 2**26  # about this many LM-head weights in the sampled model (rows x hidden; 1B: 32,768 rows)
-SHARED_READ_BYTES = 2**30  # float32 checkpoint reads kept for the next candidate's sampled model (1B: all, 0.76 GB)
 
 
 def speculation_score(costs: dict[int, float], acceptance: float = ACCEPTANCE) -> float:
@@ -82,88 +85,6 @@ def _cpu() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _prefilled(folders: dict[str, Path], widths: list[int]) -> tuple[dict, int]:
-    """(name -> the engine of each whole folder with PAST positions prefilled, the past)."""
-    from edgespec.engines.context import for_checks
-    from edgespec.engines.manifest import load_manifest
-    from edgespec.engines.ort import OrtModel
-
-    engines, past = {}, PAST
-    for name, folder in folders.items():
-        m = for_checks(load_manifest(folder))
-        past = min(PAST, m.max_len // 2)  # a small context window: half of it
-        e = OrtModel(m, m.target)
-        e.load_widths(widths)
-        ids = (np.arange(past, dtype=np.int64) * 7919) % (m.target.vocab_size - 2) + 1
-        for pos in range(0, past, m.prefill_chunk):
-            n = min(m.prefill_chunk, past - pos)
-            e.forward(ids[pos : pos + n], pos)
-            e.commit(pos, n)
-        engines[name] = e
-    return engines, past
-
-
-def _time_widths(engines: dict, widths: list[int], past: int, budget_s: float | None = None) -> dict:
-    """key -> width -> the seconds of a call at `past` cached positions in each timed round, the
-    engines taken in turn within each round (a load that comes and goes hits them alike): ROUNDS
-    timed rounds after a warm-up one (each width ran once at load), or MIN_ROUNDS once budget_s
-    seconds have passed (a loaded machine)."""
-    probe = np.full(max(widths), 42, np.int64)
-    times = {n: {w: [] for w in widths} for n in engines}
-    start, done = time.perf_counter(), 0
-    while done < ROUNDS + 1:
-        if budget_s is not None and done > MIN_ROUNDS and time.perf_counter() - start > budget_s:
-            break
-        for name, e in engines.items():  # engine by engine: the last engine's pool threads spin on for a
-            e.forward(probe[:1], past, logits=False)  # while after its call (~10 ms on 2 cores), so an
-            for w in widths:  # untimed call takes the switch and its widths run back to back
-                t0 = time.perf_counter()
-                e.forward(probe[:w], past, logits=False)
-                times[name][w].append(time.perf_counter() - t0)
-        done += 1
-    return {n: {w: ts[1:] for w, ts in t.items()} for n, t in times.items()}
-
-
-def _medians(times: dict) -> dict:
-    """key -> width -> the median of its rounds' seconds."""
-    return {n: {w: float(np.median(ts)) for w, ts in t.items()} for n, t in times.items()}
-
-
-def whole_model_costs(
-    by_depth: dict[int, dict[int, float]], n_layers: int, vocab_scale: float = 1.0
-) -> dict[int, float]:
-    """A model's call costs by width from its sampled graphs' (depth -> width -> seconds; depths 1
-    and d, or the model's own depth alone): a layer's cost L the slope between them; the rest of the
-    one-layer call (the LM head on the sampled vocabulary rows, plus the embedding, final norm and
-    call overhead, counted with the head) times vocab_scale (the whole vocabulary's rows over the
-    sampled ones); plus n_layers * L."""
-    d = max(by_depth)
-    if len(by_depth) == 1:  # the model itself, every vocabulary row
-        return dict(by_depth[d])
-    one = by_depth[1]
-    out = {}
-    for w, c in by_depth[d].items():
-        layer = (c - one[w]) / (d - 1)
-        out[w] = n_layers * layer + vocab_scale * (one[w] - layer)
-    return out
-
-
-def paired_whole_model_costs(
-    by_depth: dict[int, dict[int, list[float]]], n_layers: int, vocab_scale: float = 1.0
-) -> dict[int, float]:
-    """whole_model_costs of each timed round (a round's graphs ran one after the other, under the
-    same load: their difference is steadier than the difference of medians), the median over the
-    rounds; never below the deepest graph's median (the whole model holds it)."""
-    d = max(by_depth)
-    widths = list(by_depth[d])
-    rounds = len(by_depth[d][widths[0]])
-    per_round = [
-        whole_model_costs({k: {w: t[w][i] for w in widths} for k, t in by_depth.items()}, n_layers, vocab_scale)
-        for i in range(rounds)
-    ]
-    return {w: max(float(np.median([r[w] for r in per_round])), float(np.median(by_depth[d][w]))) for w in widths}
 
 
 def candidates(cfg) -> tuple[dict[str, dict], str]:
@@ -333,7 +254,7 @@ def _sampled_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path
                 e.load_widths(widths)
                 engines[name, d] = e
         past = min(PAST, cfg.max_len // 2)  # a small context window: half of it (a zero cache: its values
-        measured = _time_widths(engines, widths, past, TIMING_S)  # do not change the time of a call)
+        measured = time_widths(engines, widths, past, TIMING_S)  # do not change the time of a call)
     finally:
         for e in engines.values():
             e.close()
@@ -352,48 +273,11 @@ def _sampled_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path
             "rounds": rounds,
             "ms_by_layers": {  # the medians of each graph's rounds
                 name: {str(d): {str(w): round(s * 1e3, 3) for w, s in t.items()} for d, t in sorted(ts.items())}
-                for name, ts in ((n, _medians(t)) for n, t in by_cand.items())
+                for name, ts in ((n, medians(t)) for n, t in by_cand.items())
             },
         },
     }
     return costs, how
-
-
-class SharedReads(Mapping):
-    """A streamed checkpoint (safetensors.StreamedWeights) whose float32 reads are kept in `cache`, up to
-    SHARED_READ_BYTES in all, for the next candidate's view of the same checkpoint: the sampled
-    model's tensors are read and dequantized once, not once per candidate (and the tied embedding's
-    rows once, not twice). Everything else (part: a GGUF's blocks) is the checkpoint's own."""
-
-    def __init__(self, base, cache: dict) -> None:
-        self.base, self.cache = base, cache
-
-    def _kept(self, key: tuple, read) -> np.ndarray:
-        if key in self.cache:
-            return self.cache[key]
-        arr = read()
-        if sum(a.nbytes for a in self.cache.values()) + arr.nbytes <= SHARED_READ_BYTES:
-            self.cache[key] = arr
-        return arr
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self._kept((self.base.source(name), None), lambda: np.asarray(self.base[name]))
-
-    def rows(self, name: str, rows: np.ndarray) -> np.ndarray:
-        key = (self.base.source(name), rows.tobytes())
-        return self._kept(key, lambda: np.asarray(self.base.rows(name, rows)))
-
-    def __getattr__(self, name: str):
-        return getattr(self.base, name)
-
-    def __contains__(self, name) -> bool:
-        return name in self.base
-
-    def __iter__(self):
-        return iter(self.base)
-
-    def __len__(self) -> int:
-        return len(self.base)
 
 
 def sampled_rows(vocab: int, hidden: int, n_layers: int) -> np.ndarray | None:
@@ -420,7 +304,7 @@ def _write_sampled(cfg, src, folder: Path, depth: int, cache: dict):
     from edgespec import __version__
     from edgespec.engines import manifest as mf
     from edgespec.export.target.arch import arch_from_config
-    from edgespec.export.target.checks.sampled import SampledWeights, sampled_arch
+    from edgespec.export.target.checks.sampled import SampledWeights, SharedReads, sampled_arch
     from edgespec.export.target.exporter import graph_options
     from edgespec.export.target.graph.streaming import StreamingWriter
     from edgespec.export.target.sources.weight_source import StreamedSource, weight_source
@@ -478,9 +362,9 @@ def _whole_costs(cfg, cands: dict[str, dict], widths: list[int], scratch: Path, 
             cfg, out=str(scratch / name), validate=False, progress=False, force=False, **changes
         )
         folders[name] = export(dataclasses.replace(target_only, **_no_drafters(cfg)))
-    engines, past = _prefilled(folders, widths)
+    engines, past = prefilled(folders, widths)
     try:
-        costs = _medians(_time_widths(engines, widths, past))
+        costs = medians(time_widths(engines, widths, past))
     finally:
         for e in engines.values():
             e.close()

@@ -23,6 +23,8 @@ from edgespec.export.target.quant.linears import Part
 from edgespec.export.target.sources.safetensors import StreamedWeights
 from edgespec.export.target.spec import ExportError
 
+SHARED_READ_BYTES = 2**30  # float32 checkpoint reads kept for the next candidate's sampled model (1B: all, 0.76 GB)
+
 VOCAB_ROWS = 4096  # about this many vocabulary rows (+ the validation tokens') in the sampled model
 
 
@@ -187,3 +189,40 @@ def _same_layers(sampled: StreamingWriter, target: StreamingWriter, layers: tupl
                 raise ExportError(f"the sampled model's {name} is not the target's table")
         elif theirs is None or (theirs.crc, theirs.shape, theirs.dtype) != (a.crc, a.shape, a.dtype):
             raise ExportError(f"the sampled model's {name} is not the target's array as written")
+
+
+class SharedReads(Mapping):
+    """A streamed checkpoint (safetensors.StreamedWeights) whose float32 reads are kept in `cache`, up to
+    SHARED_READ_BYTES in all, for the next candidate's view of the same checkpoint: the sampled
+    model's tensors are read and dequantized once, not once per candidate (and the tied embedding's
+    rows once, not twice). Everything else (part: a GGUF's blocks) is the checkpoint's own."""
+
+    def __init__(self, base, cache: dict) -> None:
+        self.base, self.cache = base, cache
+
+    def _kept(self, key: tuple, read) -> np.ndarray:
+        if key in self.cache:
+            return self.cache[key]
+        arr = read()
+        if sum(a.nbytes for a in self.cache.values()) + arr.nbytes <= SHARED_READ_BYTES:
+            self.cache[key] = arr
+        return arr
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._kept((self.base.source(name), None), lambda: np.asarray(self.base[name]))
+
+    def rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        key = (self.base.source(name), rows.tobytes())
+        return self._kept(key, lambda: np.asarray(self.base.rows(name, rows)))
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+    def __contains__(self, name) -> bool:
+        return name in self.base
+
+    def __iter__(self):
+        return iter(self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)

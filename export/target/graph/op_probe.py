@@ -17,29 +17,11 @@ def probe_portable_ops(
     """The fused ops of LEAN_OPS that break the rule on this CPU's ONNX Runtime: each run alone on
     random rows, one row at a time against all rows in one call (all bitwise alike on ORT 1.32,
     AVX-512 Xeon and EPYC alike; docs/design.md). The export writes those in portable form."""
-    from edgespec.engines.ort import model_session
-
     rng = np.random.default_rng(0)
-    f32 = TensorProto.FLOAT
-
-    def io(name: str, width: int, dtype=f32):
-        return helper.make_tensor_value_info(name, dtype, [1, "T", width])
-
-    def init(name: str, arr: np.ndarray):
-        return helper.make_tensor(name, TensorProto.FLOAT, arr.shape, arr.tobytes(), raw=True)
+    io, init = _io, _init
 
     def breaks(node, inputs, width: int, inits, feeds: dict[str, np.ndarray]) -> bool:
-        graph = helper.make_graph([node], "probe", inputs, [io("y", width)], initializer=inits)
-        model = helper.make_model(
-            graph, opset_imports=[helper.make_opsetid("", LEAN_OPSET), helper.make_opsetid("com.microsoft", 1)]
-        )
-        model.ir_version = 8
-        sess = model_session(model.SerializeToString())
-        wide = sess.run(None, feeds)[0]
-        return any(
-            not np.array_equal(sess.run(None, {k: v[:, i : i + 1] for k, v in feeds.items()})[0][0, 0], wide[0, i])
-            for i in range(rows)
-        )
+        return _breaks(node, inputs, [io("y", width)], inits, feeds, rows)
 
     x = (rng.standard_normal((1, rows, hidden)) * 3).astype(np.float32)
     skip = rng.standard_normal((1, rows, hidden)).astype(np.float32)
@@ -76,6 +58,34 @@ def probe_portable_ops(
     ):
         out.append("gelu")
     return tuple(out)
+
+
+def _io(name: str, width: int, dtype=TensorProto.FLOAT):
+    """A [1, T, width] graph input or output."""
+    return helper.make_tensor_value_info(name, dtype, [1, "T", width])
+
+
+def _init(name: str, arr: np.ndarray):
+    """A float32 initializer."""
+    return helper.make_tensor(name, TensorProto.FLOAT, arr.shape, arr.tobytes(), raw=True)
+
+
+def _breaks(node, inputs, outputs, inits, feeds: dict[str, np.ndarray], rows: int) -> bool:
+    """Does the one-node graph compute some row alone (T = 1) otherwise than inside the call of all
+    `rows` rows?"""
+    from edgespec.engines.ort import model_session
+
+    graph = helper.make_graph([node], "probe", inputs, outputs, initializer=inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", LEAN_OPSET), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 8
+    sess = model_session(model.SerializeToString())
+    wide = sess.run(None, feeds)[0]
+    return any(
+        not np.array_equal(sess.run(None, {k: v[:, i : i + 1] for k, v in feeds.items()})[0][0, 0], wide[0, i])
+        for i in range(rows)
+    )
 
 
 def one_row_int4_differs(block_size: int = 32, accuracy_level: int = 4, k: int = 576, n: int = 256) -> bool:

@@ -87,29 +87,8 @@ class PortableOps(LayerOps):
         The zero blocks cost Hkv-fold attention FLOPs, negligible at small T next to reading the
         cache once.
         """
-        a = self.arch
-        n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
         p = f"/layers.{i}/attn"
-        qkv = self.real_rows(b, ctx, self.linear(b, h, f"l{i}.qkv"), p + "/qkv_rows")  # the T real rows
-        if a.qkv_bias:
-            qkv = b.op("Add", [qkv, b.weight(f"l{i}.qkv_b")], p + "/qkv_bias")
-        q, k, v = b.op(
-            "Split",
-            [qkv, b.const(f"qkv_split_{i}", np.array([n_q * d, n_kv * d, n_kv * d], np.int64))],
-            p + "/Split",
-            n_out=3,
-            axis=-1,
-        )
-        q = b.op("Reshape", [q, "shape_q"], p + "/q_heads")  # [T, Hq, D]
-        k = b.op("Reshape", [k, "shape_kv"], p + "/k_heads")  # [T, Hkv, D]
-        if a.qk_norm:
-            q = self.rms_norm(b, q, f"l{i}.q_norm", p + "/q_norm")
-            k = self.rms_norm(b, k, f"l{i}.k_norm", p + "/k_norm")
-        if i not in a.nope_layers:
-            q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
-            k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
-        new_k = b.op("Reshape", [k, "shape_rows"], p + "/new_k")  # [T, Hkv*D]
-        new_v = v  # [T, Hkv*D]
+        q, new_k, new_v = self._qkv(b, i, h, ctx, p)  # [T, Hq, D], [T, Hkv*D], [T, Hkv*D]
         # V_full[j] = new_v[j - past_len] for the T new slots, past_value[j] elsewhere: [S, Hkv*D]
         v_full = b.op(
             "Where",
@@ -147,16 +126,64 @@ class PortableOps(LayerOps):
         att = self.pad_rows(b, ctx, att, p + "/ctx_rows")
         return self.linear(b, att, f"l{i}.o"), new_k, new_v
 
+    def _qkv(self, b: GraphBuilder, i: int, h: str, ctx: dict, p: str) -> tuple[str, str, str]:
+        """Layer i's queries [T, Hq, D] (normed and rotated as the family does), new keys and values
+        [T, Hkv*D] of the T real rows."""
+        a = self.arch
+        n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
+        qkv = self.real_rows(b, ctx, self.linear(b, h, f"l{i}.qkv"), p + "/qkv_rows")  # the T real rows
+        if a.qkv_bias:
+            qkv = b.op("Add", [qkv, b.weight(f"l{i}.qkv_b")], p + "/qkv_bias")
+        q, k, v = b.op(
+            "Split",
+            [qkv, b.const(f"qkv_split_{i}", np.array([n_q * d, n_kv * d, n_kv * d], np.int64))],
+            p + "/Split",
+            n_out=3,
+            axis=-1,
+        )
+        q = b.op("Reshape", [q, "shape_q"], p + "/q_heads")  # [T, Hq, D]
+        k = b.op("Reshape", [k, "shape_kv"], p + "/k_heads")  # [T, Hkv, D]
+        if a.qk_norm:
+            q = self.rms_norm(b, q, f"l{i}.q_norm", p + "/q_norm")
+            k = self.rms_norm(b, k, f"l{i}.k_norm", p + "/k_norm")
+        if i not in a.nope_layers:
+            q = self.rotary(b, q, n_q, ctx, p + "/q_rope")
+            k = self.rotary(b, k, n_kv, ctx, p + "/k_rope")
+        new_k = b.op("Reshape", [k, "shape_rows"], p + "/new_k")  # [T, Hkv*D]
+        return q, new_k, v
+
     # ---- once per call ---------------------------------------------------------------------------
     def prologue(self, b: GraphBuilder) -> dict:
         """Constants, the [Hq*T, S] causal mask, the new-slot placement and rope rows of the
         positions (ctx: slots, mask, cos, sin; "sliding": the sliding layers' mask, cos, sin where
         they differ, layer_ctx)."""
         a = self.arch
-        f = self.dtype
+        self._constants(b)
+        # T from the input; slot j of the window [S] is visible to new row t iff j <= positions[t]
+        # (a chain: positions[t] = past_len + t; a tree: past_len + depth(t), columns in depth order)
+        t_len = b.op("Gather", [b.op("Shape", ["input_ids"], "/T/shape"), "axis1"], "/T/T")  # [1]
+        s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/mask/shape"), "axis0"], "/mask/S")
+        j_idx = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/mask/S_scalar"), "one_i"], "/mask/slots")
+        pos_flat = b.op("Reshape", ["positions", b.const("shape_T", np.array([-1], np.int64))], "/pos_flat")
+        mask, sliding = self._masks(b, j_idx, pos_flat)
+        ctx = self._new_slots(b, j_idx, s_len, t_len)
+        if self.opts.trees:
+            ctx |= self._tree_gathers(b, pos_flat, j_idx, ctx["is_new_row"], ctx["pad_cols"], a.n_heads)
+        for name in ("cos", "sin"):  # [T, 1, D]
+            rows = b.op("Gather", [b.weight(f"rope_{name}"), pos_flat], f"/rope/{name}")
+            ctx[name] = b.op("Unsqueeze", [rows, "axis1"], f"/rope/{name}_unsq")
+            if a.local_rope:
+                rows = b.op("Gather", [b.weight(f"rope_{name}_local"), pos_flat], f"/rope_local/{name}")
+                sliding[name] = b.op("Unsqueeze", [rows, "axis1"], f"/rope_local/{name}_unsq")
+        if sliding:
+            ctx["sliding"] = sliding
+        return ctx | {"mask": mask}
+
+    def _constants(self, b: GraphBuilder) -> None:
+        """The constants every layer's ops name (shapes, axes, the GQA head mask)."""
+        a, f = self.arch, self.dtype
         n_q, n_kv, d = a.n_heads, a.n_kv_heads, a.head_dim
         kv_w = n_kv * d
-        # constants
         b.const("two", np.array(2.0, f))
         b.const("eps", np.array(a.rms_norm_eps, f))
         b.const("axis0", np.array([0], np.int64))
@@ -175,22 +202,21 @@ class PortableOps(LayerOps):
         b.const("axis1", np.array([1], np.int64))
         b.const("zero_i", np.array(0, np.int64))
         b.const("one_i", np.array(1, np.int64))
-        # T from the input; slot j of the window [S] is visible to new row t iff j <= positions[t]
-        # (a chain: positions[t] = past_len + t; a tree: past_len + depth(t), columns in depth order)
-        t_len = b.op("Gather", [b.op("Shape", ["input_ids"], "/T/shape"), "axis1"], "/T/T")  # [1]
-        s_len = b.op("Gather", [b.op("Shape", ["past_key_0"], "/mask/shape"), "axis0"], "/mask/S")
-        j_idx = b.op("Range", ["zero_i", b.op("Squeeze", [s_len], "/mask/S_scalar"), "one_i"], "/mask/slots")
-        pos_flat = b.op("Reshape", ["positions", b.const("shape_T", np.array([-1], np.int64))], "/pos_flat")
+
+    def _masks(self, b: GraphBuilder, j_idx: str, pos_flat: str) -> tuple[str, dict]:
+        """(the causal mask [Hq*T, S], row h*T + t; {"mask": the sliding layers'} where they have a
+        window, which also hides the slots j <= positions[t] - window)."""
+        a, f = self.arch, self.dtype
         last_visible = b.op("Unsqueeze", [pos_flat, "axis1"], "/mask/last")  # [T, 1]
         j_row = b.op("Unsqueeze", [j_idx, "axis0"], "/mask/j_row")  # [1, S]
         hidden_slot = b.op("Greater", [j_row, last_visible], "/mask/hidden")  # [T, S]
         ninf = b.const("ninf_f", np.array(NEG_INF[f.name], f))
         zero_f = b.const("zero_f", np.array(0.0, f))
-        tile_heads = b.const("tile_heads", np.array([n_q, 1], np.int64))
+        tile_heads = b.const("tile_heads", np.array([a.n_heads, 1], np.int64))
         bias = b.op("Where", [hidden_slot, ninf, zero_f], "/mask/bias")
         mask = b.op("Tile", [bias, tile_heads], "/mask/rows")  # [Hq*T, S], row = h*T + t
         sliding = {}  # the sliding layers' masks and rotary rows (layer_ctx)
-        if a.sliding_window:  # ... which also hide the slots j <= positions[t] - window
+        if a.sliding_window:
             first = b.op(
                 "Sub", [last_visible, b.const("window_m1", np.array(a.sliding_window - 1, np.int64))], "/window/first"
             )  # [T, 1]
@@ -199,7 +225,12 @@ class PortableOps(LayerOps):
             )  # [T, S]
             bias_local = b.op("Where", [hidden_local, ninf, zero_f], "/window/bias")
             sliding["mask"] = b.op("Tile", [bias_local, tile_heads], "/window/rows")  # [Hq*T, S]
-        # the new rows' slots: row index j - past_len, valid for past_len <= j < past_len + T
+        return mask, sliding
+
+    def _new_slots(self, b: GraphBuilder, j_idx: str, s_len: str, t_len: str) -> dict:
+        """Where the T new rows go in the window (row index j - past_len, valid for past_len <= j <
+        past_len + T): is_new [S, 1] / is_new_row [1, S], the pads placing [T, W] rows and [Hq*T, T]
+        columns, and for two-row int4 calls the pads adding a row."""
         rel = b.op("Sub", [j_idx, "past_len"], "/slots/rel")  # [S]
         is_new = b.op(
             "And",
@@ -226,17 +257,7 @@ class PortableOps(LayerOps):
                 "/two_rows/extra",
             )
             ctx["two_rows"] = b.op("Concat", [zero1, zero1, extra, zero1], "/two_rows/pads", axis=0)
-        if self.opts.trees:
-            ctx |= self._tree_gathers(b, pos_flat, j_idx, ctx["is_new_row"], pad_cols, n_q)
-        for name in ("cos", "sin"):  # [T, 1, D]
-            rows = b.op("Gather", [b.weight(f"rope_{name}"), pos_flat], f"/rope/{name}")
-            ctx[name] = b.op("Unsqueeze", [rows, "axis1"], f"/rope/{name}_unsq")
-            if a.local_rope:
-                rows = b.op("Gather", [b.weight(f"rope_{name}_local"), pos_flat], f"/rope_local/{name}")
-                sliding[name] = b.op("Unsqueeze", [rows, "axis1"], f"/rope_local/{name}_unsq")
-        if sliding:
-            ctx["sliding"] = sliding
-        return ctx | {"mask": mask}
+        return ctx
 
     def _tree_gathers(self, b: GraphBuilder, pos: str, j_idx: str, is_new_row: str, pad_cols: str, n_q: int) -> dict:
         """Column maps for a token tree given as `tree_mask` [T, T] (1 where t is r or an ancestor

@@ -221,29 +221,8 @@ class StreamingWriter(LlamaGraphWriter):
             lin.layouts[name] = Layout(b.bits, b.block_size, b.mins is not None)
             pieces = [b.rows(r0, r0 + step) for r0 in range(0, n_rows, step)]
         else:
-            lin.deferred = []
-            try:
-                for r0 in range(0, n_rows, step):
-                    mark = len(lin.origins)
-                    u = lin.store_linear(name, w[r0 : r0 + step], tied, parts=parts)
-                    if r0:
-                        del lin.origins[mark:]
-                    _check_used(name, w[r0 : r0 + step], u, lin.bits(name), self.dtype)
-                    if self.sink is not None:
-                        used.append(u)
-                pieces = lin.deferred
-            finally:
-                lin.deferred = None
-        subs = [p.sub for p in pieces]
-        ch = rowop.pack_choices(
-            np.concatenate([p.scales for p in pieces]),
-            np.concatenate([p.zero_points for p in pieces]),
-            None if pieces[0].mins is None else np.concatenate([p.mins for p in pieces]),
-            pieces[0].bits,
-            pieces[0].block_size,
-            max(int(p.codes.max(initial=0)) for p in pieces),
-            None if any(x is None for x in subs) else rowop.SubScales.concat(subs),
-        )
+            pieces = self._requantized_pieces(name, w, tied, parts, step, used)
+        ch = _whole_choices(pieces)
         key = name + rowop.WEIGHT_SUFFIX
         for r0, piece in zip(range(0, n_rows, step), pieces, strict=True):
             packed = rowop.pack(
@@ -273,6 +252,25 @@ class StreamingWriter(LlamaGraphWriter):
         lin.shapes[name] = w.shape
         return np.concatenate(used) if used else None
 
+    def _requantized_pieces(self, name: str, w: np.ndarray, tied: bool, parts, step: int, used: list) -> list:
+        """A linear re-quantized by the row kernel's linears row block by row block, each block's
+        weights checked against the checkpoint rows (into `used` where a reference takes them): the
+        blocks of every row block, not stored yet (RowLinears.deferred)."""
+        lin = self.linears
+        lin.deferred = []
+        try:
+            for r0 in range(0, len(w), step):
+                mark = len(lin.origins)
+                u = lin.store_linear(name, w[r0 : r0 + step], tied, parts=parts)
+                if r0:
+                    del lin.origins[mark:]
+                _check_used(name, w[r0 : r0 + step], u, lin.bits(name), self.dtype)
+                if self.sink is not None:
+                    used.append(u)
+            return lin.deferred
+        finally:
+            lin.deferred = None
+
     def _store_float(self, name: str, w: np.ndarray, parts, kept, hf_names: list[str], tied: bool) -> np.ndarray | None:
         """A float linear (fp32, fp16), stored [in, out] as Linears stores it, appended to the spool
         a block of its input columns at a time (each a block of the stored array's rows): no whole
@@ -291,6 +289,23 @@ class StreamingWriter(LlamaGraphWriter):
         store.finish(name, (n_in, n_out), self.dtype)
         self.float_linears[name] = hf_names
         return w.astype(self.dtype) if self.sink is not None else None
+
+
+def _whole_choices(pieces: list):
+    """The row kernel's packing choices (rowop.pack_choices) for the whole matrix whose row blocks'
+    blocks are `pieces`: every row block then packs to the bytes of the whole matrix packed at once."""
+    from edgespec.engines import rowop
+
+    subs = [p.sub for p in pieces]
+    return rowop.pack_choices(
+        np.concatenate([p.scales for p in pieces]),
+        np.concatenate([p.zero_points for p in pieces]),
+        None if pieces[0].mins is None else np.concatenate([p.mins for p in pieces]),
+        pieces[0].bits,
+        pieces[0].block_size,
+        max(int(p.codes.max(initial=0)) for p in pieces),
+        None if any(x is None for x in subs) else rowop.SubScales.concat(subs),
+    )
 
 
 def _check_integer(name, w, got, names, used) -> None:

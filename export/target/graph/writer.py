@@ -156,58 +156,51 @@ class ModelWriter:
         if f != np.float32:
             logits = b.op("Cast", [logits], "/logits/Cast", to=TensorProto.FLOAT)
         kv = b.op("Concat", new_rows, "/new_kv/Concat", axis=0)  # [2L, T, Hkv*D]
-        b.nodes.append(
-            helper.make_node(
-                "Reshape",
-                [kv, b.const("shape_new_kv", np.array([L, 2, -1, kv_w], np.int64))],
-                ["new_kv"],
-                name="/new_kv/Reshape",
-            )
-        )
-        b.nodes.append(
-            helper.make_node(
-                "Reshape",
-                [logits, b.const("shape_logits", np.array([1, -1, n_logits], np.int64))],
-                ["logits"],
-                name="/logits/Reshape",
-            )
-        )
-        b.nodes.append(
-            helper.make_node(
-                "Reshape",
-                [hidden, b.const("shape_hidden", np.array([1, -1, a.hidden_size], np.int64))],
-                ["hidden"],
-                name="/hidden/Reshape",
-            )
-        )
+        _reshaped_output(b, kv, "new_kv", "shape_new_kv", [L, 2, -1, kv_w])
+        _reshaped_output(b, logits, "logits", "shape_logits", [1, -1, n_logits])
+        _reshaped_output(b, hidden, "hidden", "shape_hidden", [1, -1, a.hidden_size])
+        inputs, outputs = self._token_io(L, n_logits, ops.half_cache)
+        inputs[3:3] = extra_inputs or []  # after input_ids, positions, past_len
+        outputs += extra_outputs or []
+        if top_k:
+            outputs += _top_k(b, top_k)
+        return self._model(b, "edgespec_decoder", inputs, outputs, weights_location, offsets, locations, ops.OPSET)
 
-        kv_type = NP_TO_ONNX[f]
-        T = "T"
+    def _token_io(self, n_layers: int, n_logits: int, half_cache: bool) -> tuple[list, list]:
+        """A token graph's own inputs (ids, positions, past_len, tree_mask, each layer's cache and
+        with half_cache its fp16 copy) and outputs (logits, new_kv, hidden), in graph order."""
+        kv_type, kv_w, T = NP_TO_ONNX[self.dtype], self.arch.n_kv_heads * self.arch.head_dim, "T"
         inputs = [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, T]),
             helper.make_tensor_value_info("positions", TensorProto.INT64, [1, T]),
             helper.make_tensor_value_info("past_len", TensorProto.INT64, [1]),
-        ] + (extra_inputs or [])
+        ]
         if self.opts.trees:
             inputs.append(helper.make_tensor_value_info("tree_mask", TensorProto.INT64, [T, T]))
-        for i in range(L):
+        for i in range(n_layers):
             inputs += [
                 helper.make_tensor_value_info(f"past_key_{i}", kv_type, ["S", kv_w]),
                 helper.make_tensor_value_info(f"past_value_{i}", kv_type, ["S", kv_w]),
             ]
-        for i in range(L) if ops.half_cache else ():
+        for i in range(n_layers) if half_cache else ():
             inputs += [
                 helper.make_tensor_value_info(f"past_key_f16_{i}", TensorProto.FLOAT16, ["S16", kv_w]),
                 helper.make_tensor_value_info(f"past_value_f16_{i}", TensorProto.FLOAT16, ["S16", kv_w]),
             ]
         outputs = [
             helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, T, n_logits]),
-            helper.make_tensor_value_info("new_kv", kv_type, [L, 2, T, kv_w]),
-            helper.make_tensor_value_info("hidden", kv_type, [1, T, a.hidden_size]),
-        ] + (extra_outputs or [])
-        if top_k:
-            outputs += _top_k(b, top_k)
-        return self._model(b, "edgespec_decoder", inputs, outputs, weights_location, offsets, locations, ops.OPSET)
+            helper.make_tensor_value_info("new_kv", kv_type, [n_layers, 2, T, kv_w]),
+            helper.make_tensor_value_info("hidden", kv_type, [1, T, self.arch.hidden_size]),
+        ]
+        return inputs, outputs
+
+
+def _reshaped_output(b: GraphBuilder, x: str, out: str, shape_name: str, shape: list[int]) -> None:
+    """The graph output `out`: x reshaped to `shape` (a constant named shape_name)."""
+    node = helper.make_node(
+        "Reshape", [x, b.const(shape_name, np.array(shape, np.int64))], [out], name=f"/{out}/Reshape"
+    )
+    b.nodes.append(node)
 
 
 def _top_k(b: GraphBuilder, k: int) -> list:
@@ -357,14 +350,7 @@ class LlamaGraphWriter(ModelWriter):
         if aux:
             n_aux = len(aux) * a.hidden_size
             cat = b.op("Concat", aux, "/hidden_aux/Concat", axis=-1)  # [(1,) T, n*H]
-            b.nodes.append(
-                helper.make_node(
-                    "Reshape",
-                    [cat, b.const("shape_aux", np.array([1, -1, n_aux], np.int64))],
-                    ["hidden_aux"],
-                    name="/hidden_aux/Reshape",
-                )
-            )
+            _reshaped_output(b, cat, "hidden_aux", "shape_aux", [1, -1, n_aux])
             extra_out.append(helper.make_tensor_value_info("hidden_aux", NP_TO_ONNX[self.dtype], [1, "T", n_aux]))
         return self._token_model(
             ops,

@@ -33,7 +33,7 @@ class Part:
     hf_name: str  # the model's parameter name
     rows: int  # its output rows
     source: str  # the checkpoint's type: a GGUF type ("Q4_1", "F16"), or "float" (an HF checkpoint)
-    blocks: Blocks | None = None  # its quantized blocks where they map exactly (gguf_blocks); None: a float
+    blocks: Blocks | None = None  # its quantized blocks where they map exactly (quant/blocks.py); None: a float
     why: str = ""  # a quantized weight without blocks: why (GgufWeights.not_kept)
 
 

@@ -40,7 +40,7 @@ from edgespec.export.target.quant.linears import Part
 from edgespec.export.target.sources.gguf_header import read_header
 from edgespec.export.target.sources.safetensors import CheckpointError, ReadWeight, StreamedWeights
 
-TYPES = FLOATS + tuple(DECODERS)  # tensor types read (dequantized with gguf.quants; blocks kept by gguf_blocks)
+TYPES = FLOATS + tuple(DECODERS)  # tensor types read (dequantized with gguf.quants; blocks kept by quant/blocks.py)
 IGNORED = ("rope_freqs.weight",)  # tensors transformers' loader maps to no parameter, left unread as it leaves them
 
 
@@ -78,8 +78,6 @@ def open_gguf(path: str | Path, arch: ArchSpec, hf_cfg, keep_blocks: bool) -> Gg
     """The target's tensors in a GGUF by HF name (the writer's StreamedWeights), checked against what
     the graphs read: a CheckpointError says why the file does not stream. keep_blocks: the int4
     precision keeps the file's quantized blocks where they map exactly (--gguf-blocks keep)."""
-    import gguf
-
     from edgespec.export.target.sources.safetensors import expected_tensors
 
     h = read_header(path)
@@ -93,50 +91,64 @@ def open_gguf(path: str | Path, arch: ArchSpec, hf_cfg, keep_blocks: bool) -> Gg
     want = expected_tensors(arch)
     names = gguf_names(h.architecture, arch.n_layers, want)
     table = {t.name: t for t in h.tensors}
-    heads = {}
-    if h.architecture == "llama":  # the loader's processor reads these two from the header's config
-        for key in ("attention.head_count", "attention.head_count_kv"):
-            v = h.arch_value(key)
-            if not isinstance(v, int) or v <= 0:
-                raise CheckpointError(f"{h.architecture}.{key} is {v!r}: the q/k row order is not known")
-        heads = {".attn_q.": h.arch_value("attention.head_count"), ".attn_k.": h.arch_value("attention.head_count_kv")}
+    heads = _permuted_heads(h)
     entries = {}
     for hf, shape in want.items():
         t = table.get(names.get(hf, ""))
         if t is None:
             raise CheckpointError(f"the GGUF has no tensor for {hf} ({names.get(hf, 'no GGUF name')})")
-        try:
-            type_name = gguf.GGMLQuantizationType(t.type_id).name
-        except ValueError:
-            type_name = f"type {t.type_id}"
-        if type_name not in TYPES:
-            raise CheckpointError(
-                f"{t.name} is {type_name}, a type the streaming export does not read ({', '.join(TYPES)})"
-            )
-        if tuple(reversed(t.dims)) != shape:
-            raise CheckpointError(f"{t.name} is {list(reversed(t.dims))}; the config implies {list(shape)}")
-        per_block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
-        if shape[-1] % per_block:
-            raise CheckpointError(f"{t.name}: rows of {shape[-1]} do not fill {type_name} blocks of {per_block}")
-        n_heads = next((n for key, n in heads.items() if key in t.name), 0)
-        if n_heads and (len(shape) != 2 or shape[0] % (2 * n_heads)):
-            raise CheckpointError(f"{t.name}: {shape} cannot be un-permuted over {n_heads} heads")
-        entries[hf] = GgufEntry(
-            file=Path(path),
-            gguf_name=t.name,
-            type_name=type_name,
-            shape=shape,
-            start=h.data_offset + t.offset,
-            row_bytes=shape[-1] // per_block * type_size,
-            heads=n_heads,
-            minus_one=h.architecture == "gemma3" and "norm.weight" in t.name,
-        )
+        entries[hf] = _entry(path, h, t, shape, heads)
     read = {e.gguf_name for e in entries.values()}
     extra = [t.name for t in h.tensors if t.name not in read and t.name not in IGNORED]
     if extra:  # the loader would drop them: a file of another layout than the config says
         raise CheckpointError(f"the GGUF holds {len(extra)} tensors the graphs do not read ({', '.join(extra[:3])})")
     aliases = {"lm_head.weight": "model.embed_tokens.weight"} if arch.tie_word_embeddings else {}
     return GgufWeights(entries, aliases, keep_blocks)
+
+
+def _permuted_heads(h) -> dict[str, int]:
+    """GGUF name part -> heads its rows are permuted over (llama's q and k: the loader's processor
+    reads the head counts from the header's config); {} for other architectures."""
+    if h.architecture != "llama":
+        return {}
+    for key in ("attention.head_count", "attention.head_count_kv"):
+        v = h.arch_value(key)
+        if not isinstance(v, int) or v <= 0:
+            raise CheckpointError(f"{h.architecture}.{key} is {v!r}: the q/k row order is not known")
+    return {".attn_q.": h.arch_value("attention.head_count"), ".attn_k.": h.arch_value("attention.head_count_kv")}
+
+
+def _entry(path, h, t, shape: tuple[int, ...], heads: dict[str, int]) -> GgufEntry:
+    """Where tensor t of the GGUF (header h) is read from, checked: a type read, the shape the
+    config implies, whole blocks per row, rows that un-permute over their heads."""
+    import gguf
+
+    try:
+        type_name = gguf.GGMLQuantizationType(t.type_id).name
+    except ValueError:
+        type_name = f"type {t.type_id}"
+    if type_name not in TYPES:
+        raise CheckpointError(
+            f"{t.name} is {type_name}, a type the streaming export does not read ({', '.join(TYPES)})"
+        )
+    if tuple(reversed(t.dims)) != shape:
+        raise CheckpointError(f"{t.name} is {list(reversed(t.dims))}; the config implies {list(shape)}")
+    per_block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    if shape[-1] % per_block:
+        raise CheckpointError(f"{t.name}: rows of {shape[-1]} do not fill {type_name} blocks of {per_block}")
+    n_heads = next((n for key, n in heads.items() if key in t.name), 0)
+    if n_heads and (len(shape) != 2 or shape[0] % (2 * n_heads)):
+        raise CheckpointError(f"{t.name}: {shape} cannot be un-permuted over {n_heads} heads")
+    return GgufEntry(
+        file=Path(path),
+        gguf_name=t.name,
+        type_name=type_name,
+        shape=shape,
+        start=h.data_offset + t.offset,
+        row_bytes=shape[-1] // per_block * type_size,
+        heads=n_heads,
+        minus_one=h.architecture == "gemma3" and "norm.weight" in t.name,
+    )
 
 
 class GgufWeights(StreamedWeights):
