@@ -128,12 +128,10 @@ def self_instruct(model, tok, n: int, batch: int, seed: int, progress: bool = Tr
 
 
 def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
-    import random
-
     import torch
 
-    from edgespec.export.train.matmul_probe import autocast, choose, default_threads
-    from edgespec.export.train.prompt_mix import build_prompts
+    from edgespec.export.target import spec as es
+    from edgespec.export.train.matmul_probe import choose, default_threads
 
     torch.set_num_threads(cfg.threads or default_threads())
     compute = choose(cfg.compute)
@@ -142,9 +140,45 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model, tok = load_target(cfg.target)
-    from edgespec.export.target import spec as es
-
     aux_layers = es.aux_layers(model.config.num_hidden_layers)
+    rows = _prompt_rows(cfg, out, model, tok, compute, progress)
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    ids = [encode(tok, r) for r in rows]
+    order = sorted((i for i in range(len(ids)) if len(ids[i]) <= cfg.max_prompt), key=lambda i: len(ids[i]))
+    batches = [order[i : i + cfg.batch] for i in range(0, len(order), cfg.batch)]
+    # the ETA weighs each batch by its padded work (prompts grow along the list: sorted by length)
+    cost = [len(idx) * (max(len(ids[i]) for i in idx) + cfg.max_new_tokens) for idx in batches]
+    todo = [b for b in range(len(batches)) if not (out / f"shard-{b:05d}.npz").exists()]
+    meter = GenMeter(sum(cost[b] for b in todo))
+    for b, idx in enumerate(batches):
+        path = out / f"shard-{b:05d}.npz"
+        if path.exists():
+            continue
+        arrays = _answer_batch(model, cfg, compute, [ids[i] for i in idx], pad, eos, aux_layers)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)
+        tmp.rename(path)
+        starts, n_prompt = arrays["starts"], arrays["n_prompt"]
+        meter.add(int(starts[-1]), int(starts[-1] - n_prompt.sum()), cost[b])
+        if progress:
+            print(
+                f"[data] batch {b + 1}/{len(batches)}: {starts[-1]} tokens, {meter.line()}", file=sys.stderr, flush=True
+            )
+    if todo:
+        log_run(out, compute.dtype, torch.get_num_threads(), meter)
+    (out / "done").write_text(f"{len(batches)} batches\n")
+    return out
+
+
+def _prompt_rows(cfg: DataConfig, out: Path, model, tok, compute, progress: bool) -> list[dict]:
+    """The prompts the run answers: prompts.jsonl where an earlier run left it (self-instruct ones
+    included), else the mix the config asks for, written there first."""
+    import random
+
+    from edgespec.export.train.matmul_probe import autocast
+    from edgespec.export.train.prompt_mix import build_prompts
+
     prompts_file = out / "prompts.jsonl"
     if prompts_file.exists():  # a resumed run answers the same prompts (self-instruct ones included)
         rows = [json.loads(line) for line in prompts_file.read_text().splitlines()]
@@ -161,72 +195,55 @@ def generate_data(cfg: DataConfig, progress: bool = True) -> Path:
         tmp = prompts_file.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.rename(prompts_file)
-    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
-    ids = [encode(tok, r) for r in rows]
-    order = sorted((i for i in range(len(ids)) if len(ids[i]) <= cfg.max_prompt), key=lambda i: len(ids[i]))
-    batches = [order[i : i + cfg.batch] for i in range(0, len(order), cfg.batch)]
-    # the ETA weighs each batch by its padded work (prompts grow along the list: sorted by length)
-    cost = [len(idx) * (max(len(ids[i]) for i in idx) + cfg.max_new_tokens) for idx in batches]
-    todo = [b for b in range(len(batches)) if not (out / f"shard-{b:05d}.npz").exists()]
-    meter = GenMeter(sum(cost[b] for b in todo))
-    for b, idx in enumerate(batches):
-        path = out / f"shard-{b:05d}.npz"
-        if path.exists():
-            continue
-        inp, mask = _left_padded([ids[i] for i in idx], pad)
-        n_p = inp.shape[1]
-        with torch.inference_mode(), autocast(compute):
-            g = model.generate(
-                input_ids=inp,
-                attention_mask=mask,
-                max_new_tokens=cfg.max_new_tokens,
-                do_sample=False,
-                pad_token_id=pad,
-                output_hidden_states=True,
-                return_dict_in_generate=True,
-            )
-        # features: step 0 holds the prompt positions, every later step one new position
-        feats = torch.cat([g.hidden_states[0][-1]] + [h[-1] for h in g.hidden_states[1:]], dim=1)
-        # hidden_states[l] is the stream entering layer l (0: the embeddings), the graphs' hidden_aux
-        aux = (
-            torch.cat([torch.cat([h[l] for l in aux_layers], dim=-1) for h in g.hidden_states], dim=1)
-            if cfg.aux
-            else None
-        )  # [B, t, 3H]
-        toks, fts, auxs, starts, n_prompt = [], [], [], [0], []
-        for r, i in enumerate(idx):
-            new = g.sequences[r, n_p:].tolist()
-            n_new = next((j + 1 for j, t in enumerate(new) if t in eos), len(new))
-            seq = ids[i] + new[:n_new]
-            f = feats[r, n_p - len(ids[i]) : n_p - len(ids[i]) + len(seq)]
-            seq = seq[: f.shape[0]]  # the last generated token has no feature yet
-            toks.append(np.array(seq, np.int32))
-            fts.append(f.float().numpy().astype(np.float16))
-            if aux is not None:
-                auxs.append(aux[r, n_p - len(ids[i]) : n_p - len(ids[i]) + len(seq)].float().numpy().astype(np.float16))
-            starts.append(starts[-1] + len(seq))
-            n_prompt.append(len(ids[i]))
-        tmp = path.with_suffix(".tmp.npz")
-        extra = {"aux": np.concatenate(auxs)} if auxs else {}
-        np.savez(
-            tmp,
-            tokens=np.concatenate(toks),
-            features=np.concatenate(fts),
-            starts=np.array(starts, np.int64),
-            n_prompt=np.array(n_prompt, np.int64),
-            **extra,
+    return rows
+
+
+def _answer_batch(model, cfg: DataConfig, compute, prompts: list[list[int]], pad: int, eos: list[int], aux_layers):
+    """The target's greedy answers to a batch of tokenized prompts as a shard's arrays: tokens,
+    features (the final-norm hidden state of each position), starts, n_prompt and, where cfg.aux, aux
+    (the streams entering aux_layers), all but the answers' last token (it has no feature yet)."""
+    import torch
+
+    from edgespec.export.train.matmul_probe import autocast
+
+    inp, mask = _left_padded(prompts, pad)
+    n_p = inp.shape[1]
+    with torch.inference_mode(), autocast(compute):
+        g = model.generate(
+            input_ids=inp,
+            attention_mask=mask,
+            max_new_tokens=cfg.max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            output_hidden_states=True,
+            return_dict_in_generate=True,
         )
-        tmp.rename(path)
-        meter.add(starts[-1], starts[-1] - sum(n_prompt), cost[b])
-        if progress:
-            print(
-                f"[data] batch {b + 1}/{len(batches)}: {starts[-1]} tokens, {meter.line()}", file=sys.stderr, flush=True
-            )
-    if todo:
-        log_run(out, compute.dtype, torch.get_num_threads(), meter)
-    (out / "done").write_text(f"{len(batches)} batches\n")
-    return out
+    # features: step 0 holds the prompt positions, every later step one new position
+    feats = torch.cat([g.hidden_states[0][-1]] + [h[-1] for h in g.hidden_states[1:]], dim=1)
+    # hidden_states[l] is the stream entering layer l (0: the embeddings), the graphs' hidden_aux
+    aux = (
+        torch.cat([torch.cat([h[l] for l in aux_layers], dim=-1) for h in g.hidden_states], dim=1) if cfg.aux else None
+    )  # [B, t, 3H]
+    toks, fts, auxs, starts, n_prompt = [], [], [], [0], []
+    for r, prompt in enumerate(prompts):
+        new = g.sequences[r, n_p:].tolist()
+        n_new = next((j + 1 for j, t in enumerate(new) if t in eos), len(new))
+        seq = prompt + new[:n_new]
+        f = feats[r, n_p - len(prompt) : n_p - len(prompt) + len(seq)]
+        seq = seq[: f.shape[0]]  # the last generated token has no feature yet
+        toks.append(np.array(seq, np.int32))
+        fts.append(f.float().numpy().astype(np.float16))
+        if aux is not None:
+            auxs.append(aux[r, n_p - len(prompt) : n_p - len(prompt) + len(seq)].float().numpy().astype(np.float16))
+        starts.append(starts[-1] + len(seq))
+        n_prompt.append(len(prompt))
+    arrays = {
+        "tokens": np.concatenate(toks),
+        "features": np.concatenate(fts),
+        "starts": np.array(starts, np.int64),
+        "n_prompt": np.array(n_prompt, np.int64),
+    }
+    return arrays | ({"aux": np.concatenate(auxs)} if auxs else {})
 
 
 class GenMeter:
