@@ -222,31 +222,43 @@ def _manifest(
 ) -> mf.Manifest:
     """The folder's manifest: the target's entry, each drafter's section, where the model came from."""
     cfg, src, tok = ctx.cfg, source.src, ctx.tok
-    return mf.Manifest(
-        folder=ctx.folder,
-        name=name,
-        edgespec_version=__version__,
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        source=mf.Source(
-            kind=src.kind,
-            path=src.path,
-            draft=cfg.draft,
-            sha256=sources.sha256_of(src.path) if src.kind != "hub" else None,
-        ),
-        max_len=cfg.max_len,
-        kv_bucket=cfg.kv_bucket,
-        prefill_chunk=cfg.prefill_chunk,
-        num_speculative_tokens=cfg.k,
-        two_row_matmuls=ctx.opts.two_row_matmuls,
+    sha256 = sources.sha256_of(src.path) if src.kind != "hub" else None
+    return new_manifest(
+        cfg,
+        ctx.folder,
+        name,
+        mf.Source(kind=src.kind, path=src.path, draft=cfg.draft, sha256=sha256),
+        ctx.opts.two_row_matmuls,
+        ctx.target,
         tokenizer_file="tokenizer.json",
         chat_template_file=chat_file,
         eos_token_ids=tuple(_eos_ids(source.generation_config(), tok)),
         bos_token_id=tok.bos_token_id,
-        target=ctx.target,
         drafters={name: s.section for name, s in shipped.items()},
         # measured on this CPU (docs): adaptive prompt lookup beat every fixed k
         defaults=mf.Defaults(drafter="ngram", k=cfg.k, adaptive=True),
         export_probe=probe,
+    )
+
+
+def new_manifest(
+    cfg: ExportConfig, folder: Path, name: str, source: mf.Source, two_rows: bool, target: mf.ModelSpec, **fields
+) -> mf.Manifest:
+    """The manifest of a folder exported now with cfg's numbers (fields: the others); the precision
+    probe's sampled models are written with one too."""
+    return mf.Manifest(
+        folder=folder,
+        name=name,
+        edgespec_version=__version__,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        source=source,
+        max_len=cfg.max_len,
+        kv_bucket=cfg.kv_bucket,
+        prefill_chunk=cfg.prefill_chunk,
+        num_speculative_tokens=cfg.k,
+        two_row_matmuls=two_rows,
+        target=target,
+        **fields,
     )
 
 

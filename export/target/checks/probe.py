@@ -299,13 +299,11 @@ def _write_sampled(cfg, src, folder: Path, depth: int, cache: dict):
     deeper than `depth` with every row: its own graph alone); a string saying why where the target
     does not stream."""
     import copy
-    import datetime
 
-    from edgespec import __version__
     from edgespec.engines import manifest as mf
     from edgespec.export.target.arch import arch_from_config
     from edgespec.export.target.checks.sampled import SampledWeights, SharedReads, sampled_arch
-    from edgespec.export.target.exporter import graph_options
+    from edgespec.export.target.exporter import graph_options, new_manifest
     from edgespec.export.target.graph.streaming import StreamingWriter
     from edgespec.export.target.sources.weight_source import StreamedSource, weight_source
     from edgespec.export.target.write import host_prologue_entry, write_model
@@ -330,22 +328,17 @@ def _write_sampled(cfg, src, folder: Path, depth: int, cache: dict):
         w.n_layers = d
         spec = write_model(w, folder, f"target{d}", "target", cfg.widths(), cfg.prefill_chunk, "target.weights", index)
         specs[d] = dataclasses.replace(host_prologue_entry(spec, w), role="target")
-    man = mf.Manifest(
-        folder=folder,
-        name=folder.name,
-        edgespec_version=__version__,
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        source=mf.Source(kind=src.kind, path=src.path, draft=None, sha256=None),
-        max_len=cfg.max_len,
-        kv_bucket=cfg.kv_bucket,
-        prefill_chunk=cfg.prefill_chunk,
-        num_speculative_tokens=cfg.k,
-        two_row_matmuls=writer.opts.two_row_matmuls,
+    man = new_manifest(
+        cfg,
+        folder,
+        folder.name,
+        mf.Source(kind=src.kind, path=src.path, draft=None, sha256=None),
+        writer.opts.two_row_matmuls,
+        specs[len(layers)],
         tokenizer_file="",
         chat_template_file=None,
         eos_token_ids=(),
         bos_token_id=None,
-        target=specs[len(layers)],
         defaults=mf.Defaults(k=cfg.k, adaptive=False),
     )
     return man, specs, arch.n_layers, n_rows, arch.vocab_size
