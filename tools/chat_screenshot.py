@@ -1,8 +1,8 @@
 """A PNG of the chat page (`edgespec serve` at /) as headless Chromium shows it after a short
-conversation: the README's docs/chat_page.png.
+conversation: the README's docs/data/chat_page.png.
 
-    python tools/chat_screenshot.py --engine engines/smollm2-135m-instruct --out docs/chat_page.png
-    python tools/chat_screenshot.py --out docs/chat_page.png     # no folder: a tiny memorizing model
+    python tools/chat_screenshot.py --engine engines/smollm2-135m-instruct --out docs/data/chat_page.png
+    python tools/chat_screenshot.py --out docs/data/chat_page.png     # no folder: a tiny memorizing model
 
 With --engine it serves that folder with its default drafter and asks TURNS. Without, it trains a
 tiny random char-level Llama (tests/tiny.py) until it has memorized DEMO, a two-turn
