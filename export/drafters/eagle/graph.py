@@ -98,14 +98,19 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
         "features": "hidden",
         "input_ids": p + "ids",
     }
-
-    def rename(name: str) -> str:
-        return shared.get(name, p + name) if name else name
-
     g = onnx.GraphProto()
     g.CopyFrom(target.graph)
     g.name = "edgespec_decoder_eagle"
-    # the head's input token of each row: given (n_given first rows) or the target's argmax
+    _add_head_input_ids(g, p)
+    _append_head(g, head.graph, p, shared)
+    model = helper.make_model(g, opset_imports=list(target.opset_import), producer_name="edgespec")
+    model.ir_version = target.ir_version
+    return model
+
+
+def _add_head_input_ids(g: onnx.GraphProto, p: str) -> None:
+    """The head's input token of each row, p + "ids" [1, T]: given (the n_given first rows) or the
+    target's argmax."""
     T = "T"
     g.input.extend(
         [
@@ -129,27 +134,30 @@ def fuse_with_target(target: onnx.ModelProto, head: onnx.ModelProto) -> onnx.Mod
             helper.make_node("Where", [p + "is_given", p + "input_ids", p + "argmax"], [p + "ids"], name=p + "Where"),
         ]
     )
-    for node in head.graph.node:
+
+
+def _append_head(g: onnx.GraphProto, head: onnx.GraphProto, p: str, shared: dict[str, str]) -> None:
+    """The head's nodes, initializers, inputs (but the shared ones) and outputs, named p + name except
+    the names `shared` maps to the target's."""
+
+    def rename(name: str) -> str:
+        return shared.get(name, p + name) if name else name
+
+    for node in head.node:
         n = g.node.add()
         n.CopyFrom(node)
         n.name = p + node.name
         n.input[:] = [rename(x) for x in node.input]
         n.output[:] = [rename(x) for x in node.output]
-    for init in head.graph.initializer:
+    for init in head.initializer:
         t = g.initializer.add()
         t.CopyFrom(init)
         t.name = rename(init.name)
-    for kind, values in (
-        (g.input, [x for x in head.graph.input if x.name not in shared]),
-        (g.output, head.graph.output),
-    ):
+    for kind, values in ((g.input, [x for x in head.input if x.name not in shared]), (g.output, head.output)):
         for x in values:
             io = kind.add()
             io.CopyFrom(x)
             io.name = rename(x.name)
-    model = helper.make_model(g, opset_imports=list(target.opset_import), producer_name="edgespec")
-    model.ir_version = target.ir_version
-    return model
 
 
 def write_eagle(head_dir: Path, ctx):
