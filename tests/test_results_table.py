@@ -213,3 +213,16 @@ def test_two_blocks_a_bench_and_the_peers_each_from_its_own_json(rt, tmp_path):
     assert rt.main(["--readme", str(readme), "--check"]) == 1  # the second block is stale
     assert rt.main([str(peers), "--readme", str(readme)]) == 0  # the block that names it
     assert readme.read_text().index("| llama.cpp plain |") < readme.read_text().index("| edgespec none |")
+
+
+def test_adaptive_only_keeps_plain_and_the_adaptive_rows(rt, tmp_path):
+    report = copy.deepcopy(NEW)
+    fixed = copy.deepcopy(next(r for r in report["runs"] if r.get("adaptive")))
+    report["runs"].append(fixed | {"adaptive": False})
+    rows = rt.table(report, adaptive_only=True).splitlines()[2:]
+    assert rows[0].startswith("| none | 0 |") and all("adaptive" in r for r in rows[1:]) and len(rows) >= 2
+    bench, readme = tmp_path / "bench.json", tmp_path / "README.md"
+    bench.write_text(json.dumps(report))
+    readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    assert rt.main([str(bench), "--adaptive-only", "--readme", str(readme)]) == 0
+    assert '"adaptive_only": true' in readme.read_text() and rt.main(["--readme", str(readme), "--check"]) == 0

@@ -35,8 +35,9 @@ def _k(run: dict) -> str:
     return f"<={run['k']} adaptive" if run.get("adaptive") else str(run["k"])
 
 
-def table(report: dict, drafters: list[str] | None = None) -> str:
-    """Markdown rows of the runs of `drafters` (all when None), in the JSON's order."""
+def table(report: dict, drafters: list[str] | None = None, adaptive_only: bool = False) -> str:
+    """Markdown rows of the runs of `drafters` (all when None), in the JSON's order; adaptive_only: plain's
+    run and the adaptive-k runs (a bench with --k K --adaptive also runs each drafter at a fixed K)."""
     runs = report["runs"]
     missing = sorted(set(drafters or ()) - {r["drafter"] for r in runs})
     if missing:
@@ -48,7 +49,7 @@ def table(report: dict, drafters: list[str] | None = None) -> str:
     head += ["identical to none"] if greedy else []
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
-        if drafters and r["drafter"] not in drafters:
+        if (drafters and r["drafter"] not in drafters) or (adaptive_only and r["k"] and not r.get("adaptive")):
             continue
         t = r["totals"]
         cells = [
@@ -186,14 +187,17 @@ def peers_caption(report: dict, json_path: str, note: str = "") -> str:
     return "\n".join([wrapped, "", "```bash", cmd, "```"])
 
 
-def block(report: dict, json_path: str, drafters: list[str] | None, note: str) -> str:
+def block(report: dict, json_path: str, drafters: list[str] | None, note: str, adaptive_only: bool = False) -> str:
     options = (
-        {"json": json_path} | ({"drafters": ",".join(drafters)} if drafters else {}) | ({"note": note} if note else {})
+        {"json": json_path}
+        | ({"drafters": ",".join(drafters)} if drafters else {})
+        | ({"adaptive_only": True} if adaptive_only else {})
+        | ({"note": note} if note else {})
     )
     if "rows" in report:  # tools/bench_peers.py
         body = peers_caption(report, json_path, note) + "\n\n" + peers_table(report)
     else:
-        body = caption(report, json_path, note) + "\n\n" + table(report, drafters)
+        body = caption(report, json_path, note) + "\n\n" + table(report, drafters, adaptive_only)
     return f"<!-- results:begin {json.dumps(options, ensure_ascii=False)} -->\n" + body + "\n<!-- results:end -->"
 
 
@@ -206,6 +210,7 @@ def _parser() -> argparse.ArgumentParser:
         "README's begin marker names, with its options)",
     )
     p.add_argument("--drafters", help="comma-separated drafters whose rows to show (default: every row)")
+    p.add_argument("--adaptive-only", action="store_true", help="show plain's row and the adaptive-k rows only")
     p.add_argument("--note", default="", help="a sentence for the caption: what the JSON does not record")
     p.add_argument("--readme", default=str(ROOT / "README.md"), help="the file holding the markers")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when the file's table differs")
@@ -218,7 +223,8 @@ def _regenerated(found: re.Match, readme: Path) -> str:
     if "json" not in saved:
         raise SystemExit(f"{readme}: a begin marker names no JSON. Hint: run once with the JSON's path")
     drafters = saved["drafters"].split(",") if saved.get("drafters") else None
-    return block(json.loads((ROOT / saved["json"]).read_text()), saved["json"], drafters, saved.get("note", ""))
+    report = json.loads((ROOT / saved["json"]).read_text())
+    return block(report, saved["json"], drafters, saved.get("note", ""), saved.get("adaptive_only", False))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, found in enumerate(blocks):
         if i == target and a.json is not None:  # a table from the JSON given, with the options given
             drafters = a.drafters.split(",") if a.drafters else None
-            fresh = block(json.loads((ROOT / a.json).read_text()), a.json, drafters, a.note)
+            fresh = block(json.loads((ROOT / a.json).read_text()), a.json, drafters, a.note, a.adaptive_only)
         else:
             fresh = _regenerated(found, readme)
         new, end = new + text[end : found.start()] + fresh, found.end()
