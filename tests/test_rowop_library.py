@@ -75,7 +75,9 @@ def keyed(tmp_path, monkeypatch, stub):
     (include / rowop.HEADER).write_text("/* ONNX Runtime's C API, as far as the key is concerned */\n")
     monkeypatch.setenv("EDGESPEC_ROWOP_BUILD", str(tmp_path / "build"))
     monkeypatch.setenv("EDGESPEC_ORT_INCLUDE", str(include))
-    monkeypatch.setattr(rowop_build, "_compile", lambda cxx, inc, folder, v: Path(shutil.copy(stub / "stub.so", folder)))
+    monkeypatch.setattr(
+        rowop_build, "_compile", lambda cxx, inc, folder, v: Path(shutil.copy(stub / "stub.so", folder))
+    )
     cxx = rowop.find_compiler()
     lib = rowop.library_file(cxx, include)
     rowop_build._install(cxx, include, lib, False)
