@@ -161,7 +161,7 @@ def test_sampled_adaptive_keeps_the_target_distribution(drafter, monkeypatch):
         pol.choose = lambda: ks.append(choose()) or ks[-1]
         return pol
 
-    monkeypatch.setattr("edgespec.runtime.generator.sampled_policy", watched)
+    monkeypatch.setattr("edgespec.runtime.speculation.sampled_policy", watched)
     p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
     assert p > 1e-3, f"{drafter} sampled adaptive: chi-square p = {p:.2g}"
     assert g.last_stats.adaptive and len(set(ks)) > 1, set(ks)

@@ -71,15 +71,15 @@ def test_first_id_is_the_logits_argmax_on_near_ties(opset):
 
 def test_every_top_k_graph_flavour_uses_the_builder():
     """One builder writes the top-k of every graph that has one (lean, integer, rowop target and
-    draft graphs: graph._token_model); no Softmax feeds a TopK anywhere in the exporter."""
+    draft graphs: graph/writer.py's _token_model); no Softmax feeds a TopK anywhere in the exporter."""
     from pathlib import Path
 
     import edgespec.export as ex
 
     sources = {p: p.read_text() for p in Path(ex.__file__).parent.rglob("*.py")}
     writers = [p.name for p, s in sources.items() if '"TopK"' in s]
-    assert writers == ["graph.py"], writers
-    assert "/topk/Softmax" not in sources[next(p for p in sources if p.name == "graph.py")]
+    assert writers == ["writer.py"], writers
+    assert "/topk/Softmax" not in sources[next(p for p in sources if p.name == "writer.py")]
 
 
 def test_greedy_accept_from_argmax_ids_is_accept_from_logits():
