@@ -62,7 +62,7 @@ class CheckConfig:
     prompts: str = str(PROMPTS)  # JSONL {"id", "prompt"} lines
     limit: int = 4  # prompts per bench / transformers run
     max_new_tokens: int = 64  # tokens generated per prompt
-    calls: int = 30  # timed calls per width and mode (after warm-up)
+    calls: int = 30  # timed calls per width and mode (after an untimed first call)
     stages: tuple[str, ...] = STAGES  # the stages to run, in STAGES order
 
 
@@ -274,7 +274,7 @@ def _verify_traffic(engine, ids: np.ndarray, past: int) -> dict:
     ops = engine.device
     out = {}
     for label, logits in (("greedy", False), ("with_logits", True)):
-        engine.forward(ids, past, logits=logits)  # warm (a first call binds)
+        engine.forward(ids, past, logits=logits)  # untimed (a first call binds)
         ops.reset_counts()
         engine.forward(ids, past, logits=logits)
         engine.argmax_rows(len(ids))
