@@ -205,6 +205,13 @@ def test_hybrid_with_merged_as_its_lookup(tree):
     assert g.last_stats.sources["merged"][2] > 0  # (drafts of merged kept)
     p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
     assert p > 1e-3, f"hybrid with merged, tree={tree}: chi-square p = {p:.2g}"
-    if not tree:  # a sampled call: the head drafts where merged's estimate falls short
-        list(g.generate_ids(PROMPT, 40, SamplingConfig(temperature=1.0, seed=3)))
+    sampled = SamplingConfig(temperature=1.0, seed=3)
+    if not tree:  # a sampled call drafts from the lookup alone by default
+        list(g.generate_ids(PROMPT, 40, sampled))
+        assert set(g.last_stats.sources) == {"merged"}
+    g.reconfigure(hybrid_lookup="merged", hybrid_sampled_head=True)
+    p = chi2_pvalue(sample_counts(g), exact_tokens_23(g))
+    assert p > 1e-3, f"hybrid with merged and its head sampled, tree={tree}: chi-square p = {p:.2g}"
+    if not tree:  # --hybrid-sampled-head: the head drafts where merged's estimate falls short
+        list(g.generate_ids(PROMPT, 40, sampled))
         assert {"merged", "head"} <= set(g.last_stats.sources)

@@ -16,11 +16,15 @@ Lossless: the choice uses only what is known before verification.
             also teaches its ratio how much of it the target would have kept (its common prefix
             with the tokens that came; a lower bound when all of those matched). The head is not
             run when even a chain of k certain tokens could not beat the suffix's estimate.
-  sampling  the head's tokens are draws from its q; choosing by them would propose from q given
-            that it was chosen while verification assumes q. So the head's estimate is its running
-            accepted length, taken before it drafts, and only the source that drafted learns.
-            These estimates start afresh every call, so a seed reproduces its output given the
-            same cache of recent requests.
+  sampling  by default the lookup's chain alone (`--hybrid-sampled-head` brings the head back): at
+            temperature a head keeps ~0.3 tokens a step for a catch-up call of 1-2.5 decodes on the
+            CPU, and the first head step priced every later step of the pair so high that adaptive
+            k switched the lookup off with it (hybrid at t = 0.7 kept 1.00 tokens per call where its
+            lookup alone keeps 1.26; docs/results/sampling-heads.md). With the head: its tokens are
+            draws from its q; choosing by them would propose from q given that it was chosen while
+            verification assumes q. So the head's estimate is its running accepted length, taken
+            before it drafts, and only the source that drafted learns. These estimates start afresh
+            every call, so a seed reproduces its output given the same cache of recent requests.
 Trees: suffix decoding's tree where it matches, the head's elsewhere.
 
 --hybrid-lookup merged puts merged (recycle/merged.py: suffix decoding continued from the recycle table)
@@ -126,10 +130,16 @@ class LookupHeadPair(LookupPair):
     drafts_trees = True
     lookup_name = ""  # the lookup, as the stats name the source
 
-    def __init__(self, lookup: Drafter, head: Drafter) -> None:
+    def __init__(self, lookup: Drafter, head: Drafter, sampled_head: bool = False) -> None:
+        """sampled_head: the head drafts under sampling too (module docstring: off, the lookup alone)."""
         super().__init__(lookup, head)
-        self.head = head
+        self.head, self.sampled_head = head, sampled_head
         self.engine = head.engine
+
+    @property
+    def head_drafts(self) -> bool:
+        """May the head propose this call?"""
+        return self.sampling.greedy or self.sampled_head
 
     @property
     def verifier(self):
@@ -144,7 +154,7 @@ class LookupHeadPair(LookupPair):
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         self.lookup.propose_tree(seq, tree, cfg)
         self.source = self.lookup_name
-        if tree.n == 1:
+        if tree.n == 1 and self.head_drafts:
             self.head.propose_tree(seq, tree, cfg)
             self.source = HEAD if tree.n > 1 else ""
 
@@ -155,10 +165,18 @@ class SuffixHeadHybrid(LookupHeadPair):
 
     lookup_name = SUFFIX
 
-    def __init__(self, suffix: Drafter, head, cfg: ChoiceConfig = ChoiceConfig(), lookup_name: str = SUFFIX) -> None:
+    def __init__(
+        self,
+        suffix: Drafter,
+        head,
+        cfg: ChoiceConfig = ChoiceConfig(),
+        lookup_name: str = SUFFIX,
+        sampled_head: bool = False,
+    ) -> None:
         """suffix: suffix decoding, or a lookup reporting the same last_size / last_score of its chain
-        (merged: suffix decoding continued from the recycle table)."""
-        super().__init__(suffix, head)
+        (merged: suffix decoding continued from the recycle table); sampled_head: the head drafts under
+        sampling too (module docstring)."""
+        super().__init__(suffix, head, sampled_head)
         self.suffix, self.cfg, self.lookup_name = suffix, cfg, lookup_name
         self._q = None  # the lookup's chain's q this step (merged, sampled: its table drafts are drawn)
         head.track_confidence = True  # its chain estimate needs the confidences even without a cut-off
@@ -193,8 +211,8 @@ class SuffixHeadHybrid(LookupHeadPair):
         self._m[0], self._m[1] = m_s, 0
         e_s = pk.suffix_estimate(self._size, self._pred[0]) if m_s else 0.0
         if not self.sampling.greedy:
-            if m_s and e_s >= pk.head_sampled:
-                return self._use(SUFFIX, seq)
+            if not self.head_drafts or (m_s and e_s >= pk.head_sampled):
+                return self._use(SUFFIX, seq)  # (m_s = 0: nothing drafted)
             prop = self.head.propose(seq, k)  # drafted after the choice: its q is the proposal's
             self._m[1] = prop.n_drafted
             self._chosen, self.source = HEAD, HEAD if prop.n_drafted else ""
@@ -240,7 +258,7 @@ class HybridDrafter(LookupHeadPair):
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         prop = self.lookup.propose(seq, k)
-        if prop.n_drafted == 0:
+        if prop.n_drafted == 0 and self.head_drafts:
             prop = self.head.propose(seq, k)
             self.source = HEAD if prop.n_drafted else ""
         else:
@@ -279,6 +297,13 @@ class HybridPlugin(DrafterPlugin):
             choices=LOOKUPS,
         ),
         Option(
+            "hybrid_sampled_head",
+            bool,
+            False,
+            "hybrid at temperature: let the head draft where the lookup has no chain (default off: on "
+            "the CPU its catch-up call costs more than the tokens a sampled target keeps of its drafts)",
+        ),
+        Option(
             "hybrid_head",
             str,
             "eagle",
@@ -290,11 +315,12 @@ class HybridPlugin(DrafterPlugin):
 
     def build(self, ctx) -> Drafter:
         head = spec_of(ctx.cfg.hybrid_head).build(ctx)
+        sampled_head = ctx.cfg.hybrid_sampled_head
         if ctx.cfg.hybrid_lookup == "ngram":
-            return HybridDrafter(NgramDrafter(ngram_config(ctx.cfg)), head)
+            return HybridDrafter(NgramDrafter(ngram_config(ctx.cfg)), head, sampled_head)
         if ctx.cfg.hybrid_lookup == "merged":
-            return SuffixHeadHybrid(spec_of("merged").build(ctx), head, lookup_name="merged")
-        return SuffixHeadHybrid(SuffixDrafter(recent_requests(ctx)), head)
+            return SuffixHeadHybrid(spec_of("merged").build(ctx), head, lookup_name="merged", sampled_head=sampled_head)
+        return SuffixHeadHybrid(SuffixDrafter(recent_requests(ctx)), head, sampled_head=sampled_head)
 
     def needs(self, cfg) -> tuple[str, ...]:
         return spec_of(cfg.hybrid_head).needs(cfg)
