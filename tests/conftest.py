@@ -71,24 +71,7 @@ def own_thread_pools(monkeypatch):
 @pytest.fixture(scope="module")
 def browser():
     """Headless Chromium driven by selenium (skipped where either is missing)."""
-    import tempfile
+    from helpers.browser import chromium
 
-    from helpers.browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS, WAIT_S
-
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e '.[dev]')")
-    from selenium.webdriver.chrome.service import Service
-
-    if not CHROMIUM or not CHROMEDRIVER:
-        pytest.skip("no headless Chromium here: apt-get install -y chromium chromium-driver (.ci/run does)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    profile = tempfile.TemporaryDirectory(prefix="edgespec-chromium-")
-    for flag in CHROMIUM_FLAGS + (f"--user-data-dir={profile.name}",):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))  # a given driver: nothing downloaded
-    driver.set_page_load_timeout(WAIT_S)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        profile.cleanup()

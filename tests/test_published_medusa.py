@@ -53,13 +53,9 @@ def target(tmp_path_factory) -> Path:
 
 
 def cli(capsys, *argv) -> tuple[int, str]:
-    from edgespec.cli import main
+    from helpers.cli import run_cli
 
-    try:
-        rc = main([str(a) for a in argv])
-    except SystemExit as e:
-        rc = e.code
-    return rc, capsys.readouterr().err
+    return run_cli(capsys, *argv)
 
 
 def export_cli(capsys, target: Path, heads: Path, out: Path, *more) -> Path:

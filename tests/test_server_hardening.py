@@ -9,7 +9,6 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -393,26 +392,10 @@ Promise.allSettled([
 @pytest.fixture(scope="module")
 def evil_browser():
     """Headless Chromium in which evil.example resolves to 127.0.0.1 (as DNS rebinding makes it)."""
-    from helpers.browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS
+    from helpers.browser import chromium
 
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e '.[dev]')")
-    from selenium.webdriver.chrome.service import Service
-
-    if not CHROMIUM or not CHROMEDRIVER:
-        pytest.skip("no headless Chromium here: apt-get install -y chromium chromium-driver (.ci/run does)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    profile = tempfile.TemporaryDirectory(prefix="edgespec-chromium-")
-    resolve = "--host-resolver-rules=MAP evil.example 127.0.0.1"
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile.name}", resolve):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(30)
-    try:
+    with chromium("--host-resolver-rules=MAP evil.example 127.0.0.1", page_load_s=30) as driver:
         yield driver
-    finally:
-        driver.quit()
-        profile.cleanup()
 
 
 @contextlib.contextmanager

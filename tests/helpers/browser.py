@@ -13,6 +13,33 @@ CHROMIUM_FLAGS = (*HEADLESS_CHROMIUM, "--window-size=1100,800")
 WAIT_S = 30  # the longest any page state is waited for
 
 
+@contextlib.contextmanager
+def chromium(*flags: str, page_load_s: float = WAIT_S):
+    """A headless Chromium driven by selenium, with its own profile and these extra flags (pytest
+    skips where either is missing)."""
+    import tempfile
+
+    import pytest
+
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium not installed (pip install -e '.[dev]')")
+    from selenium.webdriver.chrome.service import Service
+
+    if not CHROMIUM or not CHROMEDRIVER:
+        pytest.skip("no headless Chromium here: apt-get install -y chromium chromium-driver (.ci/run does)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    profile = tempfile.TemporaryDirectory(prefix="edgespec-chromium-")
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile.name}", *flags):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))  # a given driver: nothing downloaded
+    driver.set_page_load_timeout(page_load_s)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        profile.cleanup()
+
+
 # ---- in a real browser ----------------------------------------------------------------------------------
 
 
