@@ -302,7 +302,7 @@ class Generator(SpeculationSetup, TextAPI):
                 new = seq.tokens[n_old : seq.n]
                 n_emit, done = self._emit(new, max_new_tokens - st.n_output)
                 t3 = time.perf_counter()
-                self._record_step(st, con, adaptive, prop, n_acc, k, n_emit, (t_prev, t0, t1, t2, t3))
+                self._record_step(st, con, adaptive, prop, n_acc, k, n_emit, t_prev, t0, t1, t2, t3)
                 t_prev = t3
                 self.last_step = (prop.n_drafted, n_acc)
                 yield new[:n_emit]
@@ -348,10 +348,12 @@ class Generator(SpeculationSetup, TextAPI):
         )
         return con, rng, adaptive, self.last_stats
 
-    def _record_step(self, st: GenerationStats, con, adaptive, prop: Proposal, n_acc: int, k: int, n_emit: int, times):
-        """A step's counts and times into the call's stats and what its policies learn from.
-        times: perf_counter at the last step's end, this step's start, drafted, verified, emitted."""
-        t_prev, t0, t1, t2, t3 = times
+    def _record_step(
+        self, st: GenerationStats, con, adaptive, prop: Proposal, n_acc, k, n_emit, t_prev, t0, t1, t2, t3
+    ):
+        """A step's counts and times into the call's stats and what its policies learn from. t_prev, t0..t3:
+        perf_counter at the last step's end, this step's start, drafted, verified, emitted (no tuple: a
+        step allocates nothing here)."""
         st.draft_s += t1 - t0 - con.shape_s  # (shaping is grammar time)
         st.verify_s += t2 - t1
         m, n_kept = con.drafts(prop), con.drafts_kept(n_acc)  # the drafter's share (forced tokens apart)
