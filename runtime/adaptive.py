@@ -11,11 +11,14 @@ every `probe_every` steps one step drafts k_max to keep the estimate of a alive 
 token, and only as often as keeps the probes' measured cost under 1% of the time: `probe_share`).
 
 Under greedy decoding the output is the same whatever k each step uses, so the policy may follow
-the clock. Under sampling the k of a step decides which random draws the step makes, so a policy
-that followed measured times would make a seed's output depend on the machine's load. Sampled
-calls use `sampled_policy`: the same model on fixed relative costs (a verify row, a drafted token,
-in decodes: `ROW_COST`, each drafter's `DrafterPlugin.draft_cost`) and a fresh acceptance estimate
-per call that learns from accepted counts only, so k, and the output, follow from the seed, the folder and the settings.
+the clock; so may seeded calls (each position's draw is keyed to the seed: sampling.KeyedDraws) and
+unseeded ones (fresh draws: nothing to reproduce). Where a caller fixed the draws (an rng passed in,
+a seed with typical acceptance) the k of a step decides which of them the step makes, so a policy
+that followed measured times would make the output depend on the machine's load. Those calls use
+`sampled_policy`: the same model on fixed relative costs (a verify row, a drafted token, in decodes:
+the folder's recorded width table as a line, else `ROW_COST`; each drafter's
+`DrafterPlugin.draft_cost`) and a fresh acceptance estimate per call that learns from accepted
+counts only, so k, and the output, follow from the rng, the folder and the settings.
 It settles on k = 0 when acceptance is too low to pay (drafts at temperature 0.7 are kept less
 often than greedy ones), and its probes draft one token (`probe_k`): one extra verify row instead
 of k_max.

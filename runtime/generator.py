@@ -330,6 +330,7 @@ class Generator(SpeculationSetup, TextAPI):
             )
         # a seeded call draws each position's token from (seed, position) alone, so its output never depends
         # on the drafter or its state (drafters with a q draw their drafts coupled to those draws)
+        fresh = rng is None and sampling.seed is None  # draws from fresh entropy: no output to reproduce
         if rng is None:
             rng = KeyedDraws(sampling.seed) if sampling.keyed else np.random.default_rng(sampling.seed)
         self._eos = frozenset(self.eos.tolist())
@@ -337,7 +338,7 @@ class Generator(SpeculationSetup, TextAPI):
         self.token_logprobs = TokenLogprobs(con, logprobs) if logprobs is not None else None
         con = self.token_logprobs or con  # (it reads every verify row's logits, then hands them to con)
         self.drafter.configure(con.drafter_sampling(sampling), rng)
-        adaptive = self._call_policies(sampling, isinstance(rng, KeyedDraws))
+        adaptive = self._call_policies(sampling, isinstance(rng, KeyedDraws), fresh)
         self.last_stats = GenerationStats(
             drafter=self.drafter.name,
             k=self.k,

@@ -103,11 +103,12 @@ class SpeculationSetup:
             return None
         return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs())
 
-    def _keyed_policies(self) -> tuple[AdaptiveK | None, TreeBudget | None]:
-        """Adaptive k and the tree / chain budget of seeded calls: their output does not depend on k
-        (sampling.KeyedDraws), so they follow measured times (a head's real cost per draft) as greedy
-        calls do, with estimates of their own (what sampling keeps: the acceptance from the prior each
-        call, AdaptiveK.begin; the costs learned across seeded calls) and one-draft probes while k = 0 wins."""
+    def _timed_sampled_policies(self) -> tuple[AdaptiveK | None, TreeBudget | None]:
+        """Adaptive k and the tree / chain budget of seeded calls (their output does not depend on k:
+        sampling.KeyedDraws) and of unseeded ones (fresh draws: no output to reproduce), so they follow
+        measured times (a head's real cost per draft) as greedy calls do, with estimates of their own
+        (what sampling keeps: the acceptance from the prior each call, AdaptiveK.begin; the costs learned
+        across sampled calls) and one-draft probes while k = 0 wins."""
         if self._policies["keyed"] is None:
             adaptive = budget = None
             if self.adaptive is not None:
@@ -119,17 +120,24 @@ class SpeculationSetup:
         return self._policies["keyed"]
 
     def _recorded_costs(self, widest: int | None = None) -> dict[int, float] | None:
-        """Verify costs in decodes by width, as the export's probe measured them for this folder's
-        target on the CPU (manifest export_probe); None when it has none for widths 1..widest
-        (None: k + 1, a chain's widest call)."""
+        """Verify costs in decodes by width 1..widest (None: k + 1, a chain's widest call), from the
+        width table the export's probe measured for this folder's target on the CPU (manifest
+        export_probe): the least-squares line through it, so a table measured under load (width 7
+        cheaper than width 1 in one folder) still prices an extra row at what rows cost on average.
+        None when the table lacks a width or its line does not rise (the caller's ROW_COST then)."""
         widest = widest or self.k + 1
         probe = self.manifest.export_probe if self.manifest is not None and self.cfg.provider == "cpu" else {}
         chosen = probe.get("chosen", self.manifest.target.precision) if probe else ""  # "int4-rowop" too
         ms = probe.get("ms_by_width", {}).get(chosen, {}) if probe else {}
-        widths = range(1, widest + 1)
-        if not all(str(w) in ms for w in widths):
+        if not all(str(w) in ms for w in range(1, widest + 1)):
             return None
-        return {w: ms[str(w)] / ms["1"] for w in widths}
+        recorded = np.array([int(x) for x in ms], np.float64)  # [n] every recorded width, wider ones too
+        line = np.polyfit(recorded, np.array(list(ms.values()), np.float64), 1) if len(ms) > 1 else (0.0, 0.0)
+        slope, at_zero = float(line[0]), float(line[1])
+        if not (slope > 0 and at_zero + slope > 0):
+            return None
+        row = float(slope / (at_zero + slope))  # an extra row, in width-1 calls
+        return {w: 1.0 + row * (w - 1) for w in range(1, widest + 1)}
 
     def reconfigure(self, **changes) -> None:
         """Change runtime options between calls (e.g. adaptive=True, tree=TreeConfig(...)), keeping
@@ -154,14 +162,16 @@ class SpeculationSetup:
         self._tgt_valid = 0  # the probes wrote nothing, but do not trust a prefix across them
         return {w: cache[w] for w in widths}
 
-    def _call_policies(self, sampling: SamplingConfig, keyed: bool) -> AdaptiveK | None:
+    def _call_policies(self, sampling: SamplingConfig, keyed: bool, fresh: bool = False) -> AdaptiveK | None:
         """The adaptive k of one call (None: fixed k), its tree / chain budget set in self._budget and
         the drafter's chain gate. Greedy and seeded adaptive k follow measured times (k never changes
-        their output); an unseeded sampled call's k decides its draws, so it gets the fixed-cost
+        their output), as do unseeded calls that draw from fresh entropy (`fresh`: nothing to reproduce;
+        a server's requests without "seed"). A sampled call whose draws a caller fixed (an rng passed
+        in, a seed with typical acceptance) has its k decide those draws, so it gets the fixed-cost
         policy (reproducible under load)."""
         adaptive, self._budget = self.adaptive, self.tree_budget or self.chain_budget
-        if keyed:
-            adaptive, self._budget = self._keyed_policies()
+        if keyed or (fresh and not sampling.greedy):
+            adaptive, self._budget = self._timed_sampled_policies()
         elif not sampling.greedy:
             adaptive = self._sampled_adaptive()
             if self._budget is not None:

@@ -11,6 +11,7 @@ from tiny import assert_rows_bitwise_alike
 from edgespec.engines.manifest import load_manifest
 from edgespec.export.target.exporter import ExportConfig, export
 from edgespec.export.target.spec import ExportError
+from edgespec.runtime.adaptive import ROW_COST
 from edgespec.runtime.config import RuntimeConfig
 from edgespec.runtime.generator import Generator
 
@@ -113,8 +114,9 @@ def test_auto_precision_times_both_graphs_and_records_the_choice(tiny_models, tm
     assert probe["chosen"].split("-")[0] == m.target.precision and {"int4", "int8"} <= set(probe["ms_by_width"])
     assert set(probe["ms_by_width"]["int8"]) == {"1", "2", "3"} and probe["cpu"]
     assert m.target.graph.flavour == ("integer" if m.target.precision == "int8" else "lean")
-    # sampled adaptive k prices verify rows with the recorded table (fixed per folder: seeds reproduce)
+    # sampled adaptive k with the caller's rng prices verify rows by the recorded table's line (fixed per
+    # folder: its draws reproduce); a tiny model's table may not rise (then ROW_COST)
     g = Generator.load(out, RuntimeConfig(drafter="ngram", k=2, adaptive=True))
     costs = g._recorded_costs()
-    assert costs[1] == 1.0 and set(costs) == {1, 2, 3}
-    assert g._sampled_adaptive().verify_s[3] == costs[3]
+    assert costs is None or (costs[1] == 1.0 and set(costs) == {1, 2, 3} and costs[3] > costs[2] > 1.0)
+    assert g._sampled_adaptive().verify_s[3] == (costs[3] if costs else 1 + 2 * ROW_COST["cpu"])

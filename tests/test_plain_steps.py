@@ -82,7 +82,7 @@ def test_an_adaptive_k_stretch_calls_no_drafter_between_probes(drafter, dear_row
     ref = np.concatenate([c.copy() for c in plain.generate_ids(PROMPT, 60, cfg)])
     out, steps = _steps(g, 3, 60)
     assert np.array_equal(out, ref)
-    k_max = g._keyed_policies()[0]
+    k_max = g._timed_sampled_policies()[0]
     probes = sum(n > 0 for n, _ in steps)
     assert len(steps) > 40 and probes <= len(steps) // k_max.probe_wait() + 2, steps
     if engine is not None:  # the head runs on probe steps only (a catch-up and its drafts)

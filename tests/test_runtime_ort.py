@@ -263,3 +263,20 @@ def test_tune_records_the_fastest_lossless_setting(tiny_engine, tmp_path):
         text=True,
     )
     assert "tuned" in gen.stderr
+
+
+def test_bench_unseeded_samples_as_a_request_without_seed(tiny_engine, tmp_path):
+    """`bench --unseeded`: every call draws afresh (the path of an API request without "seed"), the
+    JSON says so, and two runs differ where a seeded run would repeat itself."""
+    prompts, outs = tmp_path / "p.jsonl", []
+    prompts.write_text(json.dumps({"id": "a", "prompt": PROMPT}) + "\n")
+    for i in range(2):
+        out = tmp_path / f"u{i}.json"
+        cmd = ["bench", "--engine", str(tiny_engine), "--prompts", str(prompts), "--drafter", "none,ngram", "--k", "2"]
+        cmd += ["--adaptive", "--temperature", "1.0", "--unseeded", "--max-new-tokens", "24", "--json", str(out)]
+        res = subprocess.run([sys.executable, "-m", "edgespec.cli", *cmd], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        rep = json.loads(out.read_text())
+        assert rep["config"]["unseeded"] is True and rep["config"]["temperature"] == 1.0
+        outs.append([p["output_ids"] for run in rep["runs"] for p in run["prompts"]])
+    assert outs[0] != outs[1]

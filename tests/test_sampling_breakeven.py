@@ -22,8 +22,8 @@ PROMPT = np.array([3, 17, 5, 3, 17, 9, 22, 3, 17, 5, 11, 8, 3])
 T07 = SamplingConfig(temperature=0.7, seed=11)
 
 
-def _run(g: Generator, n: int, sampling: SamplingConfig, prompt=PROMPT) -> list[int]:
-    return [int(t) for c in g.generate_ids(prompt, n, sampling) for t in c]
+def _run(g: Generator, n: int, sampling: SamplingConfig, prompt=PROMPT, rng=None) -> list[int]:
+    return [int(t) for c in g.generate_ids(prompt, n, sampling, rng=rng) for t in c]
 
 
 def _fake(drafter: str, adaptive: bool = True, k: int = 6, table=None) -> Generator:
@@ -130,10 +130,10 @@ def test_rejected_drafts_settle_on_plain_decoding():
     table = random_table(V, seed=0, sharpness=1.5)
     table[:, 0] = -1e4
     fixed, adaptive = _fake("ngram", adaptive=False, table=table), _fake("ngram", table=table)
-    unseeded = dataclasses.replace(T07, seed=None)  # sampled_policy (seeded calls follow the clock)
+    unseeded = dataclasses.replace(T07, seed=None)  # with the caller's rng: sampled_policy (fixed costs)
     for g in (fixed, adaptive):
         g.drafter = _AlwaysWrong()
-        _run(g, 200, unseeded)
+        _run(g, 200, unseeded, rng=np.random.default_rng(0))
     st = adaptive.last_stats
     assert st.n_accepted == 0 and fixed.last_stats.n_drafted >= 6 * 199
     # the prior drafts a few tokens while its acceptance estimate decays (a CPU row costs 0.08 of a
@@ -182,3 +182,44 @@ def test_learned_policies_survive_a_drafter_switch():
     assert g.adaptive is greedy and g._policies["keyed"] is keyed
     g.reconfigure(drafter="ngram", k=4)  # another configuration: its own
     assert g.adaptive is not greedy
+
+
+def test_unseeded_calls_follow_the_clock_and_a_callers_rng_the_fixed_costs(monkeypatch):
+    """A call without a seed draws from fresh entropy: nothing to reproduce, so its adaptive k follows
+    measured times as seeded calls' does (the fixed-cost policy drafted 8-wide every step on a folder
+    whose recorded width table was measured under load); a call whose rng the caller passes keeps the
+    fixed costs, so that rng reproduces it."""
+    made = []
+
+    def counted(*a, **kw):
+        made.append(1)
+        return sampled_policy(*a, **kw)
+
+    monkeypatch.setattr("edgespec.runtime.speculation.sampled_policy", counted)
+    g = _fake("ngram")
+    _run(g, 40, dataclasses.replace(T07, seed=None))
+    assert not made and g._policies["keyed"] is not None and g.last_stats.adaptive
+    _run(g, 40, dataclasses.replace(T07, seed=None), rng=np.random.default_rng(1))
+    assert made == [1]
+    a = _run(g, 40, dataclasses.replace(T07, seed=None), rng=np.random.default_rng(2))
+    assert _run(g, 40, dataclasses.replace(T07, seed=None), rng=np.random.default_rng(2)) == a
+
+
+def test_recorded_costs_are_the_width_tables_line(monkeypatch):
+    """The fixed costs read the export's width table as a line (least squares): a table measured under
+    load, where wider calls came out cheaper, prices rows at their average cost, never below plain's."""
+    from types import SimpleNamespace
+
+    g = _fake("ngram", k=3)
+
+    def table(ms):
+        probe = {"chosen": "int4-rowop", "ms_by_width": {"int4-rowop": {str(w): v for w, v in enumerate(ms, 1)}}}
+        g.manifest = SimpleNamespace(export_probe=probe, target=SimpleNamespace(precision="int4"))
+        return g._recorded_costs()
+
+    costs = table([5.0, 6.0, 7.0, 8.0])  # a row: 1 ms of a 5 ms call
+    assert costs == pytest.approx({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6})
+    noisy = table([14.0, 12.8, 12.9, 12.5, 13.3, 12.0, 10.2, 10.9, 11.5])  # (a folder exported under load)
+    assert noisy is None  # the line falls: the caller's ROW_COST
+    assert g._sampled_adaptive().verify_s[2] == pytest.approx(1 + ROW_COST["cpu"])
+    assert table([5.0, 6.0]) is None  # the table lacks width 3, 4 (k + 1)

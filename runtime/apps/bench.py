@@ -42,6 +42,13 @@ class BenchConfig:
     max_new_tokens: int = field(default=128, metadata={"help": "tokens generated per prompt (default %(default)s)"})
     temperature: float = field(default=0.0, metadata={"help": "0 = greedy (default)"})
     seed: int = field(default=0, metadata={"help": "sampling seed (default %(default)s)"})
+    unseeded: bool = field(  # sample from fresh entropy each call (SamplingConfig seed None), not --seed
+        default=False,
+        metadata={
+            "help": "sample without a seed, from fresh draws each call, as an API request without 'seed' "
+            "does (its own adaptive path; outputs then differ from plain's by chance). Default: --seed"
+        },
+    )
     limit: int = field(  # prompts taken from the file / HumanEval
         default=20, metadata={"help": "prompts to run (default %(default)s)"}
     )
@@ -198,7 +205,7 @@ def run_bench(cfg: BenchConfig, out=sys.stdout) -> dict:
     for d, k, _, _, _ in configs[1:]:  # every drafter's sessions made before the timed runs
         g.set_drafter(d, k)
         g.prime_drafter(widths)
-    sampling = SamplingConfig(temperature=cfg.temperature, seed=cfg.seed)
+    sampling = SamplingConfig(temperature=cfg.temperature, seed=None if cfg.unseeded else cfg.seed)
     try:
         encoded = [g.codec.encode(p.get("messages", p.get("prompt"))) for p in prompts]
     except TemplateError as e:
@@ -331,6 +338,7 @@ def _run_config(cfg: BenchConfig, g, drafters: list[str], date: str) -> dict:
         "max_new_tokens": cfg.max_new_tokens,
         "temperature": cfg.temperature,
         "seed": cfg.seed,
+        "unseeded": cfg.unseeded,
         "ngram": [cfg.runtime.ngram_min, cfg.runtime.ngram_max],
         "adaptive": cfg.adaptive,
         "hybrid_lookup": cfg.runtime.hybrid_lookup,
