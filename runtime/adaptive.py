@@ -64,31 +64,37 @@ class AdaptiveK:
         cfg: AdaptiveConfig = AdaptiveConfig(),
         draft_cost: float = 0.0,
         timed: bool = True,
+        classes: int = 1,
     ) -> None:
         """verify_cost_s: width -> cost of a target call; draft_cost: of one drafted token; timed:
-        both follow the measured times of observed steps (False: they stay as given)."""
+        both follow the measured times of observed steps (False: they stay as given); classes: kinds
+        of step the drafter tells apart before drafting (Drafter.draft_class), each with its own
+        acceptance estimate, k = 0 stretch and probes (the costs are shared)."""
         self.k_max = k_max
         self.cfg = cfg
         self.timed = timed
         self.verify_s = np.array([verify_cost_s.get(w, np.nan) for w in range(k_max + 2)])  # [k_max+2]
         self.verify_s[0] = 0.0
-        self.acceptance = cfg.prior_acceptance
+        self.acceptance = [cfg.prior_acceptance] * classes  # per class: per-token acceptance, a running estimate
         self.draft_s_per_token = draft_cost
-        self._steps_at_zero = 0
+        self._steps_at_zero = [0] * classes
         self._drafted = False  # a drafting step was measured (timed)
-        self._plain_wait = 0  # > 0: k = 0 stands (no drafting step since it won), probing after this many steps
+        self._plain_wait = [0] * classes  # per class, > 0: k = 0 stands (no drafting step of the class since it
+        #                                   won), probing after this many of its steps
         self._k = np.arange(k_max + 1)
 
     def begin(self) -> None:
         """A new call: its acceptance estimate starts from the prior (how often drafts are kept varies by
         request: an estimate carried over from earlier ones drafted less where drafts paid, HumanEval-20
         t = 0.7 ngram 1.12x -> 1.07x); the measured costs carry over."""
-        self.acceptance = self.cfg.prior_acceptance
-        self._steps_at_zero = self._plain_wait = 0
+        for c in range(len(self.acceptance)):
+            self.acceptance[c] = self.cfg.prior_acceptance
+            self._steps_at_zero[c] = self._plain_wait[c] = 0
 
-    def choose(self) -> int:
-        if not self._plain_wait:
-            a = min(self.acceptance, 0.999)
+    def choose(self, c: int = 0) -> int:
+        """k for a step of class c (Drafter.draft_class; 0 where the drafter tells none apart)."""
+        if not self._plain_wait[c]:
+            a = min(self.acceptance[c], 0.999)
             gain = (1 - a ** (self._k + 1)) / (1 - a)  # E[tokens] for k = 0..k_max
             cost = self.draft_s_per_token * self._k + self.verify_s[self._k + 1]
             k = int(np.nanargmax(gain / cost))
@@ -96,10 +102,10 @@ class AdaptiveK:
                 return k
             # k = 0 stands until a drafting step moves the estimates (a plain step only refines
             # verify(1)): the stretch's steps cost no numpy (~25 us each, 0.5% of a 5 ms decode)
-            self._plain_wait = self.probe_wait()
-        self._steps_at_zero += 1
-        if self._steps_at_zero >= self._plain_wait:
-            self._steps_at_zero = self._plain_wait = 0
+            self._plain_wait[c] = self.probe_wait()
+        self._steps_at_zero[c] += 1
+        if self._steps_at_zero[c] >= self._plain_wait[c]:
+            self._steps_at_zero[c] = self._plain_wait[c] = 0
             return self.cfg.probe_k or self.k_max
         return 0
 
@@ -116,29 +122,31 @@ class AdaptiveK:
             return c.probe_every
         return int(min(max(c.probe_every, extra / c.probe_share), max(c.probe_max, c.probe_every)))
 
-    def observe(self, k: int, m: int, n_acc: int, verify_s: float, draft_s: float) -> None:
-        """One finished step: asked k, got m drafted, n_acc accepted; its measured times."""
+    def observe(self, k: int, m: int, n_acc: int, verify_s: float, draft_s: float, c: int = 0) -> None:
+        """One finished step of class c: asked k, got m drafted, n_acc accepted; its measured times."""
         e = self.cfg.ema
         w = m + 1
         if self.timed and w < len(self.verify_s):  # (on Python floats: a plain step runs no numpy here)
             old = self.verify_s.item(w)
             self.verify_s[w] = verify_s if old != old else (1 - e) * old + e * verify_s
         if m > 0:
-            self._plain_wait = 0  # the estimates move: choose afresh
+            self._plain_wait[c] = 0  # the class's estimate moves: choose afresh
             # per-token acceptance from this step: n_acc successes before the first failure
             reached = n_acc + (1 if n_acc < m else 0)
-            self.acceptance = (1 - e) * self.acceptance + e * (n_acc / reached)
+            self.acceptance[c] = (1 - e) * self.acceptance[c] + e * (n_acc / reached)
             if self.timed:  # (the first measurement replaces the given cost: an EMA from 0 would take
                 # ~10 drafting steps to see a head's real cost, drafting and probing as if it were free)
                 d = self.draft_s_per_token if self._drafted else draft_s / m
                 self.draft_s_per_token, self._drafted = (1 - e) * d + e * (draft_s / m), True
 
 
-def sampled_policy(k_max: int, drafter: str, provider: str, verify_cost: dict[int, float] | None = None) -> AdaptiveK:
+def sampled_policy(
+    k_max: int, drafter: str, provider: str, verify_cost: dict[int, float] | None = None, classes: int = 1
+) -> AdaptiveK:
     """The adaptive k of one sampled call (module docstring): fixed costs, acceptance from counts.
     verify_cost: a recorded cost per verify width, in decodes (None: ROW_COST per extra row)."""
     costs = verify_cost or fixed_costs(k_max + 1, provider)
-    return AdaptiveK(k_max, costs, SAMPLED, draft_cost=spec_of(drafter).draft_cost, timed=False)
+    return AdaptiveK(k_max, costs, SAMPLED, draft_cost=spec_of(drafter).draft_cost, timed=False, classes=classes)
 
 
 def fixed_costs(widest: int, provider: str) -> dict[int, float]:

@@ -291,7 +291,9 @@ class Generator(SpeculationSetup, TextAPI):
             done = first in self.eos or max_new_tokens <= 1
             t_prev = time.perf_counter()
             while not done:
-                k = min(adaptive.choose() if adaptive else self.k, tgt.max_len - seq.n - 1)  # room for the rows
+                cls = self.drafter.draft_class(seq) if adaptive else 0  # what kind of step (ngram: its match)
+                k = (adaptive.choose(cls) if cls >= 0 else 0) if adaptive else self.k
+                k = min(k, tgt.max_len - seq.n - 1)  # room for the rows
                 if k < 0 or seq.n >= tgt.max_len:
                     st.finish_reason = "length"
                     break
@@ -302,7 +304,7 @@ class Generator(SpeculationSetup, TextAPI):
                 new = seq.tokens[n_old : seq.n]
                 n_emit, done = self._emit(new, max_new_tokens - st.n_output)
                 t3 = time.perf_counter()
-                self._record_step(st, con, adaptive, prop, n_acc, k, n_emit, t_prev, t0, t1, t2, t3)
+                self._record_step(st, con, adaptive, prop, n_acc, k, cls, n_emit, t_prev, t0, t1, t2, t3)
                 t_prev = t3
                 self.last_step = (prop.n_drafted, n_acc)
                 yield new[:n_emit]
@@ -350,9 +352,10 @@ class Generator(SpeculationSetup, TextAPI):
         return con, rng, adaptive, self.last_stats
 
     def _record_step(
-        self, st: GenerationStats, con, adaptive, prop: Proposal, n_acc, k, n_emit, t_prev, t0, t1, t2, t3
+        self, st: GenerationStats, con, adaptive, prop: Proposal, n_acc, k, cls, n_emit, t_prev, t0, t1, t2, t3
     ):
-        """A step's counts and times into the call's stats and what its policies learn from. t_prev, t0..t3:
+        """A step's counts and times into the call's stats and what its policies learn from (cls: the
+        step's class, Drafter.draft_class). t_prev, t0..t3:
         perf_counter at the last step's end, this step's start, drafted, verified, emitted (no tuple: a
         step allocates nothing here)."""
         st.draft_s += t1 - t0 - con.shape_s  # (shaping is grammar time)
@@ -362,7 +365,7 @@ class Generator(SpeculationSetup, TextAPI):
         if m and self.drafter.source:
             st.record_source(self.drafter.source, m, n_kept)
         if adaptive:
-            adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0)
+            adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0, max(cls, 0))
         if self._budget is not None and con.trees_ok:  # (a grammar's chains are no tree to learn from)
             self._budget.observe(len(prop.tokens), n_acc, t2 - t1)
         st.n_output += n_emit

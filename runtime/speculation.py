@@ -90,7 +90,7 @@ class SpeculationSetup:
             if self.drafter.scores_chains:
                 pol["chain"] = TreeBudget(self.k + 1, self.verify_costs(range(1, self.k + 2)))
             else:
-                pol["k"] = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)))
+                pol["k"] = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)), classes=self.drafter.n_classes)
         if c.adaptive and self.tree is not None:  # trees cut each step to the size that pays
             pol["tree"] = TreeBudget(c.tree.nodes, self.verify_costs(range(1, c.tree.nodes + 1)))
         return pol
@@ -101,7 +101,8 @@ class SpeculationSetup:
         output, follows from the seed, the folder and the settings, not from the machine's load."""
         if self.adaptive is None:
             return None
-        return sampled_policy(self.k, self.drafter_name, self.cfg.provider, self._recorded_costs())
+        costs, classes = self._recorded_costs(), self.drafter.n_classes
+        return sampled_policy(self.k, self.drafter_name, self.cfg.provider, costs, classes)
 
     def _timed_sampled_policies(self) -> tuple[AdaptiveK | None, TreeBudget | None]:
         """Adaptive k and the tree / chain budget of seeded calls (their output does not depend on k:
@@ -112,7 +113,8 @@ class SpeculationSetup:
         if self._policies["keyed"] is None:
             adaptive = budget = None
             if self.adaptive is not None:
-                adaptive = AdaptiveK(self.k, self.verify_costs(range(1, self.k + 2)), SAMPLED)
+                costs = self.verify_costs(range(1, self.k + 2))
+                adaptive = AdaptiveK(self.k, costs, SAMPLED, classes=self.drafter.n_classes)
             nodes = self.cfg.tree.nodes if self.tree_budget is not None else self.k + 1
             if self.tree_budget is not None or self.chain_budget is not None:
                 budget = TreeBudget(nodes, self.verify_costs(range(1, nodes + 1)), SAMPLED)

@@ -192,3 +192,28 @@ def test_adaptive_policy_follows_costs_and_acceptance():
     for _ in range(60):
         low.observe(4, 4, 0, 0.024, 0.0)  # nothing accepted
     assert low.choose() == 0
+
+
+def test_ngram_classes_are_its_match_length_and_adaptive_k_learns_each_apart():
+    """Prompt lookup tells adaptive k its match's suffix length before drafting (draft_class: size - 1,
+    -1 without a match); each class keeps its own acceptance, so a long match drafts long while short
+    ones stay short. The proposal after draft_class is the one without it; greedy output stays plain's."""
+    from edgespec.runtime.adaptive import AdaptiveK
+    from edgespec.runtime.state import SeqState
+
+    g = make("ngram", 6)
+    seq = SeqState(np.zeros(64, np.int64), 0, 0, 0)
+    for toks, cls in (([5, 6, 7, 8, 6, 7, 8], 2), ([5, 6, 7, 9, 7], 0), ([5, 6, 7, 2, 6, 7], 1), ([1, 2, 3], -1)):
+        seq.tokens[: len(toks)], seq.n = toks, len(toks)
+        assert g.drafter.draft_class(seq) == cls
+        peeked = g.drafter.propose(seq, 4).tokens.copy()
+        assert peeked.tolist() == g.drafter.propose(seq, 4).tokens.tolist()  # (no draft_class before it)
+    assert g.drafter.n_classes == 3
+    pol = AdaptiveK(8, {w: 1.0 + 0.15 * (w - 1) for w in range(1, 10)}, timed=False, classes=3)
+    for _ in range(40):
+        pol.observe(8, 8, 0, 0.0, 0.0, 0)  # short matches: nothing kept
+        pol.observe(8, 8, 7, 0.0, 0.0, 2)  # long matches: 7 of 8 kept
+    assert pol.choose(0) == 0 and pol.choose(2) >= 5
+    ref = run(make("none", 0), PROMPT, 150)
+    g.reconfigure(adaptive=True)
+    assert run(g, PROMPT, 150).tolist() == ref.tolist()

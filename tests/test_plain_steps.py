@@ -22,7 +22,8 @@ def dear_rows(monkeypatch):
     """Verify rows this dear whatever the clock says (the timed policies see these costs, drafts free)."""
     monkeypatch.setattr(Generator, "verify_costs", lambda self, widths, repeats=3: {w: DEAR[w] for w in widths})
     k_obs, b_obs = AdaptiveK.observe, TreeBudget.observe
-    monkeypatch.setattr(AdaptiveK, "observe", lambda self, k, m, n, v, d: k_obs(self, k, m, n, DEAR[m + 1], 0.0))
+    dear = lambda self, k, m, n, v, d, c=0: k_obs(self, k, m, n, DEAR[m + 1], 0.0, c)  # noqa: E731
+    monkeypatch.setattr(AdaptiveK, "observe", dear)
     monkeypatch.setattr(TreeBudget, "observe", lambda self, n, n_acc, v: b_obs(self, n, n_acc, DEAR[n]))
 
 

@@ -158,7 +158,7 @@ def test_sampled_adaptive_keeps_the_target_distribution(drafter, monkeypatch):
     def watched(*a, **kw):
         pol = real(*a, **kw)
         choose = pol.choose
-        pol.choose = lambda: ks.append(choose()) or ks[-1]
+        pol.choose = lambda c=0: ks.append(choose(c)) or ks[-1]
         return pol
 
     monkeypatch.setattr("edgespec.runtime.speculation.sampled_policy", watched)

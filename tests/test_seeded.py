@@ -28,7 +28,7 @@ def _ids(g, n, cfg=SamplingConfig(), prompt=PROMPT):
 def test_seeded_speculative_equals_seeded_plain_for_every_drafter(tree, adaptive, monkeypatch):
     if adaptive:  # the timed policy on fake engines, drafts seen as free: it drafts, and k varies by step
         observe = AdaptiveK.observe
-        monkeypatch.setattr(AdaptiveK, "observe", lambda self, k, m, n, v, d: observe(self, k, m, n, v, 0.0))
+        monkeypatch.setattr(AdaptiveK, "observe", lambda self, k, m, n, v, d, c=0: observe(self, k, m, n, v, 0.0, c))
     plain = fake_generator("none")
     refs = {s: _ids(plain, 30, SamplingConfig(temperature=0.8, top_p=0.95, seed=s)) for s in range(8)}
     for d in TREE_DRAFTERS if tree else CHAIN_DRAFTERS:

@@ -3,6 +3,7 @@
 A drafter proposes the next tokens:
   start(seq, n_cached)   after the prompt is prefilled (a draft model prefills its own KV here;
                          its rows for the first n_cached tokens are still valid from the last call)
+  draft_class(seq)       (n_classes > 1) the kind of step about to draft, read before adaptive k picks k
   propose(seq, k)        write up to k tokens into seq.draft_slots(k); return their Proposal
   propose_tree(seq, tree, cfg)  grow a token tree under the pending token (drafts_trees)
   accepted(seq, n_old, n_acc)   after the target kept n_acc of them (roll back own state)
@@ -69,6 +70,9 @@ class Drafter:
     # that does not pay (a seeded call), a predicate on a chain's first path score; True: the budget keeps none
     # of the chain whatever follows, so draft no further (None: draft up to k)
     chain_gate = None
+    # kinds of step this drafter tells apart before drafting (draft_class), each with its own acceptance
+    # estimate in adaptive k (1: one estimate for every step)
+    n_classes = 1
 
     def __init__(self) -> None:
         self.sampling = SamplingConfig()
@@ -80,6 +84,12 @@ class Drafter:
 
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         pass
+
+    def draft_class(self, seq: SeqState) -> int:
+        """The class (0 .. n_classes - 1) of the step about to draft for seq, read before adaptive k picks
+        its k (prompt lookup: its match's length, a draft after a 3-token match is kept far more often);
+        -1: nothing to draft this step (it decodes plainly, the policy is not asked)."""
+        return 0
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
         return chain(seq, 0)

@@ -36,6 +36,18 @@ class NgramDrafter(Drafter):
         if not 1 <= cfg.min_n <= cfg.max_n:
             raise ValueError(f"ngram sizes need 1 <= min_n <= max_n (got {cfg.min_n}, {cfg.max_n})")
         self.cfg = cfg
+        # adaptive k's classes: the match's suffix size - 1. Non-eval prompts (the wide mix, a fixed 8
+        # drafted): a first draft after a 1-token match kept 0.24 of the time greedy, 0.19 at t = 0.7;
+        # after a 3-token match 0.82 / 0.65. One estimate for both drafted short where matches were long.
+        self.n_classes = cfg.max_n
+        self._peeked = (-1, 0)  # (seq.n, start) of the match draft_class found for the next propose
+
+    def draft_class(self, seq: SeqState) -> int:
+        for size, after in self._matches(seq):
+            self._peeked = (seq.n, int(after[-1]))
+            return size - 1
+        self._peeked = (seq.n, -1)
+        return -1  # no match: nothing to draft
 
     def _matches(self, seq: SeqState):
         """(suffix size, places just after its earlier occurrences, ascending), longest suffix first;
@@ -54,12 +66,15 @@ class NgramDrafter(Drafter):
             yield size, ends[agree >= size] + 1
 
     def propose(self, seq: SeqState, k: int) -> Proposal:
-        for _size, after in self._matches(seq):  # the most recent occurrence of the longest suffix
-            start = int(after[-1])
-            m = min(k, seq.n - start)
-            seq.draft_slots(m)[:] = seq.tokens[start : start + m]
-            return chain(seq, m)
-        return chain(seq, 0)
+        at, start = self._peeked
+        self._peeked = (-1, 0)  # (read once: the step's draft_class found it for this very sequence end)
+        if at != seq.n:
+            start = next((int(after[-1]) for _size, after in self._matches(seq)), -1)
+        if start < 0:  # no match
+            return chain(seq, 0)
+        m = min(k, seq.n - start)  # the most recent occurrence of the longest suffix
+        seq.draft_slots(m)[:] = seq.tokens[start : start + m]
+        return chain(seq, m)
 
     def propose_tree(self, seq: SeqState, tree, cfg) -> None:
         """A trie of the continuations after several earlier occurrences of the suffix (longest
