@@ -291,8 +291,7 @@ class Generator(SpeculationSetup, TextAPI):
             done = first in self.eos or max_new_tokens <= 1
             t_prev = time.perf_counter()
             while not done:
-                cls = self.drafter.draft_class(seq) if adaptive else 0  # what kind of step (ngram: its match)
-                k = (adaptive.choose(cls) if cls >= 0 else 0) if adaptive else self.k
+                k, cls = self._next_k(seq, adaptive, con)
                 k = min(k, tgt.max_len - seq.n - 1)  # room for the rows
                 if k < 0 or seq.n >= tgt.max_len:
                     st.finish_reason = "length"
@@ -351,6 +350,19 @@ class Generator(SpeculationSetup, TextAPI):
         )
         return con, rng, adaptive, self.last_stats
 
+    def _next_k(self, seq: SeqState, adaptive, con) -> tuple[int, int]:
+        """(k, class) of the next step: the fixed k, or adaptive k for the kind of step the drafter sees
+        (Drafter.draft_class; ngram: its match's length). Class -1, nothing to draft: a plain step the
+        policy is not asked about, unless a grammar's forced tokens may give the drafter something to
+        redraft from (class 0 then)."""
+        if adaptive is None:
+            return self.k, 0
+        cls = self.drafter.draft_class(seq)
+        if cls < 0 and not con.kind:
+            return 0, -1
+        cls = max(cls, 0)
+        return adaptive.choose(cls), cls
+
     def _record_step(
         self, st: GenerationStats, con, adaptive, prop: Proposal, n_acc, k, cls, n_emit, t_prev, t0, t1, t2, t3
     ):
@@ -365,7 +377,7 @@ class Generator(SpeculationSetup, TextAPI):
         if m and self.drafter.source:
             st.record_source(self.drafter.source, m, n_kept)
         if adaptive:
-            adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0, max(cls, 0))
+            adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0, max(cls, 0))  # (-1: a plain step's times)
         if self._budget is not None and con.trees_ok:  # (a grammar's chains are no tree to learn from)
             self._budget.observe(len(prop.tokens), n_acc, t2 - t1)
         st.n_output += n_emit
