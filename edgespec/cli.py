@@ -153,6 +153,8 @@ def _cmd_bench(a) -> int:
     from edgespec.runtime.config import RuntimeConfig
 
     _check_sampling(a)
+    if a.adaptive_only and not a.adaptive:
+        raise ValueError("--adaptive-only runs the adaptive rows alone: add --adaptive")
     try:
         ks = tuple(int(x) for x in (a.k or "4").split(","))
     except ValueError:

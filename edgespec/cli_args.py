@@ -74,7 +74,7 @@ def add_bench(sub) -> None:
     add_runtime_args(p)
     add_fields(p, BenchConfig, ["prompts", "raw", "drafters"])
     p.add_argument("--k", help="k, or comma-separated k values (default 4; with --sweep-k, the largest k)")
-    add_fields(p, BenchConfig, ["max_new_tokens", "temperature", "seed", "unseeded", "limit"])
+    add_fields(p, BenchConfig, ["max_new_tokens", "temperature", "seed", "unseeded", "limit", "adaptive_only"])
     p.add_argument("--json", help="write the full report (config, machine, runs) to this file")
     p.add_argument("--html", help="write a self-contained HTML report (tables + plots) to this file")
     p.add_argument(

@@ -267,16 +267,19 @@ def test_tune_records_the_fastest_lossless_setting(tiny_engine, tmp_path):
 
 def test_bench_unseeded_samples_as_a_request_without_seed(tiny_engine, tmp_path):
     """`bench --unseeded`: every call draws afresh (the path of an API request without "seed"), the
-    JSON says so, and two runs differ where a seeded run would repeat itself."""
+    JSON says so, and two runs differ where a seeded run would repeat itself; --adaptive-only leaves
+    the fixed-k rows out."""
     prompts, outs = tmp_path / "p.jsonl", []
     prompts.write_text(json.dumps({"id": "a", "prompt": PROMPT}) + "\n")
     for i in range(2):
         out = tmp_path / f"u{i}.json"
         cmd = ["bench", "--engine", str(tiny_engine), "--prompts", str(prompts), "--drafter", "none,ngram", "--k", "2"]
-        cmd += ["--adaptive", "--temperature", "1.0", "--unseeded", "--max-new-tokens", "24", "--json", str(out)]
+        cmd += ["--adaptive", "--adaptive-only", "--temperature", "1.0", "--unseeded", "--max-new-tokens", "24"]
+        cmd += ["--json", str(out)]
         res = subprocess.run([sys.executable, "-m", "edgespec.cli", *cmd], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
         rep = json.loads(out.read_text())
         assert rep["config"]["unseeded"] is True and rep["config"]["temperature"] == 1.0
+        assert [(r["drafter"], r["adaptive"]) for r in rep["runs"]] == [("none", False), ("ngram", True)]
         outs.append([p["output_ids"] for run in rep["runs"] for p in run["prompts"]])
     assert outs[0] != outs[1]

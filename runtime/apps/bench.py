@@ -54,6 +54,10 @@ class BenchConfig:
     )
     adaptive: bool = False  # also run each speculative drafter with adaptive k (k_max = max of ks), and each tree
     #                         cut to size per step
+    adaptive_only: bool = field(  # with adaptive: the adaptive rows alone (no fixed-k rows)
+        default=False,
+        metadata={"help": "with --adaptive: run the adaptive rows only, not each fixed k too (half the time)"},
+    )
     trees: tuple[str, ...] = ()  # token-tree specs NODES:DEPTH:BRANCH:BEAM, run for each tree-capable drafter
     command: str = ""  # the command line that started the run, recorded in the JSON ("": not from the CLI)
     structured: bool = field(  # constrain each prompt by its "schema" (JSON Schema)
@@ -261,10 +265,11 @@ def _prompts(cfg: BenchConfig) -> tuple[list[dict], list]:
 def _configs(cfg: BenchConfig, drafters: list[str], trees: dict, g) -> list[tuple]:
     """The configurations to run, plain first: (drafter, k, adaptive, tree, free: without the prompt's
     grammar), those past a drafter's longest chain on this folder left out."""
-    configs = [("none", 0, False, "")] + [(d, k, False, "") for d in drafters[1:] for k in cfg.ks]
+    fixed = not (cfg.adaptive and cfg.adaptive_only)
+    configs = [("none", 0, False, "")] + [(d, k, False, "") for d in drafters[1:] for k in cfg.ks if fixed]
     if cfg.adaptive:
         configs += [(d, max(cfg.ks), True, "") for d in drafters[1:]]
-    for adaptive in (False, True) if cfg.adaptive else (False,):  # adaptive trees: cut to size each step
+    for adaptive in ((False,) if fixed else ()) + ((True,) if cfg.adaptive else ()):  # adaptive trees: cut each step
         configs += [(d, max(cfg.ks), adaptive, spec) for d in drafters[1:] if d in tree_names() for spec in trees]
     configs = [c + (False,) for c in configs]
     if cfg.structured:
@@ -341,6 +346,7 @@ def _run_config(cfg: BenchConfig, g, drafters: list[str], date: str) -> dict:
         "unseeded": cfg.unseeded,
         "ngram": [cfg.runtime.ngram_min, cfg.runtime.ngram_max],
         "adaptive": cfg.adaptive,
+        "adaptive_only": cfg.adaptive_only,
         "hybrid_lookup": cfg.runtime.hybrid_lookup,
         "trees": list(cfg.trees),
         "structured": cfg.structured,
