@@ -77,6 +77,8 @@ def _folder_errors(folder: str | Path):
 
 
 class Generator(SpeculationSetup, TextAPI):
+    _step_class = 0  # the running step's class (Drafter.draft_class), for its policy's observe
+
     def __init__(
         self,
         manifest: Manifest | None,
@@ -291,8 +293,7 @@ class Generator(SpeculationSetup, TextAPI):
             done = first in self.eos or max_new_tokens <= 1
             t_prev = time.perf_counter()
             while not done:
-                k, cls = self._next_k(seq, adaptive, con)
-                k = min(k, tgt.max_len - seq.n - 1)  # room for the rows
+                k = min(self._next_k(seq, adaptive, con), tgt.max_len - seq.n - 1)  # room for the rows
                 if k < 0 or seq.n >= tgt.max_len:
                     st.finish_reason = "length"
                     break
@@ -303,7 +304,7 @@ class Generator(SpeculationSetup, TextAPI):
                 new = seq.tokens[n_old : seq.n]
                 n_emit, done = self._emit(new, max_new_tokens - st.n_output)
                 t3 = time.perf_counter()
-                self._record_step(st, con, adaptive, prop, n_acc, k, cls, n_emit, t_prev, t0, t1, t2, t3)
+                self._record_step(st, con, adaptive, prop, n_acc, k, n_emit, t_prev, t0, t1, t2, t3)
                 t_prev = t3
                 self.last_step = (prop.n_drafted, n_acc)
                 yield new[:n_emit]
@@ -350,24 +351,24 @@ class Generator(SpeculationSetup, TextAPI):
         )
         return con, rng, adaptive, self.last_stats
 
-    def _next_k(self, seq: SeqState, adaptive, con) -> tuple[int, int]:
-        """(k, class) of the next step: the fixed k, or adaptive k for the kind of step the drafter sees
-        (Drafter.draft_class; ngram: its match's length). Class -1, nothing to draft: a plain step the
-        policy is not asked about, unless a grammar's forced tokens may give the drafter something to
-        redraft from (class 0 then)."""
+    def _next_k(self, seq: SeqState, adaptive, con) -> int:
+        """k of the next step: the fixed k, or adaptive k for the kind of step the drafter sees
+        (Drafter.draft_class, kept in self._step_class; ngram: its match's length). Class -1, nothing
+        to draft: a plain step the policy is not asked about, unless a grammar's forced tokens may give
+        the drafter something to redraft from (class 0 then)."""
+        self._step_class = 0
         if adaptive is None:
-            return self.k, 0
+            return self.k
         cls = self.drafter.draft_class(seq)
         if cls < 0 and not con.kind:
-            return 0, -1
-        cls = max(cls, 0)
-        return adaptive.choose(cls), cls
+            return 0
+        self._step_class = max(cls, 0)
+        return adaptive.choose(self._step_class)
 
     def _record_step(
-        self, st: GenerationStats, con, adaptive, prop: Proposal, n_acc, k, cls, n_emit, t_prev, t0, t1, t2, t3
+        self, st: GenerationStats, con, adaptive, prop: Proposal, n_acc, k, n_emit, t_prev, t0, t1, t2, t3
     ):
-        """A step's counts and times into the call's stats and what its policies learn from (cls: the
-        step's class, Drafter.draft_class). t_prev, t0..t3:
+        """A step's counts and times into the call's stats and what its policies learn from. t_prev, t0..t3:
         perf_counter at the last step's end, this step's start, drafted, verified, emitted (no tuple: a
         step allocates nothing here)."""
         st.draft_s += t1 - t0 - con.shape_s  # (shaping is grammar time)
@@ -377,7 +378,7 @@ class Generator(SpeculationSetup, TextAPI):
         if m and self.drafter.source:
             st.record_source(self.drafter.source, m, n_kept)
         if adaptive:
-            adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0, max(cls, 0))  # (-1: a plain step's times)
+            adaptive.observe(k, m, n_kept, t2 - t1, t1 - t0, self._step_class)
         if self._budget is not None and con.trees_ok:  # (a grammar's chains are no tree to learn from)
             self._budget.observe(len(prop.tokens), n_acc, t2 - t1)
         st.n_output += n_emit
