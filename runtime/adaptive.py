@@ -149,6 +149,17 @@ def sampled_policy(
     return AdaptiveK(k_max, costs, SAMPLED, draft_cost=spec_of(drafter).draft_cost, timed=False, classes=classes)
 
 
+def width_line(ms_by_width: dict) -> tuple[float, float]:
+    """(slope, value at width 0) of the least-squares line through a width table {width: cost} (keys
+    ints or the manifest's strings); (0, 0) for fewer than two widths. A table measured under load can
+    fall with width where its line, not each entry, says what a row costs."""
+    if len(ms_by_width) < 2:
+        return 0.0, 0.0
+    widths = np.array([int(w) for w in ms_by_width], np.float64)  # [n]
+    slope, at_zero = np.polyfit(widths, np.array(list(ms_by_width.values()), np.float64), 1)
+    return float(slope), float(at_zero)
+
+
 def fixed_costs(widest: int, provider: str) -> dict[int, float]:
     """Verify cost by width 1..widest in decodes when none was recorded: ROW_COST per extra row."""
     row = ROW_COST.get(provider, ROW_COST["cpu"])

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from edgespec.runtime.adaptive import SAMPLED, AdaptiveK, TreeBudget, sampled_policy, sampled_tree_budget
+from edgespec.runtime.adaptive import SAMPLED, AdaptiveK, TreeBudget, sampled_policy, sampled_tree_budget, width_line
 from edgespec.runtime.backends import check_drafter
 from edgespec.runtime.drafters import BuildContext, Drafter, make_drafter, registry, spec_of, tree_names
 from edgespec.runtime.sampling import SamplingConfig
@@ -133,9 +133,7 @@ class SpeculationSetup:
         ms = probe.get("ms_by_width", {}).get(chosen, {}) if probe else {}
         if not all(str(w) in ms for w in range(1, widest + 1)):
             return None
-        recorded = np.array([int(x) for x in ms], np.float64)  # [n] every recorded width, wider ones too
-        line = np.polyfit(recorded, np.array(list(ms.values()), np.float64), 1) if len(ms) > 1 else (0.0, 0.0)
-        slope, at_zero = float(line[0]), float(line[1])
+        slope, at_zero = width_line(ms)  # every recorded width, wider ones too
         if not (slope > 0 and at_zero + slope > 0):
             return None
         row = float(slope / (at_zero + slope))  # an extra row, in width-1 calls

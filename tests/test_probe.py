@@ -110,3 +110,20 @@ def test_a_quantized_gguf_is_not_re_quantized_to_int8_by_the_default(tmp_path):
     assert "int8" not in probe.candidates(ExportConfig(target=str(quant), precision="auto"))[0]
     assert "int8" in probe.candidates(ExportConfig(target=str(quant), precision="auto", gguf_blocks="requantize"))[0]
     assert "int8" in probe.candidates(ExportConfig(target=str(floats), precision="auto"))[0]
+
+
+def test_a_width_table_that_falls_is_flagged(monkeypatch, capsys):
+    """A probe timed on a busy machine can record wider calls as cheaper (a folder of 2026-12-07: T=1
+    14.0 ms, T=7 10.2 ms); the export says so in one line and the manifest records it."""
+    from types import SimpleNamespace
+
+    cands = {"int4": {"precision": "int4", "int4_kernel": "nbits"}, "int8": {"precision": "int8", "int4_kernel": ""}}
+    monkeypatch.setattr(probe, "candidates", lambda cfg: (cands, "not built here"))
+    monkeypatch.setattr(probe, "_source_bytes", lambda cfg: 0)
+    falling, rising = {1: 0.014, 2: 0.012, 3: 0.0102}, {1: 0.010, 2: 0.011, 3: 0.012}
+    monkeypatch.setattr(probe, "_whole_costs", lambda *a: ({"int4": falling, "int8": rising}, {"why": "test"}))
+    _, record = probe.choose_precision(SimpleNamespace(k=2), progress=False)
+    assert record["width_table_falls"] == ["int4"]
+    err = capsys.readouterr().err
+    assert "width table of int4 falls with width" in err and "re-export on a quiet machine" in err
+    assert err.count("\n") == 1

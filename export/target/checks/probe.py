@@ -61,6 +61,7 @@ from edgespec.export.target.checks.probe_costs import (
     prefilled,
     time_widths,
 )
+from edgespec.runtime.adaptive import width_line
 
 CANDIDATES = ("int4", "int8")  # the first is kept unless another wins by MARGIN
 ROWOP = "int4-rowop"  # the int4 precision on the row kernel (engines/rowop), a candidate where it runs
@@ -189,6 +190,15 @@ def choose_precision(cfg, progress: bool = True) -> tuple[str, dict]:
     }
     if costs:
         record |= how | {"probe_s": round(time.perf_counter() - t0, 1)}
+    flat = [p for p, c in costs.items() if len(c) > 1 and not width_line(c)[0] > 0]
+    if flat:  # (adaptive k reads the chosen table's line; a falling one it does not trust)
+        record["width_table_falls"] = flat
+        print(
+            f"edgespec: warning: the probe's width table of {', '.join(flat)} falls with width (a busy machine?): "
+            "the precision choice may be off and adaptive k prices verify rows by its defaults; "
+            "re-export on a quiet machine",
+            file=sys.stderr,
+        )
     if progress and costs:
         table = ", ".join(
             f"{p}: T=1 {c[1] * 1e3:.1f} ms, T={widths[-1]} {c[widths[-1]] * 1e3:.1f} ms, {scores[p]:.0f} tok/s"
