@@ -136,48 +136,124 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 BLOCK = 256  # tokens per block of a draw: a row's block sums, then one block's running sum, not a 49k cumsum
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's stream increment (2^64 / golden ratio)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # its finalizer's constants
+_S30, _S27, _S31, _S11 = (np.uint64(s) for s in (30, 27, 31, 11))
+
+
+def _splitmix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer over uint64 z, in place (multiplication wraps mod 2^64): a bijection
+    that scatters consecutive inputs over all 64 bits."""
+    z ^= z >> _S30
+    z *= _MIX1
+    z ^= z >> _S27
+    z *= _MIX2
+    z ^= z >> _S31
+    return z
+
+
 class KeyedDraws:
     """A seeded call's draws, keyed by sequence position (in place of a np.random.Generator): the token
     at position j is argmax_x w_j(x) / E_j(x), w_j the row's processed weights and E_j(x) iid Exp(1)
-    drawn from (seed, j) alone (the exponential race, Gumbel-max's twin: an exact draw from w_j's
+    keyed by (seed, j, x) alone (the exponential race, Gumbel-max's twin: an exact draw from w_j's
     distribution). Verification keeps a draft iff it is that token, so the output follows from the
     seed, the request and the target only, never from the drafter, its memory, k, trees or timing,
     and a seeded speculative call equals the seeded plain one token for token. A drafter with a
-    distribution q draws its draft for position j with the same E_j (`pick`, `exponentials`): the
+    distribution q draws its draft for position j with the same clocks (`pick`, `pick_among`): the
     draft is then an exact draw from q that agrees with the target's token wherever q is close to p
     (a coupled draw: kept about as often as rejection sampling keeps a draft from q), and a
-    deterministic draft is kept with probability p(x), as rejection sampling keeps it."""
+    deterministic draft is kept with probability p(x), as rejection sampling keeps it.
 
-    RING = 64  # positions whose E rows are kept (a step's drafts and verify rows: < 20 wide)
+    The race runs in two rounds over blocks of BLOCK tokens, so a draw reads one block's clocks, not
+    one per vocabulary entry (49k exponentials cost 0.4 ms a position on a Zen 4 core, the two rounds
+    0.07 ms): block b's clock E_j(b) / W_j(b) (W the block's weight) picks the block, then its tokens
+    race on their own clocks.
+    The first finisher of all tokens is in block b with chance W(b) / W and is token x of it with
+    chance w(x) / W(b) (a race's winner is independent of when it finishes), so the draw stays exact.
+    Clocks are Exp(1) from a counter-based hash of (seed, position, index), nothing kept between draws."""
 
     def __init__(self, seed: int) -> None:
         self.seed = int(seed)
         self.base = 0  # the position a verify call's row 0 (and draft 0) stands for (set by the loop: seq.n)
         self.rng = np.random.default_rng(seed)  # for anything else that draws (never the output)
-        self._e = np.zeros((0, 0))  # [RING, V] float64 Exp(1) rows, row pos % RING holds position pos
-        self._at = [-1] * self.RING  # the position each ring row holds (-1: none)
-        self._score = np.zeros(0)  # [V] float64 w / E
+        self._key = _splitmix(np.array([self.seed & 0xFFFFFFFFFFFFFFFF], np.uint64) + _GOLDEN)  # [1]
+        self._pos = np.zeros(1, np.uint64)  # scratch: a position's stream key
+        self._idx = np.zeros(0, np.uint64)  # [V + nb] clock indices: token ids, then vocab + block
+        self._z = np.zeros(0, np.uint64)  # scratch: the hash of each clock drawn
+        self._e = np.zeros(0)  # scratch: the clocks (float64 Exp(1))
+        self._starts = np.zeros(0, np.intp)  # [nb] each block's first token
+        self._blocks = np.zeros(0)  # [nb] scratch: a row's block sums when the caller has none
+        self._score = np.zeros(0)  # scratch: weight / clock
 
     def random(self) -> float:
         return self.rng.random()
 
-    def exponentials(self, offset: int, vocab: int) -> np.ndarray:
-        """E [V] of position base + offset (made once per position, then read by drafts and verify)."""
-        pos = self.base + offset
-        if self._e.shape[1] != vocab:
-            self._e, self._at, self._score = np.zeros((self.RING, vocab)), [-1] * self.RING, np.zeros(vocab)
-        i = pos % self.RING
-        if self._at[i] != pos:
-            key = np.random.SeedSequence((self.seed, pos))
-            np.random.Generator(np.random.Philox(key)).standard_exponential(out=self._e[i])
-            self._at[i] = pos
-        return self._e[i]
+    def clocks(self, offset: int, idx: np.ndarray) -> np.ndarray:
+        """Exp(1) clocks [len(idx)] of position base + offset at indices idx (uint64: a token id, or
+        vocab + b for block b), from (seed, position, index) alone; a view of scratch, valid until
+        the next call."""
+        n = len(idx)
+        if len(self._z) < n:
+            self._z, self._e, self._score = np.zeros(n, np.uint64), np.zeros(n), np.zeros(n)
+        key = self._pos
+        key[0] = self.base + offset
+        key *= _GOLDEN
+        key ^= self._key
+        _splitmix(key)  # the position's stream
+        z = self._z[:n]
+        np.add(idx, np.uint64(1), out=z)
+        z *= _GOLDEN
+        z += key  # SplitMix64's state idx + 1 steps into the position's stream
+        _splitmix(z)
+        z >>= _S11  # 53 random bits: u = (z + 0.5) / 2^53 in (0, 1), so E = -log(u) > 0 and finite
+        e = self._e[:n]
+        np.add(z, 0.5, out=e)
+        e *= 2.0**-53
+        np.log(e, out=e)
+        np.negative(e, out=e)
+        return e
 
-    def pick(self, w: np.ndarray, offset: int = 0) -> int:
-        """The token at position base + offset from weights w [V] >= 0 (unnormalised; 0: never)."""
-        e = self.exponentials(offset, len(w))
-        np.divide(w, e, out=self._score)
-        return int(self._score.argmax())
+    def _race(self, w: np.ndarray, e: np.ndarray) -> int:
+        """argmax of w / e (w >= 0, e > 0), w's first maximum: the race's first finisher."""
+        score = self._score[: len(w)]
+        np.divide(w, e, out=score)
+        return int(score.argmax())
+
+    def _indices(self, vocab: int) -> np.ndarray:
+        """[vocab + nb] the clock indices of a vocabulary (made once per vocabulary size)."""
+        nb = -(-vocab // BLOCK)
+        if len(self._idx) != vocab + nb:
+            self._idx = np.arange(vocab + nb, dtype=np.uint64)
+            self._starts, self._blocks = np.arange(0, vocab, BLOCK), np.zeros(nb)
+        return self._idx
+
+    def pick(self, w: np.ndarray, offset: int = 0, blocks: np.ndarray | None = None) -> int:
+        """The token at position base + offset from weights w [V] >= 0 (unnormalised; 0: never).
+        blocks [nb]: w's sums over blocks of BLOCK tokens, if the caller has them (RowDist)."""
+        vocab = len(w)
+        idx = self._indices(vocab)
+        if blocks is None:
+            blocks = np.add.reduceat(w, self._starts, dtype=np.float64, out=self._blocks)
+        b = self._race(blocks, self.clocks(offset, idx[vocab:]))
+        lo, hi = b * BLOCK, min((b + 1) * BLOCK, vocab)
+        return lo + self._race(w[lo:hi], self.clocks(offset, idx[lo:hi]))
+
+    def pick_among(self, ids: list[int], ws: list[float], offset: int = 0, vocab: int = 0) -> int:
+        """pick() of a sparse distribution: weights ws >= 0 on token ids (-1: none) of a vocabulary of
+        `vocab` tokens, the other tokens' weight 0 (a recycled row's candidates): the same two rounds,
+        so the draft is coupled with the target's draw at that position."""
+        mass: dict[int, float] = {}
+        for x, w in zip(ids, ws, strict=True):
+            if x >= 0 and w > 0.0:
+                mass[x // BLOCK] = mass.get(x // BLOCK, 0.0) + w
+        if not mass:
+            return next(x for x in ids if x >= 0)
+        blocks = list(mass)
+        e = self.clocks(offset, np.array(blocks, np.uint64) + np.uint64(vocab))
+        b = blocks[max(range(len(blocks)), key=lambda i: mass[blocks[i]] / e[i])]
+        mine = [(x, w) for x, w in zip(ids, ws, strict=True) if x >= 0 and w > 0.0 and x // BLOCK == b]
+        e = self.clocks(offset, np.array([x for x, _ in mine], np.uint64))
+        return mine[max(range(len(mine)), key=lambda i: mine[i][1] / e[i])][0]
 
 
 def sample(p: np.ndarray, rng: np.random.Generator | KeyedDraws, offset: int = 0) -> int:

@@ -118,7 +118,7 @@ def _accept_keyed(draft: np.ndarray, tgt_logits: np.ndarray, cfg: SamplingConfig
     d = row_dist(tgt_logits.shape[-1])
     draft = draft.tolist()
     for i in range(len(draft) + 1):
-        y = rng.pick(d.load(tgt_logits[i], cfg).w, i)
+        y = rng.pick(d.load(tgt_logits[i], cfg).w, i, d.blocks)
         if i == len(draft) or y != draft[i]:
             return i, y
     raise AssertionError("unreachable")
@@ -222,7 +222,7 @@ def accept_tree_sampled(
         row = _row(tgt_logits, cur, tokens, n + n_acc, cfg.repetition_penalty)
         d.load(row, cfg)
         if isinstance(rng, KeyedDraws):  # the position's keyed draw; its child, if drafted, is kept
-            y = rng.pick(d.w, n_acc)
+            y = rng.pick(d.w, n_acc, d.blocks)
             kept = tree.child(cur, y)
             if kept < 0:
                 return n_acc, y

@@ -84,6 +84,45 @@ def test_keyed_draw_is_an_exact_draw_and_depends_on_seed_and_position_alone():
     assert [a.pick(w, i + 1) for i in range(20)] == [b.pick(w, i) for i in range(20)]
 
 
+def test_keyed_draws_over_many_blocks_follow_the_weights():
+    """The race's two rounds (blocks of BLOCK tokens, then one block's tokens) over a vocabulary of
+    several blocks, one of them empty and a partial last one: a chi-square against the weights, and
+    no token of weight 0 ever drawn."""
+    pytest.importorskip("scipy")
+    from scipy.stats import chisquare
+
+    w = np.random.default_rng(1).random(700) ** 3  # blocks 0, 1 (300..511 zero) and a short last one
+    w[5] = 0.0
+    w[300:512] = 0.0
+    hits = np.zeros(len(w))
+    for s in range(20000):
+        hits[KeyedDraws(s).pick(w, s % 5)] += 1
+    assert hits[w == 0].sum() == 0
+    m = w > 0
+    assert chisquare(hits[m], w[m] / w.sum() * hits.sum()).pvalue > 1e-3
+
+
+def test_a_sparse_keyed_draw_is_the_dense_one_and_close_rows_agree():
+    """pick_among (a drafter's few weighted candidates) draws what pick draws from the same weights
+    written densely, so a recycled draft is coupled with the target's draw; and two rows close to
+    each other draw the same token most of the time (the coupling that keeps a head's drafts)."""
+    rng = np.random.default_rng(2)
+    vocab = 49152
+    for s in range(300):
+        ids = rng.choice(vocab, 6, replace=False).tolist() + [-1]
+        ws = rng.random(7).tolist()
+        ws[2] = 0.0
+        dense = np.zeros(vocab)
+        dense[[x for x in ids if x >= 0]] = ws[:6]
+        r = KeyedDraws(s)
+        assert r.pick(dense, 3) == r.pick_among(ids, ws, 3, vocab)
+    p = rng.random(2000) ** 4
+    q = p * rng.uniform(0.8, 1.2, len(p))  # total variation ~0.05
+    tv = 0.5 * np.abs(p / p.sum() - q / q.sum()).sum()
+    same = np.mean([KeyedDraws(s).pick(p) == KeyedDraws(s).pick(q) for s in range(2000)])
+    assert same > (1 - tv) / (1 + tv) - 0.03, (same, tv)  # a one-round race's bound (0.92 vs 0.90 here)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 5e-324, 1e-30, 1e-6])
 def test_tiny_temperatures_decode_greedily(temperature):
     assert SamplingConfig(temperature=temperature).greedy

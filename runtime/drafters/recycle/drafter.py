@@ -213,9 +213,8 @@ class RecycleDrafter(Drafter):
             ws, total = [1.0] + [0.0] * (len(ids) - 1), 1.0
         self._q_ids[m] = ids
         self._q_probs[m] = [w / total for w in ws]
-        if isinstance(self.rng, KeyedDraws):  # a seeded call: the race with position m's own E (coupled)
-            e = self.rng.exponentials(m, self.recycle_table.vocab)
-            return ids[max(range(len(ids)), key=lambda j: ws[j] / e[ids[j]] if ws[j] > 0.0 else -1.0)]
+        if isinstance(self.rng, KeyedDraws):  # a seeded call: the race on position m's own clocks (coupled)
+            return self.rng.pick_among(ids, ws, m, t.vocab)
         u, j = self.rng.random() * total, 0
         while j < len(ws) - 1 and u >= ws[j]:  # (u >= 0: a zero weight is always passed)
             u -= ws[j]
