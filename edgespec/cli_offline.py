@@ -123,6 +123,7 @@ _DATA_COMMANDS = {
             "threads",
             "keep_out",
             "seed",
+            "families",
         ),
     ),
 }

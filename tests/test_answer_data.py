@@ -93,10 +93,21 @@ def test_prompts_sharing_an_eval_window_are_dropped(monkeypatch, tmp_path):
         "messages": [{"role": "user", "content": "Please: " + row["messages"][0]["content"]}],
     }
     monkeypatch.setattr(
-        "edgespec.export.train.wide_prompts.wide_prompts", lambda n, seed: [PROMPTS[0], leak, PROMPTS[1]][:n]
+        "edgespec.export.train.wide_prompts.wide_prompts",
+        lambda n, seed, families=(): [PROMPTS[0], leak, PROMPTS[1]][:n],
     )
     kept, dropped = ad.plan_prompts(ad.AnswerDataConfig(engine="-", out=str(tmp_path), n_prompts=3), td.eval_windows())
     assert [r["id"] for r in kept] == ["p0", "p1"] and dropped == 1
+
+
+def test_families_pick_the_mix_and_an_unknown_one_is_refused_before_any_work(tmp_path):
+    cfg = ad.AnswerDataConfig(engine="-", out=str(tmp_path / "a"), n_prompts=12, families=("code",))
+    kept, _ = ad.plan_prompts(cfg, set())
+    assert len(kept) == 12 and {r["kind"] for r in kept} == {"code"}
+    bad = ad.AnswerDataConfig(engine="-", out=str(tmp_path / "b"), families=("code", "poems"))
+    with pytest.raises(td.TextDataError, match="no family poems"):
+        ad.make_answer_data(bad, progress=False)
+    assert not (tmp_path / "b").exists()
 
 
 def test_answers_from_labels_the_same_sequences_with_aux_features(tiny_models, answers, tmp_path):

@@ -64,6 +64,14 @@ def test_wide_prompts_mix_every_family_evenly(wide):
         assert r["id"].startswith(f"wide-{r['kind']}-")
 
 
+def test_wide_prompts_of_some_families_only():
+    rows = dp.wide_prompts(40, seed=3, families=("code", "math"))
+    assert Counter(r["kind"] for r in rows) == {"code": 20, "math": 20}
+    assert rows == dp.wide_prompts(40, seed=3, families=("code", "math"))
+    with pytest.raises(ValueError, match="no family poems"):
+        dp.wide_prompts(4, families=("poems",))
+
+
 def test_wide_rows_are_chats_ending_on_a_user_turn(wide):
     for r in wide:
         roles = [m["role"] for m in r["messages"]]

@@ -73,6 +73,14 @@ class AnswerDataConfig:
     keep_out: tuple[str, ...] = field(  # more eval prompt files (.jsonl) whose windows prompts must not share
         default=(), metadata=keep_out_flag("no prompt may share")
     )
+    families: tuple[str, ...] = field(  # the wide mix's families to draw from, in turn (empty: all nine)
+        default=(),
+        metadata={
+            "help": "only these families of the wide mix, comma-separated (e.g. code: a top-up for a head that drafts "
+            "code; default: all nine)",
+            "metavar": "FAMILY,..",
+        },
+    )
     answers_from: str | None = field(  # the tokens are the same, e.g. to add EAGLE-3's aux features
         default=None,
         metadata={
@@ -126,7 +134,7 @@ def plan_prompts(cfg: AnswerDataConfig, keep_out: set[tuple[str, ...]]) -> tuple
     were dropped)."""
     from edgespec.export.train.wide_prompts import wide_prompts
 
-    rows = wide_prompts(cfg.n_prompts, cfg.seed)
+    rows = wide_prompts(cfg.n_prompts, cfg.seed, cfg.families)
     kept = [r for r in rows if not windows("\n".join(m["content"] for m in r["messages"])) & keep_out]
     return kept, len(rows) - len(kept)
 
@@ -149,9 +157,13 @@ def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
     answer's rows as the target computes them, then write `done`. Returns the folder."""
     from edgespec.export.train.head_data import GenMeter, log_run
     from edgespec.export.train.matmul_probe import default_threads
+    from edgespec.export.train.wide_prompts import FAMILIES
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
+    unknown = sorted(set(cfg.families) - set(FAMILIES))
+    if unknown:  # before any folder is made or engine loaded
+        raise TextDataError(f"--families: no family {', '.join(unknown)} in the wide mix. Hint: {','.join(FAMILIES)}")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     threads = cfg.threads or default_threads()

@@ -295,15 +295,19 @@ _BUILDERS = {
 }
 
 
-def wide_prompts(n: int, seed: int = 0) -> list[dict]:
-    """n distinct chat rows {"id", "kind", "messages"}, families in turn; the same list for the same seed
-    on the same machine (passages depend on the documentation installed)."""
+def wide_prompts(n: int, seed: int = 0, families: tuple[str, ...] = ()) -> list[dict]:
+    """n distinct chat rows {"id", "kind", "messages"}, families in turn (`families`: only those; empty:
+    all of FAMILIES); the same list for the same seed and families on the same machine (passages depend
+    on the documentation installed)."""
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"wide_prompts: no family {', '.join(unknown)}. Hint: pick from {', '.join(FAMILIES)}")
     rng = random.Random(seed * 7919 + 17)
     seen, rows = set(), []
     exhausted: set[str] = set()
     i = 0
     while len(rows) < n:
-        live = [f for f in FAMILIES if f not in exhausted]
+        live = [f for f in families or FAMILIES if f not in exhausted]
         if not live:
             raise ValueError(f"wide_prompts: only {len(rows)} distinct prompts for n={n}. Hint: ask for fewer.")
         fam = live[i % len(live)]
