@@ -184,6 +184,7 @@ class KeyedDraws:
         self._starts = np.zeros(0, np.intp)  # [nb] each block's first token
         self._blocks = np.zeros(0)  # [nb] scratch: a row's block sums when the caller has none
         self._score = np.zeros(0)  # scratch: weight / clock
+        self._in_ids, self._in_blk = None, np.zeros(0, np.int64)  # pick_in's last ids and their blocks
 
     def random(self) -> float:
         return self.rng.random()
@@ -237,6 +238,20 @@ class KeyedDraws:
         b = self._race(blocks, self.clocks(offset, idx[vocab:]))
         lo, hi = b * BLOCK, min((b + 1) * BLOCK, vocab)
         return lo + self._race(w[lo:hi], self.clocks(offset, idx[lo:hi]))
+
+    def pick_in(self, ids: np.ndarray, w: np.ndarray, offset: int, vocab: int) -> int:
+        """pick() of weights w [n] >= 0 on distinct token ids [n] of a vocabulary of `vocab` tokens (a
+        head's draft vocabulary and its d2t map), the other tokens' weight 0: the same two rounds as on
+        the dense row (block sums by bincount), so the draft is coupled with the target's draw."""
+        if self._in_ids is not ids:  # (d2t is fixed per head: its blocks are found once)
+            self._in_ids, self._in_blk = ids, ids // BLOCK
+        blk = self._in_blk
+        idx = self._indices(vocab)
+        mass = np.bincount(blk, weights=w, minlength=len(self._blocks))  # [nb]
+        b = self._race(mass, self.clocks(offset, idx[vocab:]))
+        mine = np.flatnonzero(blk == b)
+        x = ids[mine]
+        return int(x[self._race(w[mine], self.clocks(offset, x.astype(np.uint64)))])
 
     def pick_among(self, ids: list[int], ws: list[float], offset: int = 0, vocab: int = 0) -> int:
         """pick() of a sparse distribution: weights ws >= 0 on token ids (-1: none) of a vocabulary of

@@ -103,8 +103,9 @@ def test_keyed_draws_over_many_blocks_follow_the_weights():
 
 
 def test_a_sparse_keyed_draw_is_the_dense_one_and_close_rows_agree():
-    """pick_among (a drafter's few weighted candidates) draws what pick draws from the same weights
-    written densely, so a recycled draft is coupled with the target's draw; and two rows close to
+    """pick_among (a drafter's few weighted candidates) and pick_in (a head's draft vocabulary) draw
+    what pick draws from the same weights written densely, so a recycled or a head's draft is coupled
+    with the target's draw; and two rows close to
     each other draw the same token most of the time (the coupling that keeps a head's drafts)."""
     rng = np.random.default_rng(2)
     vocab = 49152
@@ -116,6 +117,8 @@ def test_a_sparse_keyed_draw_is_the_dense_one_and_close_rows_agree():
         dense[[x for x in ids if x >= 0]] = ws[:6]
         r = KeyedDraws(s)
         assert r.pick(dense, 3) == r.pick_among(ids, ws, 3, vocab)
+        d2t = np.array(ids[:6])  # a head's draft vocabulary, its weights on it (the draft's _choose)
+        assert r.pick(dense, 3) == r.pick_in(d2t, np.array(ws[:6]), 3, vocab)
     p = rng.random(2000) ** 4
     q = p * rng.uniform(0.8, 1.2, len(p))  # total variation ~0.05
     tv = 0.5 * np.abs(p / p.sum() - q / q.sum()).sum()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.runtime.drafters.base import Drafter, DrafterPlugin, Option, penalized
-from edgespec.runtime.sampling import probs, sample
+from edgespec.runtime.sampling import KeyedDraws, probs, sample
 from edgespec.runtime.state import SeqState
 
 # chain cut-off on the head's path probability (the product of its confidences so far): a verify
@@ -68,6 +68,14 @@ class HeadDrafter(Drafter):
                 np.exp(np.subtract(logits, logits[top], out=self._exp), out=self._exp)
                 conf = 1.0 / float(self._exp.sum())
             return int(self.d2t[top]), conf
+        if self.sampling.repetition_penalty == 1.0:  # sampled: q on the draft vocabulary, 1/6 of the target's
+            q = probs(logits, self.sampling)  # [Vd] (ids outside d2t have q = 0 in the target's vocabulary)
+            self._q[i, self.d2t] = q  # (the row's other entries are never written: 0)
+            if isinstance(self.rng, KeyedDraws):  # a seeded call: coupled to position i's draw
+                tok = self.rng.pick_in(self.d2t, q, i, len(self._full))
+            else:
+                tok = int(self.d2t[sample(q, self.rng)])
+            return tok, float(q.max())
         self._full[self.d2t] = logits  # draft vocab -> target vocab (other ids stay -inf)
         full = penalized(self._full, seq, i, self.sampling)
         if self.sampling.greedy:
