@@ -127,3 +127,23 @@ def test_a_width_table_that_falls_is_flagged(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "width table of int4 falls with width" in err and "re-export on a quiet machine" in err
     assert err.count("\n") == 1
+
+
+def test_each_engine_is_timed_after_a_rest_and_an_untimed_call(monkeypatch):
+    """The engine timed before leaves its ORT pool threads spinning for a while, on 2 cores enough to
+    scramble the next engine's width table: every engine's widths come after a rest and a warm call."""
+    log = []
+
+    class Engine:
+        def __init__(self, name):
+            self.name = name
+
+        def forward(self, ids, past, logits=True):
+            log.append((self.name, len(ids)))
+
+    monkeypatch.setattr(probe_costs.time, "sleep", lambda s: log.append(("rest", s)))
+    times = probe_costs.time_widths({"a": Engine("a"), "b": Engine("b")}, [1, 3], 8)
+    assert all(len(v) == probe_costs.ROUNDS for t in times.values() for v in t.values())
+    per_engine = [log[i : i + 4] for i in range(0, len(log), 4)]  # rest, warm call, the widths
+    for chunk, name in zip(per_engine, ["a", "b"] * (probe_costs.ROUNDS + 1), strict=True):
+        assert chunk == [("rest", probe_costs.SWITCH_REST_S), (name, 1), (name, 1), (name, 3)]

@@ -12,6 +12,10 @@ import numpy as np
 PAST = 256  # cached positions before the timed calls
 ROUNDS = 12  # timed rounds per width (after a warm-up round)
 MIN_ROUNDS = 3  # timed rounds of the sampled models' probe past TIMING_S
+# rest before an engine's widths: the engine timed before it leaves its ORT pool threads spinning, and
+# on 2 cores they take the next engine's cores (Zen 4, quiet, the default folder twice, rowop: without
+# it T = 1..9 read 8.3-15.9 ms in no order, with it 6.2 ... 11.2 ms, rising by ~0.6 ms a row)
+SWITCH_REST_S = 0.05
 
 
 def prefilled(folders: dict[str, Path], widths: list[int]) -> tuple[dict, int]:
@@ -47,8 +51,9 @@ def time_widths(engines: dict, widths: list[int], past: int, budget_s: float | N
         if budget_s is not None and done > MIN_ROUNDS and time.perf_counter() - start > budget_s:
             break
         for name, e in engines.items():  # engine by engine: the last engine's pool threads spin on for a
-            e.forward(probe[:1], past, logits=False)  # while after its call (~10 ms on 2 cores), so an
-            for w in widths:  # untimed call takes the switch and its widths run back to back
+            time.sleep(SWITCH_REST_S)  # while after its call, so a rest lets them sleep, an untimed call
+            e.forward(probe[:1], past, logits=False)  # wakes this engine's and its widths run back to back
+            for w in widths:
                 t0 = time.perf_counter()
                 e.forward(probe[:w], past, logits=False)
                 times[name][w].append(time.perf_counter() - t0)
