@@ -21,7 +21,8 @@ the folder's recorded width table as a line, else `ROW_COST`; each drafter's
 counts only, so k, and the output, follow from the rng, the folder and the settings.
 It settles on k = 0 when acceptance is too low to pay (drafts at temperature 0.7 are kept less
 often than greedy ones), and its probes draft one token (`probe_k`): one extra verify row instead
-of k_max.
+of k_max. Every sampled call's estimate starts from the prior, which weighs as two drafting steps
+(`prior_steps`), so a call whose drafts are not kept stops drafting after a few steps.
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ class AdaptiveConfig:
     probe_k: int = 0  # tokens a probe drafts (0: k_max)
     probe_share: float = 0.0  # probes cost <= this share of a k = 0 stretch: waits grow with their cost (0: off)
     probe_max: int = 256  # the longest wait between probes (with probe_share)
+    prior_steps: float = 0.0  # > 0: within a call the prior counts as this many drafting steps (a running
+    #                           mean, then the EMA once its weight falls to ema); 0: the EMA from the start
 
 
 # sampled calls: a cheap probe (one extra verify row), at most 1% of the time: a head's probe pays a
 # catch-up call over the steps since the last one (EAGLE on the default folder: ~1.3 decodes, so one
 # every 16 steps cost 3-4% of plain where sampled drafts never pay)
-SAMPLED = AdaptiveConfig(probe_k=1, probe_share=0.01)
+SAMPLED = AdaptiveConfig(probe_k=1, probe_share=0.01, prior_steps=2.0)
 # Fixed costs of the sampled policy, in decodes (a width-1 target call = 1), used where the folder
 # recorded no width table (manifest export_probe). An extra verify row on the CPU: 0.06 with the row
 # kernel (135M attn-full, quiet, past 256: T=9 6.79 ms against T=1 4.55), 0.10-0.13 with MatMulNBits
@@ -78,6 +81,7 @@ class AdaptiveK:
         self.acceptance = [cfg.prior_acceptance] * classes  # per class: per-token acceptance, a running estimate
         self.draft_s_per_token = draft_cost
         self._steps_at_zero = [0] * classes
+        self._n_drafting = [0] * classes  # per class: this call's drafting steps (prior_steps)
         self._drafted = False  # a drafting step was measured (timed)
         self._plain_wait = [0] * classes  # per class, > 0: k = 0 stands (no drafting step of the class since it
         #                                   won), probing after this many of its steps
@@ -89,7 +93,7 @@ class AdaptiveK:
         t = 0.7 ngram 1.12x -> 1.07x); the measured costs carry over."""
         for c in range(len(self.acceptance)):
             self.acceptance[c] = self.cfg.prior_acceptance
-            self._steps_at_zero[c] = self._plain_wait[c] = 0
+            self._steps_at_zero[c] = self._plain_wait[c] = self._n_drafting[c] = 0
 
     def choose(self, c: int = 0) -> int:
         """k for a step of class c (Drafter.draft_class; 0 where the drafter tells none apart)."""
@@ -133,7 +137,11 @@ class AdaptiveK:
             self._plain_wait[c] = 0  # the class's estimate moves: choose afresh
             # per-token acceptance from this step: n_acc successes before the first failure
             reached = n_acc + (1 if n_acc < m else 0)
-            self.acceptance[c] = (1 - e) * self.acceptance[c] + e * (n_acc / reached)
+            weight = e
+            if self.cfg.prior_steps:  # the prior as a few steps' worth: an EMA at 0.1 holds it for ~10
+                self._n_drafting[c] += 1
+                weight = max(e, 1.0 / (self._n_drafting[c] + self.cfg.prior_steps))
+            self.acceptance[c] = (1 - weight) * self.acceptance[c] + weight * (n_acc / reached)
             if self.timed:  # (the first measurement replaces the given cost: an EMA from 0 would take
                 # ~10 drafting steps to see a head's real cost, drafting and probing as if it were free)
                 d = self.draft_s_per_token if self._drafted else draft_s / m

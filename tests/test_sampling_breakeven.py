@@ -61,6 +61,27 @@ def test_policy_turns_off_when_drafts_are_not_kept_and_probes_cheaply():
     assert set(ks) == {0, 1} and ks.count(1) == 4  # a 1-token probe every 16 steps (it costs one row)
 
 
+def test_a_sampled_calls_prior_counts_as_two_drafting_steps():
+    """Within a call the prior acceptance weighs as two drafting steps (a running mean), then the EMA:
+    drafts that are not kept switch a call off after a few steps, not the ~10 an EMA from 0.5 takes
+    (chat at t = 1.0 drafted 1.16-1.34 rows a call for 1.03 tokens). Each call starts afresh."""
+    pol = AdaptiveK(8, {w: 1.0 + 0.1 * (w - 1) for w in range(1, 10)}, SAMPLED, timed=False)
+    greedy_cfg = AdaptiveK(8, {w: 1.0 for w in range(1, 10)}, timed=False)
+    for p in (pol, greedy_cfg):
+        p.begin()
+        p.observe(1, 1, 0, 0.0, 0.0)
+    assert pol.acceptance[0] == pytest.approx(0.5 * 2 / 3)  # (prior x 2 + 0) / 3
+    assert greedy_cfg.acceptance[0] == pytest.approx(0.45)  # greedy calls: the EMA from the start
+    for _ in range(20):
+        pol.observe(1, 1, 1, 0.0, 0.0)
+    ema = SAMPLED.ema
+    before = pol.acceptance[0]
+    pol.observe(1, 1, 0, 0.0, 0.0)  # past 1 / ema - 2 steps: the EMA's weight
+    assert pol.acceptance[0] == pytest.approx((1 - ema) * before)
+    pol.begin()
+    assert pol.acceptance[0] == SAMPLED.prior_acceptance and pol._n_drafting == [0]
+
+
 def test_a_dear_probe_waits_longer():
     """A probe that costs a head call waits until probes cost <= 1% of the time (SAMPLED.probe_share)."""
     pol = AdaptiveK(8, fixed_costs(9, "cpu"), SAMPLED, draft_cost=1.2, timed=False)  # 1.2 + 0.08 decodes a probe
