@@ -254,21 +254,13 @@ class KeyedDraws:
         return int(x[self._race(w[mine], self.clocks(offset, x.astype(np.uint64)))])
 
     def pick_among(self, ids: list[int], ws: list[float], offset: int = 0, vocab: int = 0) -> int:
-        """pick() of a sparse distribution: weights ws >= 0 on token ids (-1: none) of a vocabulary of
-        `vocab` tokens, the other tokens' weight 0 (a recycled row's candidates): the same two rounds,
-        so the draft is coupled with the target's draw at that position."""
-        mass: dict[int, float] = {}
-        for x, w in zip(ids, ws, strict=True):
-            if x >= 0 and w > 0.0:
-                mass[x // BLOCK] = mass.get(x // BLOCK, 0.0) + w
-        if not mass:
+        """pick_in() of a few candidates: weights ws >= 0 on token ids (-1: none; a recycled row's
+        candidates); where no candidate has weight, the first one."""
+        kept = [(x, w) for x, w in zip(ids, ws, strict=True) if x >= 0 and w > 0.0]
+        if not kept:
             return next(x for x in ids if x >= 0)
-        blocks = list(mass)
-        e = self.clocks(offset, np.array(blocks, np.uint64) + np.uint64(vocab))
-        b = blocks[max(range(len(blocks)), key=lambda i: mass[blocks[i]] / e[i])]
-        mine = [(x, w) for x, w in zip(ids, ws, strict=True) if x >= 0 and w > 0.0 and x // BLOCK == b]
-        e = self.clocks(offset, np.array([x for x, _ in mine], np.uint64))
-        return mine[max(range(len(mine)), key=lambda i: mine[i][1] / e[i])][0]
+        xs, wx = zip(*kept, strict=True)
+        return self.pick_in(np.array(xs, np.int64), np.array(wx), offset, vocab)
 
 
 def sample(p: np.ndarray, rng: np.random.Generator | KeyedDraws, offset: int = 0) -> int:

@@ -157,13 +157,14 @@ def make_answer_data(cfg: AnswerDataConfig, progress: bool = True) -> Path:
     answer's rows as the target computes them, then write `done`. Returns the folder."""
     from edgespec.export.train.head_data import GenMeter, log_run
     from edgespec.export.train.matmul_probe import default_threads
-    from edgespec.export.train.wide_prompts import FAMILIES
+    from edgespec.export.train.wide_prompts import check_families
     from edgespec.runtime.config import RuntimeConfig
     from edgespec.runtime.generator import Generator
 
-    unknown = sorted(set(cfg.families) - set(FAMILIES))
-    if unknown:  # before any folder is made or engine loaded
-        raise TextDataError(f"--families: no family {', '.join(unknown)} in the wide mix. Hint: {','.join(FAMILIES)}")
+    try:  # before any folder is made or engine loaded
+        check_families(cfg.families)
+    except ValueError as e:
+        raise TextDataError(f"--families: {e}") from None
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     threads = cfg.threads or default_threads()

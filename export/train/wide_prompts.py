@@ -295,13 +295,18 @@ _BUILDERS = {
 }
 
 
+def check_families(families: tuple[str, ...]) -> None:
+    """ValueError naming the families the mix does not have, with the ones it has."""
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"no family {', '.join(unknown)} in the wide mix. Hint: pick from {','.join(FAMILIES)}")
+
+
 def wide_prompts(n: int, seed: int = 0, families: tuple[str, ...] = ()) -> list[dict]:
     """n distinct chat rows {"id", "kind", "messages"}, families in turn (`families`: only those; empty:
     all of FAMILIES); the same list for the same seed and families on the same machine (passages depend
     on the documentation installed)."""
-    unknown = sorted(set(families) - set(FAMILIES))
-    if unknown:
-        raise ValueError(f"wide_prompts: no family {', '.join(unknown)}. Hint: pick from {', '.join(FAMILIES)}")
+    check_families(families)
     rng = random.Random(seed * 7919 + 17)
     seen, rows = set(), []
     exhausted: set[str] = set()
