@@ -184,4 +184,5 @@ class SpeculationSetup:
         # and merged then drafts one token a step, not k)
         gate = keyed and self.chain_budget is not None and self._budget is not None
         self.drafter.chain_gate = self._budget.stops_at_first if gate else None
+        self.drafter.chain_idle = self._budget.idle_step if gate else None
         return adaptive

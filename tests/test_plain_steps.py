@@ -1,8 +1,10 @@
 """A k = 0 stretch costs what plain decoding costs (issue 53): where drafts never pay, a seeded adaptive
-call runs no drafter between probes (AdaptiveK drafters), and the chain-budget drafters (recycle, merged)
-draft one token a step, not k, since the budget's stopping rule keeps none of a chain whose first draft
-does not pay (Drafter.chain_gate, TreeBudget.stops_at_first). Counted, not timed; the output stays the
-seeded plain output (fake engines over an 8-token vocabulary, tests/test_sampling.py)."""
+call runs no drafter between probes (AdaptiveK drafters), and neither do the chain-budget drafters
+(recycle, merged): where no first draft could pay the step drafts nothing (Drafter.chain_idle,
+TreeBudget.idle_step), and elsewhere the budget's stopping rule keeps none of a chain whose first draft
+does not pay, so it is drafted no further (Drafter.chain_gate, TreeBudget.stops_at_first). Counted, not
+timed; the output stays the seeded plain output (fake engines over an 8-token vocabulary,
+tests/test_sampling.py)."""
 
 import copy
 
@@ -53,20 +55,25 @@ def _steps(g: Generator, seed: int, n: int = 40) -> tuple[np.ndarray, list[tuple
 
 
 @pytest.mark.parametrize("drafter", ["recycle", "merged"])
-def test_a_chain_budget_stretch_drafts_one_token_a_step(drafter, dear_rows, monkeypatch):
+def test_a_chain_budget_stretch_drafts_only_its_probes(drafter, dear_rows, monkeypatch):
     plain = fake_generator("none")
     g = fake_generator(drafter)
     g.reconfigure(adaptive=True)
     assert g.chain_budget is not None
+    probe_every = g._timed_sampled_policies()[1].cfg.probe_every
     for seed in range(4):
         cfg = SamplingConfig(temperature=0.8, seed=seed)
         ref = np.concatenate([c.copy() for c in plain.generate_ids(PROMPT, 40, cfg)])
         out, steps = _steps(g, seed)
         assert np.array_equal(out, ref), (drafter, seed)
-        # a step drafts past its first token only where the budget verifies it all (its probes)
-        assert all(n <= 1 or kept == n for n, kept in steps), (drafter, seed, steps)
-        assert sum(n for n, _ in steps) > 0  # the table drafted: the count is not of an idle drafter
-    # without the gate the same stretch drafts up to k a step (the check has teeth)
+        # a step drafts only where the budget verifies all of it (its probes), once every probe_every steps
+        assert all(kept == n for n, kept in steps), (drafter, seed, steps)
+        probes = sum(n > 0 for n, _ in steps)
+        assert 0 < probes <= len(steps) // probe_every + 2, (drafter, seed, steps)
+    # without the idle step the stretch drafts a first token each step; without the gate as well, up to k
+    monkeypatch.setattr(TreeBudget, "idle_step", lambda self, score: False)
+    _, steps = _steps(g, 0)
+    assert all(n <= 1 or kept == n for n, kept in steps) and sum(n == 1 and not kept for n, kept in steps) > 10
     monkeypatch.setattr(TreeBudget, "stops_at_first", lambda self, score: False)
     _, steps = _steps(g, 0)
     assert any(n > 1 and kept == 0 for n, kept in steps)
@@ -105,3 +112,25 @@ def test_stops_at_first_is_choose_chains_stop():
         assert stops == (copy.deepcopy(b).choose_chain(scores, stopping=True) == 1), (i, scores, stops)
         seen[stops] += 1
     assert min(seen.values()) > 100  # both answers were tested
+
+
+def test_idle_step_is_a_stop_at_any_first_draft():
+    """idle_step(best) is True exactly where stops_at_first stops every first draft of score <= best and no
+    probe is due; it then counts the step toward the next probe as choose_chain counts a chain cut to none."""
+    rng = np.random.default_rng(8)
+    costs = dict(enumerate([1.0, 1.2, 1.22, 1.24, 1.5, 1.52, 1.54, 1.8, 1.82], start=1))
+    seen = {True: 0, False: 0}
+    for i in range(2000):
+        b = TreeBudget(9, costs, AdaptiveConfig(probe_every=4, probe_k=1), timed=False)
+        b.calibration = float(rng.uniform(0.05, 3.0))
+        b._steps_at_one = int(rng.integers(0, 4))
+        best = float(rng.uniform(0.0, 1.0))
+        due = b._steps_at_one + 1 >= b.cfg.probe_every
+        firsts = np.linspace(0.0, best, 9).tolist()
+        cut = copy.deepcopy(b)
+        idle = b.idle_step(best)
+        assert idle == (not due and all(cut.stops_at_first(s) for s in firsts)), (i, best)
+        if idle:  # the same count as a chain of this best first draft cut to none
+            assert cut.choose_chain([best], stopping=True) == 1 and cut._steps_at_one == b._steps_at_one
+        seen[idle] += 1
+    assert min(seen.values()) > 100

@@ -70,6 +70,9 @@ class Drafter:
     # that does not pay (a seeded call), a predicate on a chain's first path score; True: the budget keeps none
     # of the chain whatever follows, so draft no further (None: draft up to k)
     chain_gate = None
+    # set with chain_gate: a predicate on the best first path score the drafter could draft this step; True:
+    # the budget would keep none of any chain and no probe is due, so the step drafts nothing (None: draft)
+    chain_idle = None
     # kinds of step this drafter tells apart before drafting (draft_class), each with its own acceptance
     # estimate in adaptive k (1: one estimate for every step)
     n_classes = 1

@@ -32,6 +32,11 @@ class Calibration:
     def estimate(self, source: int, depth: int, p: float) -> float:
         return self._est[source][min(depth, DEPTHS) - 1][_BIN[int(min(p, 1.0) * 20)]]
 
+    def best_first(self, sources: tuple[int, ...] = (0, 1)) -> float:
+        """The highest estimate a first draft (depth 1) of these sources can have: the best first path
+        score a chain could start with (Drafter.chain_idle)."""
+        return max(max(self._est[s][0]) for s in sources)
+
     def observe_tree(self, tree, n_acc: int) -> None:
         """A verified tree whose accepted path is tree.path[:n_acc + 1]: every node whose parent was
         kept was tested, kept or not. Each cell a tree tested decays once, then counts its nodes. On

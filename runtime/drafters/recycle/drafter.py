@@ -135,6 +135,9 @@ class RecycleDrafter(Drafter):
     def propose(self, seq: SeqState, k: int) -> Proposal:
         self._verified = -1  # a new chain (a grammar redrafts mid-step): cost-sized only if chain_verified says so
         self.chain_probs.clear()
+        idle = self.chain_idle
+        if idle is not None and idle(self.calibration.best_first((1,))):  # no chain would be verified: draft none
+            return chain(seq, 0)
         m = self.extend(seq, 0, k, probs=self.chain_probs, gate=table_gate(self.chain_gate, self.calibration))
         return chain(seq, m, self.sparse_q(m))
 

@@ -53,9 +53,13 @@ class MergedDrafter(LookupPair):
     def propose(self, seq: SeqState, k: int) -> Proposal:
         self._tree = None
         self._verified = -1  # a new chain (a grammar redrafts mid-step): cost-sized only if chain_verified says so
-        m = self.lookup.propose(seq, k).n_drafted
         probs = self.chain_probs
         probs.clear()
+        idle = self.chain_idle
+        if idle is not None and idle(self.calibration.best_first()):  # no chain would be verified: draft none
+            self._n_look, self.source = 0, ""
+            return chain(seq, 0)
+        m = self.lookup.propose(seq, k).n_drafted
         look_probs = self.lookup.last_probs  # (prompt lookup has none: 1 each)
         probs += look_probs[:m] if look_probs is not None else [1.0] * m
         rec, gate = self.recycle, self.chain_gate
