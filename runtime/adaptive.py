@@ -274,6 +274,7 @@ class TreeBudget:
         if len(v) >= 3 and (1.0 + self.calibration * min(1.0, best_score)) / v[2] > 1.0 / v[1]:
             return False
         self._steps_at_one += 1
+        self.predicted = 0.0  # (as choose_chain's cut to none: observe learns nothing from the step)
         return True
 
     def floor(self) -> float:

@@ -116,7 +116,8 @@ def test_stops_at_first_is_choose_chains_stop():
 
 def test_idle_step_is_a_stop_at_any_first_draft():
     """idle_step(best) is True exactly where stops_at_first stops every first draft of score <= best and no
-    probe is due; it then counts the step toward the next probe as choose_chain counts a chain cut to none."""
+    probe is due; it then leaves the budget as choose_chain leaves it after a chain cut to none (the step counts
+    toward the next probe; nothing predicted, so observe does not read the step as a miss)."""
     rng = np.random.default_rng(8)
     costs = dict(enumerate([1.0, 1.2, 1.22, 1.24, 1.5, 1.52, 1.54, 1.8, 1.82], start=1))
     seen = {True: 0, False: 0}
@@ -124,6 +125,7 @@ def test_idle_step_is_a_stop_at_any_first_draft():
         b = TreeBudget(9, costs, AdaptiveConfig(probe_every=4, probe_k=1), timed=False)
         b.calibration = float(rng.uniform(0.05, 3.0))
         b._steps_at_one = int(rng.integers(0, 4))
+        b.predicted = float(rng.uniform(0.1, 2.0))  # (the last choice's: an idle step must not leave it standing)
         best = float(rng.uniform(0.0, 1.0))
         due = b._steps_at_one + 1 >= b.cfg.probe_every
         firsts = np.linspace(0.0, best, 9).tolist()
@@ -131,6 +133,7 @@ def test_idle_step_is_a_stop_at_any_first_draft():
         idle = b.idle_step(best)
         assert idle == (not due and all(cut.stops_at_first(s) for s in firsts)), (i, best)
         if idle:  # the same count as a chain of this best first draft cut to none
-            assert cut.choose_chain([best], stopping=True) == 1 and cut._steps_at_one == b._steps_at_one
+            assert cut.choose_chain([best], stopping=True) == 1
+            assert (cut._steps_at_one, cut.predicted) == (b._steps_at_one, b.predicted)
         seen[idle] += 1
     assert min(seen.values()) > 100
