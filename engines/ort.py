@@ -60,6 +60,8 @@ class OrtModel:
     device_ops: the device-memory calls of a GPU provider (None: engines.device.CudaOps); HostOps with
     the cpu provider runs the device code paths, CUDA-graph bindings included, on host memory (tests)."""
 
+    verifies = False  # runs the target's calls in its place (a subclass: the fused target+EAGLE graph)
+
     def __init__(
         self,
         manifest: Manifest,
@@ -102,7 +104,9 @@ class OrtModel:
         self.captured_at_load: list[tuple[int, int]] = []  # (width, window) calls load_widths captured
         self.closed = False
         self.n_calls = 0  # forward calls so far (stats)
-        self._session_options, self._initializers = es.session_options(manifest, spec, threads, prepack)
+        self._session_options, self._initializers = es.session_options(
+            manifest, spec, threads, prepack, verifies=self.verifies
+        )
         self._files = es.weights_files(manifest, spec)  # the files its initializers map (PageDropper)
 
     def _choose_cache(self, kv: np.ndarray | None, host_prologue: bool, host_memory: bool) -> tuple[int, ...]:

@@ -264,9 +264,10 @@ def check_session_provider(session: ort.InferenceSession, provider: str) -> None
     raise ProviderError(provider, got, why or "ONNX Runtime left it out (its log above says why)")
 
 
-def session_options(manifest: Manifest, spec, threads: int | None, prepack: bool = True):
+def session_options(manifest: Manifest, spec, threads: int | None, prepack: bool = True, verifies: bool = False):
     """(SessionOptions with the model's mapped weights as initializers, those OrtValues: keep them
-    alive as long as the session)."""
+    alive as long as the session). verifies: the session runs the target's calls in its place (the
+    fused target+EAGLE graph), so its pool spins as the target's does."""
     initializers = {}
     for name, w in spec.weights.items():
         initializers[name] = weight_value(manifest, spec, w)
@@ -283,11 +284,13 @@ def session_options(manifest: Manifest, spec, threads: int | None, prepack: bool
         rowop.register(so, getattr(spec, "rowop_layout", 0))
     if not prepack:
         so.add_session_config_entry("session.disable_prepacking", "1")
-    if spec.role != "target" and not _SHARED_POOL:
+    if spec.role != "target" and not verifies and not _SHARED_POOL:
         # A drafter alternates with the target; a spinning draft pool steals the cores the
         # target needs next (docs/results/head-cost.md).
-        # The target keeps spinning: plain decoding is ~12% faster with it. (A shared pool
-        # has one set of threads, spinning for whichever session runs next.)
+        # The target keeps spinning: plain decoding is ~12% faster with it, and so does a graph that
+        # verifies in its place (the fused target+EAGLE graph without it: T = 1 7.3 ms against the
+        # target's 5.3, its target linears 31% slower). (A shared pool has one set of threads,
+        # spinning for whichever session runs next.)
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     for name, value in initializers.items():
         so.add_initializer(name, value)

@@ -197,6 +197,7 @@ class Generator(SpeculationSetup, TextAPI):
         seq then holds the new tokens. con: the call's output constraint (a grammar: forced tokens, masks)."""
         tgt, n_old = self.target, seq.n
         prop = con.shape(self._draft(seq, k, trees=con.trees_ok), seq, tgt, self.drafter, k)  # draft, shape
+        tgt = self.target  # (a drafter's verifier may follow what it drafted: eagle's fused graph when sampled)
         t_drafted, need = time.perf_counter(), self._verify_logits(sampling, con)  # need: read the logits
         tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents, logits=need)  # verify: [T, V] / None
         t_verified = time.perf_counter()

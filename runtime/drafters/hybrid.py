@@ -143,7 +143,8 @@ class LookupHeadPair(LookupPair):
 
     @property
     def verifier(self):
-        return self.head.verifier  # (the head's: the fused graph only where its rows are used)
+        # (the head's: the fused graph only where its rows are used, so none where the head does not draft)
+        return self.head.verifier if self.head_drafts else None
 
     def forget(self) -> None:
         self.head.forget()

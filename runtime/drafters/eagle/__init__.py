@@ -62,8 +62,13 @@ class EagleDrafter(HeadDrafter):
     target's argmax as each row's next token, which under greedy decoding is the token that does
     follow every accepted row and the bonus row. So when greedy (no repetition penalty) and the
     head was caught up to the call's past_len, the committed rows catch it up and the bonus row's
-    head logits are d_1: no head call for d_1. Otherwise (sampling; a prefix the head had not
-    caught up to) the catch-up call runs as without fusion, so output never depends on it.
+    head logits are d_1: no head call for d_1. Sampled, a committed row's next token is a draw: the
+    head rows hold true pairs up to the first committed row whose drawn token is not its argmax
+    (FusedVerifier.argmax_led), and d_1 comes free where every one was (at t = 0.7 most are); the
+    catch-up call runs from that row otherwise. A sampled step verifies with the fused graph only
+    where the head drafted in it (a k = 0 stretch pays no head rows). Whatever the head's state, a
+    draft is drawn from the q its logits give and verified against that q, so output never depends
+    on it beyond the draws a fixed rng makes.
     """
 
     name = "eagle"
@@ -83,22 +88,45 @@ class EagleDrafter(HeadDrafter):
         self._tree_rows = np.zeros(n_tree, np.int64)
         self._fused = verifier  # the fused target+head graph (FusedVerifier), or None (verifier says when it is used)
         self._fused_ready = False  # the last target call caught the head up (d_1 is in verifier.last_head())
+        self._fused_next = False  # sampled: the next target call runs the fused graph (the call's prefill, a
+        #                           step whose head drafted); greedy calls always do
 
     @property
     def verifier(self):
-        """The fused graph, where its head rows are used: greedy, no repetition penalty, no grammar
-        mask, the calls whose head rows catch the head up (_caught_up_by_target). Elsewhere (sampling)
-        the catch-up call runs anyway, so the fused graph would compute the head's rows in every verify
-        call for nothing (eagle at t = 0.7 lost to plain while adaptive k chose k = 0): the plain
-        target verifies. Both share the target's KV."""
+        """The fused graph, where its head rows are used (no repetition penalty, no grammar mask): greedy,
+        every call; sampled, the call's prefill (its rows take the prompt's next tokens: the head starts
+        caught up, not with a catch-up call over the whole prompt that adaptive k would read as the
+        head's cost per draft) and the steps whose head drafted (the head was caught up to the call's
+        past_len, so its rows may catch it up further: _caught_up_by_target). A sampled k = 0 stretch
+        verifies with the plain target: the fused graph would compute head rows no step reads. Both
+        share the target's KV."""
         p = self.sampling
-        return self._fused if p.greedy and p.repetition_penalty == 1.0 and not p.masked else None
+        if p.repetition_penalty != 1.0 or p.masked or not (p.greedy or self._fused_next):
+            return None
+        return self._fused
 
-    def _caught_up_by_target(self, seq: SeqState, past_len: int) -> None:
-        """After a target call at past_len whose rows are committed: did its head rows catch us up?"""
-        self._fused_ready = self.verifier is not None and self.dft_past == past_len  # (verifier: the call's rules)
-        if self._fused_ready:
-            self.dft_past = seq.n - 1
+    def configure(self, sampling, rng) -> None:
+        super().configure(sampling, rng)
+        self._fused_next = True  # (sampled: the call's prefill)
+
+    def _caught_up_by_target(self, seq: SeqState, past_len: int, prefill: bool = False) -> None:
+        """After a target call at past_len whose rows are committed (prefill: a prefill's, which gave each
+        row its next token but the last): did its head rows catch us up? Greedy, all of them; sampled,
+        those before the first row whose committed next token is not the argmax its head row took."""
+        v = self._fused
+        ran = v is not None and v.take_commit()  # (the call ran it: a pair's own head may have verified)
+        self._fused_next, self._fused_ready = False, False
+        if not ran or self.dft_past != past_len:
+            return
+        if self.sampling.greedy:
+            self._fused_ready, self.dft_past = True, seq.n - 1
+            return
+        n_rows = seq.n - 1 - past_len
+        if prefill:
+            good = n_rows - 1 + (v.last_argmax() == seq.tokens[seq.n - 1])
+        else:
+            good = v.argmax_led(seq.tokens[past_len + 1 : seq.n])
+        self._fused_ready, self.dft_past = good == n_rows, past_len + good
 
     def forget(self) -> None:
         self.dft_past = 0
@@ -106,7 +134,7 @@ class EagleDrafter(HeadDrafter):
     def start(self, seq: SeqState, n_cached: int = 0) -> None:
         # pair j needs tokens j, j+1 of the common prefix and f_j: valid for j <= n_cached - 2
         self.dft_past = min(self.dft_past, max(n_cached - 1, 0))
-        self._caught_up_by_target(seq, n_cached)  # the prefill ran from n_cached
+        self._caught_up_by_target(seq, n_cached, prefill=True)  # the prefill ran from n_cached
 
     def _catch_up(self, seq: SeqState, feat_out: np.ndarray) -> np.ndarray:
         """Run the head over the pairs the target verified since the last step (j0..n-2, true
@@ -122,7 +150,7 @@ class EagleDrafter(HeadDrafter):
         verify when that caught the head up, else from a catch-up call."""
         if not self._fused_ready:
             return self._catch_up(seq, feat_out)
-        logits, feat = self.verifier.last_head()
+        logits, feat = self._fused.last_head()
         feat_out[:] = feat
         return logits
 
@@ -142,6 +170,7 @@ class EagleDrafter(HeadDrafter):
                 k = i  # a row that is probably wasted: propose d_1..d_i only
                 break
             self.expected += path
+            self._fused_next = True
             if i + 1 < k:  # speculative row at slot n-1+i: (f^, d_{i+1})
                 logits = head.forward(slots[i : i + 1], n - 1 + i, features=self._feat)[-1]
                 head.commit(n - 1 + i, 1)

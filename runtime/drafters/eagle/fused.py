@@ -25,6 +25,8 @@ class FusedVerifier(OrtModel):
     `verifier`). `head` is the head engine (OrtModel) whose KV the graph reads and whose rows
     commit writes."""
 
+    verifies = True  # (its session's pool spins as the target's: engines/session.py)
+
     def __init__(
         self, manifest: Manifest, spec: ModelSpec, head: OrtModel, threads: int | None = None, kv=None
     ) -> None:
@@ -40,6 +42,8 @@ class FusedVerifier(OrtModel):
         self._head_hidden = {w: np.zeros((1, w, head.hidden_size), kv_dtype) for w in widths}
         self._next: np.ndarray | None = None  # the next call's given tokens (give_next)
         self._row = 0  # the head row of the last committed target row (its draft of the next token)
+        self._rows: np.ndarray | None = None  # the last commit's rows in sequence order (None: the first n)
+        self._fresh = False  # the last committed target rows were this graph's, not yet taken (take_commit)
 
     def _extra_io(self, width: int, n_slots: int) -> tuple[list, list]:
         """The head's inputs of a (width, window) call (its given tokens, its KV window) and its outputs."""
@@ -74,7 +78,31 @@ class FusedVerifier(OrtModel):
         # the head's rows ride along: its KV is aligned with the target's
         commit_host(self.head.kv, self._head_new_kv[self._last_width], past_len, n_rows, rows)
         self._row = int(rows[n_rows - 1]) if rows is not None else n_rows - 1
+        self._rows, self._fresh = rows, True
         super().commit(past_len, n_rows, rows)
+
+    def take_commit(self) -> bool:
+        """Were the last committed target rows this graph's (its head rows with them)? Once per commit: a
+        later call on the plain target, which shares the KV, commits without this graph."""
+        fresh, self._fresh = self._fresh, False
+        return fresh
+
+    def last_argmax(self) -> int:
+        """The argmax of the last committed row: the next token its head row took (a prefill's last row)."""
+        return int(self.argmax_rows(self._row + 1)[self._row])
+
+    def argmax_led(self, following: np.ndarray) -> int:
+        """Of the last commit's rows (in sequence order), how many lead where each row's committed next
+        token (following [n_rows]) is its argmax, the token its head row took: those head rows hold
+        true pairs. (A sampled call's drawn tokens; greedy: all of them.)"""
+        n_rows, rows = len(following), self._rows
+        top = self.argmax_rows(n_rows if rows is None else int(rows[:n_rows].max()) + 1)
+        got = (top[:n_rows] if rows is None else top[rows[:n_rows]]).tolist()
+        want = following.tolist()
+        n = 0
+        while n < n_rows and got[n] == want[n]:
+            n += 1
+        return n
 
     def last_head(self) -> tuple[np.ndarray, np.ndarray]:
         """The head's output at the last committed row: (logits [Vd] drafting the token after that
