@@ -195,10 +195,9 @@ class Generator(SpeculationSetup, TextAPI):
     ) -> tuple[Proposal, int, float, float]:
         """One speculative step: (its proposal, n accepted, perf_counter when drafted, when verified);
         seq then holds the new tokens. con: the call's output constraint (a grammar: forced tokens, masks)."""
-        tgt, n_old = self.target, seq.n
-        prop = con.shape(self._draft(seq, k, trees=con.trees_ok), seq, tgt, self.drafter, k)  # draft, shape
-        tgt = self.target  # (a drafter's verifier may follow what it drafted: eagle's fused graph when sampled)
-        t_drafted, need = time.perf_counter(), self._verify_logits(sampling, con)  # need: read the logits
+        n_old, engines = seq.n, self.engines  # (the verifier, tgt, may follow the drafts: eagle's fused graph, sampled)
+        prop = con.shape(self._draft(seq, k, trees=con.trees_ok), seq, engines.target, self.drafter, k)  # draft, shape
+        t_drafted, need, tgt = time.perf_counter(), self._verify_logits(sampling, con), self.target  # need: read logits
         tgt_logits = tgt.forward(prop.tokens, seq.tgt_past, parents=prop.parents, logits=need)  # verify: [T, V] / None
         t_verified = time.perf_counter()
         self.drafter.observe(tgt, seq, prop, tgt_logits)  # before acceptance writes over a chain's rejected drafts

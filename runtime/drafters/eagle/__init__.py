@@ -65,8 +65,9 @@ class EagleDrafter(HeadDrafter):
     head logits are d_1: no head call for d_1. Sampled, a committed row's next token is a draw: the
     head rows hold true pairs up to the first committed row whose drawn token is not its argmax
     (FusedVerifier.argmax_led), and d_1 comes free where every one was (at t = 0.7 most are); the
-    catch-up call runs from that row otherwise. A sampled step verifies with the fused graph only
-    where the head drafted in it (a k = 0 stretch pays no head rows). Whatever the head's state, a
+    catch-up call runs from that row otherwise. A sampled call verifies with the fused graph only in
+    its prefill and the steps whose head drafted (a k = 0 stretch pays no head rows; the prefill pays
+    them, ~7% of TTFT, so the first draft needs no catch-up over the prompt). Whatever the head's state, a
     draft is drawn from the q its logits give and verified against that q, so output never depends
     on it beyond the draws a fixed rng makes.
     """
